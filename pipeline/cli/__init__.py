@@ -1,0 +1,97 @@
+"""The ``specdeploy`` command line: thin commands over the library.
+
+``run(argv)`` executes one command and returns its exit code, raising on user errors
+(:class:`pipeline.errors.SpecdeployError`) so tests can assert on them; ``main()`` is the console
+script: it prints a user error as one line per problem (no traceback) and exits non-zero.
+Command modules import heavy libraries (torch, scipy, matplotlib) inside their functions only, so
+``validate`` and ``plan`` stay fast.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+import click
+import typer
+
+from pipeline.errors import SpecdeployError
+
+app = typer.Typer(
+    name="specdeploy",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    help=(
+        "Take a target LLM and a draft (draft model, Medusa heads or EAGLE head) to a measured "
+        "speculative-decoding deployment on Triton + TensorRT-LLM, and decide from evidence "
+        "whether to roll it out.\n\n"
+        "Pipeline: validate -> plan -> build -> render -> serve -> loadtest -> report "
+        "(`run` does all of it). Every command takes the config YAML; outputs go to "
+        "engines/NAME/ and reports/NAME/."
+    ),
+)
+
+
+def _register_commands() -> None:
+    from pipeline.cli import (  # noqa: PLC0415 - keeps `--help` independent of import order
+        bench_cmd,
+        build_cmd,
+        demo_cmd,
+        doctor_cmd,
+        loadtest_cmd,
+        plan_cmd,
+        render_cmd,
+        report_cmd,
+        run_cmd,
+        schema_cmd,
+        serve_cmd,
+        validate_cmd,
+    )
+
+    for module in (
+        validate_cmd,
+        plan_cmd,
+        build_cmd,
+        render_cmd,
+        serve_cmd,
+        loadtest_cmd,
+        report_cmd,
+        run_cmd,
+        bench_cmd,
+        demo_cmd,
+        doctor_cmd,
+        schema_cmd,
+    ):
+        module.register(app)
+
+
+_register_commands()
+
+
+def run(argv: Sequence[str]) -> int:
+    """Run one CLI invocation in-process. Returns the exit code; raises SpecdeployError and
+    click.ClickException (usage errors) instead of printing them."""
+    result = app(args=list(argv), prog_name="specdeploy", standalone_mode=False)
+    return int(result) if isinstance(result, int) else 0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        code = run(argv)
+    except SpecdeployError as exc:
+        for line in exc.lines():
+            print(f"error: {line}" if line is exc.lines()[0] else line, file=sys.stderr)
+        code = exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        code = exc.exit_code
+    except click.exceptions.Abort:
+        print("aborted", file=sys.stderr)
+        code = 130
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        code = 130
+    sys.exit(code)

@@ -1,0 +1,31 @@
+"""Where each stage reads and writes, derived from the config name (relative to the working
+directory, the project root in every README example): ``engines/<name>/`` for build outputs and
+the rendered model repository, ``reports/<name>/<run>/`` for load tests and reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.config import DeploymentConfig
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def engine_root(cfg: DeploymentConfig) -> Path:
+    return Path("engines") / cfg.name
+
+
+def manifest_path(cfg: DeploymentConfig) -> Path:
+    return engine_root(cfg) / "manifest.json"
+
+
+def logs_dir(cfg: DeploymentConfig) -> Path:
+    return engine_root(cfg) / "logs"
+
+
+def model_repo_dir(cfg: DeploymentConfig, variant: str) -> Path:
+    return engine_root(cfg) / "model_repo" / variant
+
+
+def reports_root(cfg: DeploymentConfig) -> Path:
+    return Path("reports") / cfg.name
