@@ -1,7 +1,7 @@
 """The ``specdeploy`` command line: thin commands over the library.
 
 ``run(argv)`` executes one command and returns its exit code, raising on user errors
-(:class:`pipeline.errors.SpecdeployError`) so tests can assert on them; ``main()`` is the console
+(:class:`pipeline.errors.SpecdeployError`) and usage errors so tests can assert on them; ``main()`` is the console
 script: it prints a user error as one line per problem (no traceback) and exits non-zero.
 Command modules import heavy libraries (torch, scipy, matplotlib) inside their functions only, so
 ``validate`` and ``plan`` stay fast.
@@ -12,10 +12,14 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-import click
 import typer
 
 from pipeline.errors import SpecdeployError
+
+try:  # typer >= 0.20 vendors its own click; older typer uses click itself
+    from typer._click.exceptions import ClickException as _ClickException
+except ImportError:  # pragma: no cover
+    from click import ClickException as _ClickException
 
 app = typer.Typer(
     name="specdeploy",
@@ -72,7 +76,7 @@ _register_commands()
 
 def run(argv: Sequence[str]) -> int:
     """Run one CLI invocation in-process. Returns the exit code; raises SpecdeployError and
-    click.ClickException (usage errors) instead of printing them."""
+    Click usage errors instead of printing them."""
     result = app(args=list(argv), prog_name="specdeploy", standalone_mode=False)
     return int(result) if isinstance(result, int) else 0
 
@@ -82,13 +86,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         code = run(argv)
     except SpecdeployError as exc:
-        for line in exc.lines():
-            print(f"error: {line}" if line is exc.lines()[0] else line, file=sys.stderr)
+        lines = exc.lines()
+        print(f"error: {lines[0]}", file=sys.stderr)
+        for line in lines[1:]:
+            print(line, file=sys.stderr)
         code = exc.exit_code
-    except click.ClickException as exc:
+    except _ClickException as exc:
         exc.show()
         code = exc.exit_code
-    except click.exceptions.Abort:
+    except typer.Abort:
         print("aborted", file=sys.stderr)
         code = 130
     except KeyboardInterrupt:

@@ -1,0 +1,59 @@
+"""Every command explains itself with --help, and user errors print one clean line (no traceback)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from pipeline.cli import app, run
+
+COMMANDS = ["validate", "plan", "build", "render", "serve", "loadtest", "report", "run",
+            "bench", "demo", "doctor", "schema"]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_all_commands_registered():
+    names = {cmd.name for cmd in app.registered_commands}
+    assert set(COMMANDS) <= names
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_command_help_explains_itself(command):
+    proc = _cli(command, "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert "Usage: specdeploy " + command in proc.stdout
+    # a sentence of help text beyond the usage line
+    body = proc.stdout.split("\n", 2)[-1]
+    assert len(body.strip()) > 40
+
+
+def test_top_level_help_lists_pipeline():
+    proc = _cli("--help")
+    assert proc.returncode == 0
+    for command in COMMANDS:
+        assert command in proc.stdout
+
+
+def test_missing_config_is_one_clean_error_line(tmp_path):
+    proc = _cli("validate", str(tmp_path / "nope.yaml"))
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert "no such config file" in proc.stderr
+
+
+def test_run_raises_for_user_errors(tmp_path):
+    from pipeline.errors import SpecdeployError
+
+    with pytest.raises(SpecdeployError):
+        run(["validate", str(tmp_path / "nope.yaml")])
+
+
+def test_usage_error_exit_code_is_2():
+    proc = _cli("validate")
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
