@@ -281,6 +281,8 @@ class DeploymentConfig(_Strict):
     backend: Literal["trtllm", "reference"] = "trtllm"
     hardware: str = "h100-sxm-80gb"
     trtllm_version: str = TRTLLM_VERSION_DEFAULT
+    # TensorRT-LLM source/examples root holding examples/…/convert_checkpoint.py (NGC container path)
+    trtllm_root: str = "/app/tensorrt_llm"
     target: ModelSpec
     speculation: Speculation = NoSpeculation()
     build: BuildLimits = BuildLimits()
