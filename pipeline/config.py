@@ -5,7 +5,9 @@ problem in the file is reported at once as ``field.path: message`` lines inside 
 :class:`ConfigError`; no work starts on an invalid file. Later stages derive every path from
 the config (``engines/<name>/…``, ``reports/<name>/…``) and stamp their outputs with
 :func:`config_hash` so stale inputs can be refused. Cross-field *logic* that needs no files
-lives here (validators); checks that read checkpoints or hardware live in ``pipeline.preflight``.
+lives here (validators: ports, tree choices, draft lengths, hardware names); checks that read
+checkpoints or depend on the GPU architecture live in ``pipeline.preflight``. The field
+descriptions feed ``specdeploy schema``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -45,29 +48,59 @@ KvCacheDtype = Literal["auto", "fp16", "bf16", "fp8", "int8", "fp32"]
 ModelDtype = Literal["float32", "float16", "bfloat16"]
 
 
+def _desc(text: str, **kwargs: Any) -> Any:
+    return Field(description=text, **kwargs)
+
+
 class _Strict(BaseModel):
     """Base: unknown keys are errors (a typo must not silently fall back to a default)."""
 
     model_config = ConfigDict(extra="forbid", validate_default=True)
 
 
+class CrossFieldError(ValueError):
+    """Raised by model validators that know the exact field paths of their problems."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = problems
+        super().__init__("; ".join(f"{path}: {msg}" for path, msg in problems))
+
+
 class Quantization(_Strict):
-    format: QuantFormat = "none"
-    kv_cache_dtype: KvCacheDtype = "auto"
-    calibration_dataset: str = "cnn_dailymail"
-    calibration_size: Annotated[int, Field(gt=0, le=100_000)] = 512
-    awq_block_size: Literal[64, 128] = 128
+    """Weight / activation / KV-cache quantization (ModelOpt ``quantize.py``)."""
+
+    format: QuantFormat = _desc(
+        "Weight format: none (model dtype), fp8, int8_sq, int4_awq, w4a8_awq, nvfp4, int8_wo, int4_wo. "
+        "Gated by the hardware architecture (see `specdeploy validate`).",
+        default="none",
+    )
+    kv_cache_dtype: KvCacheDtype = _desc(
+        "KV-cache dtype; auto = the model dtype. fp8/int8 can silently disable paged context FMHA.",
+        default="auto",
+    )
+    calibration_dataset: str = _desc(
+        "Calibration set for quantize.py --calib_dataset (HF name or local directory).", default="cnn_dailymail"
+    )
+    calibration_size: Annotated[int, Field(gt=0, le=100_000)] = _desc(
+        "Calibration samples (--calib_size); AWQ caps it at 32.", default=512
+    )
+    awq_block_size: Literal[64, 128] = _desc("AWQ group size (--awq_block_size).", default=128)
 
 
 class ModelSpec(_Strict):
     """A model to serve: an HF checkpoint directory or a ``builtin:`` demo model."""
 
-    checkpoint: str
-    dtype: ModelDtype = "bfloat16"
-    quantization: Quantization = Quantization()
-    tp: Annotated[int, Field(ge=1, le=64)] = 1
-    pp: Annotated[int, Field(ge=1, le=64)] = 1
-    trust_remote_code: bool = False
+    checkpoint: str = _desc(
+        "Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json) or "
+        "'builtin:<name>' for a demo model (tiny-target, tiny-draft)."
+    )
+    dtype: ModelDtype = _desc("Dtype of the unquantized parts (--dtype).", default="bfloat16")
+    quantization: Quantization = _desc("Quantization settings.", default_factory=Quantization)
+    tp: Annotated[int, Field(ge=1, le=64)] = _desc(
+        "Tensor-parallel size (must divide the KV-head count).", default=1
+    )
+    pp: Annotated[int, Field(ge=1, le=64)] = _desc("Pipeline-parallel size (EAGLE needs 1).", default=1)
+    trust_remote_code: bool = _desc("Allow custom model code from the checkpoint.", default=False)
 
     @field_validator("checkpoint")
     @classmethod
@@ -83,6 +116,10 @@ class ModelSpec(_Strict):
         return self.checkpoint.startswith(BUILTIN_PREFIX)
 
     @property
+    def builtin_name(self) -> str | None:
+        return self.checkpoint[len(BUILTIN_PREFIX) :] if self.is_builtin else None
+
+    @property
     def world_size(self) -> int:
         return self.tp * self.pp
 
@@ -90,18 +127,93 @@ class ModelSpec(_Strict):
 TreeChoices = list[list[Annotated[int, Field(ge=0)]]]
 
 
+# ----------------------------------------------------------------------------------------------
+# Tree choices (Medusa / EAGLE-1 static trees): each path omits the root; every prefix present.
+
+
+def tree_problems(choices: list[list[int]]) -> list[str]:
+    """Structural problems of a tree given as root-less paths (empty list = well-formed)."""
+    problems: list[str] = []
+    if not choices:
+        return ["needs at least one path, or leave it out for a single chain"]
+    seen: set[tuple[int, ...]] = set()
+    for path in choices:
+        key = tuple(path)
+        if not key:
+            problems.append("contains an empty path (paths omit the root; the root is implicit)")
+        elif key in seen:
+            problems.append(f"path {list(key)} appears twice")
+        seen.add(key)
+    for path in choices:
+        for cut in range(1, len(path)):
+            if tuple(path[:cut]) not in seen:
+                problems.append(f"path {list(path)} needs its prefix {list(path[:cut])} in the tree")
+                break
+    return problems
+
+
+def tree_depth(choices: list[list[int]]) -> int:
+    return max((len(p) for p in choices), default=0)
+
+
+def tree_non_leaves_per_level(choices: list[list[int]]) -> list[int]:
+    """Number of nodes with children at each depth (level 0 = the root)."""
+    parents = {tuple(p[:-1]) for p in choices if p}
+    depth = tree_depth(choices)
+    return [sum(1 for p in parents if len(p) == level) for level in range(depth)]
+
+
+def chain_choices(depth: int) -> list[list[int]]:
+    """The default tree: one chain of ``depth`` top-1 nodes, e.g. [[0], [0, 0], [0, 0, 0]]."""
+    return [[0] * d for d in range(1, depth + 1)]
+
+
+def format_choices(choices: list[list[int]]) -> str:
+    """Triton brace format ``{0}, {0, 0}`` used by medusa_choices / eagle_choices."""
+    return ", ".join("{" + ", ".join(str(i) for i in p) + "}" for p in choices)
+
+
+def _check_tree(choices: TreeChoices | None) -> TreeChoices | None:
+    if choices is None:
+        return None
+    problems = tree_problems(choices)
+    if problems:
+        raise ValueError("; ".join(problems))
+    return choices
+
+
 class NoSpeculation(_Strict):
-    method: Literal["none"] = "none"
+    """Baseline only: no speculative arm."""
+
+    method: Literal["none"] = _desc("Speculation method.", default="none")
 
 
 class DraftTargetSpec(_Strict):
     """Draft-target (TensorRT-LLM ``draft_tokens_external``): a smaller model proposes K tokens."""
 
-    method: Literal["draft_target"]
-    draft: ModelSpec
-    num_draft_tokens: Annotated[int, Field(ge=1, le=32)] = 4
-    max_draft_len: Annotated[int, Field(ge=1, le=32)] | None = None  # engine limit; default K
-    use_draft_logits: bool = False
+    method: Literal["draft_target"] = _desc("Speculation method: a draft model proposes tokens.")
+    draft: ModelSpec = _desc("The draft model (must share the target's tokenizer and vocabulary).")
+    num_draft_tokens: Annotated[int, Field(ge=1, le=32)] = _desc(
+        "Draft tokens per verification step (K) sent with each request.", default=4
+    )
+    max_draft_len: Annotated[int, Field(ge=1, le=32)] | None = _desc(
+        "Engine limit --max_draft_len on the target; default num_draft_tokens. Must be ≥ every K used.",
+        default=None,
+    )
+    use_draft_logits: bool = _desc(
+        "Logits-based (rejection-sampling) acceptance; needs build.gather_generation_logits.", default=False
+    )
+
+    @field_validator("max_draft_len")
+    @classmethod
+    def _limit_covers_k(cls, value: int | None, info: ValidationInfo) -> int | None:
+        k = info.data.get("num_draft_tokens")
+        if value is not None and k is not None and value < k:
+            raise ValueError(
+                f"max_draft_len ({value}) is below num_draft_tokens ({k}); the target engine would "
+                f"refuse the requests (raise max_draft_len to ≥ {k})"
+            )
+        return value
 
     @property
     def engine_max_draft_len(self) -> int:
@@ -109,11 +221,42 @@ class DraftTargetSpec(_Strict):
 
 
 class MedusaSpec(_Strict):
-    method: Literal["medusa"]
-    heads_dir: str
-    num_heads: Annotated[int, Field(ge=1, le=8)] = 4
-    choices: TreeChoices | None = None  # None = one chain of num_heads
-    max_draft_len: Annotated[int, Field(ge=1, le=256)] | None = None  # default: node count
+    """Medusa heads on the target's last hidden state (greedy tree verification)."""
+
+    method: Literal["medusa"] = _desc("Speculation method: Medusa heads.")
+    heads_dir: str = _desc(
+        "Medusa heads directory (config.json + medusa_lm_head.safetensors) or 'builtin:tiny-medusa'."
+    )
+    num_heads: Annotated[int, Field(ge=1, le=8)] = _desc("Medusa heads to use (--num_medusa_heads).", default=4)
+    choices: TreeChoices | None = _desc(
+        "medusa_choices tree as root-less paths, e.g. [[0], [1], [0, 0]]; every prefix present, "
+        "depth ≤ num_heads. Default: one chain of num_heads.",
+        default=None,
+    )
+    max_draft_len: Annotated[int, Field(ge=1, le=256)] | None = _desc(
+        "Engine max_draft_len (--max_medusa_token_len); default: the tree's node count.", default=None
+    )
+
+    @field_validator("choices")
+    @classmethod
+    def _choices_fit_heads(cls, value: TreeChoices | None, info: ValidationInfo) -> TreeChoices | None:
+        value = _check_tree(value)
+        heads = info.data.get("num_heads")
+        if value is not None and heads is not None and tree_depth(value) > heads:
+            raise ValueError(f"tree depth {tree_depth(value)} exceeds num_heads ({heads}); one head per level")
+        return value
+
+    @field_validator("max_draft_len")
+    @classmethod
+    def _limit_covers_tree(cls, value: int | None, info: ValidationInfo) -> int | None:
+        choices = info.data.get("choices")
+        if value is not None and choices and len(choices) > value:
+            raise ValueError(f"the tree has {len(choices)} nodes but max_draft_len is {value}")
+        return value
+
+    @property
+    def tree(self) -> list[list[int]]:
+        return self.choices if self.choices else chain_choices(self.num_heads)
 
     @property
     def engine_max_draft_len(self) -> int:
@@ -123,12 +266,61 @@ class MedusaSpec(_Strict):
 
 
 class EagleSpec(_Strict):
-    method: Literal["eagle"]
-    head_dir: str
-    num_layers: Annotated[int, Field(ge=1, le=8)] = 4  # EAGLE-1 draft depth (tree depth)
-    choices: TreeChoices | None = None  # None = one chain of num_layers
-    max_draft_len: Annotated[int, Field(ge=1, le=256)] | None = None
-    max_non_leaves_per_layer: Annotated[int, Field(ge=1, le=64)] = 10
+    """EAGLE-1 head (static tree) on the target's features."""
+
+    method: Literal["eagle"] = _desc("Speculation method: EAGLE-1 head.")
+    head_dir: str = _desc("EAGLE head directory (config.json + model.safetensors) or 'builtin:tiny-eagle'.")
+    num_layers: Annotated[int, Field(ge=1, le=8)] = _desc(
+        "EAGLE draft depth (--num_eagle_layers); every tree must be exactly this deep.", default=4
+    )
+    choices: TreeChoices | None = _desc(
+        "eagle_choices tree as root-less paths; every prefix present, depth = num_layers. "
+        "Default: one chain of num_layers.",
+        default=None,
+    )
+    max_draft_len: Annotated[int, Field(ge=1, le=256)] | None = _desc(
+        "Engine max_draft_len (≤ 256); default: the tree's node count.", default=None
+    )
+    max_non_leaves_per_layer: Annotated[int, Field(ge=1, le=64)] = _desc(
+        "Non-leaf nodes allowed per tree level (--max_non_leaves_per_layer).", default=10
+    )
+
+    @field_validator("choices")
+    @classmethod
+    def _choices_match_layers(cls, value: TreeChoices | None, info: ValidationInfo) -> TreeChoices | None:
+        value = _check_tree(value)
+        layers = info.data.get("num_layers")
+        if value is not None and layers is not None and tree_depth(value) != layers:
+            raise ValueError(
+                f"tree depth {tree_depth(value)} must equal num_layers ({layers}); a mismatch fails "
+                "at inference (NVIDIA/TensorRT-LLM#2673)"
+            )
+        return value
+
+    @field_validator("max_draft_len")
+    @classmethod
+    def _limit_covers_tree(cls, value: int | None, info: ValidationInfo) -> int | None:
+        choices = info.data.get("choices")
+        if value is not None and choices and len(choices) > value:
+            raise ValueError(f"the tree has {len(choices)} nodes but max_draft_len is {value}")
+        return value
+
+    @field_validator("max_non_leaves_per_layer")
+    @classmethod
+    def _non_leaves_fit(cls, value: int, info: ValidationInfo) -> int:
+        choices = info.data.get("choices")
+        if choices:
+            per_level = tree_non_leaves_per_level(choices)
+            if max(per_level) > value:
+                raise ValueError(
+                    f"the tree has {max(per_level)} non-leaf nodes on one level but "
+                    f"max_non_leaves_per_layer is {value}"
+                )
+        return value
+
+    @property
+    def tree(self) -> list[list[int]]:
+        return self.choices if self.choices else chain_choices(self.num_layers)
 
     @property
     def engine_max_draft_len(self) -> int:
@@ -144,61 +336,107 @@ Speculation = Annotated[
 
 
 class BuildLimits(_Strict):
-    max_batch_size: Annotated[int, Field(ge=1, le=4096)] = 8
-    max_input_len: Annotated[int, Field(ge=1)] = 1024
-    max_seq_len: Annotated[int, Field(ge=2)] = 2048
-    max_num_tokens: Annotated[int, Field(ge=1)] = 8192
-    max_beam_width: Annotated[int, Field(ge=1, le=8)] = 1
-    gather_generation_logits: bool = False
-    workers: Annotated[int, Field(ge=1)] | None = None  # trtllm-build --workers; default TP×PP
+    """Engine build limits (trtllm-build); the baseline and speculative engines share them."""
+
+    max_batch_size: Annotated[int, Field(ge=1, le=4096)] = _desc(
+        "--max_batch_size (EAGLE ≤ 512; Triton max_batch_size ≤ this).", default=8
+    )
+    max_input_len: Annotated[int, Field(ge=1)] = _desc("--max_input_len: longest prompt in tokens.", default=1024)
+    max_seq_len: Annotated[int, Field(ge=2)] = _desc(
+        "--max_seq_len: prompt + generated tokens (speculative engines add max_draft_len).", default=2048
+    )
+    max_num_tokens: Annotated[int, Field(ge=1)] = _desc(
+        "--max_num_tokens per engine step (raised to max_batch_size × (K+1) for speculation).", default=8192
+    )
+    max_beam_width: Annotated[int, Field(ge=1, le=8)] = _desc(
+        "--max_beam_width; speculative decoding needs 1.", default=1
+    )
+    gather_generation_logits: bool = _desc(
+        "--gather_generation_logits on both draft-target engines (needed for use_draft_logits).", default=False
+    )
+    workers: Annotated[int, Field(ge=1)] | None = _desc(
+        "trtllm-build --workers; default TP×PP.", default=None
+    )
 
     @model_validator(mode="after")
     def _lengths_consistent(self) -> "BuildLimits":
         if self.max_input_len >= self.max_seq_len:
-            raise ValueError(
-                f"max_input_len ({self.max_input_len}) must be below max_seq_len "
-                f"({self.max_seq_len}) to leave room for generated tokens"
+            raise CrossFieldError(
+                [
+                    (
+                        "build.max_input_len",
+                        f"max_input_len ({self.max_input_len}) must be below max_seq_len "
+                        f"({self.max_seq_len}) to leave room for generated tokens",
+                    )
+                ]
             )
         return self
 
 
 class TritonSettings(_Strict):
-    host: str = "127.0.0.1"
-    http_port: Annotated[int, Field(ge=1, le=65535)] = 8000
-    grpc_port: Annotated[int, Field(ge=1, le=65535)] = 8001
-    metrics_port: Annotated[int, Field(ge=1, le=65535)] = 8002
-    decoupled: bool = True  # streaming; forced false for draft-target's LLM models (upstream BLS)
-    max_queue_delay_microseconds: Annotated[int, Field(ge=0)] = 0
-    max_queue_size: Annotated[int, Field(ge=0)] = 0
-    preprocessing_instance_count: Annotated[int, Field(ge=1, le=64)] = 1
-    postprocessing_instance_count: Annotated[int, Field(ge=1, le=64)] = 1
-    bls_instance_count: Annotated[int, Field(ge=1, le=64)] = 1
-    kv_cache_free_gpu_mem_fraction: Annotated[float, Field(gt=0, le=1)] = 0.9
-    batching_strategy: Literal["inflight_fused_batching", "inflight_batching", "V1"] = (
-        "inflight_fused_batching"
+    """Triton server and tensorrt_llm model parameters."""
+
+    host: str = _desc("Address the server binds and clients use.", default="127.0.0.1")
+    http_port: Annotated[int, Field(ge=1, le=65535)] = _desc("HTTP port.", default=8000)
+    grpc_port: Annotated[int, Field(ge=1, le=65535)] = _desc("gRPC port.", default=8001)
+    metrics_port: Annotated[int, Field(ge=1, le=65535)] = _desc("Prometheus metrics port.", default=8002)
+    decoupled: bool = _desc(
+        "Streaming (decoupled) tensorrt_llm model; forced false for draft-target's LLM models.", default=True
     )
-    batch_scheduler_policy: Literal["max_utilization", "guaranteed_no_evict"] = "guaranteed_no_evict"
-    enable_kv_cache_reuse: bool = True
-    exclude_input_in_output: bool = False
-    container_image: str = "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
-    startup_timeout_s: Annotated[float, Field(gt=0)] = 180.0
-    exit_timeout_s: Annotated[float, Field(gt=0)] = 5.0
+    max_queue_delay_microseconds: Annotated[int, Field(ge=0)] = _desc(
+        "Dynamic-batcher queue delay.", default=0
+    )
+    max_queue_size: Annotated[int, Field(ge=0)] = _desc("Request queue bound (0 = unbounded).", default=0)
+    preprocessing_instance_count: Annotated[int, Field(ge=1, le=64)] = _desc(
+        "Instances of the preprocessing model.", default=1
+    )
+    postprocessing_instance_count: Annotated[int, Field(ge=1, le=64)] = _desc(
+        "Instances of the postprocessing model.", default=1
+    )
+    bls_instance_count: Annotated[int, Field(ge=1, le=64)] = _desc(
+        "Instances of the tensorrt_llm_bls model.", default=1
+    )
+    kv_cache_free_gpu_mem_fraction: Annotated[float, Field(gt=0, le=1)] = _desc(
+        "Fraction of free GPU memory for the KV cache (per model).", default=0.9
+    )
+    batching_strategy: Literal["inflight_fused_batching", "inflight_batching", "V1"] = _desc(
+        "tensorrt_llm gpt_model_type.", default="inflight_fused_batching"
+    )
+    batch_scheduler_policy: Literal["max_utilization", "guaranteed_no_evict"] = _desc(
+        "Batch scheduler policy.", default="guaranteed_no_evict"
+    )
+    enable_kv_cache_reuse: bool = _desc(
+        "KV-cache block reuse (needs paged context FMHA; required by draft-target).", default=True
+    )
+    exclude_input_in_output: bool = _desc("Return only generated tokens.", default=False)
+    container_image: str = _desc(
+        "NGC image for the GPU path (build and serve in the same image).",
+        default="nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3",
+    )
+    startup_timeout_s: Annotated[float, Field(gt=0)] = _desc("Seconds to wait for readiness.", default=180.0)
+    exit_timeout_s: Annotated[float, Field(gt=0)] = _desc("Seconds to wait for a clean shutdown.", default=5.0)
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> "TritonSettings":
-        ports = [self.http_port, self.grpc_port, self.metrics_port]
-        if len(set(ports)) != 3:
-            raise ValueError(f"http_port, grpc_port and metrics_port must differ, got {ports}")
+        ports = {"http_port": self.http_port, "grpc_port": self.grpc_port, "metrics_port": self.metrics_port}
+        seen: dict[int, str] = {}
+        problems = []
+        for name, port in ports.items():
+            if port in seen:
+                problems.append((f"triton.{name}", f"port {port} clashes with triton.{seen[port]}"))
+            seen.setdefault(port, name)
+        if problems:
+            raise CrossFieldError(problems)
         return self
 
 
 class Sampling(_Strict):
     """Sampling sent identically to both arms. top_k=1 (the default) is greedy."""
 
-    temperature: Annotated[float, Field(gt=0, le=10)] = 1.0
-    top_k: Annotated[int, Field(ge=0)] = 1
-    top_p: Annotated[float, Field(ge=0, le=1)] = 0.0
-    seed: Annotated[int, Field(ge=0)] = 0
+    temperature: Annotated[float, Field(gt=0, le=10)] = _desc("Sampling temperature.", default=1.0)
+    top_k: Annotated[int, Field(ge=0)] = _desc("Top-k (1 = greedy).", default=1)
+    top_p: Annotated[float, Field(ge=0, le=1)] = _desc("Top-p (0 = off).", default=0.0)
+    seed: Annotated[int, Field(ge=0)] = _desc("Per-request random seed base.", default=0)
 
     @property
     def greedy(self) -> bool:
@@ -206,21 +444,32 @@ class Sampling(_Strict):
 
 
 class LoadTestSettings(_Strict):
-    transport: Literal["grpc", "http"] = "grpc"
-    mode: Literal["closed", "open"] = "closed"
-    concurrency: list[Annotated[int, Field(ge=1, le=4096)]] = [1, 2, 4, 8]
-    request_rate: list[Annotated[float, Field(gt=0)]] = []  # open loop: requests/s per level
-    duration_s: Annotated[float, Field(gt=0)] = 20.0
-    warmup_s: Annotated[float, Field(ge=0)] = 2.0
-    repeats: Annotated[int, Field(ge=1, le=50)] = 3
-    max_tokens: Annotated[int, Field(ge=1)] = 64
-    prompts: str = "loadtests/prompts"  # a directory of <category>.jsonl files, or one file
-    categories: list[str] = []  # empty = every category found
-    sampling: Sampling = Sampling()
-    processes: Annotated[int, Field(ge=1, le=64)] = 1
-    stop_timeout_s: Annotated[float, Field(ge=0)] = 30.0
-    sweep_draft_len: list[Annotated[int, Field(ge=1, le=32)]] = []
-    seed: int = 1234
+    """Load-test plan: both arms, every concurrency level, repeated runs."""
+
+    transport: Literal["grpc", "http"] = _desc("gRPC streaming or HTTP generate_stream.", default="grpc")
+    mode: Literal["closed", "open"] = _desc("Closed loop (fixed users) or open loop (request rate).", default="closed")
+    concurrency: list[Annotated[int, Field(ge=1, le=4096)]] = _desc(
+        "Concurrency levels (closed loop), sorted, no repeats.", default_factory=lambda: [1, 2, 4, 8]
+    )
+    request_rate: list[Annotated[float, Field(gt=0)]] = _desc(
+        "Open loop: requests/s per level.", default_factory=list
+    )
+    duration_s: Annotated[float, Field(gt=0)] = _desc("Measured seconds per cell.", default=20.0)
+    warmup_s: Annotated[float, Field(ge=0)] = _desc("Warm-up seconds excluded from statistics.", default=2.0)
+    repeats: Annotated[int, Field(ge=1, le=50)] = _desc("Runs per cell (arms interleaved).", default=3)
+    max_tokens: Annotated[int, Field(ge=1)] = _desc("Tokens generated per request.", default=64)
+    prompts: str = _desc(
+        "Directory of <category>.jsonl prompt files, or one file.", default="loadtests/prompts"
+    )
+    categories: list[str] = _desc("Prompt categories to use; empty = all found.", default_factory=list)
+    sampling: Sampling = _desc("Sampling parameters for both arms.", default_factory=Sampling)
+    processes: Annotated[int, Field(ge=1, le=64)] = _desc("Locust worker processes.", default=1)
+    stop_timeout_s: Annotated[float, Field(ge=0)] = _desc("Seconds to let in-flight requests finish.", default=30.0)
+    sweep_draft_len: list[Annotated[int, Field(ge=1, le=32)]] = _desc(
+        "Draft-target: num_draft_tokens values to sweep (each ≤ the engine max_draft_len).",
+        default_factory=list,
+    )
+    seed: int = _desc("Seed for prompt order and user arrival.", default=1234)
 
     @field_validator("concurrency")
     @classmethod
@@ -233,63 +482,111 @@ class LoadTestSettings(_Strict):
 
     @model_validator(mode="after")
     def _open_loop_needs_rates(self) -> "LoadTestSettings":
+        problems = []
         if self.mode == "open" and not self.request_rate:
-            raise ValueError("mode 'open' needs request_rate levels (requests/s)")
+            problems.append(("loadtest.request_rate", "mode 'open' needs request_rate levels (requests/s)"))
         if self.warmup_s >= self.duration_s:
-            raise ValueError(f"warmup_s ({self.warmup_s}) must be shorter than duration_s ({self.duration_s})")
+            problems.append(
+                ("loadtest.warmup_s", f"warmup_s ({self.warmup_s}) must be shorter than duration_s ({self.duration_s})")
+            )
+        if problems:
+            raise CrossFieldError(problems)
         return self
 
 
 class Slo(_Strict):
-    ttft_ms: Annotated[float, Field(gt=0)] = 1000.0
-    tpot_ms: Annotated[float, Field(gt=0)] = 100.0
+    """Service-level objectives both arms are held to."""
+
+    ttft_ms: Annotated[float, Field(gt=0)] = _desc("p95 time-to-first-token bound (ms).", default=1000.0)
+    tpot_ms: Annotated[float, Field(gt=0)] = _desc("p95 time-per-output-token bound (ms).", default=100.0)
 
 
 class GateSettings(_Strict):
     """The rollout gate (load-testing.md §5.4). Thresholds are product settings."""
 
-    target_concurrency: list[Annotated[int, Field(ge=1)]] = []  # empty = the lowest level
-    tpot_ratio_max: Annotated[float, Field(gt=0)] = 0.9  # CI upper bound of spec/base median TPOT
-    e2e_ratio_max: Annotated[float, Field(gt=0)] = 0.9
-    ttft_p95_delta_ms_max: Annotated[float, Field(ge=0)] = 250.0
-    ttft_p95_delta_pct_max: Annotated[float, Field(ge=0)] = 50.0
-    peak_throughput_ratio_min: Annotated[float, Field(gt=0)] = 0.95
-    max_error_rate_delta: Annotated[float, Field(ge=0, le=1)] = 0.001
-    min_requests_per_cell: Annotated[int, Field(ge=1)] = 20
-    min_runs: Annotated[int, Field(ge=1)] = 2
-    min_acceptance_rate: Annotated[float, Field(ge=0, le=1)] = 0.5
-    require_output_equivalence: bool = True
-    achieved_concurrency_tolerance: Annotated[float, Field(ge=0, le=1)] = 0.05
-    slo: Slo = Slo()
-    bootstrap_resamples: Annotated[int, Field(ge=100)] = 9999
-    bootstrap_seed: int = 0
-    alpha: Annotated[float, Field(gt=0, lt=1)] = 0.05
+    target_concurrency: list[Annotated[int, Field(ge=1)]] = _desc(
+        "Concurrency levels the verdict is decided at (must be load-test levels); empty = the lowest.",
+        default_factory=list,
+    )
+    tpot_ratio_max: Annotated[float, Field(gt=0)] = _desc(
+        "GO needs the CI upper bound of spec/base median TPOT below this.", default=0.9
+    )
+    e2e_ratio_max: Annotated[float, Field(gt=0)] = _desc("Same for end-to-end latency.", default=0.9)
+    ttft_p95_delta_ms_max: Annotated[float, Field(ge=0)] = _desc(
+        "Allowed p95 TTFT regression in ms.", default=250.0
+    )
+    ttft_p95_delta_pct_max: Annotated[float, Field(ge=0)] = _desc(
+        "Allowed p95 TTFT regression in percent.", default=50.0
+    )
+    peak_throughput_ratio_min: Annotated[float, Field(gt=0)] = _desc(
+        "Peak throughput of spec ÷ base must stay above this.", default=0.95
+    )
+    max_error_rate_delta: Annotated[float, Field(ge=0, le=1)] = _desc(
+        "Allowed increase of the error rate.", default=0.001
+    )
+    min_requests_per_cell: Annotated[int, Field(ge=1)] = _desc(
+        "Fewer requests in a cell → INCONCLUSIVE.", default=20
+    )
+    min_runs: Annotated[int, Field(ge=1)] = _desc("Fewer repeated runs → INCONCLUSIVE.", default=2)
+    min_acceptance_rate: Annotated[float, Field(ge=0, le=1)] = _desc(
+        "Acceptance rate below this is flagged.", default=0.5
+    )
+    require_output_equivalence: bool = _desc(
+        "Greedy outputs of both arms must match (exactly on CPU).", default=True
+    )
+    achieved_concurrency_tolerance: Annotated[float, Field(ge=0, le=1)] = _desc(
+        "Relative shortfall of achieved vs requested concurrency tolerated.", default=0.05
+    )
+    slo: Slo = _desc("Latency SLOs.", default_factory=Slo)
+    bootstrap_resamples: Annotated[int, Field(ge=100)] = _desc("Bootstrap resamples for CIs.", default=9999)
+    bootstrap_seed: int = _desc("Bootstrap seed.", default=0)
+    alpha: Annotated[float, Field(gt=0, lt=1)] = _desc("Significance level (CI = 1 − alpha).", default=0.05)
 
 
 class ReferenceEngineSettings(_Strict):
     """CPU reference engine knobs (backend: reference)."""
 
-    threads: Annotated[int, Field(ge=1, le=64)] = 1
-    max_batch_size: Annotated[int, Field(ge=1, le=256)] | None = None  # default build.max_batch_size
-    prefix_cache_entries: Annotated[int, Field(ge=0, le=4096)] = 64
-    compute_dtype: Literal["float32", "float64"] = "float32"
+    threads: Annotated[int, Field(ge=1, le=64)] = _desc("torch threads per engine process.", default=1)
+    max_batch_size: Annotated[int, Field(ge=1, le=256)] | None = _desc(
+        "In-flight batch limit; default build.max_batch_size.", default=None
+    )
+    prefix_cache_entries: Annotated[int, Field(ge=0, le=4096)] = _desc(
+        "Cached prompt prefixes (KV reuse).", default=64
+    )
+    compute_dtype: Literal["float32", "float64"] = _desc("Compute dtype of the reference engine.", default="float32")
 
 
 class DeploymentConfig(_Strict):
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
-    description: str = ""
-    backend: Literal["trtllm", "reference"] = "trtllm"
-    hardware: str = "h100-sxm-80gb"
-    trtllm_version: str = TRTLLM_VERSION_DEFAULT
-    # TensorRT-LLM source/examples root holding examples/…/convert_checkpoint.py (NGC container path)
-    trtllm_root: str = "/app/tensorrt_llm"
-    target: ModelSpec
-    speculation: Speculation = NoSpeculation()
-    build: BuildLimits = BuildLimits()
-    triton: TritonSettings = TritonSettings()
-    reference: ReferenceEngineSettings = ReferenceEngineSettings()
-    loadtest: LoadTestSettings = LoadTestSettings()
-    gate: GateSettings = GateSettings()
+    """One deployment: target, speculation method, hardware, build, Triton, load test and gate."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")] = _desc(
+        "Deployment name; outputs go to engines/NAME/ and reports/NAME/."
+    )
+    description: str = _desc("Free text shown in reports.", default="")
+    backend: Literal["trtllm", "reference"] = _desc(
+        "trtllm (GPU engines) or reference (CPU PyTorch engine, hardware 'cpu').", default="trtllm"
+    )
+    hardware: str = _desc(
+        "Hardware profile: h100-sxm-80gb, h100-pcie-80gb, h200-141gb, a100-80gb, a100-40gb, "
+        "l40s-48gb, b200-180gb or cpu.",
+        default="h100-sxm-80gb",
+    )
+    trtllm_version: str = _desc(
+        "TensorRT-LLM version the engines are built and served with (engine path: ≤ 1.2.x).",
+        default=TRTLLM_VERSION_DEFAULT,
+    )
+    target: ModelSpec = _desc("The target model.")
+    speculation: Speculation = _desc(
+        "Speculation method: none | draft_target | medusa | eagle, with per-method fields.",
+        default_factory=NoSpeculation,
+    )
+    build: BuildLimits = _desc("Engine build limits.", default_factory=BuildLimits)
+    triton: TritonSettings = _desc("Triton settings.", default_factory=TritonSettings)
+    reference: ReferenceEngineSettings = _desc(
+        "CPU reference engine settings.", default_factory=ReferenceEngineSettings
+    )
+    loadtest: LoadTestSettings = _desc("Load-test settings.", default_factory=LoadTestSettings)
+    gate: GateSettings = _desc("Rollout gate thresholds.", default_factory=GateSettings)
     _source_path: Path | None = PrivateAttr(default=None)
 
     @field_validator("trtllm_version")
@@ -299,6 +596,47 @@ class DeploymentConfig(_Strict):
         if len(parts) < 2 or not all(p.isdigit() for p in parts[:2]):
             raise ValueError(f"'{value}' is not a TensorRT-LLM version like '1.2.1'")
         return value
+
+    @field_validator("hardware")
+    @classmethod
+    def _known_hardware(cls, value: str) -> str:
+        from pipeline.hardware import PROFILES  # noqa: PLC0415 - hardware has no config import
+
+        if value not in PROFILES:
+            raise ValueError(f"unknown hardware profile '{value}'; valid: {', '.join(PROFILES)}")
+        return value
+
+    @model_validator(mode="after")
+    def _cross_section_rules(self) -> "DeploymentConfig":
+        problems: list[tuple[str, str]] = []
+        spec = self.speculation
+        if self.loadtest.sweep_draft_len:
+            if isinstance(spec, DraftTargetSpec):
+                too_long = [k for k in self.loadtest.sweep_draft_len if k > spec.engine_max_draft_len]
+                if too_long:
+                    problems.append(
+                        (
+                            "loadtest.sweep_draft_len",
+                            f"{too_long} exceed the engine max_draft_len ({spec.engine_max_draft_len}); "
+                            "raise speculation.max_draft_len",
+                        )
+                    )
+            else:
+                problems.append(
+                    ("loadtest.sweep_draft_len", "only draft_target sends num_draft_tokens per request")
+                )
+        if self.loadtest.mode == "closed":
+            missing = [c for c in self.gate.target_concurrency if c not in self.loadtest.concurrency]
+            if missing:
+                problems.append(
+                    (
+                        "gate.target_concurrency",
+                        f"{missing} are not load-test concurrency levels {self.loadtest.concurrency}",
+                    )
+                )
+        if problems:
+            raise CrossFieldError(problems)
+        return self
 
     @property
     def method(self) -> str:
@@ -312,9 +650,15 @@ class DeploymentConfig(_Strict):
     def draft(self) -> ModelSpec | None:
         return self.speculation.draft if isinstance(self.speculation, DraftTargetSpec) else None
 
+    @property
+    def source_path(self) -> Path | None:
+        return self._source_path
+
 
 # ----------------------------------------------------------------------------------------------
 # Loading
+
+_METHOD_TAGS = ("none", "draft_target", "medusa", "eagle")
 
 
 def _loc_to_path(loc: tuple[Any, ...]) -> str:
@@ -323,22 +667,35 @@ def _loc_to_path(loc: tuple[Any, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("none", "draft_target", "medusa", "eagle") and out.endswith("speculation"):
+        elif part in _METHOD_TAGS and out.endswith("speculation"):
             continue
         else:
             out += ("." if out else "") + str(part)
     return out or "(top level)"
 
 
+def _message(err: dict[str, Any]) -> str:
+    msg = err["msg"].removeprefix("Value error, ")
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        return "unknown field (check the spelling; see `specdeploy schema`)"
+    if kind == "missing":
+        return "required field is missing"
+    if kind == "union_tag_invalid":
+        return f"unknown method {err.get('input', {}).get('method')!r}; valid: {', '.join(_METHOD_TAGS)}"
+    if kind == "union_tag_not_found":
+        return f"needs a 'method' field: one of {', '.join(_METHOD_TAGS)}"
+    return msg
+
+
 def format_validation_error(exc: ValidationError) -> list[str]:
     lines = []
     for err in exc.errors():
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown field (check the spelling; see `specdeploy schema`)"
-        elif err["type"] == "missing":
-            msg = "required field is missing"
-        lines.append(f"{_loc_to_path(tuple(err['loc']))}: {msg}")
+        original = (err.get("ctx") or {}).get("error")
+        if isinstance(original, CrossFieldError):
+            lines.extend(f"{path}: {msg}" for path, msg in original.problems)
+            continue
+        lines.append(f"{_loc_to_path(tuple(err['loc']))}: {_message(err)}")
     return lines
 
 
