@@ -575,6 +575,10 @@ class DeploymentConfig(_Strict):
         "TensorRT-LLM version the engines are built and served with (engine path: ≤ 1.2.x).",
         default=TRTLLM_VERSION_DEFAULT,
     )
+    trtllm_root: str = _desc(
+        "TensorRT-LLM source/examples root holding examples/…/convert_checkpoint.py (NGC container path).",
+        default="/app/tensorrt_llm",
+    )
     target: ModelSpec = _desc("The target model.")
     speculation: Speculation = _desc(
         "Speculation method: none | draft_target | medusa | eagle, with per-method fields.",
