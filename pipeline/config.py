@@ -537,6 +537,11 @@ class GateSettings(_Strict):
     achieved_concurrency_tolerance: Annotated[float, Field(ge=0, le=1)] = _desc(
         "Relative shortfall of achieved vs requested concurrency tolerated.", default=0.05
     )
+    allow_cutoff_above_crossover: bool = _desc(
+        "Peak-throughput guardrail passes when every target level is below the crossover and the "
+        "rollout disables speculation from the crossover up.",
+        default=True,
+    )
     slo: Slo = _desc("Latency SLOs.", default_factory=Slo)
     bootstrap_resamples: Annotated[int, Field(ge=100)] = _desc("Bootstrap resamples for CIs.", default=9999)
     bootstrap_seed: int = _desc("Bootstrap seed.", default=0)
