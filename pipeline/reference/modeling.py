@@ -1,0 +1,376 @@
+"""A lean Llama forward in plain PyTorch for the reference engine, plus Medusa and EAGLE heads.
+
+Reads Hugging Face Llama checkpoints (``config.json`` + ``model.safetensors``; ``.bin`` files are
+refused), Medusa heads (``medusa_lm_head.safetensors``) and EAGLE-1 heads (``model.safetensors``)
+in the layouts of the project brief, optionally int8 weight-only quantized by
+:mod:`pipeline.reference.quantize`. Writes nothing except into the KV pools it is handed.
+
+One forward call processes a *ragged batch*: per sequence a few new tokens with explicit rotary
+positions and a causal or tree mask, attending to that sequence's slot in a preallocated
+:class:`~pipeline.reference.kv_cache.KVPool`. The new rows are written at ``cache.length …`` and
+the length advanced; callers roll back what they reject. Per-layer framework overhead dominates on
+CPU, so QKV and gate/up projections are fused and masks are built once per step.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from pipeline.errors import SpecdeployError
+from pipeline.reference.kv_cache import KVPool, SlotCache
+
+QUANT_METHOD = "specdeploy_int8_wo"
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoint reading
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_positions: int
+    tie_word_embeddings: bool
+    bos_token_id: int | None
+    eos_token_id: int | None
+    quantized: bool
+
+
+def read_config(model_dir: Path) -> dict:
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise SpecdeployError(f"{model_dir}: no config.json (expected a Hugging Face checkpoint directory)")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _rope_theta(cfg: dict, where: str) -> float:
+    params = cfg.get("rope_parameters") or {}
+    scaling = cfg.get("rope_scaling")
+    rope_type = params.get("rope_type", "default")
+    if scaling not in (None, {}) or rope_type != "default":
+        raise SpecdeployError(f"{where}: rope scaling {scaling or params} is not supported by the reference engine")
+    return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+
+
+def _first_id(value) -> int | None:
+    if isinstance(value, list):
+        return int(value[0]) if value else None
+    return None if value is None else int(value)
+
+
+def parse_shape(cfg: dict, where: str) -> LlamaShape:
+    heads = int(cfg["num_attention_heads"])
+    hidden = int(cfg["hidden_size"])
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise SpecdeployError(f"{where}: hidden_act {act!r} is not supported (only silu)")
+    return LlamaShape(
+        vocab_size=int(cfg["vocab_size"]),
+        hidden_size=hidden,
+        intermediate_size=int(cfg["intermediate_size"]),
+        num_layers=int(cfg.get("num_hidden_layers", 1)),
+        num_heads=heads,
+        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(cfg.get("head_dim") or hidden // heads),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=_rope_theta(cfg, where),
+        max_positions=int(cfg.get("max_position_embeddings", 2048)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        bos_token_id=_first_id(cfg.get("bos_token_id")),
+        eos_token_id=_first_id(cfg.get("eos_token_id")),
+        quantized=(cfg.get("quantization_config") or {}).get("quant_method") == QUANT_METHOD,
+    )
+
+
+def load_safetensors(model_dir: Path, filename: str = "model.safetensors") -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    model_dir = Path(model_dir)
+    path = model_dir / filename
+    index = model_dir / f"{filename}.index.json"
+    if path.is_file():
+        return load_file(str(path))
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        state: dict[str, torch.Tensor] = {}
+        for shard in shards:
+            state.update(load_file(str(model_dir / shard)))
+        return state
+    if any(model_dir.glob("*.bin")) or any(model_dir.glob("*.pt")):
+        raise SpecdeployError(
+            f"{model_dir}: only safetensors weights are loaded (found pickle .bin/.pt files; "
+            "convert them with safetensors first)"
+        )
+    raise SpecdeployError(f"{model_dir}: no {filename}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Linear layers: float or real int8 weight-only
+
+
+class Linear:
+    """y = x Wᵀ (+ b). Float weights use F.linear; int8 weights use the int8 × float kernel
+    ``torch._weight_int8pack_mm`` (int8 weights stay int8 in memory; per-output-channel scales)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 scale: torch.Tensor | None = None):
+        self.weight = weight
+        self.bias = bias
+        self.scale = scale
+        self.out_features = weight.shape[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.scale is None:
+            return F.linear(x, self.weight, self.bias)
+        flat = x.reshape(-1, x.shape[-1])
+        y = torch._weight_int8pack_mm(flat, self.weight, self.scale).reshape(*x.shape[:-1], -1)
+        return y if self.bias is None else y + self.bias
+
+
+def _take_linear(state: dict, names: list[str], dtype: torch.dtype, bias: bool = False) -> Linear:
+    """Fuse the named projections (concatenated along the output dim) into one Linear."""
+    if all(f"{n}.weight_scale" in state for n in names):
+        weight = torch.cat([state[f"{n}.weight"] for n in names], 0).contiguous()
+        scale = torch.cat([state[f"{n}.weight_scale"] for n in names], 0).to(dtype)
+        if dtype != torch.float32 and dtype != torch.bfloat16:
+            weight, scale = (weight.to(dtype) * scale[:, None]), None  # float64 has no int8 kernel
+    else:
+        weight, scale = torch.cat([state[f"{n}.weight"] for n in names], 0).to(dtype).contiguous(), None
+    b = torch.cat([state[f"{n}.bias"] for n in names], 0).to(dtype) if bias else None
+    return Linear(weight, b, scale)
+
+
+# ----------------------------------------------------------------------------------------------
+# Rotary embeddings and one decoder layer
+
+
+class Rotary:
+    def __init__(self, head_dim: int, theta: float, max_positions: int, dtype: torch.dtype):
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)
+        emb = torch.cat([freqs, freqs], -1)  # [max_positions, head_dim]
+        self.cos = emb.cos().to(dtype)
+        self.sin = emb.sin().to(dtype)
+
+    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # x: [B, T, heads, head_dim]; positions: [B, T]
+        cos = self.cos[positions].unsqueeze(2)
+        sin = self.sin[positions].unsqueeze(2)
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+        return x * cos + rotated * sin
+
+
+class DecoderLayer:
+    def __init__(self, state: dict, prefix: str, shape: LlamaShape, dtype: torch.dtype,
+                 input_norm: bool = True):
+        self.qkv = _take_linear(state, [f"{prefix}self_attn.{p}_proj" for p in "qkv"], dtype)
+        self.o = _take_linear(state, [f"{prefix}self_attn.o_proj"], dtype)
+        self.gate_up = _take_linear(state, [f"{prefix}mlp.gate_proj", f"{prefix}mlp.up_proj"], dtype)
+        self.down = _take_linear(state, [f"{prefix}mlp.down_proj"], dtype)
+        key = f"{prefix}input_layernorm.weight"
+        self.input_norm = state[key].to(dtype) if input_norm and key in state else None
+        self.post_norm = state[f"{prefix}post_attention_layernorm.weight"].to(dtype)
+        self.shape = shape
+        self.q_size = shape.num_heads * shape.head_dim
+        self.kv_size = shape.num_kv_heads * shape.head_dim
+
+    def __call__(self, x: torch.Tensor, layer: int, step: "StepTensors", rotary: Rotary) -> torch.Tensor:
+        s = self.shape
+        batch, width, _ = x.shape
+        h = x if self.input_norm is None else F.rms_norm(x, (x.shape[-1],), self.input_norm, s.rms_norm_eps)
+        q, k, v = self.qkv(h).split([self.q_size, self.kv_size, self.kv_size], -1)
+        q = rotary.apply(q.view(batch, width, s.num_heads, s.head_dim), step.positions)
+        k = rotary.apply(k.view(batch, width, s.num_kv_heads, s.head_dim), step.positions)
+        v = v.view(batch, width, s.num_kv_heads, s.head_dim)
+        keys, values = step.write_and_read(layer, k, v)  # [B, kv_heads, K, head_dim]
+        attn = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys, values, attn_mask=step.mask,
+            enable_gqa=s.num_kv_heads != s.num_heads,
+        )  # [B, heads, T, head_dim]
+        x = x + self.o(attn.transpose(1, 2).reshape(batch, width, self.q_size))
+        h = F.rms_norm(x, (x.shape[-1],), self.post_norm, s.rms_norm_eps)
+        gate, up = self.gate_up(h).chunk(2, -1)
+        return x + self.down(F.silu(gate) * up)
+
+
+# ----------------------------------------------------------------------------------------------
+# One ragged step: tensors built once, shared by every layer
+
+
+@dataclass
+class StepInput:
+    """New tokens for one sequence in one forward: rotary positions, and ``tree`` — a
+    ``[n, n]`` bool ancestor-or-self mask among the new tokens (None = causal)."""
+
+    cache: SlotCache
+    tokens: list[int]
+    positions: list[int]
+    tree: torch.Tensor | None = None
+
+
+class StepTensors:
+    def __init__(self, pool: KVPool, inputs: list[StepInput]):
+        self.pool = pool
+        batch = len(inputs)
+        width = max(len(i.tokens) for i in inputs)
+        starts = [i.cache.length for i in inputs]
+        self.width = width
+        self.key_len = max(starts) + width
+        if self.key_len > pool.max_rows:
+            raise ValueError(f"sequence longer than the KV cache ({self.key_len} > {pool.max_rows})")
+        ids = torch.zeros(batch, width, dtype=torch.long)
+        pos = torch.zeros(batch, width, dtype=torch.long)
+        for b, inp in enumerate(inputs):
+            n = len(inp.tokens)
+            ids[b, :n] = torch.tensor(inp.tokens, dtype=torch.long)
+            pos[b, :n] = torch.tensor(inp.positions, dtype=torch.long)
+            if n < width:
+                pos[b, n:] = inp.positions[-1]
+        self.ids, self.positions = ids, pos
+        self.slots = [i.cache.slot for i in inputs]
+        self.starts = starts
+        self.single = batch == 1
+        self.mask = self._mask(inputs, starts, width)
+        if not self.single:
+            self.slot_index = torch.tensor(self.slots, dtype=torch.long)
+            self.rows = torch.tensor(starts, dtype=torch.long)[:, None] + torch.arange(width)[None, :]
+
+    def _mask(self, inputs: list[StepInput], starts: list[int], width: int) -> torch.Tensor | None:
+        if self.single and width == 1:
+            return None  # one query sees every valid key
+        mask = torch.arange(self.key_len)[None, None, :] < torch.tensor(starts)[:, None, None]
+        mask = mask.expand(len(inputs), width, self.key_len).clone()  # [B, T, K]
+        for b, inp in enumerate(inputs):
+            n, s = len(inp.tokens), starts[b]
+            local = inp.tree if inp.tree is not None else torch.ones(n, n, dtype=torch.bool).tril()
+            mask[b, :n, s : s + n] = local
+            pad = torch.arange(n, width)
+            mask[b, pad, s + pad] = True  # padding rows attend to themselves only
+        return mask.unsqueeze(1)  # [B, 1, T, K]
+
+    def write_and_read(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        pk, pv = self.pool.k[layer], self.pool.v[layer]  # [slots, rows, kv_heads, head_dim]
+        if self.single:
+            slot, s = self.slots[0], self.starts[0]
+            pk[slot, s : s + self.width] = k[0]
+            pv[slot, s : s + self.width] = v[0]
+            keys = pk[slot, : self.key_len].unsqueeze(0)
+            values = pv[slot, : self.key_len].unsqueeze(0)
+        else:
+            pk[self.slot_index[:, None], self.rows] = k
+            pv[self.slot_index[:, None], self.rows] = v
+            keys = pk[self.slot_index, : self.key_len]
+            values = pv[self.slot_index, : self.key_len]
+        return keys.transpose(1, 2), values.transpose(1, 2)
+
+
+def advance(inputs: list[StepInput]) -> None:
+    for inp in inputs:
+        inp.cache.length += len(inp.tokens)
+
+
+# ----------------------------------------------------------------------------------------------
+# Models
+
+
+class LlamaModel:
+    """Target or draft model. ``forward`` returns hidden states after the final norm
+    ``[B, T, H]``; ``logits`` applies the LM head."""
+
+    def __init__(self, model_dir: Path, dtype: torch.dtype = torch.float32):
+        cfg = read_config(model_dir)
+        archs = cfg.get("architectures") or ["LlamaForCausalLM"]
+        if cfg.get("model_type", "llama") != "llama" or archs[0] != "LlamaForCausalLM":
+            raise SpecdeployError(f"{model_dir}: only Llama checkpoints are supported (got {archs[0]})")
+        self.shape = s = parse_shape(cfg, str(model_dir))
+        self.dtype = dtype
+        state = load_safetensors(model_dir)
+        self.embed = state["model.embed_tokens.weight"].to(dtype)
+        if s.tie_word_embeddings or "lm_head.weight" not in state:
+            self.lm_head = Linear(self.embed)
+        else:
+            self.lm_head = _take_linear(state, ["lm_head"], dtype)
+        self.layers = [DecoderLayer(state, f"model.layers.{i}.", s, dtype) for i in range(s.num_layers)]
+        self.norm = state["model.norm.weight"].to(dtype)
+        self.rotary = Rotary(s.head_dim, s.rope_theta, s.max_positions, dtype)
+
+    def new_pool(self, slots: int, max_rows: int) -> KVPool:
+        s = self.shape
+        return KVPool(s.num_layers, slots, max_rows, s.num_kv_heads, s.head_dim, self.dtype)
+
+    def forward(self, pool: KVPool, inputs: list[StepInput]) -> torch.Tensor:
+        step = StepTensors(pool, inputs)
+        x = self.embed[step.ids]  # [B, T, H]
+        for i, layer in enumerate(self.layers):
+            x = layer(x, i, step, self.rotary)
+        advance(inputs)
+        return F.rms_norm(x, (x.shape[-1],), self.norm, self.shape.rms_norm_eps)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+
+class MedusaHeads:
+    """Head i(x) = W_lm_i · (x + SiLU(W_i x + b_i)) on the target's final hidden state at t;
+    head i predicts the token at t + 2 + i."""
+
+    def __init__(self, heads_dir: Path, dtype: torch.dtype, num_heads: int | None = None):
+        cfg = read_config(heads_dir)
+        if int(cfg.get("medusa_num_layers", 1)) != 1:
+            raise SpecdeployError(f"{heads_dir}: only medusa_num_layers 1 is supported")
+        available = int(cfg["medusa_num_heads"])
+        self.num_heads = min(num_heads or available, available)
+        state = load_safetensors(heads_dir, "medusa_lm_head.safetensors")
+        self.blocks = [_take_linear(state, [f"{i}.0.linear"], dtype, bias=True) for i in range(self.num_heads)]
+        self.heads = [_take_linear(state, [f"{i}.1"], dtype) for i in range(self.num_heads)]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [B, H] → [B, heads, vocab]."""
+        return torch.stack([head(hidden + F.silu(block(hidden))) for block, head in zip(self.blocks, self.heads)], 1)
+
+
+class EagleHead:
+    """EAGLE-1: h = Layer0(fc(cat([embed(x_{t+1}), f_t]))) predicts f_{t+1}; logits through the
+    target's LM head. Has its own KV pool; the pair (f_t, x_{t+1}) sits at rotary position t."""
+
+    def __init__(self, head_dir: Path, target: LlamaModel, dtype: torch.dtype):
+        cfg = read_config(head_dir)
+        shape = parse_shape({**cfg, "num_hidden_layers": 1}, str(head_dir))
+        if shape.hidden_size != target.shape.hidden_size:
+            raise SpecdeployError(f"{head_dir}: hidden_size {shape.hidden_size} != target {target.shape.hidden_size}")
+        self.shape = shape
+        self.dtype = dtype
+        state = load_safetensors(head_dir)
+        self.fc = _take_linear(state, ["fc"], dtype, bias="fc.bias" in state)
+        self.embed = state["embed_tokens.weight"].to(dtype) if "embed_tokens.weight" in state else target.embed
+        self.layer = DecoderLayer(state, "layers.0.", shape, dtype, input_norm=False)
+        self.lm_head = target.lm_head
+        self.rotary = Rotary(shape.head_dim, shape.rope_theta, max(shape.max_positions, target.shape.max_positions), dtype)
+
+    def new_pool(self, slots: int, max_rows: int) -> KVPool:
+        return KVPool(1, slots, max_rows, self.shape.num_kv_heads, self.shape.head_dim, self.dtype)
+
+    def forward(self, pool: KVPool, inputs: list[StepInput], features: torch.Tensor) -> torch.Tensor:
+        """features [B, T, H] (padded like the tokens) → predicted next features [B, T, H]."""
+        step = StepTensors(pool, inputs)
+        x = self.fc(torch.cat([self.embed[step.ids], features], -1))
+        h = self.layer(x, 0, step, self.rotary)
+        advance(inputs)
+        return h
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)

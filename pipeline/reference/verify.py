@@ -1,0 +1,78 @@
+"""Verification of draft tokens against the target: greedy (longest prefix, or longest tree path,
+matching the target's argmax) and lossless speculative sampling for chains (accept with
+min(1, p/q); on rejection resample from norm(max(0, p − q)); a bonus token when all pass).
+
+Trees are verified greedily only; sampled requests are given a chain by the proposers (documented
+in :mod:`pipeline.reference.proposers`). Randomness only from the request's ``torch.Generator``.
+Reads and writes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pipeline.reference.sampling import sample
+
+
+@dataclass
+class Verdict:
+    accepted: list[int]  # indices (1-based, in the step input) of accepted draft nodes, in order
+    token: int  # correction (recovered) or bonus token
+
+
+def verify_greedy_chain(target_logits: torch.Tensor, drafts: list[int]) -> Verdict:
+    """``target_logits [K+1, vocab]``: row j is the target's view after the pending token and
+    drafts[:j]."""
+    choice = target_logits.argmax(-1).tolist()  # [K+1]
+    a = 0
+    while a < len(drafts) and drafts[a] == choice[a]:
+        a += 1
+    return Verdict(list(range(1, a + 1)), choice[a])
+
+
+def verify_greedy_tree(target_logits: torch.Tensor, tokens: list[int], parents: list[int]) -> Verdict:
+    """Tree: node i (1-based row i+1 … see below) has ``parents[i]`` (0 = the pending token).
+    ``target_logits [N+1, vocab]``, row 0 = pending, row i+1 = node i. Follows the child whose
+    token is the target's argmax at each step (the longest accepted path)."""
+    choice = target_logits.argmax(-1).tolist()
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(parents):
+        children.setdefault(parent, []).append(i + 1)
+    path, current = [], 0
+    while True:
+        nxt = next((c for c in children.get(current, []) if tokens[c - 1] == choice[current]), None)
+        if nxt is None:
+            return Verdict(path, choice[current])
+        path.append(nxt)
+        current = nxt
+
+
+def residual(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p − q)); falls back to p when p ≤ q everywhere (then rejection had prob. 0)."""
+    diff = (target_probs - draft_probs).clamp_min(0.0)
+    total = diff.sum()
+    return diff / total if total > 0 else target_probs
+
+
+def verify_sampled_chain(target_probs: torch.Tensor, draft_probs: torch.Tensor, drafts: list[int],
+                         generator: torch.Generator, residual_fn=None) -> Verdict:
+    """``target_probs [K+1, vocab]``, ``draft_probs [K, vocab]`` (the distributions the drafts
+    were drawn from; one-hot rows for deterministic drafts). ``residual_fn`` exists for the
+    negative-control test only."""
+    residual_fn = residual_fn or residual
+    for i, token in enumerate(drafts):
+        p, q = float(target_probs[i, token]), float(draft_probs[i, token])
+        u = float(torch.rand((), generator=generator, dtype=torch.float64))
+        if q > 0 and u < min(1.0, p / q):
+            continue
+        return Verdict(list(range(1, i + 1)), sample(residual_fn(target_probs[i], draft_probs[i]), generator))
+    return Verdict(list(range(1, len(drafts) + 1)), sample(target_probs[len(drafts)], generator))
+
+
+def one_step_distribution(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
+    """Exact distribution of the first emitted token under :func:`verify_sampled_chain`:
+    Σ_x q(x)·min(1, p(x)/q(x))·δ_x + P(reject)·residual. Equals ``target_probs`` (the test)."""
+    accept = torch.minimum(draft_probs, target_probs)  # q·min(1, p/q)
+    return accept + (1.0 - accept.sum()) * residual(target_probs, draft_probs)
