@@ -1,13 +1,44 @@
-"""`specdeploy build`: Run the build plan: quantize/convert, compile engines, write engines/NAME/manifest.json."""
+"""`specdeploy build`: run the build plan — resolve/quantize/convert, compile engines — and write
+engines/NAME/manifest.json. Steps whose argv and inputs are unchanged are skipped (cache);
+``--force`` rebuilds everything, ``--dry-run`` lists what would run."""
 
 from __future__ import annotations
 
-import typer
+from typing import Optional
 
-from pipeline.errors import SpecdeployError
+import typer
 
 
 def register(app: typer.Typer) -> None:
     @app.command("build", help="Run the build plan: quantize/convert, compile engines, write engines/NAME/manifest.json.")
-    def build_command(config: str = typer.Argument(..., help="Deployment config YAML.")) -> None:
-        raise SpecdeployError("`specdeploy build` is not implemented yet")
+    def build_command(
+        config: str = typer.Argument(..., help="Deployment config YAML."),
+        force: bool = typer.Option(False, "--force", help="Rebuild every step, ignoring the cache."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="List the steps and whether each is cached; run nothing."),
+        trtllm_root: Optional[str] = typer.Option(None, "--trtllm-root", help="TensorRT-LLM examples root."),
+        progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress display on stderr."),
+    ) -> None:
+        from rich.console import Console  # noqa: PLC0415
+        from rich.table import Table  # noqa: PLC0415
+
+        from pipeline import build as builder  # noqa: PLC0415
+        from pipeline.config import load_config  # noqa: PLC0415
+        from pipeline.paths import manifest_path  # noqa: PLC0415
+
+        cfg = load_config(config)
+        console = Console()
+        if dry_run:
+            rows = builder.dry_run(cfg, force=force, trtllm_root=trtllm_root)
+            table = Table(title=f"build {cfg.name} (dry run)")
+            for column in ("step", "status", "outputs"):
+                table.add_column(column, overflow="fold")
+            for row in rows:
+                table.add_row(row["name"], "cached" if row["status"] == "cached" else "would run", "\n".join(row["outputs"]))
+            console.print(table)
+            return
+        manifest = builder.build(cfg, force=force, progress=progress, trtllm_root=trtllm_root)
+        built = sum(1 for s in manifest["steps"] if s["status"] == "built")
+        console.print(
+            f"built {built}, cached {len(manifest['steps']) - built} step(s); manifest: {manifest_path(cfg).absolute()}",
+            soft_wrap=True,
+        )
