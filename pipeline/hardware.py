@@ -27,7 +27,7 @@ class HardwareProfile:
     name: str
     display_name: str
     compute_capability: tuple[int, int] | None  # None for cpu
-    memory_gib: float | None  # per device; None = host memory (cpu)
+    memory_gib: float | None  # usable GiB per device as nvidia-smi reports it; None = host memory
     bandwidth_gbps: float | None  # GB/s HBM bandwidth per device
     devices_per_node: int
     weight_formats: tuple[str, ...]
@@ -58,13 +58,13 @@ def _gpu(name, display, cc, mem, bw, formats, kv=_KV_GPU, dtypes=("float16", "bf
 PROFILES: dict[str, HardwareProfile] = {
     p.name: p
     for p in (
-        _gpu("h100-sxm-80gb", "NVIDIA H100 SXM 80 GB", (9, 0), 80.0, 3350.0, _FORMATS_SM89),
-        _gpu("h100-pcie-80gb", "NVIDIA H100 PCIe 80 GB", (9, 0), 80.0, 2000.0, _FORMATS_SM89),
-        _gpu("h200-141gb", "NVIDIA H200 SXM 141 GB", (9, 0), 141.0, 4800.0, _FORMATS_SM89),
+        _gpu("h100-sxm-80gb", "NVIDIA H100 SXM 80 GB", (9, 0), 79.6, 3350.0, _FORMATS_SM89),
+        _gpu("h100-pcie-80gb", "NVIDIA H100 PCIe 80 GB", (9, 0), 79.6, 2000.0, _FORMATS_SM89),
+        _gpu("h200-141gb", "NVIDIA H200 SXM 141 GB", (9, 0), 140.4, 4800.0, _FORMATS_SM89),
         _gpu("a100-80gb", "NVIDIA A100 SXM 80 GB", (8, 0), 80.0, 2039.0, _FORMATS_SM80),
         _gpu("a100-40gb", "NVIDIA A100 SXM 40 GB", (8, 0), 40.0, 1555.0, _FORMATS_SM80),
-        _gpu("l40s-48gb", "NVIDIA L40S 48 GB", (8, 9), 48.0, 864.0, _FORMATS_SM89),
-        _gpu("b200-180gb", "NVIDIA B200 180 GB", (10, 0), 180.0, 8000.0, _FORMATS_SM100),
+        _gpu("l40s-48gb", "NVIDIA L40S 48 GB", (8, 9), 45.0, 864.0, _FORMATS_SM89),
+        _gpu("b200-180gb", "NVIDIA B200 180 GB", (10, 0), 179.1, 8000.0, _FORMATS_SM100),
         HardwareProfile(
             name="cpu",
             display_name="CPU (PyTorch reference engine)",

@@ -1,13 +1,145 @@
-"""`specdeploy doctor`: Show versions, where tritonserver comes from, and GPUs."""
+"""`specdeploy doctor`: what this machine can run.
+
+Reads installed package metadata (never imports torch or TensorRT-LLM), the tritonserver install
+(``pipeline.tritonserver_install.find_tritonserver``) and GPUs through NVML (``pynvml`` when
+importable). Prints a table, or JSON with ``--json``; writes nothing. Always exits 0: missing
+pieces are reported, not raised.
+"""
 
 from __future__ import annotations
 
+import json
+import platform
+import sys
+from importlib import metadata
+
 import typer
 
-from pipeline.errors import SpecdeployError
+PACKAGES = (
+    ("torch", ("torch",)),
+    ("tritonclient", ("tritonclient",)),
+    ("locust", ("locust",)),
+    ("TensorRT-LLM", ("tensorrt-llm", "tensorrt_llm")),
+    ("nvidia-pytriton", ("nvidia-pytriton",)),
+    ("tokenizers", ("tokenizers",)),
+    ("transformers", ("transformers",)),
+    ("pydantic", ("pydantic",)),
+)
+NOT_INSTALLED = "not installed"
 
 
 def register(app: typer.Typer) -> None:
     @app.command("doctor", help="Show versions, where tritonserver comes from, and GPUs.")
-    def doctor_command(config: str = typer.Argument(..., help="Deployment config YAML.")) -> None:
-        raise SpecdeployError("`specdeploy doctor` is not implemented yet")
+    def doctor_command(
+        as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    ) -> int:
+        report = collect()
+        if as_json:
+            print(json.dumps(report, indent=2))
+        else:
+            _print(report)
+        return 0
+
+
+def package_version(names: tuple[str, ...]) -> str:
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return NOT_INSTALLED
+
+
+def triton_report() -> dict:
+    from pipeline.errors import SpecdeployError  # noqa: PLC0415
+    from pipeline.tritonserver_install import find_tritonserver  # noqa: PLC0415
+
+    try:
+        install = find_tritonserver()
+    except SpecdeployError as exc:
+        return {"found": False, "problem": str(exc)}
+    return {
+        "found": True,
+        "source": install.source,
+        "binary": str(install.binary),
+        "backend_dir": str(install.backend_dir),
+        "python_version": install.python_version,
+        "stub_for_this_python": str(install.stub_path) if install.stub_path else None,
+        "stub_versions": install.available_stub_versions,
+        "stub_placed": str(install.placed_stub),
+        "stub_in_place": install.stub_in_place,
+        "library_dirs": [str(p) for p in install.library_dirs],
+    }
+
+
+def gpu_report() -> dict:
+    try:
+        import pynvml  # noqa: PLC0415
+    except ImportError:
+        return {"nvml": "pynvml not installed", "gpus": []}
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # NVMLError subclasses vary by driver
+        return {"nvml": f"unavailable ({exc})", "gpus": []}
+    try:
+        gpus = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            name = pynvml.nvmlDeviceGetName(handle)
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            gpus.append({
+                "index": index,
+                "name": name.decode() if isinstance(name, bytes) else name,
+                "compute_capability": f"{major}.{minor}",
+                "memory_gib": round(memory.total / 1024**3, 1),
+            })
+        return {"nvml": "ok", "driver": _driver(pynvml), "gpus": gpus}
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _driver(pynvml) -> str:
+    version = pynvml.nvmlSystemGetDriverVersion()
+    return version.decode() if isinstance(version, bytes) else version
+
+
+def collect() -> dict:
+    return {
+        "python": {"version": platform.python_version(), "executable": sys.executable},
+        "platform": platform.platform(),
+        "packages": {label: package_version(names) for label, names in PACKAGES},
+        "tritonserver": triton_report(),
+        "gpus": gpu_report(),
+    }
+
+
+def _print(report: dict) -> None:
+    from rich.console import Console  # noqa: PLC0415
+    from rich.table import Table  # noqa: PLC0415
+
+    console = Console() if sys.stdout.isatty() else Console(width=160)
+    table = Table(title="specdeploy doctor", show_header=False)
+    table.add_column("item", style="bold")
+    table.add_column("value", overflow="fold")
+    table.add_row("Python", f"{report['python']['version']} ({report['python']['executable']})")
+    table.add_row("platform", report["platform"])
+    for label, version in report["packages"].items():
+        table.add_row(label, version)
+    triton = report["tritonserver"]
+    if triton["found"]:
+        table.add_row("tritonserver", f"{triton['binary']} (from {triton['source']})")
+        table.add_row("backends", triton["backend_dir"])
+        stub = triton["stub_for_this_python"] or f"missing for Python {triton['python_version']} (have: {', '.join(triton['stub_versions']) or 'none'})"
+        table.add_row(f"python stub {triton['python_version']}", stub)
+        placed = "present" if triton["stub_in_place"] else "not yet placed (serve copies it)"
+        table.add_row("backends/python stub", f"{triton['stub_placed']}: {placed}")
+    else:
+        table.add_row("tritonserver", triton["problem"])
+    gpus = report["gpus"]
+    if gpus["gpus"]:
+        for gpu in gpus["gpus"]:
+            table.add_row(f"GPU {gpu['index']}", f"{gpu['name']}, sm {gpu['compute_capability']}, {gpu['memory_gib']} GiB")
+    else:
+        table.add_row("GPUs", f"none ({gpus['nvml']})")
+    console.print(table)

@@ -1,13 +1,113 @@
-"""`specdeploy schema`: Print the config reference (JSON schema or Markdown) generated from the pydantic model."""
+"""`specdeploy schema [--format json|markdown]`: the config reference, generated from the models.
+
+Reads the pydantic models in ``pipeline.config`` (never a config file); prints the JSON schema or
+a Markdown table of every field path with its type, default and description. Writes nothing.
+"""
 
 from __future__ import annotations
 
-import typer
+import json
+import types
+import typing
+from typing import Any
 
-from pipeline.errors import SpecdeployError
+import typer
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
 
 
 def register(app: typer.Typer) -> None:
     @app.command("schema", help="Print the config reference (JSON schema or Markdown) generated from the pydantic model.")
-    def schema_command(config: str = typer.Argument(..., help="Deployment config YAML.")) -> None:
-        raise SpecdeployError("`specdeploy schema` is not implemented yet")
+    def schema_command(
+        fmt: str = typer.Option("markdown", "--format", help="json or markdown."),
+    ) -> int:
+        from pipeline.errors import SpecdeployError  # noqa: PLC0415
+
+        if fmt == "json":
+            print(json.dumps(json_schema(), indent=2, ensure_ascii=False))
+        elif fmt == "markdown":
+            print(markdown_reference())
+        else:
+            raise SpecdeployError(f"--format: '{fmt}' is not one of json, markdown")
+        return 0
+
+
+def json_schema() -> dict:
+    from pipeline.config import DeploymentConfig  # noqa: PLC0415
+
+    return DeploymentConfig.model_json_schema()
+
+
+def _type_name(annotation: Any) -> str:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _type_name(args[0])
+    if origin is typing.Literal:
+        return " \\| ".join(repr(a) if isinstance(a, str) else str(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " \\| ".join(_type_name(a) for a in args)
+    if origin is list:
+        return f"list[{_type_name(args[0])}]" if args else "list"
+    if annotation is type(None):
+        return "null"
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation)
+
+
+def _default(info) -> str:
+    if info.default is PydanticUndefined and info.default_factory is None:
+        return "**required**"
+    value = info.default_factory() if info.default_factory is not None else info.default
+    if isinstance(value, BaseModel):
+        return "(section)"
+    return f"`{json.dumps(value)}`"
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    found: list[type[BaseModel]] = []
+    for arg in typing.get_args(annotation):
+        found.extend(_models_in(arg))
+    return found
+
+
+def field_rows(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """(path, type, default, description) for every field, recursing into sections."""
+    rows = []
+    for name, info in model.model_fields.items():
+        path = f"{prefix}{name}"
+        nested = _models_in(info.annotation)
+        rows.append((path, _type_name(info.annotation), _default(info), (info.description or "").replace("|", "\\|")))
+        if len(nested) == 1:
+            rows.extend(field_rows(nested[0], path + "."))
+        elif len(nested) > 1:  # discriminated union: a method row, then one block per method
+            methods = [typing.get_args(v.model_fields["method"].annotation)[0] for v in nested]
+            rows.append((f"{path}.method", " \\| ".join(repr(m) for m in methods), f"`{json.dumps(methods[0])}`",
+                         "Selects the method; the rows marked (method=…) below apply to that method."))
+            for variant, method in zip(nested, methods):
+                rows.extend(
+                    (f"{p} (method={method})", t, d, desc)
+                    for p, t, d, desc in field_rows(variant, path + ".")
+                    if p != f"{path}.method"
+                )
+    return rows
+
+
+def markdown_reference() -> str:
+    from pipeline.config import DeploymentConfig  # noqa: PLC0415
+
+    lines = [
+        "# specdeploy config reference",
+        "",
+        "Generated from `pipeline/config.py` by `specdeploy schema --format markdown`. Unknown fields are errors.",
+        "`speculation.method` selects one of: none, draft_target, medusa, eagle; the rows marked",
+        "`(method=…)` apply to that method only.",
+        "",
+        "| field | type | default | description |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| `{p}` | {t} | {d} | {desc} |" for p, t, d, desc in field_rows(DeploymentConfig)]
+    return "\n".join(lines)

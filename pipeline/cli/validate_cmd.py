@@ -1,13 +1,95 @@
-"""`specdeploy validate`: Check a config and run preflight (tokenizers, GPU x quantization, method rules, memory fit)."""
+"""`specdeploy validate CONFIG [--offline] [--json]`: load the config and run preflight.
+
+Reads the config YAML and (unless ``--offline``) the checkpoint directories it names; prints the
+findings as a table (or JSON with ``--json``) plus the per-GPU memory estimate, and exits 0 when
+there are no errors, 1 otherwise (config errors: one ``field.path: message`` line each).
+"""
 
 from __future__ import annotations
 
+import json
+
 import typer
 
-from pipeline.errors import SpecdeployError
+SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 def register(app: typer.Typer) -> None:
     @app.command("validate", help="Check a config and run preflight (tokenizers, GPU x quantization, method rules, memory fit).")
-    def validate_command(config: str = typer.Argument(..., help="Deployment config YAML.")) -> None:
-        raise SpecdeployError("`specdeploy validate` is not implemented yet")
+    def validate_command(
+        config: str = typer.Argument(..., help="Deployment config YAML."),
+        offline: bool = typer.Option(False, "--offline", help="Check the config's logic without checkpoint files."),
+        as_json: bool = typer.Option(False, "--json", help="Print the findings as JSON."),
+    ) -> int:
+        return validate(config, offline=offline, as_json=as_json)
+
+
+def validate(config: str, offline: bool = False, as_json: bool = False) -> int:
+    from pipeline.config import load_config  # noqa: PLC0415
+    from pipeline.preflight import errors_of, memory_estimate_of, raise_on_errors, run_preflight  # noqa: PLC0415
+
+    cfg = load_config(config)
+    findings = run_preflight(cfg, offline=offline)
+    if as_json:
+        payload = {
+            "config": config,
+            "name": cfg.name,
+            "offline": offline,
+            "ok": not errors_of(findings),
+            "findings": [f.to_dict() for f in findings],
+            "memory": memory_estimate_of(findings),
+        }
+        print(json.dumps(payload, indent=2, ensure_ascii=False))
+    else:
+        _print_report(cfg, findings, offline)
+    raise_on_errors(findings)
+    return 0
+
+
+def _console():
+    from rich.console import Console  # noqa: PLC0415
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=140)
+    return console
+
+
+def _print_report(cfg, findings, offline: bool) -> None:
+    from rich.table import Table  # noqa: PLC0415
+
+    from pipeline.preflight import memory_estimate_of  # noqa: PLC0415
+
+    console = _console()
+    mode = " (offline)" if offline else ""
+    console.print(f"[bold]{cfg.name}[/]{mode}: backend {cfg.backend}, hardware {cfg.hardware}, "
+                  f"method {cfg.method}, target {cfg.target.checkpoint}")
+    table = Table(title="Preflight findings", show_lines=False)
+    for column in ("severity", "field", "finding", "fix"):
+        table.add_column(column, overflow="fold")
+    for f in sorted(findings, key=lambda f: ("error", "warning", "info").index(f.severity)):
+        table.add_row(f"[{SEVERITY_STYLE[f.severity]}]{f.severity}[/]", f.field or "-", f.message, f.fix or "")
+    console.print(table)
+    estimate = memory_estimate_of(findings)
+    if estimate:
+        console.print(_memory_table(estimate))
+    counts = {s: sum(1 for f in findings if f.severity == s) for s in ("error", "warning", "info")}
+    verdict = "[bold red]FAILED[/]" if counts["error"] else "[bold green]OK[/]"
+    console.print(f"{verdict}: {counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} note(s)")
+
+
+def _memory_table(estimate: dict):
+    from rich.table import Table  # noqa: PLC0415
+
+    table = Table(title=f"Memory per GPU (rank 0) — {estimate['device']}")
+    table.add_column("component")
+    table.add_column("GiB", justify="right")
+    table.add_column("detail", overflow="fold")
+    for row in estimate["rows"]:
+        table.add_row(row["component"], f"{row['gib']:.2f}", row["detail"])
+    table.add_row("[bold]total[/]", f"[bold]{estimate['total_gib']:.2f}[/]", "")
+    table.add_row("device", f"{estimate['device_gib']:.2f}", "")
+    style = "red" if not estimate["fits"] else ("yellow" if estimate["thin"] else "green")
+    table.add_row(f"[{style}]headroom[/]", f"[{style}]{estimate['headroom_gib']:.2f}[/]",
+                  f"runtime KV pool ≈ {estimate['kv_pool_gib']:.2f} GiB")
+    return table

@@ -1,0 +1,108 @@
+"""Tokenizer compatibility between a draft model and its target.
+
+Reads ``tokenizer.json`` (vocabulary, token → id, with added tokens), ``tokenizer_config.json``
+(bos/eos/unk/pad special tokens) and ``config.json`` (``vocab_size``) from two checkpoint
+directories; writes nothing. Draft-target speculation compares token *ids*, so the two
+vocabularies must be identical; :func:`compare_tokenizers` returns one human-readable problem
+per mismatch, naming the first differing tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+SPECIAL_ROLES = ("bos_token", "eos_token", "unk_token", "pad_token")
+_SHOW = 3  # differing tokens named in a message
+
+
+def load_vocab(directory: Path) -> dict[str, int]:
+    """token → id of ``directory/tokenizer.json`` including added tokens (ValueError if unreadable)."""
+    path = directory / "tokenizer.json"
+    try:
+        from tokenizers import Tokenizer  # noqa: PLC0415 - optional, heavy-ish
+
+        return dict(Tokenizer.from_file(str(path)).get_vocab(with_added_tokens=True))
+    except ImportError:
+        return _vocab_from_json(path)
+    except Exception as exc:  # tokenizers raises plain Exception subclasses for bad files
+        raise ValueError(f"cannot read {path}: {exc}") from None
+
+
+def _vocab_from_json(path: Path) -> dict[str, int]:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    model = data.get("model", {})
+    vocab = model.get("vocab", {})
+    if isinstance(vocab, list):  # Unigram: [[token, score], ...]
+        result = {entry[0]: i for i, entry in enumerate(vocab)}
+    else:
+        result = dict(vocab)
+    for added in data.get("added_tokens", []):
+        result[added["content"]] = added["id"]
+    return result
+
+
+def _token_text(value: object) -> str | None:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def load_special_tokens(directory: Path) -> dict[str, str]:
+    """role → token text from tokenizer_config.json (and special added tokens from tokenizer.json)."""
+    specials: dict[str, str] = {}
+    cfg_path = directory / "tokenizer_config.json"
+    if cfg_path.is_file():
+        data = json.loads(cfg_path.read_text(encoding="utf-8"))
+        for role in SPECIAL_ROLES:
+            text = _token_text(data.get(role))
+            if text is not None:
+                specials[role] = text
+    tok_path = directory / "tokenizer.json"
+    if tok_path.is_file():
+        data = json.loads(tok_path.read_text(encoding="utf-8"))
+        for added in data.get("added_tokens", []):
+            if added.get("special"):
+                specials[f"special[{added['id']}]"] = added["content"]
+    return specials
+
+
+def _first_differences(target: dict[str, int], draft: dict[str, int]) -> list[str]:
+    by_id_t = {i: t for t, i in target.items()}
+    by_id_d = {i: t for t, i in draft.items()}
+    diffs = []
+    for token_id in sorted(set(by_id_t) | set(by_id_d)):
+        t_tok, d_tok = by_id_t.get(token_id), by_id_d.get(token_id)
+        if t_tok != d_tok:
+            diffs.append(f"id {token_id}: target {t_tok!r} vs draft {d_tok!r}")
+            if len(diffs) == _SHOW:
+                break
+    return diffs
+
+
+def _config_vocab_size(directory: Path) -> int | None:
+    try:
+        value = json.loads((directory / "config.json").read_text(encoding="utf-8")).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return int(value) if isinstance(value, int) else None
+
+
+def compare_tokenizers(target_dir: Path, draft_dir: Path) -> list[str]:
+    """Problems that make the draft's token ids meaningless to the target (empty = compatible)."""
+    problems: list[str] = []
+    target_vocab, draft_vocab = load_vocab(target_dir), load_vocab(draft_dir)
+    if target_vocab != draft_vocab:
+        detail = "; ".join(_first_differences(target_vocab, draft_vocab))
+        problems.append(
+            f"vocabularies differ (target {len(target_vocab)} tokens, draft {len(draft_vocab)}); "
+            f"first differences: {detail}"
+        )
+    t_special, d_special = load_special_tokens(target_dir), load_special_tokens(draft_dir)
+    for role in sorted(set(t_special) | set(d_special)):
+        if t_special.get(role) != d_special.get(role):
+            problems.append(f"special token {role} differs: target {t_special.get(role)!r} vs draft {d_special.get(role)!r}")
+    t_size, d_size = _config_vocab_size(target_dir), _config_vocab_size(draft_dir)
+    if t_size is not None and d_size is not None and t_size != d_size:
+        problems.append(f"config.json vocab_size differs: target {t_size} vs draft {d_size}")
+    return problems
