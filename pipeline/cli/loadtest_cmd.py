@@ -1,13 +1,81 @@
-"""`specdeploy loadtest`: Load-test speculative vs baseline under a concurrency sweep (Locust)."""
+"""`specdeploy loadtest CONFIG`: speculative vs baseline under a concurrency sweep (Locust).
+
+Reads the config, starts both arms' servers (or uses ``--endpoint-*``), runs Locust headless as a
+subprocess per arm × concurrency × repeat (interleaved), writes RUN_DIR (raw records, runs.json,
+run.json, metrics) and then the report; exits with the verdict's code (0 GO, 1 NO-GO,
+3 INCONCLUSIVE; 2 stays the usage error).
+"""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import typer
 
-from pipeline.errors import SpecdeployError
+
+def _int_list(value: Optional[str], option: str) -> Optional[list[int]]:
+    from pipeline.errors import SpecdeployError  # noqa: PLC0415
+
+    if value is None:
+        return None
+    try:
+        items = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise SpecdeployError(f"{option}: expected comma-separated integers like 1,4,16, got '{value}'") from None
+    if not items or any(v < 1 for v in items):
+        raise SpecdeployError(f"{option}: expected positive integers, got '{value}'")
+    return items
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("loadtest", help="Load-test speculative vs baseline under a concurrency sweep (Locust).")
-    def loadtest_command(config: str = typer.Argument(..., help="Deployment config YAML.")) -> None:
-        raise SpecdeployError("`specdeploy loadtest` is not implemented yet")
+    @app.command("loadtest", help="Load-test speculative vs baseline under a concurrency sweep (Locust); "
+                                  "exit code = verdict (0 GO, 1 NO-GO, 3 INCONCLUSIVE).")
+    def loadtest_command(
+        config: str = typer.Argument(..., help="Deployment config YAML."),
+        out: Optional[str] = typer.Option(None, "--out", help="Run directory (default reports/NAME/<UTC timestamp>/)."),
+        concurrency: Optional[str] = typer.Option(None, "--concurrency", help="Override levels, e.g. 1,4,16."),
+        duration: Optional[str] = typer.Option(None, "--duration", help="Seconds per run, e.g. 20s or 2m."),
+        repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Runs per cell."),
+        sweep_draft_len: Optional[str] = typer.Option(
+            None, "--sweep-draft-len",
+            help="Repeat the speculative arm per draft length, e.g. 2,4,6,8 (draft_target only: per-request "
+                 "num_draft_tokens; Medusa/EAGLE fix the length at build time — build one deployment per length)."),
+        endpoint_baseline: Optional[str] = typer.Option(None, "--endpoint-baseline", help="Use a running baseline server (grpc host:port or http URL)."),
+        endpoint_speculative: Optional[str] = typer.Option(None, "--endpoint-speculative", help="Use a running speculative server."),
+        endpoint: Optional[str] = typer.Option(None, "--endpoint", help="One running server; needs --arm."),
+        arm: Optional[str] = typer.Option(None, "--arm", help="baseline | speculative: test only this arm."),
+        no_progress: bool = typer.Option(False, "--no-progress", help="No progress display."),
+    ) -> int:
+        from pipeline.config import load_config  # noqa: PLC0415
+        from pipeline.errors import SpecdeployError  # noqa: PLC0415
+        from pipeline.loadtest import run_loadtest  # noqa: PLC0415
+        from pipeline.report import make_report  # noqa: PLC0415
+
+        if endpoint and not arm:
+            raise SpecdeployError("--endpoint needs --arm baseline|speculative (or use --endpoint-baseline/--endpoint-speculative)")
+        if endpoint:
+            endpoint_baseline = endpoint if arm == "baseline" else endpoint_baseline
+            endpoint_speculative = endpoint if arm == "speculative" else endpoint_speculative
+        cfg = load_config(config)
+        run_dir = run_loadtest(
+            cfg, out_dir=out, concurrency=_int_list(concurrency, "--concurrency"), duration=duration,
+            repeats=repeats, sweep_draft_len=_int_list(sweep_draft_len, "--sweep-draft-len"),
+            endpoint_baseline=endpoint_baseline, endpoint_speculative=endpoint_speculative, arm=arm,
+            progress=not no_progress, report=False,
+        )
+        report = make_report(run_dir, cfg)
+        _print_summary(report)
+        return report.exit_code
+
+
+def _print_summary(report) -> None:
+    from rich.console import Console  # noqa: PLC0415
+
+    console = Console()
+    style = {"GO": "bold green", "NO-GO": "bold red", "INCONCLUSIVE": "bold yellow"}[report.verdict]
+    console.print(f"verdict: [{style}]{report.verdict}[/]  (exit code {report.exit_code})")
+    for reason in report.gate.reasons:
+        console.print(f"  {reason}", markup=False)
+    for advice in report.gate.advice:
+        console.print(f"  advice: {advice}", markup=False)
+    console.print(f"report: {report.html_path}  {report.md_path}  {report.json_path}", markup=False)

@@ -1,0 +1,132 @@
+"""A fake Triton ``generate_stream`` server with known timing, for load-generator self-tests.
+
+Speaks ``POST /v2/models/<m>/generate_stream`` (Server-Sent Events over chunked HTTP/1.1,
+keep-alive) and ``GET /v2/health/ready``. Each request: headers at once, the first token after
+``--ttft-ms`` (one token), then chunks of ``--tokens-per-chunk`` k tokens every k × ``--tpot-ms``
+until ``max_tokens`` (capped by ``--max-tokens-cap``). So a correct client measures TTFT ≈ D,
+TPOT ≈ t and inter-chunk latency ≈ k·t. ``--stall-at-s T --stall-s S`` freezes the server for S
+seconds at T seconds after start (no chunk leaves during the stall), to show coordinated omission.
+Every event carries ``num_output_tokens``; the last also ``acceptance_rate`` and draft counts.
+Run: ``python loadtests/fake_server.py --port 0`` prints ``PORT <n>`` once listening.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import time
+
+_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/\d+)?/generate_stream$")
+
+
+class FakeStreamServer:
+    def __init__(self, ttft_ms: float, tpot_ms: float, tokens_per_chunk: int, max_tokens_cap: int,
+                 stall_at_s: float | None = None, stall_s: float = 0.0, accept_rate: float = 0.75):
+        self.ttft = ttft_ms / 1000.0
+        self.tpot = tpot_ms / 1000.0
+        self.k = max(1, tokens_per_chunk)
+        self.cap = max_tokens_cap
+        self.accept_rate = accept_rate
+        self.started = time.monotonic()
+        self.stall = (self.started + stall_at_s, self.started + stall_at_s + stall_s) if stall_at_s is not None else None
+        self.served = 0
+
+    async def _sleep_until(self, deadline: float) -> None:
+        """Sleep to an absolute monotonic time, then sit out a stall window if we are inside it."""
+        delay = deadline - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if self.stall is not None:
+            start, end = self.stall
+            now = time.monotonic()
+            if start <= now < end:
+                await asyncio.sleep(end - now)
+
+    def _chunk_plan(self, max_tokens: int) -> list[int]:
+        total = max(1, min(max_tokens, self.cap))
+        plan = [1]
+        remaining = total - 1
+        while remaining > 0:
+            plan.append(min(self.k, remaining))
+            remaining -= plan[-1]
+        return plan
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                method, path, _ = lines[0].split(" ", 2)
+                headers = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:] if ":" in ln)}
+                body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
+                if method == "GET" and path.startswith("/v2/health"):
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                    await writer.drain()
+                    continue
+                match = _PATH.match(path)
+                if method != "POST" or not match:
+                    writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+                    await writer.drain()
+                    continue
+                await self._stream(writer, json.loads(body or b"{}"))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def _stream(self, writer: asyncio.StreamWriter, request: dict) -> None:
+        t_arrival = time.monotonic()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        await writer.drain()
+        plan = self._chunk_plan(int(request.get("max_tokens", 16)))
+        deadline = t_arrival + self.ttft
+        drafted = accepted = 0
+        for i, ntok in enumerate(plan):
+            await self._sleep_until(deadline)
+            event = {"model_name": "fake", "model_version": "1", "text_output": " tok" * ntok, "num_output_tokens": ntok}
+            if i > 0:
+                drafted += self.k
+                accepted += ntok - 1
+            if i == len(plan) - 1:
+                rate = accepted / drafted if drafted else 0.0
+                event.update({"acceptance_rate": rate, "total_draft_tokens": drafted,
+                              "total_accepted_draft_tokens": accepted})
+            data = b"data: " + json.dumps(event).encode() + b"\n\n"
+            writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+            await writer.drain()
+            if i + 1 < len(plan):
+                deadline += self.tpot * plan[i + 1]
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        self.served += 1
+
+
+async def serve(args: argparse.Namespace) -> None:
+    fake = FakeStreamServer(args.ttft_ms, args.tpot_ms, args.tokens_per_chunk, args.max_tokens_cap,
+                            args.stall_at_s, args.stall_s)
+    server = await asyncio.start_server(fake.handle, "127.0.0.1", args.port, backlog=1024)
+    port = server.sockets[0].getsockname()[1]
+    print(f"PORT {port}", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--ttft-ms", type=float, default=100.0)
+    parser.add_argument("--tpot-ms", type=float, default=10.0)
+    parser.add_argument("--tokens-per-chunk", type=int, default=1)
+    parser.add_argument("--max-tokens-cap", type=int, default=16)
+    parser.add_argument("--stall-at-s", type=float, default=None)
+    parser.add_argument("--stall-s", type=float, default=0.0)
+    try:
+        asyncio.run(serve(parser.parse_args()))
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,486 @@
+"""Locust users that stream from Triton and write one raw JSONL record per request.
+
+Run by ``pipeline.loadtest`` as a subprocess (never imported by the CLI process: gevent patches
+the whole process). Settings come from the JSON file named by ``SPECDEPLOY_LOADTEST_CONFIG``
+(see ``lt_common.RunSettings``); records go to ``<output_prefix>.<pid>.jsonl`` and a per-process
+``<output_prefix>.<pid>.meta.json`` (clock origin, stop signal time, counts).
+
+User classes (pick one on the locust command line):
+  * ``GrpcStreamUser`` – closed loop over ``tritonclient.grpc`` bidirectional streaming, one
+    stream per user, responses matched by request id.
+  * ``HttpStreamUser`` – closed loop over ``POST /v2/models/M/generate_stream`` (SSE), one
+    keep-alive connection per user, timed by hand (never at headers).
+  * ``GrpcOpenLoopUser`` / ``HttpOpenLoopUser`` – run with ``-u 1``: a dispatcher that issues
+    requests at precomputed Poisson (or fixed) times, each in its own greenlet; latency is also
+    counted from the intended send time ``t_scheduled`` (no coordinated omission).
+Requests still in flight when the run stops are written with status ``incomplete_at_stop``.
+"""
+
+from __future__ import annotations
+
+import locust  # noqa: I001 - must come first: it monkey-patches with gevent
+from locust import User, events, task
+from locust.exception import StopUser
+
+import grpc.experimental.gevent as grpc_gevent
+
+grpc_gevent.init_gevent()  # before any channel exists
+
+import http.client  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import uuid  # noqa: E402
+from pathlib import Path  # noqa: E402
+from urllib.parse import urlsplit  # noqa: E402
+
+import gevent  # noqa: E402
+from gevent.event import Event  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lt_common import (  # noqa: E402
+    PERF_FIELDS_INT,
+    PERF_FIELDS_TIME,
+    Clock,
+    PromptCursor,
+    RecordWriter,
+    RequestState,
+    RunSettings,
+    arrival_offsets,
+    build_record,
+    parse_sse_line,
+    request_inputs,
+)
+
+_ = locust.__version__
+
+
+class _Run:
+    """Per-process run state: settings, clock, writer, in-flight table."""
+
+    settings: RunSettings | None = None
+    clock: Clock | None = None
+    writer: RecordWriter | None = None
+    cursor: PromptCursor | None = None
+    inflight: dict[str, RequestState] = {}
+    counts = {"sent": 0, "written": 0}
+    t_stop_signal: int | None = None
+    retokenize = None
+
+    @classmethod
+    def ensure(cls, environment) -> None:
+        if cls.settings is not None and cls.writer is not None and cls.writer.pid == os.getpid():
+            return
+        cls.settings = RunSettings.from_env()
+        runner = environment.runner
+        worker_index = getattr(runner, "worker_index", 0) or 0
+        cls.clock = Clock()
+        cls.writer = RecordWriter(cls.settings.output_prefix)
+        cls.cursor = PromptCursor(cls.settings.prompts, cls.settings.seed, worker_index, cls.settings.num_workers)
+        cls.inflight = {}
+        cls.counts = {"sent": 0, "written": 0}
+        cls.retokenize = _make_retokenizer(cls.settings.tokenizer_dir)
+
+    @classmethod
+    def begin(cls, prompt_index: int, prompt: dict, t_scheduled: int | None) -> RequestState:
+        state = RequestState(
+            request_id=uuid.uuid4().hex[:16],
+            prompt_id=str(prompt["id"]),
+            category=str(prompt.get("category", "default")),
+            prompt_index=prompt_index,
+            prompt_text=str(prompt["prompt"]),
+            t_scheduled=t_scheduled,
+        )
+        cls.inflight[state.request_id] = state
+        cls.counts["sent"] += 1
+        return state
+
+    @classmethod
+    def finish(cls, state: RequestState, environment) -> None:
+        if state.finished:
+            return
+        state.finished = True
+        cls.inflight.pop(state.request_id, None)
+        record = build_record(cls.settings, state, worker_pid=os.getpid(), retokenize=cls.retokenize)
+        cls.writer.write(record)
+        cls.counts["written"] += 1
+        _fire_events(environment, record)
+
+    @classmethod
+    def flush_inflight(cls, environment) -> None:
+        for state in list(cls.inflight.values()):
+            state.status = "incomplete_at_stop"
+            state.error = state.error or "request still in flight when the run stopped"
+            cls.finish(state, environment)
+        if cls.writer is not None:
+            cls.writer.flush()
+
+    @classmethod
+    def write_meta(cls) -> None:
+        if cls.settings is None or cls.writer is None:
+            return
+        meta = {
+            "pid": os.getpid(),
+            "t0_unix": cls.clock.t0_unix,
+            "t_stop_signal": cls.t_stop_signal,
+            "t_end": cls.clock.now(),
+            "sent": cls.counts["sent"],
+            "written": cls.counts["written"],
+            "records": str(cls.writer.path),
+        }
+        Path(f"{cls.settings.output_prefix}.{os.getpid()}.meta.json").write_text(json.dumps(meta), encoding="utf-8")
+
+
+def _make_retokenizer(tokenizer_dir: str | None):
+    if not tokenizer_dir:
+        return None
+    try:
+        from tokenizers import Tokenizer  # noqa: PLC0415
+
+        tok = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
+    except Exception:  # noqa: BLE001 - the cross-check is optional
+        return None
+    return lambda text: len(tok.encode(text, add_special_tokens=False).ids)
+
+
+def _fire_events(environment, record: dict) -> None:
+    """Live monitoring only: Locust buckets these; the report reads the raw records."""
+    request_type = "spec" if record["arm"] == "speculative" else "base"
+    exc = None if record["status"] == "ok" else RuntimeError(record["error"] or record["status"])
+    fire = environment.events.request.fire
+    if record["t_first_token"] is not None:
+        fire(request_type=request_type, name="ttft", response_time=(record["t_first_token"] - record["t_sent"]) / 1e6,
+             response_length=0, exception=None, context={})
+        if record["osl"] > 1 and record["t_last"] is not None:
+            tpot = (record["t_last"] - record["t_first_token"]) / (record["osl"] - 1) / 1e6
+            fire(request_type=request_type, name="tpot", response_time=tpot, response_length=0, exception=None, context={})
+    e2e = ((record["t_last"] or record["t_sent"]) - record["t_sent"]) / 1e6
+    fire(request_type=request_type, name="e2e", response_time=e2e, response_length=record["osl"], exception=exc, context={})
+
+
+@events.test_start.add_listener
+def _on_test_start(environment, **_kw):
+    _Run.ensure(environment)
+
+
+@events.test_stopping.add_listener
+def _on_test_stopping(environment, **_kw):
+    if _Run.clock is not None:
+        _Run.t_stop_signal = _Run.clock.now()
+
+
+@events.test_stop.add_listener
+def _on_test_stop(environment, **_kw):
+    if _Run.settings is None:
+        return
+    # open loop: request greenlets are not Locust users; give them the stop timeout to finish
+    deadline = time.monotonic() + _Run.settings.stop_timeout_s
+    while _Run.inflight and time.monotonic() < deadline and _Run.settings.mode == "open":
+        gevent.sleep(0.01)
+    _Run.flush_inflight(environment)
+    _Run.write_meta()
+
+
+@events.quitting.add_listener
+def _on_quitting(environment, **_kw):
+    if _Run.settings is None:
+        return
+    _Run.flush_inflight(environment)
+    _Run.write_meta()
+    _Run.writer.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# Transports: each takes a RequestState, sends it, fills chunks, returns when the request is done.
+
+
+class GrpcStreamSession:
+    """One tritonclient gRPC client with one open stream; callbacks demultiplexed by request id."""
+
+    def __init__(self, url: str):
+        import tritonclient.grpc as grpcclient  # noqa: PLC0415
+
+        self._grpcclient = grpcclient
+        self.client = grpcclient.InferenceServerClient(url=url)
+        self._waiting: dict[str, tuple[RequestState, Event]] = {}
+        self.client.start_stream(callback=self._on_response)
+
+    def _on_response(self, result, error) -> None:
+        now = _Run.clock.now()
+        try:
+            if error is not None:
+                self._fail_one(str(error), now)
+                return
+            response = result.get_response()
+            entry = self._waiting.get(response.id)
+            if entry is None:
+                return
+            state, done = entry
+            text = result.as_numpy("text_output")
+            ntok = result.as_numpy("num_output_tokens")
+            state.add_chunk(now, _first_text(text), None if ntok is None else int(ntok.reshape(-1)[0]))
+            perf = {}
+            for name in ("acceptance_rate",) + PERF_FIELDS_INT + PERF_FIELDS_TIME:
+                value = result.as_numpy(name)
+                if value is not None:
+                    perf[name] = value.reshape(-1)[0].item()
+            state.update_perf(perf)
+            final = response.parameters.get("triton_final_response")
+            if final is not None and final.bool_param:
+                state.status = "ok"
+                self._waiting.pop(response.id, None)
+                done.set()
+        except Exception as exc:  # noqa: BLE001 - a callback error must fail the request, not hang it
+            self._fail_one(f"callback error: {exc!r}", now)
+
+    def _fail_one(self, message: str, now: int) -> None:
+        # Triton stream errors carry no request id; each session has at most one request in flight.
+        for rid, (state, done) in list(self._waiting.items()):
+            state.status = "error"
+            state.error = message
+            state.t_last = state.t_last or now
+            self._waiting.pop(rid, None)
+            done.set()
+
+    def send(self, state: RequestState, inputs: dict, model_name: str, timeout_s: float) -> None:
+        done = Event()
+        self._waiting[state.request_id] = (state, done)
+        tensors = _grpc_inputs(self._grpcclient, inputs)
+        state.t_sent = _Run.clock.now()
+        self.client.async_stream_infer(
+            model_name, tensors, request_id=state.request_id, enable_empty_final_response=True
+        )
+        if not done.wait(timeout_s):
+            self._waiting.pop(state.request_id, None)
+            state.status = "timeout"
+            state.error = f"no final response within {timeout_s}s"
+
+    def close(self) -> None:
+        # stop_stream() blocks until every enqueued request completes and has hung Locust at
+        # shutdown (measured); cancel the response iterator instead and never join.
+        stream = getattr(self.client, "_stream", None)
+        iterator = getattr(stream, "_response_iterator", None)
+        if iterator is not None:
+            try:
+                iterator.cancel()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def _first_text(array) -> str | None:
+    if array is None:
+        return None
+    flat = array.reshape(-1)
+    if flat.size == 0:
+        return ""
+    value = flat[0]
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _grpc_inputs(grpcclient, inputs: dict) -> list:
+    import numpy as np  # noqa: PLC0415
+
+    dtypes = {"text_input": ("BYTES", object), "max_tokens": ("INT32", np.int32), "stream": ("BOOL", bool),
+              "exclude_input_in_output": ("BOOL", bool), "return_perf_metrics": ("BOOL", bool),
+              "return_num_output_tokens": ("BOOL", bool), "top_k": ("INT32", np.int32),
+              "top_p": ("FP32", np.float32), "temperature": ("FP32", np.float32), "seed": ("UINT64", np.uint64),
+              "num_draft_tokens": ("INT32", np.int32), "min_tokens": ("INT32", np.int32),
+              "end_id": ("INT32", np.int32), "pad_id": ("INT32", np.int32), "use_draft_logits": ("BOOL", bool)}
+    tensors = []
+    for name, value in inputs.items():
+        triton_dtype, np_dtype = dtypes.get(name, _infer_dtype(value))
+        if triton_dtype == "BYTES":
+            data = np.array([[str(value).encode("utf-8")]], dtype=object)
+        else:
+            data = np.array([[value]], dtype=np_dtype)
+        tensor = grpcclient.InferInput(name, list(data.shape), triton_dtype)
+        tensor.set_data_from_numpy(data)
+        tensors.append(tensor)
+    return tensors
+
+
+def _infer_dtype(value):
+    import numpy as np  # noqa: PLC0415
+
+    if isinstance(value, bool):
+        return ("BOOL", bool)
+    if isinstance(value, int):
+        return ("INT32", np.int32)
+    if isinstance(value, float):
+        return ("FP32", np.float32)
+    return ("BYTES", object)
+
+
+class HttpStreamSession:
+    """One keep-alive HTTP/1.1 connection; ``generate_stream`` SSE read line by line."""
+
+    def __init__(self, base_url: str):
+        parts = urlsplit(base_url if "://" in base_url else f"http://{base_url}")
+        self.host, self.port = parts.hostname, parts.port or 80
+        self.conn: http.client.HTTPConnection | None = None
+
+    def _connection(self, timeout_s: float) -> http.client.HTTPConnection:
+        if self.conn is None:
+            self.conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout_s)
+        return self.conn
+
+    def send(self, state: RequestState, inputs: dict, model_name: str, timeout_s: float) -> None:
+        body = json.dumps(inputs).encode("utf-8")
+        deadline = time.monotonic() + timeout_s
+        conn = self._connection(timeout_s)
+        try:
+            state.t_sent = _Run.clock.now()
+            conn.request("POST", f"/v2/models/{model_name}/generate_stream", body=body,
+                         headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
+            response = conn.getresponse()
+            if response.status != 200:
+                state.status = "error"
+                state.error = f"HTTP {response.status}: {response.read()[:500].decode('utf-8', 'replace')}"
+                state.t_last = _Run.clock.now()
+                return
+            self._read_events(state, response, deadline)
+            if response.will_close:
+                self.close()
+        except (TimeoutError, OSError, http.client.HTTPException) as exc:
+            self.close()
+            if state.status == "pending":
+                state.status = "timeout" if isinstance(exc, TimeoutError) else "error"
+                state.error = f"{type(exc).__name__}: {exc}"
+                state.t_last = state.t_last or _Run.clock.now()
+
+    def _read_events(self, state: RequestState, response, deadline: float) -> None:
+        while True:
+            line = response.readline()
+            if not line:
+                break
+            event = parse_sse_line(line)
+            if event is None:
+                continue
+            now = _Run.clock.now()
+            if "error" in event:
+                state.status = "error"
+                state.error = str(event["error"])
+                state.t_last = now
+                response.read()
+                return
+            ntok = event.get("num_output_tokens")
+            state.add_chunk(now, event.get("text_output"), None if ntok is None else int(_scalar(ntok)))
+            state.update_perf({k: _scalar(event.get(k)) for k in ("acceptance_rate",) + PERF_FIELDS_INT + PERF_FIELDS_TIME})
+            if time.monotonic() > deadline:
+                raise TimeoutError("request exceeded request_timeout_s")
+        state.status = "ok"
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+def _scalar(value):
+    if isinstance(value, list):
+        return value[0] if value else None
+    return value
+
+
+def _new_session(settings: RunSettings):
+    if settings.transport == "grpc":
+        return GrpcStreamSession(settings.endpoint)
+    return HttpStreamSession(settings.endpoint)
+
+
+def _do_request(environment, session, t_scheduled: int | None = None) -> None:
+    settings = _Run.settings
+    index, prompt = _Run.cursor.next()
+    state = _Run.begin(index, prompt, t_scheduled)
+    inputs = request_inputs(settings, state.prompt_text, index)
+    try:
+        session.send(state, inputs, settings.model_name, settings.request_timeout_s)
+    except gevent.GreenletExit:
+        raise  # left in flight: flushed as incomplete_at_stop
+    except Exception as exc:  # noqa: BLE001 - any transport failure is a recorded error
+        state.status = "error"
+        state.error = f"{type(exc).__name__}: {exc}"
+        state.t_last = state.t_last or _Run.clock.now()
+    if state.status == "pending":
+        state.status = "error"
+        state.error = state.error or "stream ended without a final response"
+    _Run.finish(state, environment)
+
+
+# ------------------------------------------------------------------------------------------------
+# Closed loop: users = concurrency, no wait time.
+
+
+class _ClosedLoopUser(User):
+    abstract = True
+    wait_time = locust.constant(0)
+    transport = "grpc"
+
+    def on_start(self) -> None:
+        _Run.ensure(self.environment)
+        self.session = _new_session(_Run.settings)
+
+    def on_stop(self) -> None:
+        session = getattr(self, "session", None)
+        if session is not None:
+            session.close()
+
+    @task
+    def generate(self) -> None:
+        _do_request(self.environment, self.session)
+
+
+class GrpcStreamUser(_ClosedLoopUser):
+    transport = "grpc"
+
+
+class HttpStreamUser(_ClosedLoopUser):
+    transport = "http"
+
+
+# ------------------------------------------------------------------------------------------------
+# Open loop: one dispatcher user issues arrivals at precomputed times, each in its own greenlet.
+
+
+class _OpenLoopUser(User):
+    abstract = True
+    wait_time = locust.constant(0)
+
+    def on_start(self) -> None:
+        _Run.ensure(self.environment)
+        settings = _Run.settings
+        if not settings.target_rate:
+            raise StopUser()
+        horizon = int(settings.target_rate * (settings.duration_s + 5)) + 10
+        self.schedule = arrival_offsets(settings.target_rate, horizon, settings.seed, settings.arrival)
+        self.next_arrival = 0
+        self.idle_sessions: list = []
+        self.origin = _Run.clock.now()
+
+    def _run_one(self, t_scheduled: int) -> None:
+        session = self.idle_sessions.pop() if self.idle_sessions else _new_session(_Run.settings)
+        try:
+            _do_request(self.environment, session, t_scheduled=t_scheduled)
+        finally:
+            self.idle_sessions.append(session)  # one request per session at a time
+
+    @task
+    def dispatch(self) -> None:
+        if self.next_arrival >= len(self.schedule):
+            gevent.sleep(0.1)
+            return
+        t_scheduled = self.origin + int(self.schedule[self.next_arrival] * 1e9)
+        self.next_arrival += 1
+        delay = (t_scheduled - _Run.clock.now()) / 1e9
+        if delay > 0:
+            gevent.sleep(delay)
+        gevent.spawn(self._run_one, t_scheduled)
+
+
+class GrpcOpenLoopUser(_OpenLoopUser):
+    transport = "grpc"
+
+
+class HttpOpenLoopUser(_OpenLoopUser):
+    transport = "http"

@@ -1,0 +1,277 @@
+"""Pure-Python pieces of the Locust load generator (no gevent, no Locust imports).
+
+Reads the run settings JSON the orchestrator writes (path in ``SPECDEPLOY_LOADTEST_CONFIG``),
+builds the fixed, seeded prompt order shared by both arms, the request payload, and turns a
+finished (or abandoned) request into one raw JSONL record (load-testing.md §6.1). Times are
+``time.perf_counter_ns()`` values relative to the start of the process's run (``t0``); a duration
+is only ever taken between two timestamps of one process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CONFIG_ENV = "SPECDEPLOY_LOADTEST_CONFIG"
+RECORD_SCHEMA = "specdeploy-raw/1"
+
+
+@dataclass
+class RunSettings:
+    """What one Locust run does: one arm × one concurrency (or rate) × one repeat."""
+
+    run_id: str
+    arm: str  # "baseline" | "speculative"
+    repeat: int
+    endpoint: str  # grpc: host:port ; http: http://host:port
+    model_name: str
+    transport: str = "grpc"
+    mode: str = "closed"  # closed | open
+    concurrency: int = 1
+    target_rate: float | None = None  # open loop: requests/s
+    arrival: str = "poisson"  # open loop: poisson | fixed
+    prompts: list[dict[str, Any]] = field(default_factory=list)
+    max_tokens: int = 64
+    sampling: dict[str, Any] = field(default_factory=dict)
+    extra_inputs: dict[str, Any] = field(default_factory=dict)
+    seed: int = 1234
+    output_prefix: str = "raw/run"
+    warmup_s: float = 0.0
+    duration_s: float = 20.0
+    request_timeout_s: float = 120.0
+    stop_timeout_s: float = 30.0
+    num_workers: int = 1
+    draft_len: int | None = None
+    tokenizer_dir: str | None = None  # optional re-tokenized OSL cross-check
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "RunSettings":
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        settings = cls(**known)
+        if not settings.prompts and data.get("prompts_file"):
+            settings.prompts = load_prompts_file(Path(data["prompts_file"]))
+        if not settings.prompts:
+            raise ValueError(f"{path}: no prompts")
+        return settings
+
+    @classmethod
+    def from_env(cls) -> "RunSettings":
+        path = os.environ.get(CONFIG_ENV)
+        if not path:
+            raise RuntimeError(f"{CONFIG_ENV} is not set: the orchestrator passes the run settings file")
+        return cls.from_file(path)
+
+
+def load_prompts_file(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            rows.append(json.loads(line))
+    return rows
+
+
+def ordered_prompts(prompts: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
+    """The fixed, seeded iteration order: sorted by id, then shuffled with ``seed``.
+    Identical for both arms because it depends only on the prompt set and the seed."""
+    rows = sorted(prompts, key=lambda p: str(p["id"]))
+    random.Random(seed).shuffle(rows)
+    return rows
+
+
+class PromptCursor:
+    """Hands out prompts in the fixed order; worker ``w`` of ``n`` takes positions w, w+n, …"""
+
+    def __init__(self, prompts: list[dict[str, Any]], seed: int, worker_index: int = 0, num_workers: int = 1):
+        self._rows = ordered_prompts(prompts, seed)
+        self._position = worker_index
+        self._stride = max(1, num_workers)
+
+    def next(self) -> tuple[int, dict[str, Any]]:
+        index = self._position % len(self._rows)
+        self._position += self._stride
+        return index, self._rows[index]
+
+
+def request_inputs(settings: RunSettings, prompt_text: str, prompt_index: int) -> dict[str, Any]:
+    """The request shape, identical in both arms except ``extra_inputs`` (e.g. num_draft_tokens)."""
+    sampling = dict(settings.sampling)
+    inputs: dict[str, Any] = {
+        "text_input": prompt_text,
+        "max_tokens": int(settings.max_tokens),
+        "stream": True,
+        "exclude_input_in_output": True,
+        "return_perf_metrics": True,
+        "return_num_output_tokens": True,
+    }
+    if "top_k" in sampling:
+        inputs["top_k"] = int(sampling["top_k"])
+    if "top_p" in sampling:
+        inputs["top_p"] = float(sampling["top_p"])
+    if "temperature" in sampling:
+        inputs["temperature"] = float(sampling["temperature"])
+    if "seed" in sampling:
+        inputs["seed"] = int(sampling["seed"]) + prompt_index  # same prompt → same seed in both arms
+    inputs.update(settings.extra_inputs)
+    return inputs
+
+
+PERF_FIELDS_INT = ("total_draft_tokens", "total_accepted_draft_tokens")
+PERF_FIELDS_TIME = ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")
+
+
+@dataclass
+class RequestState:
+    """One request's measurements while in flight (all times relative to the process t0)."""
+
+    request_id: str
+    prompt_id: str
+    category: str
+    prompt_index: int
+    prompt_text: str
+    t_scheduled: int | None
+    t_sent: int = 0
+    chunk_times: list[int] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
+    empty_chunks: int = 0
+    text_parts: list[str] = field(default_factory=list)
+    osl_server: int | None = None
+    perf: dict[str, Any] = field(default_factory=dict)
+    t_last: int | None = None
+    status: str = "pending"
+    error: str | None = None
+    finished: bool = False
+
+    def add_chunk(self, t_ns: int, text: str | None, num_tokens: int | None) -> None:
+        """Record one response. ``num_tokens`` is the server's count for this response."""
+        text = text or ""
+        if num_tokens is None:
+            ntok = 1 if text else 0  # no server count: one chunk ≈ ≥1 token, flagged via osl_source
+        else:
+            ntok = int(num_tokens)
+            self.osl_server = (self.osl_server or 0) + ntok
+        if ntok > 0 or text:
+            self.chunk_times.append(t_ns)
+            self.chunk_tokens.append(ntok)
+            self.text_parts.append(text)
+        else:
+            self.empty_chunks += 1
+        self.t_last = t_ns
+
+    def update_perf(self, values: dict[str, Any]) -> None:
+        for key, value in values.items():
+            if value is not None:
+                self.perf[key] = value
+
+
+class Clock:
+    """perf_counter_ns relative to the process's run start."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter_ns()
+        self.t0_unix = time.time()
+
+    def now(self) -> int:
+        return time.perf_counter_ns() - self.t0
+
+
+def build_record(settings: RunSettings, state: RequestState, *, worker_pid: int, retokenize=None) -> dict[str, Any]:
+    """The raw per-request record (load-testing.md §6.1)."""
+    text = "".join(state.text_parts)
+    osl = state.osl_server if state.osl_server is not None else sum(state.chunk_tokens)
+    t_first = state.chunk_times[0] if state.chunk_times else None
+    warm_ref = state.t_scheduled if state.t_scheduled is not None else state.t_sent
+    record: dict[str, Any] = {
+        "schema": RECORD_SCHEMA,
+        "run_id": settings.run_id,
+        "arm": settings.arm,
+        "repeat": settings.repeat,
+        "concurrency": settings.concurrency if settings.mode == "closed" else None,
+        "target_rate": settings.target_rate if settings.mode == "open" else None,
+        "mode": settings.mode,
+        "transport": settings.transport,
+        "draft_len": settings.draft_len,
+        "stage": "warmup" if warm_ref < settings.warmup_s * 1e9 else "measure",
+        "request_id": state.request_id,
+        "prompt_id": state.prompt_id,
+        "category": state.category,
+        "prompt_index": state.prompt_index,
+        "worker_pid": worker_pid,
+        "t_scheduled": state.t_scheduled,
+        "t_sent": state.t_sent,
+        "t_first_token": t_first,
+        "t_last": state.t_last if state.chunk_times or state.t_last else None,
+        "chunk_times": state.chunk_times,
+        "tokens_per_chunk": state.chunk_tokens,
+        "n_chunks": len(state.chunk_times),
+        "empty_chunks": state.empty_chunks,
+        "osl": osl,
+        "osl_source": "server" if state.osl_server is not None else "chunks",
+        "osl_retok": None,
+        "isl_chars": len(state.prompt_text),
+        "prompt_echoed": bool(text) and text.startswith(state.prompt_text) and len(state.prompt_text) > 0,
+        "hit_max_tokens": osl >= settings.max_tokens,
+        "output_text": text,
+        "output_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+        "draft_tokens": state.perf.get("total_draft_tokens"),
+        "accepted_tokens": state.perf.get("total_accepted_draft_tokens"),
+        "acceptance_rate": state.perf.get("acceptance_rate"),
+        "server_times_ns": {k: state.perf[k] for k in PERF_FIELDS_TIME if k in state.perf},
+        "status": state.status,
+        "error": state.error,
+    }
+    if retokenize is not None and text:
+        try:
+            record["osl_retok"] = int(retokenize(text))
+        except Exception:  # noqa: BLE001 - a cross-check must never fail a request
+            record["osl_retok"] = None
+    return record
+
+
+class RecordWriter:
+    """Appends JSON lines to ``<prefix>.<pid>.jsonl``; one file per process (workers never share)."""
+
+    def __init__(self, prefix: str):
+        self.pid = os.getpid()
+        self.path = Path(f"{prefix}.{self.pid}.jsonl")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the run
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._fh.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.flush()
+            self._fh.close()
+
+
+def parse_sse_line(line: bytes) -> dict[str, Any] | None:
+    """One Server-Sent-Events line → the JSON payload of a ``data:`` line, else None."""
+    line = line.strip()
+    if not line.startswith(b"data:"):
+        return None
+    payload = line[5:].strip()
+    if not payload:
+        return None
+    return json.loads(payload)
+
+
+def arrival_offsets(rate: float, count: int, seed: int, kind: str = "poisson") -> list[float]:
+    """Intended send times (s from the start) of an open-loop schedule."""
+    rng = random.Random(seed)
+    t = 0.0
+    out = []
+    for _ in range(count):
+        t += rng.expovariate(rate) if kind == "poisson" else 1.0 / rate
+        out.append(t)
+    return out

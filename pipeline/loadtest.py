@@ -1,0 +1,595 @@
+"""`specdeploy loadtest`: speculative vs baseline under a concurrency sweep, measured with Locust.
+
+Reads the config (``loadtest`` and ``gate`` sections), the prompt set (``loadtest.prompts``), the
+build manifest (tokenizer for the optional re-tokenized cross-check) and either starts both arms'
+Triton servers once (``pipeline.serve.serve_deployment``, distinct ports) or uses endpoints the
+user gives. Then, for each repeat × concurrency × arm (arms interleaved A B A B), it runs Locust
+headless **as a subprocess** (gevent never enters this process) and writes into RUN_DIR:
+``run.json`` (provenance), ``runs.json`` (one entry per Locust run: validity, server liveness,
+Prometheus counter deltas, peak server RSS, the exact command), ``raw/<arm>-c<conc>-r<rep>.jsonl``
+(raw per-request records, merged from each Locust process), ``settings/`` (what each Locust run
+was told), ``metrics/`` (counter scrapes before/after, and their differences) and ``logs/``. At the
+end it calls ``pipeline.report.make_report``.
+
+Load bigger than one host: run Locust workers elsewhere with
+``locust -f loadtests/locustfile.py --worker --master-host H`` (same settings file via
+``SPECDEPLOY_LOADTEST_CONFIG``) and a ``--master --expect-workers N`` here; every worker writes its
+own raw file (PID in the name), merged afterwards — never subtract times across processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from pipeline.config import DeploymentConfig, config_hash
+from pipeline.errors import SpecdeployError
+from pipeline.paths import PROJECT_ROOT, manifest_path, reports_root
+
+LOCUSTFILE = PROJECT_ROOT / "loadtests" / "locustfile.py"
+ARMS = ("baseline", "speculative")
+COUNTERS = {
+    "draft_tokens": "specdeploy_spec_decode_draft_tokens_total",
+    "accepted_tokens": "specdeploy_spec_decode_accepted_tokens_total",
+    "verify_steps": "specdeploy_spec_decode_verify_steps_total",
+}
+USER_CLASSES = {("grpc", "closed"): "GrpcStreamUser", ("http", "closed"): "HttpStreamUser",
+                ("grpc", "open"): "GrpcOpenLoopUser", ("http", "open"): "HttpOpenLoopUser"}
+
+
+class LoadTestError(SpecdeployError):
+    """The load test could not be set up or run."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Inputs
+
+
+def load_prompt_set(cfg: DeploymentConfig) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Prompts from ``loadtest.prompts`` (a directory of <category>.jsonl, or one file)."""
+    base = Path(cfg.loadtest.prompts)
+    candidates = [base] if base.is_absolute() else [Path.cwd() / base, PROJECT_ROOT / base]
+    if cfg._source_path is not None and not base.is_absolute():
+        candidates.append(cfg._source_path.parent / base)
+    path = next((p for p in candidates if p.exists()), None)
+    if path is None:
+        raise LoadTestError(f"loadtest.prompts: {cfg.loadtest.prompts} does not exist")
+    files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
+    prompts: list[dict[str, Any]] = []
+    digest = hashlib.sha256()
+    for file in files:
+        content = file.read_bytes()
+        digest.update(file.name.encode() + b"\0" + content)
+        for n, line in enumerate(content.decode("utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                prompts.append({"id": str(row["id"]), "category": str(row.get("category", file.stem)),
+                                "prompt": str(row["prompt"])})
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise LoadTestError(f"loadtest.prompts: {file}:{n}: not a {{id, category, prompt}} object ({exc})") from None
+    if cfg.loadtest.categories:
+        unknown = sorted(set(cfg.loadtest.categories) - {p["category"] for p in prompts})
+        if unknown:
+            raise LoadTestError(f"loadtest.categories: {unknown} not found in {path}")
+        prompts = [p for p in prompts if p["category"] in cfg.loadtest.categories]
+    if not prompts:
+        raise LoadTestError(f"loadtest.prompts: no prompts in {path}")
+    dataset = {"path": str(path), "files": [f.name for f in files], "n_prompts": len(prompts),
+               "categories": sorted({p["category"] for p in prompts}), "sha256": digest.hexdigest(),
+               "synthetic": any("synthetic" in f.name for f in files)}
+    return prompts, dataset
+
+
+@dataclass
+class ClientTargetInfo:
+    model_name: str
+    extra_inputs: dict[str, Any]
+
+
+def client_target(cfg: DeploymentConfig, variant: str) -> ClientTargetInfo:
+    """Which model the client calls and which extra inputs it sends (render's contract)."""
+    try:
+        from pipeline.render import client_target as render_target  # noqa: PLC0415
+    except ImportError:
+        render_target = None
+    if render_target is not None:
+        target = render_target(cfg, variant)
+        return ClientTargetInfo(target.model_name, dict(target.extra_inputs))
+    if cfg.method == "draft_target":
+        extra = {"num_draft_tokens": cfg.speculation.num_draft_tokens} if variant == "speculative" else {}
+        return ClientTargetInfo("tensorrt_llm_bls", extra)
+    return ClientTargetInfo("ensemble", {})
+
+
+def primary_draft_len(cfg: DeploymentConfig) -> int | None:
+    if cfg.method == "draft_target":
+        return cfg.speculation.num_draft_tokens
+    if cfg.method in ("medusa", "eagle"):
+        return cfg.speculation.engine_max_draft_len
+    return None
+
+
+def check_sweep(cfg: DeploymentConfig, sweep: list[int]) -> None:
+    if not sweep:
+        return
+    if cfg.method != "draft_target":
+        raise LoadTestError(
+            f"--sweep-draft-len: method '{cfg.method}' fixes its draft length when the engine is built "
+            "(Medusa heads / EAGLE tree, max_draft_len); build one deployment per length and load-test "
+            "each. Per-request draft lengths exist only for draft_target (num_draft_tokens)."
+        )
+    limit = cfg.speculation.engine_max_draft_len
+    too_long = [k for k in sweep if k > limit]
+    if too_long:
+        raise LoadTestError(f"--sweep-draft-len: {too_long} exceed the engine's max_draft_len {limit}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Endpoints
+
+
+@dataclass
+class ArmEndpoint:
+    arm: str
+    url: str  # grpc host:port, or http://host:port
+    model_name: str
+    extra_inputs: dict[str, Any]
+    metrics_url: str | None = None
+    pid: int | None = None
+    alive: Callable[[], bool] | None = None
+    log_tail: Callable[[int], str] | None = None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def managed_endpoints(cfg: DeploymentConfig, arms: tuple[str, ...]) -> Iterator[dict[str, ArmEndpoint]]:
+    """Start each arm's server once, on distinct free ports, for the whole sweep."""
+    try:
+        from pipeline.serve import serve_deployment  # noqa: PLC0415
+    except ImportError as exc:
+        raise LoadTestError(f"serving is not available ({exc}); pass --endpoint-baseline/--endpoint-speculative") from None
+    transport = cfg.loadtest.transport
+    with contextlib.ExitStack() as stack:
+        endpoints = {}
+        for arm in arms:
+            server = stack.enter_context(
+                serve_deployment(cfg, arm, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+            )
+            target = client_target(cfg, arm)
+            endpoints[arm] = ArmEndpoint(
+                arm=arm, url=server.grpc_url if transport == "grpc" else server.http_url,
+                model_name=target.model_name, extra_inputs=target.extra_inputs,
+                metrics_url=server.metrics_url, pid=server.pid, alive=server.alive,
+                log_tail=getattr(server, "log_tail", None),
+            )
+        yield endpoints
+
+
+def remote_endpoint(cfg: DeploymentConfig, arm: str, url: str, metrics_url: str | None = None) -> ArmEndpoint:
+    target = client_target(cfg, arm)
+    transport = cfg.loadtest.transport
+    if transport == "http" and not url.startswith(("http://", "https://")):
+        url = "http://" + url
+    if transport == "grpc":
+        url = re.sub(r"^(grpc|http)s?://", "", url)
+    return ArmEndpoint(arm, url, target.model_name, target.extra_inputs, metrics_url,
+                       alive=lambda: endpoint_alive(url, transport))
+
+
+def endpoint_alive(url: str, transport: str, timeout_s: float = 5.0) -> bool:
+    try:
+        if transport == "http":
+            with urllib.request.urlopen(url.rstrip("/") + "/v2/health/live", timeout=timeout_s) as resp:  # noqa: S310
+                return resp.status == 200
+        import tritonclient.grpc as grpcclient  # noqa: PLC0415
+
+        client = grpcclient.InferenceServerClient(url=url)
+        try:
+            return bool(client.is_server_live(client_timeout=timeout_s))
+        finally:
+            client.close()
+    except Exception:  # noqa: BLE001 - any failure means "not alive"
+        return False
+
+
+# ------------------------------------------------------------------------------------------------
+# Metrics and memory
+
+
+def scrape_counters(metrics_url: str | None, timeout_s: float = 5.0) -> dict[str, float] | None:
+    """Sum of each specdeploy acceptance counter over all label sets; None when unreachable."""
+    if not metrics_url:
+        return None
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=timeout_s) as resp:  # noqa: S310 - loopback/user URL
+            text = resp.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    return parse_counters(text)
+
+
+def parse_counters(text: str) -> dict[str, float]:
+    totals = {key: 0.0 for key in COUNTERS}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        for key, family in COUNTERS.items():
+            if line.startswith(family + "{") or line.startswith(family + " "):
+                totals[key] += float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+class RssSampler:
+    """Peak resident memory (MB) of a server process and its children, sampled in a thread."""
+
+    def __init__(self, pid: int | None, interval_s: float = 0.5):
+        self.pid, self.interval_s = pid, interval_s
+        self.peak_mb: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> "RssSampler":
+        if self.pid:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        import psutil  # noqa: PLC0415
+
+        try:
+            root = psutil.Process(self.pid)
+        except psutil.Error:
+            return
+        while not self._stop.is_set():
+            try:
+                total = root.memory_info().rss + sum(c.memory_info().rss for c in root.children(recursive=True))
+                mb = total / 2**20
+                self.peak_mb = mb if self.peak_mb is None else max(self.peak_mb, mb)
+            except psutil.Error:
+                pass
+            self._stop.wait(self.interval_s)
+
+
+# ------------------------------------------------------------------------------------------------
+# The plan and one Locust run
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    arm: str
+    concurrency: int  # closed loop: users; open loop: level index stands in (rate in target_rate)
+    repeat: int
+    draft_len: int | None
+    target_rate: float | None = None
+
+    @property
+    def key(self) -> str:
+        level = f"q{self.target_rate:g}" if self.target_rate is not None else f"c{self.concurrency}"
+        dl = f"-k{self.draft_len}" if self.draft_len is not None and self.arm == "speculative" else ""
+        return f"{self.arm}{dl}-{level}-r{self.repeat}"
+
+
+def plan_runs(cfg: DeploymentConfig, arms: tuple[str, ...], concurrency: list[int], repeats: int,
+              sweep: list[int]) -> list[RunSpec]:
+    """Interleaved: for each repeat, for each level, baseline then speculative (each draft length)."""
+    primary = primary_draft_len(cfg)
+    spec_lens = sweep or [primary]
+    open_loop = cfg.loadtest.mode == "open"
+    levels: list[tuple[int, float | None]] = (
+        [(i + 1, rate) for i, rate in enumerate(cfg.loadtest.request_rate)] if open_loop
+        else [(c, None) for c in concurrency]
+    )
+    out = []
+    for rep in range(repeats):
+        for level, rate in levels:
+            for arm in arms:
+                for dl in (spec_lens if arm == "speculative" else [None]):
+                    out.append(RunSpec(arm, level, rep, dl, rate))
+    return out
+
+
+def locust_command(cfg: DeploymentConfig, spec: RunSpec, duration_s: float) -> list[str]:
+    lt = cfg.loadtest
+    users = 1 if lt.mode == "open" else spec.concurrency
+    argv = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "-u", str(users), "-r", str(users),
+            "-t", f"{duration_s:g}s", "--stop-timeout", f"{lt.stop_timeout_s:g}", "--only-summary",
+            "--loglevel", "WARNING", "--exit-code-on-error", "0"]
+    if lt.processes > 1:
+        argv += ["--processes", str(lt.processes)]
+    argv.append(USER_CLASSES[(lt.transport, lt.mode)])
+    return argv
+
+
+def run_settings(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run_dir: Path, run_id: str,
+                 prompts: list[dict], duration_s: float, warmup_s: float, tokenizer_dir: str | None) -> dict[str, Any]:
+    lt = cfg.loadtest
+    extra = dict(endpoint.extra_inputs)
+    if spec.arm == "speculative" and spec.draft_len is not None and cfg.method == "draft_target":
+        extra["num_draft_tokens"] = spec.draft_len
+    sampling = lt.sampling
+    return {
+        "run_id": run_id, "arm": spec.arm, "repeat": spec.repeat, "endpoint": endpoint.url,
+        "model_name": endpoint.model_name, "transport": lt.transport, "mode": lt.mode,
+        "concurrency": spec.concurrency, "target_rate": spec.target_rate, "arrival": "poisson",
+        "prompts": prompts, "max_tokens": lt.max_tokens,
+        "sampling": {"top_k": sampling.top_k, "top_p": sampling.top_p, "temperature": sampling.temperature,
+                     "seed": sampling.seed},
+        "extra_inputs": extra, "seed": lt.seed, "output_prefix": str(run_dir / "raw" / "parts" / spec.key),
+        "warmup_s": warmup_s, "duration_s": duration_s, "request_timeout_s": max(60.0, lt.stop_timeout_s * 4),
+        "stop_timeout_s": lt.stop_timeout_s, "num_workers": lt.processes, "draft_len": spec.draft_len,
+        "tokenizer_dir": tokenizer_dir,
+    }
+
+
+def merge_parts(run_dir: Path, key: str) -> tuple[int, list[dict]]:
+    """Concatenate every process's raw file into raw/<key>.jsonl; collect worker metas."""
+    parts = sorted((run_dir / "raw" / "parts").glob(f"{key}.*.jsonl"))
+    out = run_dir / "raw" / f"{key}.jsonl"
+    n = 0
+    with open(out, "w", encoding="utf-8") as fh:
+        for part in parts:
+            for line in part.read_text(encoding="utf-8").splitlines():
+                if line.strip():
+                    fh.write(line + "\n")
+                    n += 1
+    metas = [json.loads(p.read_text()) for p in sorted((run_dir / "raw" / "parts").glob(f"{key}.*.meta.json"))]
+    (run_dir / "raw" / f"{key}.workers.json").write_text(json.dumps(metas, indent=1), encoding="utf-8")
+    return n, metas
+
+
+def execute_run(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run_dir: Path, run_id: str,
+                prompts: list[dict], duration_s: float, warmup_s: float, tokenizer_dir: str | None) -> dict[str, Any]:
+    settings = run_settings(cfg, spec, endpoint, run_dir, run_id, prompts, duration_s, warmup_s, tokenizer_dir)
+    settings_path = run_dir / "settings" / f"{spec.key}.json"
+    settings_path.write_text(json.dumps(settings, indent=1), encoding="utf-8")
+    argv = locust_command(cfg, spec, duration_s)
+    env = {**os.environ, "SPECDEPLOY_LOADTEST_CONFIG": str(settings_path), "OMP_NUM_THREADS": "1",
+           "PYTHONUNBUFFERED": "1"}
+    before = scrape_counters(endpoint.metrics_url)
+    log_path = run_dir / "logs" / f"{spec.key}.log"
+    timeout_s = duration_s + cfg.loadtest.stop_timeout_s + 90
+    started = time.time()
+    timed_out = False
+    with RssSampler(endpoint.pid) as rss, open(log_path, "w", encoding="utf-8") as log:
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(PROJECT_ROOT),
+                                start_new_session=True)
+        try:
+            exit_code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc)
+            exit_code = proc.wait()
+    after = scrape_counters(endpoint.metrics_url)
+    alive = endpoint.alive() if endpoint.alive else True
+    n_records, metas = merge_parts(run_dir, spec.key)
+    delta = {k: after[k] - before[k] for k in COUNTERS} if before is not None and after is not None else None
+    (run_dir / "metrics" / f"{spec.key}.json").write_text(
+        json.dumps({"before": before, "after": after, "delta": delta}, indent=1), encoding="utf-8")
+    reasons = []
+    if not alive:
+        reasons.append("server not alive after the run")
+    if timed_out:
+        reasons.append(f"locust did not finish within {timeout_s:.0f}s (killed)")
+    if exit_code not in (0, 1) and not timed_out:
+        reasons.append(f"locust exited with {exit_code}")
+    if n_records == 0:
+        reasons.append("no raw records")
+    return {
+        "key": spec.key, "arm": spec.arm, "concurrency": spec.concurrency, "target_rate": spec.target_rate,
+        "repeat": spec.repeat, "draft_len": spec.draft_len, "raw": f"raw/{spec.key}.jsonl",
+        "workers": f"raw/{spec.key}.workers.json", "settings": f"settings/{spec.key}.json",
+        "log": f"logs/{spec.key}.log", "metrics": f"metrics/{spec.key}.json", "metrics_delta": delta,
+        "server_alive": alive, "valid": not reasons, "invalid_reasons": reasons, "locust_exit_code": exit_code,
+        "n_records": n_records, "sent": sum(m.get("sent", 0) for m in metas), "peak_rss_mb": rss.peak_mb,
+        "started_unix": started, "seconds": time.time() - started, "command": argv,
+        "server_log_tail": endpoint.log_tail(30) if (not alive and endpoint.log_tail) else None,
+    }
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    import signal  # noqa: PLC0415
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=5)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+# ------------------------------------------------------------------------------------------------
+# Provenance
+
+
+def _git_sha() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=str(PROJECT_ROOT), capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _versions() -> dict[str, str | None]:
+    from importlib import metadata  # noqa: PLC0415
+
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for dist in ("specdeploy", "locust", "tritonclient", "nvidia-pytriton", "scipy", "numpy", "torch", "gevent", "grpcio"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def _hardware(cfg: DeploymentConfig) -> dict[str, Any]:
+    import psutil  # noqa: PLC0415
+
+    return {"declared": cfg.hardware, "backend": cfg.backend, "client_host": platform.node(),
+            "cpu_count": os.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+            "platform": platform.platform()}
+
+
+def _draft_model(cfg: DeploymentConfig) -> str | None:
+    spec = cfg.speculation
+    return getattr(getattr(spec, "draft", None), "checkpoint", None) or getattr(spec, "heads_dir", None) or getattr(spec, "head_dir", None)
+
+
+def _tokenizer_dir(cfg: DeploymentConfig) -> str | None:
+    path = manifest_path(cfg)
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text()).get("tokenizer_dir")
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+# ------------------------------------------------------------------------------------------------
+# Entry point
+
+
+def _parse_duration(value: str | float | None) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", value)
+    if not match:
+        raise LoadTestError(f"--duration: '{value}' is not a duration like 20s, 2m or 1.5h")
+    scale = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[match.group(2)]
+    return float(match.group(1)) * scale
+
+
+def run_loadtest(
+    cfg: DeploymentConfig,
+    *,
+    out_dir: str | Path | None = None,
+    concurrency: list[int] | None = None,
+    duration: str | float | None = None,
+    repeats: int | None = None,
+    sweep_draft_len: list[int] | None = None,
+    endpoint_baseline: str | None = None,
+    endpoint_speculative: str | None = None,
+    arm: str | None = None,
+    progress: bool = True,
+    report: bool = True,
+) -> Path:
+    """Run the whole load test; returns RUN_DIR (then the report is in it when ``report``)."""
+    lt = cfg.loadtest
+    concurrency = sorted(set(concurrency)) if concurrency else list(lt.concurrency)
+    duration_s = _parse_duration(duration) or lt.duration_s
+    warmup_s = min(lt.warmup_s, duration_s / 2)
+    repeats = repeats or lt.repeats
+    sweep = sorted(set(sweep_draft_len)) if sweep_draft_len else list(lt.sweep_draft_len)
+    check_sweep(cfg, sweep)
+    if arm is not None and arm not in ARMS:
+        raise LoadTestError(f"--arm: expected one of {ARMS}, got '{arm}'")
+    arms: tuple[str, ...] = (arm,) if arm else ARMS
+    if cfg.method == "none" and "speculative" in arms and not (endpoint_speculative or arm):
+        raise LoadTestError("speculation.method is 'none': there is no speculative arm to compare")
+    if endpoint_baseline or endpoint_speculative:
+        missing = [a for a in arms if not {"baseline": endpoint_baseline, "speculative": endpoint_speculative}[a]]
+        if missing:
+            raise LoadTestError(f"no endpoint for arm(s) {missing}: pass --endpoint-{missing[0]} (or --arm)")
+    prompts, dataset = load_prompt_set(cfg)
+    created = datetime.now(timezone.utc)
+    run_dir = Path(out_dir) if out_dir else reports_root(cfg) / created.strftime("%Y%m%dT%H%M%SZ")
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise LoadTestError(f"--out: {run_dir} exists and is not empty")
+    for sub in ("raw/parts", "settings", "metrics", "logs"):
+        (run_dir / sub).mkdir(parents=True, exist_ok=True)
+    run_id = f"{cfg.name}-{created.strftime('%Y%m%dT%H%M%SZ')}"
+    specs = plan_runs(cfg, arms, concurrency, repeats, sweep)
+    tokenizer_dir = _tokenizer_dir(cfg)
+    meta: dict[str, Any] = {
+        "format": "specdeploy-run/1", "run_id": run_id, "name": cfg.name, "created": created.isoformat(),
+        "config": cfg.model_dump(mode="json"), "config_hash": config_hash(cfg), "git_sha": _git_sha(),
+        "versions": _versions(), "hardware": _hardware(cfg), "dataset": dataset,
+        "seeds": {"prompt_order": lt.seed, "sampling": lt.sampling.seed, "bootstrap": cfg.gate.bootstrap_seed},
+        "method": cfg.method, "draft_model": _draft_model(cfg), "primary_draft_len": primary_draft_len(cfg) if not sweep
+        else (primary_draft_len(cfg) if primary_draft_len(cfg) in sweep else sweep[0]),
+        "sweep_draft_len": sweep, "transport": lt.transport, "mode": lt.mode, "concurrency": concurrency,
+        "duration_s": duration_s, "warmup_s": warmup_s, "repeats": repeats, "tokenizer_dir": tokenizer_dir,
+        "endpoints": {}, "commands": [" ".join(sys.argv)],
+    }
+    _write_json(run_dir / "run.json", meta)
+    results: list[dict[str, Any]] = []
+    if endpoint_baseline or endpoint_speculative:
+        endpoints_cm = contextlib.nullcontext({
+            a: remote_endpoint(cfg, a, url) for a, url in (("baseline", endpoint_baseline),
+                                                          ("speculative", endpoint_speculative)) if url and a in arms
+        })
+    else:
+        endpoints_cm = managed_endpoints(cfg, arms)
+    with endpoints_cm as endpoints:
+        meta["endpoints"] = {a: {"url": e.url, "model": e.model_name, "extra_inputs": e.extra_inputs,
+                                 "metrics_url": e.metrics_url} for a, e in endpoints.items()}
+        _write_json(run_dir / "run.json", meta)
+        for spec, result in _iterate(specs, progress, lambda s: execute_run(
+                cfg, s, endpoints[s.arm], run_dir, run_id, prompts, duration_s, warmup_s, tokenizer_dir)):
+            results.append(result)
+            meta["commands"].append(" ".join(result["command"]))
+            _write_json(run_dir / "runs.json", {"format": "specdeploy-runs/1", "runs": results})
+            if not result["server_alive"]:
+                break  # a dead server invalidates the rest; the report can never be GO
+    _write_json(run_dir / "run.json", meta)
+    if report:
+        from pipeline.report import make_report  # noqa: PLC0415
+
+        make_report(run_dir, cfg)
+    return run_dir
+
+
+def _iterate(specs: list[RunSpec], progress: bool, fn: Callable[[RunSpec], dict]) -> Iterator[tuple[RunSpec, dict]]:
+    if not progress:
+        for spec in specs:
+            yield spec, fn(spec)
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), transient=False) as bar:
+        task = bar.add_task("load test", total=len(specs))
+        for spec in specs:
+            bar.update(task, description=f"run {spec.key}")
+            result = fn(spec)
+            status = "ok" if result["valid"] else "INVALID: " + "; ".join(result["invalid_reasons"])
+            bar.console.print(f"  {spec.key}: {result['n_records']} records, {status}")
+            bar.advance(task)
+            yield spec, result
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
+    tmp.replace(path)

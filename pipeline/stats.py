@@ -1,0 +1,469 @@
+"""Statistics for speculative vs baseline, from raw per-request records only.
+
+Reads the raw JSONL records the Locust users write (``RUN_DIR/raw/*.jsonl``, schema
+``specdeploy-raw/1``) plus ``RUN_DIR/runs.json`` and returns plain dicts: per-run summaries (the
+unit of replication), per-cell pooled distributions (arm × concurrency [× draft length]),
+per-category acceptance, and the spec-vs-base comparisons the gate reads (run-level bootstrap CIs
+with ``scipy.stats.bootstrap``, percentile method, fixed seed; Mann-Whitney U with Cliff's δ;
+crossover concurrency; greedy output equivalence; output-length match). Never reads Locust's
+bucketed statistics. Formulas (load-testing.md §1): TTFT = t_first_token − t_sent;
+E2E = t_last − t_sent; TPOT = (E2E − TTFT)/(OSL − 1) for OSL > 1; inter-chunk latency = gaps
+between non-empty chunks (a chunk may carry several tokens); throughput denominator = first
+send → last response of the measured window.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+PERCENTILES = (50, 90, 95, 99)
+NS_PER_MS = 1e6
+NS_PER_S = 1e9
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-request metrics
+
+
+def ttft_ms(rec: dict) -> float | None:
+    if rec.get("t_first_token") is None:
+        return None
+    return (rec["t_first_token"] - rec["t_sent"]) / NS_PER_MS
+
+
+def e2e_ms(rec: dict, *, from_scheduled: bool = False) -> float | None:
+    if rec.get("t_last") is None:
+        return None
+    start = rec["t_scheduled"] if from_scheduled and rec.get("t_scheduled") is not None else rec["t_sent"]
+    return (rec["t_last"] - start) / NS_PER_MS
+
+
+def tpot_ms(rec: dict) -> float | None:
+    """(E2E − TTFT)/(OSL − 1); None for OSL ≤ 1 (no decode interval exists)."""
+    osl = rec.get("osl") or 0
+    if osl <= 1 or rec.get("t_first_token") is None or rec.get("t_last") is None:
+        return None
+    return (rec["t_last"] - rec["t_first_token"]) / (osl - 1) / NS_PER_MS
+
+
+def chunk_gaps_ms(rec: dict) -> list[float]:
+    times = rec.get("chunk_times") or []
+    return [(b - a) / NS_PER_MS for a, b in zip(times, times[1:])]
+
+
+def percentiles(values: Iterable[float]) -> dict[str, float | int | None]:
+    """p50/p90/p95/p99 and mean by ``numpy.percentile`` (linear interpolation) on raw samples."""
+    arr = np.asarray([v for v in values if v is not None], dtype=float)
+    out: dict[str, float | int | None] = {"n": int(arr.size)}
+    for q in PERCENTILES:
+        out[f"p{q}"] = float(np.percentile(arr, q)) if arr.size else None
+    out["mean"] = float(arr.mean()) if arr.size else None
+    return out
+
+
+def meets_slo(rec: dict, slo_ttft_ms: float, slo_tpot_ms: float) -> bool:
+    """Goodput rule, per record: TTFT ≤ a and TPOT ≤ b; OSL ≤ 1 counts TPOT as 0 (vLLM's rule)."""
+    ttft = ttft_ms(rec)
+    if rec.get("status") != "ok" or ttft is None or ttft > slo_ttft_ms:
+        return False
+    tpot = tpot_ms(rec)
+    return (tpot if tpot is not None else 0.0) <= slo_tpot_ms
+
+
+# ------------------------------------------------------------------------------------------------
+# Loading
+
+
+@dataclass
+class RunData:
+    """One Locust run (arm × concurrency × repeat [× draft length]) and its records."""
+
+    info: dict[str, Any]
+    records: list[dict[str, Any]]
+    workers: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def measured(self) -> list[dict]:
+        return [r for r in self.records if r.get("stage") == "measure"]
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            line = line.strip()
+            if line:
+                rows.append(json.loads(line))
+    return rows
+
+
+def load_runs(run_dir: Path) -> list[RunData]:
+    runs_file = run_dir / "runs.json"
+    if not runs_file.is_file():
+        raise FileNotFoundError(f"{runs_file} not found: not a load-test run directory")
+    listing = json.loads(runs_file.read_text(encoding="utf-8"))
+    runs = []
+    for info in listing["runs"]:
+        raw = run_dir / info["raw"]
+        records = read_jsonl(raw) if raw.is_file() else []
+        workers_file = run_dir / info.get("workers", "")
+        workers = json.loads(workers_file.read_text()) if info.get("workers") and workers_file.is_file() else []
+        runs.append(RunData(info=info, records=records, workers=workers))
+    return runs
+
+
+# ------------------------------------------------------------------------------------------------
+# Run level
+
+
+def measured_window(records: list[dict]) -> tuple[float, dict[int, tuple[int, int]]]:
+    """Duration (s) = max over worker processes of (last response − first send) in that worker's
+    own clock, over the measured records; also each worker's window."""
+    windows: dict[int, tuple[int, int]] = {}
+    for rec in records:
+        if rec.get("t_last") is None:
+            continue
+        pid = rec.get("worker_pid", 0)
+        lo, hi = windows.get(pid, (rec["t_sent"], rec["t_last"]))
+        windows[pid] = (min(lo, rec["t_sent"]), max(hi, rec["t_last"]))
+    if not windows:
+        return 0.0, {}
+    return max(hi - lo for lo, hi in windows.values()) / NS_PER_S, windows
+
+
+def achieved_concurrency(records: list[dict], stop_signals: dict[int, int] | None = None) -> float | None:
+    """Time-averaged requests in flight over the steady window (Little's law, Σ E2E / duration,
+    clipped to [first measured send, stop signal] per worker and summed over workers)."""
+    by_pid: dict[int, list[dict]] = defaultdict(list)
+    for rec in records:
+        if rec.get("t_last") is not None:
+            by_pid[rec.get("worker_pid", 0)].append(rec)
+    total = 0.0
+    for pid, recs in by_pid.items():
+        start = min(r["t_sent"] for r in recs)
+        end = max(r["t_last"] for r in recs)
+        if stop_signals and stop_signals.get(pid):
+            end = min(end, stop_signals[pid])
+        if end <= start:
+            continue
+        busy = sum(max(0, min(r["t_last"], end) - max(r["t_sent"], start)) for r in recs)
+        total += busy / (end - start)
+    return total if by_pid else None
+
+
+def status_counts(records: list[dict]) -> dict[str, int]:
+    counts: dict[str, int] = defaultdict(int)
+    for rec in records:
+        counts[rec.get("status", "unknown")] += 1
+    return dict(counts)
+
+
+def run_summary(run: RunData, slo_ttft_ms: float, slo_tpot_ms: float) -> dict[str, Any]:
+    measured = run.measured
+    ok = [r for r in measured if r.get("status") == "ok"]
+    duration_s, _ = measured_window(ok)
+    stop_signals = {w["pid"]: w.get("t_stop_signal") for w in run.workers if w.get("pid")}
+    counts = status_counts(run.records)
+    sent_by_workers = sum(w.get("sent", 0) for w in run.workers) if run.workers else None
+    osl_total = sum(r.get("osl") or 0 for r in ok)
+    failures = sum(1 for r in measured if r.get("status") in ("error", "timeout", "cancelled"))
+    return {
+        "key": run.info.get("key"),
+        "arm": run.info.get("arm"),
+        "concurrency": run.info.get("concurrency"),
+        "repeat": run.info.get("repeat"),
+        "draft_len": run.info.get("draft_len"),
+        "valid": bool(run.info.get("valid", True)),
+        "server_alive": bool(run.info.get("server_alive", True)),
+        "n_records": len(run.records),
+        "n_measured": len(measured),
+        "n_ok": len(ok),
+        "n_warmup": sum(1 for r in run.records if r.get("stage") == "warmup"),
+        "status_counts": counts,
+        "incomplete_at_stop": counts.get("incomplete_at_stop", 0),
+        "sent": sent_by_workers,
+        "accounted": sent_by_workers is None or sent_by_workers == len(run.records),
+        "error_rate": failures / len(measured) if measured else 0.0,
+        "duration_s": duration_s,
+        "median_tpot_ms": _median([tpot_ms(r) for r in ok]),
+        "median_e2e_ms": _median([e2e_ms(r) for r in ok]),
+        "median_ttft_ms": _median([ttft_ms(r) for r in ok]),
+        "p95_ttft_ms": _quantile([ttft_ms(r) for r in ok], 95),
+        "p95_e2e_ms": _quantile([e2e_ms(r) for r in ok], 95),
+        "output_tokens_per_s": osl_total / duration_s if duration_s > 0 else None,
+        "requests_per_s": len(ok) / duration_s if duration_s > 0 else None,
+        "goodput_rps": (sum(meets_slo(r, slo_ttft_ms, slo_tpot_ms) for r in ok) / duration_s) if duration_s > 0 else None,
+        "achieved_concurrency": achieved_concurrency(ok, stop_signals),
+        "peak_rss_mb": run.info.get("peak_rss_mb"),
+        "metrics_delta": run.info.get("metrics_delta"),
+        "throughput_timeline": throughput_timeline(run.records),
+    }
+
+
+def throughput_timeline(records: list[dict], bin_s: float = 1.0) -> list[dict[str, float]]:
+    """Output tokens/s per second of the run (by last-token time, first worker clock) — drift plot."""
+    counts: dict[int, int] = defaultdict(int)
+    for rec in records:
+        if rec.get("status") == "ok" and rec.get("t_last") is not None:
+            counts[int(rec["t_last"] / NS_PER_S / bin_s)] += rec.get("osl") or 0
+    return [{"t_s": k * bin_s, "tokens_per_s": v / bin_s} for k, v in sorted(counts.items())]
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    return _quantile(values, 50)
+
+
+def _quantile(values: Iterable[float | None], q: float) -> float | None:
+    arr = [v for v in values if v is not None]
+    return float(np.percentile(arr, q)) if arr else None
+
+
+# ------------------------------------------------------------------------------------------------
+# Cell level (pooled requests of every repeat)
+
+
+def cell_summary(runs: list[RunData], slo_ttft_ms: float, slo_tpot_ms: float) -> dict[str, Any]:
+    ok = [r for run in runs for r in run.measured if r.get("status") == "ok"]
+    gaps = [g for r in ok for g in chunk_gaps_ms(r)]
+    tokens_per_chunk = [t for r in ok for t in (r.get("tokens_per_chunk") or [])]
+    per_user = [1000.0 / t for t in (tpot_ms(r) for r in ok) if t]
+    summaries = [run_summary(run, slo_ttft_ms, slo_tpot_ms) for run in runs]
+    return {
+        "n_runs": len(runs),
+        "n_ok": len(ok),
+        "ttft_ms": percentiles(ttft_ms(r) for r in ok),
+        "tpot_ms": percentiles(tpot_ms(r) for r in ok),
+        "e2e_ms": percentiles(e2e_ms(r) for r in ok),
+        "e2e_from_scheduled_ms": percentiles(e2e_ms(r, from_scheduled=True) for r in ok),
+        "inter_chunk_latency_ms": percentiles(gaps),  # per CHUNK, not per token
+        "tokens_per_chunk": percentiles(tokens_per_chunk),
+        "per_user_tokens_per_s": {"p50": _quantile(per_user, 50), "p10": _quantile(per_user, 10)},
+        "osl": percentiles(r.get("osl") for r in ok),
+        "hit_max_tokens_pct": 100.0 * sum(bool(r.get("hit_max_tokens")) for r in ok) / len(ok) if ok else None,
+        "output_tokens_per_s": _mean_of(s["output_tokens_per_s"] for s in summaries),
+        "requests_per_s": _mean_of(s["requests_per_s"] for s in summaries),
+        "goodput_rps": _mean_of(s["goodput_rps"] for s in summaries),
+        "achieved_concurrency": _mean_of(s["achieved_concurrency"] for s in summaries),
+        "error_rate": _mean_of(s["error_rate"] for s in summaries),
+        "incomplete_at_stop": sum(s["incomplete_at_stop"] for s in summaries),
+        "peak_rss_mb": max((s["peak_rss_mb"] for s in summaries if s["peak_rss_mb"]), default=None),
+        "acceptance": acceptance_summary(ok, [run.info.get("metrics_delta") for run in runs]),
+        "acceptance_by_category": {
+            cat: acceptance_summary([r for r in ok if r.get("category") == cat], [])
+            for cat in sorted({r.get("category", "default") for r in ok})
+        },
+        "runs": summaries,
+    }
+
+
+def _mean_of(values: Iterable[float | None]) -> float | None:
+    arr = [v for v in values if v is not None]
+    return float(np.mean(arr)) if arr else None
+
+
+def acceptance_summary(records: list[dict], metric_deltas: list[dict | None]) -> dict[str, Any]:
+    """Pooled α̂ = Σ accepted / Σ drafted and τ = 1 + accepted / verify steps.
+
+    Steps come from the Prometheus counter deltas when present; otherwise from streamed chunks
+    after the first (one chunk per verify step), labelled as a proxy."""
+    drafted = sum(r.get("draft_tokens") or 0 for r in records)
+    accepted = sum(r.get("accepted_tokens") or 0 for r in records)
+    chunk_steps = sum(max(0, (r.get("n_chunks") or 0) - 1) for r in records)
+    out: dict[str, Any] = {
+        "draft_tokens": drafted,
+        "accepted_tokens": accepted,
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "mean_acceptance_length": 1 + accepted / chunk_steps if chunk_steps and drafted else None,
+        "tau_source": "chunks (proxy)",
+        "tokens_per_chunk_mean": (sum(r.get("osl") or 0 for r in records) / sum(r.get("n_chunks") or 0 for r in records))
+        if any(r.get("n_chunks") for r in records) else None,
+    }
+    deltas = [d for d in metric_deltas if d]
+    steps = sum(d.get("verify_steps", 0) for d in deltas)
+    if deltas and steps:
+        m_drafted = sum(d.get("draft_tokens", 0) for d in deltas)
+        m_accepted = sum(d.get("accepted_tokens", 0) for d in deltas)
+        out["prometheus"] = {"draft_tokens": m_drafted, "accepted_tokens": m_accepted, "verify_steps": steps,
+                             "acceptance_rate": m_accepted / m_drafted if m_drafted else None}
+        out["mean_acceptance_length"] = 1 + m_accepted / steps
+        out["tau_source"] = "prometheus"
+        if out["acceptance_rate"] is None and m_drafted:
+            out["acceptance_rate"] = m_accepted / m_drafted
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Comparison
+
+
+@dataclass(frozen=True)
+class BootstrapSettings:
+    n_resamples: int = 9999
+    seed: int = 0
+    confidence_level: float = 0.95
+    method: str = "percentile"
+
+
+def bootstrap_ci(spec: list[float], base: list[float], kind: str, settings: BootstrapSettings,
+                 reducer: str = "mean") -> dict[str, Any]:
+    """CI of mean(spec)/mean(base) (``kind='ratio'``) or mean(spec) − mean(base) (``'diff'``) over
+    replicates; ``reducer='median'`` for request-level pooled samples."""
+    from scipy import stats as sps  # noqa: PLC0415
+
+    spec_arr = np.asarray([v for v in spec if v is not None], dtype=float)
+    base_arr = np.asarray([v for v in base if v is not None], dtype=float)
+    reduce = np.mean if reducer == "mean" else np.median
+    point = _combine(kind, reduce(spec_arr), reduce(base_arr)) if spec_arr.size and base_arr.size else None
+    out: dict[str, Any] = {"point": point, "low": None, "high": None, "n_spec": int(spec_arr.size),
+                           "n_base": int(base_arr.size), "method": settings.method,
+                           "n_resamples": settings.n_resamples, "seed": settings.seed, "statistic": f"{kind} of {reducer}s"}
+    if spec_arr.size < 2 or base_arr.size < 2:
+        out["note"] = "fewer than 2 samples per arm: no CI"
+        return out
+
+    def statistic(s, b, axis=-1):
+        return _combine(kind, reduce(s, axis=axis), reduce(b, axis=axis))
+
+    result = sps.bootstrap((spec_arr, base_arr), statistic, paired=False, vectorized=True,
+                           n_resamples=settings.n_resamples, confidence_level=settings.confidence_level,
+                           method=settings.method, rng=np.random.default_rng(settings.seed))
+    low, high = float(result.confidence_interval.low), float(result.confidence_interval.high)
+    if np.isnan(low) or np.isnan(high):  # degenerate (identical values): the CI is the point
+        low = high = float(point)
+    out.update({"low": low, "high": high})
+    return out
+
+
+def _combine(kind: str, spec_value, base_value):
+    if kind == "ratio":
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return spec_value / base_value
+    return spec_value - base_value
+
+
+def mann_whitney(spec: list[float], base: list[float]) -> dict[str, Any]:
+    """Two-sided Mann-Whitney U plus Cliff's δ = P(spec > base) − P(spec < base) (Treeherder labels)."""
+    from scipy import stats as sps  # noqa: PLC0415
+
+    s = [v for v in spec if v is not None]
+    b = [v for v in base if v is not None]
+    if not s or not b:
+        return {"p_value": None, "cliffs_delta": None, "effect": None, "n_spec": len(s), "n_base": len(b)}
+    result = sps.mannwhitneyu(s, b, alternative="two-sided")
+    delta = 2.0 * float(result.statistic) / (len(s) * len(b)) - 1.0
+    size = abs(delta)
+    effect = "negligible" if size < 0.15 else "small" if size < 0.33 else "moderate" if size < 0.47 else "large"
+    return {"p_value": float(result.pvalue), "cliffs_delta": delta, "effect": effect, "n_spec": len(s), "n_base": len(b)}
+
+
+def output_equivalence(base_records: list[dict], spec_records: list[dict]) -> dict[str, Any]:
+    """Same prompt id → same output text (by sha256) between arms, over ok records."""
+    base_hashes: dict[str, set[str]] = defaultdict(set)
+    spec_hashes: dict[str, set[str]] = defaultdict(set)
+    for rec in base_records:
+        if rec.get("status") == "ok":
+            base_hashes[rec["prompt_id"]].add(rec["output_sha256"])
+    for rec in spec_records:
+        if rec.get("status") == "ok":
+            spec_hashes[rec["prompt_id"]].add(rec["output_sha256"])
+    common = sorted(set(base_hashes) & set(spec_hashes))
+    mismatched = [pid for pid in common if base_hashes[pid] != spec_hashes[pid]]
+    return {
+        "prompts_compared": len(common),
+        "mismatched": len(mismatched),
+        "mismatched_ids": mismatched[:20],
+        "equivalent": bool(common) and not mismatched,
+        "hashes": {pid: sorted(base_hashes[pid] | spec_hashes[pid]) for pid in common[:200]},
+    }
+
+
+def output_length_match(base_records: list[dict], spec_records: list[dict], tolerance: float = 0.05) -> dict[str, Any]:
+    """Mean OSL per arm over prompts both arms answered; a relative gap above ``tolerance`` flags it."""
+    def mean_osl_by_prompt(records):
+        acc: dict[str, list[int]] = defaultdict(list)
+        for rec in records:
+            if rec.get("status") == "ok":
+                acc[rec["prompt_id"]].append(rec.get("osl") or 0)
+        return {pid: float(np.mean(v)) for pid, v in acc.items()}
+
+    base, spec = mean_osl_by_prompt(base_records), mean_osl_by_prompt(spec_records)
+    common = sorted(set(base) & set(spec))
+    if not common:
+        return {"prompts_compared": 0, "base_mean_osl": None, "spec_mean_osl": None, "relative_gap": None, "match": False}
+    b = float(np.mean([base[p] for p in common]))
+    s = float(np.mean([spec[p] for p in common]))
+    gap = abs(s - b) / b if b else 0.0
+    return {"prompts_compared": len(common), "base_mean_osl": b, "spec_mean_osl": s, "relative_gap": gap, "match": gap <= tolerance}
+
+
+GATED_RUN_METRICS = {
+    "tpot_ratio": ("median_tpot_ms", "ratio"),
+    "e2e_ratio": ("median_e2e_ms", "ratio"),
+    "ttft_p95_delta_ms": ("p95_ttft_ms", "diff"),
+    "throughput_ratio": ("output_tokens_per_s", "ratio"),
+    "goodput_ratio": ("goodput_rps", "ratio"),
+}
+
+
+def compare_cells(base_runs: list[RunData], spec_runs: list[RunData], base_cell: dict, spec_cell: dict,
+                  settings: BootstrapSettings) -> dict[str, Any]:
+    """Spec vs base at one concurrency: run-level CIs (gate), pooled request-level CIs (descriptive)."""
+    run_level = {}
+    for name, (metric, kind) in GATED_RUN_METRICS.items():
+        s = [r[metric] for r in spec_cell["runs"] if r.get(metric) is not None]
+        b = [r[metric] for r in base_cell["runs"] if r.get(metric) is not None]
+        run_level[name] = bootstrap_ci(s, b, kind, settings)
+    base_ok = [r for run in base_runs for r in run.measured if r.get("status") == "ok"]
+    spec_ok = [r for run in spec_runs for r in run.measured if r.get("status") == "ok"]
+    pooled_settings = BootstrapSettings(min(settings.n_resamples, 1999), settings.seed)
+    pooled = {
+        "tpot_ratio_of_medians": bootstrap_ci([tpot_ms(r) for r in spec_ok], [tpot_ms(r) for r in base_ok], "ratio",
+                                              pooled_settings, reducer="median"),
+        "e2e_ratio_of_medians": bootstrap_ci([e2e_ms(r) for r in spec_ok], [e2e_ms(r) for r in base_ok], "ratio",
+                                             pooled_settings, reducer="median"),
+    }
+    base_p95 = base_cell["ttft_ms"]["p95"]
+    return {
+        "run_level": run_level,
+        "pooled_request_level": pooled,
+        "mann_whitney_tpot": mann_whitney([tpot_ms(r) for r in spec_ok], [tpot_ms(r) for r in base_ok]),
+        "mann_whitney_e2e": mann_whitney([e2e_ms(r) for r in spec_ok], [e2e_ms(r) for r in base_ok]),
+        "base_ttft_p95_ms": base_p95,
+        "speedup_tpot": _inverse(run_level["tpot_ratio"]["point"]),
+        "equivalence": output_equivalence(base_ok, spec_ok),
+        "output_length": output_length_match(base_ok, spec_ok),
+        "n_runs": {"base": len(base_runs), "spec": len(spec_runs)},
+        "n_ok": {"base": len(base_ok), "spec": len(spec_ok)},
+    }
+
+
+def _inverse(value: float | None) -> float | None:
+    return 1.0 / value if value else None
+
+
+def best_ci(comparison: dict, name: str) -> dict[str, Any]:
+    """The run-level CI when it exists, else the pooled request-level one (descriptive only)."""
+    ci = comparison["run_level"][name]
+    if ci.get("low") is not None:
+        return {**ci, "level": "run"}
+    pooled_name = {"tpot_ratio": "tpot_ratio_of_medians", "e2e_ratio": "e2e_ratio_of_medians"}.get(name)
+    if pooled_name:
+        return {**comparison["pooled_request_level"][pooled_name], "level": "request (pooled)"}
+    return {**ci, "level": "run"}
+
+
+def find_crossover(levels: list[tuple[int, dict]]) -> int | None:
+    """Lowest concurrency whose TPOT-ratio CI no longer shows a benefit (upper bound ≥ 1, or no CI
+    and point ≥ 1); None when every level still benefits."""
+    for concurrency, comparison in sorted(levels, key=lambda x: x[0]):
+        ci = best_ci(comparison, "tpot_ratio")
+        upper = ci.get("high") if ci.get("high") is not None else ci.get("point")
+        if upper is None or upper >= 1.0:
+            return concurrency
+    return None
