@@ -1,0 +1,510 @@
+"""`specdeploy render`: the build manifest + ``model_repo_templates/`` → Triton model repositories
+``engines/NAME/model_repo/{baseline,speculative}/``.
+
+Reads ``engines/NAME/manifest.json`` (refused when its config hash differs from the config) and
+the Jinja templates (StrictUndefined: a missing value is an error, never a hole in the file);
+writes each repository into a temporary sibling directory, validates it (protobuf parse into
+``ModelConfig`` plus the load-time rules Triton applies and the parser does not: names, version
+dirs, ensemble wiring and dtypes, batch sizes, decoding mode vs engine, draft-target KV reuse,
+decoupled consistency) and only then swaps it in with a rename, so a broken template fails here,
+never in the server. ``client_target`` tells the load tester which model each arm calls.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.config import DeploymentConfig, config_hash
+from pipeline.errors import SpecdeployError, StaleInputError
+from pipeline.paths import PROJECT_ROOT, manifest_path, model_repo_dir
+
+TEMPLATES_DIR = PROJECT_ROOT / "model_repo_templates"
+VARIANTS = ("baseline", "speculative")
+MANIFEST_FORMAT = "specdeploy-manifest/1"
+EXECUTOR_WORKER_PATH = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
+DTM_KV_FRACTION_MAX = 0.45  # draft and target share one GPU (contract §4.4)
+
+
+class RenderError(SpecdeployError):
+    """A template or a rendered config is broken; names the file and the reason."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("; ".join(problems))
+
+    def lines(self) -> list[str]:
+        return [f"render failed: {len(self.problems)} problem(s)"] + [f"  {p}" for p in self.problems]
+
+
+@dataclass(frozen=True)
+class ClientTarget:
+    """Which Triton model a load-test arm calls and the extra inputs it must send."""
+
+    model_name: str
+    extra_inputs: dict = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------------------------
+# Manifest
+
+
+def load_manifest(cfg: DeploymentConfig, path: Path | None = None) -> dict:
+    path = path or manifest_path(cfg)
+    if not path.is_file():
+        raise StaleInputError(f"no build manifest at {path}: run `specdeploy build` first")
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise StaleInputError(f"{path}: not valid JSON ({exc}); re-run `specdeploy build`") from None
+    if manifest.get("format") != MANIFEST_FORMAT:
+        raise StaleInputError(f"{path}: format {manifest.get('format')!r} is not {MANIFEST_FORMAT!r}; re-run `specdeploy build`")
+    expected = config_hash(cfg)
+    if manifest.get("config_hash") != expected:
+        raise StaleInputError(
+            f"{path} was built from another config (config_hash {manifest.get('config_hash')} != {expected}): "
+            "re-run `specdeploy build`"
+        )
+    return manifest
+
+
+def variants_for(cfg: DeploymentConfig) -> tuple[str, ...]:
+    return ("baseline",) if cfg.method == "none" else VARIANTS
+
+
+def client_target(cfg: DeploymentConfig, variant: str) -> ClientTarget:
+    """draft_target: both arms call the BLS (the speculative arm adds num_draft_tokens = K);
+    none / medusa / eagle: both arms call the ensemble."""
+    _check_variant(cfg, variant)
+    if cfg.method == "draft_target":
+        extra = {"num_draft_tokens": cfg.speculation.num_draft_tokens} if variant == "speculative" else {}
+        return ClientTarget("tensorrt_llm_bls", extra)
+    return ClientTarget("ensemble", {})
+
+
+def _check_variant(cfg: DeploymentConfig, variant: str) -> None:
+    if variant not in variants_for(cfg):
+        raise SpecdeployError(
+            f"variant {variant!r} does not exist for speculation method {cfg.method!r} "
+            f"(choose from: {', '.join(variants_for(cfg))})"
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# Render contexts
+
+
+def brace_choices(choices: list[list[int]]) -> str:
+    """[[0], [0, 1]] → '{0}, {0, 1}' (the only tree syntax the C++ backend parses)."""
+    return ", ".join("{" + ", ".join(str(i) for i in path) + "}" for path in choices)
+
+
+def _tree_choices(spec, depth: int) -> list[list[int]]:
+    return spec.choices if spec.choices else [[0] * (i + 1) for i in range(depth)]
+
+
+def _bool(value: bool) -> str:
+    return "True" if value else "False"
+
+
+def _engine(manifest: dict, key: str) -> str:
+    engines = manifest.get("engines", {})
+    if key not in engines:
+        raise StaleInputError(f"manifest has no '{key}' engine (engines: {sorted(engines)}); re-run `specdeploy build`")
+    return str(engines[key])
+
+
+@dataclass
+class LlmSettings:
+    model_name: str
+    engine_dir: str
+    decoupled: bool
+    decoding_mode: str = ""
+    medusa_choices: str = ""
+    eagle_choices: str = ""
+    dtm_member: bool = False  # target or draft of a draft-target deployment
+
+
+def llm_models(cfg: DeploymentConfig, manifest: dict, variant: str) -> list[LlmSettings]:
+    method = cfg.method
+    if variant == "baseline":
+        return [LlmSettings("tensorrt_llm", _engine(manifest, "baseline"), cfg.triton.decoupled)]
+    if method == "draft_target":
+        return [
+            LlmSettings("tensorrt_llm", _engine(manifest, "target"), False, dtm_member=True),
+            LlmSettings("tensorrt_llm_draft", _engine(manifest, "draft"), False, dtm_member=True),
+        ]
+    spec = cfg.speculation
+    settings = LlmSettings("tensorrt_llm", _engine(manifest, "speculative"), cfg.triton.decoupled)
+    if method == "medusa":
+        settings.decoding_mode = "medusa"
+        settings.medusa_choices = brace_choices(_tree_choices(spec, spec.num_heads))
+    elif method == "eagle":
+        settings.decoding_mode = "eagle"
+        settings.eagle_choices = brace_choices(_tree_choices(spec, spec.num_layers))
+    return [settings]
+
+
+def trtllm_parameters(cfg: DeploymentConfig, llm: LlmSettings, manifest: dict) -> dict[str, str]:
+    t = cfg.triton
+    speculative = llm.dtm_member or llm.decoding_mode in ("medusa", "eagle")
+    kv_fraction = min(t.kv_cache_free_gpu_mem_fraction, DTM_KV_FRACTION_MAX) if llm.dtm_member else t.kv_cache_free_gpu_mem_fraction
+    unset = ""
+    return {
+        "max_beam_width": "1" if speculative else str(cfg.build.max_beam_width),
+        "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
+        "gpt_model_type": t.batching_strategy,
+        "gpt_model_path": llm.engine_dir,
+        "encoder_model_path": unset,
+        "max_tokens_in_paged_kv_cache": unset,
+        "max_attention_window_size": unset,
+        "sink_token_length": unset,
+        "batch_scheduler_policy": t.batch_scheduler_policy,
+        "kv_cache_free_gpu_mem_fraction": str(kv_fraction),
+        "cross_kv_cache_fraction": unset,
+        "kv_cache_host_memory_bytes": unset,
+        "kv_cache_onboard_blocks": unset,
+        # the BLS and the client-side loop slice output_ids assuming the prompt is present
+        "exclude_input_in_output": _bool(False if llm.dtm_member else t.exclude_input_in_output),
+        "cancellation_check_period_ms": "100",
+        "stats_check_period_ms": "100",
+        "iter_stats_max_iterations": unset,
+        "request_stats_max_iterations": unset,
+        "enable_kv_cache_reuse": _bool(True if llm.dtm_member else t.enable_kv_cache_reuse),
+        "normalize_log_probs": "True",
+        "enable_chunked_context": "False",
+        "gpu_device_ids": unset,
+        "participant_ids": unset,
+        "num_nodes": unset,
+        "lora_cache_optimal_adapter_size": unset,
+        "lora_cache_max_adapter_size": unset,
+        "lora_cache_gpu_memory_fraction": unset,
+        "lora_cache_host_memory_bytes": unset,
+        "lora_prefetch_dir": unset,
+        "decoding_mode": llm.decoding_mode,
+        "executor_worker_path": EXECUTOR_WORKER_PATH,
+        "lookahead_window_size": unset,
+        "lookahead_ngram_size": unset,
+        "lookahead_verification_set_size": unset,
+        "medusa_choices": llm.medusa_choices,
+        "eagle_choices": llm.eagle_choices,
+        "gpu_weights_percent": unset,
+        "enable_context_fmha_fp32_acc": unset,
+        "multi_block_mode": unset,
+        "cuda_graph_mode": unset,
+        "cuda_graph_cache_size": unset,
+        "speculative_decoding_fast_logits": unset,
+        "tokenizer_dir": unset,
+        "guided_decoding_backend": unset,
+        "xgrammar_tokenizer_info_path": unset,
+    }
+
+
+def model_contexts(cfg: DeploymentConfig, manifest: dict, variant: str) -> dict[str, tuple[str, dict]]:
+    """model name → (template directory, render context)."""
+    t = cfg.triton
+    max_batch = cfg.build.max_batch_size
+    if cfg.backend == "reference" and cfg.reference.max_batch_size:
+        max_batch = cfg.reference.max_batch_size
+    common = {
+        "triton_max_batch_size": max_batch,
+        "logits_datatype": "TYPE_FP32",
+        "max_queue_delay_microseconds": t.max_queue_delay_microseconds,
+        "max_queue_size": t.max_queue_size,
+    }
+    llms = llm_models(cfg, manifest, variant)
+    target = llms[0]
+    tokenizer_dir = str(manifest.get("tokenizer_dir") or "")
+    if not tokenizer_dir:
+        raise StaleInputError("manifest has no tokenizer_dir; re-run `specdeploy build`")
+    contexts: dict[str, tuple[str, dict]] = {
+        "ensemble": ("ensemble", {**common, "llm_model_name": target.model_name}),
+        "preprocessing": ("preprocessing", {
+            **common, "tokenizer_dir": tokenizer_dir, "add_special_tokens": "True",
+            "multimodal_model_path": "", "engine_dir": target.engine_dir, "max_num_images": "",
+            "preprocessing_instance_count": t.preprocessing_instance_count,
+        }),
+        "postprocessing": ("postprocessing", {
+            **common, "tokenizer_dir": tokenizer_dir, "skip_special_tokens": "True",
+            "postprocessing_instance_count": t.postprocessing_instance_count,
+        }),
+    }
+    backend = "tensorrtllm" if cfg.backend == "trtllm" else "python"
+    for llm in llms:
+        contexts[llm.model_name] = ("tensorrt_llm", {
+            **common, "model_name": llm.model_name, "triton_backend": backend,
+            "decoupled_mode": "true" if llm.decoupled else "false",
+            "encoder_input_features_data_type": "TYPE_FP16",
+            "engine_note": f"engine: {llm.engine_dir} ({cfg.backend} backend, {variant} variant)",
+            "trtllm_parameters": trtllm_parameters(cfg, llm, manifest),
+        })
+    draft = next((llm.model_name for llm in llms if llm.model_name == "tensorrt_llm_draft"), "")
+    contexts["tensorrt_llm_bls"] = ("tensorrt_llm_bls", {
+        **common, "decoupled_mode": "true" if t.decoupled else "false",
+        "accumulate_tokens": "False", "tensorrt_llm_model_name": target.model_name,
+        "tensorrt_llm_draft_model_name": draft, "multimodal_encoders_name": "",
+        "bls_instance_count": t.bls_instance_count,
+    })
+    return contexts
+
+
+# ----------------------------------------------------------------------------------------------
+# Rendering
+
+
+def _pbstr(value) -> str:
+    if isinstance(value, bool):
+        value = _bool(value)
+    if not isinstance(value, (str, int, float)):
+        raise ValueError(f"parameter value {value!r} is not a string")
+    return json.dumps(str(value), ensure_ascii=False)
+
+
+def jinja_environment(templates_dir: Path):
+    import jinja2  # noqa: PLC0415
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir)),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+    )
+    env.filters["pbstr"] = _pbstr
+    return env
+
+
+def render_model(env, templates_dir: Path, template_dir: str, context: dict, model_name: str, dest: Path) -> None:
+    import jinja2  # noqa: PLC0415
+
+    template_name = f"{template_dir}/config.pbtxt.jinja"
+    try:
+        text = env.get_template(template_name).render(**context)
+    except jinja2.TemplateSyntaxError as exc:
+        raise RenderError([f"{templates_dir / template_name}:{exc.lineno}: template syntax error: {exc.message}"]) from None
+    except jinja2.UndefinedError as exc:
+        raise RenderError([f"{templates_dir / template_name}: missing value: {exc.message}"]) from None
+    except (jinja2.TemplateError, ValueError, TypeError) as exc:
+        raise RenderError([f"{templates_dir / template_name}: {exc}"]) from None
+    if "${" in text:
+        raise RenderError([f"{templates_dir / template_name}: unfilled placeholder '${{...}}' left in the output"])
+    model_dir = dest / model_name
+    version_dir = model_dir / "1"
+    version_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.pbtxt").write_text(text)
+    source_version = templates_dir / template_dir / "1"
+    if context.get("triton_backend", "python") == "python" and source_version.is_dir():
+        for item in sorted(source_version.rglob("*")):
+            if "__pycache__" in item.parts or not item.is_file():
+                continue
+            target = version_dir / item.relative_to(source_version)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(item, target)
+
+
+def render_repository(cfg: DeploymentConfig, manifest: dict, variant: str, dest: Path,
+                      templates_dir: Path = TEMPLATES_DIR) -> list[str]:
+    """Render one variant into ``dest`` (replaced atomically). Returns validator warnings."""
+    _check_variant(cfg, variant)
+    contexts = model_contexts(cfg, manifest, variant)
+    env = jinja_environment(templates_dir)
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    try:
+        for model_name, (template_dir, context) in contexts.items():
+            render_model(env, templates_dir, template_dir, context, model_name, tmp)
+        warnings = validate_repository(tmp, backend=cfg.backend)
+        _swap_in(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return warnings
+
+
+def _swap_in(new: Path, dest: Path) -> None:
+    old = None
+    if dest.exists():
+        old = dest.with_name(f".{dest.name}.old-{new.name[-8:]}")
+        dest.rename(old)
+    new.rename(dest)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def render(cfg: DeploymentConfig, templates_dir: Path = TEMPLATES_DIR) -> dict[str, tuple[Path, list[str]]]:
+    """Render every variant of the deployment. Returns variant → (repository dir, warnings)."""
+    manifest = load_manifest(cfg)
+    out = {}
+    for variant in variants_for(cfg):
+        dest = model_repo_dir(cfg, variant)
+        out[variant] = (dest, render_repository(cfg, manifest, variant, dest, templates_dir))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation (Triton's load-time rules the protobuf parser does not check)
+
+
+def parse_config_file(path: Path):
+    from google.protobuf import text_format  # noqa: PLC0415
+    from tritonclient.grpc import model_config_pb2  # noqa: PLC0415
+
+    config = model_config_pb2.ModelConfig()
+    try:
+        text_format.Parse(path.read_text(), config)
+    except text_format.ParseError as exc:
+        raise RenderError([f"{path}: does not parse as a Triton ModelConfig: {exc}"]) from None
+    return config
+
+
+def _param(config, key: str) -> str:
+    return config.parameters[key].string_value if key in config.parameters else ""
+
+
+def validate_repository(repo: Path, backend: str | None = None) -> list[str]:
+    """Check a rendered repository; raise RenderError listing every problem, return warnings."""
+    repo = Path(repo)
+    problems: list[str] = []
+    warnings: list[str] = []
+    configs = {}
+    for config_path in sorted(repo.glob("*/config.pbtxt")):
+        config = parse_config_file(config_path)
+        model_dir = config_path.parent
+        configs[model_dir.name] = config
+        if config.name != model_dir.name:
+            problems.append(f"{config_path}: name {config.name!r} differs from its directory {model_dir.name!r}")
+        if not (model_dir / "1").is_dir():
+            problems.append(f"{model_dir}: version directory 1/ is missing")
+        if config.backend == "python" and not (model_dir / "1" / "model.py").is_file():
+            problems.append(f"{model_dir}: python backend without 1/model.py")
+        if config.max_batch_size <= 0:
+            problems.append(f"{config_path}: max_batch_size must be > 0")
+    if not configs:
+        raise RenderError([f"{repo}: no */config.pbtxt found"])
+    for name, config in configs.items():
+        if config.platform == "ensemble":
+            _check_ensemble(repo, name, config, configs, problems, warnings)
+    _check_llm_rules(repo, configs, problems, backend)
+    if problems:
+        raise RenderError(problems)
+    return warnings
+
+
+def _check_ensemble(repo, name, config, configs, problems, warnings) -> None:
+    where = f"{repo / name / 'config.pbtxt'}"
+    if len(config.instance_group):
+        problems.append(f"{where}: an ensemble may not declare instance_group")
+    ens_inputs = {t.name: t for t in config.input}
+    seen_outputs: dict[str, object] = {}
+    for t in config.output:
+        if t.name in seen_outputs:
+            warnings.append(f"{where}: output {t.name!r} is declared more than once (Triton tolerates it)")
+        seen_outputs[t.name] = t
+    produced: dict[str, tuple[str, int]] = {}  # tensor → (step model, dtype)
+    for step in config.ensemble_scheduling.step:
+        step_cfg = configs.get(step.model_name)
+        if step_cfg is None:
+            problems.append(f"{where}: step model {step.model_name!r} is not in the repository")
+            continue
+        if step_cfg.max_batch_size < config.max_batch_size:
+            problems.append(
+                f"{where}: ensemble max_batch_size {config.max_batch_size} exceeds "
+                f"{step.model_name}'s {step_cfg.max_batch_size}"
+            )
+        outputs = {t.name: t for t in step_cfg.output}
+        for key, tensor in step.output_map.items():
+            if key not in outputs:
+                problems.append(f"{where}: step {step.model_name} maps unknown output {key!r}")
+                continue
+            if tensor in produced:
+                problems.append(f"{where}: tensor {tensor!r} is produced by both {produced[tensor][0]} and {step.model_name}")
+            produced[tensor] = (step.model_name, outputs[key].data_type)
+    for step in config.ensemble_scheduling.step:
+        step_cfg = configs.get(step.model_name)
+        if step_cfg is None:
+            continue
+        inputs = {t.name: t for t in step_cfg.input}
+        for key, tensor in step.input_map.items():
+            if key not in inputs:
+                problems.append(f"{where}: step {step.model_name} maps unknown input {key!r}")
+                continue
+            if tensor in ens_inputs:
+                source_dtype = ens_inputs[tensor].data_type
+                if ens_inputs[tensor].optional and not inputs[key].optional:
+                    problems.append(f"{where}: optional ensemble input {tensor!r} feeds required {step.model_name}.{key}")
+            elif tensor in produced:
+                source_dtype = produced[tensor][1]
+            else:
+                problems.append(f"{where}: {step.model_name}.{key} reads {tensor!r}, which no input or step provides")
+                continue
+            if source_dtype != inputs[key].data_type:
+                problems.append(f"{where}: dtype mismatch on {tensor!r} → {step.model_name}.{key}")
+        for key, tensor in inputs.items():
+            if not tensor.optional and key not in step.input_map:
+                problems.append(f"{where}: required input {step.model_name}.{key} is not mapped")
+    for out_name, tensor in seen_outputs.items():
+        if out_name not in produced:
+            problems.append(f"{where}: ensemble output {out_name!r} is produced by no step")
+        elif produced[out_name][1] != tensor.data_type:
+            problems.append(f"{where}: dtype mismatch on ensemble output {out_name!r}")
+
+
+def _engine_method(engine_dir: str, backend: str | None) -> str | None:
+    """The speculation method an engine was built for, when its files say so."""
+    path = Path(engine_dir)
+    descriptor = path / "engine.json"
+    if descriptor.is_file():
+        data = json.loads(descriptor.read_text())
+        return data.get("proposer", {}).get("method", "none") if data.get("role") != "target" else "draft_target"
+    config = path / "config.json"
+    if config.is_file():
+        data = json.loads(config.read_text())
+        mode = str(data.get("build_config", {}).get("speculative_decoding_mode", "") or "").lower()
+        return {"medusa": "medusa", "eagle": "eagle", "draft_tokens_external": "draft_target"}.get(mode, "none") if mode else None
+    return None
+
+
+def _check_llm_rules(repo, configs, problems, backend) -> None:
+    bls = configs.get("tensorrt_llm_bls")
+    target_name = _param(bls, "tensorrt_llm_model_name") if bls else "tensorrt_llm"
+    draft_name = _param(bls, "tensorrt_llm_draft_model_name") if bls else ""
+    for name in ("tensorrt_llm", "tensorrt_llm_draft"):
+        config = configs.get(name)
+        if config is None:
+            continue
+        where = repo / name / "config.pbtxt"
+        mode = _param(config, "decoding_mode")
+        engine_method = _engine_method(_param(config, "gpt_model_path"), backend)
+        if mode in ("medusa", "eagle") and engine_method not in (None, mode):
+            problems.append(f"{where}: decoding_mode {mode!r} but the engine was built for {engine_method!r}")
+        if not mode and engine_method in ("medusa", "eagle"):
+            problems.append(f"{where}: the engine was built for {engine_method!r} but decoding_mode is unset")
+        if mode == "medusa" and not _param(config, "medusa_choices"):
+            problems.append(f"{where}: decoding_mode medusa needs medusa_choices")
+        if mode == "eagle" and not _param(config, "eagle_choices"):
+            problems.append(f"{where}: decoding_mode eagle needs eagle_choices")
+    if bls is None:
+        return
+    bls_where = repo / "tensorrt_llm_bls" / "config.pbtxt"
+    target = configs.get(target_name)
+    if target is None:
+        problems.append(f"{bls_where}: tensorrt_llm_model_name {target_name!r} is not in the repository")
+        return
+    if draft_name:
+        draft = configs.get(draft_name)
+        if draft is None:
+            problems.append(f"{bls_where}: tensorrt_llm_draft_model_name {draft_name!r} is not in the repository")
+            return
+        if _param(target, "enable_kv_cache_reuse").lower() not in ("true", "1"):
+            problems.append(f"{repo / target_name / 'config.pbtxt'}: draft-target needs enable_kv_cache_reuse True on the target")
+        for name, config in ((target_name, target), (draft_name, draft)):
+            if config.model_transaction_policy.decoupled:
+                problems.append(f"{repo / name / 'config.pbtxt'}: draft-target needs decoupled false (the BLS calls it with exec(decoupled=False))")
+    elif target.model_transaction_policy.decoupled != bls.model_transaction_policy.decoupled:
+        problems.append(
+            f"{bls_where}: decoupled ({bls.model_transaction_policy.decoupled}) differs from "
+            f"{target_name} ({target.model_transaction_policy.decoupled})"
+        )

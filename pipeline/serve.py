@@ -1,0 +1,453 @@
+"""`specdeploy serve`: start ``tritonserver`` on a rendered repository and stop it cleanly.
+
+Reads ``engines/NAME/model_repo/<variant>/`` (from ``specdeploy render``) and the build manifest;
+writes the server log to ``engines/NAME/logs/serve-<variant>.log``.
+
+- CPU (backend ``reference``): the ``tritonserver`` binary of the ``nvidia-pytriton`` wheel
+  (located by :mod:`pipeline.tritonserver_install`), with the Python-backend stub for the running
+  Python placed in ``backends/python/`` (or, if the wheel is read-only, a backend directory of
+  symlinks under ``.cache/specdeploy/``), ``PYTHONPATH`` = site-packages + project root, one torch
+  thread per stub, bound to 127.0.0.1.
+- GPU (backend ``trtllm``): ``tritonserver`` on PATH inside the NGC TensorRT-LLM container (one
+  ``mpirun`` rank per GPU when TP×PP > 1); when it is absent the exact ``docker run`` line is
+  shown instead. Engines built by another TensorRT-LLM version are refused.
+
+The server runs in its own session; :meth:`RunningServer.stop` sends SIGTERM to the process group,
+then SIGKILL after the exit timeout (the bundled server sometimes ignores SIGTERM with a decoupled
+model loaded) and checks with psutil that no stub survives. :func:`serve_deployment` is the
+context manager ``loadtest`` and the tests use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from pipeline.config import DeploymentConfig
+from pipeline.errors import ServeError
+from pipeline.paths import PROJECT_ROOT, logs_dir, model_repo_dir
+
+STUB_NAME = "triton_python_backend_stub"
+DEFAULT_HOST = "127.0.0.1"
+KILL_GRACE_S = 10.0
+
+
+# ----------------------------------------------------------------------------------------------
+# Locating the CPU server
+
+
+@dataclass(frozen=True)
+class CpuServer:
+    binary: Path
+    backend_dir: Path
+    library_dirs: tuple[Path, ...] = ()
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.is_file() and b.is_file() and a.stat().st_size == b.stat().st_size and a.read_bytes() == b.read_bytes()
+    except OSError:
+        return False
+
+
+def prepare_cpu_server(cache_root: Path | None = None) -> CpuServer:
+    """Find the wheel's tritonserver and make ``backends/python`` hold this Python's stub."""
+    from pipeline.tritonserver_install import find_tritonserver  # noqa: PLC0415
+
+    install = find_tritonserver()
+    if install.stub_path is None:
+        raise ServeError(
+            f"the tritonserver in {install.binary.parent.parent} has no Python-backend stub for "
+            f"Python {install.python_version} (available: {', '.join(install.available_stub_versions) or 'none'})"
+        )
+    python_dir = install.backend_dir / "python"
+    placed = python_dir / STUB_NAME
+    if _same_file(install.stub_path, placed):
+        return CpuServer(install.binary, install.backend_dir, tuple(install.library_dirs))
+    if os.access(python_dir, os.W_OK):
+        tmp = python_dir / f".{STUB_NAME}.{os.getpid()}"
+        shutil.copy2(install.stub_path, tmp)
+        os.replace(tmp, placed)
+        return CpuServer(install.binary, install.backend_dir, tuple(install.library_dirs))
+    # read-only wheel: a backend directory of symlinks under the cache
+    cache_root = cache_root or PROJECT_ROOT / ".cache" / "specdeploy" / f"triton-backends-py{install.python_version}"
+    target = cache_root / "python"
+    target.mkdir(parents=True, exist_ok=True)
+    for item in python_dir.iterdir():
+        if item.name != STUB_NAME and not (target / item.name).exists():
+            (target / item.name).symlink_to(item.resolve())
+    link = target / STUB_NAME
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(install.stub_path.resolve())
+    return CpuServer(install.binary, cache_root, tuple(install.library_dirs))
+
+
+def site_packages() -> Path:
+    return Path(sysconfig.get_paths()["purelib"])
+
+
+def cpu_server_env(server: CpuServer, base: dict | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    paths = [str(site_packages()), str(PROJECT_ROOT)]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    libs = [str(p) for p in server.library_dirs]
+    if env.get("LD_LIBRARY_PATH"):
+        libs.append(env["LD_LIBRARY_PATH"])
+    if libs:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(libs)
+    # The stub's embedded Python ignores PYTHONPATH (isolated init) but derives sys.prefix from
+    # the first `python3` on PATH: the venv's bin first makes it load the venv's site-packages.
+    env["PATH"] = os.pathsep.join(filter(None, [str(Path(sys.executable).parent), env.get("PATH")]))
+    env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+                "RAYON_NUM_THREADS": "1"})
+    return env
+
+
+@dataclass(frozen=True)
+class Ports:
+    http: int
+    grpc: int
+    metrics: int
+
+
+def server_flags(repo: Path, ports: Ports, host: str, exit_timeout_s: float) -> list[str]:
+    return [
+        f"--model-repository={repo}",
+        f"--http-address={host}", f"--http-port={ports.http}",
+        f"--grpc-address={host}", f"--grpc-port={ports.grpc}",
+        "--allow-metrics=true", f"--metrics-address={host}", f"--metrics-port={ports.metrics}",
+        f"--exit-timeout-secs={max(1, int(round(exit_timeout_s)))}",
+        "--disable-auto-complete-config",
+    ]
+
+
+def cpu_server_argv(server: CpuServer, repo: Path, ports: Ports, host: str = DEFAULT_HOST,
+                    exit_timeout_s: float = 5.0) -> list[str]:
+    return [str(server.binary), *server_flags(repo, ports, host, exit_timeout_s),
+            f"--backend-directory={server.backend_dir}"]
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU launch (pure functions; tested by exact argv)
+
+
+def gpu_server_argv(repo: Path, ports: Ports, world_size: int, host: str = DEFAULT_HOST,
+                    exit_timeout_s: float = 5.0, tritonserver: str = "tritonserver") -> list[str]:
+    """One tritonserver per rank under mpirun (TP×PP > 1), as upstream's launch script does:
+    rank 0 serves every model; other ranks load only tensorrt_llm; each rank gets its own
+    Python-backend shared-memory prefix."""
+    flags = server_flags(repo, ports, host, exit_timeout_s)
+    if world_size <= 1:
+        return [tritonserver, *flags]
+    argv = ["mpirun", "--allow-run-as-root"]
+    for rank in range(world_size):
+        if rank:
+            argv.append(":")
+        argv += ["-n", "1", tritonserver, *flags, f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
+        if rank:
+            argv += ["--model-control-mode=explicit", "--load-model=tensorrt_llm"]
+    return argv
+
+
+def docker_argv(cfg: DeploymentConfig, server_argv: list[str], project_root: Path = PROJECT_ROOT) -> list[str]:
+    """The container line to run when tritonserver is not installed here."""
+    root = str(project_root.resolve())
+    return [
+        "docker", "run", "--rm", "--gpus", "all", "--net", "host", "--ipc", "host",
+        "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
+        "-v", f"{root}:{root}", "-w", root, "-e", f"PYTHONPATH={root}",
+        cfg.triton.container_image, *server_argv,
+    ]
+
+
+def installed_trtllm_version() -> str | None:
+    from importlib import metadata  # noqa: PLC0415
+
+    for dist in ("tensorrt_llm", "tensorrt-llm"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def check_trtllm_version(manifest: dict, installed: str | None) -> None:
+    built = manifest.get("trtllm_version")
+    if installed is None or built is None:
+        return
+    if installed.split("+")[0] != str(built).split("+")[0]:
+        raise ServeError(
+            f"the engines were built by TensorRT-LLM {built} but {installed} is installed here; "
+            "use the container with the same TensorRT-LLM or re-run `specdeploy build`"
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# A running server
+
+
+@dataclass
+class RunningServer:
+    process: subprocess.Popen
+    host: str
+    ports: Ports
+    log_path: Path
+    repo: Path
+    exit_timeout_s: float = 5.0
+    _descendants: set = field(default_factory=set)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.ports.http}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.ports.grpc}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.ports.metrics}/metrics"
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-n:])
+
+    def _remember_descendants(self) -> None:
+        import psutil  # noqa: PLC0415
+
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(self.pid).children(recursive=True):
+                self._descendants.add(child.pid)
+
+    def leftover_processes(self) -> list[int]:
+        import psutil  # noqa: PLC0415
+
+        alive = []
+        for pid in sorted(self._descendants | {self.pid}):
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(pid)
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+        return alive
+
+    def stop(self, timeout: float | None = None) -> None:
+        """SIGTERM the process group, SIGKILL it after the timeout; leave no process behind."""
+        timeout = self.exit_timeout_s + KILL_GRACE_S if timeout is None else timeout
+        self._remember_descendants()
+        if self.alive():
+            _signal_group(self.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=timeout)
+        if self.alive() or self.leftover_processes():
+            _signal_group(self.pid, signal.SIGKILL)
+            for pid in self.leftover_processes():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while self.leftover_processes() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def free_ports(count: int = 3, host: str = DEFAULT_HOST) -> list[int]:
+    sockets, ports = [], []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            sockets.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in sockets:
+            s.close()
+    return ports
+
+
+def repository_models(repo: Path) -> list[str]:
+    return sorted(p.parent.name for p in Path(repo).glob("*/config.pbtxt"))
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - loopback only
+            return response.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def wait_ready(server: RunningServer, models: list[str], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    pending = list(models)
+    while time.monotonic() < deadline:
+        if not server.alive():
+            raise ServeError(f"tritonserver exited with status {server.process.returncode} while starting; "
+                             f"log {server.log_path}:\n{server.log_tail()}")
+        if _http_ok(f"{server.http_url}/v2/health/ready"):
+            pending = [m for m in pending if not _http_ok(f"{server.http_url}/v2/models/{m}/ready")]
+            if not pending:
+                return
+        time.sleep(0.5)
+    tail = server.log_tail()
+    server.stop()
+    raise ServeError(f"tritonserver not ready within {timeout_s:.0f} s (models not ready: "
+                     f"{', '.join(pending) or 'server health'}); log {server.log_path}:\n{tail}")
+
+
+def start_server(repo_dir: Path, *, argv: list[str] | None = None, env: dict | None = None,
+                 http_port: int | None = None, grpc_port: int | None = None, metrics_port: int | None = None,
+                 host: str = DEFAULT_HOST, log_path: Path | None = None, exit_timeout_s: float = 5.0,
+                 startup_timeout_s: float = 180.0, wait: bool = True) -> RunningServer:
+    """Start a server on ``repo_dir`` (the CPU tritonserver unless ``argv`` is given) and wait
+    until it and every model in the repository are ready."""
+    repo_dir = Path(repo_dir).resolve()
+    if not repo_dir.is_dir():
+        raise ServeError(f"no model repository at {repo_dir}: run `specdeploy render` first")
+    picked = iter(free_ports(3, host))
+    ports = Ports(http_port or next(picked), grpc_port or next(picked), metrics_port or next(picked))
+    if len({ports.http, ports.grpc, ports.metrics}) != 3:
+        raise ServeError(f"http, grpc and metrics ports must differ, got {ports}")
+    if argv is None:
+        server = prepare_cpu_server()
+        argv = cpu_server_argv(server, repo_dir, ports, host, exit_timeout_s)
+        env = cpu_server_env(server, env)
+    log_path = Path(log_path or repo_dir.parent / f"serve-{repo_dir.name}.log")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log:
+        log.write(("$ " + shlex.join(argv) + "\n").encode())
+        log.flush()
+        try:
+            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       env=env, start_new_session=True, cwd=str(PROJECT_ROOT))
+        except OSError as exc:
+            raise ServeError(f"cannot start {argv[0]}: {exc}") from None
+    running = RunningServer(process, host, ports, log_path, repo_dir, exit_timeout_s)
+    if wait:
+        try:
+            wait_ready(running, repository_models(repo_dir), startup_timeout_s)
+        except BaseException:
+            running.stop()
+            raise
+        running._remember_descendants()
+    return running
+
+
+# ----------------------------------------------------------------------------------------------
+# Deployment-level entry points
+
+
+def _deployment_launch(cfg: DeploymentConfig, repo: Path, ports: Ports) -> tuple[list[str] | None, dict | None]:
+    """argv/env for the deployment's backend (None → the CPU server)."""
+    if cfg.backend == "reference":
+        return None, None
+    from pipeline.render import load_manifest  # noqa: PLC0415
+
+    check_trtllm_version(load_manifest(cfg), installed_trtllm_version())
+    world = cfg.target.world_size
+    binary = shutil.which("tritonserver")
+    argv = gpu_server_argv(repo.resolve(), ports, world, cfg.triton.host, cfg.triton.exit_timeout_s)
+    if binary is None:
+        raise ServeError(
+            "tritonserver is not installed here; run the deployment inside the TensorRT-LLM container:\n"
+            + shlex.join(docker_argv(cfg, argv))
+        )
+    if world > 1 and shutil.which("mpirun") is None:
+        raise ServeError(f"TP×PP = {world} needs mpirun, which is not on PATH")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+    return argv, env
+
+
+def _check_repo(cfg: DeploymentConfig, variant: str) -> Path:
+    from pipeline.render import _check_variant  # noqa: PLC0415
+
+    _check_variant(cfg, variant)
+    repo = model_repo_dir(cfg, variant)
+    if not (repo / "tensorrt_llm" / "config.pbtxt").is_file():
+        raise ServeError(f"no rendered repository at {repo}: run `specdeploy render` first")
+    return repo
+
+
+def start_deployment(cfg: DeploymentConfig, variant: str, *, http_port: int | None = None,
+                     grpc_port: int | None = None, metrics_port: int | None = None) -> RunningServer:
+    """Start the server for one arm. Ports left as None are picked free on 127.0.0.1."""
+    repo = _check_repo(cfg, variant)
+    picked = iter(free_ports(3, cfg.triton.host))
+    ports = Ports(http_port or next(picked), grpc_port or next(picked), metrics_port or next(picked))
+    argv, env = _deployment_launch(cfg, repo, ports)
+    return start_server(
+        repo, argv=argv, env=env, http_port=ports.http, grpc_port=ports.grpc, metrics_port=ports.metrics,
+        host=cfg.triton.host, log_path=logs_dir(cfg) / f"serve-{variant}.log",
+        exit_timeout_s=cfg.triton.exit_timeout_s, startup_timeout_s=cfg.triton.startup_timeout_s,
+    )
+
+
+@contextlib.contextmanager
+def serve_deployment(cfg: DeploymentConfig, variant: str, *, http_port: int | None = None,
+                     grpc_port: int | None = None, metrics_port: int | None = None) -> Iterator[RunningServer]:
+    """``with serve_deployment(cfg, "speculative") as server: ...`` — started, ready, stopped."""
+    server = start_deployment(cfg, variant, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def serve_foreground(cfg: DeploymentConfig, variant: str, *, http_port: int | None = None,
+                     grpc_port: int | None = None, metrics_port: int | None = None, out=sys.stdout) -> int:
+    """Run until Ctrl-C / SIGTERM or until the server dies; stop it cleanly either way."""
+    server = start_deployment(
+        cfg, variant,
+        http_port=http_port or cfg.triton.http_port, grpc_port=grpc_port or cfg.triton.grpc_port,
+        metrics_port=metrics_port or cfg.triton.metrics_port,
+    )
+    print(f"serving {cfg.name} ({variant}) pid {server.pid}\n  HTTP    {server.http_url}\n"
+          f"  gRPC    {server.grpc_url}\n  metrics {server.metrics_url}\n  log     {server.log_path}\n"
+          "Ctrl-C stops it.", file=out, flush=True)
+    def _interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        while server.alive():
+            time.sleep(0.5)
+        raise ServeError(f"tritonserver exited with status {server.process.returncode}; log {server.log_path}:\n"
+                         f"{server.log_tail()}")
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        server.stop()
+        print("server stopped", file=out, flush=True)
+

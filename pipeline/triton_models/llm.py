@@ -1,0 +1,279 @@
+"""``tensorrt_llm`` on CPU (``backend: "python"``): adapts Triton tensors to the reference engine
+(``pipeline.reference``) and reproduces contract §5 — prompt in ``output_ids`` unless excluded,
+streaming deltas (decoupled only), end token excluded, ``draft_input_ids`` → accepted + 1 in one
+step, the ten perf-metric outputs, ``num_input_tokens``/``num_output_tokens`` (the count in that
+response), cancellation by gRPC cancel or the ``stop`` input, upstream error texts.
+
+Every request gets its own thread that drains the engine's chunks into the response sender, so
+``execute`` returns at once and the engine keeps batching across calls (non-decoupled: exactly one
+response carrying the final flag)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from pipeline.triton_models import io
+from pipeline.triton_models.metrics import SpecDecodeCounters
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+TOKENS_PER_KV_BLOCK = 64  # nominal block size for the kv_cache_* perf outputs (CPU engine has none)
+STREAMING_NEEDS_DECOUPLED = "Streaming is only supported if model is deployed using decoupled mode."
+BATCH_NEEDS_DECOUPLED = (
+    "Batch size > 1 requires the tensorrt_llm backend to be using decoupled transaction policy"
+)
+UNSUPPORTED_FLAGS = {
+    "return_log_probs": "return_log_probs is not supported by the CPU reference engine",
+    "return_context_logits": "return_context_logits is not supported by the CPU reference engine",
+    "return_generation_logits": "return_generation_logits is not supported by the CPU reference engine",
+}
+
+
+@dataclass
+class ResponseOptions:
+    streaming: bool
+    exclude_input: bool
+    perf_metrics: bool
+    num_input_tokens: bool
+    num_output_tokens: bool
+
+
+def parse_word_list(array: np.ndarray | None) -> list[list[int]]:
+    """INT32 [1, 2, L] word-list format → list of token sequences."""
+    if array is None or array.size == 0:
+        return []
+    rows = array.reshape(-1, 2, array.shape[-1])[0]
+    ids, offsets = rows[0], [int(o) for o in rows[1] if o >= 0]
+    words, start = [], 0
+    for end in offsets:
+        if end > start:
+            words.append([int(t) for t in ids[start:end]])
+        start = end
+    return words
+
+
+def _blocks(tokens: int) -> int:
+    return -(-int(tokens) // TOKENS_PER_KV_BLOCK)
+
+
+def perf_tensors(stats) -> list:
+    def one(name, value, dtype):
+        return io.tensor(name, np.array([[value]], dtype=dtype))
+
+    reused = getattr(stats, "kv_cache_reused_tokens", 0)
+    new = getattr(stats, "kv_cache_new_tokens", 0)
+    return [
+        one("kv_cache_alloc_new_blocks", _blocks(new), np.int32),
+        one("kv_cache_reused_blocks", int(reused) // TOKENS_PER_KV_BLOCK, np.int32),
+        one("kv_cache_alloc_total_blocks", _blocks(new + reused), np.int32),
+        one("arrival_time_ns", stats.arrival_time_ns, np.int64),
+        one("first_scheduled_time_ns", stats.first_scheduled_time_ns, np.int64),
+        one("first_token_time_ns", stats.first_token_time_ns, np.int64),
+        one("last_token_time_ns", stats.last_token_time_ns, np.int64),
+        one("acceptance_rate", stats.acceptance_rate, np.float32),
+        one("total_accepted_draft_tokens", stats.accepted_tokens, np.int32),
+        one("total_draft_tokens", stats.draft_tokens, np.int32),
+    ]
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        import torch  # noqa: PLC0415
+
+        torch.set_num_threads(1)
+        try:
+            torch.set_num_interop_threads(1)
+        except RuntimeError:
+            pass
+        from pipeline.reference.engine import load_engine  # noqa: PLC0415
+
+        config = json.loads(args["model_config"])
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        self.exclude_default = io.param_bool(config, "exclude_input_in_output", False)
+        self.engine = load_engine(Path(io.param(config, "gpt_model_path")))
+        self.counters = SpecDecodeCounters(args["model_name"], args["model_version"])
+        self._lock = threading.Lock()
+        self._inflight: dict[str, tuple[object, object]] = {}  # id → (triton request, handle)
+        self._stopping = threading.Event()
+        self._watcher = threading.Thread(target=self._watch_cancellation, daemon=True)
+        self._watcher.start()
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                self._start(request, sender)
+            except io.RequestError as exc:
+                self._send(sender, io.error_response(str(exc)), final=True)
+            except Exception as exc:  # noqa: BLE001 - report, keep serving
+                self._send(sender, io.error_response(f"{type(exc).__name__}: {exc}"), final=True)
+        return None
+
+    def finalize(self):
+        self._stopping.set()
+        self.engine.shutdown()
+
+    # -- request intake ------------------------------------------------------------------------
+
+    def _start(self, request, sender) -> None:
+        if io.flag(request, "stop"):
+            self._cancel_by_id(request.request_id())
+            self._send(sender, pb_utils.InferenceResponse(output_tensors=[]), final=True)
+            return
+        options, gen_request = self._parse(request)
+        from pipeline.reference.api import DraftTooLongError  # noqa: PLC0415
+
+        try:
+            handle = self.engine.submit(gen_request)
+        except DraftTooLongError as exc:
+            raise io.RequestError(str(exc)) from None
+        except ValueError as exc:
+            raise io.RequestError(str(exc)) from None
+        key = gen_request.request_id
+        with self._lock:
+            self._inflight[key] = (request, handle)
+        thread = threading.Thread(
+            target=self._drain, args=(key, handle, sender, gen_request.input_ids, options), daemon=True
+        )
+        thread.start()
+
+    def _parse(self, request):
+        from pipeline.reference.api import GenerationRequest, SamplingParams  # noqa: PLC0415
+
+        input_ids = io.get(request, "input_ids")
+        if input_ids is None:
+            raise io.RequestError("input_ids is required by the CPU reference engine")
+        input_ids = input_ids.reshape(input_ids.shape[0] if input_ids.ndim > 1 else 1, -1)
+        if input_ids.shape[0] > 1:
+            raise io.RequestError(
+                BATCH_NEEDS_DECOUPLED if not self.decoupled else "batch size > 1 is not supported by the CPU reference engine"
+            )
+        streaming = io.flag(request, "streaming")
+        if streaming and not self.decoupled:
+            raise io.RequestError(STREAMING_NEEDS_DECOUPLED)
+        for name, message in UNSUPPORTED_FLAGS.items():
+            if io.flag(request, name):
+                raise io.RequestError(message)
+        if int(io.scalar(request, "beam_width", 1)) > 1:
+            raise io.RequestError("beam_width > 1 is not supported with the CPU reference engine")
+        if int(io.scalar(request, "num_return_sequences", 1) or 1) > 1:
+            raise io.RequestError("num_return_sequences > 1 is not supported by the CPU reference engine")
+        length = int(io.scalar(request, "input_lengths", input_ids.shape[1]))
+        prompt = [int(t) for t in input_ids[0, : max(0, min(length, input_ids.shape[1]))]]
+        if not prompt:
+            raise io.RequestError("input_ids is empty")
+        max_new = int(io.scalar(request, "request_output_len", 0))
+        if max_new <= 0:
+            raise io.RequestError(f"request_output_len must be > 0, got {max_new}")
+        limit = int(getattr(self.engine, "max_seq_len", 0) or 0)
+        if limit and len(prompt) + max_new > limit:
+            raise io.RequestError(
+                f"Prompt length ({len(prompt)}) + requested output tokens ({max_new}) exceeds the "
+                f"maximum sequence length ({limit})"
+            )
+        drafts = io.get(request, "draft_input_ids")
+        draft_logits = io.get(request, "draft_logits")
+        end_id = io.scalar(request, "end_id", None)
+        pad_id = io.scalar(request, "pad_id", None)
+        seed = io.scalar(request, "seed", None)
+        gen_request = GenerationRequest(
+            input_ids=prompt,
+            max_new_tokens=max_new,
+            end_id=None if end_id is None or int(end_id) < 0 else int(end_id),
+            pad_id=None if pad_id is None else int(pad_id),
+            min_tokens=int(io.scalar(request, "min_tokens", 0) or 0),
+            stop_words=parse_word_list(io.get(request, "stop_words_list")),
+            bad_words=parse_word_list(io.get(request, "bad_words_list")),
+            sampling=SamplingParams(
+                temperature=float(io.scalar(request, "temperature", 1.0)),
+                top_k=int(io.scalar(request, "runtime_top_k", 0)),
+                top_p=float(io.scalar(request, "runtime_top_p", 0.0)),
+                seed=None if seed is None else int(seed),
+            ),
+            draft_input_ids=None if drafts is None or drafts.size == 0 else [int(t) for t in drafts.reshape(-1)],
+            draft_logits=None if draft_logits is None or draft_logits.size == 0
+            else draft_logits.reshape(-1, draft_logits.shape[-1]).astype(float).tolist(),
+            request_id=request.request_id() or uuid.uuid4().hex,
+        )
+        if gen_request.request_id in self._inflight:
+            gen_request.request_id = f"{gen_request.request_id}-{uuid.uuid4().hex[:8]}"
+        options = ResponseOptions(
+            streaming=streaming,
+            exclude_input=io.flag(request, "exclude_input_in_output", self.exclude_default),
+            perf_metrics=io.flag(request, "return_perf_metrics"),
+            num_input_tokens=io.flag(request, "return_num_input_tokens"),
+            num_output_tokens=io.flag(request, "return_num_output_tokens"),
+        )
+        return options, gen_request
+
+    # -- responses -----------------------------------------------------------------------------
+
+    def _drain(self, key, handle, sender, prompt, options: ResponseOptions) -> None:
+        generated: list[int] = []
+        stats = None
+        try:
+            for chunk in handle.chunks():
+                stats = chunk.stats or stats
+                if chunk.error:
+                    self._send(sender, io.error_response(chunk.error), final=True)
+                    return
+                generated.extend(chunk.tokens)
+                if options.streaming:
+                    self._send(sender, self._response(chunk.tokens, len(chunk.tokens), prompt, stats, options), final=chunk.finished)
+                elif chunk.finished:
+                    ids = generated if options.exclude_input else list(prompt) + generated
+                    self._send(sender, self._response(ids, len(generated), prompt, stats, options), final=True)
+                if chunk.finished:
+                    return
+        except Exception as exc:  # noqa: BLE001 - the request must still end with a final response
+            self._send(sender, io.error_response(f"{type(exc).__name__}: {exc}"), final=True)
+        finally:
+            with self._lock:
+                self._inflight.pop(key, None)
+            if stats is not None:
+                self.counters.add(stats.draft_tokens, stats.accepted_tokens, stats.verify_steps)
+
+    def _response(self, ids, new_count, prompt, stats, options: ResponseOptions):
+        outputs = [
+            io.tensor("output_ids", np.array([[ids]], dtype=np.int32).reshape(1, 1, len(ids))),
+            io.tensor("sequence_length", np.array([[len(ids)]], dtype=np.int32)),
+        ]
+        if options.perf_metrics and stats is not None:
+            outputs += perf_tensors(stats)
+        if options.num_input_tokens:
+            outputs.append(io.tensor("num_input_tokens", np.array([[len(prompt)]], dtype=np.int32)))
+        if options.num_output_tokens:
+            outputs.append(io.tensor("num_output_tokens", np.array([[new_count]], dtype=np.int32)))
+        return pb_utils.InferenceResponse(output_tensors=outputs)
+
+    @staticmethod
+    def _send(sender, response, final: bool) -> None:
+        try:
+            sender.send(response, flags=FINAL if final else 0)
+        except Exception:  # noqa: BLE001 - the client is gone (cancelled); nothing to tell it
+            pass
+
+    # -- cancellation --------------------------------------------------------------------------
+
+    def _cancel_by_id(self, request_id: str) -> None:
+        with self._lock:
+            entries = [(k, h) for k, (_, h) in self._inflight.items() if k == request_id or k.startswith(f"{request_id}-")]
+        for _, handle in entries:
+            handle.cancel()
+
+    def _watch_cancellation(self) -> None:
+        while not self._stopping.wait(0.05):
+            with self._lock:
+                entries = list(self._inflight.values())
+            for request, handle in entries:
+                try:
+                    if request.is_cancelled():
+                        handle.cancel()
+                except Exception:  # noqa: BLE001
+                    pass

@@ -1,0 +1,30 @@
+"""Our Prometheus counters (outside ``nv_*``, contract §8.1): draft tokens offered, draft tokens
+accepted and verify steps, labelled ``model`` and ``version``, published through the Python
+backend's ``pb_utils.MetricFamily`` on Triton's metrics port and updated once per request."""
+
+from __future__ import annotations
+
+import triton_python_backend_utils as pb_utils
+
+DRAFT_TOKENS = "specdeploy_spec_decode_draft_tokens_total"
+ACCEPTED_TOKENS = "specdeploy_spec_decode_accepted_tokens_total"
+VERIFY_STEPS = "specdeploy_spec_decode_verify_steps_total"
+
+
+class SpecDecodeCounters:
+    def __init__(self, model_name: str, model_version: str):
+        labels = {"model": model_name, "version": str(model_version)}
+        self._families = [
+            pb_utils.MetricFamily(DRAFT_TOKENS, "Draft tokens offered for verification", pb_utils.MetricFamily.COUNTER),
+            pb_utils.MetricFamily(ACCEPTED_TOKENS, "Draft tokens accepted by the target", pb_utils.MetricFamily.COUNTER),
+            pb_utils.MetricFamily(VERIFY_STEPS, "Target passes that verified draft tokens", pb_utils.MetricFamily.COUNTER),
+        ]
+        self._draft, self._accepted, self._verify = (f.Metric(labels=labels) for f in self._families)
+
+    def add(self, draft_tokens: int, accepted_tokens: int, verify_steps: int) -> None:
+        if draft_tokens:
+            self._draft.increment(float(draft_tokens))
+        if accepted_tokens:
+            self._accepted.increment(float(accepted_tokens))
+        if verify_steps:
+            self._verify.increment(float(verify_steps))
