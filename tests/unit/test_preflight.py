@@ -1,0 +1,415 @@
+"""Preflight: GPU × quantization × KV dtype × method matrix, method and parallelism rules, files,
+tokenizer compatibility on real (tiny) BPE tokenizers, Medusa/EAGLE head checks and memory fit."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from pipeline.config import (
+    chain_choices,
+    format_choices,
+    parse_config,
+    tree_non_leaves_per_level,
+    tree_problems,
+)
+from pipeline.memory_fit import GIB, estimate_memory
+from pipeline.hardware import get_profile
+from pipeline.model_shapes import known_shape
+from pipeline.preflight import errors_of, run_preflight
+from pipeline.tokenizer_compat import compare_tokenizers
+
+TARGET_8B = "/models/Meta-Llama-3.1-8B-Instruct"
+DRAFT_1B = "/models/Llama-3.2-1B-Instruct"
+
+
+def gpu_config(hardware="h100-sxm-80gb", fmt="none", kv="auto", method="none", **overrides):
+    spec = {
+        "none": {"method": "none"},
+        "draft_target": {"method": "draft_target", "draft": {"checkpoint": DRAFT_1B, "quantization": {"format": fmt if fmt != "nvfp4" else "none"}}},
+        "medusa": {"method": "medusa", "heads_dir": "/models/medusa-llama31-8b", "num_heads": 3},
+        "eagle": {"method": "eagle", "head_dir": "/models/EAGLE-LLaMA3-Instruct-8B", "num_layers": 3},
+    }[method]
+    data = {
+        "name": "matrix",
+        "backend": "trtllm",
+        "hardware": hardware,
+        "target": {"checkpoint": TARGET_8B, "quantization": {"format": fmt, "kv_cache_dtype": kv}},
+        "speculation": spec,
+        "build": {"max_batch_size": 8, "max_input_len": 1024, "max_seq_len": 2048},
+        "triton": {"kv_cache_free_gpu_mem_fraction": 0.45},
+    }
+    for dotted, value in overrides.items():
+        node = data
+        *parents, leaf = dotted.split("__")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return parse_config(data)
+
+
+def by_severity(findings, severity):
+    return {f.check for f in findings if f.severity == severity}
+
+
+# (hardware, format, kv dtype, method, expected error checks, expected warning checks ⊆)
+MATRIX = [
+    ("h100-sxm-80gb", "none", "auto", "none", set(), set()),
+    ("h100-sxm-80gb", "fp8", "auto", "none", set(), set()),
+    ("h100-sxm-80gb", "fp8", "fp8", "draft_target", set(), set()),
+    ("h100-pcie-80gb", "w4a8_awq", "fp8", "draft_target", set(), set()),
+    ("h200-141gb", "int4_awq", "auto", "draft_target", set(), set()),
+    ("l40s-48gb", "fp8", "fp8", "none", set(), set()),
+    ("a100-80gb", "int4_awq", "auto", "draft_target", set(), set()),
+    ("a100-80gb", "int8_sq", "auto", "none", set(), set()),
+    ("a100-40gb", "int8_wo", "auto", "medusa", set(), {"method"}),
+    ("b200-180gb", "nvfp4", "fp8", "none", set(), set()),
+    ("a100-80gb", "fp8", "auto", "none", {"gpu-quant"}, set()),
+    ("a100-40gb", "w4a8_awq", "auto", "none", {"gpu-quant"}, set()),
+    ("h100-sxm-80gb", "nvfp4", "auto", "none", {"gpu-quant"}, set()),
+    ("b200-180gb", "int8_sq", "auto", "none", {"gpu-quant"}, set()),
+    ("h100-sxm-80gb", "int4_awq", "fp8", "draft_target", {"kv-dtype"}, set()),
+    ("h100-sxm-80gb", "fp8", "int8", "draft_target", {"kv-dtype"}, set()),
+    ("a100-80gb", "none", "fp8", "draft_target", {"kv-dtype"}, set()),
+    ("h100-sxm-80gb", "int4_awq", "fp8", "none", set(), {"kv-dtype"}),
+    ("a100-80gb", "int8_sq", "int8", "none", set(), {"kv-dtype"}),
+    ("h100-sxm-80gb", "none", "int8", "eagle", set(), {"kv-dtype"}),
+    ("h100-sxm-80gb", "fp8", "fp8", "eagle", set(), set()),
+    ("h100-sxm-80gb", "int4_awq", "auto", "eagle", {"method"}, set()),
+    ("h100-sxm-80gb", "none", "fp32", "none", {"kv-dtype"}, set()),
+]
+
+
+@pytest.mark.parametrize(
+    "hardware,fmt,kv,method,errors,warnings", MATRIX,
+    ids=[f"{h}-{f}-{k}-{m}" for h, f, k, m, *_ in MATRIX],
+)
+def test_arch_quant_kv_method_matrix(hardware, fmt, kv, method, errors, warnings):
+    findings = run_preflight(gpu_config(hardware, fmt, kv, method), offline=True)
+    assert by_severity(findings, "error") == errors, [f.line() for f in errors_of(findings)]
+    assert warnings <= by_severity(findings, "warning")
+
+
+def test_fp8_on_a100_suggests_ampere_formats():
+    (finding,) = errors_of(run_preflight(gpu_config("a100-80gb", "fp8"), offline=True))
+    assert finding.field == "target.quantization.format"
+    assert "int4_awq" in finding.fix and "int8_sq" in finding.fix
+    assert "h100-sxm-80gb" in finding.message
+
+
+def test_nvfp4_fix_names_blackwell():
+    (finding,) = errors_of(run_preflight(gpu_config("h100-sxm-80gb", "nvfp4"), offline=True))
+    assert "Blackwell" in finding.fix
+
+
+def test_kv_reuse_warning_names_the_setting():
+    findings = run_preflight(gpu_config("h100-sxm-80gb", "int4_awq", "fp8"), offline=True)
+    (warning,) = [f for f in findings if f.check == "kv-dtype"]
+    assert "enable_kv_cache_reuse" in warning.message and "use_paged_context_fmha" in warning.message
+
+
+# ---------------------------------------------------------------------------------------------
+# method, version, backend and parallelism rules
+
+RULES = [
+    ({"method": "medusa", "build__max_beam_width": 2}, "build.max_beam_width"),
+    ({"method": "eagle", "build__max_batch_size": 600}, "build.max_batch_size"),
+    ({"method": "eagle", "target__pp": 2}, "target.pp"),
+    ({"method": "eagle", "trtllm_version": "0.14.0"}, "trtllm_version"),
+    ({"method": "draft_target", "speculation__use_draft_logits": True}, "build.gather_generation_logits"),
+    ({"method": "draft_target", "triton__enable_kv_cache_reuse": False}, "triton.enable_kv_cache_reuse"),
+    ({"trtllm_version": "1.3.0"}, "trtllm_version"),
+    ({"target__tp": 3}, "target.tp"),
+    ({"target__tp": 16}, "target.tp"),
+    ({"method": "draft_target", "speculation__draft__tp": 3}, "speculation.draft.tp"),
+    ({"hardware": "cpu"}, "backend"),
+    ({"backend": "reference"}, "backend"),
+]
+
+
+@pytest.mark.parametrize("overrides,field", RULES, ids=[r[1] + "-" + str(i) for i, r in enumerate(RULES)])
+def test_rule_errors_name_their_field(overrides, field):
+    overrides = dict(overrides)
+    method = overrides.pop("method", "none")
+    errors = errors_of(run_preflight(gpu_config(method=method, **overrides), offline=True))
+    assert field in {f.field for f in errors}, [f.line() for f in errors]
+    assert all(f.fix for f in errors)
+
+
+def test_reference_backend_rules():
+    data = {
+        "name": "cpu", "backend": "reference", "hardware": "cpu",
+        "target": {"checkpoint": "builtin:tiny-target", "dtype": "float32", "tp": 2, "quantization": {"format": "fp8"}},
+    }
+    errors = errors_of(run_preflight(parse_config(data), offline=True))
+    assert {f.field for f in errors} == {"target.tp", "target.quantization.format"}
+    data["target"].update(tp=1, quantization={"format": "int8_wo"})
+    assert errors_of(run_preflight(parse_config(data), offline=True)) == []
+
+
+def test_offline_says_what_it_skipped():
+    findings = run_preflight(gpu_config(method="draft_target"), offline=True)
+    notes = [f.message for f in findings if f.check == "offline"]
+    assert notes and "target, draft" in notes[0]
+
+
+def test_unknown_model_offline_skips_memory_with_a_note():
+    cfg = parse_config({"name": "x", "target": {"checkpoint": "/models/my-private-model"}})
+    findings = run_preflight(cfg, offline=True)
+    assert errors_of(findings) == []
+    assert any(f.check == "memory-fit" and "not estimated" in f.message for f in findings)
+
+
+def test_unknown_builtin_is_an_error_online():
+    cfg = parse_config({"name": "x", "backend": "reference", "hardware": "cpu",
+                        "target": {"checkpoint": "builtin:no-such-model", "dtype": "float32"}})
+    errors = errors_of(run_preflight(cfg, offline=False))
+    assert [f.field for f in errors] == ["target.checkpoint"]
+    assert "no-such-model" in errors[0].message
+
+
+# ---------------------------------------------------------------------------------------------
+# tree helpers (structure errors are config errors: see test_config_invalid.py)
+
+
+def test_tree_helpers():
+    tree = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
+    assert tree_problems(tree) == []
+    assert tree_non_leaves_per_level(tree) == [1, 2, 1]
+    assert chain_choices(3) == [[0], [0, 0], [0, 0, 0]]
+    assert format_choices([[0], [0, 1]]) == "{0}, {0, 1}"
+    assert tree_problems([[0, 1]]) == ["path [0, 1] needs its prefix [0] in the tree"]
+
+
+def test_default_medusa_tree_is_a_chain_of_heads():
+    cfg = gpu_config(method="medusa")
+    assert cfg.speculation.tree == [[0], [0, 0], [0, 0, 0]]
+    assert cfg.speculation.engine_max_draft_len == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# checkpoints on disk: tiny Llama-shaped dirs with real BPE tokenizers
+
+BASE_VOCAB = ["<unk>", "a", "b", "c", "d", "e", "h", "l", "o", "ab", "cd", "he", "ll", "hell", "hello"]
+MERGES = [("a", "b"), ("c", "d"), ("h", "e"), ("l", "l"), ("he", "ll"), ("hell", "o")]
+
+
+def write_tokenizer(directory: Path, vocab_tokens=BASE_VOCAB, eos="</s>") -> None:
+    from tokenizers import Tokenizer
+    from tokenizers.models import BPE
+
+    vocab = {tok: i for i, tok in enumerate(vocab_tokens)}
+    merges = [m for m in MERGES if m[0] in vocab and m[1] in vocab and m[0] + m[1] in vocab]
+    tokenizer = Tokenizer(BPE(vocab=vocab, merges=merges, unk_token="<unk>"))
+    tokenizer.add_special_tokens(["<s>", eos])
+    tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": eos}))
+
+
+def write_checkpoint(directory: Path, vocab_size: int = 17, hidden: int = 64, tokenizer=True, **tok_kwargs) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab_size,
+        "hidden_size": hidden, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "max_position_embeddings": 4096, "tie_word_embeddings": False,
+    }
+    (directory / "config.json").write_text(json.dumps(config))
+    save_file({"model.embed_tokens.weight": np.zeros((vocab_size, hidden), np.float32)}, str(directory / "model.safetensors"))
+    if tokenizer:
+        write_tokenizer(directory, **tok_kwargs)
+    return directory
+
+
+def dt_config(target: Path, draft: Path, **extra) -> object:
+    data = {
+        "name": "dt", "hardware": "h100-sxm-80gb",
+        "target": {"checkpoint": str(target)},
+        "speculation": {"method": "draft_target", "draft": {"checkpoint": str(draft)}},
+        "build": {"max_batch_size": 4, "max_input_len": 256, "max_seq_len": 512},
+        "triton": {"kv_cache_free_gpu_mem_fraction": 0.45},
+        **extra,
+    }
+    return parse_config(data)
+
+
+def test_identical_tokenizers_are_compatible(tmp_path):
+    target = write_checkpoint(tmp_path / "target")
+    draft = write_checkpoint(tmp_path / "draft")
+    assert compare_tokenizers(target, draft) == []
+    findings = run_preflight(dt_config(target, draft), offline=False)
+    assert errors_of(findings) == [], [f.line() for f in findings]
+    assert any(f.check == "memory-fit" and f.message.startswith("fits") for f in findings)
+
+
+def test_one_changed_token_is_named(tmp_path):
+    target = write_checkpoint(tmp_path / "target")
+    changed = [t if t != "hello" else "hellp" for t in BASE_VOCAB]
+    draft = write_checkpoint(tmp_path / "draft", vocab_tokens=changed)
+    errors = errors_of(run_preflight(dt_config(target, draft), offline=False))
+    assert [f.check for f in errors] == ["tokenizer"]
+    assert "id 14: target 'hello' vs draft 'hellp'" in errors[0].message
+    assert errors[0].field == "speculation.draft.checkpoint"
+
+
+def test_special_token_difference_is_named(tmp_path):
+    target = write_checkpoint(tmp_path / "target")
+    draft = write_checkpoint(tmp_path / "draft", eos="<|eot|>")
+    problems = compare_tokenizers(target, draft)
+    assert any("eos_token differs: target '</s>' vs draft '<|eot|>'" in p for p in problems)
+
+
+def test_config_vocab_size_mismatch(tmp_path):
+    target = write_checkpoint(tmp_path / "target", vocab_size=17)
+    draft = write_checkpoint(tmp_path / "draft", vocab_size=32)
+    problems = compare_tokenizers(target, draft)
+    assert problems == ["config.json vocab_size differs: target 17 vs draft 32"]
+    errors = errors_of(run_preflight(dt_config(target, draft), offline=False))
+    assert {f.check for f in errors} == {"tokenizer"}
+    assert any("vocab_size differs" in f.message for f in errors)
+
+
+def test_missing_files_are_reported(tmp_path):
+    target = write_checkpoint(tmp_path / "target", tokenizer=False)
+    draft = write_checkpoint(tmp_path / "draft")
+    (draft / "model.safetensors").unlink()
+    (draft / "pytorch_model.bin").write_bytes(b"\0")
+    errors = errors_of(run_preflight(dt_config(target, draft), offline=False))
+    lines = [f.line() for f in errors]
+    assert any("target: tokenizer.json missing" in line for line in lines), lines
+    assert any("draft: *.safetensors missing" in line and "safetensors only" in line for line in lines), lines
+
+
+def test_missing_directory(tmp_path):
+    target = write_checkpoint(tmp_path / "target")
+    errors = errors_of(run_preflight(dt_config(target, tmp_path / "nowhere"), offline=False))
+    assert [f.field for f in errors] == ["speculation.draft.checkpoint"]
+    assert "does not exist" in errors[0].message
+
+
+def _medusa_dir(path: Path, heads: int, hidden: int = 64, vocab: int = 17) -> Path:
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"medusa_num_heads": heads, "medusa_num_layers": 1,
+                                                  "hidden_size": hidden, "vocab_size": vocab}))
+    tensors = {}
+    for i in range(heads):
+        tensors[f"{i}.0.linear.weight"] = np.zeros((hidden, hidden), np.float32)
+        tensors[f"{i}.0.linear.bias"] = np.zeros((hidden,), np.float32)
+        tensors[f"{i}.1.weight"] = np.zeros((vocab, hidden), np.float32)
+    save_file(tensors, str(path / "medusa_lm_head.safetensors"))
+    return path
+
+
+def _heads_config(target: Path, spec: dict) -> object:
+    return parse_config({"name": "h", "target": {"checkpoint": str(target)}, "speculation": spec,
+                         "build": {"max_batch_size": 4, "max_input_len": 256, "max_seq_len": 512}})
+
+
+def test_medusa_heads_checked(tmp_path):
+    target = write_checkpoint(tmp_path / "target")
+    heads = _medusa_dir(tmp_path / "heads", heads=2)
+    ok = _heads_config(target, {"method": "medusa", "heads_dir": str(heads), "num_heads": 2})
+    assert errors_of(run_preflight(ok, offline=False)) == []
+    too_many = _heads_config(target, {"method": "medusa", "heads_dir": str(heads), "num_heads": 3})
+    errors = errors_of(run_preflight(too_many, offline=False))
+    assert [f.field for f in errors] == ["speculation.num_heads"]
+    (heads / "medusa_lm_head.safetensors").unlink()
+    errors = errors_of(run_preflight(ok, offline=False))
+    assert any("medusa_lm_head.safetensors missing" in f.message for f in errors)
+
+
+def test_medusa_heads_for_another_model(tmp_path):
+    target = write_checkpoint(tmp_path / "target")
+    heads = _medusa_dir(tmp_path / "heads", heads=2, hidden=32)
+    cfg = _heads_config(target, {"method": "medusa", "heads_dir": str(heads), "num_heads": 2})
+    errors = errors_of(run_preflight(cfg, offline=False))
+    assert any("hidden_size 32 does not match the target's 64" in f.message for f in errors)
+
+
+def test_eagle_head_without_fc_bias(tmp_path):
+    target = write_checkpoint(tmp_path / "target")
+    head = tmp_path / "eagle"
+    head.mkdir()
+    (head / "config.json").write_text(json.dumps({"hidden_size": 64, "vocab_size": 17, "num_hidden_layers": 1}))
+    save_file({"fc.weight": np.zeros((64, 128), np.float32)}, str(head / "model.safetensors"))
+    cfg = _heads_config(target, {"method": "eagle", "head_dir": str(head), "num_layers": 2})
+    errors = errors_of(run_preflight(cfg, offline=False))
+    assert len(errors) == 1 and "fc.bias" in errors[0].message
+
+
+def test_eagle_needs_llama_base(tmp_path):
+    target = write_checkpoint(tmp_path / "target")
+    config = json.loads((target / "config.json").read_text())
+    config["architectures"] = ["Qwen2ForCausalLM"]
+    (target / "config.json").write_text(json.dumps(config))
+    cfg = _heads_config(target, {"method": "eagle", "head_dir": str(tmp_path / "missing"), "num_layers": 2})
+    errors = errors_of(run_preflight(cfg, offline=False))
+    assert any("LLaMA-architecture" in f.message for f in errors)
+
+
+# ---------------------------------------------------------------------------------------------
+# memory fit: Llama-3.1-8B BF16 on A100 40 GB. Weights 8.03e9 × 2 B = 14.96 GiB, KV 128 KiB per
+# token × 2048 tokens = 0.25 GiB per sequence, activations ≈ 1.0 GiB, margin 2 GiB.
+
+
+def _memory_config(batch: int):
+    return gpu_config("a100-40gb", build__max_batch_size=batch)
+
+
+def test_memory_rows_match_hand_computation():
+    est = estimate_memory(_memory_config(80), get_profile("a100-40gb"), known_shape(TARGET_8B))
+    rows = {r.component: r.gib for r in est.rows}
+    assert rows["target weights"] == pytest.approx(8_030_261_248 * 2 / GIB, rel=1e-6)
+    assert rows["target KV cache"] == pytest.approx(80 * 2048 * 128 * 1024 / GIB)
+    assert rows["runtime margin"] == 2.0
+    assert 0.9 < rows["activations"] < 1.2
+
+
+@pytest.mark.parametrize(
+    "batch,severity,start",
+    [(8, "info", "fits"), (80, "warning", "thin headroom"), (96, "error", "does not fit")],
+)
+def test_memory_fit_verdicts(batch, severity, start):
+    findings = run_preflight(_memory_config(batch), offline=True)
+    memory = [f for f in findings if f.check == "memory-fit" and f.data]
+    assert len(memory) == 1
+    assert memory[0].severity == severity and memory[0].message.startswith(start)
+    assert memory[0].data["estimate"]["fits"] is (severity != "error")
+
+
+def test_tensor_parallel_divides_the_memory():
+    one = estimate_memory(gpu_config(), get_profile("h100-sxm-80gb"), known_shape(TARGET_8B))
+    four = estimate_memory(gpu_config(target__tp=4), get_profile("h100-sxm-80gb"), known_shape(TARGET_8B))
+    kv = lambda e: next(r.gib for r in e.rows if r.component == "target KV cache")  # noqa: E731
+    assert kv(four) == pytest.approx(kv(one) / 4)
+    assert four.total_gib < one.total_gib
+
+
+def test_draft_and_draft_length_add_memory():
+    base = estimate_memory(gpu_config(), get_profile("h100-sxm-80gb"), known_shape(TARGET_8B))
+    dt_cfg = gpu_config(method="draft_target")
+    dt = estimate_memory(dt_cfg, get_profile("h100-sxm-80gb"), known_shape(TARGET_8B), known_shape(DRAFT_1B))
+    components = [r.component for r in dt.rows]
+    assert "draft weights" in components and "draft KV cache" in components
+    assert dt.total_gib > base.total_gib
+    dt_kv = next(r.gib for r in dt.rows if r.component == "target KV cache")
+    base_kv = next(r.gib for r in base.rows if r.component == "target KV cache")
+    assert dt_kv == pytest.approx(base_kv * (2048 + 4) / 2048)
+
+
+def test_json_output_has_memory_table(tmp_path, capsys):
+    import yaml
+
+    from pipeline.cli import run
+
+    data = copy.deepcopy(gpu_config().model_dump(mode="json"))
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert run(["validate", str(path), "--offline", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["ok"] is True and payload["memory"]["fits"] is True
+    assert {r["component"] for r in payload["memory"]["rows"]} >= {"target weights", "target KV cache"}
