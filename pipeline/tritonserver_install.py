@@ -43,6 +43,18 @@ class TritonInstall:
         return self.placed_stub.is_file()
 
     @property
+    def placed_stub_matches(self) -> bool:
+        """True when the placed stub is the one built for this Python (byte-identical)."""
+        if self.stub_path is None or not self.placed_stub.is_file():
+            return False
+        if self.placed_stub.resolve() == self.stub_path.resolve():
+            return True
+        try:
+            return self.placed_stub.read_bytes() == self.stub_path.read_bytes()
+        except OSError:
+            return False
+
+    @property
     def available_stub_versions(self) -> list[str]:
         stubs = self.binary.parent.parent / "python_backend_stubs"
         if not stubs.is_dir():

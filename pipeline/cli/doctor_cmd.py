@@ -68,6 +68,7 @@ def triton_report() -> dict:
         "stub_versions": install.available_stub_versions,
         "stub_placed": str(install.placed_stub),
         "stub_in_place": install.stub_in_place,
+        "stub_matches_python": install.placed_stub_matches,
         "library_dirs": [str(p) for p in install.library_dirs],
     }
 
@@ -132,7 +133,12 @@ def _print(report: dict) -> None:
         table.add_row("backends", triton["backend_dir"])
         stub = triton["stub_for_this_python"] or f"missing for Python {triton['python_version']} (have: {', '.join(triton['stub_versions']) or 'none'})"
         table.add_row(f"python stub {triton['python_version']}", stub)
-        placed = "present" if triton["stub_in_place"] else "not yet placed (serve copies it)"
+        if triton["stub_matches_python"]:
+            placed = f"present, built for Python {triton['python_version']}"
+        elif triton["stub_in_place"]:
+            placed = f"present but NOT the Python {triton['python_version']} stub (serve replaces it)"
+        else:
+            placed = "not yet placed (serve copies it)"
         table.add_row("backends/python stub", f"{triton['stub_placed']}: {placed}")
     else:
         table.add_row("tritonserver", triton["problem"])

@@ -120,3 +120,13 @@ def test_schema_json_is_the_pydantic_schema(capsys):
 def test_schema_rejects_unknown_format():
     with pytest.raises(SpecdeployError, match="--format"):
         run(["schema", "--format", "xml"])
+
+
+def test_placed_stub_must_be_the_one_for_this_python(tmp_path):
+    install = from_pytriton(_fake_pytriton(tmp_path, ["3.10", "3.11"]), python_version="3.11")
+    (install.stub_path.parent.parent / "3.10" / STUB_NAME).write_text("stub for 3.10")
+    install.stub_path.write_text("stub for 3.11")
+    install.placed_stub.write_text("stub for 3.10")
+    assert install.stub_in_place and not install.placed_stub_matches
+    install.placed_stub.write_text("stub for 3.11")
+    assert install.placed_stub_matches

@@ -55,3 +55,23 @@ def test_gpu_examples_get_a_memory_estimate_that_fits(name):
     findings = run_preflight(load_config(CONFIGS / name), offline=True)
     (memory,) = [f for f in findings if f.check == "memory-fit" and f.data]
     assert memory.severity == "info" and memory.data["estimate"]["fits"]
+
+
+def _shipped_demo_models() -> bool:
+    try:
+        from pipeline.reference.demo import ARTIFACTS_DIR
+    except ImportError:
+        return False
+    return all((ARTIFACTS_DIR / n).is_dir() for n in ("tiny-target", "tiny-draft", "tiny-medusa", "tiny-eagle"))
+
+
+@pytest.mark.skipif(not _shipped_demo_models(), reason="demo model artifacts are not shipped in this checkout")
+@pytest.mark.parametrize("name", ["tiny-cpu-draft-target", "tiny-cpu-medusa", "tiny-cpu-eagle"])
+def test_tiny_cpu_examples_validate_with_their_files(name):
+    path = CONFIGS / f"{name}.yaml"
+    if not path.is_file():
+        pytest.skip(f"{path.name} not written yet")
+    findings = run_preflight(load_config(path), offline=False)
+    assert errors_of(findings) == [], [f.line() for f in errors_of(findings)]
+    (memory,) = [f for f in findings if f.check == "memory-fit" and f.data]
+    assert memory.data["estimate"]["fits"]
