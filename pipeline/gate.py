@@ -151,8 +151,8 @@ def _ratio_check(rule: str, scope: str, ci: dict, limit: float) -> Check:
         return Check(rule, scope, PASS, text, value, limit)
     if low > 1.0:
         return Check(rule, scope, FAIL, text + "; speculation is slower", value, limit)
-    if low >= limit:
-        return Check(rule, scope, FAIL, text + "; benefit is confidently below the required margin", value, limit)
+    if low >= limit:  # no evidence of the required benefit, none of a loss either (§5.4: NO-GO only above 1.0)
+        return Check(rule, scope, UNSURE, text + "; no evidence of the required benefit (CI above the threshold)", value, limit)
     return Check(rule, scope, UNSURE, text + "; the CI straddles the threshold", value, limit)
 
 

@@ -1,0 +1,120 @@
+"""Report files from the committed fixture run (tests/fixtures/run_small/), schema, self-contained
+HTML, and the verdict → exit code mapping through the CLI."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.cli import run as cli_run
+from pipeline.report import REPORT_SCHEMA, make_report, validate_report_json
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = ROOT / "tests" / "fixtures" / "run_small"
+
+
+@pytest.fixture()
+def run_dir(tmp_path: Path) -> Path:
+    target = tmp_path / "run"
+    shutil.copytree(FIXTURE, target)
+    return target
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> Path:
+    target = tmp_path_factory.mktemp("rendered") / "run"
+    shutil.copytree(FIXTURE, target)
+    make_report(target)
+    return target
+
+
+def _config_with_gate(run_dir: Path, tmp_path: Path, **gate) -> Path:
+    snapshot = json.loads((run_dir / "run.json").read_text())["config"]
+    snapshot["gate"].update(gate)
+    path = tmp_path / "gate.yaml"
+    path.write_text(yaml.safe_dump(snapshot))
+    return path
+
+
+def test_report_files_and_schema(rendered: Path):
+    data = json.loads((rendered / "report.json").read_text())
+    assert data["schema"] == REPORT_SCHEMA
+    assert validate_report_json(data) == []
+    assert data["verdict"] in ("GO", "NO-GO", "INCONCLUSIVE")
+    arms = {(row["arm"], row["concurrency"]) for row in data["rows"]}
+    assert arms == {("baseline", 1), ("baseline", 2), ("speculative", 1), ("speculative", 2)}
+    spec = next(r for r in data["rows"] if r["arm"] == "speculative" and r["concurrency"] == 1)
+    assert spec["speculation_length"] == 3 and spec["draft_model"] == "builtin:tiny-draft"
+    assert spec["task_set"] == ["chat", "code", "math"]
+    assert 0.5 < spec["acceptance_rate"] < 0.8  # fake server: 2 of 3 drafts accepted per full chunk
+    assert spec["output_equivalent"] is True
+    assert data["bootstrap"]["method"] == "percentile" and data["bootstrap"]["seed"] == 0
+    assert data["provenance"]["config_hash"] and data["provenance"]["dataset"]["sha256"]
+    assert "TPOT" in data["formulas"] and "CHUNK" in data["formulas"]["inter-chunk latency"]
+
+
+def test_report_md_has_verdict_and_tables(rendered: Path):
+    md = (rendered / "report.md").read_text()
+    assert "**Verdict:" in md and "## Speculative vs baseline" in md and "## Appendix: metric formulas" in md
+
+
+def test_html_is_self_contained(rendered: Path):
+    html = (rendered / "report.html").read_text()
+    assert html.startswith("<!DOCTYPE html>")
+    assert "<script" not in html and "<link" not in html
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
+    assert not re.search(r"url\(\s*['\"]?https?:", html)
+    images = re.findall(r'<img [^>]*src="([^"]+)"', html)
+    assert len(images) >= 4 and all(src.startswith("data:image/png;base64,") for src in images)
+
+
+def test_reported_percentiles_equal_numpy_on_raw_records(rendered: Path):
+    import numpy as np
+
+    data = json.loads((rendered / "report.json").read_text())
+    records = []
+    for path in sorted((rendered / "raw").glob("baseline-c1-r*.jsonl")):
+        records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    ttft = [(r["t_first_token"] - r["t_sent"]) / 1e6 for r in records if r["stage"] == "measure" and r["status"] == "ok"]
+    cell = next(c for c in data["cells"] if c["arm"] == "baseline" and c["concurrency"] == 1)
+    assert cell["ttft_ms"]["p95"] == pytest.approx(float(np.percentile(ttft, 95)))
+    assert cell["ttft_ms"]["p50"] == pytest.approx(float(np.percentile(ttft, 50)))
+
+
+def test_cli_exit_codes_follow_the_verdict(run_dir: Path, tmp_path: Path):
+    assert cli_run(["report", str(run_dir)]) == 0  # the fixture is a clear GO
+    inconclusive = _config_with_gate(run_dir, tmp_path, min_runs=5)
+    assert cli_run(["report", str(run_dir), "--config", str(inconclusive)]) == 3
+    no_go = _config_with_gate(run_dir, tmp_path, min_acceptance_rate=0.9)
+    assert cli_run(["report", str(run_dir), "--config", str(no_go)]) == 1
+    assert json.loads((run_dir / "report.json").read_text())["verdict"] == "NO-GO"
+
+
+def test_console_script_exit_codes(run_dir: Path, tmp_path: Path):
+    cfg = _config_with_gate(run_dir, tmp_path, min_runs=5)
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "report", str(run_dir), "--config", str(cfg)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    assert "INCONCLUSIVE" in proc.stdout
+    usage = subprocess.run([sys.executable, "-m", "pipeline", "report"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 2
+    missing = subprocess.run([sys.executable, "-m", "pipeline", "report", str(tmp_path / "nope")], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1 and "no such run directory" in missing.stderr
+    assert "Traceback" not in missing.stderr
+
+
+def test_dead_server_run_is_never_go(run_dir: Path):
+    listing = json.loads((run_dir / "runs.json").read_text())
+    listing["runs"][-1].update({"server_alive": False, "valid": False, "invalid_reasons": ["server not alive"]})
+    (run_dir / "runs.json").write_text(json.dumps(listing))
+    report = make_report(run_dir)
+    assert report.verdict == "NO-GO" and report.exit_code == 1
+    assert any("server died" in r for r in report.data["reasons"])
