@@ -413,3 +413,36 @@ def test_json_output_has_memory_table(tmp_path, capsys):
     payload = json.loads(capsys.readouterr().out)
     assert payload["ok"] is True and payload["memory"]["fits"] is True
     assert {r["component"] for r in payload["memory"]["rows"]} >= {"target weights", "target KV cache"}
+
+
+def test_reference_backend_with_files_fits_in_host_memory(tmp_path):
+    target = write_checkpoint(tmp_path / "target")
+    heads = _medusa_dir(tmp_path / "heads", heads=2)
+    cfg = parse_config({
+        "name": "cpu-medusa", "backend": "reference", "hardware": "cpu",
+        "target": {"checkpoint": str(target), "dtype": "float32"},
+        "speculation": {"method": "medusa", "heads_dir": str(heads), "num_heads": 2},
+        "build": {"max_batch_size": 4, "max_input_len": 256, "max_seq_len": 512},
+    })
+    findings = run_preflight(cfg, offline=False)
+    assert errors_of(findings) == [], [f.line() for f in findings]
+    (memory,) = [f for f in findings if f.check == "memory-fit" and f.data]
+    estimate = memory.data["estimate"]
+    assert estimate["device"].startswith("CPU") and estimate["fits"]
+    assert {r["component"] for r in estimate["rows"]} >= {"target weights", "Medusa heads"}
+
+
+def test_text_report_shows_findings_and_memory_table(tmp_path, capsys):
+    import yaml
+
+    from pipeline.cli import run
+    from pipeline.errors import PreflightError
+
+    data = gpu_config("a100-80gb", "fp8").model_dump(mode="json")
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(PreflightError) as exc_info:
+        run(["validate", str(path), "--offline"])
+    out = capsys.readouterr().out
+    assert "Preflight findings" in out and "Memory per GPU" in out and "FAILED: 1 error(s)" in out
+    assert exc_info.value.problems[0].startswith("target.quantization.format: weight format fp8")
