@@ -74,7 +74,9 @@ class SubprocessExecutor:
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
             try:
-                return proc.wait()
+                while True:  # short waits: Ctrl-C/SIGTERM are seen even if another thread got the signal
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        return proc.wait(timeout=0.2)
             except BaseException:
                 self._kill_group(proc)
                 raise
