@@ -5,7 +5,7 @@ keep-alive) and ``GET /v2/health/ready``. Each request: headers at once, the fir
 ``--ttft-ms`` (one token), then chunks of ``--tokens-per-chunk`` k tokens every k × ``--tpot-ms``
 until ``max_tokens`` (capped by ``--max-tokens-cap``). So a correct client measures TTFT ≈ D,
 TPOT ≈ t and inter-chunk latency ≈ k·t. ``--stall-at-s T --stall-s S`` freezes the server for S
-seconds at T seconds after start (no chunk leaves during the stall), to show coordinated omission.
+seconds, T seconds after the first request (no chunk leaves during the stall), to show coordinated omission.
 Every event carries ``num_output_tokens``; the last also ``acceptance_rate`` and draft counts.
 Run: ``python loadtests/fake_server.py --port 0`` prints ``PORT <n>`` once listening.
 """
@@ -29,8 +29,8 @@ class FakeStreamServer:
         self.k = max(1, tokens_per_chunk)
         self.cap = max_tokens_cap
         self.accept_rate = accept_rate
-        self.started = time.monotonic()
-        self.stall = (self.started + stall_at_s, self.started + stall_at_s + stall_s) if stall_at_s is not None else None
+        self.stall_at_s, self.stall_s = stall_at_s, stall_s
+        self.stall: tuple[float, float] | None = None  # anchored at the first generate request
         self.served = 0
 
     async def _sleep_until(self, deadline: float) -> None:
@@ -78,6 +78,8 @@ class FakeStreamServer:
 
     async def _stream(self, writer: asyncio.StreamWriter, request: dict) -> None:
         t_arrival = time.monotonic()
+        if self.stall is None and self.stall_at_s is not None:
+            self.stall = (t_arrival + self.stall_at_s, t_arrival + self.stall_at_s + self.stall_s)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
         await writer.drain()
         plan = self._chunk_plan(int(request.get("max_tokens", 16)))

@@ -318,12 +318,17 @@ def locust_command(cfg: DeploymentConfig, spec: RunSpec, duration_s: float) -> l
     lt = cfg.loadtest
     users = 1 if lt.mode == "open" else spec.concurrency
     argv = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "-u", str(users), "-r", str(users),
-            "-t", f"{duration_s:g}s", "--stop-timeout", f"{lt.stop_timeout_s:g}", "--only-summary",
+            "-t", f"{locust_seconds(duration_s)}s", "--stop-timeout", f"{lt.stop_timeout_s:g}", "--only-summary",
             "--loglevel", "WARNING", "--exit-code-on-error", "0"]
     if lt.processes > 1:
         argv += ["--processes", str(lt.processes)]
     argv.append(USER_CLASSES[(lt.transport, lt.mode)])
     return argv
+
+
+def locust_seconds(duration_s: float) -> int:
+    """Locust's --run-time takes whole seconds only."""
+    return max(1, int(round(duration_s)))
 
 
 def run_settings(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run_dir: Path, run_id: str,
@@ -507,7 +512,7 @@ def run_loadtest(
     """Run the whole load test; returns RUN_DIR (then the report is in it when ``report``)."""
     lt = cfg.loadtest
     concurrency = sorted(set(concurrency)) if concurrency else list(lt.concurrency)
-    duration_s = _parse_duration(duration) or lt.duration_s
+    duration_s = float(locust_seconds(_parse_duration(duration) or lt.duration_s))
     warmup_s = min(lt.warmup_s, duration_s / 2)
     repeats = repeats or lt.repeats
     sweep = sorted(set(sweep_draft_len)) if sweep_draft_len else list(lt.sweep_draft_len)
