@@ -109,3 +109,57 @@ def make_all(root: Path) -> dict[str, Path]:
         "medusa": make_medusa(root / "medusa", seed=2),
         "eagle": make_eagle(root / "eagle", seed=3, target_dir=target),
     }
+
+
+_SHARED: dict[str, Path] | None = None
+
+
+def shared_checkpoints() -> dict[str, Path]:
+    """One set of random checkpoints per test process (removed at exit)."""
+    global _SHARED
+    if _SHARED is None:
+        import atexit
+        import shutil
+        import tempfile
+
+        root = Path(tempfile.mkdtemp(prefix="specdeploy-ref-"))
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
+        _SHARED = make_all(root)
+    return _SHARED
+
+
+def one_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        pass
+
+
+def random_prompts(n: int, seed: int, vocab: int = VOCAB, min_len: int = 2, max_len: int = 12) -> list[list[int]]:
+    import random
+
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(rng.randint(min_len, max_len))] for _ in range(n)]
+
+
+def chi2_pvalue(counts, probs) -> float:
+    """Chi-square goodness of fit of ``counts`` to ``probs`` (bins with expected < 5 pooled)."""
+    import torch
+    from scipy.stats import chisquare
+
+    counts, probs = counts.double(), probs.double()
+    expected = probs * counts.sum()
+    keep = expected >= 5
+    obs, exp = counts[keep].clone(), expected[keep].clone()
+    tail_obs, tail_exp = counts[~keep].sum(), expected[~keep].sum()
+    if tail_exp >= 5:
+        obs, exp = torch.cat([obs, tail_obs[None]]), torch.cat([exp, tail_exp[None]])
+    else:  # pool the small tail into the smallest kept bin
+        j = int(exp.argmin())
+        obs[j] += tail_obs
+        exp[j] += tail_exp
+    exp = exp * obs.sum() / exp.sum()
+    return float(chisquare(obs.numpy(), exp.numpy()).pvalue)

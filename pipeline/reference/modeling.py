@@ -122,22 +122,36 @@ def load_safetensors(model_dir: Path, filename: str = "model.safetensors") -> di
 
 
 class Linear:
-    """y = x Wᵀ (+ b). Float weights use F.linear; int8 weights use the int8 × float kernel
-    ``torch._weight_int8pack_mm`` (int8 weights stay int8 in memory; per-output-channel scales)."""
+    """y = x Wᵀ (+ b). Float weights use F.linear. Int8 weights (float32 compute) run a real int8
+    GEMM: ``torch.ops.quantized.linear_dynamic`` (x86/fbgemm backend) with the int8 weights
+    prepacked once and activations quantized per call — measured faster than float32 here, while
+    ``torch._weight_int8pack_mm`` was ~20× slower with float32 activations on this CPU."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  scale: torch.Tensor | None = None):
         self.weight = weight
         self.bias = bias
-        self.scale = scale
+        self.packed = _prepack_int8(weight, scale) if scale is not None else None
         self.out_features = weight.shape[0]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.scale is None:
+        if self.packed is None:
             return F.linear(x, self.weight, self.bias)
         flat = x.reshape(-1, x.shape[-1])
-        y = torch._weight_int8pack_mm(flat, self.weight, self.scale).reshape(*x.shape[:-1], -1)
+        y = torch.ops.quantized.linear_dynamic(flat, self.packed, True).reshape(*x.shape[:-1], -1)
         return y if self.bias is None else y + self.bias
+
+
+def _prepack_int8(weight: torch.Tensor, scale: torch.Tensor):
+    import warnings
+
+    if "x86" in torch.backends.quantized.supported_engines:
+        torch.backends.quantized.engine = "x86"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantized tensor creation is marked deprecated
+        zero = torch.zeros(weight.shape[0], dtype=torch.long)
+        qweight = torch._make_per_channel_quantized_tensor(weight, scale.double(), zero, 0)
+        return torch.ops.quantized.linear_prepack(qweight, None)
 
 
 def _take_linear(state: dict, names: list[str], dtype: torch.dtype, bias: bool = False) -> Linear:
@@ -145,8 +159,8 @@ def _take_linear(state: dict, names: list[str], dtype: torch.dtype, bias: bool =
     if all(f"{n}.weight_scale" in state for n in names):
         weight = torch.cat([state[f"{n}.weight"] for n in names], 0).contiguous()
         scale = torch.cat([state[f"{n}.weight_scale"] for n in names], 0).to(dtype)
-        if dtype != torch.float32 and dtype != torch.bfloat16:
-            weight, scale = (weight.to(dtype) * scale[:, None]), None  # float64 has no int8 kernel
+        if dtype != torch.float32:  # int8 kernels take float32 activations only (float64 tests)
+            weight, scale = (weight.to(dtype) * scale[:, None]), None
     else:
         weight, scale = torch.cat([state[f"{n}.weight"] for n in names], 0).to(dtype).contiguous(), None
     b = torch.cat([state[f"{n}.bias"] for n in names], 0).to(dtype) if bias else None
@@ -300,7 +314,9 @@ class LlamaModel:
         self.dtype = dtype
         state = load_safetensors(model_dir)
         self.embed = state["model.embed_tokens.weight"].to(dtype)
-        if s.tie_word_embeddings or "lm_head.weight" not in state:
+        if "lm_head.weight_scale" in state:  # int8 LM head (also written for tied checkpoints)
+            self.lm_head = _take_linear(state, ["lm_head"], dtype)
+        elif s.tie_word_embeddings or "lm_head.weight" not in state:
             self.lm_head = Linear(self.embed)
         else:
             self.lm_head = _take_linear(state, ["lm_head"], dtype)

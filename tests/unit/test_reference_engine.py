@@ -1,0 +1,143 @@
+"""Reference engine losslessness: every method's greedy output equals target-only greedy output
+(float64, so no near-ties) on 200 random prompts, at batch 1 and batched; same-model drafts accept
+everything, random drafts almost nothing; speculative sampling matches the exact target
+distribution (chi-square), and a broken residual does not."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipeline.reference import verify
+from pipeline.reference.api import GenerationRequest, SamplingParams
+from pipeline.reference.engine import create_engine
+from tests.reference_fixtures import VOCAB, chi2_pvalue, one_thread, random_prompts, shared_checkpoints
+
+NEW_TOKENS = 16
+PROMPTS = random_prompts(200, seed=7)
+
+
+@pytest.fixture(scope="module")
+def ckpt():
+    one_thread()
+    return shared_checkpoints()
+
+
+def _specs(ckpt) -> dict[str, dict]:
+    return {
+        "draft_target": {"method": "draft_target", "draft_dir": str(ckpt["draft"]), "num_draft_tokens": 3},
+        "medusa": {"method": "medusa", "heads_dir": str(ckpt["medusa"]), "num_heads": 4},
+        "medusa_tree": {"method": "medusa", "heads_dir": str(ckpt["medusa"]), "num_heads": 3,
+                        "choices": [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [2]]},
+        "eagle": {"method": "eagle", "head_dir": str(ckpt["eagle"]), "num_layers": 4},
+    }
+
+
+def _engine(ckpt, spec=None, dtype="float64", **kw):
+    role = "speculative" if spec else "baseline"
+    return create_engine(ckpt["target"], role=role, proposer=spec, compute_dtype=dtype, **kw)
+
+
+def _run(engine, prompts, batched: bool, **req):
+    if batched:
+        handles = [engine.submit(GenerationRequest(p, NEW_TOKENS, **req)) for p in prompts]
+        return [h.result(timeout=120) for h in handles]
+    return [engine.generate(GenerationRequest(p, NEW_TOKENS, **req)) for p in prompts]
+
+
+@pytest.fixture(scope="module")
+def reference_outputs(ckpt):
+    engine = _engine(ckpt)
+    try:
+        return [r.output_ids for r in _run(engine, PROMPTS, batched=False)]
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["batch1", "batched"])
+@pytest.mark.parametrize("method", ["baseline", "draft_target", "medusa", "medusa_tree", "eagle"])
+def test_greedy_speculation_is_lossless(ckpt, reference_outputs, method, batched):
+    spec = None if method == "baseline" else _specs(ckpt)[method]
+    engine = _engine(ckpt, spec)
+    try:
+        results = _run(engine, PROMPTS, batched)
+    finally:
+        engine.shutdown()
+    mismatches = [i for i, r in enumerate(results) if r.output_ids != reference_outputs[i]]
+    assert not mismatches, f"{method}: {len(mismatches)} prompts differ, first {mismatches[:5]}"
+    assert all(len(r.output_ids) == NEW_TOKENS and r.finish_reason == "length" for r in results)
+    if method != "baseline":
+        assert sum(r.stats.verify_steps for r in results) > 0
+        assert sum(r.stats.draft_tokens for r in results) > 0
+
+
+def test_same_model_draft_accepts_everything(ckpt, reference_outputs):
+    spec = {"method": "draft_target", "draft_dir": str(ckpt["target"]), "num_draft_tokens": 4}
+    engine = _engine(ckpt, spec)
+    try:
+        results = _run(engine, PROMPTS[:20], batched=True)
+    finally:
+        engine.shutdown()
+    for r, ref in zip(results, reference_outputs[:20]):
+        assert r.output_ids == ref
+        # 16 tokens = 3 steps of K+1 = 5, then one plain step (no budget left for drafts)
+        assert r.stats.acceptance_rate == 1.0
+        assert r.stats.accepted_per_position == r.stats.drafted_per_position == [3, 3, 3, 3]
+        assert r.stats.verify_steps == 3 and r.stats.decode_steps == 4
+        assert r.stats.mean_acceptance_length == 5.0  # τ = K + 1
+
+
+def test_random_draft_accepts_almost_nothing(ckpt, reference_outputs):
+    engine = _engine(ckpt, _specs(ckpt)["draft_target"])
+    try:
+        results = _run(engine, PROMPTS[:30], batched=True)
+    finally:
+        engine.shutdown()
+    assert [r.output_ids for r in results] == reference_outputs[:30]
+    drafted = sum(r.stats.draft_tokens for r in results)
+    accepted = sum(r.stats.accepted_tokens for r in results)
+    assert drafted > 0 and accepted / drafted < 0.2
+
+
+def _exact_first_two(ckpt, prompt, params):
+    """Exact target marginals of the first and second sampled token (HF model as the oracle)."""
+    from transformers import LlamaForCausalLM
+
+    from pipeline.reference.sampling import to_probs
+
+    model = LlamaForCausalLM.from_pretrained(str(ckpt["target"]), dtype=torch.float64).eval()
+    with torch.no_grad():
+        first = to_probs(model(torch.tensor([prompt])).logits[0, -1], params)  # [V]
+        ctx = torch.tensor([prompt + [0]] * VOCAB)
+        ctx[:, -1] = torch.arange(VOCAB)
+        second = to_probs(model(ctx).logits[:, -1], params)  # [V, V]
+    return first, first @ second
+
+
+def _sample_counts(ckpt, spec, prompt, params, n):
+    engine = _engine(ckpt, spec, prefix_cache_entries=0)
+    try:
+        handles = [engine.submit(GenerationRequest(prompt, 2, sampling=SamplingParams(
+            temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=s))) for s in range(n)]
+        outs = [h.result(timeout=300).output_ids for h in handles]
+    finally:
+        engine.shutdown()
+    c1, c2 = torch.zeros(VOCAB, dtype=torch.float64), torch.zeros(VOCAB, dtype=torch.float64)
+    for out in outs:
+        c1[out[0]] += 1
+        c2[out[1]] += 1
+    return c1, c2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["draft_target", "medusa", "eagle"])
+def test_speculative_sampling_matches_target_distribution(ckpt, method, monkeypatch):
+    params = SamplingParams(temperature=0.7, top_k=40, top_p=0.95)
+    prompt = [5, 17, 33, 8]
+    first, second = _exact_first_two(ckpt, prompt, params)
+    c1, c2 = _sample_counts(ckpt, _specs(ckpt)[method], prompt, params, 2000)
+    assert chi2_pvalue(c1, first) > 1e-3 and chi2_pvalue(c2, second) > 1e-3
+    if method == "draft_target":  # negative control: resample from the target, not the residual
+        monkeypatch.setattr(verify, "residual", lambda target_probs, draft_probs: target_probs)
+        b1, _ = _sample_counts(ckpt, _specs(ckpt)[method], prompt, params, 2000)
+        assert chi2_pvalue(b1, first) < 1e-3

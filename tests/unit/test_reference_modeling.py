@@ -1,0 +1,149 @@
+"""The lean Llama forward against Hugging Face (logits; greedy ``generate``, also with
+``assistant_model``, as independent oracles), exact KV rollback and tree compaction, checkpoint
+refusals, and the int8 weight-only path (real int8 kernel, top-1 agreement with float32)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from pipeline.errors import SpecdeployError
+from pipeline.reference.api import GenerationRequest
+from pipeline.reference.engine import create_engine
+from pipeline.reference.modeling import LlamaModel, StepInput
+from pipeline.reference.quantize import quantize_checkpoint
+from tests.reference_fixtures import one_thread, random_prompts, shared_checkpoints
+
+TIE_GAP = 1e-4
+
+
+@pytest.fixture(scope="module")
+def ckpt():
+    one_thread()
+    return shared_checkpoints()
+
+
+@pytest.fixture(scope="module")
+def hf_target(ckpt):
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM.from_pretrained(str(ckpt["target"])).eval()
+
+
+def _prefill(model, tokens, pool=None):
+    pool = pool or model.new_pool(1, 256)
+    cache = pool.allocate()
+    hidden = model.forward(pool, [StepInput(cache, tokens, list(range(len(tokens))))])
+    return pool, cache, model.logits(hidden)[0]
+
+
+@torch.inference_mode()
+def test_logits_match_hugging_face(ckpt, hf_target):
+    ids = random_prompts(1, seed=3, min_len=30, max_len=30)[0]
+    ref = hf_target(torch.tensor([ids])).logits[0]
+    _, _, ours = _prefill(LlamaModel(ckpt["target"]), ids)
+    assert (ours - ref).abs().max() < 1e-4
+
+
+@torch.inference_mode()
+def test_rollback_and_compaction_equal_a_cache_built_from_scratch(ckpt):
+    model = LlamaModel(ckpt["target"])
+    ids = random_prompts(1, seed=4, min_len=12, max_len=12)[0]
+    pool, cache, _ = _prefill(model, ids[:8])
+    model.forward(pool, [StepInput(cache, [50, 51, 52], [8, 9, 10])])  # rejected drafts
+    cache.rollback(8)
+    hidden = model.forward(pool, [StepInput(cache, ids[8:], list(range(8, 12)))])
+    clean_pool, clean, _ = _prefill(model, ids[:8])  # same chunking, never saw the drafts
+    clean_hidden = model.forward(clean_pool, [StepInput(clean, ids[8:], list(range(8, 12)))])
+    assert torch.equal(pool.k[:, cache.slot, :12], clean_pool.k[:, clean.slot, :12])
+    assert torch.equal(pool.v[:, cache.slot, :12], clean_pool.v[:, clean.slot, :12])
+    assert torch.equal(hidden, clean_hidden)
+    fresh_pool, fresh, fresh_logits = _prefill(model, ids)  # one pass: equal up to rounding
+    assert torch.allclose(pool.k[:, cache.slot, :12], fresh_pool.k[:, fresh.slot, :12], atol=1e-5)
+    assert torch.allclose(model.logits(hidden)[0], fresh_logits[8:], atol=1e-4)
+    # a tree [pending, a, b(child of pending), c(child of b)]: accept pending → b → c
+    pool, cache, _ = _prefill(model, ids[:8])
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    model.forward(pool, [StepInput(cache, [ids[8], 77, ids[9], ids[10]], [8, 9, 9, 10], tree)])
+    cache.compact(8, [8, 10, 11])
+    hidden = model.forward(pool, [StepInput(cache, [ids[11]], [11])])
+    assert cache.length == 12
+    assert torch.allclose(pool.k[:, cache.slot, :12], fresh_pool.k[:, fresh.slot, :12], atol=1e-5)
+    assert torch.allclose(model.logits(hidden)[0, 0], fresh_logits[11], atol=1e-4)
+
+
+def _tie_aware_equal(hf_model, prompt, ours, theirs) -> bool:
+    """Equal, or diverging only where the target's top-2 logit gap is below TIE_GAP."""
+    if ours == theirs:
+        return True
+    i = next(j for j, (a, b) in enumerate(zip(ours, theirs)) if a != b)
+    with torch.no_grad():
+        logits = hf_model(torch.tensor([prompt + ours[:i]])).logits[0, -1]
+    top = logits.topk(2).values
+    return float(top[0] - top[1]) < TIE_GAP
+
+
+def test_greedy_matches_hugging_face_generate_and_assisted_generation(ckpt, hf_target):
+    from transformers import LlamaForCausalLM
+
+    draft = LlamaForCausalLM.from_pretrained(str(ckpt["draft"])).eval()
+    base = create_engine(ckpt["target"])
+    spec = create_engine(ckpt["target"], role="speculative",
+                         proposer={"method": "draft_target", "draft_dir": str(ckpt["draft"]), "num_draft_tokens": 3})
+    try:
+        for prompt in random_prompts(12, seed=11):
+            ours = base.generate(GenerationRequest(prompt, 12)).output_ids
+            ours_spec = spec.generate(GenerationRequest(prompt, 12)).output_ids
+            x = torch.tensor([prompt])
+            with torch.no_grad():
+                plain = hf_target.generate(x, max_new_tokens=12, min_new_tokens=12, do_sample=False)[0, len(prompt):]
+                hf_target.generation_config.num_assistant_tokens_schedule = "constant"
+                assisted = hf_target.generate(x, assistant_model=draft, max_new_tokens=12, min_new_tokens=12,
+                                              do_sample=False, num_assistant_tokens=3)[0, len(prompt):]
+            assert _tie_aware_equal(hf_target, prompt, ours, plain.tolist())
+            assert _tie_aware_equal(hf_target, prompt, ours_spec, assisted.tolist())
+    finally:
+        base.shutdown()
+        spec.shutdown()
+
+
+def test_checkpoint_refusals(ckpt, tmp_path):
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    shutil.copy(ckpt["target"] / "config.json", pickled / "config.json")
+    (pickled / "pytorch_model.bin").write_bytes(b"not loaded")
+    with pytest.raises(SpecdeployError, match="only safetensors"):
+        LlamaModel(pickled)
+    scaled = tmp_path / "scaled"
+    shutil.copytree(ckpt["target"], scaled)
+    cfg = json.loads((scaled / "config.json").read_text())
+    cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
+    (scaled / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(SpecdeployError, match="rope scaling"):
+        LlamaModel(scaled)
+
+
+@torch.inference_mode()
+def test_int8_weight_only_runs_real_int8_and_agrees_on_top1(ckpt, tmp_path):
+    quantize_checkpoint(ckpt["target"], tmp_path / "int8")
+    cfg = json.loads((tmp_path / "int8" / "config.json").read_text())
+    assert cfg["quantization_config"]["quant_method"] == "specdeploy_int8_wo"
+    from safetensors.torch import load_file
+
+    state = load_file(str(tmp_path / "int8" / "model.safetensors"))
+    assert state["model.layers.0.self_attn.q_proj.weight"].dtype == torch.int8
+    assert state["lm_head.weight"].dtype == torch.int8
+    q = LlamaModel(tmp_path / "int8")
+    assert q.layers[0].qkv.packed is not None and q.lm_head.packed is not None  # int8 GEMM, no float copy
+    ids = random_prompts(1, seed=5, min_len=60, max_len=60)[0]
+    _, _, ref = _prefill(LlamaModel(ckpt["target"]), ids)
+    _, _, got = _prefill(q, ids)
+    agree = (ref.argmax(-1) == got.argmax(-1)).float().mean().item()
+    assert agree >= 0.85
+    with pytest.raises(SpecdeployError, match="already quantized"):
+        quantize_checkpoint(tmp_path / "int8", tmp_path / "again")
+    with pytest.raises(SpecdeployError, match="not supported"):
+        quantize_checkpoint(ckpt["target"], tmp_path / "x", fmt="fp8")
