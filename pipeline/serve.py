@@ -408,7 +408,7 @@ def start_deployment(cfg: DeploymentConfig, variant: str, *, http_port: int | No
     argv, env = _deployment_launch(cfg, repo, ports)
     return start_server(
         repo, argv=argv, env=env, http_port=ports.http, grpc_port=ports.grpc, metrics_port=ports.metrics,
-        host=cfg.triton.host, log_path=logs_dir(cfg) / f"serve-{variant}.log",
+        host=cfg.triton.host, log_path=(logs_dir(cfg) / f"serve-{variant}.log").resolve(),
         exit_timeout_s=cfg.triton.exit_timeout_s, startup_timeout_s=cfg.triton.startup_timeout_s,
     )
 

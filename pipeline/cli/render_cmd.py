@@ -1,13 +1,34 @@
-"""`specdeploy render`: Render the Triton model repositories (baseline and speculative) from the templates."""
+"""`specdeploy render CONFIG`: render the Triton model repositories (baseline and speculative).
+
+Reads the config and ``engines/NAME/manifest.json`` (refused if built from another config);
+writes ``engines/NAME/model_repo/{baseline,speculative}/`` atomically after validating every
+``config.pbtxt``; prints each repository path, the model each load-test arm calls and any
+validator warnings.
+"""
 
 from __future__ import annotations
 
 import typer
 
-from pipeline.errors import SpecdeployError
-
 
 def register(app: typer.Typer) -> None:
     @app.command("render", help="Render the Triton model repositories (baseline and speculative) from the templates.")
-    def render_command(config: str = typer.Argument(..., help="Deployment config YAML.")) -> None:
-        raise SpecdeployError("`specdeploy render` is not implemented yet")
+    def render_command(config: str = typer.Argument(..., help="Deployment config YAML.")) -> int:
+        return render(config)
+
+
+def render(config: str) -> int:
+    from pipeline.config import load_config  # noqa: PLC0415
+    from pipeline.render import client_target  # noqa: PLC0415
+    from pipeline.render import render as render_repositories  # noqa: PLC0415
+    from pipeline.serve import repository_models  # noqa: PLC0415
+
+    cfg = load_config(config)
+    for variant, (repo, warnings) in render_repositories(cfg).items():
+        target = client_target(cfg, variant)
+        extra = "".join(f" {k}={v}" for k, v in target.extra_inputs.items())
+        print(f"{variant:12s} {repo}  models: {', '.join(repository_models(repo))}")
+        print(f"{'':12s} load tests call {target.model_name}{extra}")
+        for warning in warnings:
+            print(f"{'':12s} warning: {warning}")
+    return 0

@@ -1,13 +1,50 @@
-"""`specdeploy serve`: Start tritonserver on a rendered repository (gRPC + HTTP + metrics)."""
+"""`specdeploy serve CONFIG --variant baseline|speculative`: start tritonserver on a rendered
+repository (gRPC + HTTP + metrics, bound to 127.0.0.1 by default).
+
+Reads ``engines/NAME/model_repo/<variant>/`` and writes the server log to
+``engines/NAME/logs/serve-<variant>.log``. With ``--foreground`` it runs until Ctrl-C and stops
+the server cleanly; otherwise it leaves the ready server running in its own session, records its
+pid in ``engines/NAME/logs/serve-<variant>.pid`` and prints how to stop it.
+"""
 
 from __future__ import annotations
 
-import typer
+from typing import Optional
 
-from pipeline.errors import SpecdeployError
+import typer
 
 
 def register(app: typer.Typer) -> None:
     @app.command("serve", help="Start tritonserver on a rendered repository (gRPC + HTTP + metrics).")
-    def serve_command(config: str = typer.Argument(..., help="Deployment config YAML.")) -> None:
-        raise SpecdeployError("`specdeploy serve` is not implemented yet")
+    def serve_command(
+        config: str = typer.Argument(..., help="Deployment config YAML."),
+        variant: str = typer.Option("speculative", "--variant", help="baseline or speculative."),
+        http_port: Optional[int] = typer.Option(None, "--http-port", help="Default: triton.http_port."),
+        grpc_port: Optional[int] = typer.Option(None, "--grpc-port", help="Default: triton.grpc_port."),
+        metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help="Default: triton.metrics_port."),
+        foreground: bool = typer.Option(False, "--foreground", help="Run until Ctrl-C, then stop the server."),
+    ) -> int:
+        return serve(config, variant, http_port, grpc_port, metrics_port, foreground)
+
+
+def serve(config: str, variant: str, http_port: int | None, grpc_port: int | None,
+          metrics_port: int | None, foreground: bool) -> int:
+    from pipeline.config import load_config  # noqa: PLC0415
+    from pipeline.errors import SpecdeployError  # noqa: PLC0415
+    from pipeline.paths import logs_dir  # noqa: PLC0415
+    from pipeline.serve import serve_foreground, start_deployment  # noqa: PLC0415
+
+    if variant not in ("baseline", "speculative"):
+        raise SpecdeployError(f"--variant must be 'baseline' or 'speculative', got {variant!r}")
+    cfg = load_config(config)
+    ports = dict(http_port=http_port or cfg.triton.http_port, grpc_port=grpc_port or cfg.triton.grpc_port,
+                 metrics_port=metrics_port or cfg.triton.metrics_port)
+    if foreground:
+        return serve_foreground(cfg, variant, **ports)
+    server = start_deployment(cfg, variant, **ports)
+    pid_file = logs_dir(cfg) / f"serve-{variant}.pid"
+    pid_file.write_text(f"{server.pid}\n")
+    print(f"serving {cfg.name} ({variant}) pid {server.pid}\n  HTTP    {server.http_url}\n"
+          f"  gRPC    {server.grpc_url}\n  metrics {server.metrics_url}\n  log     {server.log_path}\n"
+          f"stop it with: kill -TERM -- -{server.pid}   (pid also in {pid_file})")
+    return 0

@@ -230,6 +230,8 @@ class TritonPythonModel:
                     ids = generated if options.exclude_input else list(prompt) + generated
                     self._send(sender, self._response(ids, len(generated), prompt, stats, options), final=True)
                 if chunk.finished:
+                    if chunk.finish_reason == "cancelled":
+                        self.counters.cancelled()
                     return
         except Exception as exc:  # noqa: BLE001 - the request must still end with a final response
             self._send(sender, io.error_response(f"{type(exc).__name__}: {exc}"), final=True)
@@ -268,7 +270,7 @@ class TritonPythonModel:
             handle.cancel()
 
     def _watch_cancellation(self) -> None:
-        while not self._stopping.wait(0.05):
+        while not self._stopping.wait(0.02):
             with self._lock:
                 entries = list(self._inflight.values())
             for request, handle in entries:

@@ -1,5 +1,5 @@
 """Our Prometheus counters (outside ``nv_*``, contract §8.1): draft tokens offered, draft tokens
-accepted and verify steps, labelled ``model`` and ``version``, published through the Python
+accepted and verify steps (plus cancelled requests), labelled ``model`` and ``version``, published through the Python
 backend's ``pb_utils.MetricFamily`` on Triton's metrics port and updated once per request."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import triton_python_backend_utils as pb_utils
 DRAFT_TOKENS = "specdeploy_spec_decode_draft_tokens_total"
 ACCEPTED_TOKENS = "specdeploy_spec_decode_accepted_tokens_total"
 VERIFY_STEPS = "specdeploy_spec_decode_verify_steps_total"
+CANCELLED = "specdeploy_requests_cancelled_total"
 
 
 class SpecDecodeCounters:
@@ -20,6 +21,11 @@ class SpecDecodeCounters:
             pb_utils.MetricFamily(VERIFY_STEPS, "Target passes that verified draft tokens", pb_utils.MetricFamily.COUNTER),
         ]
         self._draft, self._accepted, self._verify = (f.Metric(labels=labels) for f in self._families)
+        self._cancelled_family = pb_utils.MetricFamily(CANCELLED, "Requests that ended by cancellation", pb_utils.MetricFamily.COUNTER)
+        self._cancelled = self._cancelled_family.Metric(labels=labels)
+
+    def cancelled(self) -> None:
+        self._cancelled.increment(1.0)
 
     def add(self, draft_tokens: int, accepted_tokens: int, verify_steps: int) -> None:
         if draft_tokens:

@@ -38,6 +38,18 @@ def make_tokenizer(out_dir: Path) -> None:
     save_tokenizer(train_tokenizer(CORPUS, vocab_size=320), out_dir)
 
 
+def _unprintable_ids(tok_dir: Path, vocab_size: int) -> list[int]:
+    from tokenizers import Tokenizer  # noqa: PLC0415
+
+    tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    bad = [0, 1]
+    for i in range(3, vocab_size):
+        text = tok.decode([i])
+        if not text or not text.isascii() or not text.isprintable():
+            bad.append(i)
+    return bad
+
+
 def _llama_config(vocab: int, layers: int):
     from transformers import LlamaConfig  # noqa: PLC0415
 
@@ -68,6 +80,9 @@ def make_models(root: Path) -> dict[str, Path]:
     target = LlamaForCausalLM(_llama_config(vocab_size, 2)).eval()
     with torch.no_grad():  # sharper logits: fewer near-ties, stable greedy paths
         target.lm_head.weight.mul_(4.0)
+        # tokens that decode to partial UTF-8 (or pad/BOS) never win greedily: per-chunk
+        # streaming deltas then concatenate to exactly the whole decoded text
+        target.lm_head.weight[_unprintable_ids(tok_dir, vocab_size)] = 0.0
     target.save_pretrained(dirs["target"], safe_serialization=True)
     with torch.no_grad():
         layer = target.model.layers[-1].mlp.down_proj.weight
