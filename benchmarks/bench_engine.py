@@ -1,0 +1,47 @@
+"""Reference-engine benchmark: runs ``specdeploy bench`` on the three tiny CPU configs (those that
+exist) and writes ``benchmarks/results/engine.json`` — {config: bench report}. Speed is measured
+here, never in tests. Usage: ``python benchmarks/bench_engine.py [--prompts N] [--max-tokens N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CONFIGS = ("tiny-cpu-draft-target", "tiny-cpu-medusa", "tiny-cpu-eagle")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--int8", action="store_true", help="also measure the int8 weight-only target")
+    parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "engine.json")
+    args = parser.parse_args()
+
+    from pipeline.reference.bench import run_bench
+
+    reports = {}
+    for name in CONFIGS:
+        path = ROOT / "configs" / f"{name}.yaml"
+        if not path.is_file():
+            print(f"skip {name}: no {path}", file=sys.stderr)
+            continue
+        peer = "hf" if name.endswith("draft-target") else None
+        reports[name] = run_bench(path, prompts_per_category=args.prompts, max_tokens=args.max_tokens,
+                                  peer=peer, int8=args.int8)
+        for row in reports[name]["summary"]:
+            print(f"{name}: {row['method']} batch {row['batch']}: {row['speedup']:.2f}x "
+                  f"({row['tokens_per_s']:.0f} vs {row['baseline_tokens_per_s']:.0f} tok/s)", file=sys.stderr)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(reports, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {args.output}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

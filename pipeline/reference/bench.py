@@ -1,0 +1,251 @@
+"""``specdeploy bench``: offline, in-process benchmark of the reference engine — target-only
+decoding vs the config's speculation method, side by side in one process, at batch 1 and 8, per
+prompt category.
+
+Reads the deployment config (``pipeline.config.load_config``), resolves its checkpoints
+(``builtin:`` names via ``pipeline.reference.demo.resolve_builtin``, directories as they are; no
+``specdeploy build`` needed), and the prompt set ``loadtests/prompts/tiny/<category>.jsonl``
+(config ``loadtest.prompts``; a few built-in prompts if absent). Returns a JSON-able dict
+``{"results": [...], "peer": {...}, ...}``; writes nothing (the CLI prints or saves it).
+
+Per row: tokens/s of both arms, speedup, acceptance rate, mean acceptance length τ, and
+``efficiency`` = speedup ÷ τ (τ is the speedup bound the measured acceptance implies if drafting
+and verification cost nothing extra). ``--peer hf`` adds Hugging Face assisted generation on the
+same checkpoints (draft-target only; batch 1; constant draft-length schedule, same K).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.config import BUILTIN_PREFIX, DeploymentConfig, load_config
+from pipeline.errors import SpecdeployError
+
+FALLBACK_PROMPTS = {
+    "builtin": [
+        "The quick brown fox jumps over the lazy dog and",
+        "def add(a, b):\n    return",
+        "1 + 2 = 3\n2 + 3 =",
+        "Once upon a time there was a",
+    ]
+}
+
+
+@dataclass
+class Arm:
+    tokens: int = 0
+    seconds: float = 0.0
+    drafted: int = 0
+    accepted: int = 0
+    verify_steps: int = 0
+    outputs: list | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+def resolve_checkpoint(value: str) -> Path:
+    if value.startswith(BUILTIN_PREFIX):
+        from pipeline.reference.demo import resolve_builtin  # noqa: PLC0415 - may train on first use
+
+        return Path(resolve_builtin(value))
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise SpecdeployError(f"checkpoint {value!r} is not a directory")
+    return path.resolve()
+
+
+def proposer_spec(cfg: DeploymentConfig) -> dict:
+    spec = cfg.speculation
+    if spec.method == "draft_target":
+        return {"method": "draft_target", "draft_dir": str(resolve_checkpoint(spec.draft.checkpoint)),
+                "num_draft_tokens": spec.num_draft_tokens}
+    if spec.method == "medusa":
+        return {"method": "medusa", "heads_dir": str(resolve_checkpoint(spec.heads_dir)),
+                "num_heads": spec.num_heads, "choices": spec.choices}
+    if spec.method == "eagle":
+        return {"method": "eagle", "head_dir": str(resolve_checkpoint(spec.head_dir)),
+                "num_layers": spec.num_layers, "choices": spec.choices}
+    raise SpecdeployError(f"{cfg.name}: speculation.method is 'none'; nothing to compare with")
+
+
+def load_prompts(cfg: DeploymentConfig, per_category: int) -> dict[str, list[str]]:
+    candidates = [Path(cfg.loadtest.prompts)]
+    if cfg._source_path is not None and not candidates[0].is_absolute():
+        candidates += [parent / cfg.loadtest.prompts for parent in cfg._source_path.parents]
+    candidates.append(Path("loadtests/prompts/tiny"))
+    for root in candidates:
+        files = sorted(root.glob("*.jsonl")) if root.is_dir() else ([root] if root.is_file() else [])
+        if files:
+            break
+    else:
+        return {k: v[:per_category] for k, v in FALLBACK_PROMPTS.items()}
+    prompts: dict[str, list[str]] = {}
+    for path in files:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                row = json.loads(line)
+                prompts.setdefault(row.get("category", path.stem), []).append(row["prompt"])
+    wanted = set(cfg.loadtest.categories)
+    return {c: p[:per_category] for c, p in sorted(prompts.items()) if not wanted or c in wanted}
+
+
+def _encode(tokenizer_dir: Path):
+    from tokenizers import Tokenizer
+
+    path = tokenizer_dir / "tokenizer.json"
+    if not path.is_file():
+        raise SpecdeployError(f"{tokenizer_dir}: no tokenizer.json")
+    tokenizer = Tokenizer.from_file(str(path))
+    return lambda text: tokenizer.encode(text).ids
+
+
+def run_arm(engine, prompts: list[list[int]], batch: int, max_tokens: int, end_id: int | None) -> Arm:
+    from pipeline.reference.api import GenerationRequest
+
+    arm = Arm(outputs=[])
+    start = time.perf_counter()
+    if batch == 1:
+        results = [engine.generate(GenerationRequest(p, max_tokens, end_id=end_id)) for p in prompts]
+    else:  # all at once: the engine keeps max_batch_size (= batch) in flight, the rest queue
+        handles = [engine.submit(GenerationRequest(p, max_tokens, end_id=end_id)) for p in prompts]
+        results = [h.result(timeout=600) for h in handles]
+    for r in results:
+        arm.tokens += len(r.output_ids)
+        arm.drafted += r.stats.draft_tokens
+        arm.accepted += r.stats.accepted_tokens
+        arm.verify_steps += r.stats.verify_steps
+        arm.outputs.append(r.output_ids)
+    arm.seconds = time.perf_counter() - start
+    return arm
+
+
+def _row(method: str, batch: int, category: str, base: Arm, spec: Arm) -> dict:
+    tau = 1.0 + spec.accepted / spec.verify_steps if spec.verify_steps else 1.0
+    speedup = spec.tokens_per_s / base.tokens_per_s if base.tokens_per_s else 0.0
+    return {
+        "method": method, "batch": batch, "category": category,
+        "tokens_per_s": round(spec.tokens_per_s, 2), "baseline_tokens_per_s": round(base.tokens_per_s, 2),
+        "speedup": round(speedup, 3),
+        "acceptance_rate": round(spec.accepted / spec.drafted, 4) if spec.drafted else 0.0,
+        "mean_acceptance_length": round(tau, 3),
+        "efficiency": round(speedup / tau, 3),
+        "tokens": spec.tokens, "baseline_tokens": base.tokens,
+        "outputs_match": spec.outputs == base.outputs,
+    }
+
+
+def _int8_dir(target: Path, workdir: Path) -> Path:
+    from pipeline.reference.quantize import quantize_checkpoint
+
+    out = workdir / "target-int8_wo"
+    quantize_checkpoint(target, out, "int8_wo")
+    return out
+
+
+def run_bench(config_path: str | Path, prompts_per_category: int = 8, max_tokens: int = 64,
+              batches: tuple[int, ...] = (1, 8), peer: str | None = None, int8: bool = False) -> dict:
+    from pipeline.reference.engine import create_engine, set_threads
+
+    cfg = load_config(config_path)
+    set_threads(cfg.reference.threads)
+    target = resolve_checkpoint(cfg.target.checkpoint)
+    spec = proposer_spec(cfg)
+    encode = _encode(target)
+    categories = {c: [encode(p) for p in ps] for c, ps in load_prompts(cfg, prompts_per_category).items()}
+    if any(b not in (1, max(batches)) for b in batches):
+        raise SpecdeployError(f"batches {batches}: only 1 and one larger size are supported")
+    limits = dict(max_batch_size=max(batches), max_seq_len=cfg.build.max_seq_len,
+                  compute_dtype=cfg.reference.compute_dtype, prefix_cache_entries=0)
+    variants = [("", target)]
+    workdir = tempfile.TemporaryDirectory(prefix="specdeploy-bench-")
+    if int8 or cfg.target.quantization.format == "int8_wo":
+        variants.append(("+int8_wo", _int8_dir(target, Path(workdir.name))))
+    results = []
+    try:
+        for suffix, model_dir in variants:
+            base_engine = create_engine(model_dir, **limits)
+            spec_engine = create_engine(model_dir, role="speculative", proposer=spec, **limits)
+            end_id = base_engine.eos_token_id
+            try:
+                warm = next(iter(categories.values()))[:1]
+                run_arm(base_engine, warm, 1, 8, end_id)
+                run_arm(spec_engine, warm, 1, 8, end_id)
+                for batch in batches:
+                    for category, prompts in categories.items():
+                        base = run_arm(base_engine, prompts, batch, max_tokens, end_id)
+                        fast = run_arm(spec_engine, prompts, batch, max_tokens, end_id)
+                        results.append(_row(cfg.method + suffix, batch, category, base, fast))
+            finally:
+                base_engine.shutdown()
+                spec_engine.shutdown()
+    finally:
+        workdir.cleanup()
+    report = {
+        "config": cfg.name, "method": cfg.method, "max_tokens": max_tokens,
+        "prompts_per_category": prompts_per_category, "greedy": True,
+        "machine": {"python": platform.python_version(), "processor": platform.processor() or platform.machine(),
+                    "threads": cfg.reference.threads},
+        "results": results, "summary": summarize(results),
+    }
+    if peer == "hf":
+        report["peer"] = hf_peer(cfg, target, spec, categories, max_tokens, results)
+    elif peer is not None:
+        raise SpecdeployError(f"--peer {peer!r}: only 'hf' is supported")
+    return report
+
+
+def summarize(results: list[dict]) -> list[dict]:
+    """Pooled over categories, per (method, batch)."""
+    out = []
+    for key in sorted({(r["method"], r["batch"]) for r in results}):
+        rows = [r for r in results if (r["method"], r["batch"]) == key]
+        spec_s = sum(r["tokens"] / r["tokens_per_s"] for r in rows if r["tokens_per_s"])
+        base_s = sum(r["baseline_tokens"] / r["baseline_tokens_per_s"] for r in rows if r["baseline_tokens_per_s"])
+        tps, btps = sum(r["tokens"] for r in rows) / spec_s, sum(r["baseline_tokens"] for r in rows) / base_s
+        out.append({"method": key[0], "batch": key[1], "tokens_per_s": round(tps, 2),
+                    "baseline_tokens_per_s": round(btps, 2), "speedup": round(tps / btps, 3),
+                    "outputs_match": all(r["outputs_match"] for r in rows)})
+    return out
+
+
+def hf_peer(cfg: DeploymentConfig, target: Path, spec: dict, categories: dict, max_tokens: int,
+            results: list[dict]) -> dict:
+    """Hugging Face assisted generation (batch 1) on the same checkpoints and prompts."""
+    if spec["method"] != "draft_target":
+        return {"skipped": "Hugging Face assisted generation needs a draft model (draft_target only)"}
+    import torch
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
+    draft = LlamaForCausalLM.from_pretrained(spec["draft_dir"], dtype=torch.float32).eval()
+    model.generation_config.num_assistant_tokens_schedule = "constant"
+    k = spec["num_draft_tokens"]
+
+    def timed(**kw) -> tuple[int, float]:
+        tokens, start = 0, time.perf_counter()
+        with torch.inference_mode():
+            for prompts in categories.values():
+                for p in prompts:
+                    out = model.generate(torch.tensor([p]), max_new_tokens=max_tokens, do_sample=False, **kw)
+                    tokens += out.shape[1] - len(p)
+        return tokens, time.perf_counter() - start
+
+    plain_tokens, plain_s = timed()
+    assisted_tokens, assisted_s = timed(assistant_model=draft, num_assistant_tokens=k)
+    ours = [s for s in summarize(results) if s["batch"] == 1 and s["method"] == cfg.method][0]
+    hf_tps = assisted_tokens / assisted_s
+    return {
+        "name": "hf_assisted_generation", "batch": 1, "num_assistant_tokens": k, "schedule": "constant",
+        "hf_greedy_tokens_per_s": round(plain_tokens / plain_s, 2),
+        "hf_assisted_tokens_per_s": round(hf_tps, 2),
+        "hf_speedup": round(hf_tps / (plain_tokens / plain_s), 3),
+        "engine_tokens_per_s": ours["tokens_per_s"],
+        "engine_vs_hf_assisted": round(ours["tokens_per_s"] / hf_tps, 3),
+    }

@@ -1,0 +1,65 @@
+"""`specdeploy bench` end to end on tiny random checkpoints (structure and losslessness of the
+report; speed is not asserted), and its user errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.reference_fixtures under plain `pytest`
+
+import pytest
+
+from pipeline.cli import run
+from pipeline.errors import SpecdeployError
+from tests.reference_fixtures import one_thread, shared_checkpoints
+
+
+def _config(tmp_path: Path, speculation: str) -> Path:
+    path = tmp_path / "bench.yaml"
+    path.write_text(
+        "name: bench-test\nbackend: reference\nhardware: cpu\n"
+        f"target: {{checkpoint: {shared_checkpoints()['target']}, dtype: float32}}\n"
+        f"speculation: {speculation}\n"
+        "build: {max_batch_size: 8, max_input_len: 64, max_seq_len: 128}\n"
+        f"loadtest: {{prompts: {tmp_path / 'prompts'}}}\n"
+    )
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    for cat in ("alpha", "beta"):
+        (prompts / f"{cat}.jsonl").write_text("\n".join(
+            json.dumps({"id": f"{cat}-{i}", "category": cat, "prompt": f"w{5 + i} w{9 + i} w{20 + i}"}) for i in range(3)))
+    return path
+
+
+def test_bench_reports_every_category_batch_and_peer(tmp_path, capsys):
+    one_thread()
+    ckpt = shared_checkpoints()
+    cfg = _config(tmp_path, f"{{method: draft_target, draft: {{checkpoint: {ckpt['draft']}}}, num_draft_tokens: 3}}")
+    out = tmp_path / "report.json"
+    assert run(["bench", str(cfg), "--json", "--prompts", "3", "--max-tokens", "6", "--peer", "hf",
+                "--output", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert json.loads(capsys.readouterr().out) == report
+    rows = {(r["method"], r["batch"], r["category"]) for r in report["results"]}
+    assert rows == {("draft_target", b, c) for b in (1, 8) for c in ("alpha", "beta")}
+    for r in report["results"]:
+        assert r["outputs_match"] and r["tokens"] == r["baseline_tokens"] > 0
+        assert 0 <= r["acceptance_rate"] <= 1 and r["mean_acceptance_length"] >= 1
+        assert r["tokens_per_s"] > 0 and r["speedup"] > 0
+    assert report["peer"]["num_assistant_tokens"] == 3 and report["peer"]["hf_assisted_tokens_per_s"] > 0
+
+
+def test_bench_medusa_table_and_errors(tmp_path, capsys):
+    one_thread()
+    ckpt = shared_checkpoints()
+    cfg = _config(tmp_path, f"{{method: medusa, heads_dir: {ckpt['medusa']}, num_heads: 3}}")
+    assert run(["bench", str(cfg), "--prompts", "2", "--max-tokens", "4", "--batch", "1"]) == 0
+    table = capsys.readouterr().out
+    assert "medusa" in table and "alpha" in table and "speedup" in table
+    with pytest.raises(SpecdeployError, match="only 'hf'"):
+        run(["bench", str(cfg), "--peer", "vllm"])
+    none_cfg = _config(tmp_path / "n", "{method: none}") if (tmp_path / "n").mkdir() is None else None
+    with pytest.raises(SpecdeployError, match="nothing to compare"):
+        run(["bench", str(none_cfg), "--prompts", "1"])
