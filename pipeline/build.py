@@ -40,7 +40,7 @@ from pipeline.config import DeploymentConfig, config_hash
 from pipeline.errors import BuildError, StaleInputError
 from pipeline.paths import PROJECT_ROOT, engine_root, manifest_path
 from pipeline.plan import BuildPlan, Step, make_plan
-from pipeline.trtllm.engine_config import validate_engine_dir
+from pipeline.trtllm.engine_config import draft_target_pair_problems, validate_engine_dir
 
 MANIFEST_FORMAT = "specdeploy-manifest/1"
 STAMPS_DIR = ".stamps"
@@ -396,6 +396,14 @@ def _require_trtllm(cfg: DeploymentConfig) -> None:
         )
 
 
+def _check_engine_pair(plan: BuildPlan) -> None:
+    if plan.backend != "trtllm" or plan.method != "draft_target":
+        return
+    problems = draft_target_pair_problems(Path(plan.engines["target"]), Path(plan.engines["draft"]))
+    if problems:
+        raise BuildError("the draft-target engine pair does not fit together:\n  " + "\n  ".join(problems))
+
+
 def dry_run(cfg: DeploymentConfig, *, force: bool = False, trtllm_root: str | None = None) -> list[dict[str, Any]]:
     """Which steps a build would run now (``cached`` / ``run``), without running any."""
     plan = make_plan(cfg, trtllm_root)
@@ -435,6 +443,7 @@ def build(
             runner.run_all()
     finally:
         reporter.close()
+    _check_engine_pair(plan)
     manifest = _manifest(cfg, plan, runner.records)
     write_json_atomic(manifest_path(cfg).absolute(), manifest)
     return manifest
@@ -458,5 +467,8 @@ def load_manifest(cfg: DeploymentConfig) -> dict[str, Any]:
             f"{path} was built from another config (config_hash {manifest.get('config_hash')} ≠ {current}): "
             "re-run `specdeploy build`"
         )
+    missing = [f"{role}={d}" for role, d in manifest.get("engines", {}).items() if not Path(d).is_dir()]
+    if missing:
+        raise StaleInputError(f"{path} names engine dirs that are gone ({', '.join(missing)}): re-run `specdeploy build`")
     return manifest
 

@@ -216,3 +216,28 @@ def validate_engine_dir(engine_dir: Path, exp: ExpectedEngine, step: str = "") -
             f"{where}the {exp.role} engine does not match the plan (the builder changed a setting):\n  "
             + "\n  ".join(problems)
         )
+
+
+def _read_config(engine_dir: Path) -> dict:
+    try:
+        return json.loads((Path(engine_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def draft_target_pair_problems(target_dir: Path, draft_dir: Path) -> list[str]:
+    """Cross-engine rules of a draft-target pair (§7): equal vocab_size, equal max_batch_size,
+    gather_generation_logits on both or neither, and no speculative mode on the draft."""
+    target, draft = _read_config(target_dir), _read_config(draft_dir)
+    problems = []
+    tp, dp = target.get("pretrained_config", {}), draft.get("pretrained_config", {})
+    tb, db = target.get("build_config", {}), draft.get("build_config", {})
+    if tp.get("vocab_size") != dp.get("vocab_size"):
+        problems.append(f"vocab_size differs: target {tp.get('vocab_size')!r}, draft {dp.get('vocab_size')!r} (same tokenizer needed)")
+    if tb.get("max_batch_size") != db.get("max_batch_size"):
+        problems.append(f"max_batch_size differs: target {tb.get('max_batch_size')!r}, draft {db.get('max_batch_size')!r}")
+    if _as_bool(tb.get("gather_generation_logits", False)) != _as_bool(db.get("gather_generation_logits", False)):
+        problems.append("gather_generation_logits must be on both engines or on neither")
+    if _mode_name(db.get("speculative_decoding_mode", 1)) != "none":
+        problems.append(f"the draft engine has speculative_decoding_mode {db.get('speculative_decoding_mode')!r}, expected none")
+    return problems

@@ -375,3 +375,25 @@ def test_sigterm_during_real_build_cleans_up(tmp_path: Path) -> None:
     root = tmp_path / "engines" / "sig"
     assert leftovers(root) == [] and not (root / "checkpoints" / "target-trtllm").exists()
     assert not (root / "manifest.json").exists()
+
+
+def test_draft_target_pair_mismatch_fails_after_build(in_tmp: Path) -> None:
+    def other_vocab(config: dict) -> None:
+        config["pretrained_config"]["vocab_size"] = 32000
+
+    with pytest.raises(BuildError, match=r"vocab_size differs: target 128256, draft 32000"):
+        build(parse_config(dtm()), executor=FakeTrtllm(tamper={"build-draft": other_vocab}), progress=False)
+    assert not (in_tmp / "engines" / "dtm" / "manifest.json").exists()
+
+
+def test_manifest_with_missing_engine_dir_is_stale(in_tmp: Path) -> None:
+    import shutil
+
+    cfg = parse_config(dtm())
+    build(cfg, executor=FakeTrtllm(), progress=False)
+    shutil.rmtree(in_tmp / "engines" / "dtm" / "draft")
+    with pytest.raises(StaleInputError, match="engine dirs that are gone"):
+        load_manifest(cfg)
+    resumed = FakeTrtllm()
+    build(cfg, executor=resumed, progress=False)
+    assert [name for name, _ in resumed.calls] == ["build-draft"]

@@ -202,3 +202,16 @@ def test_symbolic_and_integer_modes_accepted(tmp_path: Path) -> None:
         cfg = copy.deepcopy(GOOD["dtm-target"][0])
         cfg["build_config"]["speculative_decoding_mode"] = value
         assert engine_problems(write_engine(tmp_path / str(i), cfg), GOOD["dtm-target"][1]) == []
+
+
+def test_draft_target_pair_rules(tmp_path: Path) -> None:
+    from pipeline.trtllm.engine_config import draft_target_pair_problems
+
+    target = write_engine(tmp_path / "t", GOOD["dtm-target"][0])
+    draft = write_engine(tmp_path / "d", GOOD["dtm-draft"][0])
+    assert draft_target_pair_problems(target, draft) == []
+    bad = copy.deepcopy(GOOD["dtm-draft"][0])
+    bad["build_config"].update(gather_generation_logits=False, max_batch_size=4, speculative_decoding_mode=2)
+    bad["pretrained_config"]["vocab_size"] = 32000
+    problems = draft_target_pair_problems(target, write_engine(tmp_path / "bad", bad))
+    assert len(problems) == 4
