@@ -386,7 +386,8 @@ def trtllm_missing_reason() -> str | None:
     return None
 
 
-def _require_trtllm(cfg: DeploymentConfig) -> None:
+def require_trtllm(cfg: DeploymentConfig) -> None:
+    """Raise :class:`BuildError` at once when a ``trtllm`` build cannot run on this machine."""
     reason = trtllm_missing_reason()
     if reason:
         raise BuildError(
@@ -433,7 +434,7 @@ def build(
     plan = make_plan(cfg, trtllm_root)
     if executor is None:
         if cfg.backend == "trtllm":
-            _require_trtllm(cfg)
+            require_trtllm(cfg)
         executor = SubprocessExecutor()
     engine_root(cfg).mkdir(parents=True, exist_ok=True)
     reporter = _RichReporter() if progress else _Reporter()

@@ -1,6 +1,7 @@
 """`specdeploy build`: run the build plan — resolve/quantize/convert, compile engines — and write
 engines/NAME/manifest.json. Steps whose argv and inputs are unchanged are skipped (cache);
-``--force`` rebuilds everything, ``--dry-run`` lists what would run."""
+``--force`` rebuilds everything, ``--dry-run`` lists what would run. Preflight (the checks of
+``specdeploy validate``) runs first unless ``--skip-preflight``."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ def register(app: typer.Typer) -> None:
         dry_run: bool = typer.Option(False, "--dry-run", help="List the steps and whether each is cached; run nothing."),
         trtllm_root: Optional[str] = typer.Option(None, "--trtllm-root", help="TensorRT-LLM examples root."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress display on stderr."),
+        skip_preflight: bool = typer.Option(False, "--skip-preflight", help="Build without running preflight first."),
     ) -> None:
         from rich.console import Console  # noqa: PLC0415
         from rich.table import Table  # noqa: PLC0415
@@ -36,6 +38,12 @@ def register(app: typer.Typer) -> None:
                 table.add_row(row["name"], "cached" if row["status"] == "cached" else "would run", "\n".join(row["outputs"]))
             console.print(table)
             return
+        if cfg.backend == "trtllm":
+            builder.require_trtllm(cfg)  # before preflight: stop at once without TensorRT-LLM
+        if not skip_preflight:
+            from pipeline.preflight import raise_on_errors, run_preflight  # noqa: PLC0415
+
+            raise_on_errors(run_preflight(cfg, offline=False))
         manifest = builder.build(cfg, force=force, progress=progress, trtllm_root=trtllm_root)
         built = sum(1 for s in manifest["steps"] if s["status"] == "built")
         console.print(

@@ -397,3 +397,14 @@ def test_manifest_with_missing_engine_dir_is_stale(in_tmp: Path) -> None:
     resumed = FakeTrtllm()
     build(cfg, executor=resumed, progress=False)
     assert [name for name, _ in resumed.calls] == ["build-draft"]
+
+
+def test_cli_trtllm_build_without_tensorrt_llm(in_tmp: Path) -> None:
+    if trtllm_missing_reason() is None:
+        pytest.skip("TensorRT-LLM is installed here")
+    path = in_tmp / "dtm.yaml"
+    path.write_text(json.dumps(dtm()))
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "build", str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: TensorRT-LLM is not installed here") and "Traceback" not in proc.stderr
+    assert f"specdeploy plan {path}" in proc.stderr and "backend: reference" in proc.stderr
