@@ -259,6 +259,7 @@ def _pbstr(value) -> str:
     if isinstance(value, bool):
         value = _bool(value)
     if not isinstance(value, (str, int, float)):
+        str(value)  # a StrictUndefined raises UndefinedError here, naming the missing value
         raise ValueError(f"parameter value {value!r} is not a string")
     return json.dumps(str(value), ensure_ascii=False)
 

@@ -1,0 +1,284 @@
+"""`specdeploy render`: golden repositories per backend × method, protobuf parsing of every
+config, template errors (syntax, missing value) failing render with the file named, the
+validator's load-time rules (ensemble wiring, dtypes, batch sizes, decoding mode, DTM rules),
+stale manifests and the load-test targets."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import config_hash, parse_config
+from pipeline.errors import StaleInputError
+from pipeline.render import (
+    TEMPLATES_DIR,
+    RenderError,
+    brace_choices,
+    client_target,
+    load_manifest,
+    parse_config_file,
+    render,
+    render_repository,
+    validate_repository,
+)
+
+GOLDEN = Path(__file__).parent / "golden" / "render"
+METHODS = {
+    "none": {"method": "none"},
+    "draft_target": {"method": "draft_target", "draft": {"checkpoint": "/models/draft"}, "num_draft_tokens": 4},
+    "medusa": {"method": "medusa", "heads_dir": "/models/medusa", "num_heads": 3},
+    "eagle": {"method": "eagle", "head_dir": "/models/eagle", "num_layers": 2, "choices": [[0], [1], [0, 0]]},
+}
+CASES = [(backend, method) for backend in ("reference", "trtllm") for method in METHODS]
+
+
+def make_cfg(backend: str, method: str, **triton):
+    data = {
+        "name": f"golden-{backend}-{method.replace('_', '-')}", "backend": backend,
+        "target": {"checkpoint": "/models/target"}, "speculation": METHODS[method],
+        "build": {"max_batch_size": 4, "max_input_len": 128, "max_seq_len": 256},
+        "triton": triton,
+    }
+    if backend == "reference":
+        data["hardware"] = "cpu"
+    return parse_config(data)
+
+
+def write_manifest(cfg, root: Path = Path(".")) -> dict:
+    keys = {"none": ["baseline"], "draft_target": ["baseline", "target", "draft", "speculative"],
+            "medusa": ["baseline", "speculative"], "eagle": ["baseline", "speculative"]}[cfg.method]
+    manifest = {
+        "format": "specdeploy-manifest/1", "name": cfg.name, "config_hash": config_hash(cfg),
+        "backend": cfg.backend, "method": cfg.method, "trtllm_version": cfg.trtllm_version,
+        "engines": {k: f"/engines/{cfg.name}/{k}" for k in keys}, "tokenizer_dir": "/models/target",
+        "max_draft_len": 4, "num_draft_tokens": 4 if cfg.method == "draft_target" else None, "steps": [],
+    }
+    path = root / "engines" / cfg.name / "manifest.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(manifest))
+    return manifest
+
+
+def repo_files(repo: Path) -> dict[str, str]:
+    return {str(p.relative_to(repo)): p.read_text() for p in sorted(repo.rglob("config.pbtxt"))}
+
+
+@pytest.mark.parametrize("backend,method", CASES, ids=[f"{b}-{m}" for b, m in CASES])
+def test_render_matches_golden(tmp_path, monkeypatch, backend, method):
+    monkeypatch.chdir(tmp_path)
+    cfg = make_cfg(backend, method)
+    write_manifest(cfg)
+    results = render(cfg)
+    assert set(results) == ({"baseline"} if method == "none" else {"baseline", "speculative"})
+    for variant, (repo, warnings) in results.items():
+        assert warnings == []
+        for model_dir in repo.iterdir():
+            config = parse_config_file(model_dir / "config.pbtxt")
+            assert config.name == model_dir.name and (model_dir / "1").is_dir()
+            if config.backend == "python":
+                assert (model_dir / "1" / "model.py").is_file()
+        golden_dir = GOLDEN / f"{backend}-{method}" / variant
+        actual = repo_files(repo)
+        if os.environ.get("UPDATE_GOLDEN") == "1":
+            shutil.rmtree(golden_dir, ignore_errors=True)
+            for rel, text in actual.items():
+                (golden_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+                (golden_dir / rel).write_text(text)
+        expected = {str(p.relative_to(golden_dir)): p.read_text() for p in sorted(golden_dir.rglob("config.pbtxt"))}
+        assert actual == expected, f"golden mismatch for {backend}-{method}/{variant} (UPDATE_GOLDEN=1 to accept)"
+
+
+def test_method_specific_settings(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = make_cfg("trtllm", "draft_target", decoupled=True)
+    write_manifest(cfg)
+    (repo, _), = [render(cfg)["speculative"]]
+    target = parse_config_file(repo / "tensorrt_llm" / "config.pbtxt")
+    draft = parse_config_file(repo / "tensorrt_llm_draft" / "config.pbtxt")
+    bls = parse_config_file(repo / "tensorrt_llm_bls" / "config.pbtxt")
+    assert target.backend == "tensorrtllm" and draft.name == "tensorrt_llm_draft"
+    for llm in (target, draft):
+        assert not llm.model_transaction_policy.decoupled
+        assert llm.parameters["enable_kv_cache_reuse"].string_value == "True"
+        assert llm.parameters["exclude_input_in_output"].string_value == "False"
+    assert target.parameters["gpt_model_path"].string_value.endswith("/target")
+    assert draft.parameters["gpt_model_path"].string_value.endswith("/draft")
+    assert bls.parameters["tensorrt_llm_draft_model_name"].string_value == "tensorrt_llm_draft"
+    assert bls.model_transaction_policy.decoupled  # our streaming-BLS extension
+
+
+def test_tree_choices_in_brace_format(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for method, key, expected in (("medusa", "medusa_choices", "{0}, {0, 0}, {0, 0, 0}"),
+                                  ("eagle", "eagle_choices", "{0}, {1}, {0, 0}")):
+        cfg = make_cfg("trtllm", method)
+        write_manifest(cfg)
+        repo, _ = render(cfg)["speculative"]
+        config = parse_config_file(repo / "tensorrt_llm" / "config.pbtxt")
+        assert config.parameters["decoding_mode"].string_value == method
+        assert config.parameters[key].string_value == expected
+    assert brace_choices([[0], [0, 1]]) == "{0}, {0, 1}"
+
+
+def test_client_target():
+    dt = make_cfg("reference", "draft_target")
+    assert client_target(dt, "baseline").model_name == "tensorrt_llm_bls"
+    assert client_target(dt, "baseline").extra_inputs == {}
+    assert client_target(dt, "speculative").extra_inputs == {"num_draft_tokens": 4}
+    assert client_target(make_cfg("reference", "medusa"), "speculative").model_name == "ensemble"
+    with pytest.raises(Exception, match="variant 'speculative' does not exist"):
+        client_target(make_cfg("reference", "none"), "speculative")
+
+
+def test_stale_manifest_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = make_cfg("reference", "medusa")
+    write_manifest(cfg)
+    other = make_cfg("reference", "medusa", decoupled=False)
+    with pytest.raises(StaleInputError, match="re-run `specdeploy build`"):
+        load_manifest(other)
+    with pytest.raises(StaleInputError, match="run `specdeploy build` first"):
+        load_manifest(make_cfg("trtllm", "none"))
+
+
+def _broken_templates(tmp_path: Path, model: str, old: str, new: str) -> Path:
+    templates = tmp_path / "templates"
+    shutil.copytree(TEMPLATES_DIR, templates)
+    path = templates / model / "config.pbtxt.jinja"
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+    return templates
+
+
+def test_broken_template_fails_render_not_the_server(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = make_cfg("reference", "medusa")
+    manifest = write_manifest(cfg)
+    templates = _broken_templates(tmp_path, "postprocessing", "{{ postprocessing_instance_count }}", "{{ postprocessing_instance_count ")
+    with pytest.raises(RenderError, match=r"postprocessing/config.pbtxt.jinja:\d+: template syntax error"):
+        render_repository(cfg, manifest, "baseline", tmp_path / "repo", templates)
+    assert not (tmp_path / "repo").exists()  # nothing half-written swapped in
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".repo")]
+
+
+def test_missing_value_fails_render(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = make_cfg("reference", "medusa")
+    manifest = write_manifest(cfg)
+    templates = _broken_templates(tmp_path, "preprocessing", "m.param(\"tokenizer_dir\", tokenizer_dir)", "m.param(\"tokenizer_dir\", tokenizer_directory)")
+    with pytest.raises(RenderError, match="preprocessing/config.pbtxt.jinja: missing value: 'tokenizer_directory' is undefined"):
+        render_repository(cfg, manifest, "baseline", tmp_path / "repo", templates)
+
+
+def test_protobuf_error_names_the_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = make_cfg("reference", "none")
+    manifest = write_manifest(cfg)
+    templates = _broken_templates(tmp_path, "ensemble", 'platform: "ensemble"', 'platform "ensemble" }')
+    with pytest.raises(RenderError, match=r"ensemble/config.pbtxt: does not parse as a Triton ModelConfig"):
+        render_repository(cfg, manifest, "baseline", tmp_path / "repo", templates)
+
+
+def _rendered(tmp_path, monkeypatch, method="medusa", variant="speculative") -> Path:
+    monkeypatch.chdir(tmp_path)
+    cfg = make_cfg("reference", method)
+    write_manifest(cfg)
+    return render(cfg)[variant][0]
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+
+
+def test_validator_catches_miswired_ensemble(tmp_path, monkeypatch):
+    repo = _rendered(tmp_path, monkeypatch)
+    ensemble = repo / "ensemble" / "config.pbtxt"
+    _edit(ensemble, 'input_map { key: "input_lengths" value: "_REQUEST_INPUT_LEN" }', "")
+    _edit(ensemble, 'input_map { key: "TOKENS_BATCH" value: "_TOKENS_BATCH" }',
+          'input_map { key: "TOKENS_BATCH" value: "_NO_SUCH_TENSOR" }')
+    _edit(ensemble, 'output_map { key: "OUT_END_ID" value: "_PREPROCESSOR_END_ID" }',
+          'output_map { key: "OUT_END_ID" value: "_REQUEST_INPUT_LEN" }')
+    with pytest.raises(RenderError) as info:
+        validate_repository(repo)
+    text = str(info.value)
+    assert "required input tensorrt_llm.input_lengths is not mapped" in text
+    assert "reads '_NO_SUCH_TENSOR', which no input or step provides" in text
+    assert "tensor '_REQUEST_INPUT_LEN' is produced by both preprocessing and preprocessing" in text
+
+
+def test_validator_dtype_and_batch_rules(tmp_path, monkeypatch):
+    repo = _rendered(tmp_path, monkeypatch)
+    _edit(repo / "postprocessing" / "config.pbtxt", 'name: "TOKENS_BATCH"\n    data_type: TYPE_INT32',
+          'name: "TOKENS_BATCH"\n    data_type: TYPE_INT64')
+    _edit(repo / "preprocessing" / "config.pbtxt", "max_batch_size: 4", "max_batch_size: 2")
+    with pytest.raises(RenderError) as info:
+        validate_repository(repo)
+    assert "dtype mismatch on '_TOKENS_BATCH' → postprocessing.TOKENS_BATCH" in str(info.value)
+    assert "ensemble max_batch_size 4 exceeds preprocessing's 2" in str(info.value)
+
+
+def test_validator_name_version_and_duplicate_output(tmp_path, monkeypatch):
+    repo = _rendered(tmp_path, monkeypatch)
+    ensemble = repo / "ensemble" / "config.pbtxt"
+    text = ensemble.read_text()
+    block = text[text.index('  {\n    name: "kv_cache_alloc_total_blocks"'):]
+    block = block[: block.index("  }") + 3]
+    _edit(ensemble, block, block + ",\n" + block)  # upstream's duplicate declaration
+    assert any("declared more than once" in w for w in validate_repository(repo))
+    (repo / "postprocessing" / "1" / "model.py").unlink()
+    (repo / "postprocessing" / "1").rmdir()
+    _edit(repo / "preprocessing" / "config.pbtxt", 'name: "preprocessing"', 'name: "preproc"')
+    with pytest.raises(RenderError) as info:
+        validate_repository(repo)
+    assert "version directory 1/ is missing" in str(info.value)
+    assert "name 'preproc' differs from its directory 'preprocessing'" in str(info.value)
+
+
+def test_validator_decoding_mode_and_decoupled(tmp_path, monkeypatch):
+    repo = _rendered(tmp_path, monkeypatch)
+    llm = repo / "tensorrt_llm" / "config.pbtxt"
+    _edit(llm, 'key: "medusa_choices"\n    value: { string_value: "{0}, {0, 0}, {0, 0, 0}" }',
+          'key: "medusa_choices"\n    value: { string_value: "" }')
+    _edit(llm, "decoupled: true", "decoupled: false")
+    with pytest.raises(RenderError) as info:
+        validate_repository(repo)
+    assert "decoding_mode medusa needs medusa_choices" in str(info.value)
+    assert "decoupled (True) differs from tensorrt_llm (False)" in str(info.value)
+
+
+def test_validator_engine_vs_decoding_mode(tmp_path, monkeypatch):
+    repo = _rendered(tmp_path, monkeypatch, "none", "baseline")
+    engine = tmp_path / "eng"
+    engine.mkdir()
+    (engine / "engine.json").write_text(json.dumps({"role": "speculative", "proposer": {"method": "eagle"}}))
+    llm = repo / "tensorrt_llm" / "config.pbtxt"
+    text = llm.read_text()
+    old = text[text.index('key: "gpt_model_path"'):]
+    old = old[: old.index("}") + 1]
+    _edit(llm, old, f'key: "gpt_model_path"\n    value: {{ string_value: "{engine}" }}')
+    with pytest.raises(RenderError, match="the engine was built for 'eagle' but decoding_mode is unset"):
+        validate_repository(repo)
+
+
+def test_validator_draft_target_needs_kv_reuse(tmp_path, monkeypatch):
+    repo = _rendered(tmp_path, monkeypatch, "draft_target")
+    _edit(repo / "tensorrt_llm" / "config.pbtxt", 'key: "enable_kv_cache_reuse"\n    value: { string_value: "True" }',
+          'key: "enable_kv_cache_reuse"\n    value: { string_value: "False" }')
+    with pytest.raises(RenderError, match="draft-target needs enable_kv_cache_reuse True on the target"):
+        validate_repository(repo)
+
+
+def test_rerender_replaces_atomically(tmp_path, monkeypatch):
+    repo = _rendered(tmp_path, monkeypatch)
+    (repo / "stray.txt").write_text("old")
+    cfg = make_cfg("reference", "medusa")
+    render(cfg)
+    assert not (repo / "stray.txt").exists()
+    assert sorted(p.name for p in repo.parent.iterdir()) == ["baseline", "speculative"]
