@@ -178,6 +178,22 @@ def _log_tail(log_path: Path) -> str:
 
 
 @contextlib.contextmanager
+def build_lock(root: Path) -> Iterator[None]:
+    """One build per deployment at a time (an exclusive lock on ``<root>/.build.lock``)."""
+    import fcntl  # noqa: PLC0415 - POSIX only, like the rest of the serving path
+
+    with open(root / ".build.lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BuildError(f"another `specdeploy build` is running for {root} (lock {root / '.build.lock'})") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """Turn SIGTERM into KeyboardInterrupt while a build runs (main thread only)."""
     if threading.current_thread() is not threading.main_thread():
@@ -437,16 +453,17 @@ def build(
             require_trtllm(cfg)
         executor = SubprocessExecutor()
     engine_root(cfg).mkdir(parents=True, exist_ok=True)
-    reporter = _RichReporter() if progress else _Reporter()
-    runner = _Runner(cfg, plan, executor, force, reporter)
-    try:
-        with sigterm_as_interrupt():
-            runner.run_all()
-    finally:
-        reporter.close()
-    _check_engine_pair(plan)
-    manifest = _manifest(cfg, plan, runner.records)
-    write_json_atomic(manifest_path(cfg).absolute(), manifest)
+    with build_lock(Path(plan.root)):
+        reporter = _RichReporter() if progress else _Reporter()
+        runner = _Runner(cfg, plan, executor, force, reporter)
+        try:
+            with sigterm_as_interrupt():
+                runner.run_all()
+        finally:
+            reporter.close()
+        _check_engine_pair(plan)
+        manifest = _manifest(cfg, plan, runner.records)
+        write_json_atomic(manifest_path(cfg).absolute(), manifest)
     return manifest
 
 

@@ -408,3 +408,15 @@ def test_cli_trtllm_build_without_tensorrt_llm(in_tmp: Path) -> None:
     assert proc.returncode == 1
     assert proc.stderr.startswith("error: TensorRT-LLM is not installed here") and "Traceback" not in proc.stderr
     assert f"specdeploy plan {path}" in proc.stderr and "backend: reference" in proc.stderr
+
+
+def test_concurrent_build_of_same_deployment_refused(in_tmp: Path) -> None:
+    import fcntl
+
+    root = in_tmp / "engines" / "dtm"
+    root.mkdir(parents=True)
+    with open(root / ".build.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(BuildError, match="another `specdeploy build` is running"):
+            build(parse_config(dtm()), executor=FakeTrtllm(), progress=False)
+    build(parse_config(dtm()), executor=FakeTrtllm(), progress=False)
