@@ -1,0 +1,117 @@
+"""`specdeploy serve` without starting a server: exact argv for the CPU and GPU launches, the
+docker line, the TensorRT-LLM version check, the stub environment and the read-only-wheel
+backend directory, and the errors for missing repositories / variants."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import parse_config
+from pipeline.errors import ServeError, SpecdeployError
+from pipeline.serve import (
+    CpuServer,
+    Ports,
+    check_trtllm_version,
+    cpu_server_argv,
+    cpu_server_env,
+    docker_argv,
+    free_ports,
+    gpu_server_argv,
+    start_deployment,
+)
+
+PORTS = Ports(8000, 8001, 8002)
+COMMON = [
+    "--model-repository=/repo", "--http-address=127.0.0.1", "--http-port=8000",
+    "--grpc-address=127.0.0.1", "--grpc-port=8001", "--allow-metrics=true",
+    "--metrics-address=127.0.0.1", "--metrics-port=8002", "--exit-timeout-secs=5",
+    "--disable-auto-complete-config",
+]
+
+
+def test_cpu_argv():
+    server = CpuServer(Path("/w/bin/tritonserver"), Path("/w/backends"))
+    assert cpu_server_argv(server, Path("/repo"), PORTS) == [
+        "/w/bin/tritonserver", *COMMON, "--backend-directory=/w/backends"]
+
+
+def test_gpu_argv_single_rank():
+    assert gpu_server_argv(Path("/repo"), PORTS, 1) == ["tritonserver", *COMMON]
+
+
+def test_gpu_argv_mpirun_per_rank():
+    argv = gpu_server_argv(Path("/repo"), PORTS, 2)
+    assert argv == [
+        "mpirun", "--allow-run-as-root",
+        "-n", "1", "tritonserver", *COMMON, "--backend-config=python,shm-region-prefix-name=prefix0_",
+        ":", "-n", "1", "tritonserver", *COMMON, "--backend-config=python,shm-region-prefix-name=prefix1_",
+        "--model-control-mode=explicit", "--load-model=tensorrt_llm",
+    ]
+
+
+def test_docker_line():
+    cfg = parse_config({"name": "x", "target": {"checkpoint": "/m"}})
+    argv = docker_argv(cfg, ["tritonserver", "--model-repository=/p/engines/x/model_repo/baseline"], Path("/p"))
+    assert argv == [
+        "docker", "run", "--rm", "--gpus", "all", "--net", "host", "--ipc", "host",
+        "--ulimit", "memlock=-1", "--ulimit", "stack=67108864", "-v", "/p:/p", "-w", "/p",
+        "-e", "PYTHONPATH=/p", cfg.triton.container_image,
+        "tritonserver", "--model-repository=/p/engines/x/model_repo/baseline",
+    ]
+
+
+def test_trtllm_version_mismatch_is_refused():
+    check_trtllm_version({"trtllm_version": "1.2.1"}, "1.2.1")
+    check_trtllm_version({"trtllm_version": "1.2.1"}, None)  # nothing installed here: nothing to compare
+    with pytest.raises(ServeError, match="built by TensorRT-LLM 1.2.0 but 1.2.1 is installed"):
+        check_trtllm_version({"trtllm_version": "1.2.0"}, "1.2.1")
+
+
+def test_stub_environment():
+    server = CpuServer(Path("/w/bin/tritonserver"), Path("/w/backends"), (Path("/w/libs"),))
+    env = cpu_server_env(server, {"PATH": "/usr/bin", "PYTHONPATH": "/extra"})
+    assert env["OMP_NUM_THREADS"] == "1"
+    assert env["PATH"].split(os.pathsep)[0] == str(Path(os.sys.executable).parent)
+    parts = env["PYTHONPATH"].split(os.pathsep)
+    assert parts[-1] == "/extra" and any(p.endswith("site-packages") for p in parts)
+    assert env["LD_LIBRARY_PATH"] == "/w/libs"
+
+
+def test_read_only_wheel_gets_symlinked_backend_dir(tmp_path, monkeypatch):
+    from pipeline import serve, tritonserver_install
+
+    wheel = tmp_path / "pytriton" / "tritonserver"
+    (wheel / "bin").mkdir(parents=True)
+    (wheel / "bin" / "tritonserver").write_text("")
+    python_dir = wheel / "backends" / "python"
+    python_dir.mkdir(parents=True)
+    (python_dir / "libtriton_python.so").write_text("lib")
+    stub = wheel / "python_backend_stubs" / "3.11" / "triton_python_backend_stub"
+    stub.parent.mkdir(parents=True)
+    stub.write_text("stub")
+    install = tritonserver_install.TritonInstall(wheel / "bin" / "tritonserver", wheel / "backends", stub, "pytriton")
+    monkeypatch.setattr(tritonserver_install, "find_tritonserver", lambda: install)
+    monkeypatch.setattr(serve.os, "access", lambda path, mode: False)  # as if the wheel were read-only
+    server = serve.prepare_cpu_server(cache_root=tmp_path / "cache")
+    assert server.backend_dir == tmp_path / "cache"
+    placed = tmp_path / "cache" / "python"
+    assert (placed / "triton_python_backend_stub").resolve() == stub.resolve()
+    assert (placed / "libtriton_python.so").read_text() == "lib"
+    assert not (python_dir / "triton_python_backend_stub").exists()
+
+
+def test_free_ports_distinct():
+    ports = free_ports(3)
+    assert len(set(ports)) == 3
+
+
+def test_missing_repository_and_variant(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = parse_config({"name": "x", "backend": "reference", "hardware": "cpu", "target": {"checkpoint": "/m"}})
+    with pytest.raises(ServeError, match="run `specdeploy render` first"):
+        start_deployment(cfg, "baseline")
+    with pytest.raises(SpecdeployError, match="variant 'speculative' does not exist for speculation method 'none'"):
+        start_deployment(cfg, "speculative")
