@@ -1,13 +1,47 @@
-"""`specdeploy run`: validate -> build -> render -> serve -> loadtest -> report, resumable."""
+"""`specdeploy run CONFIG`: validate → build → render → serve → loadtest → report in one command.
+
+Prints one stage display and, at the end, where the report is and the verdict; the exit code is
+the verdict (0 GO, 1 NO-GO, 3 INCONCLUSIVE), so CI can gate on it. Resumable: a re-run skips
+cached build steps and reuses a finished load test of the same config (``--new-run`` measures
+again). The load-test overrides are those of ``specdeploy loadtest``.
+"""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import typer
 
-from pipeline.errors import SpecdeployError
+
+def _int_list(value: Optional[str]) -> Optional[list[int]]:
+    if not value:
+        return None
+    try:
+        return [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated integers, got '{value}'") from None
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("run", help="validate -> build -> render -> serve -> loadtest -> report, resumable.")
-    def run_command(config: str = typer.Argument(..., help="Deployment config YAML.")) -> None:
-        raise SpecdeployError("`specdeploy run` is not implemented yet")
+    @app.command(
+        "run",
+        help=(
+            "validate -> build -> render -> serve -> loadtest -> report, resumable. Prints where the "
+            "report is and the verdict; exit code = verdict (0 GO, 1 NO-GO, 3 INCONCLUSIVE)."
+        ),
+    )
+    def run_command(
+        config: str = typer.Argument(..., help="Deployment config YAML (e.g. configs/tiny-cpu-draft-target.yaml)."),
+        new_run: bool = typer.Option(False, "--new-run", help="Measure again even if a finished load test of this config exists."),
+        concurrency: Optional[str] = typer.Option(None, "--concurrency", help="Override the concurrency levels, e.g. 1,4,16."),
+        duration: Optional[str] = typer.Option(None, "--duration", help="Override the duration of each cell, e.g. 20s."),
+        repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Override the repeats per cell."),
+    ) -> int:
+        from pipeline.config import load_config  # noqa: PLC0415
+        from pipeline.run import run_pipeline  # noqa: PLC0415
+
+        cfg = load_config(config)
+        overrides = {k: v for k, v in {"concurrency": _int_list(concurrency), "duration": duration,
+                                        "repeats": repeats}.items() if v is not None}
+        report = run_pipeline(cfg, new_run=new_run, loadtest_overrides=overrides)
+        raise typer.Exit(report.exit_code)

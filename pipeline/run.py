@@ -1,0 +1,139 @@
+"""`specdeploy run`: every stage in order — validate → build → render → loadtest (which serves both
+arms) → report — with one stage display, resumable.
+
+Reads the config; each stage writes its usual files (``engines/<name>/manifest.json``, the
+rendered repositories, ``reports/<name>/<run>/``). A re-run skips what is still valid: the build
+cache skips unchanged steps, and a finished load test of the same config (same config hash, every
+planned run recorded, a report written) is reused unless ``new_run`` is set — so an interrupted
+``run`` resumes where it stopped. Returns the :class:`pipeline.report.Report`; its exit code is the
+verdict (0 GO, 1 NO-GO, 3 INCONCLUSIVE).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from pipeline.config import DeploymentConfig, config_hash
+from pipeline.paths import reports_root
+
+STAGES = ("validate", "build", "render", "loadtest", "report")
+
+
+@dataclass
+class StageLog:
+    """What each stage did and how long it took (printed as the closing table)."""
+
+    rows: list[tuple[str, str, float]] = field(default_factory=list)
+
+    def run(self, console, index: int, name: str, fn: Callable[[], Any]) -> Any:
+        console.rule(f"[bold][{index}/{len(STAGES)}] {name}")
+        started = time.monotonic()
+        result = fn()
+        elapsed = time.monotonic() - started
+        detail = result[1] if isinstance(result, tuple) else ""
+        self.rows.append((name, detail, elapsed))
+        return result[0] if isinstance(result, tuple) else result
+
+
+def completed_run_dir(cfg: DeploymentConfig) -> Path | None:
+    """The newest finished load test of this exact config, if any (for resuming)."""
+    root = reports_root(cfg)
+    if not root.is_dir():
+        return None
+    want = config_hash(cfg)
+    for run_dir in sorted((p for p in root.iterdir() if p.is_dir()), reverse=True):
+        if _is_complete(run_dir, want):
+            return run_dir
+    return None
+
+
+def _is_complete(run_dir: Path, want_hash: str) -> bool:
+    """A finished run: same config, every planned run recorded with the server alive, a report."""
+    from pipeline.loadtest import plan_runs  # noqa: PLC0415
+
+    try:
+        meta = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+        runs = json.loads((run_dir / "runs.json").read_text(encoding="utf-8"))["runs"]
+    except (OSError, ValueError, KeyError):
+        return False
+    if meta.get("config_hash") != want_hash or not (run_dir / "report.json").is_file():
+        return False
+    cfg = DeploymentConfig.model_validate(meta["config"])
+    arms = ("baseline",) if cfg.method == "none" else ("baseline", "speculative")
+    planned = plan_runs(cfg, arms, meta["concurrency"], meta["repeats"], meta.get("sweep_draft_len") or [])
+    return len(runs) >= len(planned) and all(r.get("server_alive", False) for r in runs)
+
+
+def run_pipeline(
+    cfg: DeploymentConfig,
+    *,
+    new_run: bool = False,
+    loadtest_overrides: dict[str, Any] | None = None,
+    console=None,
+):
+    """Run every stage; return the Report. Raises SpecdeployError subclasses for user problems."""
+    from rich.console import Console  # noqa: PLC0415
+
+    from pipeline.build import build  # noqa: PLC0415
+    from pipeline.loadtest import run_loadtest  # noqa: PLC0415
+    from pipeline.preflight import errors_of, raise_on_errors, run_preflight  # noqa: PLC0415
+    from pipeline.render import render  # noqa: PLC0415
+    from pipeline.report import make_report  # noqa: PLC0415
+
+    console = console or Console()
+    log = StageLog()
+    overrides = loadtest_overrides or {}
+
+    def validate_stage():
+        findings = run_preflight(cfg, offline=False)
+        for finding in findings:
+            if finding.severity != "info":
+                console.print(f"  {finding.severity}: {finding.field or '-'}: {finding.message}")
+        raise_on_errors(findings)
+        warnings = sum(1 for f in findings if f.severity == "warning")
+        return None, f"{len(errors_of(findings))} errors, {warnings} warnings"
+
+    def build_stage():
+        manifest = build(cfg, progress=True)
+        statuses = [s.get("status") for s in manifest.get("steps", [])]
+        return manifest, f"{statuses.count('cached')} cached, {len(statuses) - statuses.count('cached')} built"
+
+    def render_stage():
+        repos = render(cfg)
+        return repos, ", ".join(f"{variant}: {path}" for variant, (path, _) in repos.items())
+
+    def loadtest_stage():
+        reuse = None if (new_run or overrides) else completed_run_dir(cfg)
+        if reuse is not None:
+            console.print(f"  reusing the finished load test {reuse} (same config; pass --new-run to measure again)")
+            return reuse, f"reused {reuse}"
+        run_dir = run_loadtest(cfg, progress=True, report=False, **overrides)
+        return run_dir, str(run_dir)
+
+    log.run(console, 1, "validate", validate_stage)
+    log.run(console, 2, "build", build_stage)
+    log.run(console, 3, "render", render_stage)
+    run_dir = log.run(console, 4, "loadtest", loadtest_stage)
+    report = log.run(console, 5, "report", lambda: (make_report(run_dir, cfg), str(run_dir / "report.html")))
+    _print_summary(console, log, report)
+    return report
+
+
+def _print_summary(console, log: StageLog, report) -> None:
+    from rich.table import Table  # noqa: PLC0415
+
+    table = Table(title="specdeploy run")
+    for column in ("stage", "result", "seconds"):
+        table.add_column(column, overflow="fold")
+    for name, detail, elapsed in log.rows:
+        table.add_row(name, detail, f"{elapsed:.1f}")
+    console.print(table)
+    style = {"GO": "bold green", "NO-GO": "bold red"}.get(report.verdict, "bold yellow")
+    console.print(f"report: {report.html_path}  (json: {report.json_path})")
+    console.print(f"verdict: [{style}]{report.verdict}[/] (exit code {report.exit_code})")
+    for reason in report.gate.reasons[:8] if hasattr(report.gate, "reasons") else []:
+        console.print(f"  - {reason}")
