@@ -1,7 +1,7 @@
 """`specdeploy demo`: train or inspect the built-in demo models (tokenizer, target, draft, Medusa, EAGLE).
 
 ``demo train`` runs the deterministic CPU recipe (``pipeline.reference.demo.train``) into a
-directory (default: the first-use cache) and writes ``SHA256SUMS`` + ``training_report.json``;
+directory (default: the first-use cache) and writes ``SHA256SUMS.txt`` + ``training_report.json``;
 ``--smoke`` runs a few dozen steps per model (CI proves the path end to end with it).
 ``demo info`` lists each builtin: where it resolves, its size, parameter count, weight sha256 and
 whether the recorded hash matches. Torch is imported only by ``train``.
@@ -110,4 +110,4 @@ def _print_summary(out_dir: Path, report: dict) -> None:
     heads = [quality[k]["in_domain"] for k in sorted(quality) if k.startswith("medusa_head")]
     if heads:
         typer.echo(f"  medusa per-head agreement: {heads}")
-    typer.echo(f"  hashes: {out_dir / 'SHA256SUMS'}; report: {out_dir / 'training_report.json'}")
+    typer.echo(f"  hashes: {out_dir / 'SHA256SUMS.txt'}; report: {out_dir / 'training_report.json'}")

@@ -1,6 +1,6 @@
 """The built-in demo models: ``builtin:tiny-target`` / ``tiny-draft`` / ``tiny-medusa`` / ``tiny-eagle``.
 
-Reads the shipped artifacts (``artifacts/<name>/`` + ``artifacts/SHA256SUMS``) or, where a shipped
+Reads the shipped artifacts (``artifacts/<name>/`` + ``artifacts/SHA256SUMS.txt``) or, where a shipped
 directory is missing, a cache (``$SPECDEPLOY_CACHE`` or ``~/.cache/specdeploy/demo``) that is
 filled by training the full recipe on first use. :func:`resolve_builtin` returns a checkpoint
 directory only after every file's sha256 matched the recorded one; a mismatch raises a
@@ -19,7 +19,7 @@ from pipeline.errors import SpecdeployError
 
 BUILTIN_NAMES = ("tiny-target", "tiny-draft", "tiny-medusa", "tiny-eagle")
 ARTIFACTS_DIR = Path(__file__).resolve().parent / "artifacts"
-SUMS_FILE = "SHA256SUMS"
+SUMS_FILE = "SHA256SUMS.txt"  # .txt: shipped as package data (pyproject globs)
 WEIGHT_FILES = {
     "tiny-target": "model.safetensors",
     "tiny-draft": "model.safetensors",
@@ -44,7 +44,7 @@ def _normalise(name: str) -> str:
 
 
 def read_sums(root: Path) -> dict[str, str]:
-    """``root/SHA256SUMS`` → {"tiny-target/model.safetensors": sha256, …} ({} when absent)."""
+    """``root/SHA256SUMS.txt`` → {"tiny-target/model.safetensors": sha256, …} ({} when absent)."""
     path = root / SUMS_FILE
     if not path.is_file():
         return {}
@@ -108,7 +108,7 @@ def _train_into_cache(root: Path) -> None:
     if shipped and any(shipped.get(rel) not in (None, digest) for rel, digest in read_sums(root).items()):
         print(
             "specdeploy: note: the demo models trained here differ bit-wise from the recorded ones "
-            "(another CPU type or library version); they are verified against their own SHA256SUMS",
+            "(another CPU type or library version); they are verified against their own SHA256SUMS.txt",
             file=sys.stderr,
         )
 

@@ -20,7 +20,7 @@ IN_DOMAIN = ("code", "records", "prose", "arithmetic")
 CATEGORIES = IN_DOMAIN + ("ood",)
 
 MAX_PROMPT_CHARS = 160  # ≈ 60 tokens: prompt + 48 new tokens stay within the trained window
-OOD_SHARE = 0.25  # ood samples in training, relative to one in-domain category
+OOD_SHARE = 0.15  # ood samples in training, relative to one in-domain category
 
 # Seeds: training text and held-out text come from disjoint streams.
 TRAIN_SEED = 20260101
@@ -132,19 +132,21 @@ def _arithmetic(rng: random.Random) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _ood_word(rng: random.Random) -> str:
+    kind = rng.randrange(3)
+    if kind == 0:
+        return "".join(rng.choice(_SYLLABLES) for _ in range(rng.randrange(1, 4)))
+    if kind == 1:
+        return "".join(rng.choice(_SYMBOLS) for _ in range(rng.randrange(1, 4)))
+    chars = list(rng.choice(_NOUNS + _PLACES + _CITIES))
+    rng.shuffle(chars)
+    return "".join(chars).upper() if rng.random() < 0.3 else "".join(chars)
+
+
 def _ood(rng: random.Random) -> str:
-    words = []
-    for _ in range(rng.randrange(10, 18)):
-        kind = rng.randrange(3)
-        if kind == 0:
-            words.append("".join(rng.choice(_SYLLABLES) for _ in range(rng.randrange(1, 4))))
-        elif kind == 1:
-            words.append("".join(rng.choice(_SYMBOLS) for _ in range(rng.randrange(1, 4))))
-        else:
-            chars = list(rng.choice(_NOUNS + _PLACES + _CITIES))
-            rng.shuffle(chars)
-            words.append("".join(chars).upper() if rng.random() < 0.3 else "".join(chars))
-    return " ".join(words) + "\n"
+    """Several lines of made-up words: long enough that a continuation stays in kind."""
+    lines = [" ".join(_ood_word(rng) for _ in range(rng.randrange(6, 11))) for _ in range(rng.randrange(4, 7))]
+    return "\n".join(lines) + "\n"
 
 
 GENERATORS: dict[str, Callable[[random.Random], str]] = {
@@ -175,20 +177,22 @@ def training_corpus(samples_per_category: int, seed: int = TRAIN_SEED) -> list[t
 
 
 def prompt_prefix(category: str, text: str, rng: random.Random) -> str:
-    """Cut a held-out sample into a prompt: whole leading lines (or sentences for prose), so the
-    continuation the model should produce is the rest of the document."""
+    """Cut a held-out sample into a prompt: whole leading sentences (prose) or lines, at most
+    ``MAX_PROMPT_CHARS``, never ending in whitespace (byte-level BPE merges a newline with the
+    next line's indentation, so a prompt ending in a bare newline would be a token sequence the
+    model never saw). The model should produce the rest of the document."""
     if category == "prose":
         parts = text.split(". ")
         keep = rng.randrange(1, max(2, len(parts)))
-        return ". ".join(parts[:keep]) + "."
-    if category == "ood":
-        words = text.split()
-        return " ".join(words[: rng.randrange(6, len(words))])
-    lines = text.splitlines(keepends=True)
+        return ". ".join(parts[:keep]).rstrip(".\n") + "."
+    lines = text.splitlines()
     keep = rng.randrange(min(2, len(lines) - 1), max(3, len(lines) - 1))
-    while keep > 1 and len("".join(lines[:keep])) > MAX_PROMPT_CHARS:
+    while keep > 1 and len("\n".join(lines[:keep])) > MAX_PROMPT_CHARS:
         keep -= 1
-    return "".join(lines[:keep])
+    prompt = "\n".join(lines[:keep]).rstrip()
+    if len(prompt) > MAX_PROMPT_CHARS:  # one very long line (ood): cut at a word boundary
+        prompt = prompt[:MAX_PROMPT_CHARS].rsplit(" ", 1)[0]
+    return prompt
 
 
 def prompts(category: str, count: int, seed: int = HELDOUT_SEED) -> list[dict[str, str]]:

@@ -2,7 +2,7 @@
 
 Reads nothing but the generated corpus (``corpus``); writes one checkpoint directory per builtin
 under ``out_dir`` (``tiny-target``, ``tiny-draft``: HF Llama layout; ``tiny-medusa``, ``tiny-eagle``:
-upstream head layouts, see ``heads``), ``SHA256SUMS`` over every file, and ``training_report.json``
+upstream head layouts, see ``heads``), ``SHA256SUMS.txt`` over every file, and ``training_report.json``
 (losses, agreements, a greedy sample per category, seconds per stage). One torch thread, fixed
 seeds, bf16 autocast with fp32 master weights: the same machine type gives bit-identical files.
 Recipe (shared/reference/cpu-engine-notes.md): AdamW β=(0.9, 0.95), wd 0.1, warm-up then cosine
@@ -35,7 +35,7 @@ from pipeline.reference.demo.tokenizer import (
 
 TARGET, DRAFT, MEDUSA, EAGLE = "tiny-target", "tiny-draft", "tiny-medusa", "tiny-eagle"
 MODEL_NAMES = (TARGET, DRAFT, MEDUSA, EAGLE)
-SUMS_FILE = "SHA256SUMS"
+SUMS_FILE = "SHA256SUMS.txt"  # .txt: shipped as package data (pyproject globs)
 REPORT_FILE = "training_report.json"
 
 
@@ -467,7 +467,7 @@ def sha256_file(path: Path) -> str:
 
 
 def write_sums(out_dir: Path) -> dict[str, str]:
-    """``SHA256SUMS`` (``sha256sum -c`` format) over every file of every model dir."""
+    """``SHA256SUMS.txt`` (``sha256sum -c`` format) over every file of every model dir."""
     sums = {}
     for name in MODEL_NAMES:
         model_dir = out_dir / name
