@@ -25,6 +25,7 @@ from pipeline.errors import SpecdeployError
 from pipeline.reference.kv_cache import KVPool, SlotCache
 
 QUANT_METHOD = "specdeploy_int8_wo"
+ONE_ROW_MKL = 1  # rows up to this use F.linear (MKL); more use the oneDNN-blocked weight
 
 
 # ----------------------------------------------------------------------------------------------
@@ -132,14 +133,28 @@ class Linear:
         self.weight = weight
         self.bias = bias
         self.packed = _prepack_int8(weight, scale) if scale is not None else None
+        self.blocked = _prepack_onednn(weight) if scale is None and weight.dtype == torch.float32 else None
         self.out_features = weight.shape[0]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
-            return F.linear(x, self.weight, self.bias)
+            if self.blocked is not None and x.numel() > ONE_ROW_MKL * x.shape[-1]:  # oneDNN GEMM
+                flat = x.reshape(-1, x.shape[-1])
+                y = torch.ops.mkldnn._linear_pointwise(flat, self.blocked, self.bias, "none", [], "")
+                return y.reshape(*x.shape[:-1], -1)
+            return F.linear(x, self.weight, self.bias)  # one row: MKL GEMV is fastest
         flat = x.reshape(-1, x.shape[-1])
         y = torch.ops.quantized.linear_dynamic(flat, self.packed, True).reshape(*x.shape[:-1], -1)
         return y if self.bias is None else y + self.bias
+
+
+def _prepack_onednn(weight: torch.Tensor):
+    """oneDNN-blocked copy of a float32 weight. Measured here: a 5-row F.linear (MKL) costs ~3.5×
+    a 1-row one, the oneDNN kernel ~1.1–1.5× — so verifying K+1 tokens stays cheap."""
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(weight, 8)
+    except (RuntimeError, AttributeError):  # a torch without oneDNN: plain F.linear everywhere
+        return None
 
 
 def _prepack_int8(weight: torch.Tensor, scale: torch.Tensor):
