@@ -529,6 +529,7 @@ def run_loadtest(
     prompts, dataset = load_prompt_set(cfg)
     created = datetime.now(timezone.utc)
     run_dir = Path(out_dir) if out_dir else reports_root(cfg) / created.strftime("%Y%m%dT%H%M%SZ")
+    run_dir = run_dir.resolve()  # locust runs with another working directory
     if run_dir.exists() and any(run_dir.iterdir()):
         raise LoadTestError(f"--out: {run_dir} exists and is not empty")
     for sub in ("raw/parts", "settings", "metrics", "logs"):
