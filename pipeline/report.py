@@ -267,6 +267,13 @@ def _png(fig) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+def _concurrency_axis(ax, levels: list[int]) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(levels, [str(v) for v in levels])
+    ax.minorticks_off()
+    ax.set_xlabel("concurrency")
+
+
 def make_plots(analysis: dict, runs: list[RunData]) -> dict[str, str]:
     import matplotlib  # noqa: PLC0415
 
@@ -290,8 +297,7 @@ def make_plots(analysis: dict, runs: list[RunData]) -> dict[str, str]:
             lo = [min((r[run_key] for r in c["runs"] if r[run_key] is not None), default=np.nan) for c in arm_cells]
             hi = [max((r[run_key] for r in c["runs"] if r[run_key] is not None), default=np.nan) for c in arm_cells]
             ax.fill_between(x, lo, hi, color=color, alpha=0.2, label=f"{arm} run-median range")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrency")
+        _concurrency_axis(ax, sorted({c["concurrency"] for c in cells}))
         ax.set_ylabel(label)
     axes[0].legend(fontsize=7)
     plots["latency_vs_concurrency"] = _png(fig)
@@ -309,8 +315,7 @@ def make_plots(analysis: dict, runs: list[RunData]) -> dict[str, str]:
         ax.axhline(1.0, color="gray", lw=1)
         if analysis["crossover_concurrency"] is not None:
             ax.axvline(analysis["crossover_concurrency"], color="red", ls=":", label="crossover")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrency")
+        _concurrency_axis(ax, x)
         ax.set_ylabel("speedup")
         ax.legend(fontsize=7)
         plots["speedup_vs_concurrency"] = _png(fig)

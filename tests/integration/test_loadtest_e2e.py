@@ -1,0 +1,64 @@
+"""End to end on the tiny CPU deployment (configs/tiny-cpu-draft-target.yaml): build → render →
+``run_loadtest`` (both arms' real tritonservers, Locust gRPC streaming subprocesses, concurrency
+1 and 2, one repeat of a few seconds) → raw records, Prometheus deltas, report files, a verdict."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def in_dir(path: Path):
+    previous = Path.cwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+
+
+@pytest.mark.slow
+def test_loadtest_end_to_end_on_tiny_cpu_deployment(tmp_path):
+    from pipeline.build import build
+    from pipeline.config import load_config
+    from pipeline.loadtest import run_loadtest
+    from pipeline.render import render
+
+    cfg = load_config(ROOT / "configs" / "tiny-cpu-draft-target.yaml")
+    with in_dir(tmp_path):
+        build(cfg, progress=False)
+        render(cfg)
+        run_dir = run_loadtest(cfg, out_dir=tmp_path / "run", concurrency=[1, 2], duration="5s", repeats=1,
+                               progress=False)
+
+    runs = json.loads((run_dir / "runs.json").read_text())["runs"]
+    assert [r["key"] for r in runs] == ["baseline-c1-r0", "speculative-k4-c1-r0", "baseline-c2-r0", "speculative-k4-c2-r0"]
+    for run in runs:
+        assert run["valid"] and run["server_alive"], run["invalid_reasons"]
+        records = [json.loads(line) for line in (run_dir / run["raw"]).read_text().splitlines()]
+        assert len(records) == run["sent"] > 0
+        ok = [r for r in records if r["status"] == "ok"]
+        assert ok, [r["error"] for r in records][:3]
+        assert {r["status"] for r in records} <= {"ok", "incomplete_at_stop"}
+        assert all(r["osl_source"] == "server" and 0 < r["osl"] <= cfg.loadtest.max_tokens for r in ok)
+        assert all(not r["prompt_echoed"] for r in ok)
+        if run["arm"] == "speculative":
+            assert run["metrics_delta"] and run["metrics_delta"]["draft_tokens"] > 0
+            assert any((r["draft_tokens"] or 0) > 0 for r in ok)
+
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["schema"] == "specdeploy-report/1"
+    assert report["verdict"] in ("GO", "NO-GO", "INCONCLUSIVE")
+    assert report["verdict"] != "GO"  # one repeat < gate.min_runs: never enough evidence for GO
+    for comp in report["comparisons"]:
+        assert comp["equivalence"]["equivalent"], comp["equivalence"]["mismatched_ids"]  # exact on the CPU engine
+    assert (run_dir / "report.html").is_file() and (run_dir / "report.md").is_file()
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["config_hash"] and meta["dataset"]["sha256"] and meta["endpoints"]["speculative"]["model"] == "tensorrt_llm_bls"
