@@ -1,0 +1,95 @@
+"""The training path end to end (`specdeploy demo train --smoke`): every model lands in its exact
+checkpoint format, loads, and two runs give byte-identical files (same SHA256SUMS.txt)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pipeline.cli import run  # noqa: E402
+from pipeline.reference import demo  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def two_smoke_runs(tmp_path_factory):
+    dirs = [tmp_path_factory.mktemp(f"smoke{i}") for i in range(2)]
+    for out in dirs:
+        assert run(["demo", "train", "--smoke", "--quiet", "--out", str(out)]) == 0
+    return dirs
+
+
+@pytest.mark.slow
+def test_two_smoke_runs_are_bit_identical(two_smoke_runs):
+    first, second = two_smoke_runs
+    sums = (first / "SHA256SUMS.txt").read_text()
+    assert sums == (second / "SHA256SUMS.txt").read_text()
+    assert len(sums.splitlines()) == 6 + 6 + 2 + 2  # target, draft, medusa, eagle files
+
+
+@pytest.mark.slow
+def test_smoke_outputs_load_and_verify(two_smoke_runs):
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from pipeline.reference.demo.heads import load_eagle, load_medusa
+
+    out = two_smoke_runs[0]
+    for name in demo.BUILTIN_NAMES:
+        assert demo.verify_artifact(name, out) == out / name
+        assert all(oct(p.stat().st_mode)[-3:] == "644" for p in (out / name).iterdir())
+    target = LlamaForCausalLM.from_pretrained(str(out / "tiny-target"))
+    draft = LlamaForCausalLM.from_pretrained(str(out / "tiny-draft"))
+    assert (target.config.num_hidden_layers, draft.config.num_hidden_layers) == (6, 1)
+    tokenizer = AutoTokenizer.from_pretrained(str(out / "tiny-draft"))
+    assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (1, 2, 0)
+    assert len(load_medusa(out / "tiny-medusa").heads) == 4
+    eagle = load_eagle(out / "tiny-eagle")
+    assert torch.equal(eagle.embed_tokens.weight, target.model.embed_tokens.weight)
+    report = json.loads((out / "training_report.json").read_text())
+    assert set(report["models"]) == set(demo.BUILTIN_NAMES)
+    assert report["sha256"] == demo.read_sums(out)
+
+
+@pytest.mark.slow
+def test_retraining_one_model_reuses_the_target(two_smoke_runs, tmp_path):
+    import shutil
+
+    out = tmp_path / "one"
+    shutil.copytree(two_smoke_runs[0], out)
+    (out / "tiny-medusa" / "medusa_lm_head.safetensors").unlink()
+    assert run(["demo", "train", "--smoke", "--quiet", "--only", "tiny-medusa", "--out", str(out)]) == 0
+    assert (out / "SHA256SUMS.txt").read_text() == (two_smoke_runs[0] / "SHA256SUMS.txt").read_text()
+
+
+@pytest.mark.slow
+def test_missing_shipped_artifacts_train_into_the_cache_once(tmp_path, monkeypatch):
+    from pipeline.reference.demo import train
+
+    monkeypatch.setattr(demo, "ARTIFACTS_DIR", tmp_path / "not-shipped")
+    monkeypatch.setenv("SPECDEPLOY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(train, "FULL", train.SMOKE)  # the first-use path, at smoke size
+    path = demo.resolve_builtin("builtin:tiny-eagle")
+    assert path == tmp_path / "cache" / "demo" / "tiny-eagle"
+    weights = path / "model.safetensors"
+    stamp = weights.stat().st_mtime_ns
+    assert demo.resolve_builtin("tiny-target") == tmp_path / "cache" / "demo" / "tiny-target"
+    assert weights.stat().st_mtime_ns == stamp  # verified, not retrained
+    weights.write_bytes(weights.read_bytes()[:-4] + b"\0\0\0\0")
+    with pytest.raises(demo.SpecdeployError, match="corrupted.*delete .*cache"):
+        demo.resolve_builtin("tiny-eagle")
+
+
+def test_demo_info_lists_every_builtin(capsys):
+    assert run(["demo", "info", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in rows] == [f"builtin:{n}" for n in demo.BUILTIN_NAMES]
+    for row in rows:
+        if row["source"] == "shipped":
+            assert row["status"] == "ok (sha256 verified)" and row["params"] > 0 and len(row["sha256"]) == 64
+
+
+def test_demo_train_rejects_an_unknown_model():
+    with pytest.raises(demo.SpecdeployError, match="--only: unknown demo model 'tiny-giant'"):
+        run(["demo", "train", "--smoke", "--only", "tiny-giant"])
