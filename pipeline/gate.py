@@ -19,6 +19,7 @@ from pipeline.stats import best_ci
 GO, NO_GO, INCONCLUSIVE = "GO", "NO-GO", "INCONCLUSIVE"
 EXIT_CODES = {GO: 0, NO_GO: 1, INCONCLUSIVE: 3}
 PASS, FAIL, UNSURE = "pass", "fail", "inconclusive"
+CLIENT_CPU_MAX = 0.9  # Locust's own warning threshold
 
 
 @dataclass
@@ -88,6 +89,11 @@ def _validity_checks(analysis: dict, gate: GateSettings) -> list[Check]:
                      value=dead))
     if invalid:
         out.append(Check("run_valid", "run", FAIL, f"runs marked invalid: {invalid}", value=invalid))
+    saturated = [r["key"] for r in runs if (r.get("client_cpu_fraction") or 0.0) > CLIENT_CPU_MAX]
+    if saturated:
+        out.append(Check("client_saturation", "run", UNSURE,
+                         f"load generator above {CLIENT_CPU_MAX:.0%} CPU in {saturated}: latencies may include "
+                         "client queueing; add --processes or hosts and rerun", value=saturated, threshold=CLIENT_CPU_MAX))
     unaccounted = [r["key"] for r in runs if not r.get("accounted", True)]
     out.append(Check("requests_accounted", "run", FAIL if unaccounted else PASS,
                      f"completed + incomplete != sent in {unaccounted}" if unaccounted
@@ -121,7 +127,7 @@ def _level_validity(level: int, comp: dict, gate: GateSettings, *, greedy: bool)
                      f"{n_runs} runs per arm (minimum {gate.min_runs})", value=n_runs, threshold=gate.min_runs))
     for arm in ("base", "spec"):
         achieved = comp["achieved_concurrency"][arm]
-        if achieved is None:
+        if achieved is None or comp.get("target_rate") is not None:  # open loop: concurrency is an outcome
             continue
         gap = abs(achieved - level) / level
         out.append(Check("achieved_concurrency", f"{scope} {arm}",

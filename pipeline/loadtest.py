@@ -276,6 +276,40 @@ class RssSampler:
             self._stop.wait(self.interval_s)
 
 
+class CpuSampler:
+    """CPU seconds used by a process tree (the Locust client), sampled until it exits."""
+
+    def __init__(self, pid: int, interval_s: float = 0.5):
+        self.pid, self.interval_s = pid, interval_s
+        self.cpu_s = 0.0
+        self._seen: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        import psutil  # noqa: PLC0415
+
+        try:
+            root = psutil.Process(self.pid)
+        except psutil.Error:
+            return
+        while not self._stop.is_set():
+            try:
+                for proc in [root, *root.children(recursive=True)]:
+                    times = proc.cpu_times()
+                    self._seen[proc.pid] = times.user + times.system
+            except psutil.Error:
+                pass
+            self.cpu_s = sum(self._seen.values())
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        return self.cpu_s
+
+
 # ------------------------------------------------------------------------------------------------
 # The plan and one Locust run
 
@@ -384,12 +418,14 @@ def execute_run(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run
     with RssSampler(endpoint.pid) as rss, open(log_path, "w", encoding="utf-8") as log:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(PROJECT_ROOT),
                                 start_new_session=True)
+        cpu = CpuSampler(proc.pid)
         try:
             exit_code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
             _kill_group(proc)
             exit_code = proc.wait()
+        client_cpu_s = cpu.stop()
     after = scrape_counters(endpoint.metrics_url)
     alive = endpoint.alive() if endpoint.alive else True
     n_records, metas = merge_parts(run_dir, spec.key)
@@ -413,6 +449,8 @@ def execute_run(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run
         "server_alive": alive, "valid": not reasons, "invalid_reasons": reasons, "locust_exit_code": exit_code,
         "n_records": n_records, "sent": sum(m.get("sent", 0) for m in metas), "peak_rss_mb": rss.peak_mb,
         "started_unix": started, "seconds": time.time() - started, "command": argv,
+        "client_cpu_s": client_cpu_s,
+        "client_cpu_fraction": client_cpu_s / max(1e-9, (time.time() - started) * cfg.loadtest.processes),
         "server_log_tail": endpoint.log_tail(30) if (not alive and endpoint.log_tail) else None,
     }
 

@@ -120,6 +120,7 @@ def analyze(run_dir: Path, cfg: DeploymentConfig) -> dict[str, Any]:
         comp = compare_cells(groups[base_key], spec_runs, base_cell, spec_cell, boot)
         comp.update({
             "concurrency": conc, "draft_len": dl, "primary": dl == primary,
+            "target_rate": spec_runs[0].info.get("target_rate"),
             "error_rate": {"base": base_cell["error_rate"], "spec": spec_cell["error_rate"]},
             "achieved_concurrency": {"base": base_cell["achieved_concurrency"], "spec": spec_cell["achieved_concurrency"]},
         })
@@ -178,6 +179,7 @@ def _headline_rows(analysis: dict, meta: dict, cfg: DeploymentConfig) -> list[di
         rows.append({
             "arm": cell["arm"],
             "concurrency": cell["concurrency"],
+            "target_rate": cell["runs"][0].get("target_rate") if cell["runs"] else None,
             "task_set": categories,
             "draft_model": meta.get("draft_model") if is_spec else None,
             "speculation_length": (cell["draft_len"] or meta.get("primary_draft_len")) if is_spec else 0,

@@ -201,6 +201,8 @@ def run_summary(run: RunData, slo_ttft_ms: float, slo_tpot_ms: float) -> dict[st
         "goodput_rps": (sum(meets_slo(r, slo_ttft_ms, slo_tpot_ms) for r in ok) / duration_s) if duration_s > 0 else None,
         "achieved_concurrency": achieved_concurrency(ok, stop_signals),
         "peak_rss_mb": run.info.get("peak_rss_mb"),
+        "client_cpu_fraction": run.info.get("client_cpu_fraction"),
+        "target_rate": run.info.get("target_rate"),
         "metrics_delta": run.info.get("metrics_delta"),
         "throughput_timeline": throughput_timeline(run.records),
     }

@@ -158,3 +158,16 @@ def test_each_target_level_is_gated(level):
     comps = {1: comparison(1), 8: comparison(8)}
     comps[level] = comparison(level, tpot=(1.3, 1.2, 1.4))
     assert verdict(analysis(*comps.values()), target_concurrency=[1, 8]).verdict == "NO-GO"
+
+
+def test_saturated_client_is_inconclusive():
+    runs = [{"key": "spec-c64-r0", "valid": True, "server_alive": True, "accounted": True, "client_cpu_fraction": 0.97}]
+    result = verdict(analysis(comparison(1), runs=runs))
+    assert result.verdict == "INCONCLUSIVE"
+    assert any(c.rule == "client_saturation" for c in result.checks)
+
+
+def test_open_loop_skips_achieved_concurrency():
+    comp = comparison(1, achieved=7.5)
+    comp["target_rate"] = 20.0
+    assert verdict(analysis(comp)).verdict == "GO"

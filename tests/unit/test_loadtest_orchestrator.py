@@ -1,0 +1,127 @@
+"""``run_loadtest`` end to end against two fake streaming servers (real Locust subprocesses), plus
+its input checks: interleaved arms, identical request settings, provenance, a killed server makes
+the run invalid and the verdict NO-GO."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import parse_config
+from pipeline.errors import SpecdeployError
+from pipeline.loadtest import _parse_duration, parse_counters, plan_runs, run_loadtest
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPTS = ROOT / "tests" / "fixtures" / "prompts_small.jsonl"
+
+
+def make_cfg(**loadtest):
+    return parse_config({
+        "name": "orch", "backend": "reference",
+        "target": {"checkpoint": "builtin:tiny-target", "dtype": "float32"},
+        "speculation": {"method": "draft_target", "num_draft_tokens": 3,
+                        "draft": {"checkpoint": "builtin:tiny-draft", "dtype": "float32"}},
+        "loadtest": {"transport": "http", "concurrency": [1, 2], "duration_s": 2, "warmup_s": 0.2, "repeats": 1,
+                     "max_tokens": 7, "prompts": str(PROMPTS), "stop_timeout_s": 5, **loadtest},
+        "gate": {"bootstrap_resamples": 200},
+    })
+
+
+class Fake:
+    def __init__(self, *args: str):
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "loadtests" / "fake_server.py"), *args],
+                                     stdout=subprocess.PIPE, text=True)
+        self.url = f"http://127.0.0.1:{int(self.proc.stdout.readline().split()[1])}"
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+
+
+@pytest.fixture()
+def fakes():
+    base = Fake("--ttft-ms", "30", "--tpot-ms", "6", "--max-tokens-cap", "7")
+    spec = Fake("--ttft-ms", "35", "--tpot-ms", "3", "--tokens-per-chunk", "3", "--max-tokens-cap", "7")
+    yield base, spec
+    base.close()
+    spec.close()
+
+
+@pytest.mark.slow
+def test_run_loadtest_against_fake_servers(tmp_path, fakes):
+    base, spec = fakes
+    run_dir = run_loadtest(make_cfg(), out_dir=tmp_path / "run", endpoint_baseline=base.url,
+                           endpoint_speculative=spec.url, progress=False)
+    runs = json.loads((run_dir / "runs.json").read_text())["runs"]
+    assert [r["key"] for r in runs] == ["baseline-c1-r0", "speculative-k3-c1-r0", "baseline-c2-r0", "speculative-k3-c2-r0"]
+    assert all(r["valid"] and r["server_alive"] and r["n_records"] == r["sent"] > 0 for r in runs)
+    assert all(r["client_cpu_fraction"] is not None for r in runs)
+    settings = {r["key"]: json.loads((run_dir / r["settings"]).read_text()) for r in runs}
+    b, s = settings["baseline-c1-r0"], settings["speculative-k3-c1-r0"]
+    for key in ("prompts", "max_tokens", "sampling", "seed", "transport", "mode"):
+        assert b[key] == s[key], key  # same prompts, order seed, max_tokens, sampling, transport in both arms
+    assert b["model_name"] == s["model_name"] == "tensorrt_llm_bls"
+    assert b["extra_inputs"] == {} and s["extra_inputs"] == {"num_draft_tokens": 3}
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["config_hash"] and meta["dataset"]["n_prompts"] == 5 and meta["versions"]["locust"]
+    assert len(meta["commands"]) == 5  # the CLI line + one locust command per run
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["verdict"] == "INCONCLUSIVE"  # one repeat < gate.min_runs
+    assert any("runs per arm" in r for r in report["reasons"])
+
+
+@pytest.mark.slow
+def test_dead_server_marks_run_invalid_and_never_go(tmp_path, fakes):
+    base, spec = fakes
+    spec.close()  # the speculative server is gone before its first run
+    run_dir = run_loadtest(make_cfg(concurrency=[1]), out_dir=tmp_path / "run", endpoint_baseline=base.url,
+                           endpoint_speculative=spec.url, progress=False)
+    runs = json.loads((run_dir / "runs.json").read_text())["runs"]
+    dead = [r for r in runs if r["arm"] == "speculative"]
+    assert dead and not dead[0]["server_alive"] and not dead[0]["valid"]
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["verdict"] == "NO-GO" and report["exit_code"] == 1
+
+
+def test_input_errors_are_clear(tmp_path):
+    cfg = make_cfg()
+    with pytest.raises(SpecdeployError, match="no endpoint for arm"):
+        run_loadtest(cfg, out_dir=tmp_path / "a", endpoint_baseline="http://127.0.0.1:1", progress=False)
+    with pytest.raises(SpecdeployError, match="loadtest.prompts"):
+        run_loadtest(make_cfg(prompts=str(tmp_path / "missing")), out_dir=tmp_path / "b",
+                     endpoint_baseline="x", endpoint_speculative="y", progress=False)
+    with pytest.raises(SpecdeployError, match="max_draft_len"):
+        run_loadtest(cfg, out_dir=tmp_path / "c", sweep_draft_len=[2, 8], endpoint_baseline="x",
+                     endpoint_speculative="y", progress=False)
+    medusa = parse_config({**cfg.model_dump(mode="json"), "speculation": {"method": "medusa", "heads_dir": "h"}})
+    with pytest.raises(SpecdeployError, match="fixes its draft length"):
+        run_loadtest(medusa, out_dir=tmp_path / "d", sweep_draft_len=[2], endpoint_baseline="x",
+                     endpoint_speculative="y", progress=False)
+    with pytest.raises(SpecdeployError, match="--duration"):
+        _parse_duration("soon")
+    assert _parse_duration("2m") == 120 and _parse_duration("1.5s") == 1.5
+
+
+def test_plan_interleaves_arms_and_sweeps_draft_lengths():
+    cfg = make_cfg()
+    keys = [s.key for s in plan_runs(cfg, ("baseline", "speculative"), [1, 4], 2, [2, 3])]
+    assert keys[:6] == ["baseline-c1-r0", "speculative-k2-c1-r0", "speculative-k3-c1-r0",
+                        "baseline-c4-r0", "speculative-k2-c4-r0", "speculative-k3-c4-r0"]
+    assert len(keys) == 12 and keys[6] == "baseline-c1-r1"
+
+
+def test_prometheus_counters_summed_over_labels():
+    text = """# HELP specdeploy_spec_decode_draft_tokens_total drafts
+# TYPE specdeploy_spec_decode_draft_tokens_total counter
+specdeploy_spec_decode_draft_tokens_total{model="tensorrt_llm",version="1"} 40
+specdeploy_spec_decode_draft_tokens_total{model="tensorrt_llm_bls",version="1"} 2
+specdeploy_spec_decode_accepted_tokens_total{model="tensorrt_llm",version="1"} 30
+specdeploy_spec_decode_verify_steps_total{model="tensorrt_llm",version="1"} 10
+nv_inference_count{model="ensemble",version="1"} 99
+"""
+    assert parse_counters(text) == {"draft_tokens": 42.0, "accepted_tokens": 30.0, "verify_steps": 10.0}
