@@ -25,7 +25,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeline.stats import RunData, achieved_concurrency, measured_window  # noqa: E402
+from pipeline.stats import achieved_concurrency, measured_window  # noqa: E402
 
 TTFT_MS, TPOT_MS, MAX_TOKENS = 200.0, 10.0, 32
 PROMPTS = [{"id": f"p{i}", "category": "bench", "prompt": f"benchmark prompt {i}"} for i in range(16)]
@@ -70,14 +70,18 @@ def run_point(port: int, users: int, duration_s: int, workdir: Path) -> dict:
     wall = time.monotonic() - started
     records = [json.loads(line) for f in workdir.glob(f"u{users}.*.jsonl") for line in f.read_text().splitlines()]
     ok = [r for r in records if r["status"] == "ok" and r["stage"] == "measure"]
+    metas = [json.loads(f.read_text()) for f in workdir.glob(f"u{users}.*.meta.json")]
+    stop_signals = {m["pid"]: m.get("t_stop_signal") for m in metas}
     duration, _ = measured_window(ok)
     ttft = np.array([(r["t_first_token"] - r["t_sent"]) / 1e6 for r in ok])
     tpot = np.array([(r["t_last"] - r["t_first_token"]) / 1e6 / (r["osl"] - 1) for r in ok if r["osl"] > 1])
     chunks = sum(r["n_chunks"] for r in ok)
     point = {
-        "users": users, "requests_ok": len(ok), "requests_other": len(records) - len(ok),
+        "users": users, "requests_ok": len(ok), "requests_warmup": sum(r["stage"] == "warmup" for r in records),
+        "requests_failed": sum(r["status"] not in ("ok", "incomplete_at_stop") for r in records),
+        "requests_incomplete_at_stop": sum(r["status"] == "incomplete_at_stop" for r in records),
         "chunks_per_s": chunks / duration if duration else 0.0,
-        "achieved_concurrency": achieved_concurrency(RunData({}, ok).records),
+        "achieved_concurrency": achieved_concurrency(ok, stop_signals),
         "ttft_ms": {"expected": TTFT_MS, "p50": float(np.median(ttft)), "p95": float(np.percentile(ttft, 95))},
         "tpot_ms": {"expected": TPOT_MS, "p50": float(np.median(tpot)), "p95": float(np.percentile(tpot, 95))},
         "locust_cpu_s": cpu, "locust_wall_s": wall, "locust_cpu_fraction": cpu / wall if wall else None,
