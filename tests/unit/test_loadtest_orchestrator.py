@@ -125,3 +125,14 @@ specdeploy_spec_decode_verify_steps_total{model="tensorrt_llm",version="1"} 10
 nv_inference_count{model="ensemble",version="1"} 99
 """
     assert parse_counters(text) == {"draft_tokens": 42.0, "accepted_tokens": 30.0, "verify_steps": 10.0}
+
+
+def test_cli_rejects_bad_options(tmp_path):
+    from pipeline.cli import run as cli_run
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(json.dumps(make_cfg().model_dump(mode="json")))
+    with pytest.raises(SpecdeployError, match="--concurrency"):
+        cli_run(["loadtest", str(cfg), "--concurrency", "1,x"])
+    with pytest.raises(SpecdeployError, match="--endpoint needs --arm"):
+        cli_run(["loadtest", str(cfg), "--endpoint", "127.0.0.1:1"])

@@ -118,3 +118,20 @@ def test_dead_server_run_is_never_go(run_dir: Path):
     report = make_report(run_dir)
     assert report.verdict == "NO-GO" and report.exit_code == 1
     assert any("server died" in r for r in report.data["reasons"])
+
+
+def test_recommended_draft_length_per_concurrency():
+    from pipeline.report import recommend_draft_len
+
+    def comp(level, k, low, high, point):
+        ci = {"low": low, "high": high, "point": point}
+        return {"concurrency": level, "draft_len": k, "run_level": {"tpot_ratio": ci},
+                "pooled_request_level": {"tpot_ratio_of_medians": ci}}
+
+    comps = [comp(1, 2, 0.6, 0.7, 0.65), comp(1, 4, 0.4, 0.5, 0.45), comp(1, 8, 0.5, 0.6, 0.55),
+             comp(16, 2, 0.9, 0.99, 0.95), comp(16, 4, 1.0, 1.2, 1.1)]
+    rec = recommend_draft_len(comps)
+    assert rec["1"]["draft_len"] == 4 and rec["1"]["speculation"] == "on"
+    assert rec["16"]["draft_len"] == 2
+    worse = recommend_draft_len([comp(32, 2, 1.0, 1.1, 1.05), comp(32, 4, 1.1, 1.3, 1.2)])
+    assert worse["32"]["draft_len"] is None and worse["32"]["speculation"] == "off"
