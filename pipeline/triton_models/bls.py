@@ -15,6 +15,7 @@ difference from upstream). Each request runs on its own thread, so requests proc
 from __future__ import annotations
 
 import json
+import sys
 import re
 import threading
 import time
@@ -25,7 +26,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from pipeline.triton_models import io
-from pipeline.triton_models.llm import STREAMING_NEEDS_DECOUPLED, parse_word_list
+from pipeline.triton_models.llm import STREAMING_NEEDS_DECOUPLED, SWITCH_INTERVAL_S, parse_word_list
 from pipeline.triton_models.metrics import SpecDecodeCounters
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -96,6 +97,7 @@ class SpecTotals:
 
 class TritonPythonModel:
     def initialize(self, args):
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         config = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.accumulate = io.param_bool(config, "accumulate_tokens", False)
@@ -108,7 +110,15 @@ class TritonPythonModel:
 
     def execute(self, requests):
         for request in requests:
-            threading.Thread(target=self._serve, args=(request,), daemon=True).start()
+            # the response sender must exist before execute returns (the backend releases
+            # requests without one); the request thread only uses it
+            sender = request.get_response_sender()
+            try:
+                inputs = io.snapshot(request)
+            except io.RequestError as exc:
+                self._send(sender, io.error_response(str(exc)), final=True)
+                continue
+            threading.Thread(target=self._serve, args=(inputs, sender), daemon=True).start()
         return None
 
     def finalize(self):
@@ -116,8 +126,7 @@ class TritonPythonModel:
 
     # -- one request -----------------------------------------------------------------------------
 
-    def _serve(self, request) -> None:
-        sender = request.get_response_sender()
+    def _serve(self, request, sender) -> None:
         try:
             num_draft = int(io.scalar(request, "num_draft_tokens", 0) or 0)
             streaming = io.flag(request, "stream")
@@ -235,7 +244,7 @@ class TritonPythonModel:
                 or (drafts and context == previous + drafts)
                 or context == previous
                 or any(w and context[-len(w):] == w for w in stop_words)
-                or self._cancelled(request)
+                or self._cancelled(sender)
             )
             if streaming:
                 delta = context[len(previous):]
@@ -312,9 +321,9 @@ class TritonPythonModel:
         return extra
 
     @staticmethod
-    def _cancelled(request) -> bool:
+    def _cancelled(sender) -> bool:
         try:
-            return bool(request.is_cancelled())
+            return bool(sender.is_cancelled())
         except Exception:  # noqa: BLE001
             return False
 

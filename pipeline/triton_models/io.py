@@ -12,6 +12,9 @@ class RequestError(ValueError):
 
 
 def get(request, name: str) -> np.ndarray | None:
+    """An input of a Triton request, or of a dict snapshot taken with :func:`snapshot`."""
+    if isinstance(request, dict):
+        return request.get(name)
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     return None if tensor is None else tensor.as_numpy()
 
@@ -21,6 +24,12 @@ def scalar(request, name: str, default=None):
     if value is None or value.size == 0:
         return default
     return value.reshape(-1)[0].item()
+
+
+def snapshot(request) -> dict[str, np.ndarray]:
+    """Copy every input out of the request while ``execute`` still owns it, so worker threads
+    never touch the request after ``execute`` has returned."""
+    return {t.name(): np.array(t.as_numpy(), copy=True) for t in request.inputs()}
 
 
 def flag(request, name: str, default: bool = False) -> bool:

@@ -11,6 +11,7 @@ response carrying the final flag)."""
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import uuid
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from pipeline.triton_models import io
 from pipeline.triton_models.metrics import SpecDecodeCounters
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+# request threads hand chunks on quickly (the default 5 ms GIL switch interval adds latency per chunk)
+SWITCH_INTERVAL_S = 0.0005
 TOKENS_PER_KV_BLOCK = 64  # nominal block size for the kv_cache_* perf outputs (CPU engine has none)
 STREAMING_NEEDS_DECOUPLED = "Streaming is only supported if model is deployed using decoupled mode."
 BATCH_NEEDS_DECOUPLED = (
@@ -82,8 +85,30 @@ def perf_tensors(stats) -> list:
     ]
 
 
+class _Collector:
+    """Stands in for a response sender in non-decoupled mode: keeps the one final response."""
+
+    def __init__(self):
+        self._done = threading.Event()
+        self._response = None
+
+    def send(self, response=None, flags=0):
+        if response is not None:
+            self._response = response
+        if flags & FINAL:
+            self._done.set()
+
+    def is_cancelled(self) -> bool:
+        return False
+
+    def wait(self):
+        self._done.wait()
+        return self._response if self._response is not None else pb_utils.InferenceResponse(output_tensors=[])
+
+
 class TritonPythonModel:
     def initialize(self, args):
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         import torch  # noqa: PLC0415
 
         torch.set_num_threads(1)
@@ -99,21 +124,28 @@ class TritonPythonModel:
         self.engine = load_engine(Path(io.param(config, "gpt_model_path")))
         self.counters = SpecDecodeCounters(args["model_name"], args["model_version"])
         self._lock = threading.Lock()
-        self._inflight: dict[str, tuple[object, object]] = {}  # id → (triton request, handle)
+        self._inflight: dict[str, tuple[object, object]] = {}  # id → (response sender, handle)
         self._stopping = threading.Event()
         self._watcher = threading.Thread(target=self._watch_cancellation, daemon=True)
         self._watcher.start()
 
     def execute(self, requests):
-        for request in requests:
-            sender = request.get_response_sender()
+        # Decoupled: one response sender per request, fed by the request's thread; execute
+        # returns at once. Non-decoupled: the requests of this call are submitted together (the
+        # engine batches them) and their single responses are returned. (Sending a
+        # non-decoupled response from another thread after execute returned crashed
+        # tritonserver 2.51 intermittently when the caller was a BLS model.)
+        senders = [request.get_response_sender() if self.decoupled else _Collector() for request in requests]
+        for request, sender in zip(requests, senders):
             try:
                 self._start(request, sender)
             except io.RequestError as exc:
                 self._send(sender, io.error_response(str(exc)), final=True)
             except Exception as exc:  # noqa: BLE001 - report, keep serving
                 self._send(sender, io.error_response(f"{type(exc).__name__}: {exc}"), final=True)
-        return None
+        if self.decoupled:
+            return None
+        return [sender.wait() for sender in senders]
 
     def finalize(self):
         self._stopping.set()
@@ -137,7 +169,7 @@ class TritonPythonModel:
             raise io.RequestError(str(exc)) from None
         key = gen_request.request_id
         with self._lock:
-            self._inflight[key] = (request, handle)
+            self._inflight[key] = (sender, handle)
         thread = threading.Thread(
             target=self._drain, args=(key, handle, sender, gen_request.input_ids, options), daemon=True
         )
@@ -273,9 +305,9 @@ class TritonPythonModel:
         while not self._stopping.wait(0.02):
             with self._lock:
                 entries = list(self._inflight.values())
-            for request, handle in entries:
+            for sender, handle in entries:
                 try:
-                    if request.is_cancelled():
+                    if sender.is_cancelled():
                         handle.cancel()
                 except Exception:  # noqa: BLE001
                     pass

@@ -25,8 +25,11 @@ class TritonPythonModel:
     def _process(self, request):
         tokens = io.get(request, "TOKENS_BATCH")
         lengths = io.get(request, "SEQUENCE_LENGTH")
-        tokens = tokens.reshape(tokens.shape[0], -1, tokens.shape[-1]) if tokens.ndim >= 2 else tokens.reshape(1, 1, -1)
-        lengths = lengths.reshape(tokens.shape[0], -1)
+        if tokens.ndim == 1:  # [T]
+            tokens = tokens[None, None, :]
+        elif tokens.ndim == 2:  # [batch, T]
+            tokens = tokens[:, None, :]
+        lengths = lengths.reshape(tokens.shape[0], tokens.shape[1])
         texts = []
         for b in range(tokens.shape[0]):
             row = []

@@ -251,3 +251,24 @@ def test_bad_grpc_requests(dt_server):
         "request_output_len": np.array([[2]], dtype=np.int32), "streaming": np.array([[True]])})
     out = grpc_infer(url, "ensemble", text_inputs("hi", 2))
     assert _text(out["text_output"]).startswith("hi")
+
+
+def test_end_id_stops_and_is_excluded_streaming(baseline_server, reference_outputs):
+    """A stop token that the reference would produce as its 6th token: generation ends there, the
+    end token is not in the output, and the (possibly empty) last chunk still decodes."""
+    from pipeline.triton_models.tokenizer import TextTokenizer
+
+    prompt = PROMPTS[0]
+    generated = reference_outputs[prompt]["generated"]
+    cut = next(i for i in range(5, len(generated)) if generated[i] not in generated[:i])
+    tokenizer_dir = baseline_server.repo.parent.parent / "engine" / "baseline"
+    import json
+
+    tokenizer = TextTokenizer(json.loads((tokenizer_dir / "engine.json").read_text())["model_dir"])
+    for stream in (True, False):
+        responses = grpc_stream(baseline_server.grpc_url, "ensemble", text_inputs(
+            prompt, MAX_TOKENS, stream=stream, top_k=1, end_id=int(generated[cut]), return_num_output_tokens=True))
+        text = "".join(_text(r["text_output"]) for r in responses)
+        expected = tokenizer.decode(generated[:cut])
+        assert text == (expected if stream else tokenizer.decode(reference_outputs[prompt]["ids"][:len(reference_outputs[prompt]["ids"]) - len(generated) + cut]))
+        assert sum(int(r["num_output_tokens"].reshape(-1)[0]) for r in responses) == cut

@@ -122,18 +122,18 @@ def chain(depth: int) -> list[list[int]]:
 
 
 def make_deployment(workdir: Path, models: dict[str, Path], method: str, name: str | None = None,
-                    decoupled: bool = True) -> Path:
+                    decoupled: bool = True, k: int = K) -> Path:
     """Config + engine descriptors + manifest under ``workdir`` (the cwd of later stages)."""
     from pipeline.config import config_hash, load_config  # noqa: PLC0415
 
     name = name or f"tiny-{method.replace('_', '-')}"
     speculation: dict = {"method": method}
     if method == "draft_target":
-        speculation.update(draft={"checkpoint": str(models["draft"]), "dtype": "float32"}, num_draft_tokens=K)
+        speculation.update(draft={"checkpoint": str(models["draft"]), "dtype": "float32"}, num_draft_tokens=k)
     elif method == "medusa":
-        speculation.update(heads_dir=str(models["medusa"]), num_heads=K)
+        speculation.update(heads_dir=str(models["medusa"]), num_heads=k)
     elif method == "eagle":
-        speculation.update(head_dir=str(models["eagle"]), num_layers=K)
+        speculation.update(head_dir=str(models["eagle"]), num_layers=k)
     config = {
         "name": name, "backend": "reference", "hardware": "cpu",
         "target": {"checkpoint": str(models["target"]), "dtype": "float32"},
@@ -148,16 +148,16 @@ def make_deployment(workdir: Path, models: dict[str, Path], method: str, name: s
     none = {"method": "none"}
     engines = {"baseline": _descriptor("baseline", models["target"], none, 0)}
     if method == "draft_target":
-        engines["target"] = _descriptor("target", models["target"], none, K)
+        engines["target"] = _descriptor("target", models["target"], none, k)
         engines["draft"] = _descriptor("draft", models["draft"], none, 0)
         engines["speculative"] = _descriptor(
-            "speculative", models["target"], {"method": "draft_target", "draft_dir": str(models["draft"]), "num_draft_tokens": K}, K)
+            "speculative", models["target"], {"method": "draft_target", "draft_dir": str(models["draft"]), "num_draft_tokens": k}, k)
     elif method == "medusa":
         engines["speculative"] = _descriptor(
-            "speculative", models["target"], {"method": "medusa", "heads_dir": str(models["medusa"]), "num_heads": K, "choices": chain(K)}, K)
+            "speculative", models["target"], {"method": "medusa", "heads_dir": str(models["medusa"]), "num_heads": k, "choices": chain(k)}, k)
     elif method == "eagle":
         engines["speculative"] = _descriptor(
-            "speculative", models["target"], {"method": "eagle", "head_dir": str(models["eagle"]), "num_layers": K, "choices": chain(K)}, K)
+            "speculative", models["target"], {"method": "eagle", "head_dir": str(models["eagle"]), "num_layers": k, "choices": chain(k)}, k)
     engine_dirs = {}
     for role, descriptor in engines.items():
         d = root / "engine" / role
@@ -169,8 +169,8 @@ def make_deployment(workdir: Path, models: dict[str, Path], method: str, name: s
         "backend": "reference", "method": method, "trtllm_version": cfg.trtllm_version,
         "created": "2026-01-01T00:00:00Z", "tool_version": "test", "git_sha": None,
         "engines": engine_dirs, "tokenizer_dir": str(models["target"]),
-        "max_draft_len": K if method != "none" else 0,
-        "num_draft_tokens": K if method == "draft_target" else None, "steps": [], "versions": {},
+        "max_draft_len": k if method != "none" else 0,
+        "num_draft_tokens": k if method == "draft_target" else None, "steps": [], "versions": {},
     }
     (root / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return cfg_path

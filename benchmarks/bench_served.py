@@ -1,0 +1,155 @@
+"""Served vs in-process speed on CPU: for the baseline and each speculation method, tokens/s of
+greedy generation at concurrency 1 through Triton (gRPC streaming, the model the load tester
+calls: ``ensemble`` or ``tensorrt_llm_bls``) divided by tokens/s of the same engine in-process
+(target ≥ 0.9), and the speculative speedup measured through Triton (streaming, concurrency 1),
+side by side in one run. Writes ``benchmarks/results/served.json``.
+
+Models: ``--source random`` (default) uses the tiny random checkpoints of the serving tests (the
+draft is a perturbed target, so draft-target accepts often; random Medusa/EAGLE heads accept
+almost nothing — their speedup is the overhead of speculating); ``--source demo`` uses the
+built-in demo models (``pipeline.reference.demo``; trains them on first use).
+
+Usage: ``python benchmarks/bench_served.py [--source random|demo] [--prompts N] [--max-tokens N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "integration"))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+PROMPTS = [
+    "def add(a, b):", "The quick brown fox", "1 + 2 = 3, 2 + 3 =", "name: tiny\nvalue:",
+    "Speculative decoding drafts", "items: [a, b,",
+]
+METHODS = ("draft_target", "medusa", "eagle")
+
+
+def models_for(source: str, workdir: Path) -> tuple[dict, int]:
+    if source == "demo":
+        from pipeline.reference.demo import resolve_builtin
+
+        return {name: resolve_builtin(f"tiny-{name}") for name in ("target", "draft", "medusa", "eagle")}, 4
+    import tiny_deploy
+
+    return tiny_deploy.make_models(workdir / "models"), tiny_deploy.K
+
+
+def in_process_tokens_per_s(engine_dir: Path, prompts: list[list[int]], max_tokens: int, end_id) -> dict:
+    import torch
+
+    from pipeline.reference.api import GenerationRequest, SamplingParams
+    from pipeline.reference.engine import load_engine
+
+    torch.set_num_threads(1)
+    engine = load_engine(engine_dir)
+    try:
+        def run(ids):
+            return engine.generate(GenerationRequest(input_ids=ids, max_new_tokens=max_tokens, end_id=end_id,
+                                                     sampling=SamplingParams(top_k=1)))
+
+        run(prompts[0])  # warm-up
+        tokens, start = 0, time.perf_counter()
+        for ids in prompts:
+            tokens += len(run(ids).output_ids)
+        seconds = time.perf_counter() - start
+    finally:
+        engine.shutdown()
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+
+
+def served_tokens_per_s(server, target, prompts: list[str], max_tokens: int) -> dict:
+    from triton_clients import grpc_stream, text_inputs
+
+    def run(prompt):
+        responses = grpc_stream(server.grpc_url, target.model_name, text_inputs(
+            prompt, max_tokens, stream=True, top_k=1, return_num_output_tokens=True, **target.extra_inputs))
+        return sum(int(r["num_output_tokens"].reshape(-1)[0]) for r in responses if "num_output_tokens" in r)
+
+    run(prompts[0])  # warm-up
+    tokens, start = 0, time.perf_counter()
+    for prompt in prompts:
+        tokens += run(prompt)
+    seconds = time.perf_counter() - start
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "model": target.model_name,
+            "extra_inputs": target.extra_inputs}
+
+
+def measure_method(workdir: Path, models: dict, method: str, k: int, prompts: list[str], max_tokens: int) -> dict:
+    import tiny_deploy
+
+    from pipeline.config import load_config
+    from pipeline.render import client_target, load_manifest, render
+    from pipeline.serve import serve_deployment
+    from pipeline.triton_models.tokenizer import TextTokenizer
+
+    previous = Path.cwd()
+    os.chdir(workdir)
+    try:
+        cfg = load_config(tiny_deploy.make_deployment(workdir, models, method, k=k))
+        render(cfg)
+        manifest = load_manifest(cfg)
+        tokenizer = TextTokenizer(manifest["tokenizer_dir"])
+        prompt_ids = [tokenizer.encode(p) for p in prompts]
+        result = {}
+        for variant in ("baseline", "speculative"):
+            engine_dir = Path(manifest["engines"]["baseline" if variant == "baseline" else "speculative"])
+            local = in_process_tokens_per_s(engine_dir, prompt_ids, max_tokens, tokenizer.end_id)
+            with serve_deployment(cfg, variant) as server:
+                served = served_tokens_per_s(server, client_target(cfg, variant), prompts, max_tokens)
+            result[variant] = {"in_process": local, "served": served,
+                               "served_over_in_process": served["tokens_per_s"] / local["tokens_per_s"]}
+            print(f"{method:12s} {variant:11s} in-process {local['tokens_per_s']:7.1f} tok/s  served "
+                  f"{served['tokens_per_s']:7.1f} tok/s  ratio {result[variant]['served_over_in_process']:.2f}",
+                  file=sys.stderr)
+        result["speedup_served"] = result["speculative"]["served"]["tokens_per_s"] / result["baseline"]["served"]["tokens_per_s"]
+        result["speedup_in_process"] = (result["speculative"]["in_process"]["tokens_per_s"]
+                                        / result["baseline"]["in_process"]["tokens_per_s"])
+        print(f"{method:12s} speculative speedup through Triton {result['speedup_served']:.2f}x "
+              f"(in-process {result['speedup_in_process']:.2f}x)", file=sys.stderr)
+        return result
+    finally:
+        os.chdir(previous)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--source", choices=["random", "demo"], default="random")
+    parser.add_argument("--prompts", type=int, default=len(PROMPTS))
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--methods", nargs="*", default=list(METHODS))
+    parser.add_argument("--workdir", type=Path, help="keep deployments and server logs here (default: a temp dir)")
+    parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "served.json")
+    args = parser.parse_args()
+    prompts = PROMPTS[: args.prompts]
+    with tempfile.TemporaryDirectory(prefix="bench-served-") as tmp:
+        workdir = args.workdir.resolve() if args.workdir else Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        models, k = models_for(args.source, workdir)
+        results = {method: measure_method(workdir, models, method, k, prompts, args.max_tokens) for method in args.methods}
+    report = {
+        "what": "greedy tokens/s at concurrency 1: served (gRPC streaming through Triton) vs in-process, per arm; "
+                "speculative speedup through Triton",
+        "target_served_over_in_process": 0.9,
+        "source": args.source, "num_draft_tokens": k, "prompts": len(prompts), "max_tokens": args.max_tokens,
+        "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "methods": results,
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {args.output}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
