@@ -8,7 +8,8 @@ Reads the deployment config (``pipeline.config.load_config``), resolves its chec
 (config ``loadtest.prompts``; a few built-in prompts if absent). Returns a JSON-able dict
 ``{"results": [...], "peer": {...}, ...}``; writes nothing (the CLI prints or saves it).
 
-Per row: tokens/s of both arms, speedup, acceptance rate, mean acceptance length τ, and
+Per row: tokens/s of both arms (wall clock; and per CPU-second of this process, ``*_cpu``, which
+other processes sharing the cores distort less), speedup, acceptance rate, mean acceptance length τ, and
 ``efficiency`` = speedup ÷ τ (τ is the speedup bound the measured acceptance implies if drafting
 and verification cost nothing extra). ``--peer hf`` adds Hugging Face assisted generation on the
 same checkpoints (draft-target only; batch 1; constant draft-length schedule, same K).
@@ -40,6 +41,7 @@ FALLBACK_PROMPTS = {
 class Arm:
     tokens: int = 0
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # process CPU time: robust to other processes sharing the cores
     drafted: int = 0
     accepted: int = 0
     verify_steps: int = 0
@@ -48,6 +50,10 @@ class Arm:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def cpu_tokens_per_s(self) -> float:
+        return self.tokens / self.cpu_seconds if self.cpu_seconds else 0.0
 
 
 def resolve_checkpoint(value: str) -> Path:
@@ -110,7 +116,7 @@ def run_arm(engine, prompts: list[list[int]], batch: int, max_tokens: int, end_i
     from pipeline.reference.api import GenerationRequest
 
     arm = Arm(outputs=[])
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     if batch == 1:
         results = [engine.generate(GenerationRequest(p, max_tokens, end_id=end_id)) for p in prompts]
     else:  # all at once: the engine keeps max_batch_size (= batch) in flight, the rest queue
@@ -123,6 +129,7 @@ def run_arm(engine, prompts: list[list[int]], batch: int, max_tokens: int, end_i
         arm.verify_steps += r.stats.verify_steps
         arm.outputs.append(r.output_ids)
     arm.seconds = time.perf_counter() - start
+    arm.cpu_seconds = time.process_time() - cpu_start
     return arm
 
 
@@ -136,6 +143,9 @@ def _row(method: str, batch: int, category: str, base: Arm, spec: Arm) -> dict:
         "acceptance_rate": round(spec.accepted / spec.drafted, 4) if spec.drafted else 0.0,
         "mean_acceptance_length": round(tau, 3),
         "efficiency": round(speedup / tau, 3),
+        "cpu_tokens_per_s": round(spec.cpu_tokens_per_s, 2),
+        "baseline_cpu_tokens_per_s": round(base.cpu_tokens_per_s, 2),
+        "speedup_cpu": round(spec.cpu_tokens_per_s / base.cpu_tokens_per_s, 3) if base.cpu_tokens_per_s else 0.0,
         "tokens": spec.tokens, "baseline_tokens": base.tokens,
         "outputs_match": spec.outputs == base.outputs,
     }
