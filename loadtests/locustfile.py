@@ -257,15 +257,11 @@ class GrpcStreamSession:
             state.error = f"no final response within {timeout_s}s"
 
     def close(self) -> None:
-        # stop_stream() blocks until every enqueued request completes and has hung Locust at
-        # shutdown (measured); cancel the response iterator instead and never join.
-        stream = getattr(self.client, "_stream", None)
-        iterator = getattr(stream, "_response_iterator", None)
-        if iterator is not None:
-            try:
-                iterator.cancel()
-            except Exception:  # noqa: BLE001
-                pass
+        """Deliberately nothing: the stream ends with the process.
+
+        Measured on tritonserver 2.51 (CPU) against the tiny deployment: ``stop_stream()`` joins
+        the response thread and has hung Locust at shutdown; ending the request iterator
+        (half-close) hung it as well. Leaving the stream to process exit ends runs cleanly."""
 
 
 def _first_text(array) -> str | None:
