@@ -202,9 +202,15 @@ class GrpcStreamSession:
         import tritonclient.grpc as grpcclient  # noqa: PLC0415
 
         self._grpcclient = grpcclient
-        self.client = grpcclient.InferenceServerClient(url=url)
+        self.url = url
         self._waiting: dict[str, tuple[RequestState, Event]] = {}
+        self._broken = False
+        self._open()
+
+    def _open(self) -> None:
+        self.client = self._grpcclient.InferenceServerClient(url=self.url)
         self.client.start_stream(callback=self._on_response)
+        self._broken = False
 
     def _on_response(self, result, error) -> None:
         now = _Run.clock.now()
@@ -236,6 +242,8 @@ class GrpcStreamSession:
 
     def _fail_one(self, message: str, now: int) -> None:
         # Triton stream errors carry no request id; each session has at most one request in flight.
+        # After an error the stream may be unusable: the next send opens a new one.
+        self._broken = True
         for rid, (state, done) in list(self._waiting.items()):
             state.status = "error"
             state.error = message
@@ -244,6 +252,8 @@ class GrpcStreamSession:
             done.set()
 
     def send(self, state: RequestState, inputs: dict, model_name: str, timeout_s: float) -> None:
+        if self._broken:
+            self._open()
         done = Event()
         self._waiting[state.request_id] = (state, done)
         tensors = _grpc_inputs(self._grpcclient, inputs)
@@ -385,7 +395,10 @@ def _new_session(settings: RunSettings):
     return HttpStreamSession(settings.endpoint)
 
 
-def _do_request(environment, session, t_scheduled: int | None = None) -> None:
+ERROR_BACKOFF_S = 0.05  # a failing server must not turn a closed-loop user into a busy loop
+
+
+def _do_request(environment, session, t_scheduled: int | None = None) -> RequestState:
     settings = _Run.settings
     index, prompt = _Run.cursor.next()
     state = _Run.begin(index, prompt, t_scheduled)
@@ -402,6 +415,7 @@ def _do_request(environment, session, t_scheduled: int | None = None) -> None:
         state.status = "error"
         state.error = state.error or "stream ended without a final response"
     _Run.finish(state, environment)
+    return state
 
 
 # ------------------------------------------------------------------------------------------------
@@ -424,7 +438,9 @@ class _ClosedLoopUser(User):
 
     @task
     def generate(self) -> None:
-        _do_request(self.environment, self.session)
+        state = _do_request(self.environment, self.session)
+        if state.status in ("error", "timeout"):
+            gevent.sleep(ERROR_BACKOFF_S)
 
 
 class GrpcStreamUser(_ClosedLoopUser):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-TTFT_MS, TPOT_MS, K, MAX_TOKENS = 200, 20, 2, 9  # chunks [1, 2, 2, 2, 2]
+TTFT_MS, TPOT_MS, K, MAX_TOKENS = 400, 40, 2, 9  # chunks [1, 2, 2, 2, 2]
 
 CONFIG = """
 name: "fake_stream"
@@ -128,9 +128,9 @@ def close_to(measured: float, expected: float) -> bool:
 
 @pytest.mark.slow
 def test_grpc_stream_user_timing(tmp_path, fake_triton):
-    records, metas = run_grpc_locust(tmp_path, fake_triton, users=8, duration_s=4, stop_timeout_s=5)
+    records, metas = run_grpc_locust(tmp_path, fake_triton, users=8, duration_s=5, stop_timeout_s=5)
     ok = [r for r in records if r["status"] == "ok" and r["stage"] == "measure"]
-    assert len(ok) >= 30, [r["error"] for r in records if r["status"] != "ok"][:3]
+    assert len(ok) >= 20, [r["error"] for r in records if r["status"] != "ok"][:3]
     assert all(r["osl"] == MAX_TOKENS and r["osl_source"] == "server" and r["tokens_per_chunk"] == [1, 2, 2, 2, 2] for r in ok)
     assert all(r["draft_tokens"] == 8 and r["accepted_tokens"] == 4 for r in ok)  # cumulative perf outputs kept
     ttft = np.median([(r["t_first_token"] - r["t_sent"]) / 1e6 for r in ok])

@@ -67,8 +67,9 @@ def close_to(measured: float, expected: float) -> bool:
 
 @pytest.fixture(scope="module")
 def timed_server():
-    # D = 200 ms to the first token, then 3 tokens per chunk at t = 20 ms/token (a chunk every 60 ms)
-    server = FakeServer("--ttft-ms", "200", "--tpot-ms", "20", "--tokens-per-chunk", "3", "--max-tokens-cap", "16")
+    # D = 500 ms to the first token, then 3 tokens per chunk at t = 50 ms/token (a chunk every 150 ms):
+    # long enough that scheduling noise on 2 shared cores stays inside 2 %
+    server = FakeServer("--ttft-ms", "500", "--tpot-ms", "50", "--tokens-per-chunk", "3", "--max-tokens-cap", "16")
     yield server
     server.close()
 
@@ -76,17 +77,17 @@ def timed_server():
 @pytest.mark.slow
 @pytest.mark.parametrize("users", [1, 64])
 def test_measured_timing_matches_the_server(tmp_path, timed_server, users):
-    records, metas = run_locust(tmp_path, timed_server.port, users=users, duration_s=4.0, warmup_s=0.5)
+    records, metas = run_locust(tmp_path, timed_server.port, users=users, duration_s=5.0, warmup_s=0.5)
     ok = [r for r in records if r["status"] == "ok" and r["stage"] == "measure"]
-    assert len(ok) >= (5 if users == 1 else 200)
+    assert len(ok) >= (2 if users == 1 else 120)
     assert all(r["osl"] == 16 and r["osl_source"] == "server" for r in ok)
     assert all(r["tokens_per_chunk"] == [1, 3, 3, 3, 3, 3] for r in ok)
     ttft = np.median([(r["t_first_token"] - r["t_sent"]) / 1e6 for r in ok])
     tpot = np.median([(r["t_last"] - r["t_first_token"]) / 1e6 / (r["osl"] - 1) for r in ok])
     gaps = np.median([(b - a) / 1e6 for r in ok for a, b in zip(r["chunk_times"], r["chunk_times"][1:])])
-    assert close_to(ttft, 200.0), ttft  # not the header time (≈ 0)
-    assert close_to(tpot, 20.0), tpot  # per token
-    assert close_to(gaps, 60.0), gaps  # per chunk = k·t
+    assert close_to(ttft, 500.0), ttft  # not the header time (≈ 0)
+    assert close_to(tpot, 50.0), tpot  # per token
+    assert close_to(gaps, 150.0), gaps  # per chunk = k·t
     assert sum(m["sent"] for m in metas) == len(records)
 
 
