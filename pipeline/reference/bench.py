@@ -160,7 +160,10 @@ def _int8_dir(target: Path, workdir: Path) -> Path:
 
 
 def run_bench(config_path: str | Path, prompts_per_category: int = 8, max_tokens: int = 64,
-              batches: tuple[int, ...] = (1, 8), peer: str | None = None, int8: bool = False) -> dict:
+              batches: tuple[int, ...] = (1, 8), peer: str | None = None, int8: bool = False,
+              draft_int8: bool = False) -> dict:
+    """``int8``: add rows for an int8 weight-only target (both arms); ``draft_int8``: add rows
+    with the draft-side weights quantized at load (target float32)."""
     from pipeline.reference.engine import create_engine, set_threads
 
     cfg = load_config(config_path)
@@ -173,15 +176,17 @@ def run_bench(config_path: str | Path, prompts_per_category: int = 8, max_tokens
         raise SpecdeployError(f"batches {batches}: only 1 and one larger size are supported")
     limits = dict(max_batch_size=max(batches), max_seq_len=cfg.build.max_seq_len,
                   compute_dtype=cfg.reference.compute_dtype, prefix_cache_entries=0)
-    variants = [("", target)]
+    variants = [("", target, spec)]
     workdir = tempfile.TemporaryDirectory(prefix="specdeploy-bench-")
+    if draft_int8:
+        variants.append(("+draft_int8", target, {**spec, "draft_int8": True}))
     if int8 or cfg.target.quantization.format == "int8_wo":
-        variants.append(("+int8_wo", _int8_dir(target, Path(workdir.name))))
+        variants.append(("+int8_wo", _int8_dir(target, Path(workdir.name)), spec))
     results = []
     try:
-        for suffix, model_dir in variants:
+        for suffix, model_dir, spec_variant in variants:
             base_engine = create_engine(model_dir, **limits)
-            spec_engine = create_engine(model_dir, role="speculative", proposer=spec, **limits)
+            spec_engine = create_engine(model_dir, role="speculative", proposer=spec_variant, **limits)
             end_id = base_engine.eos_token_id
             try:
                 warm = next(iter(categories.values()))[:1]

@@ -219,6 +219,18 @@ def _path(value: str, base: Path) -> Path:
 
 def _build_proposer(spec: dict, target: LlamaModel, dtype: torch.dtype, slots: int, max_rows: int,
                     base: Path) -> Proposer | None:
+    """``spec["draft_int8"]``: quantize the draft-side weights (draft model, heads) to int8 at
+    load — cheaper draft steps, output unchanged (only acceptance may move)."""
+    proposer = _make_proposer(spec, target, dtype, slots, max_rows, base)
+    if proposer is not None and spec.get("draft_int8") and dtype == torch.float32:
+        for name in ("model", "heads", "head"):
+            if hasattr(proposer, name):
+                getattr(proposer, name).to_int8()
+    return proposer
+
+
+def _make_proposer(spec: dict, target: LlamaModel, dtype: torch.dtype, slots: int, max_rows: int,
+                   base: Path) -> Proposer | None:
     method = spec.get("method", "none")
     if method == "none":
         return None

@@ -169,6 +169,23 @@ def _prepack_int8(weight: torch.Tensor, scale: torch.Tensor):
         return torch.ops.quantized.linear_prepack(qweight, None)
 
 
+def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[out, in] float → (int8 [out, in], float32 scale [out]); symmetric per output channel."""
+    w = weight.float()
+    scale = (w.abs().amax(1) / 127.0).clamp_min(1e-12)
+    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return q.contiguous(), scale
+
+
+def int8_copy(linear: Linear) -> Linear:
+    """The same projection with int8 weights (runtime weight-only quantization of draft-side
+    weights: drafts never change the output, only how many are accepted)."""
+    if linear.packed is not None or linear.weight.dtype != torch.float32:
+        return linear
+    weight, scale = quantize_weight(linear.weight)
+    return Linear(weight, linear.bias, scale)
+
+
 def _take_linear(state: dict, names: list[str], dtype: torch.dtype, bias: bool = False) -> Linear:
     """Fuse the named projections (concatenated along the output dim) into one Linear."""
     if all(f"{n}.weight_scale" in state for n in names):
@@ -194,10 +211,13 @@ class Rotary:
         self.cos = emb.cos().to(dtype)
         self.sin = emb.sin().to(dtype)
 
-    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        # x: [B, T, heads, head_dim]; positions: [B, T]
-        cos = self.cos[positions].unsqueeze(2)
-        sin = self.sin[positions].unsqueeze(2)
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [B, T] → cos, sin [B, T, 1, head_dim] (once per forward, not per layer)."""
+        return self.cos[positions].unsqueeze(2), self.sin[positions].unsqueeze(2)
+
+    @staticmethod
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x: [B, T, heads, head_dim]
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
         return x * cos + rotated * sin
@@ -217,14 +237,18 @@ class DecoderLayer:
         self.q_size = shape.num_heads * shape.head_dim
         self.kv_size = shape.num_kv_heads * shape.head_dim
 
-    def __call__(self, x: torch.Tensor, layer: int, step: "StepTensors", rotary: Rotary) -> torch.Tensor:
+    def to_int8(self) -> None:
+        self.qkv, self.o = int8_copy(self.qkv), int8_copy(self.o)
+        self.gate_up, self.down = int8_copy(self.gate_up), int8_copy(self.down)
+
+    def __call__(self, x: torch.Tensor, layer: int, step: "StepTensors", rope: tuple) -> torch.Tensor:
         s = self.shape
         batch, width, _ = x.shape
         h = x if self.input_norm is None else F.rms_norm(x, (x.shape[-1],), self.input_norm, s.rms_norm_eps)
-        q, k, v = self.qkv(h).split([self.q_size, self.kv_size, self.kv_size], -1)
-        q = rotary.apply(q.view(batch, width, s.num_heads, s.head_dim), step.positions)
-        k = rotary.apply(k.view(batch, width, s.num_kv_heads, s.head_dim), step.positions)
-        v = v.view(batch, width, s.num_kv_heads, s.head_dim)
+        qkv = self.qkv(h).view(batch, width, s.num_heads + 2 * s.num_kv_heads, s.head_dim)
+        qk = Rotary.apply(qkv[:, :, : s.num_heads + s.num_kv_heads], *rope)  # q and k rotated at once
+        q, k = qk[:, :, : s.num_heads], qk[:, :, s.num_heads :]
+        v = qkv[:, :, s.num_heads + s.num_kv_heads :]
         keys, values = step.write_and_read(layer, k, v)  # [B, kv_heads, K, head_dim]
         attn = F.scaled_dot_product_attention(
             q.transpose(1, 2), keys, values, attn_mask=step.mask,
@@ -346,13 +370,19 @@ class LlamaModel:
     def forward(self, pool: KVPool, inputs: list[StepInput]) -> torch.Tensor:
         step = StepTensors(pool, inputs)
         x = self.embed[step.ids]  # [B, T, H]
+        rope = self.rotary.tables(step.positions)
         for i, layer in enumerate(self.layers):
-            x = layer(x, i, step, self.rotary)
+            x = layer(x, i, step, rope)
         advance(inputs)
         return F.rms_norm(x, (x.shape[-1],), self.norm, self.shape.rms_norm_eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
+
+    def to_int8(self) -> None:
+        self.lm_head = int8_copy(self.lm_head)
+        for layer in self.layers:
+            layer.to_int8()
 
 
 class MedusaHeads:
@@ -368,6 +398,10 @@ class MedusaHeads:
         state = load_safetensors(heads_dir, "medusa_lm_head.safetensors")
         self.blocks = [_take_linear(state, [f"{i}.0.linear"], dtype, bias=True) for i in range(self.num_heads)]
         self.heads = [_take_linear(state, [f"{i}.1"], dtype) for i in range(self.num_heads)]
+
+    def to_int8(self) -> None:
+        self.blocks = [int8_copy(b) for b in self.blocks]
+        self.heads = [int8_copy(h) for h in self.heads]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [B, H] → [B, heads, vocab]."""
@@ -395,11 +429,16 @@ class EagleHead:
     def new_pool(self, slots: int, max_rows: int) -> KVPool:
         return KVPool(1, slots, max_rows, self.shape.num_kv_heads, self.shape.head_dim, self.dtype)
 
+    def to_int8(self) -> None:
+        self.fc = int8_copy(self.fc)
+        self.layer.to_int8()
+        self.lm_head = int8_copy(self.lm_head)  # a copy: the target keeps its float LM head
+
     def forward(self, pool: KVPool, inputs: list[StepInput], features: torch.Tensor) -> torch.Tensor:
         """features [B, T, H] (padded like the tokens) → predicted next features [B, T, H]."""
         step = StepTensors(pool, inputs)
         x = self.fc(torch.cat([self.embed[step.ids], features], -1))
-        h = self.layer(x, 0, step, self.rotary)
+        h = self.layer(x, 0, step, self.rotary.tables(step.positions))
         advance(inputs)
         return h
 

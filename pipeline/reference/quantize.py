@@ -18,22 +18,12 @@ import shutil
 from pathlib import Path
 
 from pipeline.errors import SpecdeployError
-from pipeline.reference.modeling import QUANT_METHOD, load_safetensors, read_config
+from pipeline.reference.modeling import QUANT_METHOD, load_safetensors, quantize_weight, read_config
 
 FORMATS = ("int8_wo",)
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 COPIED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
           "tokenizer.model", "vocab.json", "merges.txt")
-
-
-def quantize_weight(weight):
-    """[out, in] float → (int8 [out, in], float32 scale [out]); symmetric per output channel."""
-    import torch
-
-    w = weight.float()
-    scale = (w.abs().amax(1) / 127.0).clamp_min(1e-12)
-    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
-    return q.contiguous(), scale
 
 
 def quantize_checkpoint(src_dir: Path, dst_dir: Path, fmt: str = "int8_wo") -> None:
