@@ -353,6 +353,20 @@ def make_plots(analysis: dict, runs: list[RunData]) -> dict[str, str]:
         ax.set_title("acceptance by category (mean over concurrency)")
         plots["acceptance_by_category"] = _png(fig)
 
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for arm, color in (("baseline", "tab:blue"), ("speculative", "tab:orange")):
+        arm_cells = sorted((c for c in cells if c["arm"] == arm and c["output_tokens_per_s"]), key=lambda c: c["concurrency"])
+        if arm_cells:
+            ax.plot([c["output_tokens_per_s"] for c in arm_cells], [c["per_user_tokens_per_s"]["p50"] for c in arm_cells],
+                    marker="o", color=color, label=arm)
+            for c in arm_cells:
+                ax.annotate(f"c={c['concurrency']}", (c["output_tokens_per_s"], c["per_user_tokens_per_s"]["p50"] or 0), fontsize=7)
+    ax.set_xlabel("total output tokens/s")
+    ax.set_ylabel("per-user tokens/s (p50 of 1/TPOT)")
+    ax.set_title("Pareto: per-user vs total throughput")
+    ax.legend(fontsize=7)
+    plots["pareto"] = _png(fig)
+
     fig, ax = plt.subplots(figsize=(8, 3.4))
     for summary in analysis["runs"]:
         timeline = summary["throughput_timeline"]
@@ -422,6 +436,28 @@ def render_markdown(data: dict) -> str:
         for cat, acc in cell["acceptance_by_category"].items():
             lines.append(f"| {cell['concurrency']} | {_f(cell['draft_len'])} | {cat} | {_f(acc['acceptance_rate'], 3)} | "
                          f"{_f(acc['mean_acceptance_length'], 2)} | {_f(acc['tokens_per_chunk_mean'], 2)} |")
+    lines += ["", "## Per category (Spec-Bench style)", "", "| conc | K | category | TPOT speedup (median, pooled) | τ | acceptance |",
+              "|---|---|---|---|---|---|"]
+    spec_cells = {(c["concurrency"], c["draft_len"]): c for c in data["cells"] if c["arm"] == "speculative"}
+    for comp in data["comparisons"]:
+        cell = spec_cells.get((comp["concurrency"], comp["draft_len"]), {})
+        for cat, row in comp.get("by_category", {}).items():
+            acc = cell.get("acceptance_by_category", {}).get(cat, {})
+            lines.append(f"| {comp['concurrency']} | {_f(comp['draft_len'])} | {cat} | {_f(row['speedup'], 2)} | "
+                         f"{_f(acc.get('mean_acceptance_length'), 2)} | {_f(acc.get('acceptance_rate'), 3)} |")
+    lines += ["", "## Run-to-run variability", "", "| arm | conc | K | median TPOT per run (ms) | CV | out tok/s per run | CV |",
+              "|---|---|---|---|---|---|---|"]
+    for cell in data["cells"]:
+        var = cell["run_variability"]
+        lines.append(f"| {cell['arm']} | {cell['concurrency']} | {_f(cell['draft_len'])} | "
+                     f"{', '.join(f'{v:.2f}' for v in var['median_tpot_ms']['per_run'])} | {_f(var['median_tpot_ms']['cv'], 3)} | "
+                     f"{', '.join(f'{v:.0f}' for v in var['output_tokens_per_s']['per_run'])} | {_f(var['output_tokens_per_s']['cv'], 3)} |")
+    quality = [(c["arm"], c["concurrency"], c["data_quality"]) for c in data["cells"]
+               if c["data_quality"]["prompt_echoed"] or c["data_quality"]["osl_from_chunks"] or c["data_quality"]["osl_retok_mismatch"]]
+    for arm, conc, q in quality:
+        lines.append(f"\n> Data quality ({arm}, c={conc}): {q['prompt_echoed']} outputs echo the prompt, "
+                     f"{q['osl_from_chunks']} OSL counted from chunks (no server count), "
+                     f"{q['osl_retok_mismatch']} of {q['osl_retok_checked']} disagree with re-tokenization")
     lines += ["", "## Runs", "", "| run | valid | server alive | ok | incomplete at stop | median TPOT ms | out tok/s | achieved conc |",
               "|---|---|---|---|---|---|---|---|"]
     for r in data["runs"]:
@@ -502,7 +538,7 @@ def render_html(data: dict, markdown: str, plots: dict[str, str]) -> str:
     titles = {"latency_vs_concurrency": "TPOT / TTFT / E2E vs concurrency (p50, p95; band = run-median range)",
               "speedup_vs_concurrency": "Speedup vs concurrency (95% CI, crossover)",
               "tpot_ecdf": "TPOT ECDF", "acceptance_by_category": "Acceptance by category",
-              "throughput_over_time": "Throughput over time per run"}
+              "throughput_over_time": "Throughput over time per run", "pareto": "Pareto: per-user vs total tokens/s"}
     return env.from_string(_HTML_TEMPLATE).render(
         name=data["name"], verdict=data["verdict"], reasons=data["reasons"], advice=data["advice"],
         checks=data["gate"]["checks"], body_tables=_markdown_tables_to_html(markdown),

@@ -255,12 +255,37 @@ def cell_summary(runs: list[RunData], slo_ttft_ms: float, slo_tpot_ms: float) ->
         "error_rate": _mean_of(s["error_rate"] for s in summaries),
         "incomplete_at_stop": sum(s["incomplete_at_stop"] for s in summaries),
         "peak_rss_mb": max((s["peak_rss_mb"] for s in summaries if s["peak_rss_mb"]), default=None),
+        "run_variability": run_variability(summaries),
+        "data_quality": data_quality(ok),
         "acceptance": acceptance_summary(ok, [run.info.get("metrics_delta") for run in runs]),
         "acceptance_by_category": {
             cat: acceptance_summary([r for r in ok if r.get("category") == cat], [])
             for cat in sorted({r.get("category", "default") for r in ok})
         },
         "runs": summaries,
+    }
+
+
+def run_variability(summaries: list[dict]) -> dict[str, Any]:
+    """Each repeat's median TPOT / E2E and p95 TTFT, with the coefficient of variation across runs."""
+    out: dict[str, Any] = {}
+    for metric in ("median_tpot_ms", "median_e2e_ms", "p95_ttft_ms", "output_tokens_per_s"):
+        values = [s[metric] for s in summaries if s.get(metric) is not None]
+        mean = float(np.mean(values)) if values else None
+        cv = float(np.std(values, ddof=1) / mean) if len(values) > 1 and mean else None
+        out[metric] = {"per_run": values, "cv": cv}
+    return out
+
+
+def data_quality(ok: list[dict]) -> dict[str, Any]:
+    """Prompt echo (exclude_input_in_output ignored) and server-vs-retokenized OSL disagreement."""
+    retok = [r for r in ok if r.get("osl_retok") is not None]
+    mismatched = [r for r in retok if abs(r["osl_retok"] - (r.get("osl") or 0)) > max(1, 0.1 * (r.get("osl") or 0))]
+    return {
+        "prompt_echoed": sum(bool(r.get("prompt_echoed")) for r in ok),
+        "osl_from_chunks": sum(r.get("osl_source") != "server" for r in ok),
+        "osl_retok_checked": len(retok),
+        "osl_retok_mismatch": len(mismatched),
     }
 
 
@@ -431,7 +456,15 @@ def compare_cells(base_runs: list[RunData], spec_runs: list[RunData], base_cell:
                                              pooled_settings, reducer="median"),
     }
     base_p95 = base_cell["ttft_ms"]["p95"]
+    by_category = {}
+    for cat in sorted({r.get("category", "default") for r in base_ok + spec_ok}):
+        b = _median([tpot_ms(r) for r in base_ok if r.get("category") == cat])
+        s = _median([tpot_ms(r) for r in spec_ok if r.get("category") == cat])
+        by_category[cat] = {"tpot_ratio": s / b if s and b else None, "speedup": b / s if s and b else None,
+                            "n_base": sum(r.get("category") == cat for r in base_ok),
+                            "n_spec": sum(r.get("category") == cat for r in spec_ok)}
     return {
+        "by_category": by_category,
         "run_level": run_level,
         "pooled_request_level": pooled,
         "mann_whitney_tpot": mann_whitney([tpot_ms(r) for r in spec_ok], [tpot_ms(r) for r in base_ok]),
