@@ -33,6 +33,7 @@ PROMPTS = [
     "Speculative decoding drafts", "items: [a, b,",
 ]
 METHODS = ("draft_target", "medusa", "eagle")
+SWITCH_INTERVAL_S = 0.0005  # = pipeline.triton_models.llm.SWITCH_INTERVAL_S (stub-only module)
 
 
 def models_for(source: str, workdir: Path) -> tuple[dict, int]:
@@ -45,47 +46,56 @@ def models_for(source: str, workdir: Path) -> tuple[dict, int]:
     return tiny_deploy.make_models(workdir / "models"), tiny_deploy.K
 
 
-def in_process_tokens_per_s(engine_dir: Path, prompts: list[list[int]], max_tokens: int, end_id) -> dict:
-    import torch
+class InProcess:
+    """The same engine loaded in this process (the control)."""
 
-    from pipeline.reference.api import GenerationRequest, SamplingParams
-    from pipeline.reference.engine import load_engine
+    def __init__(self, engine_dir: Path, end_id):
+        import torch
 
-    torch.set_num_threads(1)
-    engine = load_engine(engine_dir)
-    try:
-        def run(ids):
-            return engine.generate(GenerationRequest(input_ids=ids, max_new_tokens=max_tokens, end_id=end_id,
-                                                     sampling=SamplingParams(top_k=1)))
+        from pipeline.reference.engine import load_engine
 
-        run(prompts[0])  # warm-up
-        tokens, start = 0, time.perf_counter()
-        for ids in prompts:
-            tokens += len(run(ids).output_ids)
-        seconds = time.perf_counter() - start
-    finally:
-        engine.shutdown()
-    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+        torch.set_num_threads(1)
+        sys.setswitchinterval(SWITCH_INTERVAL_S)  # as in the served model: a fair, not a handicapped, control
+        self.engine = load_engine(engine_dir)
+        self.end_id = end_id
+
+    def run(self, ids: list[int], max_tokens: int) -> int:
+        from pipeline.reference.api import GenerationRequest, SamplingParams
+
+        result = self.engine.generate(GenerationRequest(input_ids=ids, max_new_tokens=max_tokens, end_id=self.end_id,
+                                                        sampling=SamplingParams(top_k=1)))
+        return len(result.output_ids)
 
 
-def served_tokens_per_s(server, target, prompts: list[str], max_tokens: int) -> dict:
+def served_run(server, target, prompt: str, max_tokens: int) -> int:
     from triton_clients import grpc_stream, text_inputs
 
-    def run(prompt):
-        responses = grpc_stream(server.grpc_url, target.model_name, text_inputs(
-            prompt, max_tokens, stream=True, top_k=1, return_num_output_tokens=True, **target.extra_inputs))
-        return sum(int(r["num_output_tokens"].reshape(-1)[0]) for r in responses if "num_output_tokens" in r)
-
-    run(prompts[0])  # warm-up
-    tokens, start = 0, time.perf_counter()
-    for prompt in prompts:
-        tokens += run(prompt)
-    seconds = time.perf_counter() - start
-    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "model": target.model_name,
-            "extra_inputs": target.extra_inputs}
+    responses = grpc_stream(server.grpc_url, target.model_name, text_inputs(
+        prompt, max_tokens, stream=True, top_k=1, return_num_output_tokens=True, **target.extra_inputs))
+    return sum(int(r["num_output_tokens"].reshape(-1)[0]) for r in responses if "num_output_tokens" in r)
 
 
-def measure_method(workdir: Path, models: dict, method: str, k: int, prompts: list[str], max_tokens: int) -> dict:
+def interleaved(local: InProcess, server, target, prompts: list[str], prompt_ids, max_tokens: int, rounds: int) -> dict:
+    """Alternate in-process and served generations prompt by prompt, so both see the same
+    machine load (these CPUs are shared and noisy)."""
+    local.run(prompt_ids[0], max_tokens)  # warm-up
+    served_run(server, target, prompts[0], max_tokens)
+    totals = {"in_process": [0, 0.0], "served": [0, 0.0]}
+    for _ in range(rounds):
+        for prompt, ids in zip(prompts, prompt_ids):
+            start = time.perf_counter()
+            totals["in_process"][0] += local.run(ids, max_tokens)
+            totals["in_process"][1] += time.perf_counter() - start
+            start = time.perf_counter()
+            totals["served"][0] += served_run(server, target, prompt, max_tokens)
+            totals["served"][1] += time.perf_counter() - start
+    out = {side: {"tokens": n, "seconds": sec, "tokens_per_s": n / sec} for side, (n, sec) in totals.items()}
+    out["served"].update(model=target.model_name, extra_inputs=target.extra_inputs)
+    return out
+
+
+def measure_method(workdir: Path, models: dict, method: str, k: int, prompts: list[str], max_tokens: int,
+                   rounds: int) -> dict:
     import tiny_deploy
 
     from pipeline.config import load_config
@@ -103,14 +113,15 @@ def measure_method(workdir: Path, models: dict, method: str, k: int, prompts: li
         prompt_ids = [tokenizer.encode(p) for p in prompts]
         result = {}
         for variant in ("baseline", "speculative"):
-            engine_dir = Path(manifest["engines"]["baseline" if variant == "baseline" else "speculative"])
-            local = in_process_tokens_per_s(engine_dir, prompt_ids, max_tokens, tokenizer.end_id)
-            with serve_deployment(cfg, variant) as server:
-                served = served_tokens_per_s(server, client_target(cfg, variant), prompts, max_tokens)
-            result[variant] = {"in_process": local, "served": served,
-                               "served_over_in_process": served["tokens_per_s"] / local["tokens_per_s"]}
-            print(f"{method:12s} {variant:11s} in-process {local['tokens_per_s']:7.1f} tok/s  served "
-                  f"{served['tokens_per_s']:7.1f} tok/s  ratio {result[variant]['served_over_in_process']:.2f}",
+            local = InProcess(Path(manifest["engines"][variant]), tokenizer.end_id)
+            try:
+                with serve_deployment(cfg, variant) as server:
+                    sides = interleaved(local, server, client_target(cfg, variant), prompts, prompt_ids, max_tokens, rounds)
+            finally:
+                local.engine.shutdown()
+            result[variant] = {**sides, "served_over_in_process": sides["served"]["tokens_per_s"] / sides["in_process"]["tokens_per_s"]}
+            print(f"{method:12s} {variant:11s} in-process {sides['in_process']['tokens_per_s']:7.1f} tok/s  served "
+                  f"{sides['served']['tokens_per_s']:7.1f} tok/s  ratio {result[variant]['served_over_in_process']:.2f}",
                   file=sys.stderr)
         result["speedup_served"] = result["speculative"]["served"]["tokens_per_s"] / result["baseline"]["served"]["tokens_per_s"]
         result["speedup_in_process"] = (result["speculative"]["in_process"]["tokens_per_s"]
@@ -127,6 +138,7 @@ def main() -> None:
     parser.add_argument("--source", choices=["random", "demo"], default="random")
     parser.add_argument("--prompts", type=int, default=len(PROMPTS))
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=2, help="passes over the prompts")
     parser.add_argument("--methods", nargs="*", default=list(METHODS))
     parser.add_argument("--workdir", type=Path, help="keep deployments and server logs here (default: a temp dir)")
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "served.json")
@@ -136,12 +148,12 @@ def main() -> None:
         workdir = args.workdir.resolve() if args.workdir else Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         models, k = models_for(args.source, workdir)
-        results = {method: measure_method(workdir, models, method, k, prompts, args.max_tokens) for method in args.methods}
+        results = {method: measure_method(workdir, models, method, k, prompts, args.max_tokens, args.rounds) for method in args.methods}
     report = {
-        "what": "greedy tokens/s at concurrency 1: served (gRPC streaming through Triton) vs in-process, per arm; "
-                "speculative speedup through Triton",
+        "what": "greedy tokens/s at concurrency 1: served (gRPC streaming through Triton) vs in-process, per arm, "
+                "measured interleaved prompt by prompt; speculative speedup through Triton",
         "target_served_over_in_process": 0.9,
-        "source": args.source, "num_draft_tokens": k, "prompts": len(prompts), "max_tokens": args.max_tokens,
+        "source": args.source, "num_draft_tokens": k, "prompts": len(prompts), "rounds": args.rounds, "max_tokens": args.max_tokens,
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()},
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "methods": results,
