@@ -299,8 +299,8 @@ class _Runner:
 
     def run_step(self, step: Step, key: str) -> str:
         renames = {out: tmp_path(out) for out in step.outputs}
-        for out in step.outputs:
-            Path(out).parent.mkdir(parents=True, exist_ok=True)
+        for directory in [str(Path(out).parent) for out in step.outputs] + step.scratch_dirs:
+            Path(directory).mkdir(parents=True, exist_ok=True)
         log_path = self.log_path(step)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = redirect_argv(step.argv, renames)

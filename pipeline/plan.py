@@ -52,6 +52,7 @@ class Step:
     env: dict[str, str] = field(default_factory=dict)
     kind: str = ""  # resolve | quantize | convert | build | engine
     expect: ExpectedEngine | None = None
+    scratch_dirs: list[str] = field(default_factory=list)  # created before the step (timing caches)
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "argv": list(self.argv), "inputs": list(self.inputs), "outputs": list(self.outputs)}
@@ -248,7 +249,8 @@ def _trtllm_engine(p: _Planner, v: tc.Version, role: str, ckpt: str, spec: Model
     timing_cache = p.path("timing_cache", f"{role}.cache")
     argv = tc.trtllm_build(v, checkpoint_dir=ckpt, output_dir=out, timing_cache=timing_cache, options=options)
     expect = _expect(p, role, spec, mode or "none", k, logits, **extra)
-    p.add(Step(f"build-{role}", argv, [ckpt], [out], kind="build", expect=expect))
+    p.add(Step(f"build-{role}", argv, [ckpt], [out], kind="build", expect=expect,
+               scratch_dirs=[str(Path(timing_cache).parent)]))
     p.engines[role] = out
 
 
