@@ -21,6 +21,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--int8", action="store_true", help="also measure the int8 weight-only target")
+    parser.add_argument("--draft-int8", action="store_true", help="also measure int8 draft-side weights")
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "engine.json")
     args = parser.parse_args()
 
@@ -34,7 +35,7 @@ def main() -> None:
             continue
         peer = "hf" if name.endswith("draft-target") else None
         reports[name] = run_bench(path, prompts_per_category=args.prompts, max_tokens=args.max_tokens,
-                                  peer=peer, int8=args.int8)
+                                  peer=peer, int8=args.int8, draft_int8=args.draft_int8)
         for row in reports[name]["summary"]:
             print(f"{name}: {row['method']} batch {row['batch']}: {row['speedup']:.2f}x "
                   f"({row['tokens_per_s']:.0f} vs {row['baseline_tokens_per_s']:.0f} tok/s)", file=sys.stderr)

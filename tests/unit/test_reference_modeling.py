@@ -142,7 +142,8 @@ def test_int8_weight_only_runs_real_int8_and_agrees_on_top1(ckpt, tmp_path):
     assert state["model.layers.0.self_attn.q_proj.weight"].dtype == torch.int8
     assert state["lm_head.weight"].dtype == torch.int8
     q = LlamaModel(tmp_path / "int8")
-    assert q.layers[0].qkv.packed is not None and q.lm_head.packed is not None  # int8 GEMM, no float copy
+    assert q.layers[0].qkv.int8 and q.layers[0].qkv.weight is None  # int8 GEMM, no float copy
+    assert q.lm_head.int8 and q.layers[0].qkv.weight_t.dtype == torch.int8
     ids = random_prompts(1, seed=5, min_len=60, max_len=60)[0]
     _, _, ref = _prefill(LlamaModel(ckpt["target"]), ids)
     _, _, got = _prefill(q, ids)
@@ -152,3 +153,23 @@ def test_int8_weight_only_runs_real_int8_and_agrees_on_top1(ckpt, tmp_path):
         quantize_checkpoint(tmp_path / "int8", tmp_path / "again")
     with pytest.raises(SpecdeployError, match="not supported"):
         quantize_checkpoint(ckpt["target"], tmp_path / "x", fmt="fp8")
+
+
+def test_int8_rows_are_independent_so_speculation_stays_lossless(ckpt, tmp_path):
+    """Per-row activation scales: a row's result does not depend on the batch it is in."""
+    quantize_checkpoint(ckpt["target"], tmp_path / "int8")
+    q = LlamaModel(tmp_path / "int8")
+    x = torch.randn(7, q.shape.hidden_size)
+    with torch.inference_mode():
+        assert torch.equal(q.layers[0].gate_up(x)[2], q.layers[0].gate_up(x[2:3])[0])
+    base = create_engine(tmp_path / "int8")
+    spec = create_engine(tmp_path / "int8", role="speculative",
+                         proposer={"method": "draft_target", "draft_dir": str(ckpt["draft"]), "num_draft_tokens": 3,
+                                   "draft_int8": True})
+    try:
+        for prompt in random_prompts(15, seed=12):
+            want = base.generate(GenerationRequest(prompt, 12)).output_ids
+            assert spec.generate(GenerationRequest(prompt, 12)).output_ids == want
+    finally:
+        base.shutdown()
+        spec.shutdown()
