@@ -147,7 +147,8 @@ class Scheduler:
 
     def _draft_budget(self, seq: SeqState) -> int:
         remaining = seq.request.max_new_tokens - len(seq.output)
-        k = seq.request.num_draft_tokens or self.proposer.max_draft_len
+        wanted = seq.request.num_draft_tokens
+        k = self.proposer.max_draft_len if wanted is None else wanted
         return max(0, min(k, self.proposer.max_draft_len, remaining - 1))
 
     def _proposals(self, seqs: list[SeqState]) -> list[Proposal]:

@@ -165,3 +165,23 @@ def test_invalid_requests_are_refused(engines):
         engines["baseline"].submit(GenerationRequest([10_000], 4))
     r = engines["baseline"].generate(GenerationRequest(PROMPT, 0))
     assert r.output_ids == [] and r.finish_reason == "length"
+
+
+def test_submit_from_many_threads_and_per_request_draft_count(engines, greedy):
+    import threading
+
+    results: dict[int, list[int]] = {}
+
+    def worker(i: int) -> None:
+        results[i] = engines["same_draft"].generate(GenerationRequest(PROMPT, 10 + i)).output_ids
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert all(results[i] == greedy[: 10 + i] for i in range(6))
+    r = engines["same_draft"].generate(GenerationRequest(PROMPT, 10, num_draft_tokens=2))
+    assert r.output_ids == greedy[:10] and max(len(p) for p in [r.stats.drafted_per_position]) == 2
+    r = engines["same_draft"].generate(GenerationRequest(PROMPT, 6, num_draft_tokens=0))
+    assert r.output_ids == greedy[:6] and r.stats.verify_steps == 0 and r.stats.decode_steps == 6
