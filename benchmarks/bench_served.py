@@ -78,17 +78,19 @@ def served_run(server, target, prompt: str, max_tokens: int) -> int:
 def interleaved(local: InProcess, server, target, prompts: list[str], prompt_ids, max_tokens: int, rounds: int) -> dict:
     """Alternate in-process and served generations prompt by prompt, so both see the same
     machine load (these CPUs are shared and noisy)."""
-    local.run(prompt_ids[0], max_tokens)  # warm-up
-    served_run(server, target, prompts[0], max_tokens)
+    for _ in range(2):  # warm-up (first generations pay one-off allocation costs)
+        local.run(prompt_ids[0], max_tokens)
+        served_run(server, target, prompts[0], max_tokens)
     totals = {"in_process": [0, 0.0], "served": [0, 0.0]}
-    for _ in range(rounds):
+    runners = {"in_process": lambda p, ids: local.run(ids, max_tokens),
+               "served": lambda p, ids: served_run(server, target, p, max_tokens)}
+    for round_index in range(rounds):
+        order = ["in_process", "served"] if round_index % 2 == 0 else ["served", "in_process"]
         for prompt, ids in zip(prompts, prompt_ids):
-            start = time.perf_counter()
-            totals["in_process"][0] += local.run(ids, max_tokens)
-            totals["in_process"][1] += time.perf_counter() - start
-            start = time.perf_counter()
-            totals["served"][0] += served_run(server, target, prompt, max_tokens)
-            totals["served"][1] += time.perf_counter() - start
+            for side in order:
+                start = time.perf_counter()
+                totals[side][0] += runners[side](prompt, ids)
+                totals[side][1] += time.perf_counter() - start
     out = {side: {"tokens": n, "seconds": sec, "tokens_per_s": n / sec} for side, (n, sec) in totals.items()}
     out["served"].update(model=target.model_name, extra_inputs=target.extra_inputs)
     return out
@@ -138,7 +140,7 @@ def main() -> None:
     parser.add_argument("--source", choices=["random", "demo"], default="random")
     parser.add_argument("--prompts", type=int, default=len(PROMPTS))
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=2, help="passes over the prompts")
+    parser.add_argument("--rounds", type=int, default=4, help="passes over the prompts")
     parser.add_argument("--methods", nargs="*", default=list(METHODS))
     parser.add_argument("--workdir", type=Path, help="keep deployments and server logs here (default: a temp dir)")
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "served.json")

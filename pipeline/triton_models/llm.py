@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from pipeline.triton_models.metrics import SpecDecodeCounters
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # request threads hand chunks on quickly (the default 5 ms GIL switch interval adds latency per chunk)
 SWITCH_INTERVAL_S = 0.0005
+CANCEL_CHECK_PERIOD_S = 0.02  # how often a request thread asks Triton whether its client cancelled
 TOKENS_PER_KV_BLOCK = 64  # nominal block size for the kv_cache_* perf outputs (CPU engine has none)
 STREAMING_NEEDS_DECOUPLED = "Streaming is only supported if model is deployed using decoupled mode."
 BATCH_NEEDS_DECOUPLED = (
@@ -125,9 +127,6 @@ class TritonPythonModel:
         self.counters = SpecDecodeCounters(args["model_name"], args["model_version"])
         self._lock = threading.Lock()
         self._inflight: dict[str, tuple[object, object]] = {}  # id → (response sender, handle)
-        self._stopping = threading.Event()
-        self._watcher = threading.Thread(target=self._watch_cancellation, daemon=True)
-        self._watcher.start()
 
     def execute(self, requests):
         # Decoupled: one response sender per request, fed by the request's thread; execute
@@ -148,7 +147,6 @@ class TritonPythonModel:
         return [sender.wait() for sender in senders]
 
     def finalize(self):
-        self._stopping.set()
         self.engine.shutdown()
 
     # -- request intake ------------------------------------------------------------------------
@@ -249,9 +247,15 @@ class TritonPythonModel:
     def _drain(self, key, handle, sender, prompt, options: ResponseOptions) -> None:
         generated: list[int] = []
         stats = None
+        next_check = time.monotonic() + CANCEL_CHECK_PERIOD_S
         try:
             for chunk in handle.chunks():
                 stats = chunk.stats or stats
+                if not chunk.finished and time.monotonic() >= next_check:
+                    # only this thread talks to the sender (concurrent IPC on one sender is unsafe)
+                    next_check = time.monotonic() + CANCEL_CHECK_PERIOD_S
+                    if sender.is_cancelled():
+                        handle.cancel()
                 if chunk.error:
                     self._send(sender, io.error_response(chunk.error), final=True)
                     return
@@ -300,14 +304,3 @@ class TritonPythonModel:
             entries = [(k, h) for k, (_, h) in self._inflight.items() if k == request_id or k.startswith(f"{request_id}-")]
         for _, handle in entries:
             handle.cancel()
-
-    def _watch_cancellation(self) -> None:
-        while not self._stopping.wait(0.02):
-            with self._lock:
-                entries = list(self._inflight.values())
-            for sender, handle in entries:
-                try:
-                    if sender.is_cancelled():
-                        handle.cancel()
-                except Exception:  # noqa: BLE001
-                    pass
