@@ -55,6 +55,11 @@ from lt_common import (  # noqa: E402
 
 _ = locust.__version__
 
+import faulthandler  # noqa: E402
+import signal as _signal  # noqa: E402
+
+faulthandler.register(_signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` dumps stacks of a stuck run
+
 
 class _Run:
     """Per-process run state: settings, clock, writer, in-flight table."""
@@ -191,6 +196,18 @@ def _on_quitting(environment, **_kw):
     _Run.writer.close()
 
 
+@events.quit.add_listener
+def _on_quit(exit_code, **_kw):
+    """Leave without interpreter shutdown, once Locust has printed its summary.
+
+    Measured: after a server died mid-run, garbage-collecting a tritonclient gRPC client at
+    interpreter exit blocked forever in ``grpc.Channel.close`` (holding the GIL), so the Locust
+    process never ended. Every record is flushed by now (``quitting``)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)
+
+
 # ------------------------------------------------------------------------------------------------
 # Transports: each takes a RequestState, sends it, fills chunks, returns when the request is done.
 
@@ -207,7 +224,11 @@ class GrpcStreamSession:
         self._broken = False
         self._open()
 
+    _retired: list = []  # replaced clients stay referenced: their __del__ would block in close()
+
     def _open(self) -> None:
+        if getattr(self, "client", None) is not None:
+            GrpcStreamSession._retired.append(self.client)
         self.client = self._grpcclient.InferenceServerClient(url=self.url)
         self.client.start_stream(callback=self._on_response)
         self._broken = False

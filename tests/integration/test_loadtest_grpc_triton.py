@@ -150,3 +150,32 @@ def test_grpc_inflight_at_stop_recorded_and_run_terminates(tmp_path, fake_triton
     statuses = {r["status"] for r in records}
     assert statuses <= {"ok", "incomplete_at_stop"}
     assert sum(r["status"] == "incomplete_at_stop" for r in records) >= 1
+
+
+@pytest.mark.slow
+def test_server_killed_mid_run_is_recorded_and_locust_exits(tmp_path, tmp_path_factory):
+    import signal
+    import threading
+    import time
+
+    from pipeline.serve import start_server
+
+    repo = tmp_path_factory.mktemp("fake_repo_kill") / "repo"
+    (repo / "fake_stream" / "1").mkdir(parents=True)
+    (repo / "fake_stream" / "config.pbtxt").write_text(CONFIG)
+    (repo / "fake_stream" / "1" / "model.py").write_text(MODEL)
+    server = start_server(repo, startup_timeout_s=120)
+    killer = threading.Timer(2.5, lambda: os.killpg(server.pid, signal.SIGKILL))
+    killer.start()
+    started = time.monotonic()
+    try:
+        records, metas = run_grpc_locust(tmp_path, server, users=4, duration_s=5, stop_timeout_s=3)
+    finally:
+        killer.cancel()
+        server.stop()
+    assert time.monotonic() - started < 5 + 3 + 30  # ended on its own (watchdog at worst)
+    assert not server.alive()
+    assert sum(m["sent"] for m in metas) == len(records)
+    assert any(r["status"] == "ok" for r in records)
+    errors = [r for r in records if r["status"] == "error"]
+    assert errors and all("UNAVAILABLE" in (r["error"] or "") for r in errors)
