@@ -118,7 +118,11 @@ def measure_method(workdir: Path, models: dict, method: str, k: int, prompts: li
             local = InProcess(Path(manifest["engines"][variant]), tokenizer.end_id)
             try:
                 with serve_deployment(cfg, variant) as server:
-                    sides = interleaved(local, server, client_target(cfg, variant), prompts, prompt_ids, max_tokens, rounds)
+                    try:
+                        sides = interleaved(local, server, client_target(cfg, variant), prompts, prompt_ids, max_tokens, rounds)
+                    except Exception:
+                        print(f"{method} {variant}: server alive={server.alive()}; log tail:\n{server.log_tail(30)}", file=sys.stderr)
+                        raise
             finally:
                 local.engine.shutdown()
             result[variant] = {**sides, "served_over_in_process": sides["served"]["tokens_per_s"] / sides["in_process"]["tokens_per_s"]}

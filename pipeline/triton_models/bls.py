@@ -74,6 +74,28 @@ def _model_is_decoupled(model_dir: Path) -> bool:
     return bool(match) and match.group(1).lower() in ("true", "1")
 
 
+def _string_param(config_text: str, key: str) -> str | None:
+    match = re.search(r'key:\s*"' + re.escape(key) + r'"\s*value:\s*\{\s*string_value:\s*"((?:[^"\\]|\\.)*)"', config_text)
+    return json.loads(f'"{match.group(1)}"') if match else None
+
+
+def _local_detokenizer(postprocessing_dir: Path):
+    """Decode text here with postprocessing's own tokenizer and option, saving one model call
+    per response; None (→ call the postprocessing model) when its config cannot be read."""
+    try:
+        text = (postprocessing_dir / "config.pbtxt").read_text(encoding="utf-8")
+        tokenizer_dir = _string_param(text, "tokenizer_dir")
+        skip = (_string_param(text, "skip_special_tokens") or "True").strip().lower() in ("true", "1", "yes")
+        if not tokenizer_dir:
+            return None
+        from pipeline.triton_models.tokenizer import TextTokenizer  # noqa: PLC0415
+
+        tokenizer = TextTokenizer(tokenizer_dir)
+    except Exception:  # noqa: BLE001 - fall back to the postprocessing model
+        return None
+    return lambda ids: tokenizer.decode(ids, skip)
+
+
 @dataclass
 class SpecTotals:
     draft_tokens: int = 0
@@ -107,6 +129,7 @@ class TritonPythonModel:
         self.target_decoupled = _model_is_decoupled(repo / self.target_name)
         self.draft_decoupled = bool(self.draft_name) and _model_is_decoupled(repo / self.draft_name)
         self.counters = SpecDecodeCounters(args["model_name"], args["model_version"])
+        self.detokenizer = _local_detokenizer(repo / "postprocessing")
 
     def execute(self, requests):
         for request in requests:
@@ -330,6 +353,10 @@ class TritonPythonModel:
     # -- plumbing ------------------------------------------------------------------------------
 
     def _text_response(self, ids: list[int], extra: dict):
+        if self.detokenizer is not None:
+            text = np.array([[self.detokenizer(ids).encode("utf-8")]], dtype=object)
+            outputs = [io.tensor("text_output", text)] + [io.tensor(name, value) for name, value in extra.items()]
+            return pb_utils.InferenceResponse(output_tensors=outputs)
         tokens = np.array(ids, dtype=np.int32).reshape(1, 1, len(ids))
         (post,) = self._call(
             "postprocessing",

@@ -282,3 +282,21 @@ def test_rerender_replaces_atomically(tmp_path, monkeypatch):
     render(cfg)
     assert not (repo / "stray.txt").exists()
     assert sorted(p.name for p in repo.parent.iterdir()) == ["baseline", "speculative"]
+
+
+def test_cli_render(tmp_path, monkeypatch, capsys):
+    import yaml
+
+    from pipeline.cli import run
+
+    monkeypatch.chdir(tmp_path)
+    data = {"name": "cli-dt", "backend": "reference", "hardware": "cpu", "target": {"checkpoint": "/models/target"},
+            "speculation": METHODS["draft_target"],
+            "build": {"max_batch_size": 4, "max_input_len": 128, "max_seq_len": 256}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    cfg = parse_config(data)
+    write_manifest(cfg)
+    assert run(["render", "c.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert "load tests call tensorrt_llm_bls num_draft_tokens=4" in out
+    assert (tmp_path / "engines" / "cli-dt" / "model_repo" / "speculative" / "tensorrt_llm_draft" / "config.pbtxt").is_file()
