@@ -246,7 +246,7 @@ def _make_proposer(spec: dict, target: LlamaModel, dtype: torch.dtype, slots: in
         head = EagleHead(_path(spec["head_dir"], base), target, dtype)
         choices = spec.get("choices")
         depth = max(len(c) for c in choices) if choices else int(spec.get("num_layers", 4))
-        return EagleProposer(head, depth, slots, max_rows)
+        return EagleProposer(head, depth, slots, max_rows, choices)
     raise SpecdeployError(f"unknown proposer method {method!r}")
 
 

@@ -270,13 +270,16 @@ class DecoderLayer:
 
 @dataclass
 class StepInput:
-    """New tokens for one sequence in one forward: rotary positions, and ``tree`` — a
-    ``[n, n]`` bool ancestor-or-self mask among the new tokens (None = causal)."""
+    """New tokens for one sequence in one forward: rotary positions, ``tree`` — a ``[n, n]``
+    bool ancestor-or-self mask among the new tokens (None = causal) — and ``visible``, a
+    ``[n, cache.length]`` bool mask over the rows already cached (None = all visible; the EAGLE
+    tree uses it to hide speculative rows that are not ancestors)."""
 
     cache: SlotCache
     tokens: list[int]
     positions: list[int]
     tree: torch.Tensor | None = None
+    visible: torch.Tensor | None = None
 
 
 class StepTensors:
@@ -307,7 +310,7 @@ class StepTensors:
             self.rows = torch.tensor(starts, dtype=torch.long)[:, None] + torch.arange(width)[None, :]
 
     def _mask(self, inputs: list[StepInput], starts: list[int], width: int) -> torch.Tensor | None:
-        if self.single and width == 1:
+        if self.single and width == 1 and inputs[0].visible is None:
             return None  # one query sees every valid key
         mask = torch.arange(self.key_len)[None, None, :] < torch.tensor(starts)[:, None, None]
         mask = mask.expand(len(inputs), width, self.key_len).clone()  # [B, T, K]
@@ -315,6 +318,8 @@ class StepTensors:
             n, s = len(inp.tokens), starts[b]
             local = inp.tree if inp.tree is not None else torch.ones(n, n, dtype=torch.bool).tril()
             mask[b, :n, s : s + n] = local
+            if inp.visible is not None:
+                mask[b, :n, :s] = inp.visible
             pad = torch.arange(n, width)
             mask[b, pad, s + pad] = True  # padding rows attend to themselves only
         return mask.unsqueeze(1)  # [B, 1, T, K]

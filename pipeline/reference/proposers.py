@@ -216,13 +216,23 @@ class _EagleState:
 
 
 class EagleProposer:
+    """EAGLE-1 drafting. Chain: one EAGLE-layer step per draft token, batched over sequences.
+    Tree (greedy requests, ``choices`` given): depth by depth, each expanded node is one new
+    EAGLE row whose attention sees the real rows and its own ancestors' speculative rows only;
+    children are the top-k tokens of its predicted feature (upstream ``choices`` semantics)."""
+
     prefix_reuse = False  # the EAGLE layer's KV is not in the prefix cache
     uses_features = True
 
-    def __init__(self, head: EagleHead, depth: int, slots: int, max_rows: int):
+    def __init__(self, head: EagleHead, depth: int, slots: int, max_rows: int,
+                 choices: list[list[int]] | None = None):
         self.head = head
-        self.max_draft_len = depth
-        self.pool = head.new_pool(slots, max_rows)
+        self.choices = sort_choices(choices) if choices else None
+        self.depth = max(len(c) for c in self.choices) if self.choices else depth
+        if self.choices:
+            validate_choices(self.choices, self.depth)
+        self.max_draft_len = len(self.choices) if self.choices else depth
+        self.pool = head.new_pool(slots, max_rows + (len(self.choices) if self.choices else 0))
 
     def start(self, seq: "SeqState") -> None:
         seq.proposer_state = _EagleState(self.pool.allocate())
@@ -234,6 +244,9 @@ class EagleProposer:
 
     def accept(self, seq: "SeqState") -> None:
         pass  # speculative rows were already dropped at the end of propose()
+
+    def _uses_tree(self, seq: "SeqState", k: int) -> bool:
+        return self.choices is not None and seq.params.greedy and k >= len(self.choices)
 
     def propose(self, seqs: list["SeqState"], ks: list[int]) -> list[Proposal]:
         proposals = [Proposal() for _ in seqs]
@@ -252,7 +265,20 @@ class EagleProposer:
         width = max(f.shape[0] for f in feats)
         padded = torch.stack([torch.nn.functional.pad(f, (0, 0, 0, width - f.shape[0])) for f in feats])
         hidden = self.head.forward(self.pool, inputs, padded)  # [B, T, H]
-        last = torch.stack([hidden[b, inp_len - 1] for b, inp_len in enumerate(len(x.tokens) for x in inputs)])
+        last = torch.stack([hidden[b, len(x.tokens) - 1] for b, x in enumerate(inputs)])  # [B, H]
+        chain = []
+        for b, i in enumerate(rows):
+            if self._uses_tree(seqs[i], ks[i]):
+                proposals[i] = self._tree(seqs[i], last[b])
+            else:
+                chain.append(b)
+        if chain:
+            self._chains(seqs, ks, [rows[b] for b in chain], last[chain], proposals)
+        for i in rows:
+            seqs[i].proposer_state.cache.rollback(real[i])
+        return proposals
+
+    def _chains(self, seqs, ks, rows: list[int], last: torch.Tensor, proposals: list[Proposal]) -> None:
         probs: dict[int, list] = {i: [] for i in rows}
         step = 0
         while True:
@@ -262,7 +288,7 @@ class EagleProposer:
                 proposals[i].tokens.append(token)
                 probs[i].append(dist)
             step += 1
-            keep = [b for b, i in enumerate(rows) if ks[i] > step]
+            keep = [b for b, i in enumerate(rows) if min(ks[i], self.depth) > step]
             if not keep:
                 break
             last = last[keep]
@@ -274,5 +300,41 @@ class EagleProposer:
             last = self.head.forward(self.pool, inputs, last.unsqueeze(1))[:, 0]
         for i, rows_probs in probs.items():
             proposals[i].draft_probs = _stack_probs(rows_probs)
-            seqs[i].proposer_state.cache.rollback(real[i])
-        return proposals
+
+    def _tree(self, seq: "SeqState", root: torch.Tensor) -> Proposal:
+        cache = seq.proposer_state.cache
+        real = cache.length
+        width = max(c[-1] for c in self.choices) + 1
+        has_children = {tuple(c[:-1]) for c in self.choices}
+        top = {(): self.head.logits(root[None])[0].topk(width).indices.tolist()}
+        token, cache_row, feature = {}, {}, {}
+        for depth in range(1, self.depth + 1):
+            level = [tuple(c) for c in self.choices if len(c) == depth]
+            for node in level:
+                token[node] = top[node[:-1]][node[-1]]
+            expand = [node for node in level if node in has_children]
+            if not expand:
+                continue
+            visible = torch.zeros(len(expand), cache.length, dtype=torch.bool)
+            visible[:, :real] = True
+            for r, node in enumerate(expand):
+                for d in range(1, depth):
+                    visible[r, cache_row[node[:d]]] = True
+            parents = torch.stack([root if depth == 1 else feature[node[:-1]] for node in expand])
+            first = cache.length
+            step = StepInput(cache, [token[n] for n in expand], [real + depth - 1] * len(expand),
+                             torch.eye(len(expand), dtype=torch.bool), visible)
+            predicted = self.head.forward(self.pool, [step], parents.unsqueeze(0))[0]  # [n, H]
+            logits = self.head.logits(predicted)  # [n, vocab]
+            for r, node in enumerate(expand):
+                cache_row[node] = first + r
+                feature[node] = predicted[r]
+                top[node] = logits[r].topk(width).indices.tolist()
+        row_of = {(): 0}
+        tokens, parents_rows = [], []
+        for c in self.choices:
+            node = tuple(c)
+            tokens.append(token[node])
+            parents_rows.append(row_of[node[:-1]])
+            row_of[node] = len(tokens)
+        return Proposal(tokens, parents_rows, None)

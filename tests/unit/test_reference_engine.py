@@ -35,6 +35,8 @@ def _specs(ckpt) -> dict[str, dict]:
         "medusa_tree": {"method": "medusa", "heads_dir": str(ckpt["medusa"]), "num_heads": 3,
                         "choices": [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [2]]},
         "eagle": {"method": "eagle", "head_dir": str(ckpt["eagle"]), "num_layers": 4},
+        "eagle_tree": {"method": "eagle", "head_dir": str(ckpt["eagle"]),
+                       "choices": [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0], [2]]},
     }
 
 
@@ -60,7 +62,7 @@ def reference_outputs(ckpt):
 
 
 @pytest.mark.parametrize("batched", [False, True], ids=["batch1", "batched"])
-@pytest.mark.parametrize("method", ["baseline", "draft_target", "medusa", "medusa_tree", "eagle"])
+@pytest.mark.parametrize("method", ["baseline", "draft_target", "medusa", "medusa_tree", "eagle", "eagle_tree"])
 def test_greedy_speculation_is_lossless(ckpt, reference_outputs, method, batched):
     spec = None if method == "baseline" else _specs(ckpt)[method]
     engine = _engine(ckpt, spec)
@@ -146,3 +148,31 @@ def test_speculative_sampling_matches_target_distribution(ckpt, method, monkeypa
         monkeypatch.setattr(verify, "residual", lambda target_probs, draft_probs: target_probs)
         b1, _ = _sample_counts(ckpt, _specs(ckpt)[method], prompt, params, 2000)
         assert chi2_pvalue(b1, first) < 1e-3
+
+
+@torch.inference_mode()
+def test_eagle_tree_top1_path_equals_the_chain(ckpt):
+    """The tree's all-zeros path sees exactly the chain's context (ancestors only), so its tokens
+    equal the chain's; siblings are the next-best tokens of the same predicted feature."""
+    from pipeline.reference.scheduler import SeqState, make_generator
+
+    choices = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0], [1, 0, 0]]
+    spec = _specs(ckpt)["eagle"]
+    drafts = {}
+    for name, extra in (("chain", {}), ("tree", {"choices": choices})):
+        engine = _engine(ckpt, {**spec, **extra}, dtype="float64")
+        engine.shutdown()  # drive the scheduler directly, on this thread
+        sch = engine.scheduler
+        prompt = PROMPTS[3]
+        seq = SeqState(GenerationRequest(prompt, 8), SamplingParams(), make_generator(0), list(prompt))
+        sch.admit(seq)
+        drafts[name] = sch.proposer.propose([seq], [len(choices)])[0]
+        assert seq.proposer_state.cache.length == len(prompt) - 1  # speculative rows dropped
+        sch.release(seq)
+    from pipeline.reference.proposers import sort_choices
+
+    tree, choices = drafts["tree"], sort_choices(choices)  # proposal order: parents first
+    path = [tree.tokens[choices.index([0] * d)] for d in range(1, 5)]
+    assert path == drafts["chain"].tokens
+    assert tree.parents[choices.index([1, 0, 0])] == 1 + choices.index([1, 0])
+    assert tree.tokens[choices.index([1])] != tree.tokens[choices.index([0])]
