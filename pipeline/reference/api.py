@@ -156,8 +156,8 @@ class DraftTooLongError(ValueError):
 #             | {"method": "medusa", "heads_dir": "...", "num_heads": 4, "choices": [[0],[0,0],...]}
 #             | {"method": "eagle", "head_dir": "...", "num_layers": 4, "choices": [[0],[0,0],...]},
 #       optional in any proposer: "draft_int8": true — draft-side weights int8 at load (output unchanged)
-#       Medusa trees (choices) are used for greedy requests; sampled requests get the chain.
-#       EAGLE runs a chain (depth = num_layers, or the deepest choice).
+#       Trees (Medusa/EAGLE choices) serve greedy requests; sampled requests get the chain
+#       (depth = num_heads / num_layers, or the deepest choice).
 #   "max_draft_len": 4,          # 0 for baseline/draft; K for target; node count for trees
 #   "max_batch_size": 8, "max_seq_len": 512, "max_input_len": 256,
 #   "compute_dtype": "float32",

@@ -6,10 +6,11 @@
   ``choices`` (upstream semantics: a choice is a path of top-k indices, [0, 1] = 2nd best at
   depth 2 under the best at depth 1);
 - :class:`EagleProposer` — the EAGLE-1 head on the target's features, one decoder layer per
-  draft step over its own KV pool (a chain; ``choices`` only set the chain depth).
+  draft step over its own KV pool (a chain by default; a static tree from ``choices``).
 
 Trees are for greedy requests only; a sampled request gets the chain (lossless rejection sampling
-needs the distribution each draft came from, which a static top-k tree does not have). Every
+needs the distribution each draft came from; multi-draft SpecInfer-style tree sampling is not
+implemented). Every
 proposer works on a batch of sequences with per-sequence draft counts, and rolls its own caches
 back in :meth:`Proposer.accept` to what the target accepted. Reads and writes nothing on disk.
 """
