@@ -24,7 +24,7 @@ def _table(report: dict) -> str:
                      f"{r['mean_acceptance_length']:>7.2f}{r['efficiency']:>7.2f}{r['speedup_cpu']:>7.2f}  {'yes' if r['outputs_match'] else 'NO'}")
     for s in report["summary"]:
         lines.append(f"all categories: {s['method']} batch {s['batch']}: {s['tokens_per_s']:.1f} tok/s vs "
-                     f"{s['baseline_tokens_per_s']:.1f} -> {s['speedup']:.2f}x")
+                     f"{s['baseline_tokens_per_s']:.1f} -> {s['speedup']:.2f}x (per CPU-second {s['speedup_cpu']:.2f}x)")
     peer = report.get("peer")
     if peer and "skipped" not in peer:
         lines.append(f"HF assisted generation (K={peer['num_assistant_tokens']}): {peer['hf_assisted_tokens_per_s']:.1f} "

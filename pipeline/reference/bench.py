@@ -133,6 +133,11 @@ def run_arm(engine, prompts: list[list[int]], batch: int, max_tokens: int, end_i
     return arm
 
 
+def _fill(prompts: list, count: int) -> list:
+    """At batch > 1, cycle the prompts to keep the batch full for most of the run."""
+    return [prompts[i % len(prompts)] for i in range(max(count, len(prompts)))]
+
+
 def _row(method: str, batch: int, category: str, base: Arm, spec: Arm) -> dict:
     tau = 1.0 + spec.accepted / spec.verify_steps if spec.verify_steps else 1.0
     speedup = spec.tokens_per_s / base.tokens_per_s if base.tokens_per_s else 0.0
@@ -194,6 +199,7 @@ def run_bench(config_path: str | Path, prompts_per_category: int = 8, max_tokens
                 run_arm(spec_engine, warm, 1, 8, end_id)
                 for batch in batches:
                     for category, prompts in categories.items():
+                        prompts = _fill(prompts, 2 * batch if batch > 1 else len(prompts))
                         base = run_arm(base_engine, prompts, batch, max_tokens, end_id)
                         fast = run_arm(spec_engine, prompts, batch, max_tokens, end_id)
                         results.append(_row(cfg.method + suffix, batch, category, base, fast))
@@ -217,17 +223,27 @@ def run_bench(config_path: str | Path, prompts_per_category: int = 8, max_tokens
 
 
 def summarize(results: list[dict]) -> list[dict]:
-    """Pooled over categories, per (method, batch)."""
+    """Per (method, batch): tokens/s pooled over categories (total tokens ÷ total time);
+    acceptance rate and τ as the unweighted mean over categories."""
     out = []
     for key in sorted({(r["method"], r["batch"]) for r in results}):
         rows = [r for r in results if (r["method"], r["batch"]) == key]
-        spec_s = sum(r["tokens"] / r["tokens_per_s"] for r in rows if r["tokens_per_s"])
-        base_s = sum(r["baseline_tokens"] / r["baseline_tokens_per_s"] for r in rows if r["baseline_tokens_per_s"])
-        tps, btps = sum(r["tokens"] for r in rows) / spec_s, sum(r["baseline_tokens"] for r in rows) / base_s
+        tps = _pooled(rows, "tokens", "tokens_per_s")
+        btps = _pooled(rows, "baseline_tokens", "baseline_tokens_per_s")
+        cpu, bcpu = _pooled(rows, "tokens", "cpu_tokens_per_s"), _pooled(rows, "baseline_tokens", "baseline_cpu_tokens_per_s")
         out.append({"method": key[0], "batch": key[1], "tokens_per_s": round(tps, 2),
                     "baseline_tokens_per_s": round(btps, 2), "speedup": round(tps / btps, 3),
+                    "cpu_tokens_per_s": round(cpu, 2), "baseline_cpu_tokens_per_s": round(bcpu, 2),
+                    "speedup_cpu": round(cpu / bcpu, 3),
+                    "acceptance_rate": round(sum(r["acceptance_rate"] for r in rows) / len(rows), 4),
+                    "mean_acceptance_length": round(sum(r["mean_acceptance_length"] for r in rows) / len(rows), 3),
                     "outputs_match": all(r["outputs_match"] for r in rows)})
     return out
+
+
+def _pooled(rows: list[dict], tokens_key: str, rate_key: str) -> float:
+    seconds = sum(r[tokens_key] / r[rate_key] for r in rows if r[rate_key])
+    return sum(r[tokens_key] for r in rows) / seconds if seconds else 0.0
 
 
 def hf_peer(cfg: DeploymentConfig, target: Path, spec: dict, categories: dict, max_tokens: int,
