@@ -144,9 +144,9 @@ def _ood_word(rng: random.Random) -> str:
 
 
 def _ood(rng: random.Random) -> str:
-    """Several lines of made-up words: long enough that a continuation stays in kind."""
-    lines = [" ".join(_ood_word(rng) for _ in range(rng.randrange(6, 11))) for _ in range(rng.randrange(4, 7))]
-    return "\n".join(lines) + "\n"
+    """One long line of made-up words (no newline until the end), so a continuation of a
+    prompt cut mid-line stays in kind for many tokens."""
+    return " ".join(_ood_word(rng) for _ in range(rng.randrange(40, 60))) + "\n"
 
 
 GENERATORS: dict[str, Callable[[random.Random], str]] = {
@@ -185,14 +185,14 @@ def prompt_prefix(category: str, text: str, rng: random.Random) -> str:
         parts = text.split(". ")
         keep = rng.randrange(1, max(2, len(parts)))
         return ". ".join(parts[:keep]).rstrip(".\n") + "."
+    if category == "ood":  # one long line: cut after some words
+        prompt = " ".join(text.split()[: rng.randrange(12, 24)])
+        return prompt if len(prompt) <= MAX_PROMPT_CHARS else prompt[:MAX_PROMPT_CHARS].rsplit(" ", 1)[0]
     lines = text.splitlines()
-    keep = rng.randrange(min(2, len(lines) - 1), max(3, len(lines) - 1))
+    keep = max(1, rng.randrange(min(2, len(lines) - 1), max(3, len(lines) - 1)))
     while keep > 1 and len("\n".join(lines[:keep])) > MAX_PROMPT_CHARS:
         keep -= 1
-    prompt = "\n".join(lines[:keep]).rstrip()
-    if len(prompt) > MAX_PROMPT_CHARS:  # one very long line (ood): cut at a word boundary
-        prompt = prompt[:MAX_PROMPT_CHARS].rsplit(" ", 1)[0]
-    return prompt
+    return "\n".join(lines[:keep]).rstrip()
 
 
 def prompts(category: str, count: int, seed: int = HELDOUT_SEED) -> list[dict[str, str]]:
