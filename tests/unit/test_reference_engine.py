@@ -176,3 +176,32 @@ def test_eagle_tree_top1_path_equals_the_chain(ckpt):
     assert path == drafts["chain"].tokens
     assert tree.parents[choices.index([1, 0, 0])] == 1 + choices.index([1, 0])
     assert tree.tokens[choices.index([1])] != tree.tokens[choices.index([0])]
+
+
+@pytest.mark.slow
+def test_external_drafts_with_draft_logits_sample_the_target_distribution(ckpt):
+    """draft_input_ids + draft_logits (contract §5.4): probability-based acceptance with residual
+    resampling; the first new token follows the target's distribution exactly."""
+    params = SamplingParams(temperature=1.0, top_p=1.0)
+    prompt = [5, 17, 33, 8]
+    first, _ = _exact_first_two(ckpt, prompt, params)
+    gen = torch.Generator().manual_seed(5)
+    draft_logits = torch.randn(2, VOCAB, generator=gen, dtype=torch.float64) * 2  # an arbitrary q
+    draft_probs = torch.softmax(draft_logits, -1)
+    engine = create_engine(ckpt["target"], role="target", max_draft_len=2, compute_dtype="float64",
+                           prefix_cache_entries=4)
+    try:
+        handles = []
+        for seed in range(2000):
+            drafts = torch.multinomial(draft_probs, 1, generator=gen)[:, 0].tolist()  # drafts ~ q
+            handles.append(engine.submit(GenerationRequest(
+                prompt, 3, draft_input_ids=drafts, draft_logits=draft_logits.tolist(),
+                sampling=SamplingParams(temperature=1.0, top_p=1.0, seed=seed))))
+        outs = [h.result(timeout=300) for h in handles]
+    finally:
+        engine.shutdown()
+    counts = torch.zeros(VOCAB, dtype=torch.float64)
+    for r in outs:
+        assert 1 <= len(r.output_ids) <= 3 and r.stats.verify_steps == 1
+        counts[r.output_ids[0]] += 1
+    assert chi2_pvalue(counts, first) > 1e-3
