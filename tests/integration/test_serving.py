@@ -272,3 +272,27 @@ def test_end_id_stops_and_is_excluded_streaming(baseline_server, reference_outpu
         expected = tokenizer.decode(generated[:cut])
         assert text == (expected if stream else tokenizer.decode(reference_outputs[prompt]["ids"][:len(reference_outputs[prompt]["ids"]) - len(generated) + cut]))
         assert sum(int(r["num_output_tokens"].reshape(-1)[0]) for r in responses) == cut
+
+
+def test_stop_input_cancels_request_with_same_id(medusa_server):
+    """Upstream's `stop` request (dummy input_ids, stop=true, same request id) ends the in-flight
+    request early; the stop request itself gets one empty final response."""
+    import threading
+
+    long_inputs = {"input_ids": np.array([[1, 40, 41, 42]], dtype=np.int32), "input_lengths": np.array([[4]], dtype=np.int32),
+                   "request_output_len": np.array([[240]], dtype=np.int32), "streaming": np.array([[True]])}
+    stop_inputs = {"input_ids": np.array([[1]], dtype=np.int32), "input_lengths": np.array([[0]], dtype=np.int32),
+                   "request_output_len": np.array([[0]], dtype=np.int32), "stop": np.array([[True]])}
+    for attempt in range(3):
+        request_id = f"stop-me-{attempt}"
+        stop_replies = []
+        sender = threading.Thread(target=lambda: stop_replies.append(
+            grpc_stream(medusa_server.grpc_url, "tensorrt_llm", stop_inputs, request_id=request_id)))
+        responses = grpc_stream(medusa_server.grpc_url, "tensorrt_llm", long_inputs, request_id=request_id,
+                                on_response=sender.start)
+        sender.join(timeout=30)
+        assert stop_replies == [[]]  # one empty final response
+        generated = sum(int(r["sequence_length"].reshape(-1)[0]) for r in responses)
+        if generated < 240:
+            return
+    pytest.fail("the stop request never ended the in-flight request early")

@@ -56,7 +56,8 @@ def grpc_infer(url: str, model: str, inputs: dict, outputs: list[str] | None = N
         client.close()
 
 
-def grpc_stream(url: str, model: str, inputs: dict, cancel_after: int | None = None, timeout: float = 120.0):
+def grpc_stream(url: str, model: str, inputs: dict, cancel_after: int | None = None, timeout: float = 120.0,
+                request_id: str | None = None, on_response=None):
     """Stream API (as upstream's end_to_end_grpc_client): list of {output: numpy} per response;
     an error raises. ``cancel_after`` N: cancel the stream after N responses."""
     import tritonclient.grpc as grpcclient  # noqa: PLC0415
@@ -67,7 +68,7 @@ def grpc_stream(url: str, model: str, inputs: dict, cancel_after: int | None = N
     try:
         client.start_stream(callback=lambda result, error: results.put((result, error)))
         client.async_stream_infer(model, [_infer_input(k, v) for k, v in inputs.items()],
-                                  request_id=uuid.uuid4().hex, enable_empty_final_response=True)
+                                  request_id=request_id or uuid.uuid4().hex, enable_empty_final_response=True)
         deadline = time.monotonic() + timeout
         while True:
             result, error = results.get(timeout=max(0.1, deadline - time.monotonic()))
@@ -77,6 +78,8 @@ def grpc_stream(url: str, model: str, inputs: dict, cancel_after: int | None = N
             final = response.parameters["triton_final_response"].bool_param
             if response.outputs:
                 responses.append({o.name: result.as_numpy(o.name) for o in response.outputs})
+                if on_response is not None and len(responses) == 1:
+                    on_response()
             if cancel_after is not None and len(responses) >= cancel_after:
                 client.stop_stream(cancel_requests=True)
                 return responses
