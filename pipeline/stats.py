@@ -137,24 +137,36 @@ def measured_window(records: list[dict]) -> tuple[float, dict[int, tuple[int, in
     return max(hi - lo for lo, hi in windows.values()) / NS_PER_S, windows
 
 
-def achieved_concurrency(records: list[dict], stop_signals: dict[int, int] | None = None) -> float | None:
-    """Time-averaged requests in flight over the steady window (Little's law, Σ E2E / duration,
-    clipped to [first measured send, stop signal] per worker and summed over workers)."""
-    by_pid: dict[int, list[dict]] = defaultdict(list)
-    for rec in records:
-        if rec.get("t_last") is not None:
-            by_pid[rec.get("worker_pid", 0)].append(rec)
-    total = 0.0
-    for pid, recs in by_pid.items():
-        start = min(r["t_sent"] for r in recs)
-        end = max(r["t_last"] for r in recs)
-        if stop_signals and stop_signals.get(pid):
-            end = min(end, stop_signals[pid])
-        if end <= start:
+def achieved_concurrency(records: list[dict], stop_signals: dict[int, int] | None = None,
+                         measured: list[dict] | None = None) -> float | None:
+    """Time-averaged requests in flight over the steady window (Little's law, Σ E2E / duration).
+
+    Per worker process the window runs from the first measured send to the stop signal (else the
+    last response); every request that overlaps it counts for the overlap — also warm-up requests
+    still running when the window opens, and requests still in flight at stop — and the workers'
+    averages add up."""
+    measured = records if measured is None else measured
+    starts: dict[int, int] = {}
+    for rec in measured:
+        pid = rec.get("worker_pid", 0)
+        starts[pid] = min(starts.get(pid, rec["t_sent"]), rec["t_sent"])
+    total, any_window = 0.0, False
+    for pid, start in starts.items():
+        mine = [r for r in records if r.get("worker_pid", 0) == pid]
+        ends = [r["t_last"] for r in mine if r.get("t_last") is not None]
+        end = (stop_signals or {}).get(pid) or (max(ends) if ends else None)
+        if end is None or end <= start:
             continue
-        busy = sum(max(0, min(r["t_last"], end) - max(r["t_sent"], start)) for r in recs)
+        any_window = True
+        busy = 0
+        for r in mine:
+            if r.get("status") == "incomplete_at_stop" or r.get("t_last") is None:
+                r_end = end
+            else:
+                r_end = r["t_last"]
+            busy += max(0, min(r_end, end) - max(r["t_sent"], start))
         total += busy / (end - start)
-    return total if by_pid else None
+    return total if any_window else None
 
 
 def status_counts(records: list[dict]) -> dict[str, int]:
@@ -199,7 +211,8 @@ def run_summary(run: RunData, slo_ttft_ms: float, slo_tpot_ms: float) -> dict[st
         "output_tokens_per_s": osl_total / duration_s if duration_s > 0 else None,
         "requests_per_s": len(ok) / duration_s if duration_s > 0 else None,
         "goodput_rps": (sum(meets_slo(r, slo_ttft_ms, slo_tpot_ms) for r in ok) / duration_s) if duration_s > 0 else None,
-        "achieved_concurrency": achieved_concurrency(ok, stop_signals),
+        "achieved_concurrency": achieved_concurrency(
+            [r for r in run.records if r.get("status") in ("ok", "incomplete_at_stop")], stop_signals, ok),
         "peak_rss_mb": run.info.get("peak_rss_mb"),
         "client_cpu_fraction": run.info.get("client_cpu_fraction"),
         "target_rate": run.info.get("target_rate"),

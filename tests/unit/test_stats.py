@@ -164,3 +164,17 @@ def test_no_reported_value_comes_from_locust_buckets():
 
     for module in (stats, pipeline.report, pipeline.gate):
         assert "get_response_time_percentile" not in inspect.getsource(module)
+
+
+def test_achieved_concurrency_counts_warmup_overlap_and_inflight_at_stop():
+    # 2 users back to back, 1 s requests, window from the first measured send (t=1 s) to the stop (t=3 s);
+    # user 1's warm-up request still runs until 1.5 s and its last request is cut by the stop
+    recs = []
+    for user in range(2):
+        for k in range(3):
+            start = k * 1_000 * MS + user * 500 * MS  # user 1 runs half a request behind user 0
+            recs.append(record(t_sent=start, ttft=100, tpot=100, osl=10, stage="warmup" if k == 0 else "measure"))
+    inflight = record(t_sent=3_000 * MS - 10, ttft=100, tpot=100, osl=10, status="incomplete_at_stop")
+    measured = [r for r in recs if r["stage"] == "measure"]
+    value = stats.achieved_concurrency(recs + [inflight], {1: 3_000 * MS}, measured)
+    assert value == pytest.approx(2.0, abs=0.01)
