@@ -135,15 +135,23 @@ class TritonPythonModel:
         # non-decoupled response from another thread after execute returned crashed
         # tritonserver 2.51 intermittently when the caller was a BLS model.)
         senders = [request.get_response_sender() if self.decoupled else _Collector() for request in requests]
+        drains = []
         for request, sender in zip(requests, senders):
             try:
-                self._start(request, sender)
+                drain = self._start(request, sender)
             except io.RequestError as exc:
                 self._send(sender, io.error_response(str(exc)), final=True)
             except Exception as exc:  # noqa: BLE001 - report, keep serving
                 self._send(sender, io.error_response(f"{type(exc).__name__}: {exc}"), final=True)
+            else:
+                if drain is not None:
+                    drains.append(drain)
         if self.decoupled:
+            for drain in drains:
+                threading.Thread(target=drain, daemon=True).start()
             return None
+        for drain in drains:  # all submitted already: the engine generates them as one batch
+            drain()
         return [sender.wait() for sender in senders]
 
     def finalize(self):
@@ -151,11 +159,12 @@ class TritonPythonModel:
 
     # -- request intake ------------------------------------------------------------------------
 
-    def _start(self, request, sender) -> None:
+    def _start(self, request, sender):
+        """Submit one request; return the function that drains its chunks into ``sender``."""
         if io.flag(request, "stop"):
             self._cancel_by_id(request.request_id())
             self._send(sender, pb_utils.InferenceResponse(output_tensors=[]), final=True)
-            return
+            return None
         options, gen_request = self._parse(request)
         from pipeline.reference.api import DraftTooLongError  # noqa: PLC0415
 
@@ -168,10 +177,7 @@ class TritonPythonModel:
         key = gen_request.request_id
         with self._lock:
             self._inflight[key] = (sender, handle)
-        thread = threading.Thread(
-            target=self._drain, args=(key, handle, sender, gen_request.input_ids, options), daemon=True
-        )
-        thread.start()
+        return lambda: self._drain(key, handle, sender, gen_request.input_ids, options)
 
     def _parse(self, request):
         from pipeline.reference.api import GenerationRequest, SamplingParams  # noqa: PLC0415
