@@ -4,9 +4,13 @@ streaming deltas (decoupled only), end token excluded, ``draft_input_ids`` → a
 step, the ten perf-metric outputs, ``num_input_tokens``/``num_output_tokens`` (the count in that
 response), cancellation by gRPC cancel or the ``stop`` input, upstream error texts.
 
-Every request gets its own thread that drains the engine's chunks into the response sender, so
-``execute`` returns at once and the engine keeps batching across calls (non-decoupled: exactly one
-response carrying the final flag)."""
+Decoupled: every request gets its own thread that drains the engine's chunks into the request's
+response sender, so ``execute`` returns at once and the engine keeps batching across calls.
+Non-decoupled: the requests of one ``execute`` call are submitted together (the engine batches
+them) and ``execute`` returns their single responses. Using the response sender after
+``execute`` returned in non-decoupled mode (upstream's Python variant does) crashed the bundled
+tritonserver 2.51 intermittently (SIGSEGV) when the caller was a BLS model, so we do not.
+"""
 
 from __future__ import annotations
 
