@@ -108,6 +108,10 @@ def _level_validity(level: int, comp: dict, gate: GateSettings, *, greedy: bool)
     out.append(Check("errors", scope, FAIL if spec_err > base_err + gate.max_error_rate_delta else PASS,
                      f"error+timeout rate spec {spec_err:.2%} vs base {base_err:.2%} (allowed +{gate.max_error_rate_delta:.2%})",
                      value=spec_err, threshold=base_err + gate.max_error_rate_delta))
+    if base_err > gate.max_error_rate_delta:
+        out.append(Check("baseline_errors", scope, UNSURE,
+                         f"the baseline itself failed {base_err:.2%} of requests: the comparison is not trustworthy; rerun",
+                         value=base_err, threshold=gate.max_error_rate_delta))
     eq = comp["equivalence"]
     if gate.require_output_equivalence and greedy:
         status = PASS if eq["equivalent"] else (UNSURE if eq["prompts_compared"] == 0 else FAIL)
@@ -115,7 +119,8 @@ def _level_validity(level: int, comp: dict, gate: GateSettings, *, greedy: bool)
                          f"{eq['mismatched']} of {eq['prompts_compared']} prompts differ between arms (greedy)",
                          value=eq["mismatched"], threshold=0))
     length = comp["output_length"]
-    out.append(Check("output_length_match", scope, PASS if length["match"] else FAIL,
+    out.append(Check("output_length_match", scope,
+                     PASS if length["match"] else (UNSURE if not length["prompts_compared"] else FAIL),
                      f"mean OSL base {length['base_mean_osl']} vs spec {length['spec_mean_osl']}",
                      value=length["relative_gap"], threshold=0.05))
     n_ok = min(comp["n_ok"]["base"], comp["n_ok"]["spec"])

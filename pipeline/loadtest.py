@@ -180,7 +180,8 @@ def managed_endpoints(cfg: DeploymentConfig, arms: tuple[str, ...]) -> Iterator[
             endpoints[arm] = ArmEndpoint(
                 arm=arm, url=server.grpc_url if transport == "grpc" else server.http_url,
                 model_name=target.model_name, extra_inputs=target.extra_inputs,
-                metrics_url=server.metrics_url, pid=server.pid, alive=server.alive,
+                metrics_url=server.metrics_url, pid=server.pid,
+                alive=_managed_alive(server, target.model_name),
                 log_tail=getattr(server, "log_tail", None),
             )
         yield endpoints
@@ -194,18 +195,28 @@ def remote_endpoint(cfg: DeploymentConfig, arm: str, url: str, metrics_url: str 
     if transport == "grpc":
         url = re.sub(r"^(grpc|http)s?://", "", url)
     return ArmEndpoint(arm, url, target.model_name, target.extra_inputs, metrics_url,
-                       alive=lambda: endpoint_alive(url, transport))
+                       alive=lambda: endpoint_alive(url, transport, target.model_name))
 
 
-def endpoint_alive(url: str, transport: str, timeout_s: float = 5.0) -> bool:
+def _managed_alive(server, model_name: str) -> Callable[[], bool]:
+    """The server process runs AND the model the client calls is still ready (a crashed Python
+    stub leaves tritonserver running with the model unhealthy)."""
+    return lambda: server.alive() and endpoint_alive(server.http_url, "http", model_name)
+
+
+def endpoint_alive(url: str, transport: str, model_name: str | None = None, timeout_s: float = 5.0) -> bool:
     try:
         if transport == "http":
-            with urllib.request.urlopen(url.rstrip("/") + "/v2/health/live", timeout=timeout_s) as resp:  # noqa: S310
+            base = url.rstrip("/")
+            path = f"/v2/models/{model_name}/ready" if model_name else "/v2/health/live"
+            with urllib.request.urlopen(base + path, timeout=timeout_s) as resp:  # noqa: S310 - loopback/user URL
                 return resp.status == 200
         import tritonclient.grpc as grpcclient  # noqa: PLC0415
 
         client = grpcclient.InferenceServerClient(url=url)
         try:
+            if model_name:
+                return bool(client.is_model_ready(model_name, client_timeout=timeout_s))
             return bool(client.is_server_live(client_timeout=timeout_s))
         finally:
             client.close()
@@ -434,7 +445,7 @@ def execute_run(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run
         json.dumps({"before": before, "after": after, "delta": delta}, indent=1), encoding="utf-8")
     reasons = []
     if not alive:
-        reasons.append("server not alive after the run")
+        reasons.append("server not alive (or the model not ready) after the run")
     if timed_out:
         reasons.append(f"locust did not finish within {timeout_s:.0f}s (killed)")
     if exit_code not in (0, 1) and not timed_out:

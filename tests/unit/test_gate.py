@@ -26,7 +26,7 @@ def comparison(level, *, tpot=(0.6, 0.55, 0.65), e2e=(0.7, 0.65, 0.75), ttft=(5.
         "base_ttft_p95_ms": 100.0,
         "equivalence": {"equivalent": equivalent, "mismatched": 0 if equivalent else 3, "prompts_compared": 10},
         "output_length": {"match": osl_match, "base_mean_osl": 64.0, "spec_mean_osl": 64.0 if osl_match else 40.0,
-                          "relative_gap": 0.0 if osl_match else 0.375},
+                          "relative_gap": 0.0 if osl_match else 0.375, "prompts_compared": 10},
         "n_ok": {"base": n_ok, "spec": n_ok}, "n_runs": {"base": n_runs, "spec": n_runs},
         "error_rate": {"base": err_base, "spec": err_spec},
         "achieved_concurrency": {"base": achieved, "spec": achieved},
@@ -171,3 +171,9 @@ def test_open_loop_skips_achieved_concurrency():
     comp = comparison(1, achieved=7.5)
     comp["target_rate"] = 20.0
     assert verdict(analysis(comp)).verdict == "GO"
+
+
+def test_failing_baseline_is_inconclusive():
+    result = verdict(analysis(comparison(1, err_base=0.3, err_spec=0.3)))
+    assert result.verdict == "INCONCLUSIVE"
+    assert any(c.rule == "baseline_errors" for c in result.checks)
