@@ -136,3 +136,12 @@ def test_cli_rejects_bad_options(tmp_path):
         cli_run(["loadtest", str(cfg), "--concurrency", "1,x"])
     with pytest.raises(SpecdeployError, match="--endpoint needs --arm"):
         cli_run(["loadtest", str(cfg), "--endpoint", "127.0.0.1:1"])
+
+
+def test_endpoint_liveness_checks_the_model(fakes):
+    from pipeline.loadtest import endpoint_alive
+
+    base, _ = fakes
+    assert endpoint_alive(base.url, "http", "ensemble")
+    assert not endpoint_alive("http://127.0.0.1:9", "http", "ensemble", timeout_s=1)
+    assert not endpoint_alive("127.0.0.1:9", "grpc", "ensemble", timeout_s=1)
