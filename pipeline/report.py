@@ -185,6 +185,8 @@ def _headline_rows(analysis: dict, meta: dict, cfg: DeploymentConfig) -> list[di
             "speculation_length": (cell["draft_len"] or meta.get("primary_draft_len")) if is_spec else 0,
             "acceptance_rate": cell["acceptance"]["acceptance_rate"] if is_spec else None,
             "mean_acceptance_length": cell["acceptance"]["mean_acceptance_length"] if is_spec else 1.0,
+            "tau_bound_iid": tau_bound(cell["acceptance"]["acceptance_rate"], cell["draft_len"] or meta.get("primary_draft_len"))
+            if is_spec else None,
             "first_token_ms": cell["ttft_ms"]["p50"],
             "first_token_p95_ms": cell["ttft_ms"]["p95"],
             "tpot_ms": median_tpot,
@@ -197,6 +199,15 @@ def _headline_rows(analysis: dict, meta: dict, cfg: DeploymentConfig) -> list[di
             "n_runs": cell["n_runs"],
         })
     return rows
+
+
+def tau_bound(alpha: float | None, k: int | None) -> float | None:
+    """Expected tokens per verify step for i.i.d. acceptance α and K drafts: (1 − α^{K+1}) / (1 − α)."""
+    if alpha is None or not k:
+        return None
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
 def build_report_data(run_dir: Path, cfg: DeploymentConfig, analysis: dict, gate: GateResult) -> dict[str, Any]:
@@ -425,6 +436,11 @@ def render_markdown(data: dict) -> str:
                      f"{_ci_text(rl['throughput_ratio'])} | {_f(mw['p_value'], 4)} | "
                      f"{_f(mw['cliffs_delta'], 3)} {mw['effect'] or ''} |")
     lines += ["", f"Crossover concurrency (TPOT benefit gone): {_f(data['crossover_concurrency'])}"]
+    spec_rows = [r for r in data["rows"] if r["arm"] == "speculative" and r["tau_bound_iid"]]
+    if spec_rows:
+        lines += ["", "Mean acceptance length τ vs the i.i.d. bound (1 − α^{K+1})/(1 − α):"]
+        lines += [f"- c={r['concurrency']}, K={r['speculation_length']}: τ {_f(r['mean_acceptance_length'], 2)} "
+                  f"vs bound {_f(r['tau_bound_iid'], 2)}" for r in spec_rows]
     if data["recommended_draft_len"]:
         lines += ["", "## Recommended draft length per concurrency", "", "| conc | K | TPOT ratio | speculation |", "|---|---|---|---|"]
         for level, rec in data["recommended_draft_len"].items():

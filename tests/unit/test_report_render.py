@@ -135,3 +135,10 @@ def test_recommended_draft_length_per_concurrency():
     assert rec["16"]["draft_len"] == 2
     worse = recommend_draft_len([comp(32, 2, 1.0, 1.1, 1.05), comp(32, 4, 1.1, 1.3, 1.2)])
     assert worse["32"]["draft_len"] is None and worse["32"]["speculation"] == "off"
+
+
+def test_tau_bound():
+    from pipeline.report import tau_bound
+
+    assert tau_bound(0.5, 3) == pytest.approx((1 - 0.5 ** 4) / 0.5)
+    assert tau_bound(1.0, 4) == 5.0 and tau_bound(None, 4) is None and tau_bound(0.0, 4) == 1.0
