@@ -45,6 +45,7 @@ def register(app: typer.Typer) -> None:
         batch: list[int] = typer.Option([1, 8], "--batch", help="Batch sizes (1 and one larger size)."),
         int8: bool = typer.Option(False, "--int8", help="Also measure an int8 weight-only target."),
         draft_int8: bool = typer.Option(False, "--draft-int8", help="Also measure int8 draft-side weights."),
+        stop_at_eos: bool = typer.Option(False, "--stop-at-eos", help="Stop requests at EOS (default: decode --max-tokens)."),
         output: Optional[Path] = typer.Option(None, "--output", help="Also write the JSON report here."),
     ) -> None:
         from pipeline.reference.bench import run_bench  # noqa: PLC0415 - imports torch
@@ -53,7 +54,7 @@ def register(app: typer.Typer) -> None:
             raise SpecdeployError(f"--peer {peer!r}: only 'hf' is supported")
         report = run_bench(config, prompts_per_category=prompts, max_tokens=max_tokens,
                            batches=tuple(sorted(set(batch))), peer=peer, int8=int8,
-                           draft_int8=draft_int8)
+                           draft_int8=draft_int8, stop_at_eos=stop_at_eos)
         text = json.dumps(report, indent=2)
         if output is not None:
             output.parent.mkdir(parents=True, exist_ok=True)

@@ -166,9 +166,11 @@ def _int8_dir(target: Path, workdir: Path) -> Path:
 
 def run_bench(config_path: str | Path, prompts_per_category: int = 8, max_tokens: int = 64,
               batches: tuple[int, ...] = (1, 8), peer: str | None = None, int8: bool = False,
-              draft_int8: bool = False) -> dict:
+              draft_int8: bool = False, stop_at_eos: bool = False) -> dict:
     """``int8``: add rows for an int8 weight-only target (both arms); ``draft_int8``: add rows
-    with the draft-side weights quantized at load (target float32)."""
+    with the draft-side weights quantized at load (target float32). EOS is ignored unless
+    ``stop_at_eos`` (every request decodes ``max_tokens``; the tiny models end lines with EOS
+    after a dozen tokens, which would make prefill dominate both arms)."""
     from pipeline.reference.engine import create_engine, set_threads
 
     cfg = load_config(config_path)
@@ -192,7 +194,7 @@ def run_bench(config_path: str | Path, prompts_per_category: int = 8, max_tokens
         for suffix, model_dir, spec_variant in variants:
             base_engine = create_engine(model_dir, **limits)
             spec_engine = create_engine(model_dir, role="speculative", proposer=spec_variant, **limits)
-            end_id = base_engine.eos_token_id
+            end_id = base_engine.eos_token_id if stop_at_eos else None
             try:
                 warm = next(iter(categories.values()))[:1]
                 run_arm(base_engine, warm, 1, 8, end_id)
@@ -210,13 +212,13 @@ def run_bench(config_path: str | Path, prompts_per_category: int = 8, max_tokens
         workdir.cleanup()
     report = {
         "config": cfg.name, "method": cfg.method, "max_tokens": max_tokens,
-        "prompts_per_category": prompts_per_category, "greedy": True,
+        "prompts_per_category": prompts_per_category, "greedy": True, "stop_at_eos": stop_at_eos,
         "machine": {"python": platform.python_version(), "processor": platform.processor() or platform.machine(),
                     "threads": cfg.reference.threads},
         "results": results, "summary": summarize(results),
     }
     if peer == "hf":
-        report["peer"] = hf_peer(cfg, target, spec, categories, max_tokens, results)
+        report["peer"] = hf_peer(cfg, target, spec, categories, max_tokens, results, stop_at_eos)
     elif peer is not None:
         raise SpecdeployError(f"--peer {peer!r}: only 'hf' is supported")
     return report
@@ -247,7 +249,7 @@ def _pooled(rows: list[dict], tokens_key: str, rate_key: str) -> float:
 
 
 def hf_peer(cfg: DeploymentConfig, target: Path, spec: dict, categories: dict, max_tokens: int,
-            results: list[dict]) -> dict:
+            results: list[dict], stop_at_eos: bool = False) -> dict:
     """Hugging Face assisted generation (batch 1) on the same checkpoints and prompts."""
     if spec["method"] != "draft_target":
         return {"skipped": "Hugging Face assisted generation needs a draft model (draft_target only)"}
@@ -264,7 +266,8 @@ def hf_peer(cfg: DeploymentConfig, target: Path, spec: dict, categories: dict, m
         with torch.inference_mode():
             for prompts in categories.values():
                 for p in prompts:
-                    out = model.generate(torch.tensor([p]), max_new_tokens=max_tokens, do_sample=False, **kw)
+                    out = model.generate(torch.tensor([p]), max_new_tokens=max_tokens, do_sample=False,
+                                         **({} if stop_at_eos else {"min_new_tokens": max_tokens}), **kw)
                     tokens += out.shape[1] - len(p)
         return tokens, time.perf_counter() - start
 
