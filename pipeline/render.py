@@ -274,21 +274,27 @@ def jinja_environment(templates_dir: Path):
         keep_trailing_newline=True,
     )
     env.filters["pbstr"] = _pbstr
+    env.filters["pystr"] = lambda value: json.dumps(str(value))
     return env
 
 
-def render_model(env, templates_dir: Path, template_dir: str, context: dict, model_name: str, dest: Path) -> None:
+def _render_text(env, templates_dir: Path, template_name: str, context: dict) -> str:
     import jinja2  # noqa: PLC0415
 
-    template_name = f"{template_dir}/config.pbtxt.jinja"
     try:
-        text = env.get_template(template_name).render(**context)
+        return env.get_template(template_name).render(project_root=str(PROJECT_ROOT), **context)
     except jinja2.TemplateSyntaxError as exc:
         raise RenderError([f"{templates_dir / template_name}:{exc.lineno}: template syntax error: {exc.message}"]) from None
     except jinja2.UndefinedError as exc:
         raise RenderError([f"{templates_dir / template_name}: missing value: {exc.message}"]) from None
     except (jinja2.TemplateError, ValueError, TypeError) as exc:
         raise RenderError([f"{templates_dir / template_name}: {exc}"]) from None
+
+
+def render_model(env, templates_dir: Path, template_dir: str, context: dict, model_name: str, dest: Path) -> None:
+
+    template_name = f"{template_dir}/config.pbtxt.jinja"
+    text = _render_text(env, templates_dir, template_name, context)
     if "${" in text:
         raise RenderError([f"{templates_dir / template_name}: unfilled placeholder '${{...}}' left in the output"])
     model_dir = dest / model_name
@@ -302,7 +308,11 @@ def render_model(env, templates_dir: Path, template_dir: str, context: dict, mod
                 continue
             target = version_dir / item.relative_to(source_version)
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(item, target)
+            if item.suffix == ".jinja":  # e.g. model.py.jinja → model.py
+                name = str(item.relative_to(templates_dir))
+                target.with_suffix("").write_text(_render_text(env, templates_dir, name, context))
+            else:
+                shutil.copy2(item, target)
 
 
 def render_repository(cfg: DeploymentConfig, manifest: dict, variant: str, dest: Path,

@@ -14,6 +14,7 @@ import pytest
 
 from pipeline.config import config_hash, parse_config
 from pipeline.errors import StaleInputError
+from pipeline.paths import PROJECT_ROOT
 from pipeline.render import (
     TEMPLATES_DIR,
     RenderError,
@@ -80,7 +81,11 @@ def test_render_matches_golden(tmp_path, monkeypatch, backend, method):
             config = parse_config_file(model_dir / "config.pbtxt")
             assert config.name == model_dir.name and (model_dir / "1").is_dir()
             if config.backend == "python":
-                assert (model_dir / "1" / "model.py").is_file()
+                source = (model_dir / "1" / "model.py").read_text()
+                compile(source, str(model_dir / "1" / "model.py"), "exec")
+                assert f"_PROJECT_ROOT = {json.dumps(str(PROJECT_ROOT))}" in source  # stub ignores PYTHONPATH
+            else:
+                assert not (model_dir / "1" / "model.py").exists()  # C++ tensorrtllm backend
         golden_dir = GOLDEN / f"{backend}-{method}" / variant
         actual = repo_files(repo)
         if os.environ.get("UPDATE_GOLDEN") == "1":
