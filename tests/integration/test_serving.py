@@ -296,3 +296,27 @@ def test_stop_input_cancels_request_with_same_id(medusa_server):
         if generated < 240:
             return
     pytest.fail("the stop request never ended the in-flight request early")
+
+
+def test_dt_bls_concurrent_requests(dt_server, reference_outputs):
+    """Several speculative BLS requests at once (streaming and not): each gets its own greedy
+    output, equal to the reference; the BLS does not serialize or mix them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def non_streaming(prompt):
+        status, body = http_generate(dt_server.http_url, "tensorrt_llm_bls", {
+            "text_input": prompt, "max_tokens": MAX_TOKENS, "num_draft_tokens": 3, "stream": False, **GREEDY})
+        assert status == 200, body
+        return body["text_output"]
+
+    def streaming(prompt):
+        responses = grpc_stream(dt_server.grpc_url, "tensorrt_llm_bls",
+                                text_inputs(prompt, MAX_TOKENS, stream=True, num_draft_tokens=3, top_k=1))
+        return "".join(_text(r["text_output"]) for r in responses)
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        plain = {p: pool.submit(non_streaming, p) for p in PROMPTS}
+        streamed = {p: pool.submit(streaming, p) for p in PROMPTS}
+        for prompt in PROMPTS:
+            assert plain[prompt].result(timeout=120) == reference_outputs[prompt]["text"]
+            assert streamed[prompt].result(timeout=120) == reference_outputs[prompt]["completion"]
