@@ -1,7 +1,7 @@
 """A fake Triton ``generate_stream`` server with known timing, for load-generator self-tests.
 
 Speaks ``POST /v2/models/<m>/generate_stream`` (Server-Sent Events over chunked HTTP/1.1,
-keep-alive), ``GET /v2/health/*`` and ``GET /v2/models/<m>/ready``. Each request: headers at once, the first token after
+keep-alive), ``GET /v2/health/*``, ``GET /v2/models/<m>/ready`` and a one-token ``POST …/generate``. Each request: headers at once, the first token after
 ``--ttft-ms`` (one token), then chunks of ``--tokens-per-chunk`` k tokens every k × ``--tpot-ms``
 until ``max_tokens`` (capped by ``--max-tokens-cap``). So a correct client measures TTFT ≈ D,
 TPOT ≈ t and inter-chunk latency ≈ k·t. ``--stall-at-s T --stall-s S`` freezes the server for S
@@ -63,6 +63,12 @@ class FakeStreamServer:
                 body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
                 if method == "GET" and (path.startswith("/v2/health") or path.endswith("/ready")):
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                    await writer.drain()
+                    continue
+                if method == "POST" and path.endswith("/generate"):
+                    payload = json.dumps({"model_name": "fake", "text_output": " tok", "num_output_tokens": 1}).encode()
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                                 % (len(payload), payload))
                     await writer.drain()
                     continue
                 match = _PATH.match(path)

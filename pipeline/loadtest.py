@@ -181,7 +181,7 @@ def managed_endpoints(cfg: DeploymentConfig, arms: tuple[str, ...]) -> Iterator[
                 arm=arm, url=server.grpc_url if transport == "grpc" else server.http_url,
                 model_name=target.model_name, extra_inputs=target.extra_inputs,
                 metrics_url=server.metrics_url, pid=server.pid,
-                alive=_managed_alive(server, target.model_name),
+                alive=_managed_alive(server, target.model_name, target.extra_inputs),
                 log_tail=getattr(server, "log_tail", None),
             )
         yield endpoints
@@ -194,14 +194,32 @@ def remote_endpoint(cfg: DeploymentConfig, arm: str, url: str, metrics_url: str 
         url = "http://" + url
     if transport == "grpc":
         url = re.sub(r"^(grpc|http)s?://", "", url)
-    return ArmEndpoint(arm, url, target.model_name, target.extra_inputs, metrics_url,
-                       alive=lambda: endpoint_alive(url, transport, target.model_name))
+    def alive() -> bool:
+        if not endpoint_alive(url, transport, target.model_name):
+            return False
+        return transport != "http" or probe_generate(url, target.model_name, target.extra_inputs)
+
+    return ArmEndpoint(arm, url, target.model_name, target.extra_inputs, metrics_url, alive=alive)
 
 
-def _managed_alive(server, model_name: str) -> Callable[[], bool]:
-    """The server process runs AND the model the client calls is still ready (a crashed Python
-    stub leaves tritonserver running with the model unhealthy)."""
-    return lambda: server.alive() and endpoint_alive(server.http_url, "http", model_name)
+def _managed_alive(server, model_name: str, extra_inputs: dict[str, Any]) -> Callable[[], bool]:
+    """The server process runs, the model the client calls is ready AND answers a one-token probe
+    (measured: a crashed Python stub leaves tritonserver running with the model still 'ready')."""
+    return lambda: (server.alive() and endpoint_alive(server.http_url, "http", model_name)
+                    and probe_generate(server.http_url, model_name, extra_inputs))
+
+
+def probe_generate(http_url: str, model_name: str, extra_inputs: dict[str, Any], timeout_s: float = 30.0) -> bool:
+    """One non-streaming ``/generate`` request for one token; True when it answers without error."""
+    body = json.dumps({"text_input": "probe", "max_tokens": 1, "stream": False, **extra_inputs}).encode()
+    request = urllib.request.Request(f"{http_url.rstrip('/')}/v2/models/{model_name}/generate", data=body,
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310 - loopback/user URL
+            payload = json.loads(resp.read() or b"{}")
+            return resp.status == 200 and "error" not in payload
+    except (OSError, ValueError):
+        return False
 
 
 def endpoint_alive(url: str, transport: str, model_name: str | None = None, timeout_s: float = 5.0) -> bool:

@@ -145,3 +145,11 @@ def test_endpoint_liveness_checks_the_model(fakes):
     assert endpoint_alive(base.url, "http", "ensemble")
     assert not endpoint_alive("http://127.0.0.1:9", "http", "ensemble", timeout_s=1)
     assert not endpoint_alive("127.0.0.1:9", "grpc", "ensemble", timeout_s=1)
+
+
+def test_generate_probe(fakes):
+    from pipeline.loadtest import probe_generate
+
+    base, _ = fakes
+    assert probe_generate(base.url, "ensemble", {"num_draft_tokens": 3})
+    assert not probe_generate("http://127.0.0.1:9", "ensemble", {}, timeout_s=1)
