@@ -150,6 +150,7 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "served.json")
     args = parser.parse_args()
     prompts = PROMPTS[: args.prompts]
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-served-") as tmp:
         workdir = args.workdir.resolve() if args.workdir else Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -160,7 +161,10 @@ def main() -> None:
                 "measured interleaved prompt by prompt; speculative speedup through Triton",
         "target_served_over_in_process": 0.9,
         "source": args.source, "num_draft_tokens": k, "prompts": len(prompts), "rounds": args.rounds, "max_tokens": args.max_tokens,
-        "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()},
+        "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                 "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
+        "note": "shared 2-core machine: compare ratios only within one run; a load average well above the "
+                "core count makes single runs noisy (repeat the run, look at the spread)",
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "methods": results,
     }
