@@ -2,7 +2,8 @@
 (``pipeline.reference``) and reproduces contract §5 — prompt in ``output_ids`` unless excluded,
 streaming deltas (decoupled only), end token excluded, ``draft_input_ids`` → accepted + 1 in one
 step, the ten perf-metric outputs, ``num_input_tokens``/``num_output_tokens`` (the count in that
-response), cancellation by gRPC cancel or the ``stop`` input, upstream error texts.
+response), batch > 1 on decoupled deployments (one response stream per row, ``batch_index``),
+cancellation by gRPC cancel or the ``stop`` input, upstream error texts.
 
 Decoupled: every request gets its own thread that drains the engine's chunks into the request's
 response sender, so ``execute`` returns at once and the engine keeps batching across calls.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import sys
+import queue
 import threading
 import time
 import uuid
@@ -25,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from pipeline.reference.api import Chunk
 from pipeline.triton_models import io
 from pipeline.triton_models.metrics import SpecDecodeCounters
 
@@ -65,6 +68,11 @@ def parse_word_list(array: np.ndarray | None) -> list[list[int]]:
             words.append([int(t) for t in ids[start:end]])
         start = end
     return words
+
+
+def _row_inputs(inputs: dict, row: int, batch: int) -> dict:
+    """Batch row ``row`` of a request's inputs (tensors without a batch dimension pass whole)."""
+    return {k: v[row: row + 1] if v.ndim and v.shape[0] == batch else v for k, v in inputs.items()}
 
 
 def _blocks(tokens: int) -> int:
@@ -169,7 +177,20 @@ class TritonPythonModel:
             self._cancel_by_id(request.request_id())
             self._send(sender, pb_utils.InferenceResponse(output_tensors=[]), final=True)
             return None
-        options, gen_request = self._parse(request)
+        inputs = io.snapshot(request)
+        ids = inputs.get("input_ids")
+        batch = ids.shape[0] if ids is not None and ids.ndim > 1 else 1
+        if batch > 1 and not self.decoupled:
+            raise io.RequestError(BATCH_NEEDS_DECOUPLED)
+        base_id = request.request_id() or uuid.uuid4().hex
+        rows = [self._parse(_row_inputs(inputs, b, batch), base_id if b == 0 else f"{base_id}-{b}") for b in range(batch)]
+        handles = [self._submit(gen_request, sender) for _, gen_request in rows]
+        if batch == 1:
+            (options, gen_request), handle = rows[0], handles[0]
+            return lambda: self._drain(gen_request.request_id, handle, sender, gen_request.input_ids, options)
+        return lambda: self._drain_rows(rows, handles, sender)
+
+    def _submit(self, gen_request, sender):
         from pipeline.reference.api import DraftTooLongError  # noqa: PLC0415
 
         try:
@@ -178,22 +199,18 @@ class TritonPythonModel:
             raise io.RequestError(str(exc)) from None
         except ValueError as exc:
             raise io.RequestError(str(exc)) from None
-        key = gen_request.request_id
         with self._lock:
-            self._inflight[key] = (sender, handle)
-        return lambda: self._drain(key, handle, sender, gen_request.input_ids, options)
+            self._inflight[gen_request.request_id] = (sender, handle)
+        return handle
 
-    def _parse(self, request):
+    def _parse(self, request, request_id: str):
+        """One batch row's inputs → (ResponseOptions, GenerationRequest)."""
         from pipeline.reference.api import GenerationRequest, SamplingParams  # noqa: PLC0415
 
         input_ids = io.get(request, "input_ids")
         if input_ids is None:
             raise io.RequestError("input_ids is required by the CPU reference engine")
-        input_ids = input_ids.reshape(input_ids.shape[0] if input_ids.ndim > 1 else 1, -1)
-        if input_ids.shape[0] > 1:
-            raise io.RequestError(
-                BATCH_NEEDS_DECOUPLED if not self.decoupled else "batch size > 1 is not supported by the CPU reference engine"
-            )
+        input_ids = input_ids.reshape(1, -1)
         streaming = io.flag(request, "streaming")
         if streaming and not self.decoupled:
             raise io.RequestError(STREAMING_NEEDS_DECOUPLED)
@@ -239,7 +256,7 @@ class TritonPythonModel:
             draft_input_ids=None if drafts is None or drafts.size == 0 else [int(t) for t in drafts.reshape(-1)],
             draft_logits=None if draft_logits is None or draft_logits.size == 0
             else draft_logits.reshape(-1, draft_logits.shape[-1]).astype(float).tolist(),
-            request_id=request.request_id() or uuid.uuid4().hex,
+            request_id=request_id,
         )
         if gen_request.request_id in self._inflight:
             gen_request.request_id = f"{gen_request.request_id}-{uuid.uuid4().hex[:8]}"
@@ -287,7 +304,56 @@ class TritonPythonModel:
             if stats is not None:
                 self.counters.add(stats.draft_tokens, stats.accepted_tokens, stats.verify_steps)
 
-    def _response(self, ids, new_count, prompt, stats, options: ResponseOptions):
+    def _drain_rows(self, rows, handles, sender) -> None:
+        """Batch > 1 (decoupled only, contract §5.8): each row streams its own responses tagged
+        with ``batch_index``; only the last row's final response carries the final flag. Feeder
+        threads read the engine; this thread alone talks to the sender."""
+        merged: "queue.Queue" = queue.Queue()
+
+        def feed(row: int, handle) -> None:
+            try:
+                for chunk in handle.chunks():
+                    merged.put((row, chunk))
+            except Exception as exc:  # noqa: BLE001
+                merged.put((row, Chunk(tokens=[], finished=True, finish_reason="error", error=str(exc))))
+
+        for row, handle in enumerate(handles):
+            threading.Thread(target=feed, args=(row, handle), daemon=True).start()
+        generated = [[] for _ in rows]
+        stats = [None for _ in rows]
+        remaining = len(rows)
+        next_check = time.monotonic() + CANCEL_CHECK_PERIOD_S
+        while remaining:
+            row, chunk = merged.get()
+            options, gen_request = rows[row]
+            stats[row] = chunk.stats or stats[row]
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + CANCEL_CHECK_PERIOD_S
+                if sender.is_cancelled():
+                    for handle in handles:
+                        handle.cancel()
+            remaining -= 1 if chunk.finished else 0
+            if chunk.error:
+                response = io.error_response(chunk.error)
+            elif options.streaming:
+                response = self._response(chunk.tokens, len(chunk.tokens), gen_request.input_ids, stats[row], options, row)
+            elif chunk.finished:
+                generated[row].extend(chunk.tokens)
+                ids = generated[row] if options.exclude_input else list(gen_request.input_ids) + generated[row]
+                response = self._response(ids, len(generated[row]), gen_request.input_ids, stats[row], options, row)
+            else:
+                generated[row].extend(chunk.tokens)
+                continue
+            self._send(sender, response, final=remaining == 0)
+            if chunk.finished:
+                if chunk.finish_reason == "cancelled":
+                    self.counters.cancelled()
+                with self._lock:
+                    self._inflight.pop(gen_request.request_id, None)
+                if stats[row] is not None:
+                    self.counters.add(stats[row].draft_tokens, stats[row].accepted_tokens, stats[row].verify_steps)
+
+    def _response(self, ids, new_count, prompt, stats, options: ResponseOptions, batch_index: int | None = None):
         outputs = [
             io.tensor("output_ids", np.array([[ids]], dtype=np.int32).reshape(1, 1, len(ids))),
             io.tensor("sequence_length", np.array([[len(ids)]], dtype=np.int32)),
@@ -298,6 +364,8 @@ class TritonPythonModel:
             outputs.append(io.tensor("num_input_tokens", np.array([[len(prompt)]], dtype=np.int32)))
         if options.num_output_tokens:
             outputs.append(io.tensor("num_output_tokens", np.array([[new_count]], dtype=np.int32)))
+        if batch_index is not None:
+            outputs.append(io.tensor("batch_index", np.array([[batch_index]], dtype=np.int32)))
         return pb_utils.InferenceResponse(output_tensors=outputs)
 
     @staticmethod

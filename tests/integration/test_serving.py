@@ -320,3 +320,26 @@ def test_dt_bls_concurrent_requests(dt_server, reference_outputs):
         for prompt in PROMPTS:
             assert plain[prompt].result(timeout=120) == reference_outputs[prompt]["text"]
             assert streamed[prompt].result(timeout=120) == reference_outputs[prompt]["completion"]
+
+
+def test_batch_of_two_on_decoupled_deployment(medusa_server, reference_outputs):
+    """Batch > 1 (contract §5.8): one request with two prompts streams each row's responses
+    tagged with batch_index; each row equals its own single-prompt reference."""
+    prompts = PROMPTS[:2]
+    inputs = {"text_input": np.array([[p] for p in prompts], dtype=np.object_),
+              "max_tokens": np.array([[MAX_TOKENS]] * 2, dtype=np.int32),
+              "stream": np.array([[True]] * 2), "top_k": np.array([[1]] * 2, dtype=np.int32)}
+    responses = grpc_stream(medusa_server.grpc_url, "ensemble", inputs)
+    texts = {0: "", 1: ""}
+    for r in responses:
+        texts[int(r["batch_index"].reshape(-1)[0])] += _text(r["text_output"])
+    assert texts == {b: reference_outputs[p]["completion"] for b, p in enumerate(prompts)}
+
+
+def test_batch_of_two_needs_decoupled(dt_server):
+    from tritonclient.utils import InferenceServerException
+
+    with pytest.raises(InferenceServerException, match="Batch size > 1 requires the tensorrt_llm backend"):
+        grpc_infer(dt_server.grpc_url, "tensorrt_llm", {
+            "input_ids": np.array([[1, 5, 6], [1, 7, 8]], dtype=np.int32), "input_lengths": np.array([[3], [3]], dtype=np.int32),
+            "request_output_len": np.array([[2], [2]], dtype=np.int32)})
