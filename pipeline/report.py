@@ -438,7 +438,9 @@ def render_markdown(data: dict) -> str:
     lines += ["", f"Crossover concurrency (TPOT benefit gone): {_f(data['crossover_concurrency'])}"]
     spec_rows = [r for r in data["rows"] if r["arm"] == "speculative" and r["tau_bound_iid"]]
     if spec_rows:
-        lines += ["", "Mean acceptance length τ vs the i.i.d. bound (1 − α^{K+1})/(1 − α):"]
+        lines += ["", "Mean acceptance length τ vs (1 − α^{K+1})/(1 − α), the tokens per step if every draft "
+                      "position were accepted independently with probability α = α̂ (τ above it: acceptances "
+                      "are correlated within a step, as usual for draft models):"]
         lines += [f"- c={r['concurrency']}, K={r['speculation_length']}: τ {_f(r['mean_acceptance_length'], 2)} "
                   f"vs bound {_f(r['tau_bound_iid'], 2)}" for r in spec_rows]
     if data["recommended_draft_len"]:
