@@ -203,6 +203,14 @@ def trtllm_parameters(cfg: DeploymentConfig, llm: LlmSettings, manifest: dict) -
     }
 
 
+def bls_instance_count(cfg: DeploymentConfig, max_batch: int) -> int:
+    """Each BLS instance serves one request at a time, so a draft-target deployment gets one per
+    batch slot unless ``triton.bls_instance_count`` is set explicitly."""
+    if cfg.method == "draft_target" and "bls_instance_count" not in cfg.triton.model_fields_set:
+        return max(cfg.triton.bls_instance_count, max_batch)
+    return cfg.triton.bls_instance_count
+
+
 def model_contexts(cfg: DeploymentConfig, manifest: dict, variant: str) -> dict[str, tuple[str, dict]]:
     """model name → (template directory, render context)."""
     t = cfg.triton
@@ -246,7 +254,7 @@ def model_contexts(cfg: DeploymentConfig, manifest: dict, variant: str) -> dict[
         **common, "decoupled_mode": "true" if t.decoupled else "false",
         "accumulate_tokens": "False", "tensorrt_llm_model_name": target.model_name,
         "tensorrt_llm_draft_model_name": draft, "multimodal_encoders_name": "",
-        "bls_instance_count": t.bls_instance_count,
+        "bls_instance_count": bls_instance_count(cfg, max_batch),
     })
     return contexts
 
@@ -352,7 +360,32 @@ def render(cfg: DeploymentConfig, templates_dir: Path = TEMPLATES_DIR) -> dict[s
     for variant in variants_for(cfg):
         dest = model_repo_dir(cfg, variant)
         out[variant] = (dest, render_repository(cfg, manifest, variant, dest, templates_dir))
+        stamp = {"config_hash": config_hash(cfg), "variant": variant, "manifest_created": manifest.get("created"),
+                 "client_target": vars(client_target(cfg, variant))}
+        tmp = render_stamp_path(cfg, variant).with_suffix(".tmp")
+        tmp.write_text(json.dumps(stamp, indent=2) + "\n")
+        tmp.replace(render_stamp_path(cfg, variant))
     return out
+
+
+def render_stamp_path(cfg: DeploymentConfig, variant: str) -> Path:
+    """``engines/NAME/model_repo/<variant>.render.json``: the config hash a repository was rendered from."""
+    repo = model_repo_dir(cfg, variant)
+    return repo.with_name(f"{repo.name}.render.json")
+
+
+def check_rendered(cfg: DeploymentConfig, variant: str) -> Path:
+    """The rendered repository of ``variant``; refused when missing or rendered from another config."""
+    _check_variant(cfg, variant)
+    repo = model_repo_dir(cfg, variant)
+    stamp_path = render_stamp_path(cfg, variant)
+    if not (repo / "tensorrt_llm" / "config.pbtxt").is_file() or not stamp_path.is_file():
+        raise StaleInputError(f"no rendered repository at {repo}: run `specdeploy render` first")
+    stamp = json.loads(stamp_path.read_text())
+    if stamp.get("config_hash") != config_hash(cfg):
+        raise StaleInputError(f"{repo} was rendered from another config: re-run `specdeploy render` "
+                              "(and `specdeploy build` if the engines changed)")
+    return repo
 
 
 # ----------------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from typing import Iterator
 
 from pipeline.config import DeploymentConfig
 from pipeline.errors import ServeError
-from pipeline.paths import PROJECT_ROOT, logs_dir, model_repo_dir
+from pipeline.paths import PROJECT_ROOT, logs_dir
 
 STUB_NAME = "triton_python_backend_stub"
 DEFAULT_HOST = "127.0.0.1"
@@ -390,13 +390,9 @@ def _deployment_launch(cfg: DeploymentConfig, repo: Path, ports: Ports) -> tuple
 
 
 def _check_repo(cfg: DeploymentConfig, variant: str) -> Path:
-    from pipeline.render import _check_variant  # noqa: PLC0415
+    from pipeline.render import check_rendered  # noqa: PLC0415
 
-    _check_variant(cfg, variant)
-    repo = model_repo_dir(cfg, variant)
-    if not (repo / "tensorrt_llm" / "config.pbtxt").is_file():
-        raise ServeError(f"no rendered repository at {repo}: run `specdeploy render` first")
-    return repo
+    return check_rendered(cfg, variant)
 
 
 def start_deployment(cfg: DeploymentConfig, variant: str, *, http_port: int | None = None,

@@ -10,14 +10,14 @@ prompt included unless excluded — as upstream. Our extension: with ``stream=tr
 BLS, the tokens accepted in each round are sent as one delta chunk; the last chunk carries the
 final flag. Acceptance figures (perf outputs, ``specdeploy_spec_decode_*`` counters with model
 label ``tensorrt_llm_bls``) cover the whole generation, not only the last round (documented
-difference from upstream). Each request runs on its own thread, so requests proceed concurrently."""
+difference from upstream). Each instance serves one request at a time (concurrent BLS calls from
+several threads of one stub crash tritonserver 2.51); concurrency comes from instances."""
 
 from __future__ import annotations
 
 import json
 import sys
 import re
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,16 +132,17 @@ class TritonPythonModel:
         self.detokenizer = _local_detokenizer(repo / "postprocessing")
 
     def execute(self, requests):
+        # One request at a time per instance, in this thread: concurrent BLS exec() calls from
+        # several threads of one stub crashed tritonserver 2.51 (SIGSEGV). Concurrency comes from
+        # instances (render sets bls_instance_count; Triton hands each instance one request).
         for request in requests:
-            # the response sender must exist before execute returns (the backend releases
-            # requests without one); the request thread only uses it
             sender = request.get_response_sender()
             try:
                 inputs = io.snapshot(request)
             except io.RequestError as exc:
                 self._send(sender, io.error_response(str(exc)), final=True)
                 continue
-            threading.Thread(target=self._serve, args=(inputs, sender), daemon=True).start()
+            self._serve(inputs, sender)
         return None
 
     def finalize(self):

@@ -172,3 +172,30 @@ def test_training_report_matches_the_shipped_hashes():
     report = json.loads((demo.ARTIFACTS_DIR / "training_report.json").read_text())
     assert report["sha256"] == demo.read_sums(demo.ARTIFACTS_DIR)
     assert report["quality"]["draft_top1_agreement"]["in_domain"] > 0.6
+
+
+def test_reference_engine_reads_the_heads_with_the_training_semantics(target_and_tokenizer):
+    """The contract between this package (training) and the CPU engine (serving): the same
+    features, Medusa logits and EAGLE hidden states from both implementations."""
+    from pipeline.reference import modeling
+    from pipeline.reference.demo.heads import load_eagle, load_medusa
+
+    model, tokenizer = target_and_tokenizer
+    ids = tokenizer("def count_items(items, limit):\n    total = 0\n    for item in items:").input_ids
+    with torch.no_grad():
+        features = model.model(input_ids=torch.tensor([ids])).last_hidden_state[0]  # [T, H], after the norm
+        engine_target = modeling.LlamaModel(demo.resolve_builtin("tiny-target"))
+        pool = engine_target.new_pool(1, 128)
+        engine_features = engine_target.forward(pool, [modeling.StepInput(pool.allocate(), ids, list(range(len(ids))))])[0]
+        assert torch.allclose(features, engine_features, atol=1e-4)
+
+        medusa = load_medusa(demo.resolve_builtin("tiny-medusa"))(features[None])[:, 0].transpose(0, 1)  # [T, heads, V]
+        engine_medusa = modeling.MedusaHeads(demo.resolve_builtin("tiny-medusa"), torch.float32).logits(features)
+        assert torch.allclose(medusa, engine_medusa, atol=1e-4)
+
+        eagle_dir = demo.resolve_builtin("tiny-eagle")
+        h = load_eagle(eagle_dir)(torch.tensor([ids[1:]]), features[None, :-1])[0]  # pairs (f_t, x_{t+1}) at position t
+        engine_eagle = modeling.EagleHead(eagle_dir, engine_target, torch.float32)
+        epool = engine_eagle.new_pool(1, 128)
+        engine_h = engine_eagle.forward(epool, [modeling.StepInput(epool.allocate(), ids[1:], list(range(len(ids) - 1)))], features[None, :-1])[0]
+        assert torch.allclose(h, engine_h, atol=1e-4)

@@ -286,7 +286,7 @@ def test_rerender_replaces_atomically(tmp_path, monkeypatch):
     cfg = make_cfg("reference", "medusa")
     render(cfg)
     assert not (repo / "stray.txt").exists()
-    assert sorted(p.name for p in repo.parent.iterdir()) == ["baseline", "speculative"]
+    assert sorted(p.name for p in repo.parent.iterdir()) == ["baseline", "baseline.render.json", "speculative", "speculative.render.json"]
 
 
 def test_cli_render(tmp_path, monkeypatch, capsys):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import parse_config
-from pipeline.errors import ServeError, SpecdeployError
+from pipeline.errors import ServeError, SpecdeployError, StaleInputError
 from pipeline.serve import (
     CpuServer,
     Ports,
@@ -111,7 +111,26 @@ def test_free_ports_distinct():
 def test_missing_repository_and_variant(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = parse_config({"name": "x", "backend": "reference", "hardware": "cpu", "target": {"checkpoint": "/m"}})
-    with pytest.raises(ServeError, match="run `specdeploy render` first"):
+    with pytest.raises(StaleInputError, match="run `specdeploy render` first"):
         start_deployment(cfg, "baseline")
     with pytest.raises(SpecdeployError, match="variant 'speculative' does not exist for speculation method 'none'"):
         start_deployment(cfg, "speculative")
+
+
+def test_repository_rendered_from_another_config_is_refused(tmp_path, monkeypatch):
+    import json
+
+    from pipeline.config import config_hash
+    from pipeline.render import render
+
+    monkeypatch.chdir(tmp_path)
+    data = {"name": "x", "backend": "reference", "hardware": "cpu", "target": {"checkpoint": "/m"}}
+    cfg = parse_config(data)
+    manifest = {"format": "specdeploy-manifest/1", "config_hash": config_hash(cfg), "engines": {"baseline": "/e"},
+                "tokenizer_dir": "/m"}
+    (tmp_path / "engines" / "x").mkdir(parents=True)
+    (tmp_path / "engines" / "x" / "manifest.json").write_text(json.dumps(manifest))
+    render(cfg)
+    changed = parse_config({**data, "triton": {"decoupled": False}})
+    with pytest.raises(StaleInputError, match="rendered from another config: re-run `specdeploy render`"):
+        start_deployment(changed, "baseline")
