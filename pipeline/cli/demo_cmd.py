@@ -4,7 +4,8 @@
 directory (default: the first-use cache) and writes ``SHA256SUMS.txt`` + ``training_report.json``;
 ``--smoke`` runs a few dozen steps per model (CI proves the path end to end with it).
 ``demo info`` lists each builtin: where it resolves, its size, parameter count, weight sha256 and
-whether the recorded hash matches. Torch is imported only by ``train``.
+whether the recorded hash matches. ``demo prompts`` rewrites ``loadtests/prompts/tiny``
+(deterministic). Torch is imported only by ``train``.
 """
 
 from __future__ import annotations
@@ -96,6 +97,16 @@ def register(app: typer.Typer) -> None:
             if "params" in row:
                 typer.echo(f"  params  {row['params']:,}   size {row['size_bytes'] / 1e6:.1f} MB")
                 typer.echo(f"  sha256  {row['sha256']}")
+
+    @demo_app.command("prompts", help="Regenerate the demo prompt sets (held-out prefixes, one file per category).")
+    def prompts_command(
+        out: Path = typer.Option(Path("loadtests/prompts/tiny"), "--out", help="Directory for <category>.jsonl."),
+        count: int = typer.Option(60, "--count", min=1, help="Prompts per category."),
+    ) -> None:
+        from pipeline.reference.demo.prompt_sets import write_tiny_prompt_sets
+
+        for path in write_tiny_prompt_sets(out, count):
+            typer.echo(f"wrote {path}")
 
     app.add_typer(demo_app, name="demo")
 

@@ -20,7 +20,7 @@ IN_DOMAIN = ("code", "records", "prose", "arithmetic")
 CATEGORIES = IN_DOMAIN + ("ood",)
 
 MAX_PROMPT_CHARS = 160  # ≈ 60 tokens: prompt + 48 new tokens stay within the trained window
-OOD_SHARE = 0.15  # ood samples in training, relative to one in-domain category
+OOD_SHARE = 0.3  # ood samples in training, relative to one in-domain category
 
 # Seeds: training text and held-out text come from disjoint streams.
 TRAIN_SEED = 20260101
@@ -48,6 +48,12 @@ _SYMBOLS = list("#@%&^~|<>[]{}") + ["Ω", "λ", "ß", "ø", "ç", "é"]
 
 
 def _code(rng: random.Random) -> str:
+    """Two or three small functions, each followed by a call (long enough that a prompt's
+    continuation stays inside the document)."""
+    return "\n".join(_function(rng) for _ in range(rng.randrange(2, 4)))
+
+
+def _function(rng: random.Random) -> str:
     verb, noun = rng.choice(_VERBS), rng.choice(_NOUNS)
     arg = rng.choice(_ARGS)
     op = rng.choice(_OPS)
@@ -84,7 +90,7 @@ def _records(rng: random.Random) -> str:
     start = rng.randrange(1, 60)
     rows = []
     if rng.random() < 0.5:
-        for i in range(rng.randrange(3, 6)):
+        for i in range(rng.randrange(6, 10)):
             rows.append(
                 '{"id": %d, "name": "%s", "city": "%s", "age": %d, "active": %s}'
                 % (
@@ -97,7 +103,7 @@ def _records(rng: random.Random) -> str:
             )
         return "\n".join(rows) + "\n"
     rows.append("id,name,role,score")
-    for i in range(rng.randrange(3, 7)):
+    for i in range(rng.randrange(20, 30)):
         rows.append(f"{start + i},{rng.choice(_FIRST)},{rng.choice(_ROLES)},{rng.randrange(0, 100)}")
     return "\n".join(rows) + "\n"
 
@@ -105,7 +111,7 @@ def _records(rng: random.Random) -> str:
 def _prose(rng: random.Random) -> str:
     animal, place = rng.choice(_ANIMALS), rng.choice(_PLACES)
     sentences = [f"The {rng.choice(_ADJ)} {animal} {rng.choice(_MOVES)} the {place} {rng.choice(_TIMES)}."]
-    for _ in range(rng.randrange(2, 4)):
+    for _ in range(rng.randrange(7, 11)):
         kind = rng.randrange(3)
         if kind == 0:
             sentences.append(f"The {animal} is {rng.choice(_FEELINGS)} and {rng.choice(_MOVES)} the {rng.choice(_PLACES)}.")
@@ -117,18 +123,15 @@ def _prose(rng: random.Random) -> str:
 
 
 def _arithmetic(rng: random.Random) -> str:
+    """Small tables: the first operand counts up, the operator and second operand stay
+    (``12 + 7 = 19``, ``13 + 7 = 20``, …), so a continuation has one right next line."""
     lines = []
-    for _ in range(rng.randrange(4, 8)):
-        kind = rng.randrange(3)
-        a, b = rng.randrange(0, 21), rng.randrange(0, 21)
-        if kind == 0:
-            lines.append(f"{a} + {b} = {a + b}")
-        elif kind == 1:
-            a, b = max(a, b), min(a, b)
-            lines.append(f"{a} - {b} = {a - b}")
-        else:
-            a, b = rng.randrange(1, 10), rng.randrange(1, 10)
-            lines.append(f"{a} * {b} = {a * b}")
+    while len(lines) < rng.randrange(30, 40):
+        op, b = rng.choice(_OPS), rng.randrange(1, 10)
+        a = rng.randrange(b if op == "-" else 0, 15)
+        for i in range(rng.randrange(5, 9)):
+            value = {"+": a + i + b, "-": a + i - b, "*": (a + i) * b}[op]
+            lines.append(f"{a + i} {op} {b} = {value}")
     return "\n".join(lines) + "\n"
 
 
@@ -146,7 +149,7 @@ def _ood_word(rng: random.Random) -> str:
 def _ood(rng: random.Random) -> str:
     """One long line of made-up words (no newline until the end), so a continuation of a
     prompt cut mid-line stays in kind for many tokens."""
-    return " ".join(_ood_word(rng) for _ in range(rng.randrange(40, 60))) + "\n"
+    return " ".join(_ood_word(rng) for _ in range(rng.randrange(60, 90))) + "\n"
 
 
 GENERATORS: dict[str, Callable[[random.Random], str]] = {
@@ -183,7 +186,9 @@ def prompt_prefix(category: str, text: str, rng: random.Random) -> str:
     model never saw). The model should produce the rest of the document."""
     if category == "prose":
         parts = text.split(". ")
-        keep = rng.randrange(1, max(2, len(parts)))
+        keep = rng.randrange(1, 4)
+        while keep > 1 and len(". ".join(parts[:keep])) > MAX_PROMPT_CHARS:
+            keep -= 1
         return ". ".join(parts[:keep]).rstrip(".\n") + "."
     if category == "ood":  # one long line: cut after some words
         prompt = " ".join(text.split()[: rng.randrange(12, 24)])
