@@ -137,10 +137,17 @@ def server_flags(repo: Path, ports: Ports, host: str, exit_timeout_s: float) -> 
     ]
 
 
+# Without CUDA the pinned-memory pool cannot be created and every tensor copy logs a fallback to
+# non-pinned memory; a zero-sized pool says so once.
+CPU_ONLY_FLAGS = [
+    "--pinned-memory-pool-byte-size=0",
+]
+
+
 def cpu_server_argv(server: CpuServer, repo: Path, ports: Ports, host: str = DEFAULT_HOST,
                     exit_timeout_s: float = 5.0) -> list[str]:
     return [str(server.binary), *server_flags(repo, ports, host, exit_timeout_s),
-            f"--backend-directory={server.backend_dir}"]
+            f"--backend-directory={server.backend_dir}", *CPU_ONLY_FLAGS]
 
 
 # ----------------------------------------------------------------------------------------------
