@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.triton  # starts a real tritonserver
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.triton  # starts a real tritonserver
+
 ROOT = Path(__file__).resolve().parents[2]
 TTFT_MS, TPOT_MS, K, MAX_TOKENS = 400, 40, 2, 9  # chunks [1, 2, 2, 2, 2]
 
