@@ -18,7 +18,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_all_commands_registered():
-    names = {cmd.name for cmd in app.registered_commands}
+    names = {cmd.name for cmd in app.registered_commands} | {grp.name for grp in app.registered_groups}
     assert set(COMMANDS) <= names
 
 

@@ -35,7 +35,7 @@ COMMON = [
 def test_cpu_argv():
     server = CpuServer(Path("/w/bin/tritonserver"), Path("/w/backends"))
     assert cpu_server_argv(server, Path("/repo"), PORTS) == [
-        "/w/bin/tritonserver", *COMMON, "--backend-directory=/w/backends"]
+        "/w/bin/tritonserver", *COMMON, "--backend-directory=/w/backends", "--pinned-memory-pool-byte-size=0"]
 
 
 def test_gpu_argv_single_rank():
