@@ -466,7 +466,7 @@ def build(
     return manifest
 
 
-def load_manifest(cfg: DeploymentConfig) -> dict[str, Any]:
+def load_manifest(cfg: DeploymentConfig, *, check_engine_dirs: bool = True) -> dict[str, Any]:
     """The manifest of the last build of ``cfg``; :class:`StaleInputError` when it is missing or was
     built from another version of the config."""
     path = manifest_path(cfg)
@@ -485,7 +485,7 @@ def load_manifest(cfg: DeploymentConfig) -> dict[str, Any]:
             "re-run `specdeploy build`"
         )
     missing = [f"{role}={d}" for role, d in manifest.get("engines", {}).items() if not Path(d).is_dir()]
-    if missing:
+    if missing and check_engine_dirs:
         raise StaleInputError(f"{path} names engine dirs that are gone ({', '.join(missing)}): re-run `specdeploy build`")
     return manifest
 

@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterator
 from pipeline.config import DeploymentConfig, config_hash
 from pipeline.errors import SpecdeployError
 from pipeline.paths import PROJECT_ROOT, manifest_path, reports_root
+from pipeline.render import client_target
 
 LOCUSTFILE = PROJECT_ROOT / "loadtests" / "locustfile.py"
 ARMS = ("baseline", "speculative")
@@ -94,27 +95,6 @@ def load_prompt_set(cfg: DeploymentConfig) -> tuple[list[dict[str, Any]], dict[s
                "categories": sorted({p["category"] for p in prompts}), "sha256": digest.hexdigest(),
                "synthetic": any("synthetic" in f.name for f in files)}
     return prompts, dataset
-
-
-@dataclass
-class ClientTargetInfo:
-    model_name: str
-    extra_inputs: dict[str, Any]
-
-
-def client_target(cfg: DeploymentConfig, variant: str) -> ClientTargetInfo:
-    """Which model the client calls and which extra inputs it sends (render's contract)."""
-    try:
-        from pipeline.render import client_target as render_target  # noqa: PLC0415
-    except ImportError:
-        render_target = None
-    if render_target is not None:
-        target = render_target(cfg, variant)
-        return ClientTargetInfo(target.model_name, dict(target.extra_inputs))
-    if cfg.method == "draft_target":
-        extra = {"num_draft_tokens": cfg.speculation.num_draft_tokens} if variant == "speculative" else {}
-        return ClientTargetInfo("tensorrt_llm_bls", extra)
-    return ClientTargetInfo("ensemble", {})
 
 
 def primary_draft_len(cfg: DeploymentConfig) -> int | None:

@@ -52,23 +52,13 @@ class ClientTarget:
 # Manifest
 
 
-def load_manifest(cfg: DeploymentConfig, path: Path | None = None) -> dict:
-    path = path or manifest_path(cfg)
-    if not path.is_file():
-        raise StaleInputError(f"no build manifest at {path}: run `specdeploy build` first")
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise StaleInputError(f"{path}: not valid JSON ({exc}); re-run `specdeploy build`") from None
-    if manifest.get("format") != MANIFEST_FORMAT:
-        raise StaleInputError(f"{path}: format {manifest.get('format')!r} is not {MANIFEST_FORMAT!r}; re-run `specdeploy build`")
-    expected = config_hash(cfg)
-    if manifest.get("config_hash") != expected:
-        raise StaleInputError(
-            f"{path} was built from another config (config_hash {manifest.get('config_hash')} != {expected}): "
-            "re-run `specdeploy build`"
-        )
-    return manifest
+def load_manifest(cfg: DeploymentConfig) -> dict:
+    """The build manifest of ``cfg`` (StaleInputError when missing or from another config).
+    Engine dirs are not required here: a repository may be rendered for engines that live on
+    another host (they are checked when the server starts)."""
+    from pipeline.build import load_manifest as load_build_manifest  # noqa: PLC0415
+
+    return load_build_manifest(cfg, check_engine_dirs=False)
 
 
 def variants_for(cfg: DeploymentConfig) -> tuple[str, ...]:
