@@ -1,0 +1,37 @@
+"""`specdeploy run` as a user runs it: one subprocess, a fresh working directory, the tiny EAGLE
+config (real build, render, two real tritonservers, Locust at concurrency 1 and 4, report). The
+exit code is the verdict, the last lines say where the report is, and nothing prints a traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+EXIT_CODES = {"GO": 0, "NO-GO": 1, "INCONCLUSIVE": 3}
+
+
+def test_run_end_to_end_prints_report_and_exits_with_verdict(tmp_path):
+    config = ROOT / "configs" / "tiny-cpu-eagle.yaml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline", "run", str(config), "--concurrency", "1,4", "--duration", "4s",
+         "--repeats", "1"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    reports = sorted((tmp_path / "reports" / "tiny-cpu-eagle").glob("*/report.json"))
+    assert len(reports) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(reports[0].read_text())
+    assert proc.returncode == EXIT_CODES[report["verdict"]]
+    assert report["verdict"] != "GO"  # one repeat is below gate.min_runs
+    assert "verdict:" in proc.stdout and "report.html" in proc.stdout
+    assert (reports[0].parent / "report.html").is_file()
+    runs = json.loads((reports[0].parent / "runs.json").read_text())["runs"]
+    assert len(runs) == 4 and all(r["server_alive"] for r in runs), [r.get("invalid_reasons") for r in runs]
+    assert (tmp_path / "engines" / "tiny-cpu-eagle" / "manifest.json").is_file()

@@ -1,0 +1,61 @@
+"""`specdeploy run` reuses a finished load test of the same config and nothing else."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import DeploymentConfig, config_hash
+from pipeline.run import completed_run_dir
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "run_small"
+
+
+@pytest.fixture
+def finished_run(tmp_path, monkeypatch):
+    """The committed fixture run, placed where `run` looks (reports/NAME/RUN), with a report."""
+    monkeypatch.chdir(tmp_path)
+    meta = json.loads((FIXTURE / "run.json").read_text())
+    cfg = DeploymentConfig.model_validate(meta["config"])
+    meta["config_hash"] = config_hash(cfg)
+    run_dir = tmp_path / "reports" / cfg.name / "20260101T000000Z"
+    shutil.copytree(FIXTURE, run_dir)
+    (run_dir / "run.json").write_text(json.dumps(meta))
+    (run_dir / "report.json").write_text("{}")
+    return cfg, run_dir
+
+
+def test_finished_run_of_same_config_is_reused(finished_run):
+    cfg, run_dir = finished_run
+    assert completed_run_dir(cfg).resolve() == run_dir.resolve()
+
+
+def test_other_config_is_not_reused(finished_run):
+    cfg, _ = finished_run
+    other = cfg.model_copy(update={"loadtest": cfg.loadtest.model_copy(update={"max_tokens": 7})})
+    assert completed_run_dir(other) is None
+
+
+def test_run_without_report_is_not_reused(finished_run):
+    cfg, run_dir = finished_run
+    (run_dir / "report.json").unlink()
+    assert completed_run_dir(cfg) is None
+
+
+def test_run_whose_server_died_is_not_reused(finished_run):
+    cfg, run_dir = finished_run
+    runs = json.loads((run_dir / "runs.json").read_text())
+    runs["runs"][-1]["server_alive"] = False
+    (run_dir / "runs.json").write_text(json.dumps(runs))
+    assert completed_run_dir(cfg) is None
+
+
+def test_interrupted_run_is_not_reused(finished_run):
+    cfg, run_dir = finished_run
+    runs = json.loads((run_dir / "runs.json").read_text())
+    runs["runs"] = runs["runs"][:-1]
+    (run_dir / "runs.json").write_text(json.dumps(runs))
+    assert completed_run_dir(cfg) is None
