@@ -220,7 +220,26 @@ class DraftTargetSpec(_Strict):
         return self.max_draft_len if self.max_draft_len is not None else self.num_draft_tokens
 
 
-class MedusaSpec(_Strict):
+class _TreeDrafts:
+    """Medusa and EAGLE draft a static tree (``choices``) or, by default, one chain as deep as
+    the heads / EAGLE layers (``chain_depth``); the engine's draft limit defaults to its node count."""
+
+    @property
+    def chain_depth(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def tree(self) -> list[list[int]]:
+        return self.choices if self.choices else chain_choices(self.chain_depth)
+
+    @property
+    def engine_max_draft_len(self) -> int:
+        if self.max_draft_len is not None:
+            return self.max_draft_len
+        return len(self.tree)
+
+
+class MedusaSpec(_TreeDrafts, _Strict):
     """Medusa heads on the target's last hidden state (greedy tree verification)."""
 
     method: Literal["medusa"] = _desc("Speculation method: Medusa heads.")
@@ -255,17 +274,11 @@ class MedusaSpec(_Strict):
         return value
 
     @property
-    def tree(self) -> list[list[int]]:
-        return self.choices if self.choices else chain_choices(self.num_heads)
-
-    @property
-    def engine_max_draft_len(self) -> int:
-        if self.max_draft_len is not None:
-            return self.max_draft_len
-        return len(self.choices) if self.choices else self.num_heads
+    def chain_depth(self) -> int:
+        return self.num_heads
 
 
-class EagleSpec(_Strict):
+class EagleSpec(_TreeDrafts, _Strict):
     """EAGLE-1 head (static tree) on the target's features."""
 
     method: Literal["eagle"] = _desc("Speculation method: EAGLE-1 head.")
@@ -319,14 +332,8 @@ class EagleSpec(_Strict):
         return value
 
     @property
-    def tree(self) -> list[list[int]]:
-        return self.choices if self.choices else chain_choices(self.num_layers)
-
-    @property
-    def engine_max_draft_len(self) -> int:
-        if self.max_draft_len is not None:
-            return self.max_draft_len
-        return len(self.choices) if self.choices else self.num_layers
+    def chain_depth(self) -> int:
+        return self.num_layers
 
 
 Speculation = Annotated[
