@@ -249,25 +249,27 @@ def parse_counters(text: str) -> dict[str, float]:
     return totals
 
 
-class RssSampler:
-    """Peak resident memory (MB) of a server process and its children, sampled in a thread."""
+class _ProcessTreeSampler:
+    """Samples a process and its children every ``interval_s`` in a daemon thread until stopped;
+    subclasses say what to record from the live processes (``_sample``)."""
 
     def __init__(self, pid: int | None, interval_s: float = 0.5):
         self.pid, self.interval_s = pid, interval_s
-        self.peak_mb: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def __enter__(self) -> "RssSampler":
+    def start(self) -> None:
         if self.pid:
             self._thread.start()
-        return self
 
-    def __exit__(self, *exc) -> None:
+    def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
 
+    def _sample(self, procs: list) -> None:
+        raise NotImplementedError
+
     def _loop(self) -> None:
         import psutil  # noqa: PLC0415
 
@@ -277,45 +279,48 @@ class RssSampler:
             return
         while not self._stop.is_set():
             try:
-                total = root.memory_info().rss + sum(c.memory_info().rss for c in root.children(recursive=True))
-                mb = total / 2**20
-                self.peak_mb = mb if self.peak_mb is None else max(self.peak_mb, mb)
+                self._sample([root, *root.children(recursive=True)])
             except psutil.Error:
                 pass
             self._stop.wait(self.interval_s)
 
 
-class CpuSampler:
+class RssSampler(_ProcessTreeSampler):
+    """Peak resident memory (MB) of a server process and its children (a context manager)."""
+
+    peak_mb: float | None = None
+
+    def __enter__(self) -> "RssSampler":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _sample(self, procs: list) -> None:
+        mb = sum(p.memory_info().rss for p in procs) / 2**20
+        self.peak_mb = mb if self.peak_mb is None else max(self.peak_mb, mb)
+
+
+class CpuSampler(_ProcessTreeSampler):
     """CPU seconds used by a process tree (the Locust client), sampled until it exits."""
 
     def __init__(self, pid: int, interval_s: float = 0.5):
-        self.pid, self.interval_s = pid, interval_s
-        self.cpu_s = 0.0
-        self._seen: dict[int, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
+        super().__init__(pid, interval_s)
+        self._seen: dict[int, float] = {}  # pid → user + system seconds at its last sample
+        self.start()
 
-    def _loop(self) -> None:
-        import psutil  # noqa: PLC0415
+    @property
+    def cpu_s(self) -> float:
+        return sum(self._seen.values())
 
-        try:
-            root = psutil.Process(self.pid)
-        except psutil.Error:
-            return
-        while not self._stop.is_set():
-            try:
-                for proc in [root, *root.children(recursive=True)]:
-                    times = proc.cpu_times()
-                    self._seen[proc.pid] = times.user + times.system
-            except psutil.Error:
-                pass
-            self.cpu_s = sum(self._seen.values())
-            self._stop.wait(self.interval_s)
+    def _sample(self, procs: list) -> None:
+        for proc in procs:
+            times = proc.cpu_times()
+            self._seen[proc.pid] = times.user + times.system
 
     def stop(self) -> float:
-        self._stop.set()
-        self._thread.join(timeout=5)
+        super().stop()
         return self.cpu_s
 
 

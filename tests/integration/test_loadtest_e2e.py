@@ -4,9 +4,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -16,29 +14,19 @@ pytestmark = pytest.mark.triton  # starts a real tritonserver
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@contextlib.contextmanager
-def in_dir(path: Path):
-    previous = Path.cwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(previous)
-
-
 @pytest.mark.slow
-def test_loadtest_end_to_end_on_tiny_cpu_deployment(tmp_path):
+def test_loadtest_end_to_end_on_tiny_cpu_deployment(tmp_path, monkeypatch):
     from pipeline.build import build
     from pipeline.config import load_config
     from pipeline.loadtest import run_loadtest
     from pipeline.render import render
 
     cfg = load_config(ROOT / "configs" / "tiny-cpu-draft-target.yaml")
-    with in_dir(tmp_path):
-        build(cfg, progress=False)
-        render(cfg)
-        run_dir = run_loadtest(cfg, out_dir=tmp_path / "run", concurrency=[1, 2], duration="5s", repeats=1,
-                               progress=False)
+    monkeypatch.chdir(tmp_path)  # engines/ and reports/ go under tmp_path
+    build(cfg, progress=False)
+    render(cfg)
+    run_dir = run_loadtest(cfg, out_dir=tmp_path / "run", concurrency=[1, 2], duration="5s", repeats=1,
+                           progress=False)
 
     runs = json.loads((run_dir / "runs.json").read_text())["runs"]
     assert [r["key"] for r in runs] == ["baseline-c1-r0", "speculative-k4-c1-r0", "baseline-c2-r0", "speculative-k4-c2-r0"]
