@@ -8,6 +8,8 @@ Reads the deployment config (``pipeline.config.load_config``), resolves its chec
 (config ``loadtest.prompts``; a few built-in prompts if absent). Returns a JSON-able dict
 ``{"results": [...], "peer": {...}, ...}``; writes nothing (the CLI prints or saves it).
 
+At batch 1 the two arms alternate request by request (each request timed on its own), so a
+slow spell on a shared machine hits both arms alike; at batch 8 each arm runs its batch whole.
 Per row: tokens/s of both arms (wall clock; and per CPU-second of this process, ``*_cpu``, which
 other processes sharing the cores distort less), speedup, acceptance rate, mean acceptance length τ, and
 ``efficiency`` = speedup ÷ τ (τ is the speedup bound the measured acceptance implies if drafting
@@ -123,14 +125,36 @@ def run_arm(engine, prompts: list[list[int]], batch: int, max_tokens: int, end_i
         handles = [engine.submit(GenerationRequest(p, max_tokens, end_id=end_id)) for p in prompts]
         results = [h.result(timeout=600) for h in handles]
     for r in results:
-        arm.tokens += len(r.output_ids)
-        arm.drafted += r.stats.draft_tokens
-        arm.accepted += r.stats.accepted_tokens
-        arm.verify_steps += r.stats.verify_steps
-        arm.outputs.append(r.output_ids)
+        _record(arm, r)
     arm.seconds = time.perf_counter() - start
     arm.cpu_seconds = time.process_time() - cpu_start
     return arm
+
+
+def run_arms_interleaved(base_engine, spec_engine, prompts: list[list[int]], max_tokens: int,
+                         end_id: int | None) -> tuple[Arm, Arm]:
+    """Batch 1, the two arms alternating request by request (base, spec, base, spec, …), each
+    request timed on its own: a slow spell on a shared machine hits both arms alike instead of
+    whichever arm happened to run during it."""
+    from pipeline.reference.api import GenerationRequest
+
+    arms = (Arm(outputs=[]), Arm(outputs=[]))
+    for prompt in prompts:
+        for engine, arm in zip((base_engine, spec_engine), arms):
+            start, cpu_start = time.perf_counter(), time.process_time()
+            result = engine.generate(GenerationRequest(prompt, max_tokens, end_id=end_id))
+            arm.seconds += time.perf_counter() - start
+            arm.cpu_seconds += time.process_time() - cpu_start
+            _record(arm, result)
+    return arms
+
+
+def _record(arm: Arm, result) -> None:
+    arm.tokens += len(result.output_ids)
+    arm.drafted += result.stats.draft_tokens
+    arm.accepted += result.stats.accepted_tokens
+    arm.verify_steps += result.stats.verify_steps
+    arm.outputs.append(result.output_ids)
 
 
 def _fill(prompts: list, count: int) -> list:
@@ -201,9 +225,12 @@ def run_bench(config_path: str | Path, prompts_per_category: int = 8, max_tokens
                 run_arm(spec_engine, warm, 1, 8, end_id)
                 for batch in batches:
                     for category, prompts in categories.items():
-                        prompts = _fill(prompts, 2 * batch if batch > 1 else len(prompts))
-                        base = run_arm(base_engine, prompts, batch, max_tokens, end_id)
-                        fast = run_arm(spec_engine, prompts, batch, max_tokens, end_id)
+                        if batch == 1:
+                            base, fast = run_arms_interleaved(base_engine, spec_engine, prompts, max_tokens, end_id)
+                        else:
+                            prompts = _fill(prompts, 2 * batch)
+                            base = run_arm(base_engine, prompts, batch, max_tokens, end_id)
+                            fast = run_arm(spec_engine, prompts, batch, max_tokens, end_id)
                         results.append(_row(cfg.method + suffix, batch, category, base, fast))
             finally:
                 base_engine.shutdown()

@@ -155,6 +155,13 @@ class Linear:
             return y.reshape(*x.shape[:-1], -1)
         return F.linear(x, self.weight, self.bias)  # one row: MKL GEMV is fastest
 
+    def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``residual + self(x)`` for 2-D ``x``; one fused ``addmm`` for float weights without bias
+        at one row (the EAGLE draft step), else the plain sum."""
+        if self.weight is not None and self.bias is None and x.shape[0] == 1:
+            return torch.addmm(residual, x, self.weight.t())
+        return residual + self(x)
+
     def _int8(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         row_scale = flat.abs().amax(1, keepdim=True).clamp_min(1e-12) / 127.0  # [M, 1]
@@ -214,10 +221,19 @@ class Rotary:
         emb = torch.cat([freqs, freqs], -1)  # [max_positions, head_dim]
         self.cos = emb.cos().to(dtype)
         self.sin = emb.sin().to(dtype)
+        half = head_dim // 2
+        # rotate_half(x) * sin == roll(x, half) * sin_signed, bit for bit (negation is exact)
+        self.sin_signed = torch.cat([-self.sin[:, :half], self.sin[:, half:]], -1)
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [B, T] → cos, sin [B, T, 1, head_dim] (once per forward, not per layer)."""
         return self.cos[positions].unsqueeze(2), self.sin[positions].unsqueeze(2)
+
+    def apply_rows(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        """x [n, heads, head_dim] at positions start … start+n-1 (one sequence, no gather)."""
+        end = start + x.shape[0]
+        half = x.shape[-1] // 2
+        return x * self.cos[start:end, None] + x.roll(half, -1) * self.sin_signed[start:end, None]
 
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -310,8 +326,11 @@ class StepTensors:
             self.rows = torch.tensor(starts, dtype=torch.long)[:, None] + torch.arange(width)[None, :]
 
     def _mask(self, inputs: list[StepInput], starts: list[int], width: int) -> torch.Tensor | None:
-        if self.single and width == 1 and inputs[0].visible is None:
-            return None  # one query sees every valid key
+        if self.single and inputs[0].visible is None:
+            if width == 1:
+                return None  # one query sees every valid key
+            if inputs[0].tree is None:  # one causal chain: row i sees keys [0, start + i]
+                return torch.ones(width, self.key_len, dtype=torch.bool).tril(starts[0])[None, None]
         mask = torch.arange(self.key_len)[None, None, :] < torch.tensor(starts)[:, None, None]
         mask = mask.expand(len(inputs), width, self.key_len).clone()  # [B, T, K]
         for b, inp in enumerate(inputs):
@@ -419,7 +438,11 @@ class MedusaHeads:
 
 class EagleHead:
     """EAGLE-1: h = Layer0(fc(cat([embed(x_{t+1}), f_t]))) predicts f_{t+1}; logits through the
-    target's LM head. Has its own KV pool; the pair (f_t, x_{t+1}) sits at rotary position t."""
+    target's LM head. Has its own KV pool; the pair (f_t, x_{t+1}) sits at rotary position t.
+
+    fc is split at load: fc(cat(e, f)) = (W_e·e + b) + W_f·f, the token half precomputed as a
+    ``[vocab, H]`` table (``token_rows``) — one row lookup instead of half the GEMV and the cat.
+    :meth:`extend` is the lean one-sequence path used while drafting (see its docstring)."""
 
     def __init__(self, head_dir: Path, target: LlamaModel, dtype: torch.dtype):
         cfg = read_config(head_dir)
@@ -429,27 +452,155 @@ class EagleHead:
         self.shape = shape
         self.dtype = dtype
         state = load_safetensors(head_dir)
-        self.fc = _take_linear(state, ["fc"], dtype, bias="fc.bias" in state)
-        self.embed = state["embed_tokens.weight"].to(dtype) if "embed_tokens.weight" in state else target.embed
+        embed = state["embed_tokens.weight"].to(dtype) if "embed_tokens.weight" in state else target.embed
+        fc = _take_linear(state, ["fc"], dtype, bias="fc.bias" in state)
+        self.token_rows, self.fc_features = _split_fc(fc, embed, shape.hidden_size)
         self.layer = DecoderLayer(state, "layers.0.", shape, dtype, input_norm=False)
         self.lm_head = target.lm_head
         self.rotary = Rotary(shape.head_dim, shape.rope_theta, max(shape.max_positions, target.shape.max_positions), dtype)
+        self.lean = LeanEagleStep(self) if not (self.fc_features.int8 or self.layer.qkv.int8) else None
 
     def new_pool(self, slots: int, max_rows: int) -> KVPool:
         return KVPool(1, slots, max_rows, self.shape.num_kv_heads, self.shape.head_dim, self.dtype)
 
     def to_int8(self) -> None:
-        self.fc = int8_copy(self.fc)
+        self.fc_features = int8_copy(self.fc_features)
         self.layer.to_int8()
         self.lm_head = int8_copy(self.lm_head)  # a copy: the target keeps its float LM head
+        self.lean = None  # extend() now runs the int8 Linears
 
     def forward(self, pool: KVPool, inputs: list[StepInput], features: torch.Tensor) -> torch.Tensor:
         """features [B, T, H] (padded like the tokens) → predicted next features [B, T, H]."""
         step = StepTensors(pool, inputs)
-        x = self.fc(torch.cat([self.embed[step.ids], features], -1))
+        x = self.token_rows[step.ids] + self.fc_features(features)
         h = self.layer(x, 0, step, self.rotary.tables(step.positions))
         advance(inputs)
         return h
 
+    def extend(self, cache: SlotCache, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
+        """The lean one-sequence path: append pairs (features[i], tokens[i]) ``[n, H]`` at rotary
+        positions ``cache.length + i`` and return the predicted feature of the LAST one ``[1, H]``.
+
+        Same maths as :meth:`forward` with a causal mask, cheaper on CPU where per-op overhead
+        dominates: only the last row runs attention, o_proj and the MLP (earlier rows only need
+        their K/V rows); no mask or index tensors. Float heads run :class:`LeanEagleStep` (its own
+        fused weight copies); int8 heads (``to_int8``) run the same steps on their Linears. Not
+        bit-identical to :meth:`forward` (other kernels, other summation order), which is
+        harmless: drafts only change what the target accepts, never the output."""
+        if self.lean is not None:
+            return self.lean(cache, tokens, features)
+        s, layer = self.shape, self.layer
+        start, end = _claim_rows(cache, len(tokens))
+        x = self.fc_features.add_to(self.token_rows[tokens], features)  # [n, H]
+        qkv = layer.qkv(x).view(len(tokens), s.num_heads + 2 * s.num_kv_heads, s.head_dim)
+        qk = self.rotary.apply_rows(qkv[:, : s.num_heads + s.num_kv_heads], start)  # [n, heads+kv, hd]
+        keys, values = cache.pool.k[0, cache.slot], cache.pool.v[0, cache.slot]  # [rows, kv, hd]
+        keys[start:end] = qk[:, s.num_heads :]
+        values[start:end] = qkv[:, s.num_heads + s.num_kv_heads :]
+        q = qk[-1, : s.num_heads] * s.head_dim ** -0.5
+        attn = _attend_last(q, keys[:end], values[:end], s.num_kv_heads)  # [1, heads*hd]
+        h = layer.o.add_to(x[-1:], attn)  # [1, H]
+        gate, up = layer.gate_up(F.rms_norm(h, (h.shape[-1],), layer.post_norm, s.rms_norm_eps)).chunk(2, -1)
+        return layer.down.add_to(h, F.silu(gate) * up)
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """LM head for drafting (``[1, H]`` → ``[1, vocab]``; the lean copy when present)."""
+        return self.lean.logits(hidden) if self.lean is not None else self.lm_head(hidden)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
+
+
+def _split_fc(fc: Linear, embed: torch.Tensor, hidden: int) -> tuple[torch.Tensor, Linear]:
+    """fc over cat([embed(x), f]) → (table [vocab, H] = W_e·embed + b, Linear W_f over f).
+    The table is computed once in float64 (then cast), so it is deterministic and as exact as
+    the dtype allows."""
+    weight = fc.weight if not fc.int8 else fc.weight_t.t().float() * fc.scale[:, None]
+    table = embed.double() @ weight[:, :hidden].double().t()
+    if fc.bias is not None:
+        table = table + fc.bias.double()
+    features = Linear(weight[:, hidden:].to(embed.dtype).contiguous())
+    return table.to(embed.dtype).contiguous(), features
+
+
+def _claim_rows(cache: SlotCache, n: int) -> tuple[int, int]:
+    start, end = cache.length, cache.length + n
+    if end > cache.pool.max_rows:
+        raise ValueError(f"sequence longer than the KV cache ({end} > {cache.pool.max_rows})")
+    cache.length = end
+    return start, end
+
+
+def _attend_last(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """One query row, pre-scaled ``q [heads, hd]``, over ``keys/values [L, kv_heads, hd]`` (all
+    visible) → ``[1, heads*hd]``. Grouped-query heads share their KV head (HF order)."""
+    heads, head_dim = q.shape
+    q = q.reshape(kv_heads, heads // kv_heads, head_dim)  # [kv, group, hd]
+    scores = torch.bmm(q, keys.permute(1, 2, 0))  # [kv, group, L]
+    return torch.bmm(scores.softmax(-1), values.transpose(0, 1)).reshape(1, heads * head_dim)
+
+
+class LeanEagleStep:
+    """Fused float weight copies for :meth:`EagleHead.extend` (drafting only; ``forward`` keeps
+    the checkpoint's layout). All derived in float64 at load, then cast — deterministic:
+
+    - ``rows [vocab, H + QKV]`` and ``w_in [H, H + QKV]``: one GEMM gives both the fc output
+      x = W_e·embed(tok) + b + W_f·f and its q/k/v projection (W_qkv·x, expanded through fc),
+      so fc and qkv cost one matmul; the attention scale 1/√head_dim is folded into the q rows;
+    - ``w_o, w_gate_up, w_down, w_lm`` transposed to ``[in, out]`` (a one-row matmul over that
+      layout measured faster here than ``F.linear``'s ``[out, in]``); the post-attention
+      RMSNorm weight folded into ``w_gate_up``'s rows (the norm itself is a vector norm)."""
+
+    def __init__(self, head: "EagleHead"):
+        s, layer = head.shape, head.layer
+        hidden = s.hidden_size
+        dt = head.token_rows.dtype
+        qkv = layer.qkv.weight.double().clone()  # [QKV, H]
+        qkv[: s.num_heads * s.head_dim] *= s.head_dim ** -0.5
+        w_f = head.fc_features.weight.double()  # [H, H]
+        rows = head.token_rows.double()  # [vocab, H]
+        self.rows = torch.cat([rows, rows @ qkv.t()], 1).to(dt).contiguous()
+        self.w_in = torch.cat([w_f.t(), w_f.t() @ qkv.t()], 1).to(dt).contiguous()
+        self.w_o = layer.o.weight.t().contiguous()
+        self.w_gate_up = (layer.gate_up.weight.double() * layer.post_norm.double()[None, :]).t().to(dt).contiguous()
+        self.w_down = layer.down.weight.t().contiguous()
+        self.w_lm = head.lm_head.weight.t().contiguous() if head.lm_head.weight is not None else None
+        self.lm_head = head.lm_head
+        # catch-up (several rows): a oneDNN-blocked copy of w_in (a few-row matmul over the
+        # [in, out] layout measured ~3x a one-row one here; the blocked kernel ~1.3x)
+        self.w_in_rows = Linear(self.w_in.t().contiguous()) if dt == torch.float32 else None
+        self.cos = head.rotary.cos[:, None, :]  # [positions, 1, hd]
+        self.sin_signed = head.rotary.sin_signed[:, None, :]
+        self.hidden, self.heads, self.kv_heads = hidden, s.num_heads, s.num_kv_heads
+        self.qk_heads = s.num_heads + s.num_kv_heads
+        self.qkv_shape = (s.num_heads + 2 * s.num_kv_heads, s.head_dim)
+        self.half = s.head_dim // 2
+        self.inv_hidden = 1.0 / hidden
+        self.eps = s.rms_norm_eps
+
+    def __call__(self, cache: SlotCache, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
+        n, hidden, heads, qk_heads = len(tokens), self.hidden, self.heads, self.qk_heads
+        start, end = _claim_rows(cache, n)
+        if n == 1:
+            token = tokens[0]
+            xqkv = torch.addmm(self.rows[token : token + 1], features, self.w_in)  # [1, H + QKV]
+        elif self.w_in_rows is not None:
+            xqkv = self.w_in_rows(features) + self.rows[tokens]  # [n, H + QKV]
+        else:
+            xqkv = torch.addmm(self.rows[tokens], features, self.w_in)
+        x = xqkv[-1:, :hidden]
+        qkv = xqkv[:, hidden:].view(n, *self.qkv_shape)
+        qk = qkv[:, :qk_heads]  # rotate q and k at once (rotate_half via roll and a signed sin)
+        qk = qk * self.cos[start:end] + qk.roll(self.half, -1) * self.sin_signed[start:end]
+        keys, values = cache.pool.k[0, cache.slot], cache.pool.v[0, cache.slot]  # [rows, kv, hd]
+        keys[start:end] = qk[:, heads:]
+        values[start:end] = qkv[:, qk_heads:]
+        attn = _attend_last(qk[-1, :heads], keys[:end], values[:end], self.kv_heads)  # [1, heads*hd]
+        h = torch.addmm(x, attn, self.w_o)  # [1, H]
+        norm = torch.linalg.vector_norm(h)
+        gate_up = torch.mm(h, self.w_gate_up) * torch.rsqrt(norm * norm * self.inv_hidden + self.eps)
+        gate, up = gate_up.chunk(2, -1)
+        return torch.addmm(h, F.silu(gate) * up, self.w_down)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.mm(hidden, self.w_lm) if self.w_lm is not None else self.lm_head(hidden)

@@ -6,7 +6,9 @@
   ``choices`` (upstream semantics: a choice is a path of top-k indices, [0, 1] = 2nd best at
   depth 2 under the best at depth 1);
 - :class:`EagleProposer` — the EAGLE-1 head on the target's features, one decoder layer per
-  draft step over its own KV pool (a chain by default; a static tree from ``choices``).
+  draft step over its own KV pool (a chain by default; a static tree from ``choices``). A lone
+  sequence drafts through the lean :meth:`EagleHead.extend` path (batch 1 is where per-op
+  overhead dominates); several sequences share batched forwards.
 
 Trees are for greedy requests only; a sampled request gets the chain (lossless rejection sampling
 needs the distribution each draft came from; multi-draft SpecInfer-style tree sampling is not
@@ -254,6 +256,10 @@ class EagleProposer:
         rows = [i for i, k in enumerate(ks) if k > 0 and seqs[i].features is not None]
         if not rows:
             return proposals
+        if len(rows) == 1:  # one sequence: the lean path (no masks, attention for the last row only)
+            i = rows[0]
+            proposals[i] = self._propose_one(seqs[i], ks[i])
+            return proposals
         feats, inputs, real = [], [], {}
         for i in rows:  # catch-up: pairs (f_j, x_{j+1}) for every new real feature
             seq, cache = seqs[i], seqs[i].proposer_state.cache
@@ -278,6 +284,27 @@ class EagleProposer:
         for i in rows:
             seqs[i].proposer_state.cache.rollback(real[i])
         return proposals
+
+    def _propose_one(self, seq: "SeqState", k: int) -> Proposal:
+        """One sequence: catch-up and every chain step through :meth:`EagleHead.extend`."""
+        cache = seq.proposer_state.cache
+        start, n = cache.length, seq.features.shape[0]
+        last = self.head.extend(cache, seq.tokens[start + 1 : start + 1 + n], seq.features)  # [1, H]
+        seq.features = None
+        real = cache.length
+        if self._uses_tree(seq, k):
+            proposal = self._tree(seq, last[0])
+        else:
+            tokens, dists = [], []
+            for step in range(min(k, self.depth)):
+                if step:
+                    last = self.head.extend(cache, tokens[-1:], last)
+                token, dist = choose(self.head.draft_logits(last)[0], seq.params, seq.generator)
+                tokens.append(token)
+                dists.append(dist)
+            proposal = Proposal(tokens, None, _stack_probs(dists))
+        cache.rollback(real)
+        return proposal
 
     def _chains(self, seqs, ks, rows: list[int], last: torch.Tensor, proposals: list[Proposal]) -> None:
         probs: dict[int, list] = {i: [] for i in rows}

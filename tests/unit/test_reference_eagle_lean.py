@@ -1,0 +1,158 @@
+"""The lean one-sequence EAGLE path (``EagleHead.extend`` / ``LeanEagleStep``) against the general
+batched ``EagleHead.forward``: the split fc equals fc over the concatenation; extend writes the
+same K/V rows and predicts the same feature (float64: to rounding; float32 and int8: closely);
+a lone sequence drafts the same tokens as the same sequence inside a batch; the single-chain
+causal mask of the target's verify step equals the general mask. Losslessness of the engine
+with this path is covered by test_reference_engine (batch 1 runs it)."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.reference_fixtures under plain `pytest`
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pipeline.reference.api import GenerationRequest, SamplingParams
+from pipeline.reference.engine import create_engine
+from pipeline.reference.kv_cache import KVPool
+from pipeline.reference.modeling import EagleHead, LlamaModel, StepInput, StepTensors
+from pipeline.reference.scheduler import SeqState, make_generator
+from tests.reference_fixtures import VOCAB, one_thread, random_prompts, shared_checkpoints
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """The shared random checkpoints, plus an EAGLE head whose post-attention RMSNorm weight is
+    not all ones (the lean path folds it into the gate/up weights)."""
+    from safetensors.torch import load_file, save_file
+
+    one_thread()
+    shared = shared_checkpoints()
+    eagle = tmp_path_factory.mktemp("eagle-norm")
+    shutil.copy(shared["eagle"] / "config.json", eagle / "config.json")
+    state = load_file(str(shared["eagle"] / "model.safetensors"))
+    gen = torch.Generator().manual_seed(11)
+    norm = state["layers.0.post_attention_layernorm.weight"]
+    state["layers.0.post_attention_layernorm.weight"] = torch.rand(norm.shape, generator=gen) * 0.4 + 0.8
+    save_file(state, str(eagle / "model.safetensors"))
+    return {**shared, "eagle": eagle}
+
+
+def _head(ckpt, dtype, int8: bool = False) -> EagleHead:
+    head = EagleHead(ckpt["eagle"], LlamaModel(ckpt["target"], dtype), dtype)
+    if int8:
+        head.to_int8()
+    return head
+
+
+@torch.inference_mode()
+def test_split_fc_equals_fc_over_the_concatenation(ckpt):
+    from safetensors.torch import load_file
+
+    head = _head(ckpt, torch.float64)
+    state = {k: v.double() for k, v in load_file(str(ckpt["eagle"] / "model.safetensors")).items()}
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, VOCAB, (7,), generator=gen)
+    features = torch.randn(7, head.shape.hidden_size, generator=gen, dtype=torch.float64)
+    expected = F.linear(torch.cat([state["embed_tokens.weight"][tokens], features], -1),
+                        state["fc.weight"], state["fc.bias"])
+    ours = head.token_rows[tokens] + head.fc_features(features)
+    assert (ours - expected).abs().max() < 1e-12
+
+
+def _general_and_lean(head: EagleHead, prompt_len: int, chain: int):
+    """Feed the same pairs to two caches: the general forward (catch-up of ``prompt_len`` rows,
+    then one row per step) and extend(); return both predicted features per step and the pools."""
+    gen = torch.Generator().manual_seed(prompt_len)
+    hidden = head.shape.hidden_size
+    tokens = torch.randint(3, VOCAB, (prompt_len + chain,), generator=gen).tolist()
+    features = torch.randn(prompt_len + chain, hidden, generator=gen, dtype=torch.float64).to(head.dtype)
+    general_pool, lean_pool = head.new_pool(1, 64), head.new_pool(1, 64)
+    general_cache, lean_cache = general_pool.allocate(), lean_pool.allocate()
+    general, lean = [], []
+    spans = [(0, prompt_len)] + [(prompt_len + i, prompt_len + i + 1) for i in range(chain)]
+    for a, b in spans:
+        step = StepInput(general_cache, tokens[a:b], list(range(a, b)))
+        general.append(head.forward(general_pool, [step], features[None, a:b])[0, -1])
+        lean.append(head.extend(lean_cache, tokens[a:b], features[a:b])[0])
+        assert lean_cache.length == general_cache.length == b
+    return general, lean, general_pool, lean_pool
+
+
+@pytest.mark.parametrize("dtype,int8,tol", [(torch.float64, False, 1e-10), (torch.float32, False, 2e-4),
+                                            (torch.float32, True, 2e-4)], ids=["float64", "float32", "int8"])
+@torch.inference_mode()
+def test_extend_matches_the_general_forward(ckpt, dtype, int8, tol):
+    head = _head(ckpt, dtype, int8)
+    assert (head.lean is None) == int8  # int8 heads run extend() on their int8 Linears
+    general, lean, general_pool, lean_pool = _general_and_lean(head, prompt_len=6, chain=4)
+    for g, ours in zip(general, lean):
+        assert (g - ours).abs().max() < tol * max(1.0, float(g.abs().max()))
+    rows = 10
+    assert (general_pool.k[0, 0, :rows] - lean_pool.k[0, 0, :rows]).abs().max() < tol * 10
+    assert (general_pool.v[0, 0, :rows] - lean_pool.v[0, 0, :rows]).abs().max() < tol * 10
+    logits_general = head.logits(torch.stack(general))
+    logits_lean = torch.cat([head.draft_logits(x[None]) for x in lean])
+    assert (logits_general - logits_lean).abs().max() < tol * 10 * max(1.0, float(logits_general.abs().max()))
+
+
+@torch.inference_mode()
+def test_extend_refuses_to_run_past_the_cache(ckpt):
+    head = _head(ckpt, torch.float64)
+    cache = head.new_pool(1, 4).allocate()
+    with pytest.raises(ValueError, match="longer than the KV cache"):
+        head.extend(cache, [5, 6, 7, 8, 9], torch.zeros(5, head.shape.hidden_size, dtype=torch.float64))
+    assert cache.length == 0
+
+
+@pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
+@torch.inference_mode()
+def test_a_lone_sequence_drafts_what_it_drafts_inside_a_batch(ckpt, greedy):
+    """Same sequence, same generator seed: alone (lean extend path) and next to another sequence
+    (batched general forward) → the same draft tokens (float64: no near-ties)."""
+    spec = {"method": "eagle", "head_dir": str(ckpt["eagle"]), "num_layers": 4}
+    engine = create_engine(ckpt["target"], role="speculative", proposer=spec, compute_dtype="float64")
+    engine.shutdown()  # drive the scheduler directly, on this thread
+    sch = engine.scheduler
+    params = SamplingParams() if greedy else SamplingParams(temperature=0.8, top_k=20)
+
+    def admitted(prompt):
+        seq = SeqState(GenerationRequest(prompt, 8, sampling=params), params, make_generator(3), list(prompt))
+        sch.admit(seq)
+        return seq
+
+    prompts = random_prompts(6, seed=21, min_len=4, max_len=12)
+    for prompt, other in zip(prompts, prompts[1:] + prompts[:1]):
+        alone = admitted(prompt)
+        lone = sch.proposer.propose([alone], [4])[0]
+        sch.release(alone)
+        first, second = admitted(prompt), admitted(other)
+        batched = sch.proposer.propose([first, second], [4, 4])[0]
+        assert first.proposer_state.cache.length == len(prompt) - 1  # speculative rows dropped
+        sch.release(first)
+        sch.release(second)
+        assert lone.tokens == batched.tokens and len(lone.tokens) == 4
+        if not greedy:
+            assert torch.allclose(lone.draft_probs, batched.draft_probs, atol=1e-9)
+
+
+def test_single_chain_mask_equals_the_general_mask():
+    pool = KVPool(1, 2, 64, 1, 4, torch.float32)
+    cache = pool.allocate()
+    for start in (0, 1, 9):
+        for width in (1, 2, 5):
+            cache.length = start
+            inputs = [StepInput(cache, list(range(width)), list(range(start, start + width)))]
+            step = StepTensors(pool, inputs)
+            fast = step.mask
+            step.single = False  # the general construction
+            general = step._mask(inputs, [start], width)
+            if fast is None:
+                assert width == 1 and bool(general.all())
+            else:
+                assert torch.equal(fast, general)
