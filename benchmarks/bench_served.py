@@ -4,6 +4,12 @@ calls: ``ensemble`` or ``tensorrt_llm_bls``) divided by tokens/s of the same eng
 (target ≥ 0.9), and the speculative speedup measured through Triton (streaming, concurrency 1),
 side by side in one run. Writes ``benchmarks/results/served.json``.
 
+The served client keeps one gRPC channel and stream open per arm (as a service or a Locust user
+does), so channel setup is not counted. Draft-target is measured twice: ``draft_target`` drafts in
+the engine (``orchestration: engine``, ensemble) and ``draft_target_bls`` is upstream's BLS flow
+(two model calls per round); both are compared with the same in-process speculative engine. As a
+diagnostic, ``served_direct`` calls ``tensorrt_llm`` itself with token ids (no ensemble hop).
+
 Models: ``--source random`` (default) uses the tiny random checkpoints of the serving tests (the
 draft is a perturbed target, so draft-target accepts often; random Medusa/EAGLE heads accept
 almost nothing — their speedup is the overhead of speculating); ``--source demo`` uses the
@@ -32,7 +38,7 @@ PROMPTS = [
     "def add(a, b):", "The quick brown fox", "1 + 2 = 3, 2 + 3 =", "name: tiny\nvalue:",
     "Speculative decoding drafts", "items: [a, b,",
 ]
-METHODS = ("draft_target", "medusa", "eagle")
+METHODS = ("draft_target", "draft_target_bls", "medusa", "eagle")
 SWITCH_INTERVAL_S = 0.0005  # = pipeline.triton_models.llm.SWITCH_INTERVAL_S (stub-only module)
 
 
@@ -67,48 +73,65 @@ class InProcess:
         return len(result.output_ids)
 
 
-def served_run(server, target, prompt: str, max_tokens: int) -> int:
-    from triton_clients import grpc_stream, text_inputs
+def served_run(session, target, prompt: str, max_tokens: int) -> int:
+    from triton_clients import text_inputs
 
-    responses = grpc_stream(server.grpc_url, target.model_name, text_inputs(
+    responses = session.generate(target.model_name, text_inputs(
         prompt, max_tokens, stream=True, top_k=1, return_num_output_tokens=True, **target.extra_inputs))
     return sum(int(r["num_output_tokens"].reshape(-1)[0]) for r in responses if "num_output_tokens" in r)
 
 
-def interleaved(local: InProcess, server, target, prompts: list[str], prompt_ids, max_tokens: int, rounds: int) -> dict:
-    """Alternate in-process and served generations prompt by prompt, so both see the same
-    machine load (these CPUs are shared and noisy)."""
+def direct_run(session, ids: list[int], max_tokens: int, end_id) -> int:
+    """``tensorrt_llm`` itself, streaming token ids (the ensemble's pre/post hops left out)."""
+    import numpy as np
+
+    inputs = {
+        "input_ids": np.array([ids], dtype=np.int32), "input_lengths": np.array([[len(ids)]], dtype=np.int32),
+        "request_output_len": np.array([[max_tokens]], dtype=np.int32), "streaming": np.array([[True]]),
+        "runtime_top_k": np.array([[1]], dtype=np.int32), "exclude_input_in_output": np.array([[True]]),
+        "return_num_output_tokens": np.array([[True]]),
+    }
+    if end_id is not None:
+        inputs["end_id"] = np.array([[end_id]], dtype=np.int32)
+    responses = session.generate("tensorrt_llm", inputs)
+    return sum(int(r["num_output_tokens"].reshape(-1)[0]) for r in responses if "num_output_tokens" in r)
+
+
+def interleaved(runners: dict, prompts: list[str], prompt_ids, rounds: int) -> dict:
+    """Alternate the ways of generating prompt by prompt (order reversed every round), so all
+    see the same machine load (these CPUs are shared and noisy)."""
     for _ in range(2):  # warm-up (first generations pay one-off allocation costs)
-        local.run(prompt_ids[0], max_tokens)
-        served_run(server, target, prompts[0], max_tokens)
-    totals = {"in_process": [0, 0.0], "served": [0, 0.0]}
-    runners = {"in_process": lambda p, ids: local.run(ids, max_tokens),
-               "served": lambda p, ids: served_run(server, target, p, max_tokens)}
+        for run in runners.values():
+            run(prompts[0], prompt_ids[0])
+    totals = {side: [0, 0.0] for side in runners}
     for round_index in range(rounds):
-        order = ["in_process", "served"] if round_index % 2 == 0 else ["served", "in_process"]
+        order = list(runners) if round_index % 2 == 0 else list(reversed(runners))
         for prompt, ids in zip(prompts, prompt_ids):
             for side in order:
                 start = time.perf_counter()
                 totals[side][0] += runners[side](prompt, ids)
                 totals[side][1] += time.perf_counter() - start
-    out = {side: {"tokens": n, "seconds": sec, "tokens_per_s": n / sec} for side, (n, sec) in totals.items()}
-    out["served"].update(model=target.model_name, extra_inputs=target.extra_inputs)
-    return out
+    return {side: {"tokens": n, "seconds": sec, "tokens_per_s": n / sec} for side, (n, sec) in totals.items()}
 
 
 def measure_method(workdir: Path, models: dict, method: str, k: int, prompts: list[str], max_tokens: int,
                    rounds: int) -> dict:
     import tiny_deploy
+    from triton_clients import StreamSession
 
     from pipeline.config import load_config
-    from pipeline.render import client_target, load_manifest, render
+    from pipeline.render import client_target, drafts_in_engine, load_manifest, render
     from pipeline.serve import serve_deployment
     from pipeline.triton_models.tokenizer import TextTokenizer
 
     previous = Path.cwd()
     os.chdir(workdir)
     try:
-        cfg = load_config(tiny_deploy.make_deployment(workdir, models, method, k=k))
+        options = {}
+        if method.startswith("draft_target"):
+            options = {"orchestration": "bls" if method == "draft_target_bls" else "engine",
+                       "name": method.replace("_", "-")}
+        cfg = load_config(tiny_deploy.make_deployment(workdir, models, method.removesuffix("_bls"), k=k, **options))
         render(cfg)
         manifest = load_manifest(cfg)
         tokenizer = TextTokenizer(manifest["tokenizer_dir"])
@@ -116,23 +139,36 @@ def measure_method(workdir: Path, models: dict, method: str, k: int, prompts: li
         result = {}
         for variant in ("baseline", "speculative"):
             local = InProcess(Path(manifest["engines"][variant]), tokenizer.end_id)
+            target = client_target(cfg, variant)
             try:
                 with serve_deployment(cfg, variant) as server:
+                    session = StreamSession(server.grpc_url)
+                    runners = {"in_process": lambda p, ids: local.run(ids, max_tokens),
+                               "served": lambda p, ids: served_run(session, target, p, max_tokens)}
+                    if variant == "baseline" or method != "draft_target_bls":
+                        runners["served_direct"] = lambda p, ids: direct_run(session, ids, max_tokens, tokenizer.end_id)
                     try:
-                        sides = interleaved(local, server, client_target(cfg, variant), prompts, prompt_ids, max_tokens, rounds)
+                        sides = interleaved(runners, prompts, prompt_ids, rounds)
                     except Exception:
                         print(f"{method} {variant}: server alive={server.alive()}; log tail:\n{server.log_tail(30)}", file=sys.stderr)
                         raise
+                    finally:
+                        session.close()
             finally:
                 local.engine.shutdown()
-            result[variant] = {**sides, "served_over_in_process": sides["served"]["tokens_per_s"] / sides["in_process"]["tokens_per_s"]}
-            print(f"{method:12s} {variant:11s} in-process {sides['in_process']['tokens_per_s']:7.1f} tok/s  served "
-                  f"{sides['served']['tokens_per_s']:7.1f} tok/s  ratio {result[variant]['served_over_in_process']:.2f}",
-                  file=sys.stderr)
+            sides["served"].update(model=target.model_name, extra_inputs=target.extra_inputs)
+            inproc = sides["in_process"]["tokens_per_s"]
+            result[variant] = {**sides, "served_over_in_process": sides["served"]["tokens_per_s"] / inproc}
+            if "served_direct" in sides:
+                result[variant]["served_direct_over_in_process"] = sides["served_direct"]["tokens_per_s"] / inproc
+            print(f"{method:16s} {variant:11s} in-process {inproc:7.1f} tok/s  served {sides['served']['tokens_per_s']:7.1f} "
+                  f"tok/s  ratio {result[variant]['served_over_in_process']:.3f}  (direct "
+                  f"{result[variant].get('served_direct_over_in_process', float('nan')):.3f})", file=sys.stderr)
+        result["orchestration"] = ("engine" if drafts_in_engine(cfg) else "bls") if cfg.method == "draft_target" else None
         result["speedup_served"] = result["speculative"]["served"]["tokens_per_s"] / result["baseline"]["served"]["tokens_per_s"]
         result["speedup_in_process"] = (result["speculative"]["in_process"]["tokens_per_s"]
                                         / result["baseline"]["in_process"]["tokens_per_s"])
-        print(f"{method:12s} speculative speedup through Triton {result['speedup_served']:.2f}x "
+        print(f"{method:16s} speculative speedup through Triton {result['speedup_served']:.2f}x "
               f"(in-process {result['speedup_in_process']:.2f}x)", file=sys.stderr)
         return result
     finally:
@@ -157,8 +193,9 @@ def main() -> None:
         models, k = models_for(args.source, workdir)
         results = {method: measure_method(workdir, models, method, k, prompts, args.max_tokens, args.rounds) for method in args.methods}
     report = {
-        "what": "greedy tokens/s at concurrency 1: served (gRPC streaming through Triton) vs in-process, per arm, "
-                "measured interleaved prompt by prompt; speculative speedup through Triton",
+        "what": "greedy tokens/s at concurrency 1: served (gRPC streaming through Triton, one open stream per "
+                "arm) vs in-process, per arm, measured interleaved prompt by prompt; speculative speedup through "
+                "Triton; served_direct = tensorrt_llm called with token ids (diagnostic, no ensemble hop)",
         "target_served_over_in_process": 0.9,
         "source": args.source, "num_draft_tokens": k, "prompts": len(prompts), "rounds": args.rounds, "max_tokens": args.max_tokens,
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),

@@ -203,6 +203,15 @@ class DraftTargetSpec(_Strict):
     use_draft_logits: bool = _desc(
         "Logits-based (rejection-sampling) acceptance; needs build.gather_generation_logits.", default=False
     )
+    orchestration: Literal["bls", "engine"] = _desc(
+        "Who runs the draft each round. 'bls': tensorrt_llm_bls calls tensorrt_llm_draft, then "
+        "tensorrt_llm with draft_input_ids (upstream's Triton flow; two model calls per round; "
+        "clients call tensorrt_llm_bls with num_draft_tokens). 'engine' (backend reference only): "
+        "the tensorrt_llm model drafts with the draft model inside its own engine, as TensorRT-LLM's "
+        "PyTorch-backend two-model draft/target does in its executor; clients call the ensemble, and "
+        "the BLS flow stays available in the same repository.",
+        default="bls",
+    )
 
     @field_validator("max_draft_len")
     @classmethod
@@ -640,6 +649,23 @@ class DeploymentConfig(_Strict):
             else:
                 problems.append(
                     ("loadtest.sweep_draft_len", "only draft_target sends num_draft_tokens per request")
+                )
+        if isinstance(spec, DraftTargetSpec) and spec.orchestration == "engine":
+            if self.backend != "reference":
+                problems.append(
+                    (
+                        "speculation.orchestration",
+                        "'engine' needs backend 'reference'; the TensorRT-LLM C++ backend drafts only "
+                        "through tensorrt_llm_bls (use 'bls')",
+                    )
+                )
+            if self.loadtest.sweep_draft_len:
+                problems.append(
+                    (
+                        "loadtest.sweep_draft_len",
+                        "needs speculation.orchestration 'bls' (num_draft_tokens is a BLS input; the "
+                        "ensemble has none)",
+                    )
                 )
         if self.loadtest.mode == "closed":
             missing = [c for c in self.gate.target_concurrency if c not in self.loadtest.concurrency]

@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterator
 from pipeline.config import DeploymentConfig, config_hash
 from pipeline.errors import SpecdeployError
 from pipeline.paths import PROJECT_ROOT, manifest_path, reports_root
-from pipeline.render import client_target
+from pipeline.render import client_target, drafts_in_engine
 
 LOCUSTFILE = PROJECT_ROOT / "loadtests" / "locustfile.py"
 ARMS = ("baseline", "speculative")
@@ -105,9 +105,20 @@ def primary_draft_len(cfg: DeploymentConfig) -> int | None:
     return None
 
 
+def sends_draft_len(cfg: DeploymentConfig) -> bool:
+    """Draft-target orchestrated by the BLS takes K per request (``num_draft_tokens``); drafting
+    in the engine fixes K in the engine, and the ensemble has no such input."""
+    return cfg.method == "draft_target" and not drafts_in_engine(cfg)
+
+
 def check_sweep(cfg: DeploymentConfig, sweep: list[int]) -> None:
     if not sweep:
         return
+    if cfg.method == "draft_target" and not sends_draft_len(cfg):
+        raise LoadTestError(
+            "--sweep-draft-len: speculation.orchestration 'engine' fixes num_draft_tokens in the engine; "
+            "per-request draft lengths need orchestration 'bls'"
+        )
     if cfg.method != "draft_target":
         raise LoadTestError(
             f"--sweep-draft-len: method '{cfg.method}' fixes its draft length when the engine is built "
@@ -383,7 +394,7 @@ def run_settings(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, ru
                  prompts: list[dict], duration_s: float, warmup_s: float, tokenizer_dir: str | None) -> dict[str, Any]:
     lt = cfg.loadtest
     extra = dict(endpoint.extra_inputs)
-    if spec.arm == "speculative" and spec.draft_len is not None and cfg.method == "draft_target":
+    if spec.arm == "speculative" and spec.draft_len is not None and sends_draft_len(cfg):
         extra["num_draft_tokens"] = spec.draft_len
     sampling = lt.sampling
     return {

@@ -65,11 +65,18 @@ def variants_for(cfg: DeploymentConfig) -> tuple[str, ...]:
     return ("baseline",) if cfg.method == "none" else VARIANTS
 
 
+def drafts_in_engine(cfg: DeploymentConfig) -> bool:
+    """Draft-target with ``speculation.orchestration: engine``: the speculative ``tensorrt_llm``
+    model drafts inside its own engine (reference backend)."""
+    return cfg.method == "draft_target" and cfg.speculation.orchestration == "engine"
+
+
 def client_target(cfg: DeploymentConfig, variant: str) -> ClientTarget:
-    """draft_target: both arms call the BLS (the speculative arm adds num_draft_tokens = K);
-    none / medusa / eagle: both arms call the ensemble."""
+    """draft_target orchestrated by the BLS: both arms call the BLS (the speculative arm adds
+    num_draft_tokens = K); none / medusa / eagle / draft_target drafting in the engine: both arms
+    call the ensemble."""
     _check_variant(cfg, variant)
-    if cfg.method == "draft_target":
+    if cfg.method == "draft_target" and not drafts_in_engine(cfg):
         extra = {"num_draft_tokens": cfg.speculation.num_draft_tokens} if variant == "speculative" else {}
         return ClientTarget("tensorrt_llm_bls", extra)
     return ClientTarget("ensemble", {})
@@ -116,12 +123,20 @@ class LlmSettings:
     medusa_choices: str = ""
     eagle_choices: str = ""
     dtm_member: bool = False  # target or draft of a draft-target deployment
+    drafts_itself: bool = False  # draft-target target whose engine also drafts (orchestration: engine)
 
 
 def llm_models(cfg: DeploymentConfig, manifest: dict, variant: str) -> list[LlmSettings]:
     method = cfg.method
     if variant == "baseline":
         return [LlmSettings("tensorrt_llm", _engine(manifest, "baseline"), cfg.triton.decoupled)]
+    if method == "draft_target" and drafts_in_engine(cfg):
+        # decoupled like the baseline's, so the ensemble streams; the BLS handles either policy
+        return [
+            LlmSettings("tensorrt_llm", _engine(manifest, "speculative"), cfg.triton.decoupled,
+                        dtm_member=True, drafts_itself=True),
+            LlmSettings("tensorrt_llm_draft", _engine(manifest, "draft"), False, dtm_member=True),
+        ]
     if method == "draft_target":
         return [
             LlmSettings("tensorrt_llm", _engine(manifest, "target"), False, dtm_member=True),
@@ -157,8 +172,10 @@ def trtllm_parameters(cfg: DeploymentConfig, llm: LlmSettings, manifest: dict) -
         "cross_kv_cache_fraction": unset,
         "kv_cache_host_memory_bytes": unset,
         "kv_cache_onboard_blocks": unset,
-        # the BLS and the client-side loop slice output_ids assuming the prompt is present
-        "exclude_input_in_output": _bool(False if llm.dtm_member else t.exclude_input_in_output),
+        # the BLS and the client-side loop slice output_ids assuming the prompt is present (the
+        # BLS asks per request, so a target that also serves the ensemble keeps the baseline's)
+        "exclude_input_in_output": _bool(
+            False if llm.dtm_member and not llm.drafts_itself else t.exclude_input_in_output),
         "cancellation_check_period_ms": "100",
         "stats_check_period_ms": "100",
         "iter_stats_max_iterations": unset,
@@ -501,6 +518,15 @@ def _engine_method(engine_dir: str, backend: str | None) -> str | None:
     return None
 
 
+def _engine_drafts_itself(engine_dir: str) -> bool:
+    """A reference engine that verifies external drafts and also drafts with its own draft model."""
+    descriptor = Path(engine_dir) / "engine.json"
+    if not descriptor.is_file():
+        return False
+    data = json.loads(descriptor.read_text())
+    return data.get("role") == "speculative" and data.get("proposer", {}).get("method") == "draft_target"
+
+
 def _check_llm_rules(repo, configs, problems, backend) -> None:
     bls = configs.get("tensorrt_llm_bls")
     target_name = _param(bls, "tensorrt_llm_model_name") if bls else "tensorrt_llm"
@@ -535,6 +561,8 @@ def _check_llm_rules(repo, configs, problems, backend) -> None:
         if _param(target, "enable_kv_cache_reuse").lower() not in ("true", "1"):
             problems.append(f"{repo / target_name / 'config.pbtxt'}: draft-target needs enable_kv_cache_reuse True on the target")
         for name, config in ((target_name, target), (draft_name, draft)):
+            if name == target_name and _engine_drafts_itself(_param(config, "gpt_model_path")):
+                continue  # our BLS calls it with exec(decoupled=True) when it is decoupled
             if config.model_transaction_policy.decoupled:
                 problems.append(f"{repo / name / 'config.pbtxt'}: draft-target needs decoupled false (the BLS calls it with exec(decoupled=False))")
     elif target.model_transaction_policy.decoupled != bls.model_transaction_policy.decoupled:

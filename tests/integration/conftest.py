@@ -1,6 +1,7 @@
-"""Session fixtures for the real-Triton serving tests: tiny CPU checkpoints, three rendered
-deployments and as few server launches as possible (draft-target speculative, Medusa speculative,
-draft-target baseline), each started once and stopped at the end of the session."""
+"""Session fixtures for the real-Triton serving tests: tiny CPU checkpoints, the rendered
+deployments and as few server launches as possible (draft-target speculative orchestrated by the
+BLS, draft-target drafting in the engine, Medusa speculative, draft-target baseline), each started
+once, on first use, and stopped at the end of the session."""
 
 from __future__ import annotations
 
@@ -36,11 +37,11 @@ def tiny_models(serving_workdir) -> dict:
     return tiny_deploy.make_models(serving_workdir / "models")
 
 
-def _deployment(workdir: Path, models: dict, method: str):
+def _deployment(workdir: Path, models: dict, method: str, **options):
     from pipeline.config import load_config
     from pipeline.render import render
 
-    cfg_path = tiny_deploy.make_deployment(workdir, models, method)
+    cfg_path = tiny_deploy.make_deployment(workdir, models, method, **options)
     with in_dir(workdir):
         cfg = load_config(cfg_path)
         render(cfg)
@@ -50,6 +51,12 @@ def _deployment(workdir: Path, models: dict, method: str):
 @pytest.fixture(scope="session")
 def dt_cfg(serving_workdir, tiny_models):
     return _deployment(serving_workdir, tiny_models, "draft_target")
+
+
+@pytest.fixture(scope="session")
+def dt_engine_cfg(serving_workdir, tiny_models):
+    """Draft-target with ``orchestration: engine``: tensorrt_llm drafts in its own engine."""
+    return _deployment(serving_workdir, tiny_models, "draft_target", name="tiny-dt-engine", orchestration="engine")
 
 
 @pytest.fixture(scope="session")
@@ -68,6 +75,13 @@ def _serve(workdir: Path, cfg, variant: str):
 @pytest.fixture(scope="session")
 def dt_server(serving_workdir, dt_cfg):
     server = _serve(serving_workdir, dt_cfg, "speculative")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def dt_engine_server(serving_workdir, dt_engine_cfg):
+    server = _serve(serving_workdir, dt_engine_cfg, "speculative")
     yield server
     server.stop()
 

@@ -122,14 +122,15 @@ def chain(depth: int) -> list[list[int]]:
 
 
 def make_deployment(workdir: Path, models: dict[str, Path], method: str, name: str | None = None,
-                    decoupled: bool = True, k: int = K) -> Path:
+                    decoupled: bool = True, k: int = K, orchestration: str = "bls") -> Path:
     """Config + engine descriptors + manifest under ``workdir`` (the cwd of later stages)."""
     from pipeline.config import config_hash, load_config  # noqa: PLC0415
 
     name = name or f"tiny-{method.replace('_', '-')}"
     speculation: dict = {"method": method}
     if method == "draft_target":
-        speculation.update(draft={"checkpoint": str(models["draft"]), "dtype": "float32"}, num_draft_tokens=k)
+        speculation.update(draft={"checkpoint": str(models["draft"]), "dtype": "float32"}, num_draft_tokens=k,
+                           orchestration=orchestration)
     elif method == "medusa":
         speculation.update(heads_dir=str(models["medusa"]), num_heads=k)
     elif method == "eagle":

@@ -89,6 +89,41 @@ def grpc_stream(url: str, model: str, inputs: dict, cancel_after: int | None = N
         client.close()
 
 
+class StreamSession:
+    """One gRPC channel and one open stream reused for many requests, one at a time — how a
+    long-lived service (or a Locust user) talks to Triton, so per-request timings exclude channel
+    and stream setup. ``generate`` returns the responses of one request, as :func:`grpc_stream`."""
+
+    def __init__(self, url: str, timeout: float = 120.0):
+        import tritonclient.grpc as grpcclient  # noqa: PLC0415
+
+        self._results: "queue.Queue" = queue.Queue()
+        self._timeout = timeout
+        self._client = grpcclient.InferenceServerClient(url)
+        self._client.start_stream(callback=lambda result, error: self._results.put((result, error)))
+
+    def generate(self, model: str, inputs: dict) -> list[dict]:
+        self._client.async_stream_infer(model, [_infer_input(k, v) for k, v in inputs.items()],
+                                        request_id=uuid.uuid4().hex, enable_empty_final_response=True)
+        responses = []
+        deadline = time.monotonic() + self._timeout
+        while True:
+            result, error = self._results.get(timeout=max(0.1, deadline - time.monotonic()))
+            if error is not None:
+                raise error
+            response = result.get_response()
+            if response.outputs:
+                responses.append({o.name: result.as_numpy(o.name) for o in response.outputs})
+            if response.parameters["triton_final_response"].bool_param:
+                return responses
+
+    def close(self) -> None:
+        try:
+            self._client.stop_stream()
+        finally:
+            self._client.close()
+
+
 def http_generate(http_url: str, model: str, body: dict, stream: bool = False):
     """POST …/generate (one JSON object) or …/generate_stream (list of SSE event objects).
     Returns (status, payload)."""

@@ -13,17 +13,17 @@ import pytest
 
 from pipeline.config import parse_config
 from pipeline.errors import SpecdeployError
-from pipeline.loadtest import _parse_duration, parse_counters, plan_runs, run_loadtest
+from pipeline.loadtest import ArmEndpoint, RunSpec, _parse_duration, check_sweep, parse_counters, plan_runs, run_loadtest, run_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ROOT / "tests" / "fixtures" / "prompts_small.jsonl"
 
 
-def make_cfg(**loadtest):
+def make_cfg(orchestration: str = "bls", **loadtest):
     return parse_config({
         "name": "orch", "backend": "reference",
         "target": {"checkpoint": "builtin:tiny-target", "dtype": "float32"},
-        "speculation": {"method": "draft_target", "num_draft_tokens": 3,
+        "speculation": {"method": "draft_target", "num_draft_tokens": 3, "orchestration": orchestration,
                         "draft": {"checkpoint": "builtin:tiny-draft", "dtype": "float32"}},
         "loadtest": {"transport": "http", "concurrency": [1, 2], "duration_s": 2, "warmup_s": 0.2, "repeats": 1,
                      "max_tokens": 7, "prompts": str(PROMPTS), "stop_timeout_s": 5, **loadtest},
@@ -153,3 +153,22 @@ def test_generate_probe(fakes):
     base, _ = fakes
     assert probe_generate(base.url, "ensemble", {"num_draft_tokens": 3})
     assert not probe_generate("http://127.0.0.1:9", "ensemble", {}, timeout_s=1)
+
+
+@pytest.mark.parametrize("orchestration,model,extra", [
+    ("bls", "tensorrt_llm_bls", {"num_draft_tokens": 3}),
+    ("engine", "ensemble", {}),  # K lives in the engine; the ensemble has no num_draft_tokens input
+])
+def test_speculative_arm_request_shape_follows_orchestration(tmp_path, orchestration, model, extra):
+    from pipeline.render import client_target
+
+    cfg = make_cfg(orchestration)
+    target = client_target(cfg, "speculative")
+    endpoint = ArmEndpoint("speculative", "127.0.0.1:1", target.model_name, target.extra_inputs)
+    settings = run_settings(cfg, RunSpec("speculative", 1, 0, 3), endpoint, tmp_path, "r", [], 2.0, 0.2, None)
+    assert (settings["model_name"], settings["extra_inputs"]) == (model, extra)
+
+
+def test_sweep_needs_bls_orchestration():
+    with pytest.raises(SpecdeployError, match="orchestration 'engine' fixes num_draft_tokens"):
+        check_sweep(make_cfg("engine"), [2, 3])
