@@ -99,19 +99,36 @@ def direct_run(session, ids: list[int], max_tokens: int, end_id) -> int:
 
 def interleaved(runners: dict, prompts: list[str], prompt_ids, rounds: int) -> dict:
     """Alternate the ways of generating prompt by prompt (order reversed every round), so all
-    see the same machine load (these CPUs are shared and noisy)."""
+    see the same machine load (these CPUs are shared and noisy). Besides the totals, each way
+    gets the per-generation speed of every (round, prompt) pair, for paired ratios."""
     for _ in range(2):  # warm-up (first generations pay one-off allocation costs)
         for run in runners.values():
             run(prompts[0], prompt_ids[0])
     totals = {side: [0, 0.0] for side in runners}
+    pairs: dict[str, list[float]] = {side: [] for side in runners}
     for round_index in range(rounds):
         order = list(runners) if round_index % 2 == 0 else list(reversed(runners))
         for prompt, ids in zip(prompts, prompt_ids):
             for side in order:
                 start = time.perf_counter()
-                totals[side][0] += runners[side](prompt, ids)
-                totals[side][1] += time.perf_counter() - start
-    return {side: {"tokens": n, "seconds": sec, "tokens_per_s": n / sec} for side, (n, sec) in totals.items()}
+                tokens = runners[side](prompt, ids)
+                seconds = time.perf_counter() - start
+                totals[side][0] += tokens
+                totals[side][1] += seconds
+                pairs[side].append(tokens / seconds)
+    return {side: {"tokens": n, "seconds": sec, "tokens_per_s": n / sec, "per_generation_tokens_per_s": pairs[side]}
+            for side, (n, sec) in totals.items()}
+
+
+def paired_ratio(sides: dict, side: str) -> dict:
+    """Median and quartiles of served ÷ in-process over generations of the same prompt run back to
+    back (robust to load spikes from other tenants of the machine)."""
+    import statistics
+
+    ratios = sorted(a / b for a, b in zip(sides[side]["per_generation_tokens_per_s"],
+                                          sides["in_process"]["per_generation_tokens_per_s"]))
+    q1, median, q3 = statistics.quantiles(ratios, n=4)
+    return {"median": median, "q1": q1, "q3": q3, "n": len(ratios)}
 
 
 def measure_method(workdir: Path, models: dict, method: str, k: int, prompts: list[str], max_tokens: int,
@@ -158,12 +175,16 @@ def measure_method(workdir: Path, models: dict, method: str, k: int, prompts: li
                 local.engine.shutdown()
             sides["served"].update(model=target.model_name, extra_inputs=target.extra_inputs)
             inproc = sides["in_process"]["tokens_per_s"]
-            result[variant] = {**sides, "served_over_in_process": sides["served"]["tokens_per_s"] / inproc}
+            result[variant] = {**sides, "served_over_in_process": sides["served"]["tokens_per_s"] / inproc,
+                               "served_over_in_process_paired": paired_ratio(sides, "served")}
             if "served_direct" in sides:
                 result[variant]["served_direct_over_in_process"] = sides["served_direct"]["tokens_per_s"] / inproc
+                result[variant]["served_direct_over_in_process_paired"] = paired_ratio(sides, "served_direct")
+            paired = result[variant]["served_over_in_process_paired"]
             print(f"{method:16s} {variant:11s} in-process {inproc:7.1f} tok/s  served {sides['served']['tokens_per_s']:7.1f} "
-                  f"tok/s  ratio {result[variant]['served_over_in_process']:.3f}  (direct "
-                  f"{result[variant].get('served_direct_over_in_process', float('nan')):.3f})", file=sys.stderr)
+                  f"tok/s  ratio {result[variant]['served_over_in_process']:.3f} (paired median {paired['median']:.3f} "
+                  f"[{paired['q1']:.3f}, {paired['q3']:.3f}])  direct "
+                  f"{result[variant].get('served_direct_over_in_process', float('nan')):.3f}", file=sys.stderr)
         result["orchestration"] = ("engine" if drafts_in_engine(cfg) else "bls") if cfg.method == "draft_target" else None
         result["speedup_served"] = result["speculative"]["served"]["tokens_per_s"] / result["baseline"]["served"]["tokens_per_s"]
         result["speedup_in_process"] = (result["speculative"]["in_process"]["tokens_per_s"]
@@ -197,6 +218,9 @@ def main() -> None:
                 "arm) vs in-process, per arm, measured interleaved prompt by prompt; speculative speedup through "
                 "Triton; served_direct = tensorrt_llm called with token ids (diagnostic, no ensemble hop)",
         "target_served_over_in_process": 0.9,
+        "statistics": "served_over_in_process = total served tokens/s ÷ total in-process tokens/s; "
+                      "served_over_in_process_paired = median [q1, q3] of the per-prompt ratios of generations run "
+                      "back to back (robust to load spikes on a shared machine)",
         "source": args.source, "num_draft_tokens": k, "prompts": len(prompts), "rounds": args.rounds, "max_tokens": args.max_tokens,
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
                  "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
