@@ -231,6 +231,8 @@ class EagleProposer:
                  choices: list[list[int]] | None = None):
         self.head = head
         self.choices = sort_choices(choices) if choices else None
+        if self.choices and self.choices == [[0] * d for d in range(1, len(self.choices) + 1)]:
+            depth, self.choices = len(self.choices), None  # [[0], [0, 0], …] is a chain: same drafts, cheaper
         self.depth = max(len(c) for c in self.choices) if self.choices else depth
         if self.choices:
             validate_choices(self.choices, self.depth)
