@@ -1,6 +1,7 @@
 """Reference-engine benchmark: runs ``specdeploy bench`` on the three tiny CPU configs (those that
 exist) and writes ``benchmarks/results/engine.json`` — {config: bench report}. Speed is measured
-here, never in tests. Usage: ``python benchmarks/bench_engine.py [--prompts N] [--max-tokens N]``.
+here, never in tests. Usage: ``python benchmarks/bench_engine.py [--prompts N] [--max-tokens N]
+[--only NAME ...]`` (``--only``: re-measure those configs, keep the file's other entries).
 """
 
 from __future__ import annotations
@@ -23,12 +24,16 @@ def main() -> None:
     parser.add_argument("--int8", action="store_true", help="also measure the int8 weight-only target")
     parser.add_argument("--draft-int8", action="store_true", help="also measure int8 draft-side weights")
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "engine.json")
+    parser.add_argument("--only", action="append", choices=CONFIGS, metavar="NAME",
+                        help="re-measure only this config (repeatable); the output file's other entries are kept")
     args = parser.parse_args()
 
     from pipeline.reference.bench import run_bench
 
     reports = {}
-    for name in CONFIGS:
+    if args.only and args.output.is_file():
+        reports = json.loads(args.output.read_text(encoding="utf-8"))
+    for name in args.only or CONFIGS:
         path = ROOT / "configs" / f"{name}.yaml"
         if not path.is_file():
             print(f"skip {name}: no {path}", file=sys.stderr)
