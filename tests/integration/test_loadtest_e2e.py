@@ -1,6 +1,9 @@
-"""End to end on the tiny CPU deployment (configs/tiny-cpu-draft-target.yaml): build → render →
-``run_loadtest`` (both arms' real tritonservers, Locust gRPC streaming subprocesses, concurrency
-1 and 2, one repeat of a few seconds) → raw records, Prometheus deltas, report files, a verdict."""
+"""End to end on the tiny CPU deployment (configs/tiny-cpu-draft-target.yaml, with upstream's
+BLS orchestration — the speculative arm sends ``num_draft_tokens`` to ``tensorrt_llm_bls``):
+build → render → ``run_loadtest`` (both arms' real tritonservers, Locust gRPC streaming
+subprocesses, concurrency 1 and 2, one repeat of a few seconds) → raw records, Prometheus deltas,
+report files, a verdict. (The config's own ``orchestration: engine`` is what ``specdeploy run``
+exercises; the ensemble path is the same as Medusa's and EAGLE's.)"""
 
 from __future__ import annotations
 
@@ -21,7 +24,12 @@ def test_loadtest_end_to_end_on_tiny_cpu_deployment(tmp_path, monkeypatch):
     from pipeline.loadtest import run_loadtest
     from pipeline.render import render
 
-    cfg = load_config(ROOT / "configs" / "tiny-cpu-draft-target.yaml")
+    import yaml
+
+    data = yaml.safe_load((ROOT / "configs" / "tiny-cpu-draft-target.yaml").read_text())
+    data["speculation"]["orchestration"] = "bls"
+    (tmp_path / "tiny-cpu-draft-target-bls.yaml").write_text(yaml.safe_dump(data))
+    cfg = load_config(tmp_path / "tiny-cpu-draft-target-bls.yaml")
     monkeypatch.chdir(tmp_path)  # engines/ and reports/ go under tmp_path
     build(cfg, progress=False)
     render(cfg)
