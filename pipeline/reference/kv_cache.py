@@ -72,26 +72,35 @@ class SlotCache:
 
 
 class PrefixCache:
-    """LRU of finished sequences' KV rows, keyed by the tokens the rows encode."""
+    """LRU of finished sequences' KV rows, keyed by the tokens the rows encode. An entry that a
+    newer one extends (its key is a prefix of the newer key) is dropped when the newer one is
+    stored: the newer rows serve every lookup the older ones could (draft-target orchestration
+    re-sends a growing context every round, which would otherwise fill the LRU with copies of one
+    conversation)."""
 
     def __init__(self, entries: int):
         self.entries = entries
         self._store: OrderedDict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
 
+    def __len__(self) -> int:
+        return len(self._store)
+
     def put(self, tokens: list[int], cache: SlotCache) -> None:
         if self.entries <= 0 or cache.length == 0:
             return
         key = tuple(tokens[: cache.length])
+        for old in [k for k in self._store if len(k) <= len(key) and key[: len(k)] == k]:
+            del self._store[old]
         self._store[key] = cache.export(cache.length)
-        self._store.move_to_end(key)
         while len(self._store) > self.entries:
             self._store.popitem(last=False)
 
     def restore(self, tokens: list[int], cache: SlotCache, limit: int) -> int:
         """Copy the longest stored prefix of ``tokens[:limit]`` into ``cache``; return its length."""
+        wanted = tuple(tokens[:limit])
         best_key, best_len = None, 0
         for key in self._store:
-            n = _common_prefix(key, tokens, limit)
+            n = common_prefix_length(key, wanted)
             if n > best_len:
                 best_key, best_len = key, n
         if best_key is None:
@@ -102,9 +111,17 @@ class PrefixCache:
         return best_len
 
 
-def _common_prefix(key: tuple[int, ...], tokens: list[int], limit: int) -> int:
-    n = min(len(key), len(tokens), limit)
-    i = 0
-    while i < n and key[i] == tokens[i]:
-        i += 1
-    return i
+def common_prefix_length(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """Length of the longest common prefix, by tuple-slice comparisons (C speed) and bisection
+    instead of a Python loop over tokens."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
