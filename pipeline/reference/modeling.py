@@ -9,7 +9,8 @@ One forward call processes a *ragged batch*: per sequence a few new tokens with 
 positions and a causal or tree mask, attending to that sequence's slot in a preallocated
 :class:`~pipeline.reference.kv_cache.KVPool`. The new rows are written at ``cache.length …`` and
 the length advanced; callers roll back what they reject. Per-layer framework overhead dominates on
-CPU, so QKV and gate/up projections are fused and masks are built once per step.
+CPU, so QKV and gate/up projections are fused and masks are built once per step; the EAGLE head
+also has a lean one-sequence drafting path (:meth:`EagleHead.extend`, :class:`LeanEagleStep`).
 """
 
 from __future__ import annotations
