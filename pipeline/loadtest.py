@@ -114,7 +114,7 @@ def sends_draft_len(cfg: DeploymentConfig) -> bool:
 def check_sweep(cfg: DeploymentConfig, sweep: list[int]) -> None:
     if not sweep:
         return
-    if cfg.method == "draft_target" and not sends_draft_len(cfg):
+    if drafts_in_engine(cfg):
         raise LoadTestError(
             "--sweep-draft-len: speculation.orchestration 'engine' fixes num_draft_tokens in the engine; "
             "per-request draft lengths need orchestration 'bls'"

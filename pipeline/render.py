@@ -130,7 +130,7 @@ def llm_models(cfg: DeploymentConfig, manifest: dict, variant: str) -> list[LlmS
     method = cfg.method
     if variant == "baseline":
         return [LlmSettings("tensorrt_llm", _engine(manifest, "baseline"), cfg.triton.decoupled)]
-    if method == "draft_target" and drafts_in_engine(cfg):
+    if drafts_in_engine(cfg):
         # decoupled like the baseline's, so the ensemble streams; the BLS handles either policy
         return [
             LlmSettings("tensorrt_llm", _engine(manifest, "speculative"), cfg.triton.decoupled,
@@ -503,12 +503,17 @@ def _check_ensemble(repo, name, config, configs, problems, warnings) -> None:
             problems.append(f"{where}: dtype mismatch on ensemble output {out_name!r}")
 
 
+def _reference_descriptor(engine_dir: str) -> dict | None:
+    """A reference engine's ``engine.json``, or None for any other engine directory."""
+    descriptor = Path(engine_dir) / "engine.json"
+    return json.loads(descriptor.read_text()) if descriptor.is_file() else None
+
+
 def _engine_method(engine_dir: str, backend: str | None) -> str | None:
     """The speculation method an engine was built for, when its files say so."""
     path = Path(engine_dir)
-    descriptor = path / "engine.json"
-    if descriptor.is_file():
-        data = json.loads(descriptor.read_text())
+    data = _reference_descriptor(engine_dir)
+    if data is not None:
         return data.get("proposer", {}).get("method", "none") if data.get("role") != "target" else "draft_target"
     config = path / "config.json"
     if config.is_file():
@@ -520,10 +525,7 @@ def _engine_method(engine_dir: str, backend: str | None) -> str | None:
 
 def _engine_drafts_itself(engine_dir: str) -> bool:
     """A reference engine that verifies external drafts and also drafts with its own draft model."""
-    descriptor = Path(engine_dir) / "engine.json"
-    if not descriptor.is_file():
-        return False
-    data = json.loads(descriptor.read_text())
+    data = _reference_descriptor(engine_dir) or {}
     return data.get("role") == "speculative" and data.get("proposer", {}).get("method") == "draft_target"
 
 

@@ -64,40 +64,34 @@ def medusa_cfg(serving_workdir, tiny_models):
     return _deployment(serving_workdir, tiny_models, "medusa")
 
 
-def _serve(workdir: Path, cfg, variant: str):
+def _served(workdir: Path, cfg, variant: str):
+    """Start one deployment's server for a session fixture; stop it when the session ends."""
     from pipeline.serve import start_deployment
 
     with in_dir(workdir):
         server = start_deployment(cfg, variant)
-    return server
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")
 def dt_server(serving_workdir, dt_cfg):
-    server = _serve(serving_workdir, dt_cfg, "speculative")
-    yield server
-    server.stop()
+    yield from _served(serving_workdir, dt_cfg, "speculative")
 
 
 @pytest.fixture(scope="session")
 def dt_engine_server(serving_workdir, dt_engine_cfg):
-    server = _serve(serving_workdir, dt_engine_cfg, "speculative")
-    yield server
-    server.stop()
+    yield from _served(serving_workdir, dt_engine_cfg, "speculative")
 
 
 @pytest.fixture(scope="session")
 def medusa_server(serving_workdir, medusa_cfg):
-    server = _serve(serving_workdir, medusa_cfg, "speculative")
-    yield server
-    server.stop()
+    yield from _served(serving_workdir, medusa_cfg, "speculative")
 
 
 @pytest.fixture(scope="session")
 def baseline_server(serving_workdir, dt_cfg):
-    server = _serve(serving_workdir, dt_cfg, "baseline")
-    yield server
-    server.stop()
+    yield from _served(serving_workdir, dt_cfg, "baseline")
 
 
 @pytest.fixture(scope="session")

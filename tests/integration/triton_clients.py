@@ -56,43 +56,10 @@ def grpc_infer(url: str, model: str, inputs: dict, outputs: list[str] | None = N
         client.close()
 
 
-def grpc_stream(url: str, model: str, inputs: dict, cancel_after: int | None = None, timeout: float = 120.0,
-                request_id: str | None = None, on_response=None):
-    """Stream API (as upstream's end_to_end_grpc_client): list of {output: numpy} per response;
-    an error raises. ``cancel_after`` N: cancel the stream after N responses."""
-    import tritonclient.grpc as grpcclient  # noqa: PLC0415
-
-    results: "queue.Queue" = queue.Queue()
-    client = grpcclient.InferenceServerClient(url)
-    responses = []
-    try:
-        client.start_stream(callback=lambda result, error: results.put((result, error)))
-        client.async_stream_infer(model, [_infer_input(k, v) for k, v in inputs.items()],
-                                  request_id=request_id or uuid.uuid4().hex, enable_empty_final_response=True)
-        deadline = time.monotonic() + timeout
-        while True:
-            result, error = results.get(timeout=max(0.1, deadline - time.monotonic()))
-            if error is not None:
-                raise error
-            response = result.get_response()
-            final = response.parameters["triton_final_response"].bool_param
-            if response.outputs:
-                responses.append({o.name: result.as_numpy(o.name) for o in response.outputs})
-                if on_response is not None and len(responses) == 1:
-                    on_response()
-            if cancel_after is not None and len(responses) >= cancel_after:
-                client.stop_stream(cancel_requests=True)
-                return responses
-            if final:
-                return responses
-    finally:
-        client.close()
-
-
 class StreamSession:
     """One gRPC channel and one open stream reused for many requests, one at a time — how a
     long-lived service (or a Locust user) talks to Triton, so per-request timings exclude channel
-    and stream setup. ``generate`` returns the responses of one request, as :func:`grpc_stream`."""
+    and stream setup."""
 
     def __init__(self, url: str, timeout: float = 120.0):
         import tritonclient.grpc as grpcclient  # noqa: PLC0415
@@ -100,11 +67,18 @@ class StreamSession:
         self._results: "queue.Queue" = queue.Queue()
         self._timeout = timeout
         self._client = grpcclient.InferenceServerClient(url)
-        self._client.start_stream(callback=lambda result, error: self._results.put((result, error)))
+        try:
+            self._client.start_stream(callback=lambda result, error: self._results.put((result, error)))
+        except Exception:
+            self._client.close()
+            raise
 
-    def generate(self, model: str, inputs: dict) -> list[dict]:
+    def generate(self, model: str, inputs: dict, request_id: str | None = None, cancel_after: int | None = None,
+                 on_response=None) -> list[dict]:
+        """The responses of one request, {output: numpy} each; an error raises. ``cancel_after`` N:
+        cancel the stream after N responses (the session cannot be used after that)."""
         self._client.async_stream_infer(model, [_infer_input(k, v) for k, v in inputs.items()],
-                                        request_id=uuid.uuid4().hex, enable_empty_final_response=True)
+                                        request_id=request_id or uuid.uuid4().hex, enable_empty_final_response=True)
         responses = []
         deadline = time.monotonic() + self._timeout
         while True:
@@ -114,14 +88,28 @@ class StreamSession:
             response = result.get_response()
             if response.outputs:
                 responses.append({o.name: result.as_numpy(o.name) for o in response.outputs})
+                if on_response is not None and len(responses) == 1:
+                    on_response()
+            if cancel_after is not None and len(responses) >= cancel_after:
+                self._client.stop_stream(cancel_requests=True)
+                return responses
             if response.parameters["triton_final_response"].bool_param:
                 return responses
 
     def close(self) -> None:
-        try:
-            self._client.stop_stream()
-        finally:
-            self._client.close()
+        self._client.close()
+
+
+def grpc_stream(url: str, model: str, inputs: dict, cancel_after: int | None = None, timeout: float = 120.0,
+                request_id: str | None = None, on_response=None):
+    """Stream API (as upstream's end_to_end_grpc_client), one request on its own stream: list of
+    {output: numpy} per response; an error raises. ``cancel_after`` N: cancel the stream after N
+    responses."""
+    session = StreamSession(url, timeout)
+    try:
+        return session.generate(model, inputs, request_id, cancel_after, on_response)
+    finally:
+        session.close()
 
 
 def http_generate(http_url: str, model: str, body: dict, stream: bool = False):
