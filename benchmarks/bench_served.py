@@ -127,7 +127,7 @@ def paired_ratio(sides: dict, side: str) -> dict:
 
     ratios = sorted(a / b for a, b in zip(sides[side]["per_generation_tokens_per_s"],
                                           sides["in_process"]["per_generation_tokens_per_s"]))
-    q1, median, q3 = statistics.quantiles(ratios, n=4)
+    q1, median, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
     return {"median": median, "q1": q1, "q3": q3, "n": len(ratios)}
 
 
