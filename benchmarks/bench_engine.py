@@ -42,7 +42,7 @@ def main() -> None:
         reports[name] = run_bench(path, prompts_per_category=args.prompts, max_tokens=args.max_tokens,
                                   peer=peer, int8=args.int8, draft_int8=args.draft_int8)
         for row in reports[name]["summary"]:
-            print(f"{name}: {row['method']} batch {row['batch']}: {row['speedup']:.2f}x "
+            print(f"{name}: {row['method']} batch {row['batch']} {row['scope']}: {row['speedup']:.2f}x "
                   f"({row['tokens_per_s']:.0f} vs {row['baseline_tokens_per_s']:.0f} tok/s)", file=sys.stderr)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(reports, indent=2) + "\n", encoding="utf-8")

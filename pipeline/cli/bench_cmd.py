@@ -23,7 +23,8 @@ def _table(report: dict) -> str:
                      f"{r['baseline_tokens_per_s']:>9.1f}{r['speedup']:>8.2f}x{r['acceptance_rate']:>8.2f}"
                      f"{r['mean_acceptance_length']:>7.2f}{r['efficiency']:>7.2f}{r['speedup_cpu']:>7.2f}  {'yes' if r['outputs_match'] else 'NO'}")
     for s in report["summary"]:
-        lines.append(f"all categories: {s['method']} batch {s['batch']}: {s['tokens_per_s']:.1f} tok/s vs "
+        scope = "all categories" if s.get("scope", "all") == "all" else "in-domain"
+        lines.append(f"{scope}: {s['method']} batch {s['batch']}: {s['tokens_per_s']:.1f} tok/s vs "
                      f"{s['baseline_tokens_per_s']:.1f} -> {s['speedup']:.2f}x (per CPU-second {s['speedup_cpu']:.2f}x)")
     peer = report.get("peer")
     if peer and "skipped" not in peer:

@@ -270,6 +270,23 @@ class DecoderLayer:
         self.qkv, self.o = int8_copy(self.qkv), int8_copy(self.o)
         self.gate_up, self.down = int8_copy(self.gate_up), int8_copy(self.down)
 
+    def decode_one(self, x: torch.Tensor, layer: int, cache: SlotCache, position: int,
+                   rotary: "Rotary") -> torch.Tensor:
+        """One row ``x [1, H]`` of one sequence at ``position`` (its K/V row written there; the
+        caller claimed it): the lean path, no mask or index tensors."""
+        s = self.shape
+        h = x if self.input_norm is None else F.rms_norm(x, (x.shape[-1],), self.input_norm, s.rms_norm_eps)
+        qkv = self.qkv(h).view(1, s.num_heads + 2 * s.num_kv_heads, s.head_dim)
+        qk = rotary.apply_rows(qkv[:, : s.num_heads + s.num_kv_heads], position)  # [1, heads+kv, hd]
+        keys, values = cache.pool.k[layer, cache.slot], cache.pool.v[layer, cache.slot]  # [rows, kv, hd]
+        keys[position] = qk[0, s.num_heads :]
+        values[position] = qkv[0, s.num_heads + s.num_kv_heads :]
+        q = qk[0, : s.num_heads] * s.head_dim ** -0.5
+        attn = _attend_last(q, keys[: position + 1], values[: position + 1], s.num_kv_heads)  # [1, heads*hd]
+        x = x + self.o(attn)
+        gate, up = self.gate_up(F.rms_norm(x, (x.shape[-1],), self.post_norm, s.rms_norm_eps)).chunk(2, -1)
+        return x + self.down(F.silu(gate) * up)
+
     def __call__(self, x: torch.Tensor, layer: int, step: "StepTensors", rope: tuple) -> torch.Tensor:
         s = self.shape
         batch, width, _ = x.shape
@@ -331,7 +348,11 @@ class StepTensors:
         self.single = batch == 1
         self.mask = self._mask(inputs, starts, width)
         if not self.single:
-            self.slot_index = torch.tensor(self.slots, dtype=torch.long)
+            # slots lo, lo+1, … in batch order (the forward sorts the batch by slot): the keys
+            # are a view of the pool; otherwise a gather copies every sequence's rows per layer
+            lo = self.slots[0]
+            self.slot_range = slice(lo, lo + batch) if self.slots == list(range(lo, lo + batch)) else None
+            self.slot_index = torch.arange(batch) if self.slot_range else torch.tensor(self.slots, dtype=torch.long)
             self.rows = torch.tensor(starts, dtype=torch.long)[:, None] + torch.arange(width)[None, :]
 
     def _mask(self, inputs: list[StepInput], starts: list[int], width: int) -> torch.Tensor | None:
@@ -361,11 +382,25 @@ class StepTensors:
             keys = pk[slot, : self.key_len].unsqueeze(0)
             values = pv[slot, : self.key_len].unsqueeze(0)
         else:
+            if self.slot_range is not None:
+                pk, pv = pk[self.slot_range], pv[self.slot_range]  # views
             pk[self.slot_index[:, None], self.rows] = k
             pv[self.slot_index[:, None], self.rows] = v
-            keys = pk[self.slot_index, : self.key_len]
-            values = pv[self.slot_index, : self.key_len]
+            if self.slot_range is not None:
+                keys, values = pk[:, : self.key_len], pv[:, : self.key_len]
+            else:
+                keys = pk[self.slot_index, : self.key_len]
+                values = pv[self.slot_index, : self.key_len]
         return keys.transpose(1, 2), values.transpose(1, 2)
+
+
+def slot_order(inputs: list[StepInput]) -> tuple[list[StepInput], torch.Tensor | None]:
+    """The batch sorted by KV slot (so :class:`StepTensors` can read keys through a view) and
+    the index that puts rows computed in that order back in the caller's order (None: same)."""
+    order = sorted(range(len(inputs)), key=lambda b: inputs[b].cache.slot)
+    if order == list(range(len(inputs))):
+        return inputs, None
+    return [inputs[b] for b in order], torch.tensor(order).argsort()
 
 
 def advance(inputs: list[StepInput]) -> None:
@@ -405,12 +440,28 @@ class LlamaModel:
         return KVPool(s.num_layers, slots, max_rows, s.num_kv_heads, s.head_dim, self.dtype)
 
     def forward(self, pool: KVPool, inputs: list[StepInput]) -> torch.Tensor:
-        step = StepTensors(pool, inputs)
+        ordered, restore = slot_order(inputs)
+        step = StepTensors(pool, ordered)
         x = self.embed[step.ids]  # [B, T, H]
         rope = self.rotary.tables(step.positions)
         for i, layer in enumerate(self.layers):
             x = layer(x, i, step, rope)
         advance(inputs)
+        hidden = F.rms_norm(x, (x.shape[-1],), self.norm, self.shape.rms_norm_eps)
+        return hidden if restore is None else hidden[restore]
+
+    def decode(self, cache: SlotCache, tokens: list[int]) -> torch.Tensor:
+        """One sequence, its next ``tokens`` one row at a time through the lean per-layer path
+        (:meth:`DecoderLayer.decode_one`) → the final hidden state of the last one ``[1, H]``.
+        For drafting, where per-op overhead dominates: same maths as :meth:`forward`, other
+        kernels and summation order (not bit-identical, which drafts need not be)."""
+        if not tokens:
+            raise ValueError("decode needs at least one token")
+        for token in tokens:
+            position, _ = _claim_rows(cache, 1)
+            x = self.embed[token : token + 1]  # [1, H]
+            for i, layer in enumerate(self.layers):
+                x = layer.decode_one(x, i, cache, position, self.rotary)
         return F.rms_norm(x, (x.shape[-1],), self.norm, self.shape.rms_norm_eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -480,11 +531,14 @@ class EagleHead:
 
     def forward(self, pool: KVPool, inputs: list[StepInput], features: torch.Tensor) -> torch.Tensor:
         """features [B, T, H] (padded like the tokens) → predicted next features [B, T, H]."""
-        step = StepTensors(pool, inputs)
+        ordered, restore = slot_order(inputs)
+        step = StepTensors(pool, ordered)
+        if restore is not None:
+            features = features[restore.argsort()]  # into slot order
         x = self.token_rows[step.ids] + self.fc_features(features)
         h = self.layer(x, 0, step, self.rotary.tables(step.positions))
         advance(inputs)
-        return h
+        return h if restore is None else h[restore]
 
     def extend(self, cache: SlotCache, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
         """The lean one-sequence path: append pairs (features[i], tokens[i]) ``[n, H]`` at rotary

@@ -1,6 +1,7 @@
 """Proposers: who drafts tokens for the target to verify. One protocol for the three methods:
 
-- :class:`DraftModelProposer` — a smaller Llama with its own KV pool (draft-target);
+- :class:`DraftModelProposer` — a smaller Llama with its own KV pool (draft-target); a lone
+  sequence drafts through the lean :meth:`LlamaModel.decode` path;
 - :class:`MedusaProposer` — Medusa heads on the target's last final hidden state (no extra
   forward); a chain of top-1 (or sampled) tokens per head by default, or a static tree from
   ``choices`` (upstream semantics: a choice is a path of top-k indices, [0, 1] = 2nd best at
@@ -69,6 +70,9 @@ def _stack_probs(rows: list[torch.Tensor | None]) -> torch.Tensor | None:
 # ----------------------------------------------------------------------------------------------
 
 
+LEAN_DRAFT_ROWS = 2  # a verify round leaves at most 2 tokens to catch up (last draft + bonus)
+
+
 @dataclass
 class _DraftState:
     cache: SlotCache
@@ -102,15 +106,7 @@ class DraftModelProposer:
             feed[i] = seqs[i].tokens[state.cache.length :]
         step = 0
         while rows:
-            inputs = []
-            for i in rows:
-                state = seqs[i].proposer_state
-                start = state.cache.length
-                inputs.append(StepInput(state.cache, feed[i], list(range(start, start + len(feed[i])))))
-                state.cached_tokens.extend(feed[i])
-            hidden = self.model.forward(self.pool, inputs)  # [B, T, H]
-            last = torch.stack([hidden[b, len(feed[i]) - 1] for b, i in enumerate(rows)])
-            logits = self.model.logits(last)  # [B, vocab]
+            logits = self._draft_logits(seqs, rows, feed)  # [B, vocab]
             for b, i in enumerate(rows):
                 token, dist = choose(logits[b], seqs[i].params, seqs[i].generator)
                 proposals[i].tokens.append(token)
@@ -121,6 +117,22 @@ class DraftModelProposer:
         for i, rows_probs in probs.items():
             proposals[i].draft_probs = _stack_probs(rows_probs)
         return proposals
+
+    def _draft_logits(self, seqs: list["SeqState"], rows: list[int], feed: dict[int, list[int]]) -> torch.Tensor:
+        """Append each row's ``feed`` to its draft cache → next-token logits ``[B, vocab]``. A lone
+        sequence with at most :data:`LEAN_DRAFT_ROWS` new tokens takes the lean one-row path
+        (:meth:`LlamaModel.decode`; batch 1 is where per-op overhead dominates); a prompt's
+        catch-up and several sequences share one ragged forward."""
+        for i in rows:
+            seqs[i].proposer_state.cached_tokens.extend(feed[i])
+        if len(rows) == 1 and len(feed[rows[0]]) <= LEAN_DRAFT_ROWS:
+            return self.model.logits(self.model.decode(seqs[rows[0]].proposer_state.cache, feed[rows[0]]))
+        inputs = []
+        for i in rows:
+            start = seqs[i].proposer_state.cache.length
+            inputs.append(StepInput(seqs[i].proposer_state.cache, feed[i], list(range(start, start + len(feed[i])))))
+        hidden = self.model.forward(self.pool, inputs)  # [B, T, H]
+        return self.model.logits(torch.stack([hidden[b, len(feed[i]) - 1] for b, i in enumerate(rows)]))
 
     def accept(self, seq: "SeqState") -> None:
         state = seq.proposer_state

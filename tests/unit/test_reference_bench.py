@@ -63,3 +63,23 @@ def test_bench_medusa_table_and_errors(tmp_path, capsys):
     none_cfg = _config(tmp_path / "n", "{method: none}") if (tmp_path / "n").mkdir() is None else None
     with pytest.raises(SpecdeployError, match="nothing to compare"):
         run(["bench", str(none_cfg), "--prompts", "1"])
+
+
+def _result(category: str, tokens_per_s: float, baseline: float, batch: int = 1) -> dict:
+    return {"method": "medusa", "batch": batch, "category": category, "tokens": 100, "baseline_tokens": 100,
+            "tokens_per_s": tokens_per_s, "baseline_tokens_per_s": baseline,
+            "cpu_tokens_per_s": tokens_per_s, "baseline_cpu_tokens_per_s": baseline,
+            "acceptance_rate": 0.5, "mean_acceptance_length": 2.0, "outputs_match": True}
+
+
+def test_summary_pools_all_categories_and_in_domain_ones_separately():
+    from pipeline.reference.bench import summarize
+
+    rows = [_result("code", 400, 100), _result("prose", 200, 100), _result("ood", 100, 100)]
+    by_scope = {s["scope"]: s for s in summarize(rows)}
+    # pooled = total tokens / total seconds: 300 / (0.25 + 0.5 + 1.0) vs 300 / 3.0
+    assert by_scope["all"]["speedup"] == pytest.approx((300 / 1.75) / 100, abs=1e-3)
+    assert by_scope["in_domain"]["speedup"] == pytest.approx((200 / 0.75) / 100, abs=1e-3)
+    assert by_scope["in_domain"]["categories"] == ["code", "prose"]
+    # no out-of-domain category in the prompt set: one scope only
+    assert [s["scope"] for s in summarize(rows[:2])] == ["all"]

@@ -173,3 +173,49 @@ def test_int8_rows_are_independent_so_speculation_stays_lossless(ckpt, tmp_path)
     finally:
         base.shutdown()
         spec.shutdown()
+
+
+@pytest.mark.parametrize("slots", [[0, 1, 2], [2, 1, 0], [1, 0, 2], [3, 0, 5]],
+                         ids=["ascending", "reversed", "shuffled", "with-gaps"])
+@torch.inference_mode()
+def test_a_ragged_batch_in_any_slot_order_equals_each_sequence_alone(ckpt, slots):
+    """Batched steps read keys through a pool view when the slots are contiguous (the batch is
+    sorted by slot, then put back) and gather them otherwise: either way each row is what the
+    sequence gets alone, and its K/V rows land in its own slot."""
+    model = LlamaModel(ckpt["target"])
+    prompts = random_prompts(3, seed=11, min_len=5, max_len=9)
+    news = [[7], [8, 9, 10], [11, 12]]  # ragged widths
+    pool = model.new_pool(6, 64)
+    pool._free = [s for s in range(6) if s not in slots][::-1] + slots[::-1]
+    caches = [pool.allocate() for _ in slots]
+    assert [c.slot for c in caches] == slots
+    for cache, prompt in zip(caches, prompts):
+        model.forward(pool, [StepInput(cache, prompt, list(range(len(prompt))))])
+    batched = model.forward(pool, [StepInput(c, n, list(range(c.length, c.length + len(n))))
+                                   for c, n in zip(caches, news)])
+    for b, (cache, prompt, new) in enumerate(zip(caches, prompts, news)):
+        alone_pool, alone_cache, _ = _prefill(model, prompt)
+        alone = model.forward(alone_pool, [StepInput(alone_cache, new, list(range(len(prompt), len(prompt) + len(new))))])
+        torch.testing.assert_close(batched[b, : len(new)], alone[0], atol=1e-5, rtol=1e-5)
+        rows = len(prompt) + len(new)
+        torch.testing.assert_close(pool.k[:, cache.slot, :rows], alone_pool.k[:, alone_cache.slot, :rows], atol=1e-5, rtol=1e-5)
+
+
+@torch.inference_mode()
+def test_lean_decode_matches_the_batched_forward(ckpt):
+    """``LlamaModel.decode`` (the lone-sequence drafting path, one row at a time, no masks) gives
+    the hidden state and K/V rows the general forward gives, to float rounding."""
+    model = LlamaModel(ckpt["target"])
+    prompt = random_prompts(1, seed=12, min_len=9, max_len=9)[0]
+    pool = model.new_pool(2, 64)
+    general, lean = pool.allocate(), pool.allocate()
+    for cache in (general, lean):
+        model.forward(pool, [StepInput(cache, prompt, list(range(len(prompt))))])
+    expected = model.forward(pool, [StepInput(general, [5, 6, 7], [9, 10, 11])])[0, -1]
+    got = model.decode(lean, [5, 6, 7])
+    assert got.shape == (1, model.shape.hidden_size) and lean.length == general.length == 12
+    torch.testing.assert_close(got[0], expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(pool.k[:, lean.slot, :12], pool.k[:, general.slot, :12], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(pool.v[:, lean.slot, :12], pool.v[:, general.slot, :12], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="at least one token"):
+        model.decode(lean, [])
