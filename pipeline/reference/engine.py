@@ -10,7 +10,7 @@ requests join the batch between iterations and leave as soon as they finish. Eac
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import json
 import queue
 import threading
@@ -205,7 +205,10 @@ class ReferenceEngine:
 
 
 def _copy_stats(stats: RequestStats) -> RequestStats:
-    return copy.deepcopy(stats)
+    """A snapshot for a chunk (every step sends one: a shallow copy plus the two lists, not
+    ``copy.deepcopy``, which cost ~10x more)."""
+    return dataclasses.replace(stats, accepted_per_position=list(stats.accepted_per_position),
+                               drafted_per_position=list(stats.drafted_per_position))
 
 
 # ----------------------------------------------------------------------------------------------
