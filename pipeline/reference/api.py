@@ -20,7 +20,7 @@ Semantics (contract §5):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator, Literal, Protocol
+from typing import Callable, Iterator, Literal, Protocol
 
 FinishReason = Literal["length", "end_id", "stop_word", "cancelled", "error"]
 
@@ -87,6 +87,7 @@ class Chunk:
     finish_reason: FinishReason | None = None
     stats: RequestStats | None = None  # cumulative, present on every chunk
     error: str | None = None
+    payload: object = None  # what the submitter's ``on_chunk`` made of it (in the engine thread)
 
 
 @dataclass
@@ -121,7 +122,11 @@ class Engine(Protocol):
     max_batch_size: int
     max_seq_len: int
 
-    def submit(self, request: GenerationRequest) -> RequestHandle: ...
+    def submit(self, request: GenerationRequest, on_chunk: Callable[[Chunk], object] | None = None) -> RequestHandle:
+        """Queue a request. ``on_chunk`` runs in the engine thread on every chunk before it is
+        handed over, its result stored as ``chunk.payload`` (an exception leaves it None): the
+        Triton model builds its responses there, so the thread that sends them holds the
+        interpreter lock only briefly while the engine decodes."""
 
     def generate(self, request: GenerationRequest) -> GenerationResult: ...
 

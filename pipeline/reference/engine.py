@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -41,15 +41,21 @@ ROLES = ("baseline", "target", "draft", "speculative")
 class Handle:
     """A request's stream of chunks (see :class:`pipeline.reference.api.RequestHandle`)."""
 
-    def __init__(self, engine: "ReferenceEngine", seq: SeqState):
+    def __init__(self, engine: "ReferenceEngine", seq: SeqState, on_chunk: Callable[[Chunk], object] | None = None):
         self.request_id = seq.request.request_id
         self._engine = engine
         self._seq = seq
-        self._queue: "queue.Queue[Chunk]" = queue.Queue()
+        self._on_chunk = on_chunk
+        self._queue: "queue.SimpleQueue[Chunk]" = queue.SimpleQueue()
         self._tokens: list[int] = []
         self._final: Chunk | None = None
 
     def _put(self, chunk: Chunk) -> None:
+        if self._on_chunk is not None:
+            try:
+                chunk.payload = self._on_chunk(chunk)
+            except Exception:  # noqa: BLE001 - the consumer sees payload None and builds its own
+                chunk.payload = None
         self._queue.put(chunk)
 
     def chunks(self, timeout: float | None = None) -> Iterator[Chunk]:
@@ -99,14 +105,14 @@ class ReferenceEngine:
 
     # -- public API ------------------------------------------------------------------------
 
-    def submit(self, request: GenerationRequest) -> Handle:
+    def submit(self, request: GenerationRequest, on_chunk: Callable[[Chunk], object] | None = None) -> Handle:
         self.scheduler.check(request)
         if not request.request_id:
             request.request_id = uuid.uuid4().hex
         seq = SeqState(request=request, params=request.sampling, generator=make_generator(request.sampling.seed),
                        tokens=list(request.input_ids))
         seq.stats.arrival_time_ns = time.monotonic_ns()
-        handle = Handle(self, seq)
+        handle = Handle(self, seq, on_chunk)
         with self._lock:
             if self._stopped:
                 raise RuntimeError("engine is shut down")

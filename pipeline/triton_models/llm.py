@@ -6,7 +6,9 @@ response), batch > 1 on decoupled deployments (one response stream per row, ``ba
 cancellation by gRPC cancel or the ``stop`` input, upstream error texts.
 
 Decoupled: every request gets its own thread that drains the engine's chunks into the request's
-response sender, so ``execute`` returns at once and the engine keeps batching across calls.
+response sender, so ``execute`` returns at once and the engine keeps batching across calls; a
+streaming request's responses are built in the engine thread (``on_chunk``), so the draining
+thread mostly waits in ``send`` with the interpreter lock released.
 Non-decoupled: the requests of one ``execute`` call are submitted together (the engine batches
 them) and ``execute`` returns their single responses. Using the response sender after
 ``execute`` returned in non-decoupled mode (upstream's Python variant does) crashed the bundled
@@ -184,17 +186,28 @@ class TritonPythonModel:
             raise io.RequestError(BATCH_NEEDS_DECOUPLED)
         base_id = request.request_id() or uuid.uuid4().hex
         rows = [self._parse(_row_inputs(inputs, b, batch), base_id if b == 0 else f"{base_id}-{b}") for b in range(batch)]
-        handles = [self._submit(gen_request, sender) for _, gen_request in rows]
+        handles = [self._submit(gen_request, sender, self._streamed_response(options, gen_request.input_ids) if batch == 1 else None)
+                   for options, gen_request in rows]
         if batch == 1:
             (options, gen_request), handle = rows[0], handles[0]
             return lambda: self._drain(gen_request.request_id, handle, sender, gen_request.input_ids, options)
         return lambda: self._drain_rows(rows, handles, sender)
 
-    def _submit(self, gen_request, sender):
+    def _streamed_response(self, options: ResponseOptions, prompt: list[int]):
+        """The ``on_chunk`` hook for a streaming request: its response, built in the engine thread
+        (~13 µs) instead of in the sending thread, where it held the interpreter lock against the
+        decoding engine (measured: 68 µs a chunk there; the engine's step waited 0.16 ms for the
+        lock and the CPU, 0.11 ms with this). None for non-streaming requests (one response,
+        built at the end)."""
+        if not options.streaming:
+            return None
+        return lambda chunk: None if chunk.error else self._response(chunk.tokens, len(chunk.tokens), prompt, chunk.stats, options)
+
+    def _submit(self, gen_request, sender, on_chunk=None):
         from pipeline.reference.api import DraftTooLongError  # noqa: PLC0415
 
         try:
-            handle = self.engine.submit(gen_request)
+            handle = self.engine.submit(gen_request, on_chunk=on_chunk)
         except DraftTooLongError as exc:
             raise io.RequestError(str(exc)) from None
         except ValueError as exc:
@@ -288,7 +301,10 @@ class TritonPythonModel:
                     return
                 generated.extend(chunk.tokens)
                 if options.streaming:
-                    self._send(sender, self._response(chunk.tokens, len(chunk.tokens), prompt, stats, options), final=chunk.finished)
+                    response = chunk.payload  # built in the engine thread (see _streamed_response)
+                    if response is None:
+                        response = self._response(chunk.tokens, len(chunk.tokens), prompt, stats, options)
+                    self._send(sender, response, final=chunk.finished)
                 elif chunk.finished:
                     ids = generated if options.exclude_input else list(prompt) + generated
                     self._send(sender, self._response(ids, len(generated), prompt, stats, options), final=True)

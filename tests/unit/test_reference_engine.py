@@ -205,3 +205,28 @@ def test_external_drafts_with_draft_logits_sample_the_target_distribution(ckpt):
         assert 1 <= len(r.output_ids) <= 3 and r.stats.verify_steps == 1
         counts[r.output_ids[0]] += 1
     assert chi2_pvalue(counts, first) > 1e-3
+
+
+def test_on_chunk_runs_on_every_chunk_and_a_failing_hook_loses_nothing(ckpt):
+    """``submit(on_chunk=...)``: the hook's result rides on each chunk as ``payload`` (the Triton
+    model builds its responses there); a hook that raises leaves ``payload`` None and the
+    generation completes unchanged."""
+    engine = _engine(ckpt, dtype="float32")
+    try:
+        prompt = random_prompts(1, seed=21)[0]
+        expected = engine.generate(GenerationRequest(prompt, 6)).output_ids
+        seen = []
+        handle = engine.submit(GenerationRequest(prompt, 6), on_chunk=lambda c: seen.append(c) or ("built", tuple(c.tokens)))
+        chunks = list(handle.chunks(timeout=60))
+        assert [c.payload for c in chunks] == [("built", tuple(c.tokens)) for c in chunks]
+        assert len(seen) == len(chunks) and sum(len(c.tokens) for c in chunks) == len(expected) == 6
+
+        def boom(chunk):
+            raise RuntimeError("hook failed")
+
+        result = engine.submit(GenerationRequest(prompt, 6), on_chunk=boom)
+        chunks = list(result.chunks(timeout=60))
+        assert all(c.payload is None for c in chunks) and chunks[-1].finished
+        assert [t for c in chunks for t in c.tokens] == expected
+    finally:
+        engine.shutdown()
