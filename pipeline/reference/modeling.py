@@ -334,15 +334,10 @@ class StepTensors:
         self.key_len = max(starts) + width
         if self.key_len > pool.max_rows:
             raise ValueError(f"sequence longer than the KV cache ({self.key_len} > {pool.max_rows})")
-        ids = torch.zeros(batch, width, dtype=torch.long)
-        pos = torch.zeros(batch, width, dtype=torch.long)
-        for b, inp in enumerate(inputs):
-            n = len(inp.tokens)
-            ids[b, :n] = torch.tensor(inp.tokens, dtype=torch.long)
-            pos[b, :n] = torch.tensor(inp.positions, dtype=torch.long)
-            if n < width:
-                pos[b, n:] = inp.positions[-1]
-        self.ids, self.positions = ids, pos
+        pads = [width - len(i.tokens) for i in inputs]  # ragged rows padded: token 0, last position
+        self.ids = torch.tensor([i.tokens + [0] * p for i, p in zip(inputs, pads)], dtype=torch.long)  # [B, T]
+        self.positions = torch.tensor([i.positions + i.positions[-1:] * p for i, p in zip(inputs, pads)],
+                                      dtype=torch.long)  # [B, T]
         self.slots = [i.cache.slot for i in inputs]
         self.starts = starts
         self.single = batch == 1
@@ -361,16 +356,19 @@ class StepTensors:
                 return None  # one query sees every valid key
             if inputs[0].tree is None:  # one causal chain: row i sees keys [0, start + i]
                 return torch.ones(width, self.key_len, dtype=torch.bool).tril(starts[0])[None, None]
-        mask = torch.arange(self.key_len)[None, None, :] < torch.tensor(starts)[:, None, None]
-        mask = mask.expand(len(inputs), width, self.key_len).clone()  # [B, T, K]
-        for b, inp in enumerate(inputs):
+        start = torch.tensor(starts)[:, None, None]  # [B, 1, 1]
+        length = torch.tensor([len(i.tokens) for i in inputs])[:, None, None]
+        row = torch.arange(width)[None, :, None]  # [1, T, 1]
+        key = torch.arange(self.key_len)[None, None, :]  # [1, 1, K]
+        # causal chains, built for the whole batch at once: row i sees the cached keys and the
+        # new ones up to itself; a padding row (i ≥ n) the cached keys and itself only
+        mask = torch.where(row < length, key <= start + row, (key < start) | (key == start + row))  # [B, T, K]
+        for b, inp in enumerate(inputs):  # trees and hidden cached rows (Medusa/EAGLE trees)
             n, s = len(inp.tokens), starts[b]
-            local = inp.tree if inp.tree is not None else torch.ones(n, n, dtype=torch.bool).tril()
-            mask[b, :n, s : s + n] = local
+            if inp.tree is not None:
+                mask[b, :n, s : s + n] = inp.tree
             if inp.visible is not None:
                 mask[b, :n, :s] = inp.visible
-            pad = torch.arange(n, width)
-            mask[b, pad, s + pad] = True  # padding rows attend to themselves only
         return mask.unsqueeze(1)  # [B, 1, T, K]
 
     def write_and_read(self, layer: int, k: torch.Tensor, v: torch.Tensor):
