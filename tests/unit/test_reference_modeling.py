@@ -219,3 +219,32 @@ def test_lean_decode_matches_the_batched_forward(ckpt):
     torch.testing.assert_close(pool.v[:, lean.slot, :12], pool.v[:, general.slot, :12], atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="at least one token"):
         model.decode(lean, [])
+
+
+def test_batched_step_mask_follows_the_ragged_causal_and_tree_rules():
+    """The batch mask, built at once: a real row i of a sequence with ``s`` cached rows sees keys
+    ``[0, s + i]``; a padding row the cached keys and itself; a tree or ``visible`` mask replaces
+    the new-token block or the cached block of its own sequence only."""
+    from pipeline.reference.kv_cache import KVPool
+    from pipeline.reference.modeling import StepTensors
+
+    pool = KVPool(1, 4, 32, 1, 4, torch.float32)
+    caches = [pool.allocate() for _ in range(3)]
+    for cache, length in zip(caches, (5, 0, 3)):
+        cache.length = length
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # two children of row 0
+    visible = torch.tensor([[1, 0, 1]], dtype=torch.bool)  # hides cached row 1
+    inputs = [StepInput(caches[0], [1, 2], [5, 6]), StepInput(caches[1], [3, 4, 5], [0, 1, 1], tree),
+              StepInput(caches[2], [6], [3], visible=visible)]
+    step = StepTensors(pool, inputs)
+    mask = step.mask[:, 0]  # [B, T, K]
+    assert step.key_len == 8 and mask.shape == (3, 3, 8)
+    assert step.ids.tolist() == [[1, 2, 0], [3, 4, 5], [6, 0, 0]]
+    assert step.positions.tolist() == [[5, 6, 6], [0, 1, 1], [3, 3, 3]]
+    expected = torch.zeros(3, 3, 8, dtype=torch.bool)
+    expected[0, 0, :6] = expected[0, 1, :7] = True  # causal after 5 cached rows
+    expected[0, 2, :5] = expected[0, 2, 7] = True  # padding row: cached keys and itself
+    expected[1, :, :3] = tree
+    expected[2, 0, [0, 2, 3]] = True  # visible cached rows 0 and 2, and itself
+    expected[2, 1, [0, 1, 2, 4]] = expected[2, 2, [0, 1, 2, 5]] = True  # padding rows
+    assert torch.equal(mask, expected)
