@@ -335,8 +335,8 @@ class StepTensors:
         if self.key_len > pool.max_rows:
             raise ValueError(f"sequence longer than the KV cache ({self.key_len} > {pool.max_rows})")
         pads = [width - len(i.tokens) for i in inputs]  # ragged rows padded: token 0, last position
-        self.ids = torch.tensor([i.tokens + [0] * p for i, p in zip(inputs, pads)], dtype=torch.long)  # [B, T]
-        self.positions = torch.tensor([i.positions + i.positions[-1:] * p for i, p in zip(inputs, pads)],
+        self.ids = torch.tensor([list(i.tokens) + [0] * p for i, p in zip(inputs, pads)], dtype=torch.long)  # [B, T]
+        self.positions = torch.tensor([list(i.positions) + [int(i.positions[-1])] * p for i, p in zip(inputs, pads)],
                                       dtype=torch.long)  # [B, T]
         self.slots = [i.cache.slot for i in inputs]
         self.starts = starts

@@ -171,3 +171,31 @@ def test_chain_shaped_choices_run_as_a_chain(ckpt):
     assert tree.choices == [[0], [1], [0, 0]] and tree.depth == 2
     with pytest.raises(ValueError, match="no parent"):
         EagleProposer(head, 4, 1, 32, [[0], [0, 0, 0]])
+
+
+@pytest.mark.parametrize("slots", [[1, 2, 0], [2, 0, 1]], ids=["3-cycle", "other-3-cycle"])
+@torch.inference_mode()
+def test_batched_forward_in_any_slot_order_equals_each_sequence_alone(ckpt, slots):
+    """``EagleHead.forward`` sorts the batch by KV slot: the features go in slot order and the
+    predicted rows come back in the caller's order (3-cycles: a permutation that is not its own
+    inverse, so swapping the two directions would fail)."""
+    head = _head(ckpt, torch.float64)
+    hidden = head.shape.hidden_size
+    gen = torch.Generator().manual_seed(5)
+    lengths = [4, 6, 3]
+    tokens = [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in lengths]
+    features = [torch.randn(n, hidden, generator=gen, dtype=torch.float64) for n in lengths]
+    pool = head.new_pool(3, 32)
+    pool._free = slots[::-1]
+    caches = [pool.allocate() for _ in slots]
+    assert [c.slot for c in caches] == slots
+    width = max(lengths)
+    padded = torch.zeros(3, width, hidden, dtype=torch.float64)
+    for b, f in enumerate(features):
+        padded[b, : lengths[b]] = f
+    batched = head.forward(pool, [StepInput(c, t, list(range(len(t)))) for c, t in zip(caches, tokens)], padded)
+    for b in range(3):
+        alone_pool = head.new_pool(1, 32)
+        alone = head.forward(alone_pool, [StepInput(alone_pool.allocate(), tokens[b], list(range(lengths[b])))],
+                             features[b][None])
+        torch.testing.assert_close(batched[b, : lengths[b]], alone[0], atol=1e-9, rtol=1e-9)

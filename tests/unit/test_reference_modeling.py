@@ -175,8 +175,8 @@ def test_int8_rows_are_independent_so_speculation_stays_lossless(ckpt, tmp_path)
         spec.shutdown()
 
 
-@pytest.mark.parametrize("slots", [[0, 1, 2], [2, 1, 0], [1, 0, 2], [3, 0, 5]],
-                         ids=["ascending", "reversed", "shuffled", "with-gaps"])
+@pytest.mark.parametrize("slots", [[0, 1, 2], [2, 1, 0], [1, 0, 2], [1, 2, 0], [3, 0, 5], [5, 0, 3]],
+                         ids=["ascending", "reversed", "swapped", "3-cycle", "with-gaps", "with-gaps-3-cycle"])
 @torch.inference_mode()
 def test_a_ragged_batch_in_any_slot_order_equals_each_sequence_alone(ckpt, slots):
     """Batched steps read keys through a pool view when the slots are contiguous (the batch is
