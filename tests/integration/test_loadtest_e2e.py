@@ -37,7 +37,8 @@ def test_loadtest_end_to_end_on_tiny_cpu_deployment(tmp_path, monkeypatch):
                            progress=False)
 
     runs = json.loads((run_dir / "runs.json").read_text())["runs"]
-    assert [r["key"] for r in runs] == ["baseline-c1-r0", "speculative-k4-c1-r0", "baseline-c2-r0", "speculative-k4-c2-r0"]
+    k = cfg.speculation.num_draft_tokens  # the speculative arm's key carries the config's draft length
+    assert [r["key"] for r in runs] == ["baseline-c1-r0", f"speculative-k{k}-c1-r0", "baseline-c2-r0", f"speculative-k{k}-c2-r0"]
     for run in runs:
         assert run["valid"] and run["server_alive"], (run["invalid_reasons"], run.get("server_log_tail"))
         records = [json.loads(line) for line in (run_dir / run["raw"]).read_text().splitlines()]
