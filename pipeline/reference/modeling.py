@@ -270,20 +270,24 @@ class DecoderLayer:
         self.qkv, self.o = int8_copy(self.qkv), int8_copy(self.o)
         self.gate_up, self.down = int8_copy(self.gate_up), int8_copy(self.down)
 
-    def decode_one(self, x: torch.Tensor, layer: int, cache: SlotCache, position: int,
-                   rotary: "Rotary") -> torch.Tensor:
-        """One row ``x [1, H]`` of one sequence at ``position`` (its K/V row written there; the
-        caller claimed it): the lean path, no mask or index tensors."""
+    def decode_last(self, x: torch.Tensor, layer: int, cache: SlotCache, start: int,
+                    rotary: "Rotary") -> torch.Tensor:
+        """New rows ``x [n, H]`` of one sequence at positions ``start …`` (the caller claimed
+        them): their K/V rows are written, attention and the MLP run for the last row only →
+        ``[1, H]``. The lean path, no mask or index tensors: one row per call through a
+        multi-layer model (:meth:`LlamaModel.decode`), several for the single-layer EAGLE head's
+        catch-up (:meth:`EagleHead.extend` on int8 weights)."""
         s = self.shape
+        end = start + x.shape[0]
         h = x if self.input_norm is None else F.rms_norm(x, (x.shape[-1],), self.input_norm, s.rms_norm_eps)
-        qkv = self.qkv(h).view(1, s.num_heads + 2 * s.num_kv_heads, s.head_dim)
-        qk = rotary.apply_rows(qkv[:, : s.num_heads + s.num_kv_heads], position)  # [1, heads+kv, hd]
+        qkv = self.qkv(h).view(x.shape[0], s.num_heads + 2 * s.num_kv_heads, s.head_dim)
+        qk = rotary.apply_rows(qkv[:, : s.num_heads + s.num_kv_heads], start)  # [n, heads+kv, hd]
         keys, values = cache.pool.k[layer, cache.slot], cache.pool.v[layer, cache.slot]  # [rows, kv, hd]
-        keys[position] = qk[0, s.num_heads :]
-        values[position] = qkv[0, s.num_heads + s.num_kv_heads :]
-        q = qk[0, : s.num_heads] * s.head_dim ** -0.5
-        attn = _attend_last(q, keys[: position + 1], values[: position + 1], s.num_kv_heads)  # [1, heads*hd]
-        x = x + self.o(attn)
+        keys[start:end] = qk[:, s.num_heads :]
+        values[start:end] = qkv[:, s.num_heads + s.num_kv_heads :]
+        q = qk[-1, : s.num_heads] * s.head_dim ** -0.5
+        attn = _attend_last(q, keys[:end], values[:end], s.num_kv_heads)  # [1, heads*hd]
+        x = x[-1:] + self.o(attn)  # [1, H]
         gate, up = self.gate_up(F.rms_norm(x, (x.shape[-1],), self.post_norm, s.rms_norm_eps)).chunk(2, -1)
         return x + self.down(F.silu(gate) * up)
 
@@ -450,7 +454,7 @@ class LlamaModel:
 
     def decode(self, cache: SlotCache, tokens: list[int]) -> torch.Tensor:
         """One sequence, its next ``tokens`` one row at a time through the lean per-layer path
-        (:meth:`DecoderLayer.decode_one`) → the final hidden state of the last one ``[1, H]``.
+        (:meth:`DecoderLayer.decode_last`, one row at a time) → the final hidden state of the last one ``[1, H]``.
         For drafting, where per-op overhead dominates: same maths as :meth:`forward`, other
         kernels and summation order (not bit-identical, which drafts need not be)."""
         if not tokens:
@@ -459,7 +463,7 @@ class LlamaModel:
             position, _ = _claim_rows(cache, 1)
             x = self.embed[token : token + 1]  # [1, H]
             for i, layer in enumerate(self.layers):
-                x = layer.decode_one(x, i, cache, position, self.rotary)
+                x = layer.decode_last(x, i, cache, position, self.rotary)
         return F.rms_norm(x, (x.shape[-1],), self.norm, self.shape.rms_norm_eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -550,19 +554,9 @@ class EagleHead:
         harmless: drafts only change what the target accepts, never the output."""
         if self.lean is not None:
             return self.lean(cache, tokens, features)
-        s, layer = self.shape, self.layer
-        start, end = _claim_rows(cache, len(tokens))
+        start, _ = _claim_rows(cache, len(tokens))
         x = self.fc_features.add_to(self.token_rows[tokens], features)  # [n, H]
-        qkv = layer.qkv(x).view(len(tokens), s.num_heads + 2 * s.num_kv_heads, s.head_dim)
-        qk = self.rotary.apply_rows(qkv[:, : s.num_heads + s.num_kv_heads], start)  # [n, heads+kv, hd]
-        keys, values = cache.pool.k[0, cache.slot], cache.pool.v[0, cache.slot]  # [rows, kv, hd]
-        keys[start:end] = qk[:, s.num_heads :]
-        values[start:end] = qkv[:, s.num_heads + s.num_kv_heads :]
-        q = qk[-1, : s.num_heads] * s.head_dim ** -0.5
-        attn = _attend_last(q, keys[:end], values[:end], s.num_kv_heads)  # [1, heads*hd]
-        h = layer.o.add_to(x[-1:], attn)  # [1, H]
-        gate, up = layer.gate_up(F.rms_norm(h, (h.shape[-1],), layer.post_norm, s.rms_norm_eps)).chunk(2, -1)
-        return layer.down.add_to(h, F.silu(gate) * up)
+        return self.layer.decode_last(x, 0, cache, start, self.rotary)
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head for drafting (``[1, H]`` → ``[1, vocab]``; the lean copy when present)."""
