@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from pipeline.reference.kv_cache import SlotCache
+from pipeline.reference.kv_cache import SlotCache, common_prefix_length
 from pipeline.reference.modeling import EagleHead, LlamaModel, MedusaHeads, StepInput
 from pipeline.reference.sampling import choose
 
@@ -136,17 +136,9 @@ class DraftModelProposer:
 
     def accept(self, seq: "SeqState") -> None:
         state = seq.proposer_state
-        keep = _common_prefix(state.cached_tokens, seq.tokens)
+        keep = common_prefix_length(tuple(state.cached_tokens), tuple(seq.tokens))
         state.cache.rollback(min(keep, state.cache.length))
         del state.cached_tokens[state.cache.length :]
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 # ----------------------------------------------------------------------------------------------
