@@ -575,6 +575,13 @@ class ReferenceEngineSettings(_Strict):
         "Cached prompt prefixes (KV reuse).", default=64
     )
     compute_dtype: Literal["float32", "float64"] = _desc("Compute dtype of the reference engine.", default="float32")
+    draft_weights: Literal["float", "int8"] = _desc(
+        "Draft-side weights at load (draft model, Medusa heads, EAGLE head): float as in the checkpoint, "
+        "or int8 — weight-only, per output channel, run by a few-row int8 kernel. Cheaper draft steps "
+        "on CPU; the output is unchanged (drafts only decide what is accepted), acceptance may move "
+        "a little. `specdeploy bench --draft-int8` measures both. float32 compute only.",
+        default="float",
+    )
 
 
 class DeploymentConfig(_Strict):

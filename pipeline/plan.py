@@ -181,18 +181,23 @@ def _plan_reference(p: _Planner) -> str:
         _reference_engine(p, "draft", draft, none, 0, [])
         proposer = ["--method", "draft_target", "--draft-dir", draft[0], "--draft-quantization", draft[1],
                     "--num-draft-tokens", str(spec.num_draft_tokens)]
-        _reference_engine(p, "speculative", target, proposer, k, [draft[0]])
+        _reference_engine(p, "speculative", target, proposer + _draft_weights(cfg), k, [draft[0]])
     elif isinstance(spec, MedusaSpec):
         choices = spec.choices or default_choices(spec.num_heads)
         proposer = ["--method", "medusa", "--heads-dir", heads, "--num-heads", str(spec.num_heads),
                     "--choices", json.dumps(choices, separators=(",", ":"))]
-        _reference_engine(p, "speculative", target, proposer, spec.engine_max_draft_len, [heads])
+        _reference_engine(p, "speculative", target, proposer + _draft_weights(cfg), spec.engine_max_draft_len, [heads])
     elif isinstance(spec, EagleSpec):
         choices = spec.choices or default_choices(spec.num_layers)
         proposer = ["--method", "eagle", "--head-dir", head, "--num-layers", str(spec.num_layers),
                     "--choices", json.dumps(choices, separators=(",", ":"))]
-        _reference_engine(p, "speculative", target, proposer, spec.engine_max_draft_len, [head])
+        _reference_engine(p, "speculative", target, proposer + _draft_weights(cfg), spec.engine_max_draft_len, [head])
     return tokenizer
+
+
+def _draft_weights(cfg) -> list[str]:
+    """``reference.draft_weights`` for the speculative engine (absent when float, the default)."""
+    return ["--draft-weights", cfg.reference.draft_weights] if cfg.reference.draft_weights != "float" else []
 
 
 # ------------------------------------------------------------------------------------------------

@@ -70,6 +70,13 @@ def resolve_checkpoint(value: str) -> Path:
 
 
 def proposer_spec(cfg: DeploymentConfig) -> dict:
+    spec = _method_spec(cfg)
+    if cfg.reference.draft_weights == "int8":
+        spec["draft_int8"] = True
+    return spec
+
+
+def _method_spec(cfg: DeploymentConfig) -> dict:
     spec = cfg.speculation
     if spec.method == "draft_target":
         return {"method": "draft_target", "draft_dir": str(resolve_checkpoint(spec.draft.checkpoint)),
@@ -209,7 +216,7 @@ def run_bench(config_path: str | Path, prompts_per_category: int = 8, max_tokens
                   compute_dtype=cfg.reference.compute_dtype, prefix_cache_entries=0)
     variants = [("", target, spec)]
     workdir = tempfile.TemporaryDirectory(prefix="specdeploy-bench-")
-    if draft_int8:
+    if draft_int8 and not spec.get("draft_int8"):  # the config's own rows are int8 already otherwise
         variants.append(("+draft_int8", target, {**spec, "draft_int8": True}))
     if int8 or cfg.target.quantization.format == "int8_wo":
         variants.append(("+int8_wo", _int8_dir(target, Path(workdir.name)), spec))
@@ -240,6 +247,7 @@ def run_bench(config_path: str | Path, prompts_per_category: int = 8, max_tokens
     report = {
         "config": cfg.name, "method": cfg.method, "max_tokens": max_tokens,
         "prompts_per_category": prompts_per_category, "greedy": True, "stop_at_eos": stop_at_eos,
+        "draft_weights": cfg.reference.draft_weights,
         "machine": {"python": platform.python_version(), "processor": platform.processor() or platform.machine(),
                     "threads": cfg.reference.threads},
         "results": results, "summary": summarize(results),

@@ -67,6 +67,13 @@ def cmd_quantize(args: argparse.Namespace) -> None:
 
 
 def _proposer(args: argparse.Namespace) -> dict:
+    spec = _method_spec(args)
+    if args.draft_weights == "int8" and spec["method"] != "none":
+        spec["draft_int8"] = True  # the engine quantizes the draft-side weights at load
+    return spec
+
+
+def _method_spec(args: argparse.Namespace) -> dict:
     if args.method == "none":
         return {"method": "none"}
     if args.method == "draft_target":
@@ -141,6 +148,7 @@ def parser() -> argparse.ArgumentParser:
     engine.add_argument("--head-dir")
     engine.add_argument("--num-layers", type=int)
     engine.add_argument("--choices", default="[]")
+    engine.add_argument("--draft-weights", choices=["float", "int8"], default="float")
     engine.add_argument("--max-draft-len", type=int, default=0)
     engine.add_argument("--max-batch-size", type=int, required=True)
     engine.add_argument("--max-seq-len", type=int, required=True)

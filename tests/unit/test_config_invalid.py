@@ -118,6 +118,7 @@ CASES = [
     ("alpha-one", {"gate.alpha": 1.0}, "gate.alpha: Input should be less than 1"),
     ("few-resamples", {"gate.bootstrap_resamples": 10}, "gate.bootstrap_resamples: Input should be greater than or equal to 100"),
     ("bad-compute-dtype", {"reference.compute_dtype": "float16"}, "reference.compute_dtype: Input should be 'float32' or 'float64'"),
+    ("bad-draft-weights", {"reference.draft_weights": "int4"}, "reference.draft_weights: Input should be 'float' or 'int8'"),
     ("bool-as-text", {"triton.decoupled": "maybe"}, "triton.decoupled: Input should be a valid boolean"),
 ]
 

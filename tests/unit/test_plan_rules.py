@@ -224,6 +224,30 @@ def test_reference_steps(tmp_path, monkeypatch):
     assert flag_value(spec, "--choices") == "[[0],[0,0],[0,0,0]]"
 
 
+@pytest.mark.parametrize("name", ["tiny-dtm-reference", "tiny-eagle-reference"])
+def test_reference_int8_draft_weights_reach_the_speculative_engine_only(name, tmp_path, monkeypatch):
+    from pipeline.reference.build_step import main as build_step
+
+    cfg = json.loads(json.dumps(ALL[name]))
+    assert "--draft-weights" not in plan_of(cfg, tmp_path, monkeypatch).step("engine-speculative").argv  # float: no flag
+    cfg.setdefault("reference", {})["draft_weights"] = "int8"
+    plan = plan_of(cfg, tmp_path, monkeypatch)
+    spec = plan.step("engine-speculative").argv
+    assert spec[spec.index("--draft-weights"):][:2] == ["--draft-weights", "int8"]
+    assert all("--draft-weights" not in s.argv for s in plan.steps if s.name != "engine-speculative")
+    # the descriptor build_step writes from these flags carries it to the engine's proposer
+    method = flag_value(spec, "--method")
+    out = tmp_path / "spec"
+    argv = ["engine", "--out", str(out), "--role", "speculative", "--model-dir", str(tmp_path), "--method", method,
+            "--max-batch-size", "2", "--max-seq-len", "64", "--max-input-len", "32", "--draft-weights", "int8"]
+    monkeypatch.setattr("pipeline.reference.build_step.check_checkpoint", lambda path, kind: None)
+    argv += {"draft_target": ["--draft-dir", str(tmp_path), "--num-draft-tokens", "3"],
+             "eagle": ["--head-dir", str(tmp_path), "--num-layers", "3"]}[method]
+    assert build_step(argv) == 0
+    proposer = json.loads((out / "engine.json").read_text())["proposer"]
+    assert proposer["method"] == method and proposer["draft_int8"] is True
+
+
 def test_cli_plan_json(tmp_path, monkeypatch, capsys):
     import yaml
 

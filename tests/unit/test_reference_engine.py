@@ -230,3 +230,27 @@ def test_on_chunk_runs_on_every_chunk_and_a_failing_hook_loses_nothing(ckpt):
         assert [t for c in chunks for t in c.tokens] == expected
     finally:
         engine.shutdown()
+
+
+@pytest.mark.parametrize("method", ["draft_target", "medusa", "eagle", "eagle_tree"])
+def test_int8_draft_side_weights_keep_greedy_output(ckpt, method):
+    """``draft_int8`` (config ``reference.draft_weights: int8``): every draft-side Linear runs the
+    few-row int8 kernel, and greedy output stays the float32 target's, at batch 1 and batched."""
+    spec = {**_specs(ckpt)[method], "draft_int8": True}
+    base, fast = _engine(ckpt, dtype="float32"), _engine(ckpt, spec, dtype="float32")
+    try:
+        proposer = fast.scheduler.proposer
+        linears = {"draft_target": lambda: [proposer.model.lm_head, proposer.model.layers[0].qkv],
+                   "medusa": lambda: proposer.heads.blocks + proposer.heads.heads,
+                   "eagle": lambda: [proposer.head.fc_features, proposer.head.layer.down, proposer.head.lm_head],
+                   }[method.split("_tree")[0]]()
+        assert all(linear.int8 and linear.packed is not None for linear in linears)
+        assert fast.scheduler.target.lm_head.packed is None and not fast.scheduler.target.lm_head.int8
+        want = [r.output_ids for r in _run(base, PROMPTS[:40], batched=False)]
+        for batched in (False, True):
+            results = _run(fast, PROMPTS[:40], batched)
+            assert [r.output_ids for r in results] == want, f"{method} batched={batched}"
+        assert sum(r.stats.accepted_tokens for r in results) > 0
+    finally:
+        base.shutdown()
+        fast.shutdown()

@@ -18,7 +18,7 @@ import torch
 from pipeline.errors import SpecdeployError
 from pipeline.reference.api import GenerationRequest
 from pipeline.reference.engine import create_engine
-from pipeline.reference.modeling import LlamaModel, StepInput
+from pipeline.reference.modeling import DRAFT_PACK_ROWS, Linear, LlamaModel, StepInput, int8_copy
 from pipeline.reference.quantize import quantize_checkpoint
 from tests.reference_fixtures import one_thread, random_prompts, shared_checkpoints
 
@@ -173,6 +173,40 @@ def test_int8_rows_are_independent_so_speculation_stays_lossless(ckpt, tmp_path)
     finally:
         base.shutdown()
         spec.shutdown()
+
+
+@torch.inference_mode()
+def test_draft_side_int8_runs_the_few_row_kernel_up_to_its_row_limit(ckpt, tmp_path):
+    """``int8_copy`` (draft-side weights): up to DRAFT_PACK_ROWS rows run
+    ``_weight_int8pack_mm`` on bfloat16 activations, more rows the target-side per-row ``_int_mm``
+    on the same int8 weights; both near float32. An int8 checkpoint's Linear gets the same kernel."""
+    linear = LlamaModel(ckpt["draft"]).layers[0].gate_up
+    q = int8_copy(linear)
+    weight_int8, scale_bf16 = q.packed  # [out, in] int8, [out] bf16
+    assert weight_int8.dtype == torch.int8 and scale_bf16.dtype == torch.bfloat16
+    plain = Linear(q.weight_t.t(), None, q.scale)  # the same int8 weights, no drafting kernel
+    torch.manual_seed(0)
+    x = torch.randn(DRAFT_PACK_ROWS + 4, linear.weight.shape[1])
+    ref = linear(x)
+    few = q(x[:DRAFT_PACK_ROWS])
+    dequant = weight_int8.float() * scale_bf16.float()[:, None]
+    assert torch.allclose(few, x[:DRAFT_PACK_ROWS].bfloat16().float() @ dequant.t(), rtol=2e-2, atol=2e-2)
+    assert not torch.equal(few, plain(x[:DRAFT_PACK_ROWS]))  # not the per-row int8 kernel ...
+    assert torch.equal(q(x), plain(x))  # ... which more rows do use
+    for got in (few, q(x)):
+        assert (got - ref[: got.shape[0]]).abs().max() < 0.05 * ref.abs().max()
+    quantize_checkpoint(ckpt["draft"], tmp_path / "int8")
+    loaded = LlamaModel(tmp_path / "int8").layers[0].gate_up
+    assert loaded.int8 and loaded.packed is None
+    twin = int8_copy(loaded)
+    assert twin.packed is not None and torch.equal(twin.packed[0], loaded.weight_t.t())
+    assert int8_copy(twin) is twin
+    engine = create_engine(ckpt["target"], role="speculative",  # an int8_wo draft checkpoint drafts with it too
+                           proposer={"method": "draft_target", "draft_dir": str(tmp_path / "int8"), "num_draft_tokens": 3})
+    try:
+        assert engine.scheduler.proposer.model.layers[0].qkv.packed is not None
+    finally:
+        engine.shutdown()
 
 
 @pytest.mark.parametrize("slots", [[0, 1, 2], [2, 1, 0], [1, 0, 2], [1, 2, 0], [3, 0, 5], [5, 0, 3]],
