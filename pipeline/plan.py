@@ -195,7 +195,7 @@ def _plan_reference(p: _Planner) -> str:
     return tokenizer
 
 
-def _draft_weights(cfg) -> list[str]:
+def _draft_weights(cfg: DeploymentConfig) -> list[str]:
     """``reference.draft_weights`` for the speculative engine (absent when float, the default)."""
     return ["--draft-weights", cfg.reference.draft_weights] if cfg.reference.draft_weights != "float" else []
 
