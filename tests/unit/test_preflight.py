@@ -152,6 +152,18 @@ def test_reference_backend_rules():
     assert errors_of(run_preflight(parse_config(data), offline=True)) == []
 
 
+@pytest.mark.parametrize("method,dtype,warned", [
+    ("medusa", "float32", False), ("medusa", "float64", True), ("none", "float32", True),
+])
+def test_int8_draft_weights_warn_where_they_do_nothing(method, dtype, warned):
+    spec = {"method": "medusa", "heads_dir": "builtin:tiny-medusa", "num_heads": 4} if method == "medusa" else {"method": "none"}
+    data = {"name": "cpu", "backend": "reference", "hardware": "cpu", "speculation": spec,
+            "target": {"checkpoint": "builtin:tiny-target", "dtype": "float32"},
+            "reference": {"draft_weights": "int8", "compute_dtype": dtype}}
+    findings = [f for f in run_preflight(parse_config(data), offline=True) if f.check == "draft-weights"]
+    assert [(f.severity, f.field) for f in findings] == ([("warning", "reference.draft_weights")] if warned else [])
+
+
 def test_offline_says_what_it_skipped():
     findings = run_preflight(gpu_config(method="draft_target"), offline=True)
     notes = [f.message for f in findings if f.check == "offline"]
