@@ -576,10 +576,11 @@ class ReferenceEngineSettings(_Strict):
     )
     compute_dtype: Literal["float32", "float64"] = _desc("Compute dtype of the reference engine.", default="float32")
     draft_weights: Literal["float", "int8"] = _desc(
-        "Draft-side weights at load (draft model, Medusa heads, EAGLE head): float as in the checkpoint, "
-        "or int8 — weight-only, per output channel, run by a few-row int8 kernel. Cheaper draft steps "
-        "on CPU; the output is unchanged (drafts only decide what is accepted), acceptance may move "
-        "a little. `specdeploy bench --draft-int8` measures both. float32 compute only.",
+        "Draft-side weights at load (draft model, Medusa heads, EAGLE head) of the speculative engine: "
+        "float = as the checkpoint stores them, or int8 — weight-only, per output channel, run by a "
+        "few-row int8 kernel. Cheaper draft steps on CPU; the output is unchanged (drafts only decide "
+        "what is accepted), acceptance may move a little. `specdeploy bench --draft-int8` measures both. "
+        "float32 compute only; with draft-target orchestration: bls the served draft engine stays float.",
         default="float",
     )
 

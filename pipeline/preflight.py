@@ -105,7 +105,7 @@ def _check_backend(ctx: _Context) -> None:
             if spec.world_size > 1:
                 ctx.add(ERROR, "backend", "the CPU reference engine runs one process per model (no TP/PP)",
                         "set tp: 1 and pp: 1", f"{path}.tp")
-        _check_draft_weights(ctx)
+    _check_draft_weights(ctx)
     if cfg.backend == "trtllm":
         _check_trtllm_version(ctx)
 
@@ -115,12 +115,21 @@ def _check_draft_weights(ctx: _Context) -> None:
     cfg = ctx.cfg
     if cfg.reference.draft_weights != "int8":
         return
-    if cfg.method == "none":
+    if cfg.backend != "reference":
+        ctx.add(WARNING, "draft-weights", "int8 draft weights are a CPU reference engine setting; TensorRT-LLM "
+                "engines ignore it", "quantize the draft with speculation.draft.quantization, or remove it",
+                "reference.draft_weights")
+    elif cfg.method == "none":
         ctx.add(WARNING, "draft-weights", "int8 draft weights have no effect: this config does not speculate",
                 "remove reference.draft_weights", "reference.draft_weights")
     elif cfg.reference.compute_dtype != "float32":
         ctx.add(WARNING, "draft-weights", f"int8 draft weights are ignored with compute_dtype {cfg.reference.compute_dtype}",
                 "use compute_dtype: float32, or draft_weights: float", "reference.draft_weights")
+    elif isinstance(cfg.speculation, DraftTargetSpec) and cfg.speculation.orchestration == "bls":
+        ctx.add(WARNING, "draft-weights", "int8 draft weights reach the in-engine draft only: with orchestration "
+                "bls the served tensorrt_llm_draft engine keeps the checkpoint's weights",
+                "set speculation.orchestration: engine, or speculation.draft.quantization.format: int8_wo",
+                "reference.draft_weights")
 
 
 def _check_trtllm_version(ctx: _Context) -> None:

@@ -199,7 +199,8 @@ def run_bench(config_path: str | Path, prompts_per_category: int = 8, max_tokens
               batches: tuple[int, ...] = (1, 8), peer: str | None = None, int8: bool = False,
               draft_int8: bool = False, stop_at_eos: bool = False) -> dict:
     """``int8``: add rows for an int8 weight-only target (both arms); ``draft_int8``: add rows
-    with the draft-side weights quantized at load (target float32). EOS is ignored unless
+    with the draft-side weights quantized at load (target float32) — or, when the config's
+    ``reference.draft_weights`` is int8 already, rows with float ones (``+draft_float``). EOS is ignored unless
     ``stop_at_eos`` (every request decodes ``max_tokens``; the tiny models end lines with EOS
     after a dozen tokens, which would make prefill dominate both arms)."""
     from pipeline.reference.engine import create_engine, set_threads
@@ -216,7 +217,9 @@ def run_bench(config_path: str | Path, prompts_per_category: int = 8, max_tokens
                   compute_dtype=cfg.reference.compute_dtype, prefix_cache_entries=0)
     variants = [("", target, spec)]
     workdir = tempfile.TemporaryDirectory(prefix="specdeploy-bench-")
-    if draft_int8 and not spec.get("draft_int8"):  # the config's own rows are int8 already otherwise
+    if draft_int8 and spec.get("draft_int8"):  # the config's rows are int8: add float for the comparison
+        variants.append(("+draft_float", target, {k: v for k, v in spec.items() if k != "draft_int8"}))
+    elif draft_int8:
         variants.append(("+draft_int8", target, {**spec, "draft_int8": True}))
     if int8 or cfg.target.quantization.format == "int8_wo":
         variants.append(("+int8_wo", _int8_dir(target, Path(workdir.name)), spec))

@@ -247,8 +247,6 @@ def _make_proposer(spec: dict, target: LlamaModel, dtype: torch.dtype, slots: in
         draft = LlamaModel(_path(spec["draft_dir"], base), dtype)
         if draft.shape.vocab_size != target.shape.vocab_size:
             raise SpecdeployError(f"draft vocab {draft.shape.vocab_size} != target vocab {target.shape.vocab_size}")
-        if draft.layers[0].qkv.int8:  # an int8_wo checkpoint: the drafting int8 kernel
-            draft.to_int8()
         return DraftModelProposer(draft, int(spec.get("num_draft_tokens", 4)), slots, max_rows)
     if method == "medusa":
         heads = MedusaHeads(_path(spec["heads_dir"], base), dtype, spec.get("num_heads"))

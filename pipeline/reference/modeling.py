@@ -186,7 +186,7 @@ class Linear:
     def _int8(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         if self.packed is not None and flat.shape[0] <= DRAFT_PACK_ROWS:
-            y = torch.ops.aten._weight_int8pack_mm(flat.to(torch.bfloat16), *self.packed).float()
+            y = torch.ops.aten._weight_int8pack_mm(flat.to(torch.bfloat16).contiguous(), *self.packed).float()
             y = y.reshape(*x.shape[:-1], -1)
             return y if self.bias is None else y + self.bias
         row_scale = flat.abs().amax(1, keepdim=True).clamp_min(1e-12) / 127.0  # [M, 1]
@@ -213,15 +213,24 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.contiguous(), scale
 
 
+PACK_IN_MULTIPLE = 16  # _weight_int8pack_mm reads out of bounds (garbage, or SIGSEGV) for other in_features
+
+
 def _pack_int8(weight: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Operands of ``torch._weight_int8pack_mm`` for int8 ``weight [out, in]``, or None where
-    this torch build or shape cannot run it (the caller keeps ``_int_mm``)."""
+    this torch build or shape cannot run it (the caller keeps ``_int_mm``). The kernel does not
+    reject what it mishandles (``in`` not a multiple of 16 gave garbage or a crash on torch
+    2.13), so the shape is checked first and one random row against the dequantized product."""
+    if weight.shape[1] % PACK_IN_MULTIPLE:
+        return None
     packed = (weight, scale.to(torch.bfloat16))
+    probe = torch.randn(1, weight.shape[1], generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     try:
-        torch.ops.aten._weight_int8pack_mm(torch.zeros(1, weight.shape[1], dtype=torch.bfloat16), *packed)
+        got = torch.ops.aten._weight_int8pack_mm(probe, *packed).float()
     except (RuntimeError, AttributeError):
         return None
-    return packed
+    want = probe.float() @ (weight.float() * packed[1].float()[:, None]).t()
+    return packed if torch.allclose(got, want, rtol=2e-2, atol=2e-2 * float(want.abs().max()) + 1e-6) else None
 
 
 def int8_copy(linear: Linear) -> Linear:

@@ -154,12 +154,18 @@ def test_reference_backend_rules():
 
 @pytest.mark.parametrize("method,dtype,warned", [
     ("medusa", "float32", False), ("medusa", "float64", True), ("none", "float32", True),
+    ("dt-engine", "float32", False), ("dt-bls", "float32", True), ("trtllm", "float32", True),
 ])
 def test_int8_draft_weights_warn_where_they_do_nothing(method, dtype, warned):
-    spec = {"method": "medusa", "heads_dir": "builtin:tiny-medusa", "num_heads": 4} if method == "medusa" else {"method": "none"}
+    dt = {"method": "draft_target", "draft": {"checkpoint": "builtin:tiny-draft"}, "num_draft_tokens": 4}
+    spec = {"medusa": {"method": "medusa", "heads_dir": "builtin:tiny-medusa", "num_heads": 4}, "none": {"method": "none"},
+            "dt-engine": {**dt, "orchestration": "engine"}, "dt-bls": {**dt, "orchestration": "bls"}, "trtllm": dt}[method]
     data = {"name": "cpu", "backend": "reference", "hardware": "cpu", "speculation": spec,
             "target": {"checkpoint": "builtin:tiny-target", "dtype": "float32"},
             "reference": {"draft_weights": "int8", "compute_dtype": dtype}}
+    if method == "trtllm":
+        data.update(backend="trtllm", hardware="h100-sxm-80gb", target={"checkpoint": TARGET_8B},
+                    speculation={**dt, "draft": {"checkpoint": DRAFT_1B}})
     findings = [f for f in run_preflight(parse_config(data), offline=True) if f.check == "draft-weights"]
     assert [(f.severity, f.field) for f in findings] == ([("warning", "reference.draft_weights")] if warned else [])
 

@@ -65,6 +65,20 @@ def test_bench_medusa_table_and_errors(tmp_path, capsys):
         run(["bench", str(none_cfg), "--prompts", "1"])
 
 
+@pytest.mark.parametrize("config_weights,extra", [("float", "medusa+draft_int8"), ("int8", "medusa+draft_float")])
+def test_bench_draft_int8_measures_the_other_draft_weights(tmp_path, capsys, config_weights, extra):
+    one_thread()
+    cfg = _config(tmp_path, f"{{method: medusa, heads_dir: {shared_checkpoints()['medusa']}, num_heads: 3}}")
+    cfg.write_text(cfg.read_text() + f"reference: {{draft_weights: {config_weights}}}\n")
+    out = tmp_path / "report.json"
+    assert run(["bench", str(cfg), "--json", "--prompts", "1", "--max-tokens", "4", "--batch", "1",
+                "--draft-int8", "--output", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["draft_weights"] == config_weights
+    assert {r["method"] for r in report["results"]} == {"medusa", extra}
+    assert all(r["outputs_match"] for r in report["results"])
+
+
 def _result(category: str, tokens_per_s: float, baseline: float, batch: int = 1) -> dict:
     return {"method": "medusa", "batch": batch, "category": category, "tokens": 100, "baseline_tokens": 100,
             "tokens_per_s": tokens_per_s, "baseline_tokens_per_s": baseline,

@@ -201,12 +201,28 @@ def test_draft_side_int8_runs_the_few_row_kernel_up_to_its_row_limit(ckpt, tmp_p
     twin = int8_copy(loaded)
     assert twin.packed is not None and torch.equal(twin.packed[0], loaded.weight_t.t())
     assert int8_copy(twin) is twin
-    engine = create_engine(ckpt["target"], role="speculative",  # an int8_wo draft checkpoint drafts with it too
-                           proposer={"method": "draft_target", "draft_dir": str(tmp_path / "int8"), "num_draft_tokens": 3})
-    try:
-        assert engine.scheduler.proposer.model.layers[0].qkv.packed is not None
-    finally:
-        engine.shutdown()
+    for draft_int8 in (False, True):  # an int8_wo draft checkpoint: the per-row kernel unless asked
+        engine = create_engine(ckpt["target"], role="speculative", proposer={
+            "method": "draft_target", "draft_dir": str(tmp_path / "int8"), "num_draft_tokens": 3, "draft_int8": draft_int8})
+        try:
+            qkv = engine.scheduler.proposer.model.layers[0].qkv
+            assert qkv.int8 and (qkv.packed is not None) is draft_int8
+        finally:
+            engine.shutdown()
+
+
+@pytest.mark.parametrize("in_features", [200, 264, 40])
+@torch.inference_mode()
+def test_draft_kernel_is_refused_for_input_widths_it_mishandles(in_features):
+    """_weight_int8pack_mm reads out of bounds when in_features is not a multiple of 16 (torch
+    2.13: garbage or SIGSEGV); such Linears keep the per-row _int_mm kernel and stay correct."""
+    torch.manual_seed(1)
+    linear = Linear(torch.randn(64, in_features) * 0.05)
+    q = int8_copy(linear)
+    assert q.int8 and q.packed is None
+    x = torch.randn(3, in_features)
+    ref = linear(x)
+    assert (q(x) - ref).abs().max() < 0.05 * ref.abs().max()
 
 
 @pytest.mark.parametrize("slots", [[0, 1, 2], [2, 1, 0], [1, 0, 2], [1, 2, 0], [3, 0, 5], [5, 0, 3]],
