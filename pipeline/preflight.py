@@ -105,7 +105,6 @@ def _check_backend(ctx: _Context) -> None:
             if spec.world_size > 1:
                 ctx.add(ERROR, "backend", "the CPU reference engine runs one process per model (no TP/PP)",
                         "set tp: 1 and pp: 1", f"{path}.tp")
-    _check_draft_weights(ctx)
     if cfg.backend == "trtllm":
         _check_trtllm_version(ctx)
 
@@ -560,6 +559,7 @@ def _checkpoints(cfg: DeploymentConfig) -> list[tuple[str, str, str]]:
 
 _CHECKS: list[Callable[[_Context], None]] = [
     _check_backend,
+    _check_draft_weights,
     _check_quantization,
     _check_method,
     _check_build_limits,
