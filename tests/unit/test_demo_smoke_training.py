@@ -64,6 +64,28 @@ def test_retraining_one_model_reuses_the_target(two_smoke_runs, tmp_path):
 
 
 @pytest.mark.slow
+def test_eagle_unrolled_training_changes_only_the_eagle_head(two_smoke_runs, tmp_path):
+    """``eagle_unroll: 2`` adds a pass on the head's own predicted features: a different head
+    (its loss now sums two positive terms), every other model's files untouched."""
+    import dataclasses
+    import shutil
+
+    from pipeline.reference.demo import train
+    from pipeline.reference.demo.heads import load_eagle
+
+    out = tmp_path / "unrolled"
+    shutil.copytree(two_smoke_runs[0], out)
+    report = train.train_all(out, dataclasses.replace(train.SMOKE, eagle_unroll=2), only=train.EAGLE,
+                             show_progress=False)
+    before, after = demo.read_sums(two_smoke_runs[0]), demo.read_sums(out)
+    changed = {name for name in before if before[name] != after[name]}
+    assert changed == {"tiny-eagle/model.safetensors"}
+    one_pass = json.loads((two_smoke_runs[0] / "training_report.json").read_text())["models"]["tiny-eagle"]
+    assert report["models"]["tiny-eagle"]["final_loss"] > one_pass["final_loss"]
+    load_eagle(out / "tiny-eagle")
+
+
+@pytest.mark.slow
 def test_missing_shipped_artifacts_train_into_the_cache_once(tmp_path, monkeypatch):
     from pipeline.reference.demo import train
 

@@ -61,6 +61,8 @@ class Recipe:
     eagle_steps: int = 400
     eagle_lr: float = 2e-3
     eagle_noise: float = 0.05
+    eagle_token_loss: float = 0.1  # weight of the KD term next to the feature loss
+    eagle_unroll: int = 1  # passes; 2+ also feed the head its own predicted features, as drafting does
     pool_corpus_windows: int = 160
     pool_generated: int = 160
     gen_prompt_tokens: int = 16
@@ -373,6 +375,13 @@ def train_medusa(recipe: Recipe, target, pool, progress: Progress) -> tuple[obje
     return heads, {"params": sum(p.numel() for p in heads.parameters()), "final_loss": _tail_mean(losses)}
 
 
+def _eagle_loss(recipe: Recipe, predicted, target_next, embed):
+    """EAGLE's objective: smooth-L1 to the target's next feature + weighted KD on its logits."""
+    torch = _torch()
+    feature_loss = torch.nn.functional.smooth_l1_loss(predicted, target_next)
+    return feature_loss + recipe.eagle_token_loss * kd_loss(lm_logits(predicted, embed), lm_logits(target_next, embed))
+
+
 def train_eagle(recipe: Recipe, target, pool, progress: Progress) -> tuple[object, dict]:
     torch = _torch()
     from pipeline.reference.demo.heads import EagleHead
@@ -398,10 +407,11 @@ def train_eagle(recipe: Recipe, target, pool, progress: Progress) -> tuple[objec
         noisy = feats[:, :-1] + torch.randn(feats[:, :-1].shape, generator=noise_gen) * recipe.eagle_noise
         with _autocast():
             h = head(ids[:, 1:], noisy)  # [batch, L-1, H] ≈ f_{t+1}
-        h = h.float()
-        target_next = feats[:, 1:]
-        feature_loss = torch.nn.functional.smooth_l1_loss(h, target_next)
-        loss = feature_loss + 0.1 * kd_loss(lm_logits(h, embed), lm_logits(target_next, embed))
+        loss = _eagle_loss(recipe, h.float(), feats[:, 1:], embed)
+        for extra in range(1, recipe.eagle_unroll):  # pass p: inputs (predicted f_{t+p-1}, x_{t+p})
+            with _autocast():
+                h = head(ids[:, 1 + extra :], h[:, :-1].to(noisy.dtype))
+            loss = loss + _eagle_loss(recipe, h.float(), feats[:, 1 + extra :], embed)
         _step(optimizer, params, loss, lr_at(step, recipe.eagle_steps, recipe.eagle_lr, recipe.warmup))
         losses.append(loss.item())
         info(f"loss {loss.item():.3f}")
