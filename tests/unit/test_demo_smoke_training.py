@@ -30,6 +30,20 @@ def test_two_smoke_runs_are_bit_identical(two_smoke_runs):
 
 
 @pytest.mark.slow
+def test_eagle_in_a_second_process_gives_the_same_files(two_smoke_runs, tmp_path):
+    """The CLI trains the EAGLE head in a second process beside the draft and Medusa heads;
+    training everything in one process must give byte-identical files."""
+    from pipeline.reference.demo import train
+
+    report = train.train_all(tmp_path, train.SMOKE, show_progress=False, parallel=False)
+    assert "parallel" not in report
+    assert (tmp_path / "SHA256SUMS.txt").read_text() == (two_smoke_runs[0] / "SHA256SUMS.txt").read_text()
+    parallel = json.loads((two_smoke_runs[0] / "training_report.json").read_text())
+    assert parallel["parallel"] == ["tiny-eagle"]
+    assert parallel["quality"] == report["quality"]
+
+
+@pytest.mark.slow
 def test_smoke_outputs_load_and_verify(two_smoke_runs):
     from transformers import AutoTokenizer, LlamaForCausalLM
 
@@ -64,24 +78,26 @@ def test_retraining_one_model_reuses_the_target(two_smoke_runs, tmp_path):
 
 
 @pytest.mark.slow
-def test_eagle_unrolled_training_changes_only_the_eagle_head(two_smoke_runs, tmp_path):
-    """``eagle_unroll: 2`` adds a pass on the head's own predicted features: a different head
-    (its loss now sums two positive terms), every other model's files untouched."""
+def test_eagle_one_pass_training_changes_only_the_eagle_head(two_smoke_runs, tmp_path):
+    """The recipe trains EAGLE in two passes (the second on the head's own predicted features);
+    ``eagle_unroll: 1`` drops that pass: a different head whose loss is one positive term
+    fewer, every other model's files untouched."""
     import dataclasses
     import shutil
 
     from pipeline.reference.demo import train
     from pipeline.reference.demo.heads import load_eagle
 
-    out = tmp_path / "unrolled"
+    assert train.SMOKE.eagle_unroll == train.FULL.eagle_unroll == 2
+    out = tmp_path / "one-pass"
     shutil.copytree(two_smoke_runs[0], out)
-    report = train.train_all(out, dataclasses.replace(train.SMOKE, eagle_unroll=2), only=train.EAGLE,
+    report = train.train_all(out, dataclasses.replace(train.SMOKE, eagle_unroll=1), only=train.EAGLE,
                              show_progress=False)
     before, after = demo.read_sums(two_smoke_runs[0]), demo.read_sums(out)
     changed = {name for name in before if before[name] != after[name]}
     assert changed == {"tiny-eagle/model.safetensors"}
-    one_pass = json.loads((two_smoke_runs[0] / "training_report.json").read_text())["models"]["tiny-eagle"]
-    assert report["models"]["tiny-eagle"]["final_loss"] > one_pass["final_loss"]
+    two_passes = json.loads((two_smoke_runs[0] / "training_report.json").read_text())["models"]["tiny-eagle"]
+    assert report["models"]["tiny-eagle"]["final_loss"] < two_passes["final_loss"]
     load_eagle(out / "tiny-eagle")
 
 
