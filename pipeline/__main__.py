@@ -2,4 +2,5 @@
 
 from pipeline.cli import main
 
-main()
+if __name__ == "__main__":  # not when a spawned worker (demo training) imports it
+    main()

@@ -34,12 +34,32 @@ def heldout_loss(target, data, recipe) -> dict[str, float]:
     return losses
 
 
-def evaluate(models: dict, data, recipe) -> dict:
+def continuations(target, heldout: dict[str, list[list[int]]], recipe) -> dict[str, list[tuple]]:
+    """The target's greedy continuation of every held-out prompt, with its features:
+    {category: [(seq [1, end], features [1, end, H]) per prompt]} — the slow part of
+    :func:`evaluate` (demo training computes it in its second process, beside head training)."""
     import torch
 
-    from pipeline.reference.demo.train import DRAFT, EAGLE, MEDUSA, TARGET, generate_greedy_or_sampled, target_features
+    from pipeline.reference.demo.train import generate_greedy_or_sampled, target_features
+
+    out: dict[str, list[tuple]] = {}
+    for category, prompts in heldout.items():
+        out[category] = []
+        for prompt in prompts:
+            seq = generate_greedy_or_sampled(target, torch.tensor([prompt]), recipe.eval_new_tokens, False, None)
+            out[category].append((seq, target_features(target, seq)))
+    return out
+
+
+def evaluate(models: dict, data, recipe, continued: dict[str, list[tuple]] | None = None) -> dict:
+    """``continued``: :func:`continuations` computed elsewhere (computed here when None)."""
+    import torch
+
+    from pipeline.reference.demo.train import DRAFT, EAGLE, MEDUSA, TARGET
 
     target = models[TARGET]
+    if continued is None:
+        continued = continuations(target, data.heldout, recipe)
     embed = target.model.embed_tokens.weight.detach()
     result: dict = {"target_heldout_loss": heldout_loss(target, data, recipe), "target_greedy_sample": {}}
     counts: dict[str, dict[str, list[int]]] = {}  # metric → category → [hits, total]
@@ -50,16 +70,14 @@ def evaluate(models: dict, data, recipe) -> dict:
         cell[1] += total
 
     for category, prompts in data.heldout.items():
-        for index, prompt in enumerate(prompts):
+        for index, (prompt, (seq, feats)) in enumerate(zip(prompts, continued[category], strict=True)):
             start = len(prompt)
-            seq = generate_greedy_or_sampled(target, torch.tensor([prompt]), recipe.eval_new_tokens, False, None)
             end = seq.shape[1]
             if index == 0:
                 result["target_greedy_sample"][category] = {
                     "prompt": data.tokenizer.decode(prompt),
                     "continuation": data.tokenizer.decode(seq[0, start:].tolist()),
                 }
-            feats = target_features(target, seq)  # [1, end, H]
             greedy_next = seq[0, start:]  # tokens the target chose at positions start-1 … end-2
             with torch.no_grad():
                 if DRAFT in models:

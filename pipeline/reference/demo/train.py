@@ -53,10 +53,10 @@ class Recipe:
     target_steps: int = 600
     target_lr: float = 2e-3
     warmup: int = 30
-    draft_steps: int = 400
+    draft_steps: int = 520
     draft_lr: float = 2e-3
     medusa_heads: int = 4
-    medusa_steps: int = 300
+    medusa_steps: int = 420
     medusa_lr: float = 3e-3
     eagle_steps: int = 400
     eagle_lr: float = 2e-3
@@ -498,29 +498,36 @@ class _SecondProcess:
     """EAGLE training in a spawned process on the second core while this one trains the draft
     and Medusa heads. Bit-identical to training it here: same seeds, one thread each, and the
     target's embeddings read back from the checkpoint just saved. The child saves the head into
-    ``out_dir/tiny-eagle`` and sends back its report and seconds; an error there is raised here."""
+    ``out_dir/tiny-eagle`` and sends back its report, its seconds and the evaluation's target
+    continuations (see :func:`_eagle_child`); an error there is raised here."""
 
-    def __init__(self, recipe: Recipe, pool, out_dir: Path):
+    def __init__(self, recipe: Recipe, pool, heldout: dict, out_dir: Path):
         import multiprocessing
 
         context = multiprocessing.get_context("spawn")  # no fork of a process holding torch threads
         self._receive, send = context.Pipe(duplex=False)
-        self._process = context.Process(target=_eagle_child, args=(recipe, pool, str(out_dir), send), daemon=True)
+        self._process = context.Process(target=_eagle_child, args=(recipe, pool, heldout, str(out_dir), send),
+                                        daemon=True)
         self._process.start()
         send.close()
 
-    def join(self) -> tuple[dict, float]:
+    def join(self) -> tuple[dict, float, dict]:
+        """(EAGLE report, its training seconds, the evaluation's target continuations)."""
         try:
-            status, payload, seconds = self._receive.recv()
+            status, payload, seconds, continued = self._receive.recv()
         except EOFError:
-            status, payload, seconds = "error", "the EAGLE training process died", 0.0
+            status, payload, seconds, continued = "error", "the EAGLE training process died", 0.0, None
         self._process.join()
         if status != "ok":
             raise RuntimeError(f"EAGLE training failed in its process: {payload}")
-        return payload, seconds
+        torch = _torch()
+        return payload, seconds, {c: [(torch.from_numpy(seq), torch.from_numpy(feats)) for seq, feats in rows]
+                                  for c, rows in continued.items()}
 
 
-def _eagle_child(recipe: Recipe, pool, out_dir: str, send) -> None:
+def _eagle_child(recipe: Recipe, pool, heldout: dict, out_dir: str, send) -> None:
+    """Train and save the EAGLE head, then (the other process is still busy with the draft and
+    Medusa heads) the target's held-out continuations for :func:`evaluate.evaluate`."""
     import traceback
 
     try:
@@ -528,14 +535,20 @@ def _eagle_child(recipe: Recipe, pool, out_dir: str, send) -> None:
         from transformers import LlamaForCausalLM
         from transformers.utils import logging as hf_logging
 
+        from pipeline.reference.demo import evaluate
+
         hf_logging.set_verbosity_error()
         started = time.perf_counter()
         target = LlamaForCausalLM.from_pretrained(str(Path(out_dir) / TARGET)).eval()
         head, info = train_eagle(recipe, target, pool, Progress(False))
         save_eagle(head, Path(out_dir) / EAGLE, Path(out_dir) / TARGET)
-        send.send(("ok", info, round(time.perf_counter() - started, 1)))
+        seconds = round(time.perf_counter() - started, 1)
+        continued = evaluate.continuations(target, heldout, recipe)
+        # as numpy: tensors would travel as shared-memory handles, gone once this process exits
+        send.send(("ok", info, seconds, {c: [(seq.numpy(), feats.numpy()) for seq, feats in rows]
+                                         for c, rows in continued.items()}))
     except BaseException:  # noqa: BLE001 - reported to the parent, which raises
-        send.send(("error", traceback.format_exc(limit=5), 0.0))
+        send.send(("error", traceback.format_exc(limit=5), 0.0, None))
     finally:
         send.close()
 
@@ -580,10 +593,11 @@ def train_all(out_dir: Path, recipe: Recipe = FULL, only: str | None = None, sho
         for p in target.parameters():
             p.requires_grad_(False)
         models = {TARGET: target}
+        beside, continued = None, None
         if only != TARGET:
             pool = build_pool(recipe, target, data, progress)
             lap("pool")
-            beside = _SecondProcess(recipe, pool, out_dir) if parallel and only is None else None
+            beside = _SecondProcess(recipe, pool, data.heldout, out_dir) if parallel and only is None else None
             if beside is not None:
                 report["parallel"] = [EAGLE]
             for name, trainer in ((DRAFT, train_draft), (MEDUSA, train_medusa), (EAGLE, train_eagle)):
@@ -598,12 +612,12 @@ def train_all(out_dir: Path, recipe: Recipe = FULL, only: str | None = None, sho
                 save_eagle(models[EAGLE], out_dir / EAGLE, out_dir / TARGET)
             if beside is not None:
                 for _ in progress.steps("eagle (2nd process)", 1):
-                    report["models"][EAGLE], report["seconds"]["eagle"] = beside.join()
+                    report["models"][EAGLE], report["seconds"]["eagle"], continued = beside.join()
                 from pipeline.reference.demo.heads import load_eagle
 
                 models[EAGLE] = load_eagle(out_dir / EAGLE).eval()
                 lap("eagle_wait")
-        report["quality"] = evaluate.evaluate(models, data, recipe)
+        report["quality"] = evaluate.evaluate(models, data, recipe, continued)
         lap("evaluate")
     report["total_seconds"] = round(time.perf_counter() - started, 1)  # wall clock (stages may overlap)
     report["sha256"] = write_sums(out_dir)
