@@ -44,6 +44,10 @@ def main() -> None:
         for row in reports[name]["summary"]:
             print(f"{name}: {row['method']} batch {row['batch']} {row['scope']}: {row['speedup']:.2f}x "
                   f"({row['tokens_per_s']:.0f} vs {row['baseline_tokens_per_s']:.0f} tok/s)", file=sys.stderr)
+        scaling = reports[name].get("baseline_scaling")
+        if scaling:
+            print(f"{name}: baseline batch {scaling['batch']} / batch 1, side by side: {scaling['ratio']:.2f}x "
+                  f"(rounds {scaling['per_round']})", file=sys.stderr)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(reports, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {args.output}", file=sys.stderr)

@@ -26,6 +26,11 @@ def _table(report: dict) -> str:
         scope = "all categories" if s.get("scope", "all") == "all" else "in-domain"
         lines.append(f"{scope}: {s['method']} batch {s['batch']}: {s['tokens_per_s']:.1f} tok/s vs "
                      f"{s['baseline_tokens_per_s']:.1f} -> {s['speedup']:.2f}x (per CPU-second {s['speedup_cpu']:.2f}x)")
+    scaling = report.get("baseline_scaling")
+    if scaling:
+        lines.append(f"baseline batch {scaling['batch']} / batch 1 (side by side, {scaling['rounds']} rounds): "
+                     f"{scaling['batch_tokens_per_s']:.1f} / {scaling['batch1_tokens_per_s']:.1f} tok/s = "
+                     f"{scaling['ratio']:.2f}x (rounds {', '.join(f'{r:.2f}' for r in scaling['per_round'])})")
     peer = report.get("peer")
     if peer and "skipped" not in peer:
         lines.append(f"HF assisted generation (K={peer['num_assistant_tokens']}): {peer['hf_assisted_tokens_per_s']:.1f} "

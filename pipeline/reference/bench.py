@@ -15,6 +15,9 @@ other processes sharing the cores distort less), speedup, acceptance rate, mean 
 ``efficiency`` = speedup ÷ τ (τ is the speedup bound the measured acceptance implies if drafting
 and verification cost nothing extra). ``--peer hf`` adds Hugging Face assisted generation on the
 same checkpoints (draft-target only; batch 1; constant draft-length schedule, same K).
+``baseline_scaling``: the baseline's batch-8 ÷ batch-1 aggregate tokens/s, the two sizes
+alternating over a few rounds on the same in-domain prompts (the batch-8 rows above come minutes
+after the batch-1 ones, which a drifting machine skews).
 """
 
 from __future__ import annotations
@@ -164,6 +167,29 @@ def _record(arm: Arm, result) -> None:
     arm.outputs.append(result.output_ids)
 
 
+SCALING_ROUNDS = 3
+
+
+def baseline_scaling(engine, prompts: list[list[int]], batch: int, max_tokens: int, end_id: int | None,
+                     rounds: int = SCALING_ROUNDS) -> dict:
+    """The baseline's aggregate tokens/s at ``batch`` ÷ at batch 1, measured side by side: each
+    round runs the same prompts one by one, then ``batch`` at a time (2 × batch requests), so a
+    slow spell on a shared machine hits both sizes alike. Pooled ratio and the per-round ones."""
+    single, batched, per_round = Arm(outputs=[]), Arm(outputs=[]), []
+    for _ in range(rounds):
+        one = run_arm(engine, prompts, 1, max_tokens, end_id)
+        many = run_arm(engine, _fill(prompts, 2 * batch), batch, max_tokens, end_id)
+        per_round.append(round(many.tokens_per_s / one.tokens_per_s, 3) if one.tokens_per_s else 0.0)
+        for total, arm in ((single, one), (batched, many)):
+            total.tokens += arm.tokens
+            total.seconds += arm.seconds
+    return {"batch": batch, "prompts": len(prompts), "rounds": rounds,
+            "batch1_tokens_per_s": round(single.tokens_per_s, 2),
+            "batch_tokens_per_s": round(batched.tokens_per_s, 2),
+            "ratio": round(batched.tokens_per_s / single.tokens_per_s, 3) if single.tokens_per_s else 0.0,
+            "per_round": per_round}
+
+
 def _fill(prompts: list, count: int) -> list:
     """At batch > 1, cycle the prompts to keep the batch full for most of the run."""
     return [prompts[i % len(prompts)] for i in range(max(count, len(prompts)))]
@@ -223,7 +249,7 @@ def run_bench(config_path: str | Path, prompts_per_category: int = 8, max_tokens
         variants.append(("+draft_int8", target, {**spec, "draft_int8": True}))
     if int8 or cfg.target.quantization.format == "int8_wo":
         variants.append(("+int8_wo", _int8_dir(target, Path(workdir.name)), spec))
-    results = []
+    results, scaling = [], None
     try:
         for suffix, model_dir, spec_variant in variants:
             base_engine = create_engine(model_dir, **limits)
@@ -242,6 +268,9 @@ def run_bench(config_path: str | Path, prompts_per_category: int = 8, max_tokens
                             base = run_arm(base_engine, prompts, batch, max_tokens, end_id)
                             fast = run_arm(spec_engine, prompts, batch, max_tokens, end_id)
                         results.append(_row(cfg.method + suffix, batch, category, base, fast))
+                if not suffix and max(batches) > 1:
+                    scaling = baseline_scaling(base_engine, _in_domain_sample(categories), max(batches),
+                                               max_tokens, end_id)
             finally:
                 base_engine.shutdown()
                 spec_engine.shutdown()
@@ -255,6 +284,8 @@ def run_bench(config_path: str | Path, prompts_per_category: int = 8, max_tokens
                     "threads": cfg.reference.threads},
         "results": results, "summary": summarize(results),
     }
+    if scaling is not None:
+        report["baseline_scaling"] = scaling
     if peer == "hf":
         report["peer"] = hf_peer(cfg, target, spec, categories, max_tokens, results, stop_at_eos)
     elif peer is not None:
@@ -263,6 +294,12 @@ def run_bench(config_path: str | Path, prompts_per_category: int = 8, max_tokens
 
 
 OUT_OF_DOMAIN = ("ood",)  # the demo corpus's deliberately unpredictable category
+
+
+def _in_domain_sample(categories: dict[str, list], per_category: int = 4) -> list:
+    """A few prompts of each in-domain category (all categories when none is in-domain)."""
+    chosen = {c: p for c, p in categories.items() if c not in OUT_OF_DOMAIN} or categories
+    return [prompt for prompts in chosen.values() for prompt in prompts[:per_category]]
 
 
 def summarize(results: list[dict]) -> list[dict]:

@@ -49,6 +49,18 @@ def test_bench_reports_every_category_batch_and_peer(tmp_path, capsys):
         assert 0 <= r["acceptance_rate"] <= 1 and r["mean_acceptance_length"] >= 1
         assert r["tokens_per_s"] > 0 and r["speedup"] > 0
     assert report["peer"]["num_assistant_tokens"] == 3 and report["peer"]["hf_assisted_tokens_per_s"] > 0
+    scaling = report["baseline_scaling"]  # batch 8 vs 1, side by side, up to 4 prompts a category
+    assert (scaling["batch"], scaling["prompts"], len(scaling["per_round"])) == (8, 6, scaling["rounds"])
+    assert scaling["batch_tokens_per_s"] > 0 and scaling["batch1_tokens_per_s"] > 0
+    assert scaling["ratio"] == pytest.approx(scaling["batch_tokens_per_s"] / scaling["batch1_tokens_per_s"], abs=2e-3)
+
+
+def test_scaling_sample_leaves_out_of_domain_prompts_out():
+    from pipeline.reference.bench import _in_domain_sample
+
+    cats = {"code": [[1], [2], [3], [4], [5]], "ood": [[9]], "prose": [[6]]}
+    assert _in_domain_sample(cats) == [[1], [2], [3], [4], [6]]
+    assert _in_domain_sample({"ood": [[9], [8]]}) == [[9], [8]]  # nothing in-domain: use what there is
 
 
 def test_bench_medusa_table_and_errors(tmp_path, capsys):
@@ -58,6 +70,7 @@ def test_bench_medusa_table_and_errors(tmp_path, capsys):
     assert run(["bench", str(cfg), "--prompts", "2", "--max-tokens", "4", "--batch", "1"]) == 0
     table = capsys.readouterr().out
     assert "medusa" in table and "alpha" in table and "speedup" in table
+    assert "baseline batch" not in table  # batch 1 only: nothing to scale against
     with pytest.raises(SpecdeployError, match="only 'hf'"):
         run(["bench", str(cfg), "--peer", "vllm"])
     none_cfg = _config(tmp_path / "n", "{method: none}") if (tmp_path / "n").mkdir() is None else None
