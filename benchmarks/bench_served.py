@@ -55,14 +55,14 @@ def models_for(source: str, workdir: Path) -> tuple[dict, int]:
 class InProcess:
     """The same engine loaded in this process (the control)."""
 
-    def __init__(self, engine_dir: Path, end_id):
+    def __init__(self, engine_dir: Path, end_id, cpus=None):
         import torch
 
         from pipeline.reference.engine import load_engine
 
         torch.set_num_threads(1)
         sys.setswitchinterval(SWITCH_INTERVAL_S)  # as in the served model: a fair, not a handicapped, control
-        self.engine = load_engine(engine_dir)
+        self.engine = load_engine(engine_dir, cpus=cpus)  # on the core the served engine gets
         self.end_id = end_id
 
     def run(self, ids: list[int], max_tokens: int) -> int:
@@ -132,12 +132,13 @@ def paired_ratio(sides: dict, side: str) -> dict:
 
 
 def measure_method(workdir: Path, models: dict, method: str, k: int, prompts: list[str], max_tokens: int,
-                   rounds: int) -> dict:
+                   rounds: int, cpu_pinning: str = "auto") -> dict:
     import tiny_deploy
     from triton_clients import StreamSession
 
     from pipeline.config import load_config
     from pipeline.render import client_target, drafts_in_engine, load_manifest, render
+    from pipeline.cpu_pinning import spawn_on
     from pipeline.serve import serve_deployment
     from pipeline.triton_models.tokenizer import TextTokenizer
 
@@ -148,34 +149,39 @@ def measure_method(workdir: Path, models: dict, method: str, k: int, prompts: li
         if method.startswith("draft_target"):
             options = {"orchestration": "bls" if method == "draft_target_bls" else "engine",
                        "name": method.replace("_", "-")}
-        cfg = load_config(tiny_deploy.make_deployment(workdir, models, method.removesuffix("_bls"), k=k, **options))
+        cfg = load_config(tiny_deploy.make_deployment(workdir, models, method.removesuffix("_bls"), k=k,
+                                                      reference={"cpu_pinning": cpu_pinning}, **options))
         render(cfg)
         manifest = load_manifest(cfg)
         tokenizer = TextTokenizer(manifest["tokenizer_dir"])
         prompt_ids = [tokenizer.encode(p) for p in prompts]
         result = {}
         for variant in ("baseline", "speculative"):
-            local = InProcess(Path(manifest["engines"][variant]), tokenizer.end_id)
             target = client_target(cfg, variant)
-            try:
-                with serve_deployment(cfg, variant) as server:
-                    session = StreamSession(server.grpc_url)
-                    runners = {"in_process": lambda p, ids: local.run(ids, max_tokens),
-                               "served": lambda p, ids: served_run(session, target, p, max_tokens)}
-                    if variant == "baseline" or method != "draft_target_bls":
-                        runners["served_direct"] = lambda p, ids: direct_run(session, ids, max_tokens, tokenizer.end_id)
-                    try:
-                        sides = interleaved(runners, prompts, prompt_ids, rounds)
-                    except Exception:
-                        print(f"{method} {variant}: server alive={server.alive()}; log tail:\n{server.log_tail(30)}", file=sys.stderr)
-                        raise
-                    finally:
-                        session.close()
-            finally:
-                local.engine.shutdown()
+            with serve_deployment(cfg, variant) as server, spawn_on(server.cpu_plan.other_cpus if server.cpu_plan else None):
+                # the server's CPU plan (reference.cpu_pinning) holds for both sides: the in-process
+                # engine decodes on the core the served one gets; this client (and the gRPC threads
+                # it starts) runs on the others
+                plan = server.cpu_plan
+                local = InProcess(Path(manifest["engines"][variant]), tokenizer.end_id,
+                                  plan.engine_cpus.get("tensorrt_llm") if plan else None)
+                session = StreamSession(server.grpc_url)
+                runners = {"in_process": lambda p, ids: local.run(ids, max_tokens),
+                           "served": lambda p, ids: served_run(session, target, p, max_tokens)}
+                if variant == "baseline" or method != "draft_target_bls":
+                    runners["served_direct"] = lambda p, ids: direct_run(session, ids, max_tokens, tokenizer.end_id)
+                try:
+                    sides = interleaved(runners, prompts, prompt_ids, rounds)
+                except Exception:
+                    print(f"{method} {variant}: server alive={server.alive()}; log tail:\n{server.log_tail(30)}", file=sys.stderr)
+                    raise
+                finally:
+                    session.close()
+                    local.engine.shutdown()
             sides["served"].update(model=target.model_name, extra_inputs=target.extra_inputs)
             inproc = sides["in_process"]["tokens_per_s"]
-            result[variant] = {**sides, "served_over_in_process": sides["served"]["tokens_per_s"] / inproc,
+            result[variant] = {**sides, "cpu_pinning": plan.as_dict() if plan else None,
+                               "served_over_in_process": sides["served"]["tokens_per_s"] / inproc,
                                "served_over_in_process_paired": paired_ratio(sides, "served")}
             if "served_direct" in sides:
                 result[variant]["served_direct_over_in_process"] = sides["served_direct"]["tokens_per_s"] / inproc
@@ -203,16 +209,22 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=4, help="passes over the prompts")
     parser.add_argument("--methods", nargs="*", default=list(METHODS))
+    parser.add_argument("--cpu-pinning", default="auto",
+                        help="reference.cpu_pinning for the served deployments and the in-process control: "
+                             "auto, off or the engine's CPU ids, comma-separated")
     parser.add_argument("--workdir", type=Path, help="keep deployments and server logs here (default: a temp dir)")
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "served.json")
     args = parser.parse_args()
+    if args.cpu_pinning not in ("auto", "off"):
+        args.cpu_pinning = [int(c) for c in args.cpu_pinning.split(",")]
     prompts = PROMPTS[: args.prompts]
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-served-") as tmp:
         workdir = args.workdir.resolve() if args.workdir else Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         models, k = models_for(args.source, workdir)
-        results = {method: measure_method(workdir, models, method, k, prompts, args.max_tokens, args.rounds) for method in args.methods}
+        results = {method: measure_method(workdir, models, method, k, prompts, args.max_tokens, args.rounds,
+                                            args.cpu_pinning) for method in args.methods}
     report = {
         "what": "greedy tokens/s at concurrency 1: served (gRPC streaming through Triton, one open stream per "
                 "arm) vs in-process, per arm, measured interleaved prompt by prompt; speculative speedup through "
@@ -222,6 +234,7 @@ def main() -> None:
                       "served_over_in_process_paired = median [q1, q3] of the per-prompt ratios of generations run "
                       "back to back (robust to load spikes on a shared machine)",
         "source": args.source, "num_draft_tokens": k, "prompts": len(prompts), "rounds": args.rounds, "max_tokens": args.max_tokens,
+        "cpu_pinning": args.cpu_pinning,
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
                  "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
         "note": "shared 2-core machine: compare ratios only within one run; a load average well above the "

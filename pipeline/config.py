@@ -583,6 +583,25 @@ class ReferenceEngineSettings(_Strict):
         "float32 compute only; with draft-target orchestration: bls the served draft engine stays float.",
         default="float",
     )
+    cpu_pinning: Literal["auto", "off"] | list[Annotated[int, Field(ge=0)]] = _desc(
+        "Serving only. auto = each engine model's decode thread (tensorrt_llm, and tensorrt_llm_draft "
+        "with orchestration: bls) gets `threads` CPUs of its own, the highest allowed ones, and "
+        "tritonserver, the other models and the load generator run on the rest — when at least one "
+        "CPU is left for them; otherwise nothing is pinned. A list of CPU ids = the engines' CPUs "
+        "(`threads` per engine model, in order); the rest run everything else. off = the OS "
+        "schedules everything. The serve log names the plan.",
+        default="auto",
+    )
+
+    @field_validator("cpu_pinning", mode="before")
+    @classmethod
+    def _cpu_pinning_value(cls, value):
+        # one message instead of one per union member
+        if isinstance(value, str) and value in ("auto", "off"):
+            return value
+        if isinstance(value, list) and value and all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in value):
+            return value
+        raise ValueError(f"should be 'auto', 'off' or a non-empty list of CPU ids (integers ≥ 0), got {value!r}")
 
 
 class DeploymentConfig(_Strict):

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from pipeline.config import DeploymentConfig, config_hash
+from pipeline.cpu_pinning import spawn_on
 from pipeline.errors import SpecdeployError
 from pipeline.paths import PROJECT_ROOT, manifest_path, reports_root
 from pipeline.render import client_target, drafts_in_engine
@@ -145,6 +146,7 @@ class ArmEndpoint:
     pid: int | None = None
     alive: Callable[[], bool] | None = None
     log_tail: Callable[[int], str] | None = None
+    client_cpus: tuple[int, ...] | None = None  # the server's CPU plan keeps Locust off the engines' cores
 
 
 def free_port() -> int:
@@ -174,6 +176,7 @@ def managed_endpoints(cfg: DeploymentConfig, arms: tuple[str, ...]) -> Iterator[
                 metrics_url=server.metrics_url, pid=server.pid,
                 alive=_managed_alive(server, target.model_name, target.extra_inputs),
                 log_tail=getattr(server, "log_tail", None),
+                client_cpus=server.cpu_plan.other_cpus if getattr(server, "cpu_plan", None) else None,
             )
         yield endpoints
 
@@ -441,8 +444,9 @@ def execute_run(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run
     started = time.time()
     timed_out = False
     with RssSampler(endpoint.pid) as rss, open(log_path, "w", encoding="utf-8") as log:
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(PROJECT_ROOT),
-                                start_new_session=True)
+        with spawn_on(endpoint.client_cpus):
+            proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(PROJECT_ROOT),
+                                    start_new_session=True)
         cpu = CpuSampler(proc.pid)
         try:
             exit_code = proc.wait(timeout=timeout_s)
@@ -474,7 +478,7 @@ def execute_run(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run
         "server_alive": alive, "valid": not reasons, "invalid_reasons": reasons, "locust_exit_code": exit_code,
         "n_records": n_records, "sent": sum(m.get("sent", 0) for m in metas), "peak_rss_mb": rss.peak_mb,
         "started_unix": started, "seconds": time.time() - started, "command": argv,
-        "client_cpu_s": client_cpu_s,
+        "client_cpu_s": client_cpu_s, "client_cpus": list(endpoint.client_cpus) if endpoint.client_cpus else None,
         "client_cpu_fraction": client_cpu_s / max(1e-9, (time.time() - started) * cfg.loadtest.processes),
         "server_log_tail": endpoint.log_tail(30) if (not alive and endpoint.log_tail) else None,
     }

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Iterator
 
 from pipeline.config import DeploymentConfig
+from pipeline.cpu_pinning import CpuPlan, allowed_cpus, plan_pinning, spawn_on
 from pipeline.errors import ServeError
 from pipeline.paths import PROJECT_ROOT, logs_dir
 
@@ -217,6 +218,7 @@ class RunningServer:
     log_path: Path
     repo: Path
     exit_timeout_s: float = 5.0
+    cpu_plan: CpuPlan | None = None  # the CPU pinning the server runs under (None: unpinned)
     _descendants: set = field(default_factory=set)
 
     @property
@@ -335,9 +337,12 @@ def wait_ready(server: RunningServer, models: list[str], timeout_s: float) -> No
 def start_server(repo_dir: Path, *, argv: list[str] | None = None, env: dict | None = None,
                  http_port: int | None = None, grpc_port: int | None = None, metrics_port: int | None = None,
                  host: str = DEFAULT_HOST, log_path: Path | None = None, exit_timeout_s: float = 5.0,
-                 startup_timeout_s: float = 180.0, wait: bool = True) -> RunningServer:
+                 startup_timeout_s: float = 180.0, wait: bool = True, cpu_plan: CpuPlan | None = None,
+                 cpu_note: str = "") -> RunningServer:
     """Start a server on ``repo_dir`` (the CPU tritonserver unless ``argv`` is given) and wait
-    until it and every model in the repository are ready."""
+    until it and every model in the repository are ready. ``cpu_plan``: the server runs on its
+    ``other_cpus`` and the engine models learn theirs from the environment
+    (:mod:`pipeline.cpu_pinning`); ``cpu_note`` says in the log why there is none."""
     repo_dir = Path(repo_dir).resolve()
     if not repo_dir.is_dir():
         raise ServeError(f"no model repository at {repo_dir}: run `specdeploy render` first")
@@ -349,17 +354,21 @@ def start_server(repo_dir: Path, *, argv: list[str] | None = None, env: dict | N
         server = prepare_cpu_server()
         argv = cpu_server_argv(server, repo_dir, ports, host, exit_timeout_s)
         env = cpu_server_env(server, env)
+    if cpu_plan is not None:
+        env = {**(os.environ if env is None else env), **cpu_plan.env()}
     log_path = Path(log_path or repo_dir.parent / f"serve-{repo_dir.name}.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log:
-        log.write(("$ " + shlex.join(argv) + "\n").encode())
+        pinning = cpu_plan.describe() if cpu_plan is not None else f"none ({cpu_note or 'not asked for'})"
+        log.write((f"# cpu pinning: {pinning}\n$ " + shlex.join(argv) + "\n").encode())
         log.flush()
         try:
-            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       env=env, start_new_session=True, cwd=str(PROJECT_ROOT))
+            with spawn_on(cpu_plan.other_cpus if cpu_plan is not None else None):
+                process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                           env=env, start_new_session=True, cwd=str(PROJECT_ROOT))
         except OSError as exc:
             raise ServeError(f"cannot start {argv[0]}: {exc}") from None
-    running = RunningServer(process, host, ports, log_path, repo_dir, exit_timeout_s)
+    running = RunningServer(process, host, ports, log_path, repo_dir, exit_timeout_s, cpu_plan)
     if wait:
         try:
             wait_ready(running, repository_models(repo_dir), startup_timeout_s)
@@ -409,11 +418,28 @@ def start_deployment(cfg: DeploymentConfig, variant: str, *, http_port: int | No
     picked = iter(free_ports(3, cfg.triton.host))
     ports = Ports(http_port or next(picked), grpc_port or next(picked), metrics_port or next(picked))
     argv, env = _deployment_launch(cfg, repo, ports)
+    plan, note = deployment_cpu_plan(cfg, repo)
     return start_server(
         repo, argv=argv, env=env, http_port=ports.http, grpc_port=ports.grpc, metrics_port=ports.metrics,
         host=cfg.triton.host, log_path=(logs_dir(cfg) / f"serve-{variant}.log").resolve(),
         exit_timeout_s=cfg.triton.exit_timeout_s, startup_timeout_s=cfg.triton.startup_timeout_s,
+        cpu_plan=plan, cpu_note=note,
     )
+
+
+def deployment_cpu_plan(cfg: DeploymentConfig, repo: Path) -> tuple[CpuPlan | None, str]:
+    """The CPU pinning for one arm of a reference deployment (GPU engines: none); the arm with the
+    most engine models decides whether both are pinned."""
+    if cfg.backend != "reference":
+        return None, "GPU backend"
+    from pipeline.render import drafts_in_engine  # noqa: PLC0415
+
+    most = 2 if cfg.method == "draft_target" and not drafts_in_engine(cfg) else 1  # BLS: draft + target
+    try:
+        return plan_pinning(cfg.reference.cpu_pinning, repository_models(repo), cfg.reference.threads,
+                            allowed_cpus(), most)
+    except ValueError as exc:
+        raise ServeError(str(exc)) from None
 
 
 @contextlib.contextmanager
@@ -437,6 +463,7 @@ def serve_foreground(cfg: DeploymentConfig, variant: str, *, http_port: int | No
     )
     print(f"serving {cfg.name} ({variant}) pid {server.pid}\n  HTTP    {server.http_url}\n"
           f"  gRPC    {server.grpc_url}\n  metrics {server.metrics_url}\n  log     {server.log_path}\n"
+          f"  cpus    {server.cpu_plan.describe() if server.cpu_plan else 'not pinned (the log says why)'}\n"
           "Ctrl-C stops it.", file=out, flush=True)
     def _interrupt(signum, frame):
         raise KeyboardInterrupt

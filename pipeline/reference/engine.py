@@ -21,6 +21,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from pipeline.cpu_pinning import pin_this_thread
 from pipeline.errors import SpecdeployError
 from pipeline.reference.api import (
     ENGINE_DESCRIPTOR,
@@ -86,8 +87,9 @@ class Handle:
 class ReferenceEngine:
     """Target + optional proposer + in-flight batching thread (api.Engine)."""
 
-    def __init__(self, scheduler: Scheduler, descriptor: dict):
+    def __init__(self, scheduler: Scheduler, descriptor: dict, cpus: tuple[int, ...] | None = None):
         self.scheduler = scheduler
+        self.cpus = cpus  # the decode thread pins itself to these (pipeline.cpu_pinning); None: unpinned
         self.descriptor = descriptor
         self.role = descriptor.get("role", "baseline")
         self.method = descriptor.get("proposer", {}).get("method", "none")
@@ -145,6 +147,8 @@ class ReferenceEngine:
     # -- the loop --------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        if self.cpus:
+            pin_this_thread(self.cpus)
         active: list[SeqState] = []
         with torch.inference_mode():
             while True:
@@ -259,7 +263,8 @@ def _make_proposer(spec: dict, target: LlamaModel, dtype: torch.dtype, slots: in
     raise SpecdeployError(f"unknown proposer method {method!r}")
 
 
-def engine_from_descriptor(descriptor: dict, base: Path = Path(".")) -> ReferenceEngine:
+def engine_from_descriptor(descriptor: dict, base: Path = Path("."),
+                           cpus: tuple[int, ...] | None = None) -> ReferenceEngine:
     role = descriptor.get("role", "baseline")
     if role not in ROLES:
         raise SpecdeployError(f"engine.json: role {role!r} is not one of {ROLES}")
@@ -283,7 +288,7 @@ def engine_from_descriptor(descriptor: dict, base: Path = Path(".")) -> Referenc
         max_draft = 0
     scheduler = Scheduler(target, proposer, max_batch, max_seq, max_draft,
                           int(descriptor.get("prefix_cache_entries", 64)))
-    return ReferenceEngine(scheduler, descriptor)
+    return ReferenceEngine(scheduler, descriptor, cpus)
 
 
 def set_threads(threads: int) -> None:
@@ -294,7 +299,8 @@ def set_threads(threads: int) -> None:
         pass  # already set in this process (it can only be set once)
 
 
-def load_engine(engine_dir: Path) -> ReferenceEngine:
+def load_engine(engine_dir: Path, cpus: tuple[int, ...] | None = None) -> ReferenceEngine:
+    """``cpus``: pin the decode thread to these (``serve`` assigns them; None: unpinned)."""
     engine_dir = Path(engine_dir)
     path = engine_dir / ENGINE_DESCRIPTOR
     if not path.is_file():
@@ -303,12 +309,13 @@ def load_engine(engine_dir: Path) -> ReferenceEngine:
     if descriptor.get("format") != ENGINE_FORMAT:
         raise SpecdeployError(f"{path}: format {descriptor.get('format')!r}, expected {ENGINE_FORMAT!r}")
     set_threads(int(descriptor.get("threads", 1)))
-    return engine_from_descriptor(descriptor, engine_dir)
+    return engine_from_descriptor(descriptor, engine_dir, cpus)
 
 
 def create_engine(model_dir: Path, *, role: str = "baseline", proposer: dict | None = None,
                   max_draft_len: int | None = None, max_batch_size: int = 8, max_seq_len: int = 512,
-                  compute_dtype: str = "float32", prefix_cache_entries: int = 64) -> ReferenceEngine:
+                  compute_dtype: str = "float32", prefix_cache_entries: int = 64,
+                  cpus: tuple[int, ...] | None = None) -> ReferenceEngine:
     """Direct constructor for tests and ``bench`` (same fields as engine.json)."""
     descriptor = {
         "format": ENGINE_FORMAT, "role": role, "model_dir": str(model_dir),
@@ -316,4 +323,4 @@ def create_engine(model_dir: Path, *, role: str = "baseline", proposer: dict | N
         "max_batch_size": max_batch_size, "max_seq_len": max_seq_len, "compute_dtype": compute_dtype,
         "prefix_cache_entries": prefix_cache_entries, "threads": 1,
     }
-    return engine_from_descriptor(descriptor)
+    return engine_from_descriptor(descriptor, cpus=cpus)

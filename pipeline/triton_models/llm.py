@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from pipeline.cpu_pinning import engine_cpus_from_env
 from pipeline.reference.api import Chunk
 from pipeline.triton_models import io
 from pipeline.triton_models.metrics import SpecDecodeCounters
@@ -137,7 +138,8 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.exclude_default = io.param_bool(config, "exclude_input_in_output", False)
-        self.engine = load_engine(Path(io.param(config, "gpt_model_path")))
+        # serve's CPU plan: this model's decode thread on cores of its own (pipeline.cpu_pinning)
+        self.engine = load_engine(Path(io.param(config, "gpt_model_path")), cpus=engine_cpus_from_env(args["model_name"]))
         self.counters = SpecDecodeCounters(args["model_name"], args["model_version"])
         self._lock = threading.Lock()
         self._inflight: dict[str, tuple[object, object]] = {}  # id → (response sender, handle)

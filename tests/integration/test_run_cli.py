@@ -5,6 +5,7 @@ exit code is the verdict, the last lines say where the report is, and nothing pr
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,4 +35,7 @@ def test_run_end_to_end_prints_report_and_exits_with_verdict(tmp_path):
     assert (reports[0].parent / "report.html").is_file()
     runs = json.loads((reports[0].parent / "runs.json").read_text())["runs"]
     assert len(runs) == 4 and all(r["server_alive"] for r in runs), [r.get("invalid_reasons") for r in runs]
+    allowed = os.sched_getaffinity(0)
+    if len(allowed) >= 2:  # reference.cpu_pinning auto: Locust stays off the engine's core, in both arms
+        assert all(r["client_cpus"] == sorted(allowed - {max(allowed)}) for r in runs), [r["client_cpus"] for r in runs]
     assert (tmp_path / "engines" / "tiny-cpu-eagle" / "manifest.json").is_file()

@@ -122,7 +122,8 @@ def chain(depth: int) -> list[list[int]]:
 
 
 def make_deployment(workdir: Path, models: dict[str, Path], method: str, name: str | None = None,
-                    decoupled: bool = True, k: int = K, orchestration: str = "bls") -> Path:
+                    decoupled: bool = True, k: int = K, orchestration: str = "bls",
+                    reference: dict | None = None) -> Path:
     """Config + engine descriptors + manifest under ``workdir`` (the cwd of later stages)."""
     from pipeline.config import config_hash, load_config  # noqa: PLC0415
 
@@ -142,6 +143,8 @@ def make_deployment(workdir: Path, models: dict[str, Path], method: str, name: s
         "build": {"max_batch_size": 4, "max_input_len": MAX_INPUT_LEN, "max_seq_len": MAX_SEQ_LEN},
         "triton": {"decoupled": decoupled, "startup_timeout_s": 240},
     }
+    if reference:
+        config["reference"] = reference
     cfg_path = workdir / f"{name}.yaml"
     cfg_path.write_text(yaml.safe_dump(config, sort_keys=False))
     cfg = load_config(cfg_path)

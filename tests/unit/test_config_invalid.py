@@ -119,6 +119,8 @@ CASES = [
     ("few-resamples", {"gate.bootstrap_resamples": 10}, "gate.bootstrap_resamples: Input should be greater than or equal to 100"),
     ("bad-compute-dtype", {"reference.compute_dtype": "float16"}, "reference.compute_dtype: Input should be 'float32' or 'float64'"),
     ("bad-draft-weights", {"reference.draft_weights": "int4"}, "reference.draft_weights: Input should be 'float' or 'int8'"),
+    ("bad-cpu-pinning", {"reference.cpu_pinning": "sometimes"}, "reference.cpu_pinning: should be 'auto', 'off' or a non-empty list of CPU ids"),
+    ("negative-cpu-id", {"reference.cpu_pinning": [-1]}, "reference.cpu_pinning: should be 'auto', 'off' or a non-empty list of CPU ids (integers ≥ 0), got [-1]"),
     ("bool-as-text", {"triton.decoupled": "maybe"}, "triton.decoupled: Input should be a valid boolean"),
 ]
 

@@ -1,0 +1,125 @@
+"""CPU pinning for served reference engines: which cores the engines' decode threads own, and
+which cores everything else (tritonserver, the pre/post-processing and BLS stubs, the load
+generator) runs on.
+
+On a small CPU host the engine's single decode thread shares the cores with Triton's frontends,
+the other Python models and the client; the scheduler moves them around and the decode thread
+loses time to them. Pinning the decode thread to a core of its own and the rest to the other
+cores is the CPU analogue of giving a GPU engine its device (measured on 2 cores: served ÷
+in-process tokens/s at concurrency 1 from 0.84–0.89 to 0.93, see the README).
+
+Reads the allowed CPU set (``os.sched_getaffinity``); writes nothing. :func:`plan_pinning` is
+pure. ``serve`` applies a plan: it starts tritonserver on :attr:`CpuPlan.other_cpus` (the model
+stubs inherit that set) and hands each engine model its cores in :data:`ENV_VAR` (JSON
+``{model: [cpu, ...]}``), as ``CUDA_VISIBLE_DEVICES`` hands GPUs to a process; each engine's
+decode thread pins itself (:func:`pin_this_thread`). ``loadtest`` starts Locust on the other
+cores too (:func:`spawn_on`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Mapping
+
+ENV_VAR = "SPECDEPLOY_ENGINE_CPUS"
+ENGINE_MODELS = ("tensorrt_llm", "tensorrt_llm_draft")  # the models that run a reference engine
+
+
+@dataclass(frozen=True)
+class CpuPlan:
+    engine_cpus: dict[str, tuple[int, ...]]  # engine model name → its decode thread's CPUs
+    other_cpus: tuple[int, ...]  # tritonserver, the other models' stubs, the load generator
+
+    def env(self) -> dict[str, str]:
+        return {ENV_VAR: json.dumps({model: list(cpus) for model, cpus in self.engine_cpus.items()})}
+
+    def describe(self) -> str:
+        engines = ", ".join(f"{model} → {list(cpus)}" for model, cpus in self.engine_cpus.items())
+        return f"engine decode threads: {engines}; tritonserver, other models, load generator → {list(self.other_cpus)}"
+
+    def as_dict(self) -> dict:
+        return {"engine_cpus": {m: list(c) for m, c in self.engine_cpus.items()}, "other_cpus": list(self.other_cpus)}
+
+
+def allowed_cpus() -> set[int]:
+    return set(os.sched_getaffinity(0))
+
+
+def plan_pinning(mode: str | list[int], engine_models: Iterable[str], threads: int,
+                 allowed: Iterable[int], most_engines: int = 0) -> tuple[CpuPlan | None, str]:
+    """``auto``: each engine model gets ``threads`` CPUs of its own (the highest allowed ones)
+    when at least one CPU is left over for everything else — for the deployment's arm with the
+    most engine models (``most_engines``: the speculative arm of a BLS draft-target deployment
+    has two), so that both arms of a load test run under the same policy; otherwise nothing is
+    pinned (engines sharing cores would contend whenever their requests overlap). A list names
+    the engines' CPUs (``threads`` per engine model, in order); an unusable list is a
+    :class:`ValueError`. Returns the plan (None = no pinning) and a one-line reason."""
+    models = [m for m in engine_models if m in ENGINE_MODELS]
+    cpus = sorted(set(allowed))
+    if mode == "off":
+        return None, "reference.cpu_pinning is off"
+    if not models:
+        return None, "no reference engine model in the repository"
+    needed = len(models) * threads
+    if mode == "auto":
+        engines = max(len(models), most_engines)
+        if len(cpus) < engines * threads + 1:
+            return None, (f"{len(cpus)} CPU(s) allowed; pinning {engines} engine model(s) × {threads} "
+                          "thread(s) needs one more for the server (both arms run unpinned)")
+        reserved = cpus[-needed:]
+    else:
+        reserved = list(dict.fromkeys(int(c) for c in mode))
+        outside = [c for c in reserved if c not in cpus]
+        if outside:
+            raise ValueError(f"reference.cpu_pinning: CPU(s) {outside} are not allowed here (allowed: {cpus})")
+        if len(reserved) < needed:
+            raise ValueError(f"reference.cpu_pinning lists {len(reserved)} CPU(s); {len(models)} engine model(s) "
+                             f"× {threads} thread(s) need {needed}")
+        if len(reserved) >= len(cpus):
+            raise ValueError(f"reference.cpu_pinning takes every allowed CPU ({cpus}); leave one for the server")
+        reserved = reserved[:needed]
+    engine = {model: tuple(reserved[i * threads:(i + 1) * threads]) for i, model in enumerate(models)}
+    return CpuPlan(engine, tuple(c for c in cpus if c not in reserved)), "pinned"
+
+
+def engine_cpus_from_env(model_name: str, environ: Mapping[str, str] = os.environ) -> tuple[int, ...] | None:
+    """The CPUs ``serve`` assigned to this engine model (None: not pinned, or an unreadable value)."""
+    raw = environ.get(ENV_VAR)
+    if not raw:
+        return None
+    try:
+        cpus = json.loads(raw).get(model_name)
+        return tuple(int(c) for c in cpus) if cpus else None
+    except (ValueError, TypeError, AttributeError):
+        print(f"specdeploy: ignoring unreadable {ENV_VAR}={raw!r}", file=sys.stderr)
+        return None
+
+
+def pin_this_thread(cpus: Iterable[int]) -> bool:
+    """Pin the calling thread (Linux affinity is per thread); threads it starts later inherit the
+    set. False (and a line on stderr) when the OS refuses, e.g. a CPU outside the cgroup."""
+    try:
+        os.sched_setaffinity(0, set(cpus))
+        return True
+    except OSError as exc:
+        print(f"specdeploy: cannot pin to CPUs {sorted(cpus)}: {exc}; running unpinned", file=sys.stderr)
+        return False
+
+
+@contextlib.contextmanager
+def spawn_on(cpus: Iterable[int] | None) -> Iterator[None]:
+    """Processes started inside the block run on ``cpus`` (a child inherits the affinity of the
+    thread that forks it): the calling thread is pinned for the block and restored after."""
+    if not cpus:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, set(cpus))
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
