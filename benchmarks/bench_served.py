@@ -132,7 +132,7 @@ def paired_ratio(sides: dict, side: str) -> dict:
 
 
 def measure_method(workdir: Path, models: dict, method: str, k: int, prompts: list[str], max_tokens: int,
-                   rounds: int, cpu_pinning: str = "auto") -> dict:
+                   rounds: int, cpu_pinning: str = "auto", engine_process: str = "own") -> dict:
     import tiny_deploy
     from triton_clients import StreamSession
 
@@ -150,7 +150,8 @@ def measure_method(workdir: Path, models: dict, method: str, k: int, prompts: li
             options = {"orchestration": "bls" if method == "draft_target_bls" else "engine",
                        "name": method.replace("_", "-")}
         cfg = load_config(tiny_deploy.make_deployment(workdir, models, method.removesuffix("_bls"), k=k,
-                                                      reference={"cpu_pinning": cpu_pinning}, **options))
+                                                      reference={"cpu_pinning": cpu_pinning,
+                                                                 "engine_process": engine_process}, **options))
         render(cfg)
         manifest = load_manifest(cfg)
         tokenizer = TextTokenizer(manifest["tokenizer_dir"])
@@ -212,6 +213,8 @@ def main() -> None:
     parser.add_argument("--cpu-pinning", default="auto",
                         help="reference.cpu_pinning for the served deployments and the in-process control: "
                              "auto, off or the engine's CPU ids, comma-separated")
+    parser.add_argument("--engine-process", choices=["own", "stub"], default="own",
+                        help="reference.engine_process of the served deployments (the in-process control is unchanged)")
     parser.add_argument("--workdir", type=Path, help="keep deployments and server logs here (default: a temp dir)")
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "served.json")
     args = parser.parse_args()
@@ -224,7 +227,7 @@ def main() -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         models, k = models_for(args.source, workdir)
         results = {method: measure_method(workdir, models, method, k, prompts, args.max_tokens, args.rounds,
-                                            args.cpu_pinning) for method in args.methods}
+                                            args.cpu_pinning, args.engine_process) for method in args.methods}
     report = {
         "what": "greedy tokens/s at concurrency 1: served (gRPC streaming through Triton, one open stream per "
                 "arm) vs in-process, per arm, measured interleaved prompt by prompt; speculative speedup through "
@@ -234,7 +237,7 @@ def main() -> None:
                       "served_over_in_process_paired = median [q1, q3] of the per-prompt ratios of generations run "
                       "back to back (robust to load spikes on a shared machine)",
         "source": args.source, "num_draft_tokens": k, "prompts": len(prompts), "rounds": args.rounds, "max_tokens": args.max_tokens,
-        "cpu_pinning": args.cpu_pinning,
+        "cpu_pinning": args.cpu_pinning, "engine_process": args.engine_process,
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
                  "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
         "note": "shared 2-core machine: compare ratios only within one run; a load average well above the "

@@ -593,6 +593,14 @@ class ReferenceEngineSettings(_Strict):
         default="auto",
     )
 
+    engine_process: Literal["own", "stub"] = _desc(
+        "Serving only. own = each engine model's engine runs in a worker process of its own "
+        "(`python -m pipeline.reference.worker`, started and stopped by the model), so its decode "
+        "loop shares no interpreter lock with the threads that send responses; stub = inside the "
+        "Python-backend stub process.",
+        default="own",
+    )
+
     @field_validator("cpu_pinning", mode="before")
     @classmethod
     def _cpu_pinning_value(cls, value):

@@ -7,7 +7,9 @@ writes the server log to ``engines/NAME/logs/serve-<variant>.log``.
   (located by :mod:`pipeline.tritonserver_install`), with the Python-backend stub for the running
   Python placed in ``backends/python/`` (or, if the wheel is read-only, a backend directory of
   symlinks under ``.cache/specdeploy/``), ``PYTHONPATH`` = site-packages + project root, one torch
-  thread per stub, bound to 127.0.0.1.
+  thread per stub, bound to 127.0.0.1; with ``reference.cpu_pinning`` the server runs on the CPUs
+  the engines do not own and each engine's decode thread on its own (:mod:`pipeline.cpu_pinning`;
+  the plan is the log's first line).
 - GPU (backend ``trtllm``): ``tritonserver`` on PATH inside the NGC TensorRT-LLM container (one
   ``mpirun`` rank per GPU when TP×PP > 1); when it is absent the exact ``docker run`` line is
   shown instead. Engines built by another TensorRT-LLM version are refused.
@@ -38,6 +40,7 @@ from typing import Iterator
 
 from pipeline.config import DeploymentConfig
 from pipeline.cpu_pinning import CpuPlan, allowed_cpus, plan_pinning, spawn_on
+from pipeline.reference.api import ENGINE_PROCESS_ENV
 from pipeline.errors import ServeError
 from pipeline.paths import PROJECT_ROOT, logs_dir
 
@@ -338,11 +341,12 @@ def start_server(repo_dir: Path, *, argv: list[str] | None = None, env: dict | N
                  http_port: int | None = None, grpc_port: int | None = None, metrics_port: int | None = None,
                  host: str = DEFAULT_HOST, log_path: Path | None = None, exit_timeout_s: float = 5.0,
                  startup_timeout_s: float = 180.0, wait: bool = True, cpu_plan: CpuPlan | None = None,
-                 cpu_note: str = "") -> RunningServer:
+                 cpu_note: str = "", engine_process: str | None = None) -> RunningServer:
     """Start a server on ``repo_dir`` (the CPU tritonserver unless ``argv`` is given) and wait
     until it and every model in the repository are ready. ``cpu_plan``: the server runs on its
     ``other_cpus`` and the engine models learn theirs from the environment
-    (:mod:`pipeline.cpu_pinning`); ``cpu_note`` says in the log why there is none."""
+    (:mod:`pipeline.cpu_pinning`); ``cpu_note`` says in the log why there is none.
+    ``engine_process``: where the reference engines run (``reference.engine_process``)."""
     repo_dir = Path(repo_dir).resolve()
     if not repo_dir.is_dir():
         raise ServeError(f"no model repository at {repo_dir}: run `specdeploy render` first")
@@ -356,6 +360,8 @@ def start_server(repo_dir: Path, *, argv: list[str] | None = None, env: dict | N
         env = cpu_server_env(server, env)
     if cpu_plan is not None:
         env = {**(os.environ if env is None else env), **cpu_plan.env()}
+    if engine_process is not None:
+        env = {**(os.environ if env is None else env), ENGINE_PROCESS_ENV: engine_process}
     log_path = Path(log_path or repo_dir.parent / f"serve-{repo_dir.name}.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log:
@@ -424,6 +430,7 @@ def start_deployment(cfg: DeploymentConfig, variant: str, *, http_port: int | No
         host=cfg.triton.host, log_path=(logs_dir(cfg) / f"serve-{variant}.log").resolve(),
         exit_timeout_s=cfg.triton.exit_timeout_s, startup_timeout_s=cfg.triton.startup_timeout_s,
         cpu_plan=plan, cpu_note=note,
+        engine_process=cfg.reference.engine_process if cfg.backend == "reference" else None,
     )
 
 

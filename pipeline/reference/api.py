@@ -174,3 +174,7 @@ class DraftTooLongError(ValueError):
 # ``pipeline.reference.engine.create_engine(model_dir, role=..., proposer={...}, ...)``.
 ENGINE_DESCRIPTOR = "engine.json"
 ENGINE_FORMAT = "specdeploy-reference-engine/1"
+# where a served engine runs (``reference.engine_process``; ``serve`` sets it for the stubs):
+# "own" = a worker process of its own (pipeline.reference.worker, the default), "stub" = inside
+# the Python-backend stub
+ENGINE_PROCESS_ENV = "SPECDEPLOY_ENGINE_PROCESS"

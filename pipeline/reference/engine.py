@@ -39,13 +39,15 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 ROLES = ("baseline", "target", "draft", "speculative")
 
 
-class Handle:
-    """A request's stream of chunks (see :class:`pipeline.reference.api.RequestHandle`)."""
+class ChunkStream:
+    """A request's stream of chunks (see :class:`pipeline.reference.api.RequestHandle`): fed by
+    ``_put`` from the thread that produces chunks, read by ``chunks``/``result``. ``cancel`` is
+    the producer's business (:class:`Handle` here, the worker proxy in
+    :mod:`pipeline.reference.worker`)."""
 
-    def __init__(self, engine: "ReferenceEngine", seq: SeqState, on_chunk: Callable[[Chunk], object] | None = None):
-        self.request_id = seq.request.request_id
-        self._engine = engine
-        self._seq = seq
+    def __init__(self, request: GenerationRequest, on_chunk: Callable[[Chunk], object] | None = None):
+        self.request_id = request.request_id
+        self._prompt = list(request.input_ids)
         self._on_chunk = on_chunk
         self._queue: "queue.SimpleQueue[Chunk]" = queue.SimpleQueue()
         self._tokens: list[int] = []
@@ -76,8 +78,19 @@ class Handle:
         final = self._final
         if final.error:
             raise RuntimeError(final.error)
-        return GenerationResult(list(self._seq.request.input_ids), list(self._tokens),
-                                final.finish_reason, final.stats)
+        return GenerationResult(list(self._prompt), list(self._tokens), final.finish_reason, final.stats)
+
+    def cancel(self) -> None:
+        raise NotImplementedError
+
+
+class Handle(ChunkStream):
+    """A request of this process's engine."""
+
+    def __init__(self, engine: "ReferenceEngine", seq: SeqState, on_chunk: Callable[[Chunk], object] | None = None):
+        super().__init__(seq.request, on_chunk)
+        self._engine = engine
+        self._seq = seq
 
     def cancel(self) -> None:
         self._seq.cancelled = True

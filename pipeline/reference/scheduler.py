@@ -76,6 +76,29 @@ def _depths(parents: list[int]) -> list[int]:
     return depths
 
 
+def check_request(request: GenerationRequest, vocab_size: int, max_draft_len: int, max_seq_len: int) -> None:
+    """Raise ValueError (or DraftTooLongError) for a request an engine with these limits cannot
+    run (also checked in front of a worker process, :mod:`pipeline.reference.worker`)."""
+    if not request.input_ids:
+        raise ValueError("input_ids is empty")
+    if request.max_new_tokens < 0:
+        raise ValueError("max_new_tokens must be >= 0")
+    bad = [t for t in request.input_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"input_ids contain ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
+    drafts = request.draft_input_ids
+    if drafts is not None and len(drafts) > max_draft_len:
+        raise DraftTooLongError(len(drafts), max_draft_len)
+    total = len(request.input_ids) + len(drafts or []) + request.max_new_tokens
+    if total > max_seq_len:
+        raise ValueError(
+            f"prompt ({len(request.input_ids)}) + new tokens ({request.max_new_tokens}) exceed "
+            f"max_seq_len ({max_seq_len})"
+        )
+    if request.draft_logits is not None and len(request.draft_logits) != len(drafts or []):
+        raise ValueError("draft_logits must have one row per draft token")
+
+
 class Scheduler:
     def __init__(self, target: LlamaModel, proposer: Proposer | None, max_batch_size: int,
                  max_seq_len: int, max_draft_len: int, prefix_cache_entries: int):
@@ -94,24 +117,7 @@ class Scheduler:
 
     def check(self, request: GenerationRequest) -> None:
         """Raise ValueError (or DraftTooLongError) for a request this engine cannot run."""
-        if not request.input_ids:
-            raise ValueError("input_ids is empty")
-        if request.max_new_tokens < 0:
-            raise ValueError("max_new_tokens must be >= 0")
-        bad = [t for t in request.input_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"input_ids contain ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
-        drafts = request.draft_input_ids
-        if drafts is not None and len(drafts) > self.max_draft_len:
-            raise DraftTooLongError(len(drafts), self.max_draft_len)
-        total = len(request.input_ids) + len(drafts or []) + request.max_new_tokens
-        if total > self.max_seq_len:
-            raise ValueError(
-                f"prompt ({len(request.input_ids)}) + new tokens ({request.max_new_tokens}) exceed "
-                f"max_seq_len ({self.max_seq_len})"
-            )
-        if request.draft_logits is not None and len(request.draft_logits) != len(drafts or []):
-            raise ValueError("draft_logits must have one row per draft token")
+        check_request(request, self.vocab_size, self.max_draft_len, self.max_seq_len)
 
     def admit(self, seq: SeqState) -> None:
         """Allocate a slot and prefill all prompt tokens but the last (it becomes pending)."""

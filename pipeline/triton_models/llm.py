@@ -6,9 +6,13 @@ response), batch > 1 on decoupled deployments (one response stream per row, ``ba
 cancellation by gRPC cancel or the ``stop`` input, upstream error texts.
 
 Decoupled: every request gets its own thread that drains the engine's chunks into the request's
-response sender, so ``execute`` returns at once and the engine keeps batching across calls; a
-streaming request's responses are built in the engine thread (``on_chunk``), so the draining
-thread mostly waits in ``send`` with the interpreter lock released.
+response sender, so ``execute`` returns at once and the engine keeps batching across calls. The
+engine runs in a worker process of its own by default (:mod:`pipeline.reference.worker`;
+``SPECDEPLOY_ENGINE_PROCESS=stub``, from ``reference.engine_process``, keeps it in this
+process): a streaming request's responses are then built in the worker-reader thread
+(``on_chunk``) and sent by the draining thread, neither of which holds up the decode loop. In
+the stub, responses are built in the engine thread, so the draining thread mostly waits in
+``send`` with the interpreter lock released.
 Non-decoupled: the requests of one ``execute`` call are submitted together (the engine batches
 them) and ``execute`` returns their single responses. Using the response sender after
 ``execute`` returned in non-decoupled mode (upstream's Python variant does) crashed the bundled
@@ -18,6 +22,7 @@ tritonserver 2.51 intermittently (SIGSEGV) when the caller was a BLS model, so w
 from __future__ import annotations
 
 import json
+import os
 import sys
 import queue
 import threading
@@ -30,7 +35,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from pipeline.cpu_pinning import engine_cpus_from_env
-from pipeline.reference.api import Chunk
+from pipeline.reference.api import ENGINE_PROCESS_ENV, Chunk
 from pipeline.triton_models import io
 from pipeline.triton_models.metrics import SpecDecodeCounters
 
@@ -139,7 +144,14 @@ class TritonPythonModel:
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.exclude_default = io.param_bool(config, "exclude_input_in_output", False)
         # serve's CPU plan: this model's decode thread on cores of its own (pipeline.cpu_pinning)
-        self.engine = load_engine(Path(io.param(config, "gpt_model_path")), cpus=engine_cpus_from_env(args["model_name"]))
+        cpus = engine_cpus_from_env(args["model_name"])
+        engine_dir = Path(io.param(config, "gpt_model_path"))
+        if os.environ.get(ENGINE_PROCESS_ENV, "own") == "stub":
+            self.engine = load_engine(engine_dir, cpus=cpus)
+        else:  # its own interpreter: no lock shared with the threads that send responses
+            from pipeline.reference.worker import EngineProcess  # noqa: PLC0415
+
+            self.engine = EngineProcess(engine_dir, cpus)
         self.counters = SpecDecodeCounters(args["model_name"], args["model_version"])
         self._lock = threading.Lock()
         self._inflight: dict[str, tuple[object, object]] = {}  # id → (response sender, handle)

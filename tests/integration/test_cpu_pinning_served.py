@@ -1,6 +1,7 @@
 """CPU pinning on a real tritonserver (``reference.cpu_pinning: auto``): a deployment with one
 engine model runs tritonserver and every other model's stub on the other CPUs and the
-``tensorrt_llm`` stub's decode thread alone on the highest one; a BLS draft-target deployment
+engine's decode thread (in the worker process the ``tensorrt_llm`` stub starts) alone on the
+highest one; a BLS draft-target deployment
 (two engine models) has no spare CPU on two cores, so neither of its arms is pinned; the serve log
 says which."""
 
@@ -22,6 +23,13 @@ def _stub(server, model: str) -> psutil.Process:
     raise AssertionError(f"no stub for {model}: {[c.cmdline() for c in psutil.Process(server.pid).children()]}")
 
 
+def _worker(stub: psutil.Process) -> psutil.Process:
+    """The engine worker process the ``tensorrt_llm`` stub started."""
+    workers = [c for c in stub.children() if "pipeline.reference.worker" in c.cmdline()]
+    assert len(workers) == 1, [c.cmdline() for c in stub.children()]
+    return workers[0]
+
+
 def _thread_cpus(proc: psutil.Process) -> list[set[int]]:
     return [os.sched_getaffinity(t.id) for t in proc.threads()]
 
@@ -34,7 +42,10 @@ def test_one_engine_deployment_gives_the_decode_thread_its_own_cpu(medusa_server
     plan = medusa_server.cpu_plan
     assert plan is not None and plan.engine_cpus == {"tensorrt_llm": (engine_cpu,)} and set(plan.other_cpus) == others
     assert set(psutil.Process(medusa_server.pid).cpu_affinity()) == others
-    engine_threads = _thread_cpus(_stub(medusa_server, "tensorrt_llm"))
+    stub = _stub(medusa_server, "tensorrt_llm")
+    assert all(cpus == others for cpus in _thread_cpus(stub))  # it sends responses; the engine is elsewhere
+    worker = _worker(stub)  # reference.engine_process: own (the default)
+    engine_threads = _thread_cpus(worker)
     assert engine_threads.count({engine_cpu}) == 1, engine_threads  # the decode thread, alone
     assert all(cpus == others for cpus in engine_threads if cpus != {engine_cpu})
     for model in ("preprocessing", "postprocessing"):
@@ -49,5 +60,6 @@ def test_bls_deployment_on_two_cpus_is_left_unpinned_in_both_arms(dt_server, bas
     for server in (dt_server, baseline_server):
         assert server.cpu_plan is None
         assert set(psutil.Process(server.pid).cpu_affinity()) == allowed
-        assert all(cpus == allowed for cpus in _thread_cpus(_stub(server, "tensorrt_llm")))
+        stub = _stub(server, "tensorrt_llm")
+        assert all(cpus == allowed for cpus in _thread_cpus(stub) + _thread_cpus(_worker(stub)))
         assert "# cpu pinning: none (2 CPU(s) allowed; pinning 2 engine model(s)" in server.log_path.read_text()

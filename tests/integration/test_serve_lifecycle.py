@@ -1,5 +1,5 @@
 """Server lifecycle on a real tritonserver: the `serve_deployment` context manager (EAGLE
-deployment, one greedy request equal to the reference) and `specdeploy serve --foreground`
+deployment with the engine inside the stub, one greedy request equal to the reference) and `specdeploy serve --foreground`
 stopped with Ctrl-C; neither leaves the server or a Python-backend stub behind."""
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ def test_serve_deployment_context_manager_eagle(serving_workdir, tiny_models, re
     from pipeline.render import render
     from pipeline.serve import serve_deployment
 
-    cfg_path = tiny_deploy.make_deployment(serving_workdir, tiny_models, "eagle")
+    # the engine inside the stub (reference.engine_process: stub); every other served test runs
+    # the default, a worker process per engine model
+    cfg_path = tiny_deploy.make_deployment(serving_workdir, tiny_models, "eagle", reference={"engine_process": "stub"})
     with in_dir(serving_workdir):
         cfg = load_config(cfg_path)
         render(cfg)
@@ -46,6 +48,7 @@ def test_serve_deployment_context_manager_eagle(serving_workdir, tiny_models, re
             assert server.alive()
             family = [server.pid] + [p.pid for p in psutil.Process(server.pid).children(recursive=True)]
             assert len(family) >= 5  # the server + one stub per Python model instance
+            assert not [p for p in family if "pipeline.reference.worker" in psutil.Process(p).cmdline()]
             status, body = http_generate(server.http_url, "ensemble",
                                          {"text_input": PROMPTS[0], "max_tokens": MAX_TOKENS, "top_k": 1,
                                           "return_perf_metrics": True})
@@ -80,6 +83,7 @@ def test_cli_serve_foreground_ctrl_c(serving_workdir, dt_cfg):
     assert "Ctrl-C stops it" in text, text
     pid = int(re.search(r"pid (\d+)", text).group(1))
     family = [pid] + [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    assert any("pipeline.reference.worker" in psutil.Process(p).cmdline() for p in family)  # stopped with the rest
     status, body = http_generate(f"http://127.0.0.1:{http}", "ensemble", {"text_input": "hi", "max_tokens": 2})
     assert status == 200
     proc.send_signal(signal.SIGINT)

@@ -1,0 +1,117 @@
+"""The engine in a worker process (``pipeline.reference.worker``): same greedy outputs and
+chunks as the engine in this process, requests validated synchronously in front of it,
+cancellation, a worker that dies ends every open stream with an error, a broken engine dir
+fails at start, shutdown leaves no process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.reference_fixtures under plain `pytest`
+
+import pytest
+
+from pipeline.errors import SpecdeployError
+from pipeline.reference.api import ENGINE_DESCRIPTOR, ENGINE_FORMAT, DraftTooLongError, GenerationRequest
+from pipeline.reference.engine import load_engine
+from pipeline.reference.worker import EngineProcess
+from tests.reference_fixtures import one_thread, random_prompts, shared_checkpoints
+
+PROMPTS = random_prompts(6, seed=11)
+
+
+@pytest.fixture(scope="module")
+def engine_dir(tmp_path_factory) -> Path:
+    one_thread()
+    ckpt = shared_checkpoints()
+    root = tmp_path_factory.mktemp("worker-engine")
+    descriptor = {
+        "format": ENGINE_FORMAT, "role": "speculative", "model_dir": str(ckpt["target"]),
+        "proposer": {"method": "medusa", "heads_dir": str(ckpt["medusa"]), "num_heads": 4},
+        "max_draft_len": 0, "max_batch_size": 4, "max_seq_len": 96, "compute_dtype": "float32",
+        "prefix_cache_entries": 8, "threads": 1,
+    }
+    (root / ENGINE_DESCRIPTOR).write_text(json.dumps(descriptor))
+    return root
+
+
+@pytest.fixture(scope="module")
+def worker(engine_dir):
+    engine = EngineProcess(engine_dir)
+    yield engine
+    engine.shutdown()
+
+
+def test_worker_outputs_and_chunks_equal_the_engine_in_this_process(engine_dir, worker):
+    local = load_engine(engine_dir)
+    try:
+        for prompt in PROMPTS:
+            mine = local.submit(GenerationRequest(prompt, 24))
+            theirs = worker.submit(GenerationRequest(prompt, 24))
+            mine_chunks, their_chunks = list(mine.chunks(timeout=60)), list(theirs.chunks(timeout=60))
+            assert [c.tokens for c in their_chunks] == [c.tokens for c in mine_chunks]  # same steps, same deltas
+            final = their_chunks[-1]
+            assert final.finished and final.finish_reason == mine_chunks[-1].finish_reason
+            assert final.stats.verify_steps == mine_chunks[-1].stats.verify_steps > 0
+            assert final.stats.accepted_per_position == mine_chunks[-1].stats.accepted_per_position
+    finally:
+        local.shutdown()
+    batched = [worker.submit(GenerationRequest(p, 16)) for p in PROMPTS]  # in flight together
+    assert [h.result(timeout=60).output_ids for h in batched] == [worker.generate(GenerationRequest(p, 16)).output_ids
+                                                                  for p in PROMPTS]
+
+
+def test_on_chunk_payloads_are_built_for_every_chunk(worker):
+    seen = []
+    handle = worker.submit(GenerationRequest(PROMPTS[0], 12), on_chunk=lambda chunk: seen.append(chunk) or len(chunk.tokens))
+    chunks = list(handle.chunks(timeout=60))
+    assert [c.payload for c in chunks] == [len(c.tokens) for c in chunks] and seen == chunks
+
+
+def test_bad_requests_fail_at_submit_as_in_process(worker):
+    with pytest.raises(ValueError, match="exceed max_seq_len"):
+        worker.submit(GenerationRequest(list(range(1, 90)), 20))
+    with pytest.raises(ValueError, match="input_ids is empty"):
+        worker.submit(GenerationRequest([], 4))
+    with pytest.raises(DraftTooLongError):
+        worker.submit(GenerationRequest([1, 2, 3], 4, draft_input_ids=list(range(1, 30))))
+    assert len(worker.generate(GenerationRequest(PROMPTS[1], 4)).output_ids) == 4  # still serving
+
+
+def test_cancel_ends_the_stream(worker):
+    handle = worker.submit(GenerationRequest(PROMPTS[2], 80))
+    chunks = handle.chunks(timeout=60)
+    next(chunks)
+    handle.cancel()
+    final = list(chunks)[-1]
+    assert final.finished and final.finish_reason == "cancelled" and len(handle._tokens) < 80
+
+
+def test_a_dead_worker_ends_open_streams_with_an_error(engine_dir):
+    engine = EngineProcess(engine_dir)
+    try:
+        handle = engine.submit(GenerationRequest(PROMPTS[3], 80))
+        next(handle.chunks(timeout=60))
+        os.kill(engine.pid, signal.SIGKILL)
+        final = list(handle.chunks(timeout=60))[-1]
+        assert final.finish_reason == "error" and "engine worker process exited" in final.error
+        with pytest.raises(RuntimeError, match="engine worker process exited"):
+            engine.submit(GenerationRequest(PROMPTS[3], 4))
+    finally:
+        engine.shutdown()
+
+
+def test_a_broken_engine_dir_fails_at_start(tmp_path):
+    (tmp_path / ENGINE_DESCRIPTOR).write_text(json.dumps({"format": "something-else/9"}))
+    with pytest.raises(SpecdeployError, match="engine worker for .*format 'something-else/9'"):
+        EngineProcess(tmp_path)
+
+
+def test_shutdown_stops_the_worker(engine_dir):
+    engine = EngineProcess(engine_dir)
+    engine.shutdown()
+    assert engine._process.returncode == 0
