@@ -15,7 +15,7 @@ stdout, one JSON object a line (the vLLM V1 "engine core process" split):
 :class:`EngineProcess` validates requests in front of the worker with the scheduler's own rules
 (so bad requests fail synchronously, as in-process), routes chunks to per-request streams, and
 ends every open stream with an error chunk if the worker dies. The worker inherits stderr (the
-server log) and the stub's process group (stopping the server stops it); it exits when its
+server log; its own stdout is redirected there too, the protocol keeps a private copy) and the stub's process group (stopping the server stops it); it exits when its
 stdin closes. Reads the engine dir (in the worker); writes nothing on disk.
 """
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -111,7 +112,12 @@ def serve_engine(engine_dir: Path, cpus: tuple[int, ...] | None, inbox: IO[bytes
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     cpus = tuple(int(c) for c in args[1].split(",")) if len(args) > 1 and args[1] else None
-    serve_engine(Path(args[0]), cpus, sys.stdin.buffer, sys.stdout.buffer)
+    # the protocol keeps the original stdout; anything else written to fd 1 (a library's print,
+    # C code) goes to stderr, the server log, instead of into the protocol
+    outbox = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    serve_engine(Path(args[0]), cpus, sys.stdin.buffer, outbox)
 
 
 # -- the proxy in the stub -----------------------------------------------------------------------

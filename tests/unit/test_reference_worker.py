@@ -115,3 +115,25 @@ def test_shutdown_stops_the_worker(engine_dir):
     engine = EngineProcess(engine_dir)
     engine.shutdown()
     assert engine._process.returncode == 0
+
+
+
+def test_stray_output_in_the_worker_lands_on_stderr_not_in_the_protocol():
+    """A library printing to stdout inside the worker (Python or C level) must not corrupt the
+    JSON lines the proxy reads: main() keeps the protocol on a private copy of fd 1."""
+    import subprocess
+
+    script = (
+        "import os, sys\n"
+        "import pipeline.reference.worker as w\n"
+        "def noisy(engine_dir, cpus, inbox, outbox):\n"
+        "    print('python-level noise', flush=True)\n"
+        "    os.write(1, b'fd-level noise\\n')\n"
+        "    outbox.write(b'{\"op\":\"ready\"}\\n'); outbox.flush()\n"
+        "w.serve_engine = noisy\n"
+        "w.main(['unused'])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout == b'{"op":"ready"}\n'
+    assert b"python-level noise" in proc.stderr and b"fd-level noise" in proc.stderr
