@@ -358,10 +358,10 @@ def start_server(repo_dir: Path, *, argv: list[str] | None = None, env: dict | N
         server = prepare_cpu_server()
         argv = cpu_server_argv(server, repo_dir, ports, host, exit_timeout_s)
         env = cpu_server_env(server, env)
-    if cpu_plan is not None:
-        env = {**(os.environ if env is None else env), **cpu_plan.env()}
-    if engine_process is not None:
-        env = {**(os.environ if env is None else env), ENGINE_PROCESS_ENV: engine_process}
+    extra = {**(cpu_plan.env() if cpu_plan is not None else {}),
+             **({ENGINE_PROCESS_ENV: engine_process} if engine_process is not None else {})}
+    if extra:
+        env = {**(os.environ if env is None else env), **extra}
     log_path = Path(log_path or repo_dir.parent / f"serve-{repo_dir.name}.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log:

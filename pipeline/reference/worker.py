@@ -15,8 +15,8 @@ stdout, one JSON object a line (the vLLM V1 "engine core process" split):
 :class:`EngineProcess` validates requests in front of the worker with the scheduler's own rules
 (so bad requests fail synchronously, as in-process), routes chunks to per-request streams, and
 ends every open stream with an error chunk if the worker dies. The worker inherits stderr (the
-server log; its own stdout is redirected there too, the protocol keeps a private copy) and the stub's process group (stopping the server stops it); it exits when its
-stdin closes. Reads the engine dir (in the worker); writes nothing on disk.
+server log; its own stdout is redirected there too, the protocol keeps a private copy) and the
+stub's process group (stopping the server stops it); it exits when its stdin closes. Reads the engine dir (in the worker); writes nothing on disk.
 """
 
 from __future__ import annotations
@@ -58,7 +58,9 @@ def request_from(fields: dict) -> GenerationRequest:
 def chunk_message(request_id: str, chunk: Chunk) -> dict:
     return {"op": "chunk", "id": request_id, "tokens": chunk.tokens, "finished": chunk.finished,
             "finish_reason": chunk.finish_reason, "error": chunk.error,
-            "stats": None if chunk.stats is None else dataclasses.asdict(chunk.stats)}
+            # the chunk's stats are already a snapshot (engine._copy_stats): its fields as they
+            # are, not dataclasses.asdict's recursive copy, in the engine thread for every chunk
+            "stats": None if chunk.stats is None else vars(chunk.stats)}
 
 
 def chunk_from(message: dict) -> Chunk:
