@@ -479,6 +479,7 @@ class LlamaModel:
         self.layers = [DecoderLayer(state, f"model.layers.{i}.", s, dtype) for i in range(s.num_layers)]
         self.norm = state["model.norm.weight"].to(dtype)
         self.rotary = Rotary(s.head_dim, s.rope_theta, s.max_positions, dtype)
+        self.lean: LeanDecodeStep | None = None  # drafting copies (:meth:`use_lean_decode`)
 
     def new_pool(self, slots: int, max_rows: int) -> KVPool:
         s = self.shape
@@ -509,13 +510,30 @@ class LlamaModel:
                 x = layer.decode_last(x, i, cache, position, self.rotary)
         return F.rms_norm(x, (x.shape[-1],), self.norm, self.shape.rms_norm_eps)
 
+    def draft_logits(self, cache: SlotCache, tokens: list[int]) -> torch.Tensor:
+        """Next-token logits ``[1, vocab]`` after appending ``tokens`` (drafting): through
+        :class:`LeanDecodeStep` once :meth:`use_lean_decode` made one, else :meth:`decode`."""
+        if self.lean is not None:
+            if not tokens:
+                raise ValueError("decode needs at least one token")
+            return self.lean(cache, tokens)
+        return self.logits(self.decode(cache, tokens))
+
+    def use_lean_decode(self) -> None:
+        """Build the fused drafting copies (a draft model; the target never drafts). A model
+        loaded from an int8 checkpoint has no float weights to fuse and keeps :meth:`decode`."""
+        if self.lm_head.weight is not None and all(not layer.qkv.int8 for layer in self.layers):
+            self.lean = LeanDecodeStep(self)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
 
     def to_int8(self) -> None:
+        lean = LeanDecodeStep(self, int8=True) if self.lean is not None else None  # from the float weights
         self.lm_head = int8_copy(self.lm_head)
         for layer in self.layers:
             layer.to_int8()
+        self.lean = lean
 
 
 class MedusaHeads:
@@ -572,7 +590,10 @@ class EagleHead:
         self.fc_features = int8_copy(self.fc_features)
         self.layer.to_int8()
         self.lm_head = int8_copy(self.lm_head)  # a copy: the target keeps its float LM head
-        self.lean = None  # extend() now runs the int8 Linears
+        # extend() now runs the int8 Linears. A LeanEagleStep with int8 fused weights was
+        # measured: a chain of five 1.78 -> 1.39 ms, but tau 4.90 -> 4.83 (the weights quantized
+        # after fusing) and no net gain in tokens/s, so it was not kept.
+        self.lean = None
 
     def forward(self, pool: KVPool, inputs: list[StepInput], features: torch.Tensor) -> torch.Tensor:
         """features [B, T, H] (padded like the tokens) → predicted next features [B, T, H]."""
@@ -702,3 +723,83 @@ class LeanEagleStep:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return torch.mm(hidden, self.w_lm) if self.w_lm is not None else self.lm_head(hidden)
+
+
+class RowWeight:
+    """``x @ W`` (and ``x @ W + residual``) for a few rows, ``W`` given as a float ``[in, out]``
+    matrix: float32 runs ``torch.mm``/``addmm`` on it (a one-row matmul over that layout measured
+    faster here than ``F.linear``'s ``[out, in]``); ``int8`` quantizes it per output channel and
+    runs ``torch._weight_int8pack_mm`` on bfloat16 activations (a quarter of the bytes: the
+    drafting kernel of :class:`Linear`), keeping the float matrix where the kernel cannot run."""
+
+    def __init__(self, weight_in_out: torch.Tensor, int8: bool = False):
+        self.packed = _pack_int8(*quantize_weight(weight_in_out.t())) if int8 else None
+        self.weight = weight_in_out if self.packed is None else None
+
+    def mm(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            return torch.mm(x, self.weight)
+        return torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), *self.packed).float()
+
+    def addmm(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            return torch.addmm(residual, x, self.weight)
+        return self.mm(x) + residual
+
+
+class LeanDecodeStep:
+    """Fused weight copies for drafting with a small Llama (:meth:`LlamaModel.draft_logits`;
+    the draft-target proposer's lone-sequence path). Derived in float64 at load, then cast and,
+    with ``int8``, quantized per output channel after fusing (:class:`RowWeight`). Per layer the
+    input RMSNorm weight is folded into the q/k/v columns and 1/√head_dim into the q rows, the
+    post-attention norm weight into gate/up; the final norm weight into the LM head. Each norm is
+    then one scalar per row, applied after the matmul: ``(x·r)·W = r·(x·W)``. Same maths as
+    :meth:`LlamaModel.forward`, other kernels and summation order (drafts need not be
+    bit-identical: they change what is accepted, never the output)."""
+
+    def __init__(self, model: "LlamaModel", int8: bool = False):
+        s, dt = model.shape, model.dtype
+        int8 = int8 and dt == torch.float32
+        q_size = s.num_heads * s.head_dim
+        self.layers = []
+        for layer in model.layers:
+            qkv = layer.qkv.weight.double().clone()  # [QKV, H]
+            if layer.input_norm is not None:
+                qkv *= layer.input_norm.double()[None, :]
+            qkv[:q_size] *= s.head_dim ** -0.5
+            gate_up = layer.gate_up.weight.double() * layer.post_norm.double()[None, :]  # [2I, H]
+            self.layers.append((RowWeight(qkv.t().to(dt).contiguous(), int8),
+                                RowWeight(layer.o.weight.t().contiguous(), int8),
+                                RowWeight(gate_up.t().to(dt).contiguous(), int8),
+                                RowWeight(layer.down.weight.t().contiguous(), int8)))
+        lm = model.lm_head.weight.double() * model.norm.double()[None, :]  # [vocab, H]
+        self.w_lm = RowWeight(lm.t().to(dt).contiguous(), int8)
+        self.embed = model.embed
+        self.cos, self.sin_signed = model.rotary.cos, model.rotary.sin_signed  # [positions, hd]
+        self.heads, self.kv_heads = s.num_heads, s.num_kv_heads
+        self.qk_heads = s.num_heads + s.num_kv_heads
+        self.qkv_shape = (s.num_heads + 2 * s.num_kv_heads, s.head_dim)
+        self.half = s.head_dim // 2
+        self.eps = s.rms_norm_eps
+
+    def _inv_rms(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)  # [1, 1]
+
+    def __call__(self, cache: SlotCache, tokens: list[int]) -> torch.Tensor:
+        """Append ``tokens`` one at a time → next-token logits after the last one ``[1, vocab]``."""
+        heads, qk_heads = self.heads, self.qk_heads
+        for token in tokens:
+            position, end = _claim_rows(cache, 1)
+            x = self.embed[token : token + 1]  # [1, H]
+            for i, (w_qkv, w_o, w_gate_up, w_down) in enumerate(self.layers):
+                qkv = (w_qkv.mm(x) * self._inv_rms(x)).view(*self.qkv_shape)  # [heads + 2kv, hd]
+                qk = qkv[:qk_heads]
+                qk = qk * self.cos[position] + qk.roll(self.half, -1) * self.sin_signed[position]
+                keys, values = cache.pool.k[i, cache.slot], cache.pool.v[i, cache.slot]  # [rows, kv, hd]
+                keys[position] = qk[heads:]
+                values[position] = qkv[qk_heads:]
+                attn = _attend_last(qk[:heads], keys[:end], values[:end], self.kv_heads)  # [1, heads*hd]
+                x = w_o.addmm(x, attn)
+                gate, up = (w_gate_up.mm(x) * self._inv_rms(x)).chunk(2, -1)
+                x = w_down.addmm(x, F.silu(gate) * up)
+        return self.w_lm.mm(x) * self._inv_rms(x)

@@ -1,7 +1,7 @@
 """Proposers: who drafts tokens for the target to verify. One protocol for the three methods:
 
 - :class:`DraftModelProposer` — a smaller Llama with its own KV pool (draft-target); a lone
-  sequence drafts through the lean :meth:`LlamaModel.decode` path;
+  sequence drafts through :meth:`LlamaModel.draft_logits` (fused weight copies, one row at a time);
 - :class:`MedusaProposer` — Medusa heads on the target's last final hidden state (no extra
   forward); a chain of top-1 (or sampled) tokens per head by default, or a static tree from
   ``choices`` (upstream semantics: a choice is a path of top-k indices, [0, 1] = 2nd best at
@@ -85,6 +85,7 @@ class DraftModelProposer:
 
     def __init__(self, model: LlamaModel, num_draft_tokens: int, slots: int, max_rows: int):
         self.model = model
+        model.use_lean_decode()
         self.max_draft_len = num_draft_tokens
         self.pool = model.new_pool(slots, max_rows)
 
@@ -121,12 +122,12 @@ class DraftModelProposer:
     def _draft_logits(self, seqs: list["SeqState"], rows: list[int], feed: dict[int, list[int]]) -> torch.Tensor:
         """Append each row's ``feed`` to its draft cache → next-token logits ``[B, vocab]``. A lone
         sequence with at most :data:`LEAN_DRAFT_ROWS` new tokens takes the lean one-row path
-        (:meth:`LlamaModel.decode`; batch 1 is where per-op overhead dominates); a prompt's
+        (:meth:`LlamaModel.draft_logits`; batch 1 is where per-op overhead dominates); a prompt's
         catch-up and several sequences share one ragged forward."""
         for i in rows:
             seqs[i].proposer_state.cached_tokens.extend(feed[i])
         if len(rows) == 1 and len(feed[rows[0]]) <= LEAN_DRAFT_ROWS:
-            return self.model.logits(self.model.decode(seqs[rows[0]].proposer_state.cache, feed[rows[0]]))
+            return self.model.draft_logits(seqs[rows[0]].proposer_state.cache, feed[rows[0]])
         inputs = []
         for i in rows:
             start = seqs[i].proposer_state.cache.length

@@ -271,6 +271,51 @@ def test_lean_decode_matches_the_batched_forward(ckpt):
         model.decode(lean, [])
 
 
+def _with_random_norms(model: LlamaModel, seed: int) -> LlamaModel:
+    """Norm weights that are not all ones (the lean drafting path folds them into its matmuls)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(like):
+        return (torch.rand(like.shape, generator=gen, dtype=torch.float64) * 0.4 + 0.8).to(like.dtype)
+
+    for layer in model.layers:
+        layer.input_norm, layer.post_norm = rand(layer.input_norm), rand(layer.post_norm)
+    model.norm = rand(model.norm)
+    return model
+
+
+@pytest.mark.parametrize("dtype,int8,tol", [(torch.float64, False, 1e-10), (torch.float32, False, 1e-4),
+                                            (torch.float32, True, 2e-2)], ids=["float64", "float32", "int8"])
+@torch.inference_mode()
+def test_lean_draft_logits_match_the_batched_forward(ckpt, dtype, int8, tol):
+    """``LlamaModel.draft_logits`` through ``LeanDecodeStep`` (norm weights and the attention
+    scale folded into the weights; int8: quantized after folding) gives the logits and K/V rows
+    of the general float forward: to rounding in float64 and float32, to ~1% in int8. Without
+    ``use_lean_decode`` it is ``logits(decode(...))``."""
+    reference = _with_random_norms(LlamaModel(ckpt["target"], dtype), seed=4)
+    model = _with_random_norms(LlamaModel(ckpt["target"], dtype), seed=4)
+    assert model.lean is None
+    model.use_lean_decode()
+    if int8:
+        model.to_int8()
+    assert model.lean is not None and (model.lean.w_lm.packed is not None) == int8
+    prompt = random_prompts(1, seed=13, min_len=9, max_len=9)[0]
+    pool = model.new_pool(2, 64)
+    general, lean = pool.allocate(), pool.allocate()
+    for cache in (general, lean):
+        reference.forward(pool, [StepInput(cache, prompt, list(range(len(prompt))))])
+    expected = reference.logits(reference.forward(pool, [StepInput(general, [5, 6], [9, 10])])[:, -1])
+    got = model.draft_logits(lean, [5, 6])
+    assert got.shape == (1, model.shape.vocab_size) and lean.length == general.length == 11
+    scale = float(expected.abs().max())
+    assert float((got - expected).abs().max()) < tol * scale
+    for pool_rows in (pool.k, pool.v):
+        rows = pool_rows[:, :, :11]
+        assert float((rows[:, lean.slot] - rows[:, general.slot]).abs().max()) < tol * max(1.0, float(rows.abs().max()))
+    with pytest.raises(ValueError, match="at least one token"):
+        model.draft_logits(lean, [])
+
+
 def test_batched_step_mask_follows_the_ragged_causal_and_tree_rules():
     """The batch mask, built at once: a real row i of a sequence with ``s`` cached rows sees keys
     ``[0, s + i]``; a padding row the cached keys and itself; a tree or ``visible`` mask replaces
