@@ -98,10 +98,10 @@ def test_llama_checkpoints_have_the_hf_layout(name):
 def test_medusa_checkpoint_has_the_upstream_layout():
     heads_dir = demo.resolve_builtin("tiny-medusa")
     config = json.loads((heads_dir / "config.json").read_text())
-    assert config == {"medusa_num_heads": 4, "medusa_num_layers": 1, "hidden_size": H, "vocab_size": V,
+    assert config == {"medusa_num_heads": 5, "medusa_num_layers": 1, "hidden_size": H, "vocab_size": V,
                       "base_model_name_or_path": "builtin:tiny-target"}
     expected = {}
-    for i in range(4):
+    for i in range(5):
         expected |= {f"{i}.0.linear.weight": (H, H), f"{i}.0.linear.bias": (H,), f"{i}.1.weight": (V, H)}
     assert _keys_and_shapes(heads_dir / "medusa_lm_head.safetensors") == expected
 

@@ -55,7 +55,7 @@ class Recipe:
     warmup: int = 30
     draft_steps: int = 520
     draft_lr: float = 2e-3
-    medusa_heads: int = 4
+    medusa_heads: int = 5
     medusa_steps: int = 420
     medusa_lr: float = 3e-3
     eagle_steps: int = 400
@@ -360,7 +360,7 @@ def train_medusa(recipe: Recipe, target, pool, progress: Progress) -> tuple[obje
     optimizer = _optimizer(params, recipe.medusa_lr, 0.0)
     losses = []
     batches = _pool_batches(pool, recipe.batch, recipe.medusa_steps, recipe.seed + 5)
-    for step, ((_, feats), info) in enumerate(zip(batches, progress.steps("medusa (4 heads, KD)", recipe.medusa_steps))):
+    for step, ((_, feats), info) in enumerate(zip(batches, progress.steps(f"medusa ({recipe.medusa_heads} heads, KD)", recipe.medusa_steps))):
         teacher = lm_logits(feats, embed)  # [batch, L, V]: position t predicts t+1
         with _autocast():
             head_logits = heads(feats)  # [heads, batch, L, V]
