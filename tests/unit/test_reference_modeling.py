@@ -207,6 +207,7 @@ def test_draft_side_int8_runs_the_few_row_kernel_up_to_its_row_limit(ckpt, tmp_p
         try:
             qkv = engine.scheduler.proposer.model.layers[0].qkv
             assert qkv.int8 and (qkv.packed is not None) is draft_int8
+            assert engine.scheduler.proposer.model.lean is None  # no float weights to fuse: decode()
         finally:
             engine.shutdown()
 
