@@ -514,8 +514,6 @@ class LlamaModel:
         """Next-token logits ``[1, vocab]`` after appending ``tokens`` (drafting): through
         :class:`LeanDecodeStep` once :meth:`use_lean_decode` made one, else :meth:`decode`."""
         if self.lean is not None:
-            if not tokens:
-                raise ValueError("decode needs at least one token")
             return self.lean(cache, tokens)
         return self.logits(self.decode(cache, tokens))
 
@@ -659,75 +657,9 @@ def _attend_last(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, kv_h
     return torch.bmm(scores.softmax(-1), values.transpose(0, 1)).reshape(1, heads * head_dim)
 
 
-class LeanEagleStep:
-    """Fused float weight copies for :meth:`EagleHead.extend` (drafting only; ``forward`` keeps
-    the checkpoint's layout). All derived in float64 at load, then cast — deterministic:
-
-    - ``rows [vocab, H + QKV]`` and ``w_in [H, H + QKV]``: one GEMM gives both the fc output
-      x = W_e·embed(tok) + b + W_f·f and its q/k/v projection (W_qkv·x, expanded through fc),
-      so fc and qkv cost one matmul; the attention scale 1/√head_dim is folded into the q rows;
-    - ``w_o, w_gate_up, w_down, w_lm`` transposed to ``[in, out]`` (a one-row matmul over that
-      layout measured faster here than ``F.linear``'s ``[out, in]``); the post-attention
-      RMSNorm weight folded into ``w_gate_up``'s rows (the norm itself is a vector norm)."""
-
-    def __init__(self, head: "EagleHead"):
-        s, layer = head.shape, head.layer
-        hidden = s.hidden_size
-        dt = head.token_rows.dtype
-        qkv = layer.qkv.weight.double().clone()  # [QKV, H]
-        qkv[: s.num_heads * s.head_dim] *= s.head_dim ** -0.5
-        w_f = head.fc_features.weight.double()  # [H, H]
-        rows = head.token_rows.double()  # [vocab, H]
-        self.rows = torch.cat([rows, rows @ qkv.t()], 1).to(dt).contiguous()
-        self.w_in = torch.cat([w_f.t(), w_f.t() @ qkv.t()], 1).to(dt).contiguous()
-        self.w_o = layer.o.weight.t().contiguous()
-        self.w_gate_up = (layer.gate_up.weight.double() * layer.post_norm.double()[None, :]).t().to(dt).contiguous()
-        self.w_down = layer.down.weight.t().contiguous()
-        self.w_lm = head.lm_head.weight.t().contiguous() if head.lm_head.weight is not None else None
-        self.lm_head = head.lm_head
-        # catch-up (several rows): a oneDNN-blocked copy of w_in (a few-row matmul over the
-        # [in, out] layout measured ~3x a one-row one here; the blocked kernel ~1.3x)
-        self.w_in_rows = Linear(self.w_in.t().contiguous()) if dt == torch.float32 else None
-        self.cos = head.rotary.cos[:, None, :]  # [positions, 1, hd]
-        self.sin_signed = head.rotary.sin_signed[:, None, :]
-        self.hidden, self.heads, self.kv_heads = hidden, s.num_heads, s.num_kv_heads
-        self.qk_heads = s.num_heads + s.num_kv_heads
-        self.qkv_shape = (s.num_heads + 2 * s.num_kv_heads, s.head_dim)
-        self.half = s.head_dim // 2
-        self.inv_hidden = 1.0 / hidden
-        self.eps = s.rms_norm_eps
-
-    def __call__(self, cache: SlotCache, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
-        n, hidden, heads, qk_heads = len(tokens), self.hidden, self.heads, self.qk_heads
-        start, end = _claim_rows(cache, n)
-        if n == 1:
-            token = tokens[0]
-            xqkv = torch.addmm(self.rows[token : token + 1], features, self.w_in)  # [1, H + QKV]
-        elif self.w_in_rows is not None:
-            xqkv = self.w_in_rows(features) + self.rows[tokens]  # [n, H + QKV]
-        else:
-            xqkv = torch.addmm(self.rows[tokens], features, self.w_in)
-        x = xqkv[-1:, :hidden]
-        qkv = xqkv[:, hidden:].view(n, *self.qkv_shape)
-        qk = qkv[:, :qk_heads]  # rotate q and k at once (rotate_half via roll and a signed sin)
-        qk = qk * self.cos[start:end] + qk.roll(self.half, -1) * self.sin_signed[start:end]
-        keys, values = cache.pool.k[0, cache.slot], cache.pool.v[0, cache.slot]  # [rows, kv, hd]
-        keys[start:end] = qk[:, heads:]
-        values[start:end] = qkv[:, qk_heads:]
-        attn = _attend_last(qk[-1, :heads], keys[:end], values[:end], self.kv_heads)  # [1, heads*hd]
-        h = torch.addmm(x, attn, self.w_o)  # [1, H]
-        norm = torch.linalg.vector_norm(h)
-        gate_up = torch.mm(h, self.w_gate_up) * torch.rsqrt(norm * norm * self.inv_hidden + self.eps)
-        gate, up = gate_up.chunk(2, -1)
-        return torch.addmm(h, F.silu(gate) * up, self.w_down)
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.mm(hidden, self.w_lm) if self.w_lm is not None else self.lm_head(hidden)
-
-
 class RowWeight:
     """``x @ W`` (and ``x @ W + residual``) for a few rows, ``W`` given as a float ``[in, out]``
-    matrix: float32 runs ``torch.mm``/``addmm`` on it (a one-row matmul over that layout measured
+    matrix: float runs ``torch.mm``/``addmm`` on it (a one-row matmul over that layout measured
     faster here than ``F.linear``'s ``[out, in]``); ``int8`` quantizes it per output channel and
     runs ``torch._weight_int8pack_mm`` on bfloat16 activations (a quarter of the bytes: the
     drafting kernel of :class:`Linear`), keeping the float matrix where the kernel cannot run."""
@@ -747,59 +679,132 @@ class RowWeight:
         return self.mm(x) + residual
 
 
+def _inv_rms(x: torch.Tensor, inv_hidden: float, eps: float) -> torch.Tensor:
+    """1 / RMS of one row ``x [1, H]`` (a 0-dim tensor): the RMSNorm factor of the lean steps."""
+    norm = torch.linalg.vector_norm(x)
+    return torch.rsqrt(norm * norm * inv_hidden + eps)
+
+
+class LeanBlock:
+    """One decoder layer of a lean drafting step, from its q/k/v rows on: rotate q and k, write
+    the new K/V rows, attend for the last row only, o_proj + residual, then the MLP with the
+    post-attention RMSNorm weight folded into gate/up's rows (the norm itself is one scalar,
+    applied after the matmul: ``(x·r)·W = r·(x·W)``). Shared by :class:`LeanEagleStep` and
+    :class:`LeanDecodeStep`; weights derived in float64 at load, then cast (deterministic)."""
+
+    def __init__(self, layer: DecoderLayer, rotary: Rotary, dtype: torch.dtype, int8: bool = False):
+        s = layer.shape
+        gate_up = (layer.gate_up.weight.double() * layer.post_norm.double()[None, :]).t().to(dtype)  # [H, 2I]
+        self.w_o = RowWeight(layer.o.weight.t().contiguous(), int8)
+        self.w_gate_up = RowWeight(gate_up.contiguous(), int8)
+        self.w_down = RowWeight(layer.down.weight.t().contiguous(), int8)
+        self.cos = rotary.cos[:, None, :]  # [positions, 1, hd]
+        self.sin_signed = rotary.sin_signed[:, None, :]
+        self.heads, self.kv_heads = s.num_heads, s.num_kv_heads
+        self.qk_heads = s.num_heads + s.num_kv_heads
+        self.half = s.head_dim // 2
+        self.inv_hidden = 1.0 / s.hidden_size
+        self.eps = s.rms_norm_eps
+
+    def inv_rms(self, x: torch.Tensor) -> torch.Tensor:
+        return _inv_rms(x, self.inv_hidden, self.eps)
+
+    def __call__(self, x: torch.Tensor, qkv: torch.Tensor, cache: SlotCache, layer: int,
+                 start: int, end: int) -> torch.Tensor:
+        """``x [1, H]`` the residual stream of the last new row, ``qkv [n, heads + 2kv, hd]`` the
+        new rows' projections (q pre-scaled) at positions ``start … end-1`` → ``[1, H]``."""
+        heads, qk_heads = self.heads, self.qk_heads
+        qk = qkv[:, :qk_heads]  # rotate q and k at once (rotate_half via roll and a signed sin)
+        qk = qk * self.cos[start:end] + qk.roll(self.half, -1) * self.sin_signed[start:end]
+        keys, values = cache.pool.k[layer, cache.slot], cache.pool.v[layer, cache.slot]  # [rows, kv, hd]
+        keys[start:end] = qk[:, heads:]
+        values[start:end] = qkv[:, qk_heads:]
+        attn = _attend_last(qk[-1, :heads], keys[:end], values[:end], self.kv_heads)  # [1, heads*hd]
+        h = self.w_o.addmm(x, attn)  # [1, H]
+        gate, up = (self.w_gate_up.mm(h) * self.inv_rms(h)).chunk(2, -1)
+        return self.w_down.addmm(h, F.silu(gate) * up)
+
+
+class LeanEagleStep:
+    """Fused float weight copies for :meth:`EagleHead.extend` (drafting only; ``forward`` keeps
+    the checkpoint's layout). All derived in float64 at load, then cast — deterministic:
+
+    - ``rows [vocab, H + QKV]`` and ``w_in [H, H + QKV]``: one GEMM gives both the fc output
+      x = W_e·embed(tok) + b + W_f·f and its q/k/v projection (W_qkv·x, expanded through fc),
+      so fc and qkv cost one matmul; the attention scale 1/√head_dim is folded into the q rows;
+    - the rest of the layer is a :class:`LeanBlock`; ``w_lm`` the LM head as ``[in, out]``."""
+
+    def __init__(self, head: "EagleHead"):
+        s, layer = head.shape, head.layer
+        dt = head.token_rows.dtype
+        qkv = layer.qkv.weight.double().clone()  # [QKV, H]
+        qkv[: s.num_heads * s.head_dim] *= s.head_dim ** -0.5
+        w_f = head.fc_features.weight.double()  # [H, H]
+        rows = head.token_rows.double()  # [vocab, H]
+        self.rows = torch.cat([rows, rows @ qkv.t()], 1).to(dt).contiguous()
+        w_in = torch.cat([w_f.t(), w_f.t() @ qkv.t()], 1).to(dt).contiguous()
+        self.w_in = RowWeight(w_in)
+        self.block = LeanBlock(layer, head.rotary, dt)
+        self.w_lm = RowWeight(head.lm_head.weight.t().contiguous()) if head.lm_head.weight is not None else None
+        self.lm_head = head.lm_head
+        # catch-up (several rows): a oneDNN-blocked copy of w_in (a few-row matmul over the
+        # [in, out] layout measured ~3x a one-row one here; the blocked kernel ~1.3x)
+        self.w_in_rows = Linear(w_in.t().contiguous()) if dt == torch.float32 else None
+        self.hidden = s.hidden_size
+        self.qkv_shape = (s.num_heads + 2 * s.num_kv_heads, s.head_dim)
+
+    def __call__(self, cache: SlotCache, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
+        n, hidden = len(tokens), self.hidden
+        start, end = _claim_rows(cache, n)
+        if n == 1:
+            token = tokens[0]
+            xqkv = self.w_in.addmm(self.rows[token : token + 1], features)  # [1, H + QKV]
+        elif self.w_in_rows is not None:
+            xqkv = self.w_in_rows(features) + self.rows[tokens]  # [n, H + QKV]
+        else:
+            xqkv = self.w_in.addmm(self.rows[tokens], features)
+        qkv = xqkv[:, hidden:].view(n, *self.qkv_shape)
+        return self.block(xqkv[-1:, :hidden], qkv, cache, 0, start, end)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.w_lm.mm(hidden) if self.w_lm is not None else self.lm_head(hidden)
+
+
 class LeanDecodeStep:
     """Fused weight copies for drafting with a small Llama (:meth:`LlamaModel.draft_logits`;
     the draft-target proposer's lone-sequence path). Derived in float64 at load, then cast and,
     with ``int8``, quantized per output channel after fusing (:class:`RowWeight`). Per layer the
     input RMSNorm weight is folded into the q/k/v columns and 1/√head_dim into the q rows, the
-    post-attention norm weight into gate/up; the final norm weight into the LM head. Each norm is
-    then one scalar per row, applied after the matmul: ``(x·r)·W = r·(x·W)``. Same maths as
-    :meth:`LlamaModel.forward`, other kernels and summation order (drafts need not be
-    bit-identical: they change what is accepted, never the output)."""
+    rest is a :class:`LeanBlock`; the final norm weight is folded into the LM head. Each norm is
+    then one scalar per row, applied after the matmul. Same maths as :meth:`LlamaModel.forward`,
+    other kernels and summation order (drafts need not be bit-identical: they change what is
+    accepted, never the output)."""
 
     def __init__(self, model: "LlamaModel", int8: bool = False):
         s, dt = model.shape, model.dtype
         int8 = int8 and dt == torch.float32
         q_size = s.num_heads * s.head_dim
-        self.layers = []
+        self.layers: list[tuple[RowWeight, LeanBlock]] = []
         for layer in model.layers:
             qkv = layer.qkv.weight.double().clone()  # [QKV, H]
             if layer.input_norm is not None:
                 qkv *= layer.input_norm.double()[None, :]
             qkv[:q_size] *= s.head_dim ** -0.5
-            gate_up = layer.gate_up.weight.double() * layer.post_norm.double()[None, :]  # [2I, H]
-            self.layers.append((RowWeight(qkv.t().to(dt).contiguous(), int8),
-                                RowWeight(layer.o.weight.t().contiguous(), int8),
-                                RowWeight(gate_up.t().to(dt).contiguous(), int8),
-                                RowWeight(layer.down.weight.t().contiguous(), int8)))
+            self.layers.append((RowWeight(qkv.t().to(dt).contiguous(), int8), LeanBlock(layer, model.rotary, dt, int8)))
         lm = model.lm_head.weight.double() * model.norm.double()[None, :]  # [vocab, H]
         self.w_lm = RowWeight(lm.t().to(dt).contiguous(), int8)
         self.embed = model.embed
-        self.cos, self.sin_signed = model.rotary.cos, model.rotary.sin_signed  # [positions, hd]
-        self.heads, self.kv_heads = s.num_heads, s.num_kv_heads
-        self.qk_heads = s.num_heads + s.num_kv_heads
-        self.qkv_shape = (s.num_heads + 2 * s.num_kv_heads, s.head_dim)
-        self.half = s.head_dim // 2
-        self.eps = s.rms_norm_eps
-
-    def _inv_rms(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)  # [1, 1]
+        self.qkv_shape = (1, s.num_heads + 2 * s.num_kv_heads, s.head_dim)
+        self.inv_hidden, self.eps = 1.0 / s.hidden_size, s.rms_norm_eps
 
     def __call__(self, cache: SlotCache, tokens: list[int]) -> torch.Tensor:
         """Append ``tokens`` one at a time → next-token logits after the last one ``[1, vocab]``."""
-        heads, qk_heads = self.heads, self.qk_heads
+        if not tokens:
+            raise ValueError("decode needs at least one token")
         for token in tokens:
             position, end = _claim_rows(cache, 1)
             x = self.embed[token : token + 1]  # [1, H]
-            for i, (w_qkv, w_o, w_gate_up, w_down) in enumerate(self.layers):
-                qkv = (w_qkv.mm(x) * self._inv_rms(x)).view(*self.qkv_shape)  # [heads + 2kv, hd]
-                qk = qkv[:qk_heads]
-                qk = qk * self.cos[position] + qk.roll(self.half, -1) * self.sin_signed[position]
-                keys, values = cache.pool.k[i, cache.slot], cache.pool.v[i, cache.slot]  # [rows, kv, hd]
-                keys[position] = qk[heads:]
-                values[position] = qkv[qk_heads:]
-                attn = _attend_last(qk[:heads], keys[:end], values[:end], self.kv_heads)  # [1, heads*hd]
-                x = w_o.addmm(x, attn)
-                gate, up = (w_gate_up.mm(x) * self._inv_rms(x)).chunk(2, -1)
-                x = w_down.addmm(x, F.silu(gate) * up)
-        return self.w_lm.mm(x) * self._inv_rms(x)
+            for i, (w_qkv, block) in enumerate(self.layers):
+                qkv = (w_qkv.mm(x) * block.inv_rms(x)).view(*self.qkv_shape)  # [1, heads + 2kv, hd]
+                x = block(x, qkv, cache, i, position, end)
+        return self.w_lm.mm(x) * _inv_rms(x, self.inv_hidden, self.eps)

@@ -246,7 +246,9 @@ def test_int8_draft_side_weights_keep_greedy_output(ckpt, method):
                    }[method.split("_tree")[0]]()
         assert all(linear.int8 and linear.packed is not None for linear in linears)
         if method == "draft_target":  # the lone-sequence drafting step: fused, then quantized
-            assert all(w.packed is not None for w in (*proposer.model.lean.layers[0], proposer.model.lean.w_lm))
+            w_qkv, block = proposer.model.lean.layers[0]
+            fused = (w_qkv, block.w_o, block.w_gate_up, block.w_down, proposer.model.lean.w_lm)
+            assert all(w.packed is not None for w in fused)
         assert fast.scheduler.target.lm_head.packed is None and not fast.scheduler.target.lm_head.int8
         assert fast.scheduler.target.lean is None  # the target never drafts
         want = [r.output_ids for r in _run(base, PROMPTS[:40], batched=False)]
