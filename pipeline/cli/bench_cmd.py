@@ -17,15 +17,17 @@ from pipeline.errors import SpecdeployError
 def _table(report: dict) -> str:
     lines = [f"{report['config']} ({report['method']}), {report['max_tokens']} new tokens, greedy",
              f"{'method':<22}{'batch':>6}  {'category':<12}{'tok/s':>9}{'base':>9}{'speedup':>9}"
-             f"{'accept':>8}{'tau':>7}{'eff':>7}{'cpu-x':>7}  same"]
+             f"{'accept':>8}{'tau':>7}{'eff':>7}{'cpu-x':>7}{'tpot-x':>8}  same"]
     for r in report["results"]:
         lines.append(f"{r['method']:<22}{r['batch']:>6}  {r['category']:<12}{r['tokens_per_s']:>9.1f}"
                      f"{r['baseline_tokens_per_s']:>9.1f}{r['speedup']:>8.2f}x{r['acceptance_rate']:>8.2f}"
-                     f"{r['mean_acceptance_length']:>7.2f}{r['efficiency']:>7.2f}{r['speedup_cpu']:>7.2f}  {'yes' if r['outputs_match'] else 'NO'}")
+                     f"{r['mean_acceptance_length']:>7.2f}{r['efficiency']:>7.2f}{r['speedup_cpu']:>7.2f}"
+                     f"{r['decode_speedup']:>7.2f}x  {'yes' if r['outputs_match'] else 'NO'}")
     for s in report["summary"]:
         scope = "all categories" if s.get("scope", "all") == "all" else "in-domain"
         lines.append(f"{scope}: {s['method']} batch {s['batch']}: {s['tokens_per_s']:.1f} tok/s vs "
-                     f"{s['baseline_tokens_per_s']:.1f} -> {s['speedup']:.2f}x (per CPU-second {s['speedup_cpu']:.2f}x)")
+                     f"{s['baseline_tokens_per_s']:.1f} -> {s['speedup']:.2f}x (per CPU-second {s['speedup_cpu']:.2f}x); "
+                     f"TPOT {s['tpot_ms']:.2f} vs {s['baseline_tpot_ms']:.2f} ms -> {s['decode_speedup']:.2f}x")
     scaling = report.get("baseline_scaling")
     if scaling:
         lines.append(f"baseline batch {scaling['batch']} / batch 1 (side by side, {scaling['rounds']} rounds): "

@@ -13,7 +13,9 @@ slow spell on a shared machine hits both arms alike; at batch 8 each arm runs it
 Per row: tokens/s of both arms (wall clock; and per CPU-second of this process, ``*_cpu``, which
 other processes sharing the cores distort less), speedup, acceptance rate, mean acceptance length τ, and
 ``efficiency`` = speedup ÷ τ (τ is the speedup bound the measured acceptance implies if drafting
-and verification cost nothing extra). ``--peer hf`` adds Hugging Face assisted generation on the
+and verification cost nothing extra). ``speedup`` is end-to-end (tokens ÷ request wall time,
+prefill included); ``tpot_ms`` / ``decode_speedup`` are the decode-only view, TPOT =
+(E2E − TTFT) / (tokens − 1) per arm, from each request's first- and last-token times. ``--peer hf`` adds Hugging Face assisted generation on the
 same checkpoints (draft-target only; batch 1; constant draft-length schedule, same K).
 ``baseline_scaling``: the baseline's batch-8 ÷ batch-1 aggregate tokens/s, the two sizes
 alternating over a few rounds on the same in-domain prompts (the batch-8 rows above come minutes
@@ -50,6 +52,8 @@ class Arm:
     drafted: int = 0
     accepted: int = 0
     verify_steps: int = 0
+    decode_seconds: float = 0.0  # Σ per request: last token − first token (TTFT excluded)
+    decode_tokens: int = 0  # Σ per request: tokens − 1
     outputs: list | None = None
 
     @property
@@ -59,6 +63,11 @@ class Arm:
     @property
     def cpu_tokens_per_s(self) -> float:
         return self.tokens / self.cpu_seconds if self.cpu_seconds else 0.0
+
+    @property
+    def tpot_ms(self) -> float:
+        """Decode latency, TPOT = (E2E − TTFT) / (tokens − 1), pooled over the arm's requests."""
+        return 1e3 * self.decode_seconds / self.decode_tokens if self.decode_tokens else 0.0
 
 
 def resolve_checkpoint(value: str) -> Path:
@@ -164,6 +173,9 @@ def _record(arm: Arm, result) -> None:
     arm.drafted += result.stats.draft_tokens
     arm.accepted += result.stats.accepted_tokens
     arm.verify_steps += result.stats.verify_steps
+    if len(result.output_ids) > 1:
+        arm.decode_seconds += (result.stats.last_token_time_ns - result.stats.first_token_time_ns) / 1e9
+        arm.decode_tokens += len(result.output_ids) - 1
     arm.outputs.append(result.output_ids)
 
 
@@ -208,7 +220,10 @@ def _row(method: str, batch: int, category: str, base: Arm, spec: Arm) -> dict:
         "cpu_tokens_per_s": round(spec.cpu_tokens_per_s, 2),
         "baseline_cpu_tokens_per_s": round(base.cpu_tokens_per_s, 2),
         "speedup_cpu": round(spec.cpu_tokens_per_s / base.cpu_tokens_per_s, 3) if base.cpu_tokens_per_s else 0.0,
+        "tpot_ms": round(spec.tpot_ms, 4), "baseline_tpot_ms": round(base.tpot_ms, 4),
+        "decode_speedup": round(base.tpot_ms / spec.tpot_ms, 3) if spec.tpot_ms else 0.0,
         "tokens": spec.tokens, "baseline_tokens": base.tokens,
+        "decode_tokens": spec.decode_tokens, "baseline_decode_tokens": base.decode_tokens,
         "outputs_match": spec.outputs == base.outputs,
     }
 
@@ -322,11 +337,14 @@ def _summary_row(key: tuple[str, int], scope: str, rows: list[dict]) -> dict:
     tps = _pooled(rows, "tokens", "tokens_per_s")
     btps = _pooled(rows, "baseline_tokens", "baseline_tokens_per_s")
     cpu, bcpu = _pooled(rows, "tokens", "cpu_tokens_per_s"), _pooled(rows, "baseline_tokens", "baseline_cpu_tokens_per_s")
+    tpot, btpot = _pooled_tpot(rows, "decode_tokens", "tpot_ms"), _pooled_tpot(rows, "baseline_decode_tokens", "baseline_tpot_ms")
     return {"method": key[0], "batch": key[1], "scope": scope,
             "categories": [r["category"] for r in rows], "tokens_per_s": round(tps, 2),
             "baseline_tokens_per_s": round(btps, 2), "speedup": round(tps / btps, 3),
             "cpu_tokens_per_s": round(cpu, 2), "baseline_cpu_tokens_per_s": round(bcpu, 2),
             "speedup_cpu": round(cpu / bcpu, 3),
+            "tpot_ms": round(tpot, 4), "baseline_tpot_ms": round(btpot, 4),
+            "decode_speedup": round(btpot / tpot, 3) if tpot else 0.0,
             "acceptance_rate": round(sum(r["acceptance_rate"] for r in rows) / len(rows), 4),
             "mean_acceptance_length": round(sum(r["mean_acceptance_length"] for r in rows) / len(rows), 3),
             "outputs_match": all(r["outputs_match"] for r in rows)}
@@ -335,6 +353,12 @@ def _summary_row(key: tuple[str, int], scope: str, rows: list[dict]) -> dict:
 def _pooled(rows: list[dict], tokens_key: str, rate_key: str) -> float:
     seconds = sum(r[tokens_key] / r[rate_key] for r in rows if r[rate_key])
     return sum(r[tokens_key] for r in rows) / seconds if seconds else 0.0
+
+
+def _pooled_tpot(rows: list[dict], tokens_key: str, tpot_key: str) -> float:
+    """TPOT over several rows: total decode time ÷ total decode tokens (ms per token)."""
+    tokens = sum(r.get(tokens_key, 0) for r in rows)
+    return sum(r.get(tokens_key, 0) * r.get(tpot_key, 0.0) for r in rows) / tokens if tokens else 0.0
 
 
 def hf_peer(cfg: DeploymentConfig, target: Path, spec: dict, categories: dict, max_tokens: int,

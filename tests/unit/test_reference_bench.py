@@ -48,6 +48,11 @@ def test_bench_reports_every_category_batch_and_peer(tmp_path, capsys):
         assert r["outputs_match"] and r["tokens"] == r["baseline_tokens"] > 0
         assert 0 <= r["acceptance_rate"] <= 1 and r["mean_acceptance_length"] >= 1
         assert r["tokens_per_s"] > 0 and r["speedup"] > 0
+        # decode-only view: TPOT from each request's first/last token times, tokens − 1 per request
+        assert r["tpot_ms"] > 0 and r["baseline_tpot_ms"] > 0
+        requests = 3 if r["batch"] == 1 else 16  # batch 8 keeps 2 x 8 requests coming
+        assert (r["tokens"], r["decode_tokens"]) == (6 * requests, 5 * requests)
+        assert r["decode_speedup"] == pytest.approx(r["baseline_tpot_ms"] / r["tpot_ms"], rel=2e-3)
     assert report["peer"]["num_assistant_tokens"] == 3 and report["peer"]["hf_assisted_tokens_per_s"] > 0
     scaling = report["baseline_scaling"]  # batch 8 vs 1, side by side, up to 4 prompts a category
     assert (scaling["batch"], scaling["prompts"], len(scaling["per_round"])) == (8, 6, scaling["rounds"])
@@ -96,7 +101,9 @@ def _result(category: str, tokens_per_s: float, baseline: float, batch: int = 1)
     return {"method": "medusa", "batch": batch, "category": category, "tokens": 100, "baseline_tokens": 100,
             "tokens_per_s": tokens_per_s, "baseline_tokens_per_s": baseline,
             "cpu_tokens_per_s": tokens_per_s, "baseline_cpu_tokens_per_s": baseline,
-            "acceptance_rate": 0.5, "mean_acceptance_length": 2.0, "outputs_match": True}
+            "acceptance_rate": 0.5, "mean_acceptance_length": 2.0, "outputs_match": True,
+            "decode_tokens": 90, "baseline_decode_tokens": 90, "tpot_ms": 1000 / tokens_per_s,
+            "baseline_tpot_ms": 1000 / baseline}
 
 
 def test_summary_pools_all_categories_and_in_domain_ones_separately():
@@ -108,5 +115,8 @@ def test_summary_pools_all_categories_and_in_domain_ones_separately():
     assert by_scope["all"]["speedup"] == pytest.approx((300 / 1.75) / 100, abs=1e-3)
     assert by_scope["in_domain"]["speedup"] == pytest.approx((200 / 0.75) / 100, abs=1e-3)
     assert by_scope["in_domain"]["categories"] == ["code", "prose"]
+    # TPOT pooled the same way (decode time / decode tokens): 2.5 and 5 ms at 90 tokens each
+    assert by_scope["in_domain"]["tpot_ms"] == pytest.approx(3.75) and by_scope["in_domain"]["baseline_tpot_ms"] == 10
+    assert by_scope["in_domain"]["decode_speedup"] == pytest.approx(10 / 3.75, abs=1e-3)
     # no out-of-domain category in the prompt set: one scope only
     assert [s["scope"] for s in summarize(rows[:2])] == ["all"]
