@@ -585,13 +585,15 @@ class EagleHead:
         return KVPool(1, slots, max_rows, self.shape.num_kv_heads, self.shape.head_dim, self.dtype)
 
     def to_int8(self) -> None:
+        """int8 draft-side weights: the batched path's Linears, and a :class:`LeanEagleStep`
+        fused from the float weights first, then quantized (the drafting step reads ~1.1 MB
+        instead of ~5 MB, catch-up included). A head loaded with int8 Linears has no float
+        weights to fuse and runs ``extend`` on its Linears."""
+        lean = LeanEagleStep(self, int8=True) if self.lean is not None else None
         self.fc_features = int8_copy(self.fc_features)
         self.layer.to_int8()
         self.lm_head = int8_copy(self.lm_head)  # a copy: the target keeps its float LM head
-        # extend() now runs the int8 Linears. A LeanEagleStep with int8 fused weights was
-        # measured: a chain of five 1.78 -> 1.39 ms, but tau 4.90 -> 4.83 (the weights quantized
-        # after fusing) and no net gain in tokens/s, so it was not kept.
-        self.lean = None
+        self.lean = lean
 
     def forward(self, pool: KVPool, inputs: list[StepInput], features: torch.Tensor) -> torch.Tensor:
         """features [B, T, H] (padded like the tokens) → predicted next features [B, T, H]."""
@@ -610,8 +612,9 @@ class EagleHead:
 
         Same maths as :meth:`forward` with a causal mask, cheaper on CPU where per-op overhead
         dominates: only the last row runs attention, o_proj and the MLP (earlier rows only need
-        their K/V rows); no mask or index tensors. Float heads run :class:`LeanEagleStep` (its own
-        fused weight copies); int8 heads (``to_int8``) run the same steps on their Linears. Not
+        their K/V rows); no mask or index tensors. It runs :class:`LeanEagleStep` (its own fused
+        weight copies, int8 ones after ``to_int8``); a head loaded with int8 Linears runs the
+        same steps on them. Not
         bit-identical to :meth:`forward` (other kernels, other summation order), which is
         harmless: drafts only change what the target accepts, never the output."""
         if self.lean is not None:
@@ -732,24 +735,30 @@ class LeanEagleStep:
     - ``rows [vocab, H + QKV]`` and ``w_in [H, H + QKV]``: one GEMM gives both the fc output
       x = W_e·embed(tok) + b + W_f·f and its q/k/v projection (W_qkv·x, expanded through fc),
       so fc and qkv cost one matmul; the attention scale 1/√head_dim is folded into the q rows;
-    - the rest of the layer is a :class:`LeanBlock`; ``w_lm`` the LM head as ``[in, out]``."""
+    - the rest of the layer is a :class:`LeanBlock`; ``w_lm`` the LM head as ``[in, out]``;
+    - ``int8``: every fused matrix quantized per output channel after fusing (:class:`RowWeight`)."""
 
-    def __init__(self, head: "EagleHead"):
+    def __init__(self, head: "EagleHead", int8: bool = False):
         s, layer = head.shape, head.layer
         dt = head.token_rows.dtype
+        int8 = int8 and dt == torch.float32
         qkv = layer.qkv.weight.double().clone()  # [QKV, H]
         qkv[: s.num_heads * s.head_dim] *= s.head_dim ** -0.5
         w_f = head.fc_features.weight.double()  # [H, H]
         rows = head.token_rows.double()  # [vocab, H]
         self.rows = torch.cat([rows, rows @ qkv.t()], 1).to(dt).contiguous()
         w_in = torch.cat([w_f.t(), w_f.t() @ qkv.t()], 1).to(dt).contiguous()
-        self.w_in = RowWeight(w_in)
-        self.block = LeanBlock(layer, head.rotary, dt)
-        self.w_lm = RowWeight(head.lm_head.weight.t().contiguous()) if head.lm_head.weight is not None else None
+        self.w_in = RowWeight(w_in, int8)
+        self.block = LeanBlock(layer, head.rotary, dt, int8)
+        lm = head.lm_head.weight
+        self.w_lm = RowWeight(lm.t().contiguous(), int8) if lm is not None else None
         self.lm_head = head.lm_head
-        # catch-up (several rows): a oneDNN-blocked copy of w_in (a few-row matmul over the
-        # [in, out] layout measured ~3x a one-row one here; the blocked kernel ~1.3x)
-        self.w_in_rows = Linear(w_in.t().contiguous()) if dt == torch.float32 else None
+        # catch-up (several rows), float: a oneDNN-blocked copy of w_in (a few-row matmul over
+        # the [in, out] layout measured ~3x a one-row one here; the blocked kernel ~1.3x). int8
+        # catches up through w_in itself: no second copy to pull into the cache after a verify
+        # (in-domain, three interleaved `bench` rounds on the shipped head: 2.43x vs 2.32x for
+        # the per-Linear int8 path; with a float catch-up copy the fused int8 step was no faster)
+        self.w_in_rows = Linear(w_in.t().contiguous()) if dt == torch.float32 and not int8 else None
         self.hidden = s.hidden_size
         self.qkv_shape = (s.num_heads + 2 * s.num_kv_heads, s.head_dim)
 

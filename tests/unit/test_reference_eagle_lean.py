@@ -65,9 +65,11 @@ def test_split_fc_equals_fc_over_the_concatenation(ckpt):
     assert (ours - expected).abs().max() < 1e-12
 
 
-def _general_and_lean(head: EagleHead, prompt_len: int, chain: int):
-    """Feed the same pairs to two caches: the general forward (catch-up of ``prompt_len`` rows,
-    then one row per step) and extend(); return both predicted features per step and the pools."""
+def _general_and_lean(head: EagleHead, prompt_len: int, chain: int, reference: EagleHead | None = None):
+    """Feed the same pairs to two caches: the general forward of ``reference`` (default: the
+    same head; catch-up of ``prompt_len`` rows, then one row per step) and ``head.extend``;
+    return both predicted features per step and the pools."""
+    reference = reference or head
     gen = torch.Generator().manual_seed(prompt_len)
     hidden = head.shape.hidden_size
     tokens = torch.randint(3, VOCAB, (prompt_len + chain,), generator=gen).tolist()
@@ -78,25 +80,31 @@ def _general_and_lean(head: EagleHead, prompt_len: int, chain: int):
     spans = [(0, prompt_len)] + [(prompt_len + i, prompt_len + i + 1) for i in range(chain)]
     for a, b in spans:
         step = StepInput(general_cache, tokens[a:b], list(range(a, b)))
-        general.append(head.forward(general_pool, [step], features[None, a:b])[0, -1])
+        general.append(reference.forward(general_pool, [step], features[None, a:b])[0, -1])
         lean.append(head.extend(lean_cache, tokens[a:b], features[a:b])[0])
         assert lean_cache.length == general_cache.length == b
     return general, lean, general_pool, lean_pool
 
 
 @pytest.mark.parametrize("dtype,int8,tol", [(torch.float64, False, 1e-10), (torch.float32, False, 2e-4),
-                                            (torch.float32, True, 2e-4)], ids=["float64", "float32", "int8"])
+                                            (torch.float32, True, 2e-2)], ids=["float64", "float32", "int8"])
 @torch.inference_mode()
 def test_extend_matches_the_general_forward(ckpt, dtype, int8, tol):
+    """int8: the fused step quantized after fusing (packed int8 weights, catch-up included)
+    against the general forward of the float head, to quantization error (~1%)."""
     head = _head(ckpt, dtype, int8)
-    assert (head.lean is None) == int8  # int8 heads run extend() on their int8 Linears
-    general, lean, general_pool, lean_pool = _general_and_lean(head, prompt_len=6, chain=4)
+    assert head.lean is not None
+    assert [w.packed is not None for w in (head.lean.w_in, head.lean.block.w_down, head.lean.w_lm)] == [int8] * 3
+    if dtype == torch.float32:  # a oneDNN copy for float catch-up; int8 uses the packed w_in
+        assert (head.lean.w_in_rows is None) == int8
+    reference = _head(ckpt, dtype) if int8 else head
+    general, lean, general_pool, lean_pool = _general_and_lean(head, prompt_len=6, chain=4, reference=reference)
     for g, ours in zip(general, lean):
         assert (g - ours).abs().max() < tol * max(1.0, float(g.abs().max()))
     rows = 10
     assert (general_pool.k[0, 0, :rows] - lean_pool.k[0, 0, :rows]).abs().max() < tol * 10
     assert (general_pool.v[0, 0, :rows] - lean_pool.v[0, 0, :rows]).abs().max() < tol * 10
-    logits_general = head.logits(torch.stack(general))
+    logits_general = reference.logits(torch.stack(general))
     logits_lean = torch.cat([head.draft_logits(x[None]) for x in lean])
     assert (logits_general - logits_lean).abs().max() < tol * 10 * max(1.0, float(logits_general.abs().max()))
 
