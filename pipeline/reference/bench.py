@@ -357,8 +357,8 @@ def _pooled(rows: list[dict], tokens_key: str, rate_key: str) -> float:
 
 def _pooled_tpot(rows: list[dict], tokens_key: str, tpot_key: str) -> float:
     """TPOT over several rows: total decode time ÷ total decode tokens (ms per token)."""
-    tokens = sum(r.get(tokens_key, 0) for r in rows)
-    return sum(r.get(tokens_key, 0) * r.get(tpot_key, 0.0) for r in rows) / tokens if tokens else 0.0
+    tokens = sum(r[tokens_key] for r in rows)
+    return sum(r[tokens_key] * r[tpot_key] for r in rows) / tokens if tokens else 0.0
 
 
 def hf_peer(cfg: DeploymentConfig, target: Path, spec: dict, categories: dict, max_tokens: int,

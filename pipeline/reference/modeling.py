@@ -665,9 +665,11 @@ class RowWeight:
     matrix: float runs ``torch.mm``/``addmm`` on it (a one-row matmul over that layout measured
     faster here than ``F.linear``'s ``[out, in]``); ``int8`` quantizes it per output channel and
     runs ``torch._weight_int8pack_mm`` on bfloat16 activations (a quarter of the bytes: the
-    drafting kernel of :class:`Linear`), keeping the float matrix where the kernel cannot run."""
+    drafting kernel of :class:`Linear`), keeping the float matrix where the kernel cannot run
+    and for weights that are not float32 (float64 reference runs stay exact)."""
 
     def __init__(self, weight_in_out: torch.Tensor, int8: bool = False):
+        int8 = int8 and weight_in_out.dtype == torch.float32
         self.packed = _pack_int8(*quantize_weight(weight_in_out.t())) if int8 else None
         self.weight = weight_in_out if self.packed is None else None
 
@@ -729,7 +731,7 @@ class LeanBlock:
 
 
 class LeanEagleStep:
-    """Fused float weight copies for :meth:`EagleHead.extend` (drafting only; ``forward`` keeps
+    """Fused weight copies for :meth:`EagleHead.extend` (drafting only; ``forward`` keeps
     the checkpoint's layout). All derived in float64 at load, then cast — deterministic:
 
     - ``rows [vocab, H + QKV]`` and ``w_in [H, H + QKV]``: one GEMM gives both the fc output
@@ -741,7 +743,6 @@ class LeanEagleStep:
     def __init__(self, head: "EagleHead", int8: bool = False):
         s, layer = head.shape, head.layer
         dt = head.token_rows.dtype
-        int8 = int8 and dt == torch.float32
         qkv = layer.qkv.weight.double().clone()  # [QKV, H]
         qkv[: s.num_heads * s.head_dim] *= s.head_dim ** -0.5
         w_f = head.fc_features.weight.double()  # [H, H]
@@ -791,7 +792,6 @@ class LeanDecodeStep:
 
     def __init__(self, model: "LlamaModel", int8: bool = False):
         s, dt = model.shape, model.dtype
-        int8 = int8 and dt == torch.float32
         q_size = s.num_heads * s.head_dim
         self.layers: list[tuple[RowWeight, LeanBlock]] = []
         for layer in model.layers:

@@ -16,7 +16,8 @@ stdout, one JSON object a line (the vLLM V1 "engine core process" split):
 (so bad requests fail synchronously, as in-process), routes chunks to per-request streams, and
 ends every open stream with an error chunk if the worker dies. The worker inherits stderr (the
 server log; its own stdout is redirected there too, the protocol keeps a private copy) and the
-stub's process group (stopping the server stops it); it exits when its stdin closes. Reads the engine dir (in the worker); writes nothing on disk.
+stub's process group (stopping the server stops it); it exits when its stdin closes. Reads the
+engine dir (in the worker); writes nothing on disk.
 """
 
 from __future__ import annotations
