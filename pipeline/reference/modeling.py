@@ -10,7 +10,8 @@ positions and a causal or tree mask, attending to that sequence's slot in a prea
 :class:`~pipeline.reference.kv_cache.KVPool`. The new rows are written at ``cache.length …`` and
 the length advanced; callers roll back what they reject. Per-layer framework overhead dominates on
 CPU, so QKV and gate/up projections are fused and masks are built once per step; the EAGLE head
-also has a lean one-sequence drafting path (:meth:`EagleHead.extend`, :class:`LeanEagleStep`).
+also has a lean one-sequence drafting path (:meth:`EagleHead.extend`, :class:`LeanEagleStep`),
+whose one-row maths runs as TorchScript (:mod:`pipeline.reference.kernels`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.errors import SpecdeployError
+from pipeline.reference.kernels import attend_last, eagle_greedy_chain, inv_rms, lean_block, row_addmm, row_mm
 from pipeline.reference.kv_cache import KVPool, SlotCache
 
 QUANT_METHOD = "specdeploy_int8_wo"
@@ -325,7 +327,7 @@ class DecoderLayer:
         keys[start:end] = qk[:, s.num_heads :]
         values[start:end] = qkv[:, s.num_heads + s.num_kv_heads :]
         q = qk[-1, : s.num_heads] * s.head_dim ** -0.5
-        attn = _attend_last(q, keys[:end], values[:end], s.num_kv_heads)  # [1, heads*hd]
+        attn = attend_last(q, keys[:end], values[:end], s.num_kv_heads)  # [1, heads*hd]
         x = x[-1:] + self.o(attn)  # [1, H]
         gate, up = self.gate_up(F.rms_norm(x, (x.shape[-1],), self.post_norm, s.rms_norm_eps)).chunk(2, -1)
         return x + self.down(F.silu(gate) * up)
@@ -623,6 +625,14 @@ class EagleHead:
         x = self.fc_features.add_to(self.token_rows[tokens], features)  # [n, H]
         return self.layer.decode_last(x, 0, cache, start, self.rotary)
 
+    def greedy_chain(self, cache: SlotCache, tokens: list[int], features: torch.Tensor, k: int) -> list[int] | None:
+        """:meth:`extend` on the pairs, then ``k`` greedy drafts, in one TorchScript call
+        (:meth:`LeanEagleStep.greedy_chain`); None where the lean step cannot chain (the caller
+        drafts step by step). The cache keeps the pairs' rows only, like ``extend``."""
+        if self.lean is None or not self.lean.chains:
+            return None
+        return self.lean.greedy_chain(cache, tokens, features, k)
+
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head for drafting (``[1, H]`` → ``[1, vocab]``; the lean copy when present)."""
         return self.lean.logits(hidden) if self.lean is not None else self.lm_head(hidden)
@@ -651,43 +661,28 @@ def _claim_rows(cache: SlotCache, n: int) -> tuple[int, int]:
     return start, end
 
 
-def _attend_last(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, kv_heads: int) -> torch.Tensor:
-    """One query row, pre-scaled ``q [heads, hd]``, over ``keys/values [L, kv_heads, hd]`` (all
-    visible) → ``[1, heads*hd]``. Grouped-query heads share their KV head (HF order)."""
-    heads, head_dim = q.shape
-    q = q.reshape(kv_heads, heads // kv_heads, head_dim)  # [kv, group, hd]
-    scores = torch.bmm(q, keys.permute(1, 2, 0))  # [kv, group, L]
-    return torch.bmm(scores.softmax(-1), values.transpose(0, 1)).reshape(1, heads * head_dim)
-
-
 class RowWeight:
     """``x @ W`` (and ``x @ W + residual``) for a few rows, ``W`` given as a float ``[in, out]``
     matrix: float runs ``torch.mm``/``addmm`` on it (a one-row matmul over that layout measured
     faster here than ``F.linear``'s ``[out, in]``); ``int8`` quantizes it per output channel and
     runs ``torch._weight_int8pack_mm`` on bfloat16 activations (a quarter of the bytes: the
     drafting kernel of :class:`Linear`), keeping the float matrix where the kernel cannot run
-    and for weights that are not float32 (float64 reference runs stay exact)."""
+    and for weights that are not float32 (float64 reference runs stay exact). Both go through
+    the scripted :func:`~pipeline.reference.kernels.row_mm` / ``row_addmm``, like every lean
+    drafting path, so they all round alike."""
 
     def __init__(self, weight_in_out: torch.Tensor, int8: bool = False):
         int8 = int8 and weight_in_out.dtype == torch.float32
         self.packed = _pack_int8(*quantize_weight(weight_in_out.t())) if int8 else None
         self.weight = weight_in_out if self.packed is None else None
+        # the (weight, scale) pair the scripted kernels take (pipeline.reference.kernels)
+        self.pair = self.packed if self.packed is not None else (self.weight, None)
 
     def mm(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is None:
-            return torch.mm(x, self.weight)
-        return torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), *self.packed).float()
+        return row_mm(x, *self.pair)
 
     def addmm(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is None:
-            return torch.addmm(residual, x, self.weight)
-        return self.mm(x) + residual
-
-
-def _inv_rms(x: torch.Tensor, inv_hidden: float, eps: float) -> torch.Tensor:
-    """1 / RMS of one row ``x [1, H]`` (a 0-dim tensor): the RMSNorm factor of the lean steps."""
-    norm = torch.linalg.vector_norm(x)
-    return torch.rsqrt(norm * norm * inv_hidden + eps)
+        return row_addmm(residual, x, *self.pair)
 
 
 class LeanBlock:
@@ -695,7 +690,8 @@ class LeanBlock:
     the new K/V rows, attend for the last row only, o_proj + residual, then the MLP with the
     post-attention RMSNorm weight folded into gate/up's rows (the norm itself is one scalar,
     applied after the matmul: ``(x·r)·W = r·(x·W)``). Shared by :class:`LeanEagleStep` and
-    :class:`LeanDecodeStep`; weights derived in float64 at load, then cast (deterministic)."""
+    :class:`LeanDecodeStep`; weights derived in float64 at load, then cast (deterministic). The
+    maths runs as one TorchScript call (:func:`~pipeline.reference.kernels.lean_block`)."""
 
     def __init__(self, layer: DecoderLayer, rotary: Rotary, dtype: torch.dtype, int8: bool = False):
         s = layer.shape
@@ -706,28 +702,23 @@ class LeanBlock:
         self.cos = rotary.cos[:, None, :]  # [positions, 1, hd]
         self.sin_signed = rotary.sin_signed[:, None, :]
         self.heads, self.kv_heads = s.num_heads, s.num_kv_heads
-        self.qk_heads = s.num_heads + s.num_kv_heads
-        self.half = s.head_dim // 2
         self.inv_hidden = 1.0 / s.hidden_size
         self.eps = s.rms_norm_eps
 
     def inv_rms(self, x: torch.Tensor) -> torch.Tensor:
-        return _inv_rms(x, self.inv_hidden, self.eps)
+        return inv_rms(x, self.inv_hidden, self.eps)
+
+    def weights(self) -> tuple:
+        """The arguments of :func:`~pipeline.reference.kernels.lean_block` after ``start, end``."""
+        return (self.cos, self.sin_signed, *self.w_o.pair, *self.w_gate_up.pair, *self.w_down.pair,
+                self.heads, self.kv_heads, self.inv_hidden, self.eps)
 
     def __call__(self, x: torch.Tensor, qkv: torch.Tensor, cache: SlotCache, layer: int,
                  start: int, end: int) -> torch.Tensor:
         """``x [1, H]`` the residual stream of the last new row, ``qkv [n, heads + 2kv, hd]`` the
         new rows' projections (q pre-scaled) at positions ``start … end-1`` → ``[1, H]``."""
-        heads, qk_heads = self.heads, self.qk_heads
-        qk = qkv[:, :qk_heads]  # rotate q and k at once (rotate_half via roll and a signed sin)
-        qk = qk * self.cos[start:end] + qk.roll(self.half, -1) * self.sin_signed[start:end]
         keys, values = cache.pool.k[layer, cache.slot], cache.pool.v[layer, cache.slot]  # [rows, kv, hd]
-        keys[start:end] = qk[:, heads:]
-        values[start:end] = qkv[:, qk_heads:]
-        attn = _attend_last(qk[-1, :heads], keys[:end], values[:end], self.kv_heads)  # [1, heads*hd]
-        h = self.w_o.addmm(x, attn)  # [1, H]
-        gate, up = (self.w_gate_up.mm(h) * self.inv_rms(h)).chunk(2, -1)
-        return self.w_down.addmm(h, F.silu(gate) * up)
+        return lean_block(x, qkv, keys, values, start, end, *self.weights())
 
 
 class LeanEagleStep:
@@ -766,15 +757,36 @@ class LeanEagleStep:
     def __call__(self, cache: SlotCache, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
         n, hidden = len(tokens), self.hidden
         start, end = _claim_rows(cache, n)
-        if n == 1:
-            token = tokens[0]
-            xqkv = self.w_in.addmm(self.rows[token : token + 1], features)  # [1, H + QKV]
-        elif self.w_in_rows is not None:
-            xqkv = self.w_in_rows(features) + self.rows[tokens]  # [n, H + QKV]
-        else:
-            xqkv = self.w_in.addmm(self.rows[tokens], features)
+        xqkv = self._project(tokens, features)
         qkv = xqkv[:, hidden:].view(n, *self.qkv_shape)
         return self.block(xqkv[-1:, :hidden], qkv, cache, 0, start, end)
+
+    def _project(self, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
+        """fc and q/k/v of the pairs (features[i], tokens[i]) → ``[n, H + QKV]``."""
+        if len(tokens) == 1:
+            token = tokens[0]
+            return self.w_in.addmm(self.rows[token : token + 1], features)
+        if self.w_in_rows is not None:
+            return self.w_in_rows(features) + self.rows[tokens]
+        return self.w_in.addmm(self.rows[tokens], features)
+
+    @property
+    def chains(self) -> bool:
+        """Whether :meth:`greedy_chain` can run (it needs the LM head as a fused copy)."""
+        return self.w_lm is not None
+
+    def greedy_chain(self, cache: SlotCache, tokens: list[int], features: torch.Tensor, k: int) -> list[int]:
+        """Catch-up on the pairs (features[i], tokens[i]) and ``k`` greedy drafts after them, in
+        one TorchScript call (:func:`~pipeline.reference.kernels.eagle_greedy_chain`): the same
+        tokens as ``k`` rounds of ``__call__`` + argmax of :meth:`logits`. The cache keeps the
+        catch-up rows; the drafts' own rows are written past its length (scratch)."""
+        n, start = len(tokens), cache.length
+        if start + n + k - 1 > cache.pool.max_rows:  # the drafts' scratch rows must fit too
+            raise ValueError(f"sequence longer than the KV cache ({start + n + k - 1} > {cache.pool.max_rows})")
+        _claim_rows(cache, n)
+        return eagle_greedy_chain(self._project(tokens, features), start, k, self.rows, *self.w_in.pair,
+                                  *self.w_lm.pair, self.qkv_shape[1], cache.pool.k[0, cache.slot],
+                                  cache.pool.v[0, cache.slot], *self.block.weights())
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.w_lm.mm(hidden) if self.w_lm is not None else self.lm_head(hidden)
@@ -816,4 +828,4 @@ class LeanDecodeStep:
             for i, (w_qkv, block) in enumerate(self.layers):
                 qkv = (w_qkv.mm(x) * block.inv_rms(x)).view(*self.qkv_shape)  # [1, heads + 2kv, hd]
                 x = block(x, qkv, cache, i, position, end)
-        return self.w_lm.mm(x) * _inv_rms(x, self.inv_hidden, self.eps)
+        return self.w_lm.mm(x) * inv_rms(x, self.inv_hidden, self.eps)

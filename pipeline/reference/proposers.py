@@ -9,7 +9,8 @@
 - :class:`EagleProposer` — the EAGLE-1 head on the target's features, one decoder layer per
   draft step over its own KV pool (a chain by default; a static tree from ``choices``). A lone
   sequence drafts through the lean :meth:`EagleHead.extend` path (batch 1 is where per-op
-  overhead dominates); several sequences share batched forwards.
+  overhead dominates), a greedy chain in one TorchScript call (:meth:`EagleHead.greedy_chain`);
+  several sequences share batched forwards.
 
 Trees are for greedy requests only; a sampled request gets the chain (lossless rejection sampling
 needs the distribution each draft came from; multi-draft SpecInfer-style tree sampling is not
@@ -293,10 +294,17 @@ class EagleProposer:
         return proposals
 
     def _propose_one(self, seq: "SeqState", k: int) -> Proposal:
-        """One sequence: catch-up and every chain step through :meth:`EagleHead.extend`."""
+        """One sequence: catch-up and every chain step through :meth:`EagleHead.extend` — a greedy
+        chain in one scripted call (:meth:`EagleHead.greedy_chain`), same tokens."""
         cache = seq.proposer_state.cache
         start, n = cache.length, seq.features.shape[0]
-        last = self.head.extend(cache, seq.tokens[start + 1 : start + 1 + n], seq.features)  # [1, H]
+        pairs = seq.tokens[start + 1 : start + 1 + n]
+        if seq.params.greedy and not self._uses_tree(seq, k):
+            drafts = self.head.greedy_chain(cache, pairs, seq.features, min(k, self.depth))
+            if drafts is not None:
+                seq.features = None
+                return Proposal(drafts)
+        last = self.head.extend(cache, pairs, seq.features)  # [1, H]
         seq.features = None
         real = cache.length
         if self._uses_tree(seq, k):

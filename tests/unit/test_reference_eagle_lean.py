@@ -118,6 +118,86 @@ def test_extend_refuses_to_run_past_the_cache(ckpt):
     assert cache.length == 0
 
 
+def _pairs(head: EagleHead, count: int, seed: int) -> tuple[list[int], torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(3, VOCAB, (count,), generator=gen).tolist()
+    features = torch.randn(count, head.shape.hidden_size, generator=gen, dtype=torch.float64).to(head.dtype)
+    return tokens, features
+
+
+@pytest.mark.parametrize("dtype,int8", [(torch.float64, False), (torch.float32, False), (torch.float32, True)],
+                         ids=["float64", "float32", "int8"])
+@torch.inference_mode()
+def test_greedy_chain_drafts_what_extend_and_argmax_draft(ckpt, dtype, int8):
+    """The one-call chain (catch-up + k drafts, TorchScript) against catch-up through ``extend``
+    and one ``extend`` + argmax of ``draft_logits`` per draft: the same tokens, the same K/V rows
+    bit for bit (the same kernels run), scratch rows included; the cache keeps the catch-up rows."""
+    head = _head(ckpt, dtype, int8)
+    tokens, features = _pairs(head, 12, seed=7)
+    pools = head.new_pool(1, 64), head.new_pool(1, 64)  # one slot each: the same memory layout
+    chained, stepped = pools[0].allocate(), pools[1].allocate()
+    for cache in (chained, stepped):
+        head.extend(cache, tokens[:9], features[:9])
+    drafts = head.greedy_chain(chained, tokens[9:], features[9:], 5)
+    last, expected = head.extend(stepped, tokens[9:], features[9:]), []
+    real = stepped.length
+    for i in range(5):
+        if i:
+            last = head.extend(stepped, expected[-1:], last)
+        expected.append(int(head.draft_logits(last)[0].argmax()))
+    assert drafts == expected and len(set(drafts)) > 1
+    assert chained.length == real == 12
+    rows = real + 4  # the catch-up rows and the four drafts' scratch rows
+    assert torch.equal(pools[0].k[0, 0, :rows], pools[1].k[0, 0, :rows])
+    assert torch.equal(pools[0].v[0, 0, :rows], pools[1].v[0, 0, :rows])
+
+
+@torch.inference_mode()
+def test_greedy_chain_refuses_to_run_past_the_cache(ckpt):
+    """The drafts' scratch rows count: 3 cached + 3 pairs + 3 more drafts do not fit in 8 rows."""
+    head = _head(ckpt, torch.float64)
+    tokens, features = _pairs(head, 6, seed=3)
+    cache = head.new_pool(1, 8).allocate()
+    head.extend(cache, tokens[:3], features[:3])
+    with pytest.raises(ValueError, match="longer than the KV cache"):
+        head.greedy_chain(cache, tokens[3:], features[3:], 4)
+    assert cache.length == 3
+    assert len(head.greedy_chain(cache, tokens[3:], features[3:], 3)) == 3 and cache.length == 6
+
+
+@torch.inference_mode()
+def test_kernels_without_torchscript_compute_the_same_chain(ckpt, monkeypatch):
+    """Where ``torch.jit.script`` fails, :mod:`pipeline.reference.kernels` keeps its Python
+    functions; they draft the same tokens and write the same rows as the scripted ones (int8:
+    no ``addmm``, which TorchScript splits into ``mm`` + ``add``, rounding float a little
+    differently)."""
+    import importlib.util
+
+    from pipeline.reference import kernels
+
+    def refuse(fn):
+        raise RuntimeError("no TorchScript here")
+
+    monkeypatch.setattr(torch.jit, "script", refuse)
+    spec = importlib.util.spec_from_file_location("kernels_eager", kernels.__file__)
+    eager = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(eager)
+    assert isinstance(kernels.eagle_greedy_chain, torch.jit.ScriptFunction)
+    assert not isinstance(eager.eagle_greedy_chain, torch.jit.ScriptFunction)
+    head = _head(ckpt, torch.float32, int8=True)
+    tokens, features = _pairs(head, 4, seed=9)
+    lean, results = head.lean, []
+    for module in (kernels, eager):
+        pool = head.new_pool(1, 32)
+        xqkv = lean._project(tokens, features)
+        drafts = module.eagle_greedy_chain(xqkv, 0, 5, lean.rows, *lean.w_in.pair, *lean.w_lm.pair,
+                                           lean.qkv_shape[1], pool.k[0, 0], pool.v[0, 0], *lean.block.weights())
+        results.append((drafts, pool.k[0, 0, :8].clone(), pool.v[0, 0, :8].clone()))
+    (drafts, keys, values), (eager_drafts, eager_keys, eager_values) = results
+    assert drafts == eager_drafts and len(drafts) == 5
+    assert torch.equal(keys, eager_keys) and torch.equal(values, eager_values)
+
+
 @pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
 @torch.inference_mode()
 def test_a_lone_sequence_drafts_what_it_drafts_inside_a_batch(ckpt, greedy):
