@@ -20,7 +20,7 @@ and its bfloat16 per-channel scale for ``torch._weight_int8pack_mm`` on bfloat16
 from __future__ import annotations
 
 import warnings
-from typing import List, Optional, Tuple
+from typing import List, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -120,3 +120,66 @@ def eagle_greedy_chain(xqkv: torch.Tensor, start: int, k: int, rows: torch.Tenso
         drafts.append(int(row_mm(h, w_lm, s_lm).argmax()))
         start += n
     return drafts
+
+
+@script
+def float_linear(x: torch.Tensor, weight_in_out: torch.Tensor, blocked: torch.Tensor,
+                 bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """A float32 :class:`~pipeline.reference.modeling.Linear` over ``x [..., in]``: one row
+    through ``torch.mm`` on the ``[in, out]`` copy, more through the oneDNN-blocked one."""
+    flat = x.reshape(-1, x.shape[-1])
+    if flat.shape[0] == 1:
+        y = torch.mm(flat, weight_in_out)
+        if bias is not None:
+            y = y + bias
+    else:
+        no_scalars: List[Optional[Union[float, int, complex]]] = []
+        y = torch.ops.mkldnn._linear_pointwise(flat, blocked, bias, "none", no_scalars, "")
+    out_shape = x.shape[:-1]
+    out_shape.append(y.shape[-1])
+    return y.reshape(out_shape)
+
+
+@script
+def decoder_layer(x: torch.Tensor, input_norm: Optional[torch.Tensor], post_norm: torch.Tensor, eps: float,
+                  qkv: List[torch.Tensor], o: List[torch.Tensor], gate_up: List[torch.Tensor],
+                  down: List[torch.Tensor], biases: List[Optional[torch.Tensor]], heads: int,
+                  kv_heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor, layer_k: torch.Tensor,
+                  layer_v: torch.Tensor, slots: List[int], starts: List[int], key_len: int,
+                  slot_index: Optional[torch.Tensor], rows: Optional[torch.Tensor], slot_lo: int,
+                  attn_bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """One decoder layer of the ragged batched forward, float32 weights (each projection a
+    ``[weight [in, out], oneDNN-blocked weight]`` pair, its bias in ``biases``): ``x [B, T, H]``
+    → ``[B, T, H]``, the new K/V rows written into ``layer_k/layer_v [slots, rows, kv, hd]``.
+    The same ops in the same order as ``DecoderLayer.__call__`` (bit-identical results).
+    Step geometry from :class:`~pipeline.reference.modeling.StepTensors`: one sequence —
+    ``slots[0]``, ``starts[0]``; several — ``slot_index [B]``, ``rows [B, T]`` and ``slot_lo``
+    (≥ 0: the slots are ``slot_lo …`` in batch order, keys read through a view)."""
+    batch, width, hidden = x.shape[0], x.shape[1], x.shape[2]
+    h = x if input_norm is None else F.rms_norm(x, [hidden], input_norm, eps)
+    qkv_rows = float_linear(h, qkv[0], qkv[1], biases[0]).view(batch, width, heads + 2 * kv_heads, head_dim)
+    qk = qkv_rows[:, :, : heads + kv_heads]  # q and k rotated at once (rotate_half, as Rotary.apply)
+    half = head_dim // 2
+    qk = qk * cos + torch.cat([-qk[..., half:], qk[..., :half]], -1) * sin
+    k, v = qk[:, :, heads:], qkv_rows[:, :, heads + kv_heads :]
+    if slot_index is None or rows is None:  # one sequence
+        slot, start = slots[0], starts[0]
+        layer_k[slot, start : start + width] = k[0]
+        layer_v[slot, start : start + width] = v[0]
+        keys, values = layer_k[slot, :key_len].unsqueeze(0), layer_v[slot, :key_len].unsqueeze(0)
+    elif slot_lo >= 0:  # contiguous slots: write and read through views of the pool
+        pool_k, pool_v = layer_k[slot_lo : slot_lo + batch], layer_v[slot_lo : slot_lo + batch]
+        pool_k[slot_index[:, None], rows] = k
+        pool_v[slot_index[:, None], rows] = v
+        keys, values = pool_k[:, :key_len], pool_v[:, :key_len]
+    else:
+        layer_k[slot_index[:, None], rows] = k
+        layer_v[slot_index[:, None], rows] = v
+        keys, values = layer_k[slot_index, :key_len], layer_v[slot_index, :key_len]
+    attn = F.scaled_dot_product_attention(qk[:, :, :heads].transpose(1, 2), keys.transpose(1, 2),
+                                          values.transpose(1, 2), attn_mask=attn_bias,
+                                          enable_gqa=kv_heads != heads)  # [B, heads, T, hd]
+    x = x + float_linear(attn.transpose(1, 2).reshape(batch, width, heads * head_dim), o[0], o[1], biases[1])
+    h = F.rms_norm(x, [hidden], post_norm, eps)
+    gate, up = float_linear(h, gate_up[0], gate_up[1], biases[2]).chunk(2, -1)
+    return x + float_linear(F.silu(gate) * up, down[0], down[1], biases[3])

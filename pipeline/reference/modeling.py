@@ -24,7 +24,15 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.errors import SpecdeployError
-from pipeline.reference.kernels import attend_last, eagle_greedy_chain, inv_rms, lean_block, row_addmm, row_mm
+from pipeline.reference.kernels import (
+    attend_last,
+    decoder_layer,
+    eagle_greedy_chain,
+    inv_rms,
+    lean_block,
+    row_addmm,
+    row_mm,
+)
 from pipeline.reference.kv_cache import KVPool, SlotCache
 
 QUANT_METHOD = "specdeploy_int8_wo"
@@ -306,10 +314,23 @@ class DecoderLayer:
         self.shape = shape
         self.q_size = shape.num_heads * shape.head_dim
         self.kv_size = shape.num_kv_heads * shape.head_dim
+        self.kernel_args = self._kernel_args()
 
     def to_int8(self) -> None:
         self.qkv, self.o = int8_copy(self.qkv), int8_copy(self.o)
         self.gate_up, self.down = int8_copy(self.gate_up), int8_copy(self.down)
+        self.kernel_args = self._kernel_args()
+
+    def _kernel_args(self) -> tuple | None:
+        """The weights of the scripted :func:`~pipeline.reference.kernels.decoder_layer` (float32
+        projections with both copies; None otherwise: float64 and int8 run :meth:`__call__`'s
+        Python ops — the same maths)."""
+        linears = (self.qkv, self.o, self.gate_up, self.down)
+        if any(lin.blocked is None or lin.weight_in_out is None for lin in linears):
+            return None
+        s = self.shape
+        return (*([lin.weight_in_out, lin.blocked] for lin in linears), [lin.bias for lin in linears],
+                s.num_heads, s.num_kv_heads, s.head_dim)
 
     def decode_last(self, x: torch.Tensor, layer: int, cache: SlotCache, start: int,
                     rotary: "Rotary") -> torch.Tensor:
@@ -334,6 +355,9 @@ class DecoderLayer:
 
     def __call__(self, x: torch.Tensor, layer: int, step: "StepTensors", rope: tuple) -> torch.Tensor:
         s = self.shape
+        if self.kernel_args is not None:  # one TorchScript call: ~35 ops without Python between them
+            return decoder_layer(x, self.input_norm, self.post_norm, s.rms_norm_eps, *self.kernel_args, *rope,
+                                 step.pool.k[layer], step.pool.v[layer], *step.geometry)
         batch, width, _ = x.shape
         h = x if self.input_norm is None else F.rms_norm(x, (x.shape[-1],), self.input_norm, s.rms_norm_eps)
         qkv = self.qkv(h).view(batch, width, s.num_heads + 2 * s.num_kv_heads, s.head_dim)
@@ -398,6 +422,10 @@ class StepTensors:
             self.slot_range = slice(lo, lo + batch) if self.slots == list(range(lo, lo + batch)) else None
             self.slot_index = torch.arange(batch) if self.slot_range else torch.tensor(self.slots, dtype=torch.long)
             self.rows = torch.tensor(starts, dtype=torch.long)[:, None] + torch.arange(width)[None, :]
+        # the step's geometry as the scripted decoder layer takes it (after the KV tensors)
+        self.geometry = (self.slots, starts, self.key_len, None if self.single else self.slot_index,
+                         None if self.single else self.rows,
+                         -1 if self.single or self.slot_range is None else self.slot_range.start, self.attn_bias)
 
     def _mask(self, inputs: list[StepInput], starts: list[int], width: int) -> torch.Tensor | None:
         if self.single and inputs[0].visible is None:

@@ -252,6 +252,47 @@ def test_a_ragged_batch_in_any_slot_order_equals_each_sequence_alone(ckpt, slots
         torch.testing.assert_close(pool.k[:, cache.slot, :rows], alone_pool.k[:, alone_cache.slot, :rows], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("slots", [[0, 1, 2], [3, 0, 5]], ids=["contiguous", "with-gaps"])
+@torch.inference_mode()
+def test_the_scripted_layer_equals_the_python_layer_bit_for_bit(ckpt, slots):
+    """Float32 layers run as one TorchScript call (``pipeline.reference.kernels.decoder_layer``);
+    the Python ops of ``DecoderLayer.__call__`` (float64 and int8 layers run those) give the same
+    bits: prefill, a one-row step, a causal chain, a tree, and ragged batches whose slots are
+    contiguous (keys read through a pool view) or not (gathered)."""
+    scripted, python = LlamaModel(ckpt["target"]), LlamaModel(ckpt["target"])
+    assert all(layer.kernel_args is not None for layer in scripted.layers)
+    for layer in python.layers:
+        layer.kernel_args = None
+    prompts = random_prompts(3, seed=13, min_len=5, max_len=9)
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # two children of the pending row
+    steps = [
+        lambda cs: [StepInput(c, p, list(range(len(p)))) for c, p in zip(cs, prompts)],  # prefill, one by one
+        lambda cs: [StepInput(cs[0], [7], [cs[0].length])],
+        lambda cs: [StepInput(cs[1], [8, 9, 10, 11], list(range(cs[1].length, cs[1].length + 4)))],
+        lambda cs: [StepInput(cs[2], [12, 13, 14], [cs[2].length] + [cs[2].length + 1] * 2, tree)],
+        lambda cs: [StepInput(c, n, list(range(c.length, c.length + len(n)))) for c, n in zip(cs, [[5], [6, 7, 8], [9, 10]])],
+        lambda cs: [StepInput(c, [15, 16, 17], [c.length] + [c.length + 1] * 2, tree) for c in cs],
+    ]
+    runs = []
+    for model in (scripted, python):
+        pool = model.new_pool(6, 64)
+        pool._free = [s for s in range(6) if s not in slots][::-1] + slots[::-1]
+        caches = [pool.allocate() for _ in slots]
+        outputs = []
+        for make in steps:
+            inputs = make(caches)
+            if len(inputs) == len(prompts) and make is steps[0]:
+                outputs += [model.forward(pool, [one]) for one in inputs]
+            else:
+                outputs.append(model.forward(pool, inputs))
+        runs.append((outputs, pool))
+    (fast, fast_pool), (slow, slow_pool) = runs
+    assert len(fast) == len(slow) == 8
+    for a, b in zip(fast, slow):
+        assert torch.equal(a, b)
+    assert torch.equal(fast_pool.k, slow_pool.k) and torch.equal(fast_pool.v, slow_pool.v)
+
+
 @torch.inference_mode()
 def test_lean_decode_matches_the_batched_forward(ckpt):
     """``LlamaModel.decode`` (the lone-sequence drafting path, one row at a time, no masks) gives
