@@ -138,6 +138,26 @@ def one_thread() -> None:
         pass
 
 
+def eager_kernels(monkeypatch):
+    """:mod:`pipeline.reference.kernels` loaded again where ``torch.jit.script`` fails: its
+    Python functions (what a torch without TorchScript runs)."""
+    import importlib.util
+
+    import torch
+
+    from pipeline.reference import kernels
+
+    def refuse(fn):
+        raise RuntimeError("no TorchScript here")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.jit, "script", refuse)
+        spec = importlib.util.spec_from_file_location("kernels_eager", kernels.__file__)
+        eager = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(eager)
+    return eager
+
+
 def random_prompts(n: int, seed: int, vocab: int = VOCAB, min_len: int = 2, max_len: int = 12) -> list[list[int]]:
     import random
 

@@ -122,43 +122,56 @@ def eagle_greedy_chain(xqkv: torch.Tensor, start: int, k: int, rows: torch.Tenso
     return drafts
 
 
+# how a Linear computes (``Linear.mode``) and what ``operands`` it hands :func:`linear` for it
+# (TorchScript cannot read module globals: :func:`linear` spells these numbers out)
+FLOAT = 0  # [weight [in, out], oneDNN-blocked weight]: one row torch.mm, more rows oneDNN
+PLAIN = 1  # [weight [out, in]]: F.linear (float64; float32 where oneDNN is missing)
+INT8 = 2  # [int8 weight [in, out], float32 scale [out]]: activations quantized per row, _int_mm
+INT8_DRAFT = 3  # INT8's, + [int8 [out, in], bf16 scale]: up to DRAFT_PACK_ROWS rows _weight_int8pack_mm
+DRAFT_PACK_ROWS = 8
+assert (FLOAT, PLAIN, INT8, INT8_DRAFT, DRAFT_PACK_ROWS) == (0, 1, 2, 3, 8), "linear() spells these out"
+
+
 @script
-def float_linear(x: torch.Tensor, weight_in_out: torch.Tensor, blocked: torch.Tensor,
-                 bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """A float32 :class:`~pipeline.reference.modeling.Linear` over ``x [..., in]``: one row
-    through ``torch.mm`` on the ``[in, out]`` copy, more through the oneDNN-blocked one."""
+def linear(x: torch.Tensor, mode: int, operands: List[torch.Tensor], bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """``x [..., in] → [..., out]`` as :class:`~pipeline.reference.modeling.Linear` ``mode``
+    says (the kernels and why: that class's docstring)."""
+    if mode == 1:  # PLAIN
+        return F.linear(x, operands[0], bias)
     flat = x.reshape(-1, x.shape[-1])
-    if flat.shape[0] == 1:
-        y = torch.mm(flat, weight_in_out)
+    if mode == 0 and flat.shape[0] > 1:  # FLOAT, several rows
+        no_scalars: List[Optional[Union[float, int, complex]]] = []
+        y = torch.ops.mkldnn._linear_pointwise(flat, operands[1], bias, "none", no_scalars, "")
+    else:
+        if mode == 0:  # FLOAT, one row
+            y = torch.mm(flat, operands[0])
+        elif mode == 3 and flat.shape[0] <= 8:  # INT8_DRAFT, up to DRAFT_PACK_ROWS rows
+            y = torch.ops.aten._weight_int8pack_mm(flat.to(torch.bfloat16).contiguous(), operands[2], operands[3]).float()
+        else:
+            row_scale = flat.abs().amax(1, keepdim=True).clamp_min(1e-12) / 127.0  # [M, 1]
+            x_int8 = torch.round(flat / row_scale).to(torch.int8)
+            y = torch._int_mm(x_int8, operands[0]).to(torch.float32) * (row_scale * operands[1])
         if bias is not None:
             y = y + bias
-    else:
-        no_scalars: List[Optional[Union[float, int, complex]]] = []
-        y = torch.ops.mkldnn._linear_pointwise(flat, blocked, bias, "none", no_scalars, "")
-    out_shape = x.shape[:-1]
-    out_shape.append(y.shape[-1])
-    return y.reshape(out_shape)
+    return y.reshape(list(x.shape[:-1]) + [y.shape[-1]])
 
 
 @script
 def decoder_layer(x: torch.Tensor, input_norm: Optional[torch.Tensor], post_norm: torch.Tensor, eps: float,
-                  qkv: List[torch.Tensor], o: List[torch.Tensor], gate_up: List[torch.Tensor],
-                  down: List[torch.Tensor], biases: List[Optional[torch.Tensor]], heads: int,
-                  kv_heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor, layer_k: torch.Tensor,
+                  modes: List[int], operands: List[List[torch.Tensor]], biases: List[Optional[torch.Tensor]],
+                  heads: int, kv_heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor, layer_k: torch.Tensor,
                   layer_v: torch.Tensor, slots: List[int], starts: List[int], key_len: int,
                   slot_index: Optional[torch.Tensor], rows: Optional[torch.Tensor], slot_lo: int,
                   attn_bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """One decoder layer of the ragged batched forward, float32 weights (each projection a
-    ``[weight [in, out], oneDNN-blocked weight]`` pair, its bias in ``biases``): ``x [B, T, H]``
-    → ``[B, T, H]``, the new K/V rows written into ``layer_k/layer_v [slots, rows, kv, hd]``.
-    The same ops in the same order as ``DecoderLayer.__call__`` (bit-identical results).
-    Step geometry from :class:`~pipeline.reference.modeling.StepTensors`: one sequence —
+    """One decoder layer of the ragged batched forward: ``x [B, T, H]`` → ``[B, T, H]``, the new
+    K/V rows written into ``layer_k/layer_v [slots, rows, kv, hd]``. The projections qkv, o,
+    gate_up, down are :func:`linear` ``(modes[i], operands[i], biases[i])``. Step geometry from :class:`~pipeline.reference.modeling.StepTensors`: one sequence —
     ``slots[0]``, ``starts[0]``; several — ``slot_index [B]``, ``rows [B, T]`` and ``slot_lo``
     (≥ 0: the slots are ``slot_lo …`` in batch order, keys read through a view)."""
     batch, width, hidden = x.shape[0], x.shape[1], x.shape[2]
     h = x if input_norm is None else F.rms_norm(x, [hidden], input_norm, eps)
-    qkv_rows = float_linear(h, qkv[0], qkv[1], biases[0]).view(batch, width, heads + 2 * kv_heads, head_dim)
-    qk = qkv_rows[:, :, : heads + kv_heads]  # q and k rotated at once (rotate_half, as Rotary.apply)
+    qkv_rows = linear(h, modes[0], operands[0], biases[0]).view(batch, width, heads + 2 * kv_heads, head_dim)
+    qk = qkv_rows[:, :, : heads + kv_heads]  # q and k rotated at once (HF's rotate_half)
     half = head_dim // 2
     qk = qk * cos + torch.cat([-qk[..., half:], qk[..., :half]], -1) * sin
     k, v = qk[:, :, heads:], qkv_rows[:, :, heads + kv_heads :]
@@ -179,7 +192,7 @@ def decoder_layer(x: torch.Tensor, input_norm: Optional[torch.Tensor], post_norm
     attn = F.scaled_dot_product_attention(qk[:, :, :heads].transpose(1, 2), keys.transpose(1, 2),
                                           values.transpose(1, 2), attn_mask=attn_bias,
                                           enable_gqa=kv_heads != heads)  # [B, heads, T, hd]
-    x = x + float_linear(attn.transpose(1, 2).reshape(batch, width, heads * head_dim), o[0], o[1], biases[1])
+    x = x + linear(attn.transpose(1, 2).reshape(batch, width, heads * head_dim), modes[1], operands[1], biases[1])
     h = F.rms_norm(x, [hidden], post_norm, eps)
-    gate, up = float_linear(h, gate_up[0], gate_up[1], biases[2]).chunk(2, -1)
-    return x + float_linear(F.silu(gate) * up, down[0], down[1], biases[3])
+    gate, up = linear(h, modes[2], operands[2], biases[2]).chunk(2, -1)
+    return x + linear(F.silu(gate) * up, modes[3], operands[3], biases[3])

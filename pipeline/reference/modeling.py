@@ -25,19 +25,22 @@ import torch.nn.functional as F
 
 from pipeline.errors import SpecdeployError
 from pipeline.reference.kernels import (
+    FLOAT,
+    INT8,
+    INT8_DRAFT,
+    PLAIN,
     attend_last,
     decoder_layer,
     eagle_greedy_chain,
     inv_rms,
     lean_block,
+    linear,
     row_addmm,
     row_mm,
 )
 from pipeline.reference.kv_cache import KVPool, SlotCache
 
 QUANT_METHOD = "specdeploy_int8_wo"
-ONE_ROW_MKL = 1  # rows up to this take the one-row path (torch.mm on [in, out]); more use oneDNN
-DRAFT_PACK_ROWS = 8  # int8 draft-side Linears: rows up to this run _weight_int8pack_mm (bf16 activations)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -147,12 +150,15 @@ class Linear:
     ``torch._weight_int8pack_mm`` was ~20× slower than float32 with float32 activations.
 
     ``drafting=True`` (draft-side weights only, see :func:`int8_copy`): up to
-    :data:`DRAFT_PACK_ROWS` rows run ``torch._weight_int8pack_mm`` on bfloat16 activations
+    :data:`~pipeline.reference.kernels.DRAFT_PACK_ROWS` rows run ``torch._weight_int8pack_mm`` on bfloat16 activations
     instead — the fastest kernel here at a few rows (one row from a cold cache: ~47 µs vs 75 µs
     float32 and 116 µs ``_int_mm`` for a 768×256 weight), since it reads a quarter of float32's
     bytes and quantizes nothing per call. Its rounding (bf16 activations) is not the per-row
     int8 scheme above, which drafts need not keep: they change what is accepted, never the
-    output. More rows (a batched draft step) keep ``_int_mm``."""
+    output. More rows (a batched draft step) keep ``_int_mm``.
+
+    Every call is one TorchScript call, :func:`~pipeline.reference.kernels.linear`, with the
+    ``mode`` and ``operands`` fixed here."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  scale: torch.Tensor | None = None, drafting: bool = False):
@@ -164,27 +170,21 @@ class Linear:
             self.weight = None
             self.weight_t = weight.t().contiguous()  # int8 [in, out]
             self.scale = scale.float()  # [out]
-            self.blocked = None
             if drafting:
                 self.packed = _pack_int8(weight.contiguous(), self.scale)
+            self.mode, self.operands = INT8, [self.weight_t, self.scale]
+            if self.packed is not None:
+                self.mode, self.operands = INT8_DRAFT, [*self.operands, *self.packed]
         else:
             self.weight = weight
-            self.blocked = _prepack_onednn(weight) if weight.dtype == torch.float32 else None
-            self.weight_in_out = weight.t().contiguous() if weight.dtype == torch.float32 else None
+            blocked = _prepack_onednn(weight) if weight.dtype == torch.float32 else None
+            if blocked is None:
+                self.mode, self.operands = PLAIN, [weight]
+            else:  # one row: torch.mm on the [in, out] copy; more: the oneDNN-blocked one
+                self.mode, self.operands = FLOAT, [weight.t().contiguous(), blocked]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.int8:
-            return self._int8(x)
-        if self.blocked is not None and x.numel() > ONE_ROW_MKL * x.shape[-1]:  # oneDNN GEMM
-            flat = x.reshape(-1, x.shape[-1])
-            y = torch.ops.mkldnn._linear_pointwise(flat, self.blocked, self.bias, "none", [], "")
-            return y.reshape(*x.shape[:-1], -1)
-        if self.weight_in_out is not None:  # one float32 row
-            y = torch.mm(x.reshape(1, -1), self.weight_in_out)
-            if self.bias is not None:
-                y = y + self.bias
-            return y.reshape(*x.shape[:-1], -1)
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.mode, self.operands, self.bias)
 
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``residual + self(x)`` for 2-D ``x``; one fused ``addmm`` for float weights without bias
@@ -192,18 +192,6 @@ class Linear:
         if self.weight is not None and self.bias is None and x.shape[0] == 1:
             return torch.addmm(residual, x, self.weight.t())
         return residual + self(x)
-
-    def _int8(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1])
-        if self.packed is not None and flat.shape[0] <= DRAFT_PACK_ROWS:
-            y = torch.ops.aten._weight_int8pack_mm(flat.to(torch.bfloat16).contiguous(), *self.packed).float()
-            y = y.reshape(*x.shape[:-1], -1)
-            return y if self.bias is None else y + self.bias
-        row_scale = flat.abs().amax(1, keepdim=True).clamp_min(1e-12) / 127.0  # [M, 1]
-        x_int8 = torch.round(flat / row_scale).to(torch.int8)
-        y = torch._int_mm(x_int8, self.weight_t).to(torch.float32) * (row_scale * self.scale)
-        y = y.reshape(*x.shape[:-1], -1)
-        return y if self.bias is None else y + self.bias
 
 
 def _prepack_onednn(weight: torch.Tensor):
@@ -293,13 +281,6 @@ class Rotary:
         half = x.shape[-1] // 2
         return x * self.cos[start:end, None] + x.roll(half, -1) * self.sin_signed[start:end, None]
 
-    @staticmethod
-    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        # x: [B, T, heads, head_dim]
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
-        return x * cos + rotated * sin
-
 
 class DecoderLayer:
     def __init__(self, state: dict, prefix: str, shape: LlamaShape, dtype: torch.dtype,
@@ -321,15 +302,11 @@ class DecoderLayer:
         self.gate_up, self.down = int8_copy(self.gate_up), int8_copy(self.down)
         self.kernel_args = self._kernel_args()
 
-    def _kernel_args(self) -> tuple | None:
-        """The weights of the scripted :func:`~pipeline.reference.kernels.decoder_layer` (float32
-        projections with both copies; None otherwise: float64 and int8 run :meth:`__call__`'s
-        Python ops — the same maths)."""
+    def _kernel_args(self) -> tuple:
+        """The projections and shape as :func:`~pipeline.reference.kernels.decoder_layer` takes them."""
         linears = (self.qkv, self.o, self.gate_up, self.down)
-        if any(lin.blocked is None or lin.weight_in_out is None for lin in linears):
-            return None
         s = self.shape
-        return (*([lin.weight_in_out, lin.blocked] for lin in linears), [lin.bias for lin in linears],
+        return ([lin.mode for lin in linears], [lin.operands for lin in linears], [lin.bias for lin in linears],
                 s.num_heads, s.num_kv_heads, s.head_dim)
 
     def decode_last(self, x: torch.Tensor, layer: int, cache: SlotCache, start: int,
@@ -354,25 +331,10 @@ class DecoderLayer:
         return x + self.down(F.silu(gate) * up)
 
     def __call__(self, x: torch.Tensor, layer: int, step: "StepTensors", rope: tuple) -> torch.Tensor:
-        s = self.shape
-        if self.kernel_args is not None:  # one TorchScript call: ~35 ops without Python between them
-            return decoder_layer(x, self.input_norm, self.post_norm, s.rms_norm_eps, *self.kernel_args, *rope,
-                                 step.pool.k[layer], step.pool.v[layer], *step.geometry)
-        batch, width, _ = x.shape
-        h = x if self.input_norm is None else F.rms_norm(x, (x.shape[-1],), self.input_norm, s.rms_norm_eps)
-        qkv = self.qkv(h).view(batch, width, s.num_heads + 2 * s.num_kv_heads, s.head_dim)
-        qk = Rotary.apply(qkv[:, :, : s.num_heads + s.num_kv_heads], *rope)  # q and k rotated at once
-        q, k = qk[:, :, : s.num_heads], qk[:, :, s.num_heads :]
-        v = qkv[:, :, s.num_heads + s.num_kv_heads :]
-        keys, values = step.write_and_read(layer, k, v)  # [B, kv_heads, K, head_dim]
-        attn = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys, values, attn_mask=step.attn_bias,
-            enable_gqa=s.num_kv_heads != s.num_heads,
-        )  # [B, heads, T, head_dim]
-        x = x + self.o(attn.transpose(1, 2).reshape(batch, width, self.q_size))
-        h = F.rms_norm(x, (x.shape[-1],), self.post_norm, s.rms_norm_eps)
-        gate, up = self.gate_up(h).chunk(2, -1)
-        return x + self.down(F.silu(gate) * up)
+        """``x [B, T, H]`` → ``[B, T, H]``: one TorchScript call (~35 ops with no Python between
+        them), :func:`~pipeline.reference.kernels.decoder_layer`."""
+        return decoder_layer(x, self.input_norm, self.post_norm, self.shape.rms_norm_eps, *self.kernel_args, *rope,
+                             step.pool.k[layer], step.pool.v[layer], *step.geometry)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from pipeline.reference.engine import create_engine
 from pipeline.reference.kv_cache import KVPool
 from pipeline.reference.modeling import EagleHead, LlamaModel, StepInput, StepTensors
 from pipeline.reference.scheduler import SeqState, make_generator
-from tests.reference_fixtures import VOCAB, one_thread, random_prompts, shared_checkpoints
+from tests.reference_fixtures import VOCAB, eager_kernels, one_thread, random_prompts, shared_checkpoints
 
 
 @pytest.fixture(scope="module")
@@ -171,17 +171,9 @@ def test_kernels_without_torchscript_compute_the_same_chain(ckpt, monkeypatch):
     functions; they draft the same tokens and write the same rows as the scripted ones (int8:
     no ``addmm``, which TorchScript splits into ``mm`` + ``add``, rounding float a little
     differently)."""
-    import importlib.util
-
     from pipeline.reference import kernels
 
-    def refuse(fn):
-        raise RuntimeError("no TorchScript here")
-
-    monkeypatch.setattr(torch.jit, "script", refuse)
-    spec = importlib.util.spec_from_file_location("kernels_eager", kernels.__file__)
-    eager = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(eager)
+    eager = eager_kernels(monkeypatch)
     assert isinstance(kernels.eagle_greedy_chain, torch.jit.ScriptFunction)
     assert not isinstance(eager.eagle_greedy_chain, torch.jit.ScriptFunction)
     head = _head(ckpt, torch.float32, int8=True)

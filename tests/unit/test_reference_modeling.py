@@ -18,9 +18,10 @@ import torch
 from pipeline.errors import SpecdeployError
 from pipeline.reference.api import GenerationRequest
 from pipeline.reference.engine import create_engine
-from pipeline.reference.modeling import DRAFT_PACK_ROWS, Linear, LlamaModel, StepInput, int8_copy
+from pipeline.reference.kernels import DRAFT_PACK_ROWS
+from pipeline.reference.modeling import Linear, LlamaModel, StepInput, int8_copy
 from pipeline.reference.quantize import quantize_checkpoint
-from tests.reference_fixtures import one_thread, random_prompts, shared_checkpoints
+from tests.reference_fixtures import eager_kernels, one_thread, random_prompts, shared_checkpoints
 
 TIE_GAP = 1e-4
 
@@ -252,21 +253,37 @@ def test_a_ragged_batch_in_any_slot_order_equals_each_sequence_alone(ckpt, slots
         torch.testing.assert_close(pool.k[:, cache.slot, :rows], alone_pool.k[:, alone_cache.slot, :rows], atol=1e-5, rtol=1e-5)
 
 
+def test_every_kernel_is_scripted(monkeypatch):
+    """A kernel TorchScript cannot compile silently falls back to Python (slower, same maths):
+    this catches it."""
+    from pipeline.reference import kernels
+
+    names = ["row_mm", "row_addmm", "inv_rms", "attend_last", "lean_block", "eagle_greedy_chain", "linear",
+             "decoder_layer"]
+    assert all(isinstance(getattr(kernels, n), torch.jit.ScriptFunction) for n in names)
+    eager = eager_kernels(monkeypatch)
+    assert not any(isinstance(getattr(eager, n), torch.jit.ScriptFunction) for n in names)
+
+
+@pytest.mark.parametrize("dtype,int8", [(torch.float32, False), (torch.float64, False), (torch.float32, True)],
+                         ids=["float32", "float64", "int8"])
 @pytest.mark.parametrize("slots", [[0, 1, 2], [3, 0, 5]], ids=["contiguous", "with-gaps"])
 @torch.inference_mode()
-def test_the_scripted_layer_equals_the_python_layer_bit_for_bit(ckpt, slots):
-    """Float32 layers run as one TorchScript call (``pipeline.reference.kernels.decoder_layer``);
-    the Python ops of ``DecoderLayer.__call__`` (float64 and int8 layers run those) give the same
-    bits: prefill, a one-row step, a causal chain, a tree, and ragged batches whose slots are
-    contiguous (keys read through a pool view) or not (gathered)."""
-    scripted, python = LlamaModel(ckpt["target"]), LlamaModel(ckpt["target"])
-    assert all(layer.kernel_args is not None for layer in scripted.layers)
-    for layer in python.layers:
-        layer.kernel_args = None
+def test_the_scripted_layer_equals_its_python_function_bit_for_bit(ckpt, slots, dtype, int8, monkeypatch):
+    """Every decoder layer is one TorchScript call (``kernels.decoder_layer``); its Python
+    function gives the same bits (the engine's results do not depend on TorchScript) for prefill,
+    a one-row step, a causal chain, a tree, and ragged batches whose slots are contiguous (keys
+    read through a pool view) or not (gathered); float32 (oneDNN / one-row ``mm``), float64
+    (``F.linear``) and int8 (``_int_mm``) projections."""
+    from pipeline.reference import modeling
+
+    model = LlamaModel(ckpt["target"], dtype)
+    if int8:
+        model.to_int8()
+    eager = eager_kernels(monkeypatch)
     prompts = random_prompts(3, seed=13, min_len=5, max_len=9)
     tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # two children of the pending row
     steps = [
-        lambda cs: [StepInput(c, p, list(range(len(p)))) for c, p in zip(cs, prompts)],  # prefill, one by one
         lambda cs: [StepInput(cs[0], [7], [cs[0].length])],
         lambda cs: [StepInput(cs[1], [8, 9, 10, 11], list(range(cs[1].length, cs[1].length + 4)))],
         lambda cs: [StepInput(cs[2], [12, 13, 14], [cs[2].length] + [cs[2].length + 1] * 2, tree)],
@@ -274,23 +291,19 @@ def test_the_scripted_layer_equals_the_python_layer_bit_for_bit(ckpt, slots):
         lambda cs: [StepInput(c, [15, 16, 17], [c.length] + [c.length + 1] * 2, tree) for c in cs],
     ]
     runs = []
-    for model in (scripted, python):
+    for layer_fn in (modeling.decoder_layer, eager.decoder_layer):
+        monkeypatch.setattr(modeling, "decoder_layer", layer_fn)
         pool = model.new_pool(6, 64)
         pool._free = [s for s in range(6) if s not in slots][::-1] + slots[::-1]
         caches = [pool.allocate() for _ in slots]
-        outputs = []
-        for make in steps:
-            inputs = make(caches)
-            if len(inputs) == len(prompts) and make is steps[0]:
-                outputs += [model.forward(pool, [one]) for one in inputs]
-            else:
-                outputs.append(model.forward(pool, inputs))
+        outputs = [model.forward(pool, [StepInput(c, p, list(range(len(p))))]) for c, p in zip(caches, prompts)]
+        outputs += [model.forward(pool, make(caches)) for make in steps]
         runs.append((outputs, pool))
-    (fast, fast_pool), (slow, slow_pool) = runs
-    assert len(fast) == len(slow) == 8
-    for a, b in zip(fast, slow):
+    (scripted, scripted_pool), (python, python_pool) = runs
+    assert len(scripted) == len(python) == 8
+    for a, b in zip(scripted, python):
         assert torch.equal(a, b)
-    assert torch.equal(fast_pool.k, slow_pool.k) and torch.equal(fast_pool.v, slow_pool.v)
+    assert torch.equal(scripted_pool.k, python_pool.k) and torch.equal(scripted_pool.v, python_pool.v)
 
 
 @torch.inference_mode()
