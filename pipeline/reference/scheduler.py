@@ -194,13 +194,14 @@ class Scheduler:
         logits = self.target.logits(hidden)  # [B, T, vocab]
         for b, (seq, prop) in enumerate(zip(seqs, proposals)):
             width = 1 + len(prop.tokens)
-            self._finish_step(seq, prop, hidden[b, :width], logits[b, :width].clone(), inputs[b].positions[0])
+            self._finish_step(seq, prop, hidden[b, :width], logits[b, :width], inputs[b].positions[0])
 
     def _masked(self, seq: SeqState, prop: Proposal, logits: torch.Tensor) -> torch.Tensor:
         req = seq.request
         suppress_end = req.end_id is not None and len(seq.output) < req.min_tokens
         if not req.bad_words and not suppress_end:
             return logits
+        logits = logits.clone()  # a view of the step's logits: mask a copy
         parents = prop.parents if prop.parents is not None else list(range(len(prop.tokens)))
         paths: list[list[int]] = [[]]
         for i, parent in enumerate(parents):
@@ -232,9 +233,9 @@ class Scheduler:
             seq.cache.rollback(start + 1 + a)
         else:
             seq.cache.compact(start, [start + r for r in rows])
-        kept = hidden[rows]  # [a+1, H]
-        seq.last_hidden = kept[-1]
+        seq.last_hidden = hidden[rows[-1]]  # [H]
         if self.keep_features:
+            kept = hidden[: a + 1] if prop.parents is None else hidden[rows]  # [a+1, H]
             seq.features = kept if seq.features is None else torch.cat([seq.features, kept])
         new_tokens = [prop.tokens[r - 1] for r in verdict.accepted] + [verdict.token]
         seq.tokens.extend(new_tokens)
