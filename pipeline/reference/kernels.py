@@ -1,20 +1,24 @@
-"""The one-row drafting maths of the reference engine as TorchScript functions: a lean decoder
-block (rotary, KV write, attention for the last row, o_proj, MLP) and a whole greedy EAGLE
-chain. Reads and writes nothing but the KV rows it is handed.
+"""The reference engine's small ops as TorchScript functions: every projection (:func:`linear`),
+every decoder layer of the batched forward (:func:`decoder_layer`), the lean one-row drafting
+layer (:func:`lean_block`) and a whole greedy EAGLE chain (:func:`eagle_greedy_chain`). Reads and
+writes nothing but the KV rows it is handed.
 
-Why TorchScript: a draft step is ~40 tiny ops on a row of 256 numbers, and on this CPU each op
-called from Python costs more in interpreter and dispatch overhead than in arithmetic. Scripted,
-the same ATen kernels run from TorchScript's interpreter (it fuses nothing on CPU; it does split
-``addmm`` into ``mm`` + ``add``, so float results differ from the Python functions in the last
-bits — every lean drafting path calls these, so they agree among themselves): a chain of five
-int8 EAGLE steps measured 0.74 ms instead of 1.08 ms warm, and 1.02 instead of 1.31 ms right
-after a verify pass (one interleaved run).
-``torch.jit.script`` is deprecated in torch 2.x but present in the pinned 2.13; where it fails,
-:func:`script` returns the Python function, which computes the same thing more slowly.
+Why TorchScript: a decoder layer is ~35 ops on a few rows of 256 numbers, and on this CPU each
+op called from Python costs more in interpreter and dispatch overhead than in arithmetic.
+Scripted, the same ATen kernels run from TorchScript's interpreter. It fuses nothing on CPU, so
+:func:`decoder_layer` gives its Python function's bits (tested); it does split ``addmm`` into
+``mm`` + ``add``, so the float lean functions round a little differently from their Python
+versions (every drafting path calls the scripted ones, so they agree among themselves).
+Measured: a chain of five int8 EAGLE steps 0.74 ms instead of 1.08 warm (1.02 instead of 1.31
+right after a verify pass); the target forward 2.38 instead of 2.51 ms for one row and 2.81
+instead of 3.38 for six. ``torch.jit.script`` is deprecated in torch 2.x but present in the
+pinned 2.13; where it fails, :func:`script` returns the Python function, which computes the same
+thing more slowly (a test checks that every kernel here did compile).
 
-Weights come as ``(weight, scale)`` pairs (:class:`~pipeline.reference.modeling.RowWeight`):
-``scale`` None — a float ``[in, out]`` matrix for ``torch.mm``; else an int8 ``[out, in]`` matrix
-and its bfloat16 per-channel scale for ``torch._weight_int8pack_mm`` on bfloat16 activations.
+The lean functions take weights as ``(weight, scale)`` pairs
+(:class:`~pipeline.reference.modeling.RowWeight`): ``scale`` None — a float ``[in, out]`` matrix
+for ``torch.mm``; else an int8 ``[out, in]`` matrix and its bfloat16 per-channel scale for
+``torch._weight_int8pack_mm`` on bfloat16 activations.
 """
 
 from __future__ import annotations
@@ -146,7 +150,8 @@ def linear(x: torch.Tensor, mode: int, operands: List[torch.Tensor], bias: Optio
         if mode == 0:  # FLOAT, one row
             y = torch.mm(flat, operands[0])
         elif mode == 3 and flat.shape[0] <= 8:  # INT8_DRAFT, up to DRAFT_PACK_ROWS rows
-            y = torch.ops.aten._weight_int8pack_mm(flat.to(torch.bfloat16).contiguous(), operands[2], operands[3]).float()
+            x_bf16 = flat.to(torch.bfloat16).contiguous()
+            y = torch.ops.aten._weight_int8pack_mm(x_bf16, operands[2], operands[3]).float()
         else:
             row_scale = flat.abs().amax(1, keepdim=True).clamp_min(1e-12) / 127.0  # [M, 1]
             x_int8 = torch.round(flat / row_scale).to(torch.int8)
@@ -165,9 +170,10 @@ def decoder_layer(x: torch.Tensor, input_norm: Optional[torch.Tensor], post_norm
                   attn_bias: Optional[torch.Tensor]) -> torch.Tensor:
     """One decoder layer of the ragged batched forward: ``x [B, T, H]`` → ``[B, T, H]``, the new
     K/V rows written into ``layer_k/layer_v [slots, rows, kv, hd]``. The projections qkv, o,
-    gate_up, down are :func:`linear` ``(modes[i], operands[i], biases[i])``. Step geometry from :class:`~pipeline.reference.modeling.StepTensors`: one sequence —
-    ``slots[0]``, ``starts[0]``; several — ``slot_index [B]``, ``rows [B, T]`` and ``slot_lo``
-    (≥ 0: the slots are ``slot_lo …`` in batch order, keys read through a view)."""
+    gate_up, down are :func:`linear` ``(modes[i], operands[i], biases[i])``. The step's geometry
+    (:class:`~pipeline.reference.modeling.StepTensors`): one sequence — ``slots[0]``,
+    ``starts[0]``; several — ``slot_index [B]``, ``rows [B, T]`` and ``slot_lo`` (≥ 0: the slots
+    are ``slot_lo …`` in batch order, keys read through a view)."""
     batch, width, hidden = x.shape[0], x.shape[1], x.shape[2]
     h = x if input_norm is None else F.rms_norm(x, [hidden], input_norm, eps)
     qkv_rows = linear(h, modes[0], operands[0], biases[0]).view(batch, width, heads + 2 * kv_heads, head_dim)

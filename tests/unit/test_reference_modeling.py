@@ -287,7 +287,8 @@ def test_the_scripted_layer_equals_its_python_function_bit_for_bit(ckpt, slots, 
         lambda cs: [StepInput(cs[0], [7], [cs[0].length])],
         lambda cs: [StepInput(cs[1], [8, 9, 10, 11], list(range(cs[1].length, cs[1].length + 4)))],
         lambda cs: [StepInput(cs[2], [12, 13, 14], [cs[2].length] + [cs[2].length + 1] * 2, tree)],
-        lambda cs: [StepInput(c, n, list(range(c.length, c.length + len(n)))) for c, n in zip(cs, [[5], [6, 7, 8], [9, 10]])],
+        lambda cs: [StepInput(c, n, list(range(c.length, c.length + len(n))))
+                    for c, n in zip(cs, [[5], [6, 7, 8], [9, 10]])],
         lambda cs: [StepInput(c, [15, 16, 17], [c.length] + [c.length + 1] * 2, tree) for c in cs],
     ]
     runs = []
