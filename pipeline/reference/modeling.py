@@ -150,8 +150,8 @@ class Linear:
     ``torch._weight_int8pack_mm`` was ~20× slower than float32 with float32 activations.
 
     ``drafting=True`` (draft-side weights only, see :func:`int8_copy`): up to
-    :data:`~pipeline.reference.kernels.DRAFT_PACK_ROWS` rows run ``torch._weight_int8pack_mm`` on bfloat16 activations
-    instead — the fastest kernel here at a few rows (one row from a cold cache: ~47 µs vs 75 µs
+    :data:`~pipeline.reference.kernels.DRAFT_PACK_ROWS` rows run ``torch._weight_int8pack_mm``
+    on bfloat16 activations instead — the fastest kernel here at a few rows (one row from a cold cache: ~47 µs vs 75 µs
     float32 and 116 µs ``_int_mm`` for a 768×256 weight), since it reads a quarter of float32's
     bytes and quantizes nothing per call. Its rounding (bf16 activations) is not the per-row
     int8 scheme above, which drafts need not keep: they change what is accepted, never the
@@ -293,8 +293,6 @@ class DecoderLayer:
         self.input_norm = state[key].to(dtype) if input_norm and key in state else None
         self.post_norm = state[f"{prefix}post_attention_layernorm.weight"].to(dtype)
         self.shape = shape
-        self.q_size = shape.num_heads * shape.head_dim
-        self.kv_size = shape.num_kv_heads * shape.head_dim
         self.kernel_args = self._kernel_args()
 
     def to_int8(self) -> None:
@@ -361,7 +359,6 @@ class StepTensors:
         batch = len(inputs)
         width = max(len(i.tokens) for i in inputs)
         starts = [i.cache.length for i in inputs]
-        self.width = width
         self.key_len = max(starts) + width
         if self.key_len > pool.max_rows:
             raise ValueError(f"sequence longer than the KV cache ({self.key_len} > {pool.max_rows})")
@@ -370,24 +367,24 @@ class StepTensors:
         self.positions = torch.tensor([list(i.positions) + [int(i.positions[-1])] * p for i, p in zip(inputs, pads)],
                                       dtype=torch.long)  # [B, T]
         self.slots = [i.cache.slot for i in inputs]
-        self.starts = starts
         self.single = batch == 1
         self.mask = self._mask(inputs, starts, width)  # bool [B, 1, T, K] or None
         # the additive form, built once per forward: a bool mask made every layer's attention
         # convert it again (measured ~0.1 ms of a 6-row verify forward of the 6-layer target)
         self.attn_bias = None if self.mask is None else torch.zeros(
             self.mask.shape, dtype=pool.k.dtype).masked_fill_(~self.mask, float("-inf"))
+        slot_index = rows = None
+        slot_lo = -1
         if not self.single:
             # slots lo, lo+1, … in batch order (the forward sorts the batch by slot): the keys
             # are a view of the pool; otherwise a gather copies every sequence's rows per layer
             lo = self.slots[0]
-            self.slot_range = slice(lo, lo + batch) if self.slots == list(range(lo, lo + batch)) else None
-            self.slot_index = torch.arange(batch) if self.slot_range else torch.tensor(self.slots, dtype=torch.long)
-            self.rows = torch.tensor(starts, dtype=torch.long)[:, None] + torch.arange(width)[None, :]
-        # the step's geometry as the scripted decoder layer takes it (after the KV tensors)
-        self.geometry = (self.slots, starts, self.key_len, None if self.single else self.slot_index,
-                         None if self.single else self.rows,
-                         -1 if self.single or self.slot_range is None else self.slot_range.start, self.attn_bias)
+            slot_lo = lo if self.slots == list(range(lo, lo + batch)) else -1
+            slot_index = torch.arange(batch) if slot_lo >= 0 else torch.tensor(self.slots, dtype=torch.long)
+            rows = torch.tensor(starts, dtype=torch.long)[:, None] + torch.arange(width)[None, :]  # [B, T]
+        # where the new K/V rows go and which keys each row reads, as the scripted decoder layer
+        # (pipeline.reference.kernels.decoder_layer) takes it after the layer's KV tensors
+        self.geometry = (self.slots, starts, self.key_len, slot_index, rows, slot_lo, self.attn_bias)
 
     def _mask(self, inputs: list[StepInput], starts: list[int], width: int) -> torch.Tensor | None:
         if self.single and inputs[0].visible is None:
@@ -409,26 +406,6 @@ class StepTensors:
             if inp.visible is not None:
                 mask[b, :n, :s] = inp.visible
         return mask.unsqueeze(1)  # [B, 1, T, K]
-
-    def write_and_read(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        pk, pv = self.pool.k[layer], self.pool.v[layer]  # [slots, rows, kv_heads, head_dim]
-        if self.single:
-            slot, s = self.slots[0], self.starts[0]
-            pk[slot, s : s + self.width] = k[0]
-            pv[slot, s : s + self.width] = v[0]
-            keys = pk[slot, : self.key_len].unsqueeze(0)
-            values = pv[slot, : self.key_len].unsqueeze(0)
-        else:
-            if self.slot_range is not None:
-                pk, pv = pk[self.slot_range], pv[self.slot_range]  # views
-            pk[self.slot_index[:, None], self.rows] = k
-            pv[self.slot_index[:, None], self.rows] = v
-            if self.slot_range is not None:
-                keys, values = pk[:, : self.key_len], pv[:, : self.key_len]
-            else:
-                keys = pk[self.slot_index, : self.key_len]
-                values = pv[self.slot_index, : self.key_len]
-        return keys.transpose(1, 2), values.transpose(1, 2)
 
 
 def slot_order(inputs: list[StepInput]) -> tuple[list[StepInput], torch.Tensor | None]:
