@@ -1,7 +1,8 @@
 """The reference engine's small ops as TorchScript functions: every projection (:func:`linear`),
 every decoder layer of the batched forward (:func:`decoder_layer`), the lean one-row drafting
-layer (:func:`lean_block`) and a whole greedy EAGLE chain (:func:`eagle_greedy_chain`). Reads and
-writes nothing but the KV rows it is handed.
+layer (:func:`lean_block`, :func:`lean_decode`) and whole greedy drafting chains
+(:func:`eagle_greedy_chain`, :func:`lean_decode_greedy_chain`). Reads and writes nothing but the
+KV rows it is handed.
 
 Why TorchScript: a decoder layer is ~35 ops on a few rows of 256 numbers, and on this CPU each
 op called from Python costs more in interpreter and dispatch overhead than in arithmetic.
@@ -202,3 +203,51 @@ def decoder_layer(x: torch.Tensor, input_norm: Optional[torch.Tensor], post_norm
     h = F.rms_norm(x, [hidden], post_norm, eps)
     gate, up = linear(h, modes[2], operands[2], biases[2]).chunk(2, -1)
     return x + linear(F.silu(gate) * up, modes[3], operands[3], biases[3])
+
+
+@script
+def lean_decode(tokens: List[int], start: int, embed: torch.Tensor, w_qkv: List[torch.Tensor],
+                s_qkv: List[Optional[torch.Tensor]], keys: List[torch.Tensor], values: List[torch.Tensor],
+                cos: torch.Tensor, sin_signed: torch.Tensor, w_o: List[torch.Tensor],
+                s_o: List[Optional[torch.Tensor]], w_gate_up: List[torch.Tensor],
+                s_gate_up: List[Optional[torch.Tensor]], w_down: List[torch.Tensor],
+                s_down: List[Optional[torch.Tensor]], heads: int, kv_heads: int, head_dim: int,
+                inv_hidden: float, eps: float) -> torch.Tensor:
+    """A small Llama's fused one-row step (``LeanDecodeStep``): ``tokens`` appended one at a time
+    at positions ``start …``, each through every layer (``w_qkv[i]`` carries the input norm
+    weight and 1/√head_dim; the norm itself is one scalar per row) → the last token's residual
+    stream ``[1, H]`` after the last layer (the final norm is the caller's). Per layer ``i`` the
+    K/V rows go to ``keys[i]/values[i] [rows, kv, hd]``."""
+    x = embed[0:1]
+    for token in tokens:
+        x = embed[token : token + 1]  # [1, H]
+        for i in range(len(w_qkv)):
+            qkv = row_mm(x, w_qkv[i], s_qkv[i]) * inv_rms(x, inv_hidden, eps)
+            qkv = qkv.view(1, heads + 2 * kv_heads, head_dim)
+            x = lean_block(x, qkv, keys[i], values[i], start, start + 1, cos, sin_signed, w_o[i], s_o[i],
+                           w_gate_up[i], s_gate_up[i], w_down[i], s_down[i], heads, kv_heads, inv_hidden, eps)
+        start += 1
+    return x
+
+
+@script
+def lean_decode_greedy_chain(feed: List[int], start: int, k: int, w_lm: torch.Tensor, s_lm: Optional[torch.Tensor],
+                             embed: torch.Tensor, w_qkv: List[torch.Tensor], s_qkv: List[Optional[torch.Tensor]],
+                             keys: List[torch.Tensor], values: List[torch.Tensor], cos: torch.Tensor,
+                             sin_signed: torch.Tensor, w_o: List[torch.Tensor], s_o: List[Optional[torch.Tensor]],
+                             w_gate_up: List[torch.Tensor], s_gate_up: List[Optional[torch.Tensor]],
+                             w_down: List[torch.Tensor], s_down: List[Optional[torch.Tensor]], heads: int,
+                             kv_heads: int, head_dim: int, inv_hidden: float, eps: float) -> List[int]:
+    """``k`` greedy drafts of a small Llama in one call: ``feed`` (the tokens its cache lacks) at
+    positions ``start …``, then each draft fed back; ``w_lm`` carries the final norm weight. The
+    arguments from ``embed`` on are :func:`lean_decode`'s → the ``k`` draft tokens (the last one
+    is not fed: ``len(feed) + k - 1`` rows written)."""
+    drafts: List[int] = []
+    tokens = feed
+    for _ in range(k):
+        x = lean_decode(tokens, start, embed, w_qkv, s_qkv, keys, values, cos, sin_signed, w_o, s_o,
+                        w_gate_up, s_gate_up, w_down, s_down, heads, kv_heads, head_dim, inv_hidden, eps)
+        start += len(tokens)
+        drafts.append(int((row_mm(x, w_lm, s_lm) * inv_rms(x, inv_hidden, eps)).argmax()))
+        tokens = [drafts[-1]]
+    return drafts

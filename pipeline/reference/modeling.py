@@ -34,6 +34,8 @@ from pipeline.reference.kernels import (
     eagle_greedy_chain,
     inv_rms,
     lean_block,
+    lean_decode,
+    lean_decode_greedy_chain,
     linear,
     row_addmm,
     row_mm,
@@ -486,6 +488,12 @@ class LlamaModel:
             return self.lean(cache, tokens)
         return self.logits(self.decode(cache, tokens))
 
+    def greedy_chain(self, cache: SlotCache, feed: list[int], k: int) -> list[int] | None:
+        """``k`` greedy drafts after appending ``feed``, in one scripted call
+        (:meth:`LeanDecodeStep.greedy_chain`); None without the fused step (the caller drafts
+        step by step through :meth:`draft_logits`)."""
+        return self.lean.greedy_chain(cache, feed, k) if self.lean is not None else None
+
     def use_lean_decode(self) -> None:
         """Build the fused drafting copies (a draft model; the target never drafts). A model
         loaded from an int8 checkpoint has no float weights to fuse and keeps :meth:`decode`."""
@@ -782,17 +790,38 @@ class LeanDecodeStep:
         lm = model.lm_head.weight.double() * model.norm.double()[None, :]  # [vocab, H]
         self.w_lm = RowWeight(lm.t().to(dt).contiguous(), int8)
         self.embed = model.embed
-        self.qkv_shape = (1, s.num_heads + 2 * s.num_kv_heads, s.head_dim)
         self.inv_hidden, self.eps = 1.0 / s.hidden_size, s.rms_norm_eps
+        # the arguments of the scripted kernels (pipeline.reference.kernels.lean_decode) around
+        # the per-layer K/V rows, which depend on the sequence's cache
+        blocks = [block for _, block in self.layers]
+        self.before_kv = (self.embed, *_pair_lists([w_qkv for w_qkv, _ in self.layers]))
+        self.after_kv = (blocks[0].cos, blocks[0].sin_signed, *_pair_lists([b.w_o for b in blocks]),
+                         *_pair_lists([b.w_gate_up for b in blocks]), *_pair_lists([b.w_down for b in blocks]),
+                         s.num_heads, s.num_kv_heads, s.head_dim, self.inv_hidden, self.eps)
+
+    def _args(self, cache: SlotCache) -> tuple:
+        layers = range(len(self.layers))
+        return (*self.before_kv, [cache.pool.k[i, cache.slot] for i in layers],
+                [cache.pool.v[i, cache.slot] for i in layers], *self.after_kv)
 
     def __call__(self, cache: SlotCache, tokens: list[int]) -> torch.Tensor:
         """Append ``tokens`` one at a time → next-token logits after the last one ``[1, vocab]``."""
         if not tokens:
             raise ValueError("decode needs at least one token")
-        for token in tokens:
-            position, end = _claim_rows(cache, 1)
-            x = self.embed[token : token + 1]  # [1, H]
-            for i, (w_qkv, block) in enumerate(self.layers):
-                qkv = (w_qkv.mm(x) * block.inv_rms(x)).view(*self.qkv_shape)  # [1, heads + 2kv, hd]
-                x = block(x, qkv, cache, i, position, end)
+        start, _ = _claim_rows(cache, len(tokens))
+        x = lean_decode(tokens, start, *self._args(cache))  # [1, H]
         return self.w_lm.mm(x) * inv_rms(x, self.inv_hidden, self.eps)
+
+    def greedy_chain(self, cache: SlotCache, feed: list[int], k: int) -> list[int]:
+        """``feed`` appended, then ``k`` greedy drafts, each fed back but the last — in one
+        TorchScript call (:func:`~pipeline.reference.kernels.lean_decode_greedy_chain`): the same
+        tokens and cache rows as ``k`` rounds of ``__call__`` + argmax."""
+        if not feed:
+            raise ValueError("decode needs at least one token")
+        start, _ = _claim_rows(cache, len(feed) + k - 1)
+        return lean_decode_greedy_chain(feed, start, k, *self.w_lm.pair, *self._args(cache))
+
+
+def _pair_lists(weights: list[RowWeight]) -> tuple[list, list]:
+    """Per-layer weights as the scripted kernels take them: the matrices, then the scales."""
+    return [w.pair[0] for w in weights], [w.pair[1] for w in weights]

@@ -1,7 +1,8 @@
 """Proposers: who drafts tokens for the target to verify. One protocol for the three methods:
 
 - :class:`DraftModelProposer` — a smaller Llama with its own KV pool (draft-target); a lone
-  sequence drafts through :meth:`LlamaModel.draft_logits` (fused weight copies, one row at a time);
+  sequence drafts through :meth:`LlamaModel.draft_logits` (fused weight copies, one row at a time),
+  a greedy chain in one TorchScript call (:meth:`LlamaModel.greedy_chain`);
 - :class:`MedusaProposer` — Medusa heads on the target's last final hidden state (no extra
   forward); a chain of top-1 (or sampled) tokens per head by default, or a static tree from
   ``choices`` (upstream semantics: a choice is a path of top-k indices, [0, 1] = 2nd best at
@@ -106,6 +107,12 @@ class DraftModelProposer:
         for i in rows:  # catch-up: every token not yet in the draft cache, pending one included
             state = seqs[i].proposer_state
             feed[i] = seqs[i].tokens[state.cache.length :]
+        if len(rows) == 1 and self._chains(seqs[rows[0]], feed[rows[0]]):
+            i = rows[0]
+            drafts = self.model.greedy_chain(seqs[i].proposer_state.cache, feed[i], ks[i])
+            seqs[i].proposer_state.cached_tokens.extend(feed[i] + drafts[:-1])
+            proposals[i] = Proposal(drafts)
+            return proposals
         step = 0
         while rows:
             logits = self._draft_logits(seqs, rows, feed)  # [B, vocab]
@@ -119,6 +126,11 @@ class DraftModelProposer:
         for i, rows_probs in probs.items():
             proposals[i].draft_probs = _stack_probs(rows_probs)
         return proposals
+
+    def _chains(self, seq: "SeqState", feed: list[int]) -> bool:
+        """A lone greedy sequence with a short catch-up drafts its whole chain in one scripted
+        call (:meth:`LlamaModel.greedy_chain`: the tokens step-by-step drafting gives)."""
+        return seq.params.greedy and len(feed) <= LEAN_DRAFT_ROWS and self.model.lean is not None
 
     def _draft_logits(self, seqs: list["SeqState"], rows: list[int], feed: dict[int, list[int]]) -> torch.Tensor:
         """Append each row's ``feed`` to its draft cache → next-token logits ``[B, vocab]``. A lone

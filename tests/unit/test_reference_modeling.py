@@ -259,7 +259,7 @@ def test_every_kernel_is_scripted(monkeypatch):
     from pipeline.reference import kernels
 
     names = ["row_mm", "row_addmm", "inv_rms", "attend_last", "lean_block", "eagle_greedy_chain", "linear",
-             "decoder_layer"]
+             "decoder_layer", "lean_decode", "lean_decode_greedy_chain"]
     assert all(isinstance(getattr(kernels, n), torch.jit.ScriptFunction) for n in names)
     eager = eager_kernels(monkeypatch)
     assert not any(isinstance(getattr(eager, n), torch.jit.ScriptFunction) for n in names)
@@ -370,6 +370,39 @@ def test_lean_draft_logits_match_the_batched_forward(ckpt, dtype, int8, tol):
         assert float((rows[:, lean.slot] - rows[:, general.slot]).abs().max()) < tol * max(1.0, float(rows.abs().max()))
     with pytest.raises(ValueError, match="at least one token"):
         model.draft_logits(lean, [])
+
+
+@pytest.mark.parametrize("dtype,int8", [(torch.float64, False), (torch.float32, False), (torch.float32, True)],
+                         ids=["float64", "float32", "int8"])
+@torch.inference_mode()
+def test_draft_greedy_chain_drafts_what_draft_logits_and_argmax_draft(ckpt, dtype, int8):
+    """A draft model's whole greedy chain in one scripted call against one ``draft_logits`` +
+    argmax per draft: the same tokens, the same K/V rows bit for bit (two pools of one slot: the
+    same memory layout), the cache holding the fed tokens and every draft but the last; too long
+    a chain is refused before anything is written. Without the fused step: None."""
+    model = _with_random_norms(LlamaModel(ckpt["target"], dtype), seed=6)
+    assert model.greedy_chain(model.new_pool(1, 8).allocate(), [5], 2) is None
+    model.use_lean_decode()
+    if int8:
+        model.to_int8()
+    prompt = random_prompts(1, seed=14, min_len=9, max_len=9)[0]
+    pools = model.new_pool(1, 64), model.new_pool(1, 64)
+    chained, stepped = pools[0].allocate(), pools[1].allocate()
+    for cache in (chained, stepped):
+        model.forward(cache.pool, [StepInput(cache, prompt, list(range(len(prompt))))])
+    drafts = model.greedy_chain(chained, [5, 6], 5)
+    expected, feed = [], [5, 6]
+    for _ in range(5):
+        expected.append(int(model.draft_logits(stepped, feed)[0].argmax()))
+        feed = expected[-1:]
+    assert drafts == expected and len(set(drafts)) > 1
+    assert chained.length == stepped.length == len(prompt) + 2 + 4
+    rows = chained.length
+    assert torch.equal(pools[0].k[:, 0, :rows], pools[1].k[:, 0, :rows])
+    assert torch.equal(pools[0].v[:, 0, :rows], pools[1].v[:, 0, :rows])
+    with pytest.raises(ValueError, match="longer than the KV cache"):
+        model.greedy_chain(chained, [7], 64)
+    assert chained.length == rows
 
 
 def test_batched_step_mask_follows_the_ragged_causal_and_tree_rules():
