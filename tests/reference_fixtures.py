@@ -140,8 +140,10 @@ def one_thread() -> None:
 
 def eager_kernels(monkeypatch):
     """:mod:`pipeline.reference.kernels` loaded again where ``torch.jit.script`` fails: its
-    Python functions (what a torch without TorchScript runs)."""
+    Python functions (what a torch without TorchScript runs). The RuntimeWarnings each fallback
+    gave are kept as ``fallback_warnings``."""
     import importlib.util
+    import warnings
 
     import torch
 
@@ -150,11 +152,13 @@ def eager_kernels(monkeypatch):
     def refuse(fn):
         raise RuntimeError("no TorchScript here")
 
-    with monkeypatch.context() as patch:
+    with monkeypatch.context() as patch, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         patch.setattr(torch.jit, "script", refuse)
         spec = importlib.util.spec_from_file_location("kernels_eager", kernels.__file__)
         eager = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(eager)
+    eager.fallback_warnings = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     return eager
 
 

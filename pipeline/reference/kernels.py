@@ -32,13 +32,18 @@ import torch.nn.functional as F
 
 
 def script(fn):
-    """``torch.jit.script(fn)``, or ``fn`` itself where TorchScript is unavailable."""
+    """``torch.jit.script(fn)``, or ``fn`` itself (with a warning) where TorchScript cannot
+    compile it: the same maths, slower (float ``addmm`` rounds a little differently)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         try:
             return torch.jit.script(fn)
-        except Exception:  # noqa: BLE001 - a torch without TorchScript: eager, same results
-            return fn
+        except Exception as exc:  # noqa: BLE001 - e.g. a torch without TorchScript or an op it names
+            failure = exc
+    warnings.warn(f"pipeline.reference.kernels.{fn.__name__}: TorchScript failed ({type(failure).__name__}: "
+                  f"{str(failure).strip().splitlines()[0] if str(failure).strip() else ''}); running it in Python",
+                  RuntimeWarning, stacklevel=2)
+    return fn
 
 
 @script
@@ -52,7 +57,7 @@ def row_mm(x: torch.Tensor, weight: torch.Tensor, scale: Optional[torch.Tensor])
 @script
 def row_addmm(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
               scale: Optional[torch.Tensor]) -> torch.Tensor:
-    """``residual + x @ W``; one ``addmm`` for float weights."""
+    """``residual + x @ W`` (float weights: ``addmm``, which TorchScript runs as ``mm`` + ``add``)."""
     if scale is None:
         return torch.addmm(residual, x, weight)
     return row_mm(x, weight, scale) + residual
@@ -134,7 +139,8 @@ PLAIN = 1  # [weight [out, in]]: F.linear (float64; float32 where oneDNN is miss
 INT8 = 2  # [int8 weight [in, out], float32 scale [out]]: activations quantized per row, _int_mm
 INT8_DRAFT = 3  # INT8's, + [int8 [out, in], bf16 scale]: up to DRAFT_PACK_ROWS rows _weight_int8pack_mm
 DRAFT_PACK_ROWS = 8
-assert (FLOAT, PLAIN, INT8, INT8_DRAFT, DRAFT_PACK_ROWS) == (0, 1, 2, 3, 8), "linear() spells these out"
+if (FLOAT, PLAIN, INT8, INT8_DRAFT, DRAFT_PACK_ROWS) != (0, 1, 2, 3, 8):
+    raise ImportError("pipeline.reference.kernels: linear() spells out the mode numbers; change both")
 
 
 @script

@@ -638,8 +638,8 @@ def _claim_rows(cache: SlotCache, n: int) -> tuple[int, int]:
 
 class RowWeight:
     """``x @ W`` (and ``x @ W + residual``) for a few rows, ``W`` given as a float ``[in, out]``
-    matrix: float runs ``torch.mm``/``addmm`` on it (a one-row matmul over that layout measured
-    faster here than ``F.linear``'s ``[out, in]``); ``int8`` quantizes it per output channel and
+    matrix: float runs ``torch.mm`` on it, plus the residual (a one-row matmul over that layout
+    measured faster here than ``F.linear``'s ``[out, in]``); ``int8`` quantizes it per output channel and
     runs ``torch._weight_int8pack_mm`` on bfloat16 activations (a quarter of the bytes: the
     drafting kernel of :class:`Linear`), keeping the float matrix where the kernel cannot run
     and for weights that are not float32 (float64 reference runs stay exact). Both go through
@@ -756,6 +756,8 @@ class LeanEagleStep:
         tokens as ``k`` rounds of ``__call__`` + argmax of :meth:`logits`. The cache keeps the
         catch-up rows; the drafts' own rows are written past its length (scratch)."""
         n, start = len(tokens), cache.length
+        if k < 1:
+            raise ValueError("a chain drafts at least one token")
         if start + n + k - 1 > cache.pool.max_rows:  # the drafts' scratch rows must fit too
             raise ValueError(f"sequence longer than the KV cache ({start + n + k - 1} > {cache.pool.max_rows})")
         _claim_rows(cache, n)
@@ -816,8 +818,8 @@ class LeanDecodeStep:
         """``feed`` appended, then ``k`` greedy drafts, each fed back but the last — in one
         TorchScript call (:func:`~pipeline.reference.kernels.lean_decode_greedy_chain`): the same
         tokens and cache rows as ``k`` rounds of ``__call__`` + argmax."""
-        if not feed:
-            raise ValueError("decode needs at least one token")
+        if not feed or k < 1:
+            raise ValueError("a chain needs at least one token to feed and drafts at least one")
         start, _ = _claim_rows(cache, len(feed) + k - 1)
         return lean_decode_greedy_chain(feed, start, k, *self.w_lm.pair, *self._args(cache))
 

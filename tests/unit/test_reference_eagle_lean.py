@@ -162,6 +162,9 @@ def test_greedy_chain_refuses_to_run_past_the_cache(ckpt):
     with pytest.raises(ValueError, match="longer than the KV cache"):
         head.greedy_chain(cache, tokens[3:], features[3:], 4)
     assert cache.length == 3
+    with pytest.raises(ValueError, match="at least one"):
+        head.greedy_chain(cache, tokens[3:], features[3:], 0)
+    assert cache.length == 3
     assert len(head.greedy_chain(cache, tokens[3:], features[3:], 3)) == 3 and cache.length == 6
 
 

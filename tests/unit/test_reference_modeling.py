@@ -263,6 +263,9 @@ def test_every_kernel_is_scripted(monkeypatch):
     assert all(isinstance(getattr(kernels, n), torch.jit.ScriptFunction) for n in names)
     eager = eager_kernels(monkeypatch)
     assert not any(isinstance(getattr(eager, n), torch.jit.ScriptFunction) for n in names)
+    for name in names:  # each fallback says so
+        assert any(f"kernels.{name}: TorchScript failed" in w and "no TorchScript here" in w
+                   for w in eager.fallback_warnings), name
 
 
 @pytest.mark.parametrize("dtype,int8", [(torch.float32, False), (torch.float64, False), (torch.float32, True)],
@@ -402,6 +405,9 @@ def test_draft_greedy_chain_drafts_what_draft_logits_and_argmax_draft(ckpt, dtyp
     assert torch.equal(pools[0].v[:, 0, :rows], pools[1].v[:, 0, :rows])
     with pytest.raises(ValueError, match="longer than the KV cache"):
         model.greedy_chain(chained, [7], 64)
+    for feed, k in (([7], 0), ([], 2)):
+        with pytest.raises(ValueError, match="at least one"):
+            model.greedy_chain(chained, feed, k)
     assert chained.length == rows
 
 
