@@ -153,9 +153,9 @@ class Linear:
 
     ``drafting=True`` (draft-side weights only, see :func:`int8_copy`): up to
     :data:`~pipeline.reference.kernels.DRAFT_PACK_ROWS` rows run ``torch._weight_int8pack_mm``
-    on bfloat16 activations instead — the fastest kernel here at a few rows (one row from a cold cache: ~47 µs vs 75 µs
-    float32 and 116 µs ``_int_mm`` for a 768×256 weight), since it reads a quarter of float32's
-    bytes and quantizes nothing per call. Its rounding (bf16 activations) is not the per-row
+    on bfloat16 activations instead — the fastest kernel here at a few rows (one row from a cold
+    cache: ~47 µs vs 75 µs float32 and 116 µs ``_int_mm`` for a 768×256 weight), since it reads a
+    quarter of float32's bytes and quantizes nothing per call. Its rounding (bf16 activations) is not the per-row
     int8 scheme above, which drafts need not keep: they change what is accepted, never the
     output. More rows (a batched draft step) keep ``_int_mm``.
 
@@ -679,9 +679,6 @@ class LeanBlock:
         self.heads, self.kv_heads = s.num_heads, s.num_kv_heads
         self.inv_hidden = 1.0 / s.hidden_size
         self.eps = s.rms_norm_eps
-
-    def inv_rms(self, x: torch.Tensor) -> torch.Tensor:
-        return inv_rms(x, self.inv_hidden, self.eps)
 
     def weights(self) -> tuple:
         """The arguments of :func:`~pipeline.reference.kernels.lean_block` after ``start, end``."""
