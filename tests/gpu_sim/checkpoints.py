@@ -54,6 +54,10 @@ def _save_safetensors(path: Path, names: list[str]) -> None:
 def _write_shards(directory: Path, fmt: str, shards: int) -> None:
     names = ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", "lm_head.weight"]
     stem, suffix = ("model", "safetensors") if fmt == "safetensors" else ("pytorch_model", "bin")
+    if shards == 1:  # small models ship one file and no index
+        save = _save_safetensors if fmt == "safetensors" else lambda p, n: _save_pickle(p, {k: (1,) for k in n})
+        save(directory / f"{stem}.{suffix}", names)
+        return
     files = [f"{stem}-{i:05d}-of-{shards:05d}.{suffix}" for i in range(1, shards + 1)]
     weight_map = {name: files[min(i, shards - 1)] for i, name in enumerate(names)}
     for file in files:
