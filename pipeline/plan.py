@@ -286,7 +286,8 @@ def _trtllm_engine(p: _Planner, v: tc.Version, role: str, ckpt: str, spec: Model
         max_batch_size=cfg.build.max_batch_size, max_input_len=engine_max_input_len(cfg),
         max_seq_len=cfg.build.max_seq_len, max_num_tokens=cfg.build.max_num_tokens,
         max_beam_width=cfg.build.max_beam_width if role == "baseline" else 1,
-        workers=min(cfg.build.workers or spec.world_size, spec.world_size), gemm_plugin=tc.gemm_plugin_for(spec.quantization.format),
+        workers=min(cfg.build.workers or spec.world_size, spec.world_size),
+        gemm_plugin=tc.gemm_plugin_for(spec.quantization.format, cfg.build.max_batch_size),
         speculative_decoding_mode=mode, max_draft_len=k, gather_generation_logits=logits, paged_context_fmha=paged,
     )
     timing_cache = p.path("timing_cache", f"{role}.cache")

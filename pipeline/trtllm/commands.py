@@ -20,7 +20,8 @@ PYTHON = "python3"  # the interpreter inside the NGC container
 TRTLLM_BUILD = "trtllm-build"
 SUPPORTED_RANGE = ((0, 17), (1, 2))  # inclusive major.minor bounds of the engine path
 
-# ModelOpt --qformat → engine config.json quantization.quant_algo (trtllm-build.md §4.1)
+# ModelOpt --qformat → checkpoint/engine config.json quantization.quant_algo
+# (TensorRT-LLM tensorrt_llm/quantization/quantize_by_modelopt.py, tensorrt_llm/quantization/mode.py QuantAlgo)
 QUANT_ALGO = {
     "none": None,
     "fp8": "FP8",
@@ -34,7 +35,7 @@ QUANT_ALGO = {
 KV_CACHE_QUANT_ALGO = {"fp8": "FP8", "int8": "INT8"}
 AWQ_MAX_CALIB_SIZE = 32
 
-# trtllm-build flags accepted by 0.17 … 1.2.x that this project emits (trtllm-build.md §5).
+# trtllm-build flags accepted by 0.17 … 1.2.x that this project emits (tensorrt_llm/commands/build.py).
 BUILD_FLAGS = frozenset(
     {
         "--checkpoint_dir", "--output_dir", "--output_timing_cache", "--gemm_plugin",
@@ -251,9 +252,16 @@ def paged_context_fmha_survives(qformat: str, kv_cache_dtype: str, sm: int) -> b
     return True
 
 
-def gemm_plugin_for(qformat: str) -> str | None:
-    """``auto`` for FP16/BF16 and weight-only/AWQ; off for FP8/NVFP4 (tuning guide, §3.1)."""
-    return None if qformat in ("fp8", "nvfp4") else "auto"
+FP8_GEMM_PLUGIN_MAX_BATCH = 4
+
+
+def gemm_plugin_for(qformat: str, max_batch_size: int) -> str | None:
+    """``auto`` for FP16/BF16 and weight-only/AWQ; for FP8 off, except ``fp8`` at batch ≤ 4 where
+    the FP8 GEMM plugin is the low-latency choice; off for NVFP4 (TensorRT-LLM performance tuning
+    guide, "useful build-time flags": GEMM plugin, "FP8 GEMM Plugin for Small Batch Size")."""
+    if qformat == "fp8":
+        return "fp8" if max_batch_size <= FP8_GEMM_PLUGIN_MAX_BATCH else None
+    return None if qformat == "nvfp4" else "auto"
 
 
 def trtllm_build(

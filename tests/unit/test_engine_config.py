@@ -1,4 +1,4 @@
-"""Post-build validation of TensorRT-LLM engine config.json (trtllm-build.md §6–7): hand-written
+"""Post-build validation of TensorRT-LLM engine config.json (tensorrt_llm/builder.py EngineConfig): hand-written
 configs for every mode pass; each silent builder change fails with a message naming it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Targeted rules of the build plan (trtllm-build.md §3, §5, §11), independent of the goldens:
+"""Targeted rules of the build plan (TensorRT-LLM 1.x examples READMEs, tensorrt_llm/commands/build.py), independent of the goldens:
 flags per mode, the separate baseline, logits only with draft logits, timing caches, version
 paths, and no flag outside a per-version allow-list written here (not imported from the code)."""
 
@@ -17,7 +17,7 @@ from pipeline.trtllm.layout import ENV_VAR, resolve_trtllm_root
 
 from test_plan_configs import ALL, EXAMPLES
 
-# trtllm-build flags valid on 0.17 … 0.21 and on 1.0 … 1.2 (trtllm-build.md §5). Kept separate on
+# trtllm-build flags valid on 0.17 … 0.21 and on 1.0 … 1.2 (tensorrt_llm/commands/build.py). Kept separate on
 # purpose: a flag added to the code must be checked against the pinned version and added here.
 ALLOWED_BUILD_FLAGS = {
     "0.x": {
@@ -137,9 +137,17 @@ def test_medusa_route(tmp_path, monkeypatch):
     assert flag_value(q, "--num_medusa_heads") == "4" and flag_value(q, "--max_draft_len") == "10"
     s = builds(plan)["speculative"]
     assert flag_value(s, "--speculative_decoding_mode") == "medusa" and flag_value(s, "--max_beam_width") == "1"
-    assert "--gemm_plugin" not in s  # FP8: GEMM plugin off
+    assert flag_value(s, "--gemm_plugin") == "fp8"  # FP8 at max_batch_size 4: the small-batch FP8 GEMM plugin
     assert plan.step("build-speculative").expect.architecture == "MedusaForCausalLM"
     assert set(plan.engines) == {"baseline", "speculative"}
+
+
+@pytest.mark.parametrize("batch,plugin", [(1, "fp8"), (4, "fp8"), (5, None), (64, None)])
+def test_fp8_gemm_plugin_only_at_small_batch(batch, plugin, tmp_path, monkeypatch):
+    cfg = json.loads(json.dumps(EXAMPLES["llama31-8b-baseline-h100"]))
+    cfg["target"]["quantization"] = {"format": "fp8"}
+    cfg["build"]["max_batch_size"] = batch
+    assert flag_value(builds(plan_of(cfg, tmp_path, monkeypatch))["baseline"], "--gemm_plugin") == plugin
 
 
 def test_medusa_converter_spelling_per_version(tmp_path, monkeypatch):
