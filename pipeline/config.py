@@ -633,7 +633,7 @@ class DeploymentConfig(_Strict):
     )
     trtllm_root: str | None = _desc(
         "Directory holding TensorRT-LLM's examples/ (quantize.py, convert_checkpoint.py): the NGC "
-        "1.2.x image's /app or a v1.2.1 checkout. Unset: --trtllm-root, then $SPECDEPLOY_TRTLLM_ROOT, "
+        "1.2.x image's /app or a v1.2.1 checkout. --trtllm-root overrides it; unset: $SPECDEPLOY_TRTLLM_ROOT, "
         "then /app when /app/examples exists (see docs/gpu-runbook.md).",
         default=None,
     )
