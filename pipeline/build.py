@@ -39,7 +39,9 @@ from pipeline.config import DeploymentConfig, config_hash
 from pipeline.errors import BuildError, StaleInputError
 from pipeline.paths import PROJECT_ROOT, engine_root, manifest_path
 from pipeline.plan import BuildPlan, Step, make_plan
+from pipeline.trtllm.checkpoint_config import validate_checkpoint_dir
 from pipeline.trtllm.engine_config import draft_target_pair_problems, validate_engine_dir
+from pipeline.trtllm.layout import missing_scripts, missing_scripts_fix, missing_scripts_message
 
 MANIFEST_FORMAT = "specdeploy-manifest/1"
 STAMPS_DIR = ".stamps"
@@ -313,6 +315,8 @@ class _Runner:
                     raise BuildError(f"step {step.name} exited 0 but did not write {out}; log: {log_path}")
             if step.expect is not None:
                 validate_engine_dir(Path(renames[step.outputs[0]]), step.expect, step.name)
+            if step.expect_checkpoint is not None:
+                validate_checkpoint_dir(Path(renames[step.outputs[0]]), step.expect_checkpoint, step.name)
         except KeyboardInterrupt:
             self.discard(renames)
             raise BuildInterrupted(
@@ -388,6 +392,7 @@ def _manifest(cfg: DeploymentConfig, plan: BuildPlan, records: list[dict[str, An
         "tokenizer_dir": os.path.realpath(plan.tokenizer_dir),
         "max_draft_len": plan.max_draft_len,
         "num_draft_tokens": plan.num_draft_tokens,
+        "trtllm_root": plan.trtllm_root.path if plan.trtllm_root else None,
         "steps": records,
         "versions": _versions(cfg),
     }
@@ -410,6 +415,17 @@ def require_trtllm(cfg: DeploymentConfig) -> None:
             f"Run `specdeploy plan {cfg._source_path or 'CONFIG'}` to print the exact commands for a GPU host "
             f"(NGC image {cfg.triton.container_image}), or set `backend: reference` to build the CPU reference engines."
         )
+
+
+def require_scripts(plan: BuildPlan, cfg: DeploymentConfig) -> None:
+    """Raise :class:`BuildError` before any step runs when a TensorRT-LLM script the plan runs is
+    missing under the resolved examples root, naming each one and how to get them."""
+    if plan.trtllm_root is None:
+        return
+    missing = missing_scripts(plan.steps, plan.trtllm_root.path)
+    if missing:
+        raise BuildError(missing_scripts_message(missing, plan.trtllm_root)
+                         + f". Fix: {missing_scripts_fix(missing, plan.trtllm_root.path, cfg.trtllm_version)}")
 
 
 def _check_engine_pair(plan: BuildPlan) -> None:
@@ -450,6 +466,7 @@ def build(
     if executor is None:
         if cfg.backend == "trtllm":
             require_trtllm(cfg)
+            require_scripts(plan, cfg)
         executor = SubprocessExecutor()
     engine_root(cfg).mkdir(parents=True, exist_ok=True)
     with build_lock(Path(plan.root)):

@@ -631,9 +631,11 @@ class DeploymentConfig(_Strict):
         "TensorRT-LLM version the engines are built and served with (engine path: ≤ 1.2.x).",
         default=TRTLLM_VERSION_DEFAULT,
     )
-    trtllm_root: str = _desc(
-        "TensorRT-LLM source/examples root holding examples/…/convert_checkpoint.py (NGC container path).",
-        default="/app/tensorrt_llm",
+    trtllm_root: str | None = _desc(
+        "Directory holding TensorRT-LLM's examples/ (quantize.py, convert_checkpoint.py): the NGC "
+        "1.2.x image's /app or a v1.2.1 checkout. --trtllm-root overrides it; unset: $SPECDEPLOY_TRTLLM_ROOT, "
+        "then /app when /app/examples exists (see docs/gpu-runbook.md).",
+        default=None,
     )
     target: ModelSpec = _desc("The target model.")
     speculation: Speculation = _desc(

@@ -1,7 +1,9 @@
 """The build plan: the ordered steps that turn a :class:`DeploymentConfig` into engine dirs.
 
-``make_plan(cfg)`` returns a :class:`BuildPlan` without touching the filesystem (a dry run: the
-checkpoints need not exist). Each :class:`Step` has an argv list (run without a shell), the paths
+``make_plan(cfg)`` returns a :class:`BuildPlan` without running anything (a dry run: the
+checkpoints need not exist). It reads only two things when they exist: whether the image's
+``/app/examples`` is there (:mod:`pipeline.trtllm.layout`) and an EAGLE head's ``config.json``
+(its decoder-layer count, for the FP8 route). Each :class:`Step` has an argv list (run without a shell), the paths
 it reads (``inputs``) and the paths it creates (``outputs``, always whole directories or links,
 written atomically by ``pipeline.build``). The cache key of a step — sha256 of its argv plus the
 content fingerprints of its inputs — is computed at build time, when the inputs exist.
@@ -33,7 +35,9 @@ from pipeline.config import (
 from pipeline.errors import ConfigError
 from pipeline.paths import engine_root
 from pipeline.trtllm import commands as tc
+from pipeline.trtllm.checkpoint_config import ExpectedCheckpoint
 from pipeline.trtllm.engine_config import ExpectedEngine
+from pipeline.trtllm.layout import TrtllmRoot, resolve_trtllm_root
 
 BUILD_STEP_MODULE = "pipeline.reference.build_step"
 REFERENCE_QUANT_FORMATS = ("none", "int8_wo")
@@ -52,6 +56,7 @@ class Step:
     env: dict[str, str] = field(default_factory=dict)
     kind: str = ""  # resolve | quantize | convert | build | engine
     expect: ExpectedEngine | None = None
+    expect_checkpoint: ExpectedCheckpoint | None = None  # the TRT-LLM checkpoint trtllm-build will read
     scratch_dirs: list[str] = field(default_factory=list)  # created before the step (timing caches)
 
     def to_json(self) -> dict[str, Any]:
@@ -71,6 +76,7 @@ class BuildPlan:
     tokenizer_dir: str  # the target's HF dir (a link made by a resolve step for builtin models)
     max_draft_len: int
     num_draft_tokens: int | None
+    trtllm_root: TrtllmRoot | None = None  # where the example scripts are (trtllm backend)
 
     def to_json(self) -> list[dict[str, Any]]:
         return [step.to_json() for step in self.steps]
@@ -93,7 +99,8 @@ class _Planner:
     def __init__(self, cfg: DeploymentConfig, trtllm_root: str | None):
         self.cfg = cfg
         self.root = engine_root(cfg).absolute()
-        self.trtllm_root = trtllm_root or cfg.trtllm_root
+        self.trtllm = resolve_trtllm_root(trtllm_root, cfg.trtllm_root) if cfg.backend == "trtllm" else None
+        self.trtllm_root = self.trtllm.path if self.trtllm else ""
         self.steps: list[Step] = []
         self.engines: dict[str, str] = {}
 
@@ -204,6 +211,13 @@ def _draft_weights(cfg: DeploymentConfig) -> list[str]:
 # TensorRT-LLM backend
 
 
+def _checkpoint_expectation(role: str, spec: ModelSpec, **extra: Any) -> ExpectedCheckpoint:
+    q = spec.quantization
+    return ExpectedCheckpoint(role=role, quant_algo=tc.QUANT_ALGO[q.format],
+                              kv_cache_quant_algo=tc.KV_CACHE_QUANT_ALGO.get(q.kv_cache_dtype), tp=spec.tp, pp=spec.pp,
+                              **extra)
+
+
 def _trtllm_checkpoint(p: _Planner, v: tc.Version, label: str, spec: ModelSpec) -> tuple[str, str]:
     """convert (unquantized) or ModelOpt quantize of one Llama model → (HF dir, TRT-LLM checkpoint dir)."""
     src = p.source(label, spec.checkpoint, "llama", always_resolve=False)
@@ -219,19 +233,40 @@ def _trtllm_checkpoint(p: _Planner, v: tc.Version, label: str, spec: ModelSpec) 
             awq_block_size=q.awq_block_size, tp=spec.tp, pp=spec.pp,
         )
         kind = "quantize"
-    p.add(Step(f"{kind}-{label}", argv, [src], [out], kind=kind))
+    p.add(Step(f"{kind}-{label}", argv, [src], [out], kind=kind, expect_checkpoint=_checkpoint_expectation(label, spec)))
     return src, out
+
+
+def engine_max_input_len(cfg: DeploymentConfig) -> int:
+    """``--max_input_len`` of every engine of ``cfg``. Draft-target: the BLS sends the whole context
+    (prompt + every accepted token) as the input of each draft and verify call, and the executor
+    rejects an input longer than the engine's max_input_len, so those engines accept inputs up to
+    max_seq_len − 1 (the baseline too, so both arms take the same prompts)."""
+    return cfg.build.max_seq_len - 1 if _is_dtm(cfg) else cfg.build.max_input_len
+
+
+def paged_context_fmha_kept(cfg: DeploymentConfig, spec: ModelSpec) -> bool:
+    """Whether trtllm-build keeps ``--use_paged_context_fmha enable`` for this model's KV dtype."""
+    from pipeline.hardware import get_profile  # noqa: PLC0415 - small, no config import cycle
+
+    q = spec.quantization
+    return tc.paged_context_fmha_survives(q.format, q.kv_cache_dtype, get_profile(cfg.hardware).sm)
+
+
+def needs_paged_context_fmha(cfg: DeploymentConfig, role: str, mode: str) -> bool:
+    """Draft-target (both engines), EAGLE and KV-cache reuse rely on paged context FMHA."""
+    return mode in ("draft_tokens_external", "eagle") or (_is_dtm(cfg) and role in ("target", "draft")) \
+        or cfg.triton.enable_kv_cache_reuse
 
 
 def _expect(p: _Planner, role: str, spec: ModelSpec, mode: str, k: int, logits: bool, **extra: Any) -> ExpectedEngine:
     cfg = p.cfg
     q = spec.quantization
-    needs_paged = mode in ("draft_tokens_external", "eagle") or (_is_dtm(cfg) and role in ("target", "draft"))
     return ExpectedEngine(
         role=role, speculative_decoding_mode=mode, max_draft_len=k,
-        paged_context_fmha=needs_paged or cfg.triton.enable_kv_cache_reuse,
+        paged_context_fmha=needs_paged_context_fmha(cfg, role, mode),
         quant_algo=tc.QUANT_ALGO[q.format], kv_cache_quant_algo=tc.KV_CACHE_QUANT_ALGO.get(q.kv_cache_dtype),
-        tp=spec.tp, pp=spec.pp, max_batch_size=cfg.build.max_batch_size, max_input_len=cfg.build.max_input_len,
+        tp=spec.tp, pp=spec.pp, max_batch_size=cfg.build.max_batch_size, max_input_len=engine_max_input_len(cfg),
         max_seq_len=cfg.build.max_seq_len, gather_generation_logits=logits, version=cfg.trtllm_version, **extra,
     )
 
@@ -244,12 +279,16 @@ def _trtllm_engine(p: _Planner, v: tc.Version, role: str, ckpt: str, spec: Model
                    k: int = 0, logits: bool = False, **extra: Any) -> None:
     cfg = p.cfg
     out = p.path(role)
+    # A KV dtype that loses paged context FMHA is a validate error where the deployment needs it;
+    # elsewhere the plan asks for what the builder will produce.
+    paged = paged_context_fmha_kept(cfg, spec) or needs_paged_context_fmha(cfg, role, mode or "none")
     options = tc.BuildOptions(
-        max_batch_size=cfg.build.max_batch_size, max_input_len=cfg.build.max_input_len,
+        max_batch_size=cfg.build.max_batch_size, max_input_len=engine_max_input_len(cfg),
         max_seq_len=cfg.build.max_seq_len, max_num_tokens=cfg.build.max_num_tokens,
         max_beam_width=cfg.build.max_beam_width if role == "baseline" else 1,
-        workers=min(cfg.build.workers or spec.world_size, spec.world_size), gemm_plugin=tc.gemm_plugin_for(spec.quantization.format),
-        speculative_decoding_mode=mode, max_draft_len=k, gather_generation_logits=logits,
+        workers=min(cfg.build.workers or spec.world_size, spec.world_size),
+        gemm_plugin=tc.gemm_plugin_for(spec.quantization.format, cfg.build.max_batch_size),
+        speculative_decoding_mode=mode, max_draft_len=k, gather_generation_logits=logits, paged_context_fmha=paged,
     )
     timing_cache = p.path("timing_cache", f"{role}.cache")
     argv = tc.trtllm_build(v, checkpoint_dir=ckpt, output_dir=out, timing_cache=timing_cache, options=options)
@@ -278,8 +317,19 @@ def _medusa_checkpoint(p: _Planner, v: tc.Version, spec: MedusaSpec, base: str) 
         kind = "quantize"
     else:
         raise ConfigError("config", [f"target.quantization.format: Medusa supports none or fp8, not '{q.format}'"])
-    p.add(Step(f"{kind}-speculative", argv, [base, heads], [out], kind=kind))
+    expect = _checkpoint_expectation("speculative", cfg.target, architecture="MedusaForCausalLM", num_medusa_heads=spec.num_heads)
+    p.add(Step(f"{kind}-speculative", argv, [base, heads], [out], kind=kind, expect_checkpoint=expect))
     return out
+
+
+def eagle_head_layers(head_dir: str) -> int:
+    """Decoder layers of an EAGLE head: its config.json ``num_hidden_layers`` (EAGLE-1 heads have
+    one). Plan reads this one file when it exists; elsewhere it assumes 1 and validate checks it."""
+    try:
+        layers = json.loads((Path(head_dir).expanduser() / "config.json").read_text(encoding="utf-8"))["num_hidden_layers"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return 1
+    return layers if isinstance(layers, int) and not isinstance(layers, bool) and layers >= 1 else 1
 
 
 def _eagle_checkpoint(p: _Planner, v: tc.Version, spec: EagleSpec, base: str) -> str:
@@ -288,18 +338,20 @@ def _eagle_checkpoint(p: _Planner, v: tc.Version, spec: EagleSpec, base: str) ->
     out = p.path("checkpoints", "speculative-trtllm")
     common = dict(output_dir=out, dtype=cfg.target.dtype, max_draft_len=spec.engine_max_draft_len, num_layers=spec.num_layers,
                   max_non_leaves_per_layer=spec.max_non_leaves_per_layer, tp=cfg.target.tp)
+    expect = _checkpoint_expectation("speculative", cfg.target, architecture="EagleForCausalLM", num_eagle_layers=spec.num_layers)
     if q.format == "none" and q.kv_cache_dtype not in tc.KV_CACHE_QUANT_ALGO:
         argv = tc.convert_eagle(v, p.trtllm_root, model_dir=base, head_dir=head, **common)
-        p.add(Step("convert-speculative", argv, [base, head], [out], kind="convert"))
+        p.add(Step("convert-speculative", argv, [base, head], [out], kind="convert", expect_checkpoint=expect))
         return out
     if q.format != "fp8" or q.kv_cache_dtype == "int8":
         raise ConfigError("config", ["target.quantization: quantized EAGLE is FP8 only (format fp8, kv_cache_dtype fp8 or auto)"])
     quantized = p.path("checkpoints", "speculative-fp8-modelopt")
-    argv = tc.quantize_eagle(v, p.trtllm_root, model_dir=base, head_dir=head, output_dir=quantized, num_layers=spec.num_layers,
-                             kv_cache_dtype=q.kv_cache_dtype, calib_size=q.calibration_size)
+    argv = tc.quantize_eagle(v, p.trtllm_root, model_dir=base, head_dir=head, output_dir=quantized,
+                             head_layers=eagle_head_layers(head), kv_cache_dtype=q.kv_cache_dtype,
+                             calib_dataset=q.calibration_dataset, calib_size=q.calibration_size)
     p.add(Step("quantize-speculative", argv, [base, head], [quantized], kind="quantize"))
     argv = tc.convert_eagle(v, p.trtllm_root, model_dir=quantized, head_dir=None, **common)
-    p.add(Step("convert-speculative", argv, [quantized], [out], kind="convert"))
+    p.add(Step("convert-speculative", argv, [quantized], [out], kind="convert", expect_checkpoint=expect))
     return out
 
 
@@ -360,4 +412,5 @@ def make_plan(cfg: DeploymentConfig, trtllm_root: str | None = None) -> BuildPla
         tokenizer_dir=tokenizer,
         max_draft_len=max_draft_len,
         num_draft_tokens=spec.num_draft_tokens if isinstance(spec, DraftTargetSpec) else None,
+        trtllm_root=planner.trtllm,
     )

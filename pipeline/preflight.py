@@ -1,18 +1,19 @@
 """Preflight: everything that can be known to fail before a build starts.
 
 Reads a validated :class:`DeploymentConfig`, the hardware profile and (unless ``offline``) the
-checkpoint directories: ``config.json``, ``*.safetensors`` headers, ``tokenizer.json``,
-``tokenizer_config.json``. Writes nothing. :func:`run_preflight` returns :class:`Finding` s —
-error / warning / info, each with the field it concerns and the fix — covering backend ×
-hardware, GPU architecture × quantization and KV-cache dtype (trtllm-build.md §4.2, §6), the
-speculation method's rules, parallelism, files, tokenizer compatibility and the memory fit per
-GPU rank. ``builtin:`` checkpoints resolve through ``pipeline.reference.demo.resolve_builtin``.
+checkpoint directories — ``config.json``, weight-file headers and tensor lists
+(:mod:`pipeline.weight_files`), ``tokenizer.json`` or SentencePiece ``tokenizer.model``,
+``tokenizer_config.json`` — and, for the ``trtllm`` backend, whether each TensorRT-LLM script the
+plan runs exists under the resolved examples root. Writes nothing. :func:`run_preflight` returns
+:class:`Finding` s — error / warning / info, each with the field it concerns and the fix — covering
+backend × hardware, GPU architecture × quantization and KV-cache dtype, the speculation method's
+rules, parallelism, files (in the formats each build route reads), tokenizer compatibility and the
+memory fit per GPU rank. ``builtin:`` checkpoints resolve through
+``pipeline.reference.demo.resolve_builtin``.
 """
 
 from __future__ import annotations
 
-import json
-import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -22,9 +23,10 @@ from pipeline.errors import PreflightError, SpecdeployError
 from pipeline.hardware import HardwareProfile, formats_supported_on, get_profile
 from pipeline.memory_fit import MemoryEstimate, estimate_memory
 from pipeline.model_shapes import ModelShape, known_shape, read_config_json, shape_from_config
+from pipeline.trtllm.commands import KV_CACHE_QUANT_ALGO, paged_context_fmha_survives
+from pipeline.weight_files import UnreadableWeights, hf_weight_files, index_problems, tensor_shapes
 
 ERROR, WARNING, INFO = "error", "warning", "info"
-_FP8_CONTEXT_FMHA_FORMATS = ("fp8", "w4a8_awq", "nvfp4")
 ENGINE_PATH_MAX_VERSION = (1, 2)
 
 
@@ -50,6 +52,7 @@ class _Context:
     cfg: DeploymentConfig
     profile: HardwareProfile
     offline: bool
+    trtllm_root: str | None = None  # --trtllm-root, when given
     findings: list[Finding] = field(default_factory=list)
     dirs: dict[str, Path | None] = field(default_factory=dict)  # role → resolved dir (None = skipped)
     shapes: dict[str, ModelShape | None] = field(default_factory=dict)
@@ -62,9 +65,10 @@ class _Context:
 # Entry points
 
 
-def run_preflight(cfg: DeploymentConfig, offline: bool = False) -> list[Finding]:
-    """All findings for ``cfg``; ``offline`` checks the config's logic without checkpoint files."""
-    ctx = _Context(cfg=cfg, profile=get_profile(cfg.hardware), offline=offline)
+def run_preflight(cfg: DeploymentConfig, offline: bool = False, trtllm_root: str | None = None) -> list[Finding]:
+    """All findings for ``cfg``; ``offline`` checks the config's logic without checkpoint files or
+    TensorRT-LLM scripts (``trtllm_root``: the ``--trtllm-root`` override)."""
+    ctx = _Context(cfg=cfg, profile=get_profile(cfg.hardware), offline=offline, trtllm_root=trtllm_root)
     for check in _CHECKS:
         check(ctx)
     return ctx.findings
@@ -164,13 +168,8 @@ def _format_fix(fmt: str, profile: HardwareProfile) -> str:
 
 
 def _paged_context_fmha_survives(spec: ModelSpec, profile: HardwareProfile) -> bool:
-    """False when the KV dtype makes trtllm-build switch use_paged_context_fmha off (§6.7)."""
-    kv = spec.quantization.kv_cache_dtype
-    if kv == "int8":
-        return False
-    if kv == "fp8":
-        return spec.quantization.format in _FP8_CONTEXT_FMHA_FORMATS and profile.sm >= 89
-    return True
+    q = spec.quantization
+    return paged_context_fmha_survives(q.format, q.kv_cache_dtype, profile.sm)
 
 
 def _check_quantization(ctx: _Context) -> None:
@@ -201,23 +200,36 @@ def _check_model_quantization(ctx: _Context, path: str, spec: ModelSpec) -> None
                 "leave it false unless you trust the checkpoint's source", f"{path}.trust_remote_code")
 
 
+def _paged_fmha_needed_by(cfg: DeploymentConfig) -> str | None:
+    """Why this deployment cannot run without paged context FMHA (None: it can)."""
+    if cfg.method == "draft_target":
+        return "draft-target needs it on both engines (KV-cache reuse)"
+    if cfg.method == "eagle":
+        return ("EAGLE needs it: the builder turns it back on and the attention plugin then refuses this KV dtype "
+                "at the first context step")
+    if cfg.triton.enable_kv_cache_reuse:
+        return ("KV-cache reuse (triton.enable_kv_cache_reuse) needs it, and the post-build check refuses an engine "
+                "without it")
+    return None
+
+
 def _report_paged_fmha_loss(ctx: _Context, path: str, spec: ModelSpec) -> None:
-    q, method = spec.quantization, ctx.cfg.method
+    """The 1.x builder (tensorrt_llm/builder.py build()) drops ``--use_paged_context_fmha`` for FP8
+    KV without FP8 context FMHA (weights other than fp8/w4a8_awq/nvfp4, or below sm89) and for INT8
+    KV; where the deployment relies on it that is an error for every method."""
+    q = spec.quantization
     why = (f"KV-cache dtype {q.kv_cache_dtype} with weight format {q.format} on sm{ctx.profile.sm} makes "
            "trtllm-build switch use_paged_context_fmha off")
     fix = "keep kv_cache_dtype auto (FP16/BF16)" + (
         "; FP8 KV keeps paged context FMHA only with fp8/w4a8_awq weights on sm ≥ 89" if q.kv_cache_dtype == "fp8" else "")
     field_path = f"{path}.quantization.kv_cache_dtype"
-    if method == "draft_target":
-        ctx.add(ERROR, "kv-dtype", why + "; draft-target needs it on both engines (KV reuse)", fix, field_path)
-    elif method == "eagle":
-        ctx.add(WARNING, "kv-dtype", why + "; EAGLE forces it back on, which is unverified in this combination",
-                fix, field_path)
-    elif ctx.cfg.triton.enable_kv_cache_reuse:
-        ctx.add(WARNING, "kv-dtype", why + "; KV-cache reuse (triton.enable_kv_cache_reuse) silently stops working",
-                fix + ", or set triton.enable_kv_cache_reuse: false", field_path)
+    needed = _paged_fmha_needed_by(ctx.cfg)
+    if needed:
+        extra = ", or set triton.enable_kv_cache_reuse: false" if ctx.cfg.method in ("none", "medusa") else ""
+        ctx.add(ERROR, "kv-dtype", f"{why}; {needed}", fix + extra, field_path)
     else:
-        ctx.add(INFO, "kv-dtype", why + "; chunked context and KV reuse are unavailable", fix, field_path)
+        ctx.add(INFO, "kv-dtype", why + "; the plan builds it with --use_paged_context_fmha disable (no chunked "
+                "context, no KV reuse)", fix, field_path)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -254,10 +266,28 @@ def _check_draft_target(ctx: _Context, spec: DraftTargetSpec) -> None:
         ctx.add(INFO, "method", "draft-target through the Triton BLS has known problems on A100 and at TP4 "
                 "(NVIDIA/TensorRT-LLM#2684, #2709)", "smoke-test each engine alone through the ensemble first",
                 "hardware")
+    if cfg.backend == "trtllm":
+        _check_draft_target_lengths(ctx)
     if cfg.backend == "trtllm" and cfg.triton.kv_cache_free_gpu_mem_fraction > 0.5:
         ctx.add(WARNING, "memory", "target and draft share the GPU and each takes kv_cache_free_gpu_mem_fraction "
                 f"({cfg.triton.kv_cache_free_gpu_mem_fraction}) of the memory free when it starts, starving the second",
                 "set triton.kv_cache_free_gpu_mem_fraction to about 0.45", "triton.kv_cache_free_gpu_mem_fraction")
+
+
+def _check_draft_target_lengths(ctx: _Context) -> None:
+    """The BLS sends the whole context (prompt + accepted tokens) to both engines every round, so
+    the plan builds them with max_input_len = max_seq_len − 1; one engine step must then hold such
+    an input unless chunked context splits it (the executor refuses it otherwise)."""
+    b = ctx.cfg.build
+    longest = b.max_seq_len - 1
+    ctx.add(INFO, "build", f"draft-target engines are built with max_input_len {longest} (max_seq_len − 1), not "
+            f"{b.max_input_len}: every draft and verify call re-sends the whole context", "", "build.max_input_len")
+    chunked = bool(getattr(ctx.cfg.triton, "enable_chunked_context", False))
+    if b.max_num_tokens < longest and not chunked:
+        ctx.add(ERROR, "build", f"max_num_tokens ({b.max_num_tokens}) is below the longest draft-target context "
+                f"({longest} = max_seq_len − 1): a request whose prompt plus generated tokens passes "
+                f"{b.max_num_tokens} fails mid-generation", f"raise build.max_num_tokens to ≥ {longest}",
+                "build.max_num_tokens")
 
 
 def _check_eagle(ctx: _Context, spec: EagleSpec) -> None:  # noqa: ARG001 - tree rules live in config
@@ -307,6 +337,30 @@ def _check_build_limits(ctx: _Context) -> None:
         if ctx.profile.is_gpu and spec.world_size > devices:
             ctx.add(ERROR, "parallelism", f"TP×PP = {spec.world_size} exceeds the {devices} GPUs of one node",
                     f"use tp × pp ≤ {devices}", f"{path}.tp")
+
+
+def _check_scripts(ctx: _Context) -> None:
+    """Each TensorRT-LLM script the plan runs exists under the resolved examples root (on the
+    build host only: offline there is nothing to look at)."""
+    cfg = ctx.cfg
+    if cfg.backend != "trtllm":
+        return
+    if ctx.offline:
+        ctx.add(INFO, "offline", "offline: TensorRT-LLM example scripts not looked for",
+                "run `specdeploy validate` without --offline on the build host")
+        return
+    from pipeline.plan import make_plan  # noqa: PLC0415 - plan imports preflight's neighbours
+    from pipeline.trtllm.layout import missing_scripts, missing_scripts_fix  # noqa: PLC0415
+
+    try:
+        plan = make_plan(cfg, ctx.trtllm_root)
+    except SpecdeployError:
+        return  # the config problem is reported by the checks that own it
+    missing = missing_scripts(plan.steps, plan.trtllm_root.path)
+    fix = missing_scripts_fix(missing, plan.trtllm_root.path, cfg.trtllm_version) if missing else ""
+    for script in missing:
+        ctx.add(ERROR, "scripts", f"{script.path} (step {script.step}) does not exist under the TensorRT-LLM "
+                f"examples root {plan.trtllm_root.path} (from {plan.trtllm_root.source})", fix, "trtllm_root")
 
 
 def _check_shapes(ctx: _Context) -> None:
@@ -365,11 +419,39 @@ def _resolve(ctx: _Context, role: str, path: str, checkpoint: str) -> Path | Non
     return Path(checkpoint).expanduser()
 
 
-def _required_files(role: str) -> list[str]:
-    return {
-        "medusa heads": ["config.json", "medusa_lm_head.safetensors"],
-        "EAGLE head": ["config.json", "model.safetensors"],
-    }.get(role, ["config.json", "*.safetensors", "tokenizer.json"])
+# (what, glob patterns: any one match satisfies it, why) per role, for the files each route reads.
+_REFERENCE_FILES = {
+    "medusa heads": [("config.json", ("config.json",), ""), ("weights", ("medusa_lm_head.safetensors",), "")],
+    "EAGLE head": [("config.json", ("config.json",), ""), ("weights", ("model.safetensors",), "")],
+    "model": [("config.json", ("config.json",), ""), ("weights", ("*.safetensors",), ""),
+              ("tokenizer", ("tokenizer.json",), "")],
+}
+# TensorRT-LLM routes: HF loaders read safetensors or .bin shards; the Medusa loader tries
+# medusa_lm_head.pt then .safetensors (tensorrt_llm/models/medusa/weight.py load_medusa_hf); the
+# EAGLE converter's ModelWeightsLoader reads safetensors, .bin or .pth.
+_TRTLLM_FILES = {
+    "medusa heads": [("config.json", ("config.json",), ""),
+                     ("weights", ("medusa_lm_head.pt", "medusa_lm_head.safetensors"), "")],
+    "EAGLE head": [("config.json", ("config.json",), ""), ("weights", ("*.safetensors", "pytorch_model*.bin", "*.pth"), "")],
+    "model": [("config.json", ("config.json",), ""), ("weights", ("*.safetensors", "pytorch_model*.bin"), ""),
+              ("tokenizer", ("tokenizer.json", "tokenizer.model"), "")],
+}
+_EAGLE_FP8_WEIGHTS = ("weights", ("pytorch_model.bin",),
+                      "examples/eagle/quantize.py loads exactly pytorch_model.bin from the EAGLE dir")
+
+
+def eagle_fp8_route(cfg: DeploymentConfig) -> bool:
+    """The quantized EAGLE route (examples/eagle/quantize.py, then convert_checkpoint.py)."""
+    q = cfg.target.quantization
+    return cfg.method == "eagle" and (q.format != "none" or q.kv_cache_dtype in KV_CACHE_QUANT_ALGO)
+
+
+def _required_files(cfg: DeploymentConfig, role: str) -> list[tuple[str, tuple[str, ...], str]]:
+    table = _TRTLLM_FILES if cfg.backend == "trtllm" else _REFERENCE_FILES
+    rules = table.get(role, table["model"])
+    if role == "EAGLE head" and cfg.backend == "trtllm" and eagle_fp8_route(cfg):
+        rules = [rules[0], _EAGLE_FP8_WEIGHTS]
+    return rules
 
 
 def _check_files(ctx: _Context) -> None:
@@ -393,16 +475,25 @@ def _check_dir(ctx: _Context, role: str, path: str, directory: Path) -> None:
                 "download the checkpoint or fix the path", path)
         ctx.dirs[role] = None
         return
-    for pattern in _required_files(role):
-        matches = sorted(directory.glob(pattern))
+    for what, patterns, why in _required_files(ctx.cfg, role):
+        matches = sorted({m for pattern in patterns for m in directory.glob(pattern)})
         if not matches:
-            fix = "convert the .bin weights to safetensors (weights load from safetensors only)" if (
-                pattern.endswith("safetensors") and list(directory.glob("*.bin"))) else f"add {pattern} to {directory}"
-            ctx.add(ERROR, "files", f"{role}: {pattern} missing in {directory}", fix, path)
+            ctx.add(ERROR, "files", f"{role}: {' or '.join(patterns)} missing in {directory}" + (f" ({why})" if why else ""),
+                    _missing_fix(ctx.cfg, directory, what, patterns), path)
             continue
         for match in matches:
             if not _readable(match):
                 ctx.add(ERROR, "files", f"{role}: {match} is not readable", "fix its permissions", path)
+    for problem in index_problems(directory):
+        ctx.add(ERROR, "files", f"{role}: {problem}", "download every shard the index names", path)
+
+
+def _missing_fix(cfg: DeploymentConfig, directory: Path, what: str, patterns: tuple[str, ...]) -> str:
+    pickles = [p.name for p in directory.glob("*") if p.suffix in (".bin", ".pt", ".pth")]
+    if cfg.backend == "reference" and what == "weights" and pickles:
+        return ("the CPU reference engine loads safetensors only: convert the .bin/.pt weights to safetensors "
+                "(or build with backend trtllm, which reads them)")
+    return f"add {patterns[0]} to {directory} (download it with the checkpoint)"
 
 
 def _readable(path: Path) -> bool:
@@ -429,11 +520,15 @@ def _load_shapes(ctx: _Context) -> None:
         ctx.shapes[role] = shape
 
 
+def _has_tokenizer(directory: Path) -> bool:
+    return (directory / "tokenizer.json").is_file() or (directory / "tokenizer.model").is_file()
+
+
 def _check_tokenizers(ctx: _Context) -> None:
     target_dir, draft_dir = ctx.dirs.get("target"), ctx.dirs.get("draft")
     if ctx.cfg.method != "draft_target" or target_dir is None or draft_dir is None:
         return
-    if not (target_dir / "tokenizer.json").is_file() or not (draft_dir / "tokenizer.json").is_file():
+    if not _has_tokenizer(target_dir) or not _has_tokenizer(draft_dir):
         return  # already reported as missing files
     from pipeline.tokenizer_compat import compare_tokenizers  # noqa: PLC0415
 
@@ -450,7 +545,7 @@ def _check_tokenizers(ctx: _Context) -> None:
 
 
 def _check_heads(ctx: _Context) -> None:
-    spec, target = ctx.cfg.speculation, ctx.shapes.get("target")
+    spec = ctx.cfg.speculation
     role = {"medusa": "medusa heads", "eagle": "EAGLE head"}.get(ctx.cfg.method)
     directory = ctx.dirs.get(role) if role else None
     if directory is None or not (directory / "config.json").is_file():
@@ -461,38 +556,86 @@ def _check_heads(ctx: _Context) -> None:
         ctx.add(ERROR, "files", f"{role}: unreadable config.json ({exc})", "restore the head's config.json",
                 "speculation")
         return
-    field_path = "speculation.heads_dir" if isinstance(spec, MedusaSpec) else "speculation.head_dir"
-    if target is not None:
-        for key, expected in (("hidden_size", target.hidden_size), ("vocab_size", target.vocab_size)):
-            if key in head_cfg and head_cfg[key] != expected:
-                ctx.add(ERROR, "heads", f"{role} {key} {head_cfg[key]} does not match the target's {expected}",
-                        "use heads trained for this target", field_path)
-    keys = _safetensors_keys(directory / ("medusa_lm_head.safetensors" if isinstance(spec, MedusaSpec) else "model.safetensors"))
-    if keys is None:
+    weights = _head_weights(ctx.cfg, role, directory)
+    if weights is None:
+        return  # reported as a missing file
+    try:
+        shapes = tensor_shapes(weights)
+    except UnreadableWeights as exc:
+        ctx.add(INFO, "heads", f"{role}: tensor names not checked ({exc})", "", "speculation")
         return
     if isinstance(spec, MedusaSpec):
-        available = int(head_cfg.get("medusa_num_heads", 0))
-        missing = [i for i in range(spec.num_heads) if f"{i}.1.weight" not in keys]
-        if available < spec.num_heads or missing:
-            ctx.add(ERROR, "heads", f"num_heads {spec.num_heads} but the checkpoint has {available} heads "
-                    f"(missing weights for heads {missing})", f"set speculation.num_heads ≤ {available}",
-                    "speculation.num_heads")
+        _check_medusa_heads(ctx, spec, head_cfg, shapes, weights)
     else:
-        missing = [k for k in ("fc.weight", "fc.bias") if k not in keys]
-        if missing:
-            ctx.add(ERROR, "heads", f"EAGLE head lacks {missing} (conversion fails with KeyError)",
-                    "use an EAGLE-1 checkpoint with an fc layer with bias", field_path)
+        _check_eagle_head(ctx, head_cfg, shapes, weights, directory)
 
 
-def _safetensors_keys(path: Path) -> set[str] | None:
-    """Tensor names from a safetensors header (reads only the header)."""
-    try:
-        with path.open("rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(length))
-    except (OSError, ValueError, struct.error):
-        return None
-    return {k for k in header if k != "__metadata__"}
+def _head_weights(cfg: DeploymentConfig, role: str, directory: Path) -> Path | None:
+    """The file the build route (or the CPU engine) reads the head's weights from."""
+    (_, patterns, _), = [rule for rule in _required_files(cfg, role) if rule[0] == "weights"]
+    for pattern in patterns:
+        matches = sorted(directory.glob(pattern))
+        if matches:
+            return matches[0]
+    return None
+
+
+def _check_head_dims(ctx: _Context, role: str, field_path: str, dims: dict[str, int | None]) -> None:
+    target = ctx.shapes.get("target")
+    if target is None:
+        return
+    for key, expected in (("hidden_size", target.hidden_size), ("vocab_size", target.vocab_size)):
+        if dims.get(key) is not None and dims[key] != expected:
+            ctx.add(ERROR, "heads", f"{role} {key} {dims[key]} does not match the target's {expected}",
+                    "use heads trained for this target", field_path)
+
+
+def _check_medusa_heads(ctx: _Context, spec: MedusaSpec, head_cfg: dict, shapes: dict, weights: Path) -> None:
+    """Heads are counted in the weights: FasterDecoding's config.json says medusa_num_heads 2 for
+    files holding more, and upstream builds with the explicit --num_medusa_heads."""
+    field_path = "speculation.heads_dir"
+    in_weights = 0
+    while f"{in_weights}.1.weight" in shapes:
+        in_weights += 1
+    lm_head = shapes.get("0.1.weight")
+    dims = {"vocab_size": lm_head[0], "hidden_size": lm_head[1]} if lm_head and len(lm_head) == 2 else {}
+    _check_head_dims(ctx, "medusa heads", field_path, {**{k: head_cfg.get(k) for k in ("hidden_size", "vocab_size")}, **dims})
+    if spec.num_heads > in_weights:
+        missing = [f"{i}.1.weight" for i in range(in_weights, spec.num_heads)]
+        ctx.add(ERROR, "heads", f"num_heads {spec.num_heads} but {weights.name} holds {in_weights} heads "
+                f"(missing {', '.join(missing)})", f"set speculation.num_heads ≤ {in_weights}", "speculation.num_heads")
+    declared = head_cfg.get("medusa_num_heads")
+    if isinstance(declared, int) and declared != in_weights:
+        ctx.add(INFO, "heads", f"medusa heads: config.json says medusa_num_heads {declared}, {weights.name} holds "
+                f"{in_weights}; the build passes --num_medusa_heads {spec.num_heads} explicitly", "", field_path)
+
+
+def _check_eagle_head(ctx: _Context, head_cfg: dict, shapes: dict, weights: Path, directory: Path) -> None:
+    field_path = "speculation.head_dir"
+    _check_head_dims(ctx, "EAGLE head", field_path, {k: head_cfg.get(k) for k in ("hidden_size", "vocab_size")})
+    fp8_route = ctx.cfg.backend == "trtllm" and eagle_fp8_route(ctx.cfg)
+    missing = [k for k in ("fc.weight", "fc.bias") if k not in shapes]
+    if fp8_route and missing == ["fc.bias"]:
+        ctx.add(INFO, "heads", f"EAGLE head has no fc.bias; examples/eagle/quantize.py uses zeros for it", "", field_path)
+    elif missing:
+        ctx.add(ERROR, "heads", f"EAGLE head lacks {missing} in {weights.name} (convert_checkpoint.py fails with "
+                "KeyError, NVIDIA/TensorRT-LLM#2588)", "use an EAGLE-1 checkpoint whose fc layer has a bias "
+                "(the verified one is yuhuili/EAGLE-Vicuna-7B-v1.3), or the FP8 route, which tolerates its absence",
+                field_path)
+    if fp8_route:
+        _check_eagle_layers(ctx, shapes, weights, directory, field_path)
+
+
+def _check_eagle_layers(ctx: _Context, shapes: dict, weights: Path, directory: Path, field_path: str) -> None:
+    """quantize.py copies layers.{i}.* for i < --eagle_num_layers (the head's num_hidden_layers)."""
+    from pipeline.plan import eagle_head_layers  # noqa: PLC0415
+
+    layers = eagle_head_layers(str(directory))
+    absent = [i for i in range(layers) if f"layers.{i}.self_attn.q_proj.weight" not in shapes]
+    if absent:
+        ctx.add(ERROR, "heads", f"EAGLE head config.json has num_hidden_layers {layers} but {weights.name} lacks "
+                f"layers {absent} (examples/eagle/quantize.py --eagle_num_layers {layers} reads each)",
+                "use the head's original config.json and weights", field_path)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -563,6 +706,7 @@ _CHECKS: list[Callable[[_Context], None]] = [
     _check_quantization,
     _check_method,
     _check_build_limits,
+    _check_scripts,
     _check_files,
     _load_shapes,
     _check_shapes,

@@ -1,6 +1,8 @@
 """Tokenizer compatibility between a draft model and its target.
 
-Reads ``tokenizer.json`` (vocabulary, token → id, with added tokens), ``tokenizer_config.json``
+Reads ``tokenizer.json`` (vocabulary, token → id, with added tokens) or, where a checkpoint ships
+only SentencePiece (Vicuna, Llama-2 era), ``tokenizer.model`` (its pieces, in id order, parsed
+with the SentencePiece protobuf schema that ``transformers`` carries), ``tokenizer_config.json``
 (bos/eos/unk/pad special tokens) and ``config.json`` (``vocab_size``) from two checkpoint
 directories; writes nothing. Draft-target speculation compares token *ids*, so the two
 vocabularies must be identical; :func:`compare_tokenizers` returns one human-readable problem
@@ -17,8 +19,11 @@ _SHOW = 3  # differing tokens named in a message
 
 
 def load_vocab(directory: Path) -> dict[str, int]:
-    """token → id of ``directory/tokenizer.json`` including added tokens (ValueError if unreadable)."""
+    """token → id of ``directory/tokenizer.json`` including added tokens, else of the SentencePiece
+    ``tokenizer.model`` (ValueError if unreadable)."""
     path = directory / "tokenizer.json"
+    if not path.is_file() and (directory / "tokenizer.model").is_file():
+        return _vocab_from_sentencepiece(directory / "tokenizer.model")
     try:
         from tokenizers import Tokenizer  # noqa: PLC0415 - optional, heavy-ish
 
@@ -27,6 +32,23 @@ def load_vocab(directory: Path) -> dict[str, int]:
         return _vocab_from_json(path)
     except Exception as exc:  # tokenizers raises plain Exception subclasses for bad files
         raise ValueError(f"cannot read {path}: {exc}") from None
+
+
+def _vocab_from_sentencepiece(path: Path) -> dict[str, int]:
+    try:
+        from transformers.utils import sentencepiece_model_pb2_new as spm_pb2  # noqa: PLC0415 - needs protobuf
+    except ImportError as exc:
+        raise ValueError(f"cannot read {path}: parsing SentencePiece needs transformers and protobuf ({exc})") from None
+    model = spm_pb2.ModelProto()
+    try:
+        model.ParseFromString(path.read_bytes())
+    except Exception as exc:  # protobuf raises DecodeError (an Exception subclass)
+        raise ValueError(f"cannot read {path}: not a SentencePiece model ({exc})") from None
+    return {piece.piece: i for i, piece in enumerate(model.pieces)}
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    return a.is_file() and b.is_file() and a.read_bytes() == b.read_bytes()
 
 
 def _vocab_from_json(path: Path) -> dict[str, int]:
@@ -91,7 +113,9 @@ def _config_vocab_size(directory: Path) -> int | None:
 def compare_tokenizers(target_dir: Path, draft_dir: Path) -> list[str]:
     """Problems that make the draft's token ids meaningless to the target (empty = compatible)."""
     problems: list[str] = []
-    target_vocab, draft_vocab = load_vocab(target_dir), load_vocab(draft_dir)
+    same_spm = not (target_dir / "tokenizer.json").is_file() and not (draft_dir / "tokenizer.json").is_file() and \
+        _same_file(target_dir / "tokenizer.model", draft_dir / "tokenizer.model")
+    target_vocab, draft_vocab = ({}, {}) if same_spm else (load_vocab(target_dir), load_vocab(draft_dir))
     if target_vocab != draft_vocab:
         detail = "; ".join(_first_differences(target_vocab, draft_vocab))
         problems.append(

@@ -16,7 +16,9 @@ def register(app: typer.Typer) -> None:
         config: str = typer.Argument(..., help="Deployment config YAML."),
         force: bool = typer.Option(False, "--force", help="Rebuild every step, ignoring the cache."),
         dry_run: bool = typer.Option(False, "--dry-run", help="List the steps and whether each is cached; run nothing."),
-        trtllm_root: Optional[str] = typer.Option(None, "--trtllm-root", help="TensorRT-LLM examples root."),
+        trtllm_root: Optional[str] = typer.Option(
+            None, "--trtllm-root", help="Directory holding TensorRT-LLM's examples/ (default: config trtllm_root, "
+            "$SPECDEPLOY_TRTLLM_ROOT, then /app in the NGC image)."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress display on stderr."),
         skip_preflight: bool = typer.Option(False, "--skip-preflight", help="Build without running preflight first."),
     ) -> None:
@@ -39,11 +41,14 @@ def register(app: typer.Typer) -> None:
             console.print(table)
             return
         if cfg.backend == "trtllm":
+            from pipeline.plan import make_plan  # noqa: PLC0415
+
             builder.require_trtllm(cfg)  # before preflight: stop at once without TensorRT-LLM
+            builder.require_scripts(make_plan(cfg, trtllm_root), cfg)  # and without the example scripts
         if not skip_preflight:
             from pipeline.preflight import raise_on_errors, run_preflight  # noqa: PLC0415
 
-            raise_on_errors(run_preflight(cfg, offline=False))
+            raise_on_errors(run_preflight(cfg, offline=False, trtllm_root=trtllm_root))
         manifest = builder.build(cfg, force=force, progress=progress, trtllm_root=trtllm_root)
         built = sum(1 for s in manifest["steps"] if s["status"] == "built")
         console.print(

@@ -37,7 +37,8 @@ def register(app: typer.Typer) -> None:
         config: str = typer.Argument(..., help="Deployment config YAML."),
         as_json: bool = typer.Option(False, "--json", help="Print a JSON array of {name, argv, inputs, outputs}."),
         trtllm_root: Optional[str] = typer.Option(
-            None, "--trtllm-root", help="TensorRT-LLM examples root (default: the config's trtllm_root, /app/tensorrt_llm)."
+            None, "--trtllm-root", help="Directory holding TensorRT-LLM's examples/ (default: config trtllm_root, "
+            "$SPECDEPLOY_TRTLLM_ROOT, then /app in the NGC image)."
         ),
     ) -> None:
         from pipeline.config import load_config  # noqa: PLC0415

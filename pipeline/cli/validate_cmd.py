@@ -1,6 +1,8 @@
 """`specdeploy validate CONFIG [--offline] [--json]`: load the config and run preflight.
 
-Reads the config YAML and (unless ``--offline``) the checkpoint directories it names; prints the
+Reads the config YAML and (unless ``--offline``) the checkpoint directories it names and the
+TensorRT-LLM example scripts the build plan runs (under ``--trtllm-root``, the config's
+``trtllm_root``, ``$SPECDEPLOY_TRTLLM_ROOT`` or the NGC image's ``/app``); prints the
 findings as a table (or JSON with ``--json``) plus the per-GPU memory estimate, and exits 0 when
 there are no errors, 1 otherwise (config errors: one ``field.path: message`` line each).
 """
@@ -8,6 +10,7 @@ there are no errors, 1 otherwise (config errors: one ``field.path: message`` lin
 from __future__ import annotations
 
 import json
+from typing import Optional
 
 import typer
 
@@ -20,16 +23,19 @@ def register(app: typer.Typer) -> None:
         config: str = typer.Argument(..., help="Deployment config YAML."),
         offline: bool = typer.Option(False, "--offline", help="Check the config's logic without checkpoint files."),
         as_json: bool = typer.Option(False, "--json", help="Print the findings as JSON."),
+        trtllm_root: Optional[str] = typer.Option(
+            None, "--trtllm-root", help="Directory holding TensorRT-LLM's examples/ (default: config trtllm_root, "
+            "$SPECDEPLOY_TRTLLM_ROOT, then /app in the NGC image)."),
     ) -> int:
-        return validate(config, offline=offline, as_json=as_json)
+        return validate(config, offline=offline, as_json=as_json, trtllm_root=trtllm_root)
 
 
-def validate(config: str, offline: bool = False, as_json: bool = False) -> int:
+def validate(config: str, offline: bool = False, as_json: bool = False, trtllm_root: str | None = None) -> int:
     from pipeline.config import load_config  # noqa: PLC0415
     from pipeline.preflight import errors_of, memory_estimate_of, raise_on_errors, run_preflight  # noqa: PLC0415
 
     cfg = load_config(config)
-    findings = run_preflight(cfg, offline=offline)
+    findings = run_preflight(cfg, offline=offline, trtllm_root=trtllm_root)
     if as_json:
         payload = {
             "config": config,

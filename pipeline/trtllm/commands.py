@@ -2,7 +2,7 @@
 per-model ``convert_checkpoint.py`` converters (Llama, Medusa, EAGLE) and ``trtllm-build``.
 
 Reads nothing and writes nothing: each function returns an argv list (never a shell string).
-Facts follow shared/reference/trtllm-build.md: example paths moved from ``examples/llama/`` (≤ 0.18)
+Example paths moved from ``examples/llama/`` (≤ 0.18)
 to ``examples/models/core/llama/`` (≥ 0.19); the 1.x Medusa converter takes ``--model_type`` and
 ``--medusa_hidden_act``; boolean plugin flags take ``enable``/``disable``; every build names its
 timing cache. :data:`BUILD_FLAGS` is the allow-list every ``trtllm-build`` argv is checked against,
@@ -20,7 +20,8 @@ PYTHON = "python3"  # the interpreter inside the NGC container
 TRTLLM_BUILD = "trtllm-build"
 SUPPORTED_RANGE = ((0, 17), (1, 2))  # inclusive major.minor bounds of the engine path
 
-# ModelOpt --qformat → engine config.json quantization.quant_algo (trtllm-build.md §4.1)
+# ModelOpt --qformat → checkpoint/engine config.json quantization.quant_algo
+# (TensorRT-LLM tensorrt_llm/quantization/quantize_by_modelopt.py, tensorrt_llm/quantization/mode.py QuantAlgo)
 QUANT_ALGO = {
     "none": None,
     "fp8": "FP8",
@@ -34,7 +35,7 @@ QUANT_ALGO = {
 KV_CACHE_QUANT_ALGO = {"fp8": "FP8", "int8": "INT8"}
 AWQ_MAX_CALIB_SIZE = 32
 
-# trtllm-build flags accepted by 0.17 … 1.2.x that this project emits (trtllm-build.md §5).
+# trtllm-build flags accepted by 0.17 … 1.2.x that this project emits (tensorrt_llm/commands/build.py).
 BUILD_FLAGS = frozenset(
     {
         "--checkpoint_dir", "--output_dir", "--output_timing_cache", "--gemm_plugin",
@@ -175,18 +176,23 @@ def quantize_eagle(
     model_dir: str,
     head_dir: str,
     output_dir: str,
-    num_layers: int,
+    head_layers: int,
     kv_cache_dtype: str,
+    calib_dataset: str,
     calib_size: int,
 ) -> list[str]:
-    """Base + EAGLE head → one FP8 ModelOpt checkpoint (the only quantized EAGLE route)."""
+    """Base + EAGLE head → one FP8 ModelOpt (HF-format) checkpoint, the only quantized EAGLE route.
+
+    ``--eagle_num_layers`` is the number of decoder layers *in the EAGLE checkpoint* (the script
+    copies ``layers.{i}.*`` for each; EAGLE-1 heads have one), not the tree depth, which goes to
+    ``convert_checkpoint.py --num_eagle_layers`` (TensorRT-LLM ``examples/eagle/quantize.py``)."""
     argv = _script(root, "examples/eagle/quantize.py") + [
-        "--model_dir", model_dir, "--eagle_model_dir", head_dir, "--eagle_num_layers", str(num_layers),
+        "--model_dir", model_dir, "--eagle_model_dir", head_dir, "--eagle_num_layers", str(head_layers),
         "--qformat", "fp8",
     ]
     if kv_cache_dtype == "fp8":
         argv += ["--kv_cache_dtype", "fp8"]
-    return argv + ["--calib_size", str(calib_size), "--output_dir", output_dir]
+    return argv + ["--calib_dataset", calib_dataset, "--calib_size", str(calib_size), "--output_dir", output_dir]
 
 
 def convert_eagle(
@@ -228,11 +234,34 @@ class BuildOptions:
     speculative_decoding_mode: str | None = None  # draft_tokens_external | medusa | eagle
     max_draft_len: int = 0
     gather_generation_logits: bool = False
+    paged_context_fmha: bool = True  # False only where the KV dtype makes the builder drop it anyway
 
 
-def gemm_plugin_for(qformat: str) -> str | None:
-    """``auto`` for FP16/BF16 and weight-only/AWQ; off for FP8/NVFP4 (tuning guide, §3.1)."""
-    return None if qformat in ("fp8", "nvfp4") else "auto"
+# Weight formats whose engines keep FP8 context FMHA, which FP8 paged context FMHA needs; the 1.x
+# builder (tensorrt_llm/builder.py build()) switches use_paged_context_fmha off for FP8 KV with any
+# other weights or below sm89, and for INT8 KV always.
+FP8_CONTEXT_FMHA_FORMATS = ("fp8", "w4a8_awq", "nvfp4")
+
+
+def paged_context_fmha_survives(qformat: str, kv_cache_dtype: str, sm: int) -> bool:
+    """False when trtllm-build turns ``--use_paged_context_fmha enable`` off for this KV dtype."""
+    if kv_cache_dtype == "int8":
+        return False
+    if kv_cache_dtype == "fp8":
+        return qformat in FP8_CONTEXT_FMHA_FORMATS and sm >= 89
+    return True
+
+
+FP8_GEMM_PLUGIN_MAX_BATCH = 4
+
+
+def gemm_plugin_for(qformat: str, max_batch_size: int) -> str | None:
+    """``auto`` for FP16/BF16 and weight-only/AWQ; for FP8 off, except ``fp8`` at batch ≤ 4 where
+    the FP8 GEMM plugin is the low-latency choice; off for NVFP4 (TensorRT-LLM performance tuning
+    guide, "useful build-time flags": GEMM plugin, "FP8 GEMM Plugin for Small Batch Size")."""
+    if qformat == "fp8":
+        return "fp8" if max_batch_size <= FP8_GEMM_PLUGIN_MAX_BATCH else None
+    return None if qformat == "nvfp4" else "auto"
 
 
 def trtllm_build(
@@ -247,7 +276,7 @@ def trtllm_build(
         "--max_batch_size", str(o.max_batch_size), "--max_input_len", str(o.max_input_len),
         "--max_seq_len", str(o.max_seq_len), "--max_num_tokens", str(o.max_num_tokens),
         "--max_beam_width", str(o.max_beam_width),
-        "--use_paged_context_fmha", "enable", "--multiple_profiles", "enable",
+        "--use_paged_context_fmha", "enable" if o.paged_context_fmha else "disable", "--multiple_profiles", "enable",
     ]
     if o.speculative_decoding_mode is not None:
         argv += ["--speculative_decoding_mode", o.speculative_decoding_mode]

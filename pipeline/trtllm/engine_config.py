@@ -1,6 +1,6 @@
 """Post-build validation of a TensorRT-LLM engine directory (``config.json`` + ``rank*.engine``).
 
-``trtllm-build`` silently adjusts settings (trtllm-build.md §6): FP8/INT8 KV cache switches paged
+``trtllm-build`` silently adjusts settings (TensorRT-LLM ``tensorrt_llm/builder.py`` ``build()``): FP8/INT8 KV cache switches paged
 context FMHA off, ``max_draft_len`` falls back to the checkpoint, quantization follows the
 checkpoint, … This module reads the built ``config.json`` and compares it with what the plan asked
 for (:class:`ExpectedEngine`), returning one line per mismatch (:func:`engine_problems`) or raising
@@ -16,7 +16,8 @@ from typing import Any
 
 from pipeline.errors import BuildError
 
-# build_config.speculative_decoding_mode is an integer bit flag (§7); names are accepted too.
+# build_config.speculative_decoding_mode is an integer bit flag (SpeculativeDecodingMode in
+# tensorrt_llm/models/modeling_utils.py); names are accepted too.
 SPEC_MODE_BITS = {
     "none": 1,
     "draft_tokens_external": 2,
@@ -226,7 +227,7 @@ def _read_config(engine_dir: Path) -> dict:
 
 
 def draft_target_pair_problems(target_dir: Path, draft_dir: Path) -> list[str]:
-    """Cross-engine rules of a draft-target pair (§7): equal vocab_size, equal max_batch_size,
+    """Cross-engine rules of a draft-target pair: equal vocab_size, equal max_batch_size,
     gather_generation_logits on both or neither, and no speculative mode on the draft."""
     target, draft = _read_config(target_dir), _read_config(draft_dir)
     problems = []

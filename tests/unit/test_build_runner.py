@@ -422,3 +422,41 @@ def test_concurrent_build_of_same_deployment_refused(in_tmp: Path) -> None:
         with pytest.raises(BuildError, match="another `specdeploy build` is running"):
             build(parse_config(dtm()), executor=FakeTrtllm(), progress=False)
     build(parse_config(dtm()), executor=FakeTrtllm(), progress=False)
+
+
+# ------------------------------------------------------------------------------------------------
+# Before and between steps: the example scripts, the checkpoint trtllm-build will read
+
+
+def test_build_refuses_missing_scripts_before_any_step(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("pipeline.build.require_trtllm", lambda cfg: None)  # trtllm-build "installed"
+    monkeypatch.setenv("SPECDEPLOY_TRTLLM_ROOT", str(in_tmp / "TensorRT-LLM"))
+    with pytest.raises(BuildError) as err:
+        build(parse_config(dtm()), progress=False)
+    message = str(err.value)
+    script = in_tmp / "TensorRT-LLM" / "examples" / "quantization" / "quantize.py"
+    assert f"{script} (step quantize-target); {script} (step quantize-draft)" in message
+    assert "git clone --branch v1.2.1 https://github.com/NVIDIA/TensorRT-LLM" in message
+    assert "pip install -r TensorRT-LLM/examples/quantization/requirements.txt" in message
+    assert not (in_tmp / "engines" / "dtm" / "logs").exists()
+
+
+class FP8KvExport(FakeTrtllm):
+    """A quantizer whose export carries FP8 KV although none was asked for."""
+
+    @staticmethod
+    def checkpoint(argv: list[str], out: Path) -> None:
+        FakeTrtllm.checkpoint(argv, out)
+        config = json.loads((out / "config.json").read_text())
+        config["quantization"]["kv_cache_quant_algo"] = "FP8"
+        (out / "config.json").write_text(json.dumps(config))
+
+
+def test_checkpoint_quantization_mismatch_stops_before_trtllm_build(in_tmp: Path) -> None:
+    fake = FP8KvExport()
+    cfg = parse_config(dtm(**{"target.quantization": {"format": "int4_awq"}, "hardware": "a100-80gb",
+                              "speculation.draft.quantization": {"format": "int4_awq"}}))
+    with pytest.raises(BuildError, match="quantization.kv_cache_quant_algo is 'FP8', the plan expects None"):
+        build(cfg, executor=fake, progress=False)
+    assert [name for name, _ in fake.calls] == ["quantize-target"]
+    assert leftovers(in_tmp) == [] and not (in_tmp / "engines" / "dtm" / "checkpoints" / "target-trtllm").exists()

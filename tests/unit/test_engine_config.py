@@ -1,4 +1,4 @@
-"""Post-build validation of TensorRT-LLM engine config.json (trtllm-build.md §6–7): hand-written
+"""Post-build validation of TensorRT-LLM engine config.json (tensorrt_llm/builder.py EngineConfig): hand-written
 configs for every mode pass; each silent builder change fails with a message naming it."""
 
 from __future__ import annotations
@@ -215,3 +215,42 @@ def test_draft_target_pair_rules(tmp_path: Path) -> None:
     bad["pretrained_config"]["vocab_size"] = 32000
     problems = draft_target_pair_problems(target, write_engine(tmp_path / "bad", bad))
     assert len(problems) == 4
+
+
+# ------------------------------------------------------------------------------------------------
+# The TensorRT-LLM checkpoint a quantize / convert step wrote, before trtllm-build reads it
+
+from pipeline.trtllm.checkpoint_config import ExpectedCheckpoint, checkpoint_problems  # noqa: E402
+
+
+def _checkpoint(tmp_path: Path, ranks: int = 2, **config) -> Path:
+    base = {"architecture": "MedusaForCausalLM", "num_medusa_heads": 4, "mapping": {"world_size": 2, "tp_size": 2, "pp_size": 1},
+            "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}
+    base.update(config)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "config.json").write_text(json.dumps(base))
+    for rank in range(ranks):
+        (tmp_path / f"rank{rank}.safetensors").write_bytes(b"w")
+    return tmp_path
+
+
+MEDUSA_TP2 = ExpectedCheckpoint(role="speculative", quant_algo="FP8", kv_cache_quant_algo="FP8", tp=2, pp=1,
+                                architecture="MedusaForCausalLM", num_medusa_heads=4)
+
+
+def test_matching_checkpoint_passes(tmp_path):
+    assert checkpoint_problems(_checkpoint(tmp_path), MEDUSA_TP2) == []
+
+
+def test_checkpoint_mismatches_are_each_named(tmp_path):
+    directory = _checkpoint(tmp_path, ranks=1, architecture="LlamaForCausalLM", num_medusa_heads=2,
+                            quantization={"quant_algo": "W4A16_AWQ", "kv_cache_quant_algo": None})
+    problems = checkpoint_problems(directory, MEDUSA_TP2)
+    assert problems[0] == "quantization.quant_algo is 'W4A16_AWQ', the plan expects 'FP8'"
+    assert problems[1].startswith("quantization.kv_cache_quant_algo is None, the plan expects 'FP8'")
+    assert problems[2:] == [
+        "weight files ['rank0.safetensors'] do not match tp×pp = 2 (expected ['rank0.safetensors', 'rank1.safetensors'])",
+        "architecture is 'LlamaForCausalLM', the plan expects MedusaForCausalLM",
+        "num_medusa_heads is 2, the plan expects 4",
+    ]
+    assert checkpoint_problems(tmp_path / "absent", MEDUSA_TP2) == [f"{tmp_path / 'absent' / 'config.json'} is missing"]

@@ -17,7 +17,7 @@ GPU_EXAMPLES = [
     "llama31-8b-draft1b-fp8-h100.yaml",
     "llama31-70b-draft8b-int4awq-tp4-a100.yaml",
     "vicuna7b-medusa-fp8-h100.yaml",
-    "llama3-8b-eagle-h100.yaml",
+    "vicuna7b-eagle-h100.yaml",
     "llama31-8b-baseline-h100.yaml",
 ]
 

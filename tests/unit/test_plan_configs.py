@@ -39,8 +39,8 @@ EXAMPLES: dict[str, dict] = {
                         "choices": [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], [0, 3]]},
         "build": {"max_batch_size": 4, "max_input_len": 1024, "max_seq_len": 2048},
     },
-    "llama3-8b-eagle-h100": {
-        "name": "llama3-8b-eagle-h100",
+    "vicuna7b-eagle-h100": {
+        "name": "vicuna7b-eagle-h100",
         "target": {"checkpoint": "/models/vicuna-7b-v1.3", "dtype": "float16"},
         "speculation": {"method": "eagle", "head_dir": "/models/EAGLE-Vicuna-7B-v1.3", "num_layers": 4,
                         "max_draft_len": 63, "max_non_leaves_per_layer": 10},
@@ -77,7 +77,7 @@ VARIANTS: dict[str, dict] = {
         target={"checkpoint": "/models/vicuna-7b-v1.3", "dtype": "float16", "tp": 2},
     ),
     "eagle-fp8-trtllm1.2": _variant(
-        "llama3-8b-eagle-h100", "eagle-fp8-trtllm1.2",
+        "vicuna7b-eagle-h100", "eagle-fp8-trtllm1.2",
         target={"checkpoint": "/models/vicuna-7b-v1.3", "dtype": "float16", "quantization": {"format": "fp8", "kv_cache_dtype": "fp8"}},
     ),
     "tiny-dtm-reference": {

@@ -16,6 +16,7 @@ import pytest
 from pipeline.config import load_config, parse_config
 from pipeline.paths import PROJECT_ROOT
 from pipeline.plan import make_plan
+from pipeline.trtllm.layout import ENV_VAR
 
 from test_plan_configs import ALL
 
@@ -46,6 +47,7 @@ def check_golden(name: str, text: str, missing_ok: bool = False) -> None:
 @pytest.mark.parametrize("name", sorted(ALL))
 def test_plan_matches_golden(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(ENV_VAR, raising=False)
     plan = make_plan(parse_config(ALL[name]))
     check_golden(name, normalised(plan, tmp_path))
 
@@ -56,5 +58,6 @@ EXAMPLE_FILES = sorted(CONFIGS_DIR.glob("*.yaml")) if CONFIGS_DIR.is_dir() else 
 @pytest.mark.parametrize("path", EXAMPLE_FILES, ids=[p.stem for p in EXAMPLE_FILES])
 def test_example_config_plan_matches_golden(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(PROJECT_ROOT)
+    monkeypatch.delenv(ENV_VAR, raising=False)
     plan = make_plan(load_config(path))
     check_golden(f"configs--{path.stem}", normalised(plan, PROJECT_ROOT), missing_ok=True)

@@ -1,4 +1,4 @@
-"""Targeted rules of the build plan (trtllm-build.md §3, §5, §11), independent of the goldens:
+"""Targeted rules of the build plan (TensorRT-LLM 1.x examples READMEs, tensorrt_llm/commands/build.py), independent of the goldens:
 flags per mode, the separate baseline, logits only with draft logits, timing caches, version
 paths, and no flag outside a per-version allow-list written here (not imported from the code)."""
 
@@ -13,10 +13,11 @@ from pipeline.cli import run as cli_run
 from pipeline.config import parse_config
 from pipeline.errors import ConfigError
 from pipeline.plan import make_plan
+from pipeline.trtllm.layout import ENV_VAR, resolve_trtllm_root
 
 from test_plan_configs import ALL, EXAMPLES
 
-# trtllm-build flags valid on 0.17 … 0.21 and on 1.0 … 1.2 (trtllm-build.md §5). Kept separate on
+# trtllm-build flags valid on 0.17 … 0.21 and on 1.0 … 1.2 (tensorrt_llm/commands/build.py). Kept separate on
 # purpose: a flag added to the code must be checked against the pinned version and added here.
 ALLOWED_BUILD_FLAGS = {
     "0.x": {
@@ -34,6 +35,7 @@ TRTLLM = sorted(name for name, cfg in ALL.items() if cfg.get("backend", "trtllm"
 
 def plan_of(cfg: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **kwargs):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(ENV_VAR, raising=False)
     return make_plan(parse_config(cfg), **kwargs)
 
 
@@ -135,9 +137,17 @@ def test_medusa_route(tmp_path, monkeypatch):
     assert flag_value(q, "--num_medusa_heads") == "4" and flag_value(q, "--max_draft_len") == "10"
     s = builds(plan)["speculative"]
     assert flag_value(s, "--speculative_decoding_mode") == "medusa" and flag_value(s, "--max_beam_width") == "1"
-    assert "--gemm_plugin" not in s  # FP8: GEMM plugin off
+    assert flag_value(s, "--gemm_plugin") == "fp8"  # FP8 at max_batch_size 4: the small-batch FP8 GEMM plugin
     assert plan.step("build-speculative").expect.architecture == "MedusaForCausalLM"
     assert set(plan.engines) == {"baseline", "speculative"}
+
+
+@pytest.mark.parametrize("batch,plugin", [(1, "fp8"), (4, "fp8"), (5, None), (64, None)])
+def test_fp8_gemm_plugin_only_at_small_batch(batch, plugin, tmp_path, monkeypatch):
+    cfg = json.loads(json.dumps(EXAMPLES["llama31-8b-baseline-h100"]))
+    cfg["target"]["quantization"] = {"format": "fp8"}
+    cfg["build"]["max_batch_size"] = batch
+    assert flag_value(builds(plan_of(cfg, tmp_path, monkeypatch))["baseline"], "--gemm_plugin") == plugin
 
 
 def test_medusa_converter_spelling_per_version(tmp_path, monkeypatch):
@@ -152,7 +162,7 @@ def test_medusa_converter_spelling_per_version(tmp_path, monkeypatch):
 
 
 def test_eagle_route(tmp_path, monkeypatch):
-    plan = plan_of(EXAMPLES["llama3-8b-eagle-h100"], tmp_path, monkeypatch)
+    plan = plan_of(EXAMPLES["vicuna7b-eagle-h100"], tmp_path, monkeypatch)
     c = plan.step("convert-speculative").argv
     assert c[1].endswith("examples/eagle/convert_checkpoint.py")
     assert flag_value(c, "--eagle_model_dir") == "/models/EAGLE-Vicuna-7B-v1.3"
@@ -172,7 +182,7 @@ def test_quantized_eagle_is_fp8_two_step(tmp_path, monkeypatch):
 
 
 def test_quantized_eagle_other_than_fp8_rejected(tmp_path, monkeypatch):
-    cfg = json.loads(json.dumps(EXAMPLES["llama3-8b-eagle-h100"]))
+    cfg = json.loads(json.dumps(EXAMPLES["vicuna7b-eagle-h100"]))
     cfg["target"]["quantization"] = {"format": "int4_awq"}
     with pytest.raises(ConfigError, match="FP8 only"):
         plan_of(cfg, tmp_path, monkeypatch)
@@ -180,12 +190,12 @@ def test_quantized_eagle_other_than_fp8_rejected(tmp_path, monkeypatch):
 
 def test_converter_path_follows_version(tmp_path, monkeypatch):
     old = plan_of(ALL["dtm-bf16-trtllm0.18"], tmp_path, monkeypatch)
-    assert old.step("convert-target").argv[1] == "/app/tensorrt_llm/examples/llama/convert_checkpoint.py"
+    assert old.step("convert-target").argv[1] == "/app/examples/llama/convert_checkpoint.py"
     assert flag_value(old.step("convert-target").argv, "--tp_size") == "2"
     for version in ("0.19.0", "1.2.1"):
         cfg = dict(ALL["dtm-bf16-trtllm0.18"], trtllm_version=version)
         new = plan_of(cfg, tmp_path, monkeypatch)
-        assert new.step("convert-target").argv[1] == "/app/tensorrt_llm/examples/models/core/llama/convert_checkpoint.py"
+        assert new.step("convert-target").argv[1] == "/app/examples/models/core/llama/convert_checkpoint.py"
 
 
 @pytest.mark.parametrize("version", ["0.16.0", "1.3.0", "2.0"])
@@ -197,6 +207,75 @@ def test_unsupported_trtllm_versions_rejected(version, tmp_path, monkeypatch):
 def test_trtllm_root_option(tmp_path, monkeypatch):
     plan = plan_of(EXAMPLES["llama31-8b-baseline-h100"], tmp_path, monkeypatch, trtllm_root="/opt/trtllm")
     assert plan.step("convert-target").argv[1] == "/opt/trtllm/examples/models/core/llama/convert_checkpoint.py"
+
+
+def test_trtllm_root_precedence_and_image_detection(tmp_path):
+    image = tmp_path / "container"
+    assert resolve_trtllm_root(environ={}, prefix=image) == resolve_trtllm_root(environ={}, prefix=image)
+    assert resolve_trtllm_root(environ={}, prefix=image).source == "default"  # no examples/: still /app, reported
+    (image / "app" / "examples").mkdir(parents=True)
+    found = resolve_trtllm_root(environ={}, prefix=image)
+    assert (found.path, found.source) == (str(image / "app"), "ngc-image")
+    env = {ENV_VAR: "/opt/TensorRT-LLM"}
+    assert resolve_trtllm_root(environ=env, prefix=image).path == "/opt/TensorRT-LLM"
+    assert resolve_trtllm_root(configured="/cfg", environ=env, prefix=image).path == "/cfg"
+    assert resolve_trtllm_root(cli="/cli", configured="/cfg", environ=env, prefix=image).source == "cli"
+
+
+def test_env_var_sets_the_examples_root(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(ENV_VAR, "/opt/TensorRT-LLM")
+    plan = make_plan(parse_config(EXAMPLES["llama31-8b-baseline-h100"]))
+    assert plan.step("convert-target").argv[1] == "/opt/TensorRT-LLM/examples/models/core/llama/convert_checkpoint.py"
+    assert plan.trtllm_root.source == "env"
+    configured = make_plan(parse_config(dict(EXAMPLES["llama31-8b-baseline-h100"], trtllm_root="/cfg")))
+    assert configured.step("convert-target").argv[1].startswith("/cfg/examples/")
+
+
+def _eagle_head(directory: Path, layers) -> str:
+    directory.mkdir(parents=True)
+    if layers is not None:
+        (directory / "config.json").write_text(json.dumps({"num_hidden_layers": layers, "hidden_size": 4096}))
+    return str(directory)
+
+
+@pytest.mark.parametrize("head_layers,expected", [(1, "1"), (2, "2"), (None, "1")])
+def test_fp8_eagle_quantize_gets_the_heads_layer_count_not_the_tree_depth(head_layers, expected, tmp_path, monkeypatch):
+    cfg = json.loads(json.dumps(ALL["eagle-fp8-trtllm1.2"]))
+    cfg["speculation"]["head_dir"] = _eagle_head(tmp_path / "head", head_layers)
+    plan = plan_of(cfg, tmp_path, monkeypatch)
+    q, c = plan.step("quantize-speculative").argv, plan.step("convert-speculative").argv
+    assert flag_value(q, "--eagle_num_layers") == expected  # the checkpoint's decoder layers
+    assert flag_value(c, "--num_eagle_layers") == "4"  # the tree depth
+    assert flag_value(q, "--calib_dataset") == "cnn_dailymail"
+
+
+def test_draft_target_engines_take_the_whole_context_as_input(tmp_path, monkeypatch):
+    plan = plan_of(EXAMPLES["llama31-8b-draft1b-fp8-h100"], tmp_path, monkeypatch)
+    for role, argv in builds(plan).items():
+        assert flag_value(argv, "--max_input_len") == "4095", role  # max_seq_len 4096 − 1
+        assert plan.step(f"build-{role}").expect.max_input_len == 4095
+    medusa = builds(plan_of(EXAMPLES["vicuna7b-medusa-fp8-h100"], tmp_path, monkeypatch))
+    assert {flag_value(a, "--max_input_len") for a in medusa.values()} == {"1024"}
+
+
+@pytest.mark.parametrize("reuse,paged", [(False, "disable"), (True, "enable")])
+def test_paged_context_fmha_flag_follows_what_the_builder_keeps(reuse, paged, tmp_path, monkeypatch):
+    cfg = {"name": "int8kv", "hardware": "a100-80gb", "target": {"checkpoint": "/models/Llama-3.1-8B-Instruct",
+           "quantization": {"format": "int8_sq", "kv_cache_dtype": "int8"}}, "triton": {"enable_kv_cache_reuse": reuse}}
+    argv = plan_of(cfg, tmp_path, monkeypatch).step("build-baseline").argv
+    assert flag_value(argv, "--use_paged_context_fmha") == paged  # enable + reuse: validate refuses it
+
+
+def test_checkpoint_steps_carry_what_trtllm_build_will_read(tmp_path, monkeypatch):
+    plan = plan_of(EXAMPLES["llama31-70b-draft8b-int4awq-tp4-a100"], tmp_path, monkeypatch)
+    target, draft = plan.step("quantize-target").expect_checkpoint, plan.step("quantize-draft").expect_checkpoint
+    assert (target.quant_algo, target.kv_cache_quant_algo, target.tp) == ("W4A16_AWQ", None, 4)
+    assert (draft.quant_algo, draft.tp) == ("W4A16_AWQ", 1)
+    eagle = plan_of(ALL["eagle-fp8-trtllm1.2"], tmp_path, monkeypatch)
+    assert eagle.step("quantize-speculative").expect_checkpoint is None  # a ModelOpt HF export, not a TRT-LLM checkpoint
+    final = eagle.step("convert-speculative").expect_checkpoint
+    assert (final.architecture, final.quant_algo, final.kv_cache_quant_algo) == ("EagleForCausalLM", "FP8", "FP8")
 
 
 def test_plan_is_a_dry_run(tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,21 @@ from pipeline.model_shapes import known_shape
 from pipeline.preflight import errors_of, run_preflight
 from pipeline.tokenizer_compat import compare_tokenizers
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.gpu_sim under plain `pytest`
+from tests.gpu_sim.container import make_container  # noqa: E402
+
 TARGET_8B = "/models/Meta-Llama-3.1-8B-Instruct"
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory):
+    return make_container(tmp_path_factory.mktemp("image"))
+
+
+@pytest.fixture(autouse=True)
+def in_image(image, monkeypatch):
+    """Online checks look for the TensorRT-LLM scripts: run them as on the NGC image."""
+    monkeypatch.setenv("SPECDEPLOY_TRTLLM_ROOT", str(image.app))
 DRAFT_1B = "/models/Llama-3.2-1B-Instruct"
 
 
@@ -76,9 +91,12 @@ MATRIX = [
     ("h100-sxm-80gb", "int4_awq", "fp8", "draft_target", {"kv-dtype"}, set()),
     ("h100-sxm-80gb", "fp8", "int8", "draft_target", {"kv-dtype"}, set()),
     ("a100-80gb", "none", "fp8", "draft_target", {"kv-dtype"}, set()),
-    ("h100-sxm-80gb", "int4_awq", "fp8", "none", set(), {"kv-dtype"}),
-    ("a100-80gb", "int8_sq", "int8", "none", set(), {"kv-dtype"}),
-    ("h100-sxm-80gb", "none", "int8", "eagle", set(), {"kv-dtype"}),
+    # the builder drops paged context FMHA for these KV dtypes; KV reuse (on by default) and EAGLE need it
+    ("h100-sxm-80gb", "int4_awq", "fp8", "none", {"kv-dtype"}, set()),
+    ("a100-80gb", "int8_sq", "int8", "none", {"kv-dtype"}, set()),
+    ("h100-sxm-80gb", "none", "int8", "eagle", {"kv-dtype"}, set()),
+    ("h100-sxm-80gb", "int4_awq", "fp8", "eagle", {"kv-dtype", "method"}, set()),
+    ("a100-80gb", "none", "fp8", "medusa", {"kv-dtype"}, set()),
     ("h100-sxm-80gb", "fp8", "fp8", "eagle", set(), set()),
     ("h100-sxm-80gb", "int4_awq", "auto", "eagle", {"method"}, set()),
     ("h100-sxm-80gb", "none", "fp32", "none", {"kv-dtype"}, set()),
@@ -107,10 +125,20 @@ def test_nvfp4_fix_names_blackwell():
     assert "Blackwell" in finding.fix
 
 
-def test_kv_reuse_warning_names_the_setting():
+def test_kv_reuse_error_names_the_setting():
     findings = run_preflight(gpu_config("h100-sxm-80gb", "int4_awq", "fp8"), offline=True)
-    (warning,) = [f for f in findings if f.check == "kv-dtype"]
-    assert "enable_kv_cache_reuse" in warning.message and "use_paged_context_fmha" in warning.message
+    (error,) = [f for f in findings if f.check == "kv-dtype"]
+    assert error.severity == "error"
+    assert "enable_kv_cache_reuse" in error.message and "use_paged_context_fmha" in error.message
+    assert "enable_kv_cache_reuse: false" in error.fix
+
+
+@pytest.mark.parametrize("method", ["none", "medusa"])
+def test_lost_paged_fmha_without_kv_reuse_is_a_note_and_the_plan_disables_it(method):
+    cfg = gpu_config("a100-80gb", "int8_sq", "int8", method, triton__enable_kv_cache_reuse=False)
+    findings = run_preflight(cfg, offline=True)
+    (note,) = [f for f in findings if f.check == "kv-dtype"]
+    assert note.severity == "info" and "--use_paged_context_fmha disable" in note.message
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,7 +201,8 @@ def test_int8_draft_weights_warn_where_they_do_nothing(method, dtype, warned):
 def test_offline_says_what_it_skipped():
     findings = run_preflight(gpu_config(method="draft_target"), offline=True)
     notes = [f.message for f in findings if f.check == "offline"]
-    assert notes and "target, draft" in notes[0]
+    assert any("target, draft" in note for note in notes)
+    assert any("example scripts not looked for" in note for note in notes)
 
 
 def test_unknown_model_offline_skips_memory_with_a_note():
@@ -295,11 +324,33 @@ def test_missing_files_are_reported(tmp_path):
     target = write_checkpoint(tmp_path / "target", tokenizer=False)
     draft = write_checkpoint(tmp_path / "draft")
     (draft / "model.safetensors").unlink()
-    (draft / "pytorch_model.bin").write_bytes(b"\0")
     errors = errors_of(run_preflight(dt_config(target, draft), offline=False))
     lines = [f.line() for f in errors]
-    assert any("target: tokenizer.json missing" in line for line in lines), lines
-    assert any("draft: *.safetensors missing" in line and "safetensors only" in line for line in lines), lines
+    assert any("target: tokenizer.json or tokenizer.model missing" in line for line in lines), lines
+    assert any("draft: *.safetensors or pytorch_model*.bin missing" in line for line in lines), lines
+
+
+def test_trtllm_routes_accept_bin_weights_the_cpu_engine_does_not(tmp_path):
+    target = write_checkpoint(tmp_path / "target")
+    draft = write_checkpoint(tmp_path / "draft")
+    (draft / "model.safetensors").unlink()
+    (draft / "pytorch_model.bin").write_bytes(b"\0")
+    assert errors_of(run_preflight(dt_config(target, draft), offline=False)) == []
+    cpu = dt_config(target, draft, backend="reference", hardware="cpu")
+    lines = [f.line() for f in errors_of(run_preflight(cpu, offline=False)) if f.check == "files"]
+    assert lines == [f"speculation.draft.checkpoint: draft: *.safetensors missing in {draft} (fix: the CPU reference "
+                     "engine loads safetensors only: convert the .bin/.pt weights to safetensors (or build with "
+                     "backend trtllm, which reads them))"]
+
+
+def test_shard_index_names_missing_shards(tmp_path):
+    target = write_checkpoint(tmp_path / "target")
+    draft = write_checkpoint(tmp_path / "draft")
+    (draft / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"a": "model.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    errors = errors_of(run_preflight(dt_config(target, draft), offline=False))
+    assert [f.message for f in errors] == [
+        "draft: model.safetensors.index.json names shards that are missing: model-00002-of-00002.safetensors"]
 
 
 def test_missing_directory(tmp_path):
@@ -464,3 +515,138 @@ def test_text_report_shows_findings_and_memory_table(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "Preflight findings" in out and "Memory per GPU" in out and "FAILED: 1 error(s)" in out
     assert exc_info.value.problems[0].startswith("target.quantization.format: weight format fp8")
+
+
+# ---------------------------------------------------------------------------------------------
+# the formats the shipped GPU examples' checkpoints really ship (tests/gpu_sim/checkpoints.py)
+
+from tests.gpu_sim import checkpoints as shipped  # noqa: E402
+
+
+def _vicuna(tmp_path: Path) -> Path:
+    return shipped.write_model(tmp_path / "vicuna-7b-v1.3", shipped.VICUNA_7B, weights="bin", tokenizer="spm")
+
+
+def _medusa_cfg(target: Path, heads: Path, num_heads: int = 4, **target_extra) -> object:
+    return parse_config({"name": "m", "target": {"checkpoint": str(target), "dtype": "float16", **target_extra},
+                         "speculation": {"method": "medusa", "heads_dir": str(heads), "num_heads": num_heads},
+                         "build": {"max_batch_size": 4, "max_input_len": 1024, "max_seq_len": 2048},
+                         "loadtest": {"sampling": {"top_k": 1}}})
+
+
+def test_vicuna_bin_spm_and_fasterdecoding_pt_heads_pass(tmp_path):
+    heads = shipped.write_medusa_heads(tmp_path / "medusa-vicuna-7b-v1.3")  # config says 2 heads, file holds 5
+    findings = run_preflight(_medusa_cfg(_vicuna(tmp_path), heads), offline=False)
+    assert errors_of(findings) == [], [f.line() for f in errors_of(findings)]
+    (note,) = [f for f in findings if f.check == "heads"]
+    assert note.severity == "info" and "medusa_num_heads 2" in note.message and "holds 5" in note.message
+
+
+def test_medusa_heads_are_counted_in_the_pt_file(tmp_path):
+    heads = shipped.write_medusa_heads(tmp_path / "heads", heads=5)
+    errors = errors_of(run_preflight(_medusa_cfg(_vicuna(tmp_path), heads, num_heads=6), offline=False))
+    assert [(f.field, f.message) for f in errors] == [
+        ("speculation.num_heads", "num_heads 6 but medusa_lm_head.pt holds 5 heads (missing 5.1.weight)")]
+
+
+def test_medusa_head_shapes_come_from_the_weights_when_config_lacks_them(tmp_path):
+    heads = shipped.write_medusa_heads(tmp_path / "heads", hidden=5120)
+    errors = errors_of(run_preflight(_medusa_cfg(_vicuna(tmp_path), heads), offline=False))
+    assert [f.message for f in errors] == ["medusa heads hidden_size 5120 does not match the target's 4096"]
+
+
+def _eagle_cfg(target: Path, head: Path, fmt: str = "none") -> object:
+    return parse_config({"name": "e", "target": {"checkpoint": str(target), "dtype": "float16",
+                                                  "quantization": {"format": fmt, "kv_cache_dtype": "auto"}},
+                         "speculation": {"method": "eagle", "head_dir": str(head), "num_layers": 4,
+                                         "max_non_leaves_per_layer": 4},
+                         "build": {"max_batch_size": 4, "max_input_len": 1024, "max_seq_len": 2048}})
+
+
+@pytest.mark.parametrize("fmt", ["none", "fp8"])
+def test_eagle_vicuna_head_as_shipped_passes_both_routes(fmt, tmp_path):
+    head = shipped.write_eagle_head(tmp_path / "EAGLE-Vicuna-7B-v1.3")
+    findings = run_preflight(_eagle_cfg(_vicuna(tmp_path), head, fmt), offline=False)
+    assert errors_of(findings) == [], [f.line() for f in errors_of(findings)]
+
+
+def test_missing_fc_bias_fails_the_convert_route_only(tmp_path):
+    head = shipped.write_eagle_head(tmp_path / "EAGLE-LLaMA3-Instruct-8B", fc_bias=False)
+    target = _vicuna(tmp_path)
+    (error,) = errors_of(run_preflight(_eagle_cfg(target, head, "none"), offline=False))
+    assert "fc.bias" in error.message and "#2588" in error.message
+    findings = run_preflight(_eagle_cfg(target, head, "fp8"), offline=False)
+    assert errors_of(findings) == []
+    assert any(f.severity == "info" and "uses zeros" in f.message for f in findings)
+
+
+def test_fp8_eagle_route_needs_pytorch_model_bin(tmp_path):
+    head = shipped.write_eagle_head(tmp_path / "head", weights="safetensors")
+    target = _vicuna(tmp_path)
+    assert errors_of(run_preflight(_eagle_cfg(target, head, "none"), offline=False)) == []  # the converter reads it
+    (error,) = errors_of(run_preflight(_eagle_cfg(target, head, "fp8"), offline=False))
+    assert error.message.startswith("EAGLE head: pytorch_model.bin missing") and "quantize.py" in error.message
+
+
+def test_fp8_eagle_route_checks_the_heads_layers(tmp_path):
+    head = shipped.write_eagle_head(tmp_path / "head", layers=1)
+    (head / "config.json").write_text(json.dumps({**shipped.EAGLE_VICUNA_7B, "num_hidden_layers": 2}))
+    (error,) = errors_of(run_preflight(_eagle_cfg(_vicuna(tmp_path), head, "fp8"), offline=False))
+    assert "lacks layers [1]" in error.message and "--eagle_num_layers 2" in error.message
+
+
+def test_sentencepiece_tokenizers_compared(tmp_path):
+    target = shipped.write_model(tmp_path / "target", shipped.VICUNA_7B, weights="bin", tokenizer="spm")
+    draft = shipped.write_model(tmp_path / "draft", shipped.VICUNA_7B, weights="bin", tokenizer="spm")
+    assert compare_tokenizers(target, draft) == []
+    from transformers.utils import sentencepiece_model_pb2_new as spm_pb2
+
+    model = spm_pb2.ModelProto()
+    model.ParseFromString((draft / "tokenizer.model").read_bytes())
+    model.pieces[4].piece = "▁z"
+    (draft / "tokenizer.model").write_bytes(model.SerializeToString())
+    assert compare_tokenizers(target, draft)[0].endswith("id 4: target '▁a' vs draft '▁z'")
+
+
+# ---------------------------------------------------------------------------------------------
+# TensorRT-LLM scripts and draft-target lengths
+
+
+def test_missing_scripts_are_named_with_the_fix(tmp_path, monkeypatch):
+    from tests.gpu_sim.container import make_container as make
+
+    box = make(tmp_path / "old-image", omit=("eagle/convert_checkpoint.py",))
+    monkeypatch.setenv("SPECDEPLOY_TRTLLM_ROOT", str(box.app))
+    head = shipped.write_eagle_head(tmp_path / "head")
+    errors = errors_of(run_preflight(_eagle_cfg(_vicuna(tmp_path), head), offline=False))
+    (error,) = errors
+    assert error.field == "trtllm_root" and error.check == "scripts"
+    assert error.message.startswith(f"{box.examples}/eagle/convert_checkpoint.py (step convert-speculative) does not exist")
+    assert "(from env)" in error.message
+    assert error.fix.startswith("git clone --branch v1.2.1 https://github.com/NVIDIA/TensorRT-LLM && "
+                                "pip install -r TensorRT-LLM/examples/eagle/requirements.txt")
+    assert errors_of(run_preflight(_eagle_cfg(_vicuna(tmp_path), head), offline=True)) == []  # offline: not looked for
+
+
+def test_cli_trtllm_root_reaches_the_script_check(tmp_path, monkeypatch, capsys):
+    import yaml
+
+    from pipeline.cli import run
+    from pipeline.errors import PreflightError
+
+    head = shipped.write_eagle_head(tmp_path / "head")
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(_eagle_cfg(_vicuna(tmp_path), head).model_dump(mode="json")))
+    assert run(["validate", str(path)]) == 0
+    with pytest.raises(PreflightError) as exc_info:
+        run(["validate", str(path), "--trtllm-root", str(tmp_path / "nowhere")])
+    assert all(p.startswith(f"trtllm_root: {tmp_path}/nowhere/examples/") for p in exc_info.value.problems)
+    assert len(exc_info.value.problems) == 2  # convert-target + convert-speculative
+
+
+def test_draft_target_needs_a_step_that_holds_the_whole_context():
+    findings = run_preflight(gpu_config(method="draft_target", build__max_num_tokens=1024), offline=True)
+    (error,) = [f for f in errors_of(findings) if f.field == "build.max_num_tokens"]
+    assert "(2047 = max_seq_len − 1)" in error.message and error.fix == "raise build.max_num_tokens to ≥ 2047"
+    notes = [f.message for f in findings if f.severity == "info" and f.field == "build.max_input_len"]
+    assert notes and "max_input_len 2047" in notes[0]
