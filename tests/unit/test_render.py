@@ -30,7 +30,7 @@ from pipeline.render import (
 GOLDEN = Path(__file__).parent / "golden" / "render"
 METHODS = {
     "none": {"method": "none"},
-    "draft_target": {"method": "draft_target", "draft": {"checkpoint": "/models/draft"}, "num_draft_tokens": 4},
+    "draft_target": {"method": "draft_target", "draft": {"checkpoint": "/models/Llama-3.2-1B-Instruct"}, "num_draft_tokens": 4},
     "medusa": {"method": "medusa", "heads_dir": "/models/medusa", "num_heads": 3},
     "eagle": {"method": "eagle", "head_dir": "/models/eagle", "num_layers": 2, "choices": [[0], [1], [0, 0]]},
 }
@@ -40,7 +40,8 @@ CASES = [(backend, method) for backend in ("reference", "trtllm") for method in 
 def make_cfg(backend: str, method: str, **triton):
     data = {
         "name": f"golden-{backend}-{method.replace('_', '-')}", "backend": backend,
-        "target": {"checkpoint": "/models/target"}, "speculation": METHODS[method],
+        # known example models: the GPU placement sizes the equal KV capacity from their shapes
+        "target": {"checkpoint": "/models/Meta-Llama-3.1-8B-Instruct"}, "speculation": METHODS[method],
         "build": {"max_batch_size": 4, "max_input_len": 128, "max_seq_len": 256},
         "triton": triton,
     }
@@ -83,9 +84,12 @@ def test_render_matches_golden(tmp_path, monkeypatch, backend, method):
             if config.backend == "python":
                 source = (model_dir / "1" / "model.py").read_text()
                 compile(source, str(model_dir / "1" / "model.py"), "exec")
-                assert f"_PROJECT_ROOT = {json.dumps(str(PROJECT_ROOT))}" in source  # stub ignores PYTHONPATH
+                module = source.split("from pipeline.triton_models.", 1)[1].split(" ", 1)[0]
+                assert (model_dir / "1" / "_specdeploy" / "pipeline" / "triton_models" / f"{module}.py").is_file()
             else:
                 assert not (model_dir / "1" / "model.py").exists()  # C++ tensorrtllm backend
+        for path in repo.rglob("*.py"):  # nothing ties the repository to this checkout
+            assert str(PROJECT_ROOT) not in path.read_text(), path
         golden_dir = GOLDEN / f"{backend}-{method}" / variant
         actual = repo_files(repo)
         if os.environ.get("UPDATE_GOLDEN") == "1":
@@ -237,8 +241,7 @@ def test_validator_name_version_and_duplicate_output(tmp_path, monkeypatch):
     block = block[: block.index("  }") + 3]
     _edit(ensemble, block, block + ",\n" + block)  # upstream's duplicate declaration
     assert any("declared more than once" in w for w in validate_repository(repo))
-    (repo / "postprocessing" / "1" / "model.py").unlink()
-    (repo / "postprocessing" / "1").rmdir()
+    shutil.rmtree(repo / "postprocessing" / "1")
     _edit(repo / "preprocessing" / "config.pbtxt", 'name: "preprocessing"', 'name: "preproc"')
     with pytest.raises(RenderError) as info:
         validate_repository(repo)
