@@ -152,7 +152,7 @@ def host_gpus(cfg: DeploymentConfig, detected: list[GpuInfo] | None) -> tuple[tu
     if detected:
         return tuple(g.index for g in detected), "nvidia-smi"
     arms = ARMS if cfg.method != "none" else ("baseline",)
-    return tuple(range(max(arm_gpu_need(cfg, a) for a in arms))), "the fewest the deployment needs (no nvidia-smi)"
+    return tuple(range(max(arm_gpu_need(cfg, a) for a in arms))), "no nvidia-smi: the fewest the deployment needs"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -269,12 +269,12 @@ def _equal_tokens(scopes: list[list[_Slot]], fraction: float, device_gib: float,
 
 
 def _fractions(scopes: list[list[_Slot]], fraction: float, device_gib: float, tokens: int | None) -> dict:
-    """Each model's KV fraction: what it needs at ``tokens``, scaled so the models of the fullest
-    GPU add up to ``fraction``; without shapes (or a token cap), an even split of ``fraction``."""
-    result = _needed_fractions(scopes, tokens, device_gib) if tokens and all(
-        s.memory for scope in scopes for s in scope) else None
+    """Each model's KV fraction: what it needs at ``tokens``, scaled so that the models of the
+    fullest GPU of its scope add up to ``fraction``; without shapes (or a token cap), an even split."""
     out = {}
     for scope in scopes:
+        known = tokens and all(s.memory for s in scope)
+        result = _needed_fractions([scope], tokens, device_gib) if known else None
         groups = _by_gpu(scope)
         for slot in scope:
             key = (slot.arm, slot.model_name)
@@ -358,11 +358,13 @@ def _choose(cfg: DeploymentConfig, profile: HardwareProfile, shapes, arms, gpus)
             failures.append(f"{strategy}: {outcome}")
             continue
         outcome.strategy = strategy
-        est = outcome.estimate
-        if auto and strategy == "shared" and est is not None and not est.fits:
-            failures.append(f"shared: both arms at full capacity need {est.total_gib:.1f} of {est.device_gib:.1f} GiB")
+        outcome.estimate = _busiest(cfg, profile, outcome)  # titled with the strategy chosen
+        full = _busiest(cfg, profile, _Attempt(strategy, outcome.scopes, None, None))
+        if auto and strategy == "shared" and full is not None and not full.fits:
+            failures.append(f"shared: both arms at full capacity need {full.total_gib:.1f} of {full.device_gib:.1f} GiB")
             continue
-        picked = "triton.arm_placement" if not auto and len(arms) > 1 else "; ".join(failures) or "it fits"
+        picked = f"triton.arm_placement: {strategy}" if not auto and len(arms) > 1 else \
+            "; ".join([*failures, f"{strategy}: fits"])
         return outcome, picked
     raise LayoutError(f"cannot place the {' and '.join(arms)} arm(s) on GPUs {list(gpus)}: " + "; ".join(failures))
 

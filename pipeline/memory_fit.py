@@ -256,17 +256,19 @@ def device_memory_gib(profile: HardwareProfile) -> float:
 
 def gpu_estimate(cfg: DeploymentConfig, profile: HardwareProfile, executors: list[ExecutorMemory],
                  kv_tokens: int | None = None, where: str = "") -> MemoryEstimate:
-    """Memory of one GPU holding ``executors`` (each at full capacity: max batch × its longest
-    sequence). ``kv_pool_gib`` is what the runtime allocates: ``kv_tokens`` per executor when the
-    KV capacity is capped, else the KV fraction of what the weights leave."""
+    """Memory of one GPU holding ``executors``. Without a KV capacity each KV cache is sized for
+    max batch × its longest sequence and ``kv_pool_gib`` is what the KV fraction leaves; with
+    ``kv_tokens`` (the equal capacity of co-resident arms) each KV cache is that many tokens, which
+    is what the runtime allocates. ``kv_gib`` is always what max batch × max sequence would need."""
     device_gib = device_memory_gib(profile)
     est = MemoryEstimate(device_gib=device_gib, device=profile.display_name + (f" · {where}" if where else ""))
     batch = cfg.build.max_batch_size
     for executor in executors:
-        est.rows.extend(executor.rows[:1])
-        kv_rows = executor.kv_rows(executor.full_tokens, f"{batch} × {executor.full_tokens // batch}")
-        est.rows.extend(kv_rows[:1] + executor.rows[1:] + kv_rows[1:])
-        est.kv_gib += sum(r.gib for r in kv_rows)
+        full = executor.kv_rows(executor.full_tokens, f"{batch} × {executor.full_tokens // batch}")
+        kv_rows = full if kv_tokens is None else executor.kv_rows(
+            kv_tokens, f"{kv_tokens} (a full batch: {executor.full_tokens})")
+        est.rows.extend(executor.rows[:1] + kv_rows[:1] + executor.rows[1:] + kv_rows[1:])
+        est.kv_gib += sum(r.gib for r in full)
     est.rows.extend(executor.margin for executor in executors)
     if kv_tokens is not None:
         est.kv_pool_gib = sum(e.kv_per_token_gib * kv_tokens for e in executors)
