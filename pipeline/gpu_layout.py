@@ -45,7 +45,6 @@ from pipeline.model_shapes import ModelShape, known_shape, read_config_json, sha
 
 ARMS = ("baseline", "speculative")
 KV_TOKEN_GRANULE = 128  # a whole number of KV blocks for every tokens_per_block the builder offers
-GIB = 1024**3
 
 
 class LayoutError(SpecdeployError):

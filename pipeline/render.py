@@ -160,16 +160,23 @@ def llm_models(cfg: DeploymentConfig, manifest: dict, variant: str) -> list[LlmS
     return [settings]
 
 
+def _placed(cfg: DeploymentConfig, llm: LlmSettings, placement: ArmPlacement | None) -> tuple[float, int | None, str]:
+    """(KV fraction, KV capacity, gpu_device_ids) of one model: orchestrator mode names each
+    model's GPUs, leader and single mode see only the arm's GPUs (CUDA_VISIBLE_DEVICES)."""
+    model = placement.model(llm.model_name) if placement is not None else None
+    if model is None:
+        return cfg.triton.kv_cache_free_gpu_mem_fraction, cfg.triton.max_tokens_in_paged_kv_cache, ""
+    device_ids = ",".join(str(g) for g in model.gpus) if placement.launch == "orchestrator" else ""
+    return model.kv_cache_free_gpu_mem_fraction, model.max_tokens_in_paged_kv_cache, device_ids
+
+
 def trtllm_parameters(cfg: DeploymentConfig, llm: LlmSettings, manifest: dict,
                       placement: ArmPlacement | None = None) -> dict[str, str]:
     """The ``tensorrt_llm`` model's parameters; ``placement`` (the arm's GPU placement) sets the
     GPUs, the KV fraction and the KV capacity (reference backend: None, the config's values)."""
     t = cfg.triton
     speculative = llm.dtm_member or llm.decoding_mode in ("medusa", "eagle")
-    model = placement.model(llm.model_name) if placement is not None else None
-    kv_fraction = model.kv_cache_free_gpu_mem_fraction if model else t.kv_cache_free_gpu_mem_fraction
-    kv_tokens = model.max_tokens_in_paged_kv_cache if model else t.max_tokens_in_paged_kv_cache
-    orchestrated = model is not None and placement.launch == "orchestrator"
+    kv_fraction, kv_tokens, device_ids = _placed(cfg, llm, placement)
     unset = ""
     return {
         "max_beam_width": "1" if speculative else str(cfg.build.max_beam_width),
@@ -196,9 +203,8 @@ def trtllm_parameters(cfg: DeploymentConfig, llm: LlmSettings, manifest: dict,
         "enable_kv_cache_reuse": _bool(True if llm.dtm_member else t.enable_kv_cache_reuse),
         "normalize_log_probs": "True",
         "enable_chunked_context": _bool(t.enable_chunked_context),
-        # orchestrator mode names each model's GPUs; leader mode sees only the arm's GPUs
-        # (CUDA_VISIBLE_DEVICES). participant_ids only matter with --disable-spawn-processes.
-        "gpu_device_ids": ",".join(str(g) for g in model.gpus) if orchestrated else unset,
+        # participant_ids only matter with --disable-spawn-processes (docs/gpu-serving.md)
+        "gpu_device_ids": device_ids,
         "participant_ids": unset,
         "num_nodes": unset,
         "lora_cache_optimal_adapter_size": unset,

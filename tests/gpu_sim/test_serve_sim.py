@@ -113,6 +113,12 @@ def test_serve_shipped_gpu_config(gpu_host, name, gpus, gpu, strategy, tokens, a
         (ready,) = [r for r in host.records("tritonserver", "ready") if f"--model-repository={repos[arm].resolve()}" in r["argv"]]
         reported[arm] = ready["kv_tokens"]
     assert [r["error"] for r in host.records() if r.get("error")] == []
+    per_gpu: dict[int, float] = {}  # what is resident on each GPU at the same time never over-commits
+    for arm in arms:
+        for model in rendered_placement(cfg, arm)["models"]:
+            for gpu in model["gpus"]:
+                per_gpu[gpu] = per_gpu.get(gpu, 0.0) + model["kv_cache_free_gpu_mem_fraction"]
+    assert max(per_gpu.values()) <= cfg.triton.kv_cache_free_gpu_mem_fraction
     if tokens is not None:  # every model of both arms holds the same number of KV tokens
         assert {t for kv in reported.values() for t in kv.values()} == {tokens // 64 * 64}
 
