@@ -392,7 +392,11 @@ class BuildLimits(_Strict):
 class TritonSettings(_Strict):
     """Triton server and tensorrt_llm model parameters."""
 
-    host: str = _desc("Address the server binds and clients use.", default="127.0.0.1")
+    host: str = _desc(
+        "Address the server binds and clients use. 0.0.0.0 exposes every port (inference, metrics) to "
+        "the network, without authentication: only on a trusted network (docs/gpu-serving.md).",
+        default="127.0.0.1",
+    )
     http_port: Annotated[int, Field(ge=1, le=65535)] = _desc("HTTP port.", default=8000)
     grpc_port: Annotated[int, Field(ge=1, le=65535)] = _desc("gRPC port.", default=8001)
     metrics_port: Annotated[int, Field(ge=1, le=65535)] = _desc("Prometheus metrics port.", default=8002)
@@ -413,7 +417,35 @@ class TritonSettings(_Strict):
         "Instances of the tensorrt_llm_bls model.", default=1
     )
     kv_cache_free_gpu_mem_fraction: Annotated[float, Field(gt=0, le=1)] = _desc(
-        "Fraction of free GPU memory for the KV cache (per model).", default=0.9
+        "Fraction of a GPU's free memory that the KV caches on it may take together; render splits it "
+        "evenly among the TensorRT-LLM models sharing that GPU (both arms, the draft).",
+        default=0.9,
+    )
+    max_tokens_in_paged_kv_cache: Annotated[int, Field(gt=0)] | None = _desc(
+        "KV-cache capacity in tokens of every tensorrt_llm model of both arms (equal capacity); "
+        "unset: sized from the memory estimate so both arms get the same.",
+        default=None,
+    )
+    max_attention_window_size: Annotated[int, Field(gt=0)] | None = _desc(
+        "Tokens each generated token attends to (sliding window when below build.max_seq_len); "
+        "unset: the whole sequence.",
+        default=None,
+    )
+    enable_chunked_context: bool = _desc(
+        "Split long prompts into chunks batched with generation steps (needs paged context FMHA; "
+        "not with EAGLE).",
+        default=False,
+    )
+    gpus: list[Annotated[int, Field(ge=0)]] | None = _desc(
+        "GPU indexes (as nvidia-smi lists them) the deployment may use; unset: every GPU nvidia-smi "
+        "lists when rendering, or the fewest the deployment needs without nvidia-smi.",
+        default=None,
+    )
+    arm_placement: Literal["auto", "split", "shared", "sequential"] = _desc(
+        "How the load test's two arms share the GPUs: split (disjoint GPUs), shared (co-resident, "
+        "equal KV capacity), sequential (one at a time, restarted between runs); auto picks the first "
+        "that fits in that order.",
+        default="auto",
     )
     batching_strategy: Literal["inflight_fused_batching", "inflight_batching", "V1"] = _desc(
         "tensorrt_llm gpt_model_type.", default="inflight_fused_batching"
@@ -441,6 +473,8 @@ class TritonSettings(_Strict):
             if port in seen:
                 problems.append((f"triton.{name}", f"port {port} clashes with triton.{seen[port]}"))
             seen.setdefault(port, name)
+        if self.gpus is not None and (not self.gpus or len(set(self.gpus)) != len(self.gpus)):
+            problems.append(("triton.gpus", f"needs distinct GPU indexes, got {self.gpus}"))
         if problems:
             raise CrossFieldError(problems)
         return self
@@ -713,6 +747,25 @@ class DeploymentConfig(_Strict):
                         f"{missing} are not load-test concurrency levels {self.loadtest.concurrency}",
                     )
                 )
+        if problems:
+            raise CrossFieldError(problems)
+        return self
+
+    @model_validator(mode="after")
+    def _serving_knob_rules(self) -> "DeploymentConfig":
+        """Runtime knobs of the tensorrt_llm model that depend on the engine limits or the method."""
+        t, problems = self.triton, []
+        if t.max_attention_window_size is not None and t.max_attention_window_size > self.build.max_seq_len:
+            problems.append(("triton.max_attention_window_size",
+                             f"{t.max_attention_window_size} exceeds build.max_seq_len ({self.build.max_seq_len})"))
+        if t.max_tokens_in_paged_kv_cache is not None and t.max_tokens_in_paged_kv_cache < self.build.max_seq_len:
+            problems.append(("triton.max_tokens_in_paged_kv_cache",
+                             f"{t.max_tokens_in_paged_kv_cache} tokens cannot hold one sequence of "
+                             f"build.max_seq_len ({self.build.max_seq_len})"))
+        if t.enable_chunked_context and isinstance(self.speculation, EagleSpec):
+            problems.append(("triton.enable_chunked_context",
+                             "EAGLE engines do not support chunked context (upstream's CI turns it off for EAGLE: "
+                             "NVIDIA/TensorRT-LLM triton_backend/ci/L0_backend_trtllm/test.sh)"))
         if problems:
             raise CrossFieldError(problems)
         return self

@@ -2,9 +2,10 @@
 
 Reads the config (``loadtest`` and ``gate`` sections), the prompt set (``loadtest.prompts``), the
 build manifest (tokenizer for the optional re-tokenized cross-check) and either starts both arms'
-Triton servers once (``pipeline.serve.serve_deployment``, distinct ports) or uses endpoints the
-user gives. Then, for each repeat × concurrency × arm (arms interleaved A B A B), it runs Locust
-headless **as a subprocess** (gevent never enters this process) and writes into RUN_DIR:
+Triton servers as ``render`` placed them (:class:`ManagedEndpoints`: once, on distinct ports, or
+one at a time with restarts when they cannot share the GPUs) or uses endpoints the user gives.
+Then, for each repeat × concurrency × arm (arms interleaved A B A B), it runs Locust headless
+**as a subprocess** (gevent never enters this process) and writes into RUN_DIR:
 ``run.json`` (provenance), ``runs.json`` (one entry per Locust run: validity, server liveness,
 Prometheus counter deltas, peak server RSS, the exact command), ``raw/<arm>-c<conc>-r<rep>.jsonl``
 (raw per-request records, merged from each Locust process), ``settings/`` (what each Locust run
@@ -155,30 +156,114 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@contextlib.contextmanager
-def managed_endpoints(cfg: DeploymentConfig, arms: tuple[str, ...]) -> Iterator[dict[str, ArmEndpoint]]:
-    """Start each arm's server once, on distinct free ports, for the whole sweep."""
+class ManagedEndpoints:
+    """Both arms' servers for one load test, placed as ``render`` recorded (``pipeline.gpu_layout``):
+    started once and kept up for the whole sweep (split or shared GPUs, the CPU engine), or — when
+    only one arm fits at a time (``sequential``) — one at a time, restarted whenever the next run
+    needs the other arm, on the same ports, so the A B A B interleaving survives. Indexing by arm
+    returns that arm's running endpoint. Every server is stopped on exit."""
+
+    def __init__(self, cfg: DeploymentConfig, arms: tuple[str, ...]):
+        from pipeline.render import rendered_placement  # noqa: PLC0415
+        from pipeline.serve import free_ports  # noqa: PLC0415
+
+        self.cfg, self.arms = cfg, arms
+        self.placements = {arm: rendered_placement(cfg, arm) for arm in arms}
+        self.sequential = any((p or {}).get("strategy") == "sequential" for p in self.placements.values())
+        ports = iter(free_ports(3 * len(arms)))
+        self.ports = {arm: (next(ports), next(ports), next(ports)) for arm in arms}
+        self.starts = {arm: 0 for arm in arms}
+        self.kv_reported: dict[str, dict[str, int] | None] = {}
+        self._servers: dict[str, Any] = {}
+        self._endpoints: dict[str, ArmEndpoint] = {}
+
+    def __enter__(self) -> "ManagedEndpoints":
+        try:
+            for arm in ([] if self.sequential else self.arms):
+                self._start(arm)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __getitem__(self, arm: str) -> ArmEndpoint:
+        if arm not in self._servers:
+            for other in [a for a in self._servers if a != arm]:
+                self._servers.pop(other).stop()
+            self._start(arm)
+        return self._endpoints[arm]
+
+    def close(self) -> None:
+        while self._servers:
+            self._servers.popitem()[1].stop()
+
+    def _start(self, arm: str) -> None:
+        from pipeline.serve import start_deployment  # noqa: PLC0415
+
+        http, grpc, metrics = self.ports[arm]
+        server = start_deployment(self.cfg, arm, http_port=http, grpc_port=grpc, metrics_port=metrics)
+        self._servers[arm] = server
+        self.starts[arm] += 1
+        target = client_target(self.cfg, arm)
+        self._endpoints[arm] = ArmEndpoint(
+            arm=arm, url=server.grpc_url if self.cfg.loadtest.transport == "grpc" else server.http_url,
+            model_name=target.model_name, extra_inputs=target.extra_inputs,
+            metrics_url=server.metrics_url, pid=server.pid,
+            alive=_managed_alive(server, target.model_name, target.extra_inputs),
+            log_tail=getattr(server, "log_tail", None),
+            client_cpus=server.cpu_plan.other_cpus if getattr(server, "cpu_plan", None) else None,
+        )
+        self.kv_reported[arm] = kv_capacity_reported(server.metrics_url)
+
+    def provenance(self) -> dict[str, dict[str, Any]]:
+        """Per arm: where it was served, its GPUs, KV fraction and capacity, and how it was started."""
+        host, out = self.cfg.triton.host, {}
+        for arm in self.arms:
+            http, grpc, metrics = self.ports[arm]
+            target = client_target(self.cfg, arm)
+            out[arm] = {
+                "url": f"{host}:{grpc}" if self.cfg.loadtest.transport == "grpc" else f"http://{host}:{http}",
+                "model": target.model_name, "extra_inputs": target.extra_inputs,
+                "metrics_url": f"http://{host}:{metrics}/metrics", "placement": self.placements[arm],
+                "served": ("one arm at a time, restarted between runs" if self.sequential
+                           else "both arms up for the whole sweep"),
+                "server_starts": self.starts[arm], "kv_cache_tokens_reported": self.kv_reported.get(arm),
+            }
+        return out
+
+
+def managed_endpoints(cfg: DeploymentConfig, arms: tuple[str, ...]) -> ManagedEndpoints:
+    """The arms' servers for the whole sweep (see :class:`ManagedEndpoints`)."""
     try:
-        from pipeline.serve import serve_deployment  # noqa: PLC0415
+        import pipeline.serve  # noqa: F401, PLC0415
     except ImportError as exc:
         raise LoadTestError(f"serving is not available ({exc}); pass --endpoint-baseline/--endpoint-speculative") from None
-    transport = cfg.loadtest.transport
-    with contextlib.ExitStack() as stack:
-        endpoints = {}
-        for arm in arms:
-            server = stack.enter_context(
-                serve_deployment(cfg, arm, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
-            )
-            target = client_target(cfg, arm)
-            endpoints[arm] = ArmEndpoint(
-                arm=arm, url=server.grpc_url if transport == "grpc" else server.http_url,
-                model_name=target.model_name, extra_inputs=target.extra_inputs,
-                metrics_url=server.metrics_url, pid=server.pid,
-                alive=_managed_alive(server, target.model_name, target.extra_inputs),
-                log_tail=getattr(server, "log_tail", None),
-                client_cpus=server.cpu_plan.other_cpus if getattr(server, "cpu_plan", None) else None,
-            )
-        yield endpoints
+    return ManagedEndpoints(cfg, arms)
+
+
+def kv_capacity_reported(metrics_url: str | None, timeout_s: float = 5.0) -> dict[str, int] | None:
+    """KV-cache capacity in tokens per TensorRT-LLM model, from the backend's
+    ``nv_trt_llm_kv_cache_block_metrics`` (max blocks × tokens per block); None when the server
+    exports none (the CPU engine)."""
+    if not metrics_url:
+        return None
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=timeout_s) as resp:  # noqa: S310 - loopback/user URL
+            text = resp.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    found: dict[str, dict[str, float]] = {}
+    pattern = re.compile(r'^nv_trt_llm_kv_cache_block_metrics\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)')
+    for line in text.splitlines():
+        match = pattern.match(line)
+        if match:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', match["labels"]))
+            found.setdefault(labels.get("model", ""), {})[labels.get("kv_cache_block_type", "")] = float(match["value"])
+    tokens = {m: int(v["max"] * v["tokens_per"]) for m, v in found.items() if "max" in v and "tokens_per" in v}
+    return tokens or None
 
 
 def remote_endpoint(cfg: DeploymentConfig, arm: str, url: str, metrics_url: str | None = None) -> ArmEndpoint:
@@ -625,8 +710,7 @@ def run_loadtest(
     else:
         endpoints_cm = managed_endpoints(cfg, arms)
     with endpoints_cm as endpoints:
-        meta["endpoints"] = {a: {"url": e.url, "model": e.model_name, "extra_inputs": e.extra_inputs,
-                                 "metrics_url": e.metrics_url} for a, e in endpoints.items()}
+        meta["endpoints"] = _endpoints_provenance(endpoints)
         _write_json(run_dir / "run.json", meta)
         for spec, result in _iterate(specs, progress, lambda s: execute_run(
                 cfg, s, endpoints[s.arm], run_dir, run_id, prompts, duration_s, warmup_s, tokenizer_dir)):
@@ -635,12 +719,20 @@ def run_loadtest(
             _write_json(run_dir / "runs.json", {"format": "specdeploy-runs/1", "runs": results})
             if not result["server_alive"]:
                 break  # a dead server invalidates the rest; the report can never be GO
+        meta["endpoints"] = _endpoints_provenance(endpoints)  # restarts and reported KV capacity
     _write_json(run_dir / "run.json", meta)
     if report:
         from pipeline.report import make_report  # noqa: PLC0415
 
         make_report(run_dir, cfg)
     return run_dir
+
+
+def _endpoints_provenance(endpoints) -> dict[str, dict[str, Any]]:
+    if isinstance(endpoints, ManagedEndpoints):
+        return endpoints.provenance()
+    return {a: {"url": e.url, "model": e.model_name, "extra_inputs": e.extra_inputs, "metrics_url": e.metrics_url,
+                "placement": None, "served": "by the user (--endpoint-*)"} for a, e in endpoints.items()}
 
 
 def _iterate(specs: list[RunSpec], progress: bool, fn: Callable[[RunSpec], dict]) -> Iterator[tuple[RunSpec, dict]]:

@@ -80,6 +80,15 @@ class MemoryEstimate:
         }
 
 
+def params_text(count: int) -> str:
+    """A parameter count as people say it: 8.03 B, 1.24 B, 350 M, 96.3 K (tiny demo models too)."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if count >= scale:
+            value = count / scale
+            return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
+    return str(count)
+
+
 def weight_bytes_per_param(spec: ModelSpec, backend: str, compute_dtype: str) -> float:
     fmt = spec.quantization.format
     if fmt != "none":
@@ -136,20 +145,137 @@ def _effective_num_tokens(cfg: DeploymentConfig, draft_len: int) -> int:
     return min(tokens, b.max_batch_size * b.max_seq_len)
 
 
-def _heads_rows(cfg: DeploymentConfig, shape: ModelShape, dense: float, tokens: int, compute: str) -> list[MemoryRow]:
+def _heads_rows(cfg: DeploymentConfig, shape: ModelShape, dense: float) -> tuple[list[MemoryRow], list[KvPart]]:
+    """Weights of the speculative engine's own drafting heads, and the KV its EAGLE layer keeps."""
     spec = cfg.speculation
     h, v, tp = shape.hidden_size, shape.vocab_size, cfg.target.tp
     if isinstance(spec, MedusaSpec):
         params = spec.num_heads * (h * h + h + v * h)
-        return [MemoryRow("Medusa heads", params * dense / tp / GIB, f"{spec.num_heads} heads × (H² + V·H)")]
+        return [MemoryRow("Medusa heads", params * dense / tp / GIB, f"{spec.num_heads} heads × (H² + V·H)")], []
     if isinstance(spec, EagleSpec):
         params = 2 * h * h + h + shape.layer_params() + v * h + spec.num_layers * v * h
-        kv = kv_cache_gib(shape, cfg.target, tokens, cfg.backend, compute, layers=1)
-        return [
-            MemoryRow("EAGLE head", params * dense / tp / GIB, f"fc + 1 layer + embed + {spec.num_layers} lm_head copies"),
-            MemoryRow("EAGLE KV cache", kv, f"1 layer × {tokens} tokens"),
-        ]
-    return []
+        per_token = kv_cache_gib(shape, cfg.target, 1, cfg.backend, cfg.reference.compute_dtype, layers=1)
+        row = MemoryRow("EAGLE head", params * dense / tp / GIB, f"fc + 1 layer + embed + {spec.num_layers} lm_head copies")
+        return [row], [KvPart("EAGLE KV cache", per_token, "1 layer × {tokens} tokens")]
+    return [], []
+
+
+@dataclass(frozen=True)
+class KvPart:
+    """One KV cache of an executor: GiB per token on its busiest rank; ``detail`` takes {tokens}."""
+
+    component: str
+    per_token_gib: float
+    detail: str
+
+
+@dataclass
+class ExecutorMemory:
+    """One TensorRT-LLM executor (a ``tensorrt_llm`` model of one arm) on each GPU it spans: what
+    it holds besides the KV cache, the KV it keeps per token, and the tokens it could ever use
+    (max batch × its longest sequence)."""
+
+    arm: str
+    model_name: str
+    rows: list[MemoryRow]
+    kv: list[KvPart]
+    full_tokens: int
+    margin: MemoryRow
+
+    @property
+    def non_kv_gib(self) -> float:
+        return sum(r.gib for r in self.rows) + self.margin.gib
+
+    @property
+    def kv_per_token_gib(self) -> float:
+        return sum(part.per_token_gib for part in self.kv)
+
+    def kv_rows(self, tokens: int, per_sequence: str) -> list[MemoryRow]:
+        return [MemoryRow(p.component, p.per_token_gib * tokens, p.detail.format(tokens=per_sequence)) for p in self.kv]
+
+
+def _weights_row(name: str, shape: ModelShape, spec: ModelSpec, cfg: DeploymentConfig) -> MemoryRow:
+    return MemoryRow(name, model_weights_gib(shape, spec, cfg.backend, cfg.reference.compute_dtype),
+                     f"{params_text(shape.total_params())} params, {spec.quantization.format}, TP{spec.tp}×PP{spec.pp}")
+
+
+def _margin(profile: HardwareProfile, first: bool, name: str) -> MemoryRow:
+    if profile.is_gpu:
+        return MemoryRow(name, RUNTIME_MARGIN_GIB if first else EXTRA_MODEL_MARGIN_GIB,
+                         "CUDA context, workspaces, server" if first else "a further engine in the server")
+    return MemoryRow(name, 0.5 if first else 0.25, "process overhead")
+
+
+def baseline_executor(cfg: DeploymentConfig, profile: HardwareProfile, shape: ModelShape, prefix: str = "") -> ExecutorMemory:
+    """The baseline arm's engine: the target without speculation (``prefix`` names its rows when it
+    shares a GPU with the speculative arm)."""
+    t, b = cfg.target, cfg.build
+    num_tokens = _effective_num_tokens(cfg, 0)
+    acts = MemoryRow(f"{prefix}activations", activations_gib(shape, t, num_tokens, b.max_batch_size, 0),
+                     f"max_num_tokens {num_tokens}")
+    per_token = kv_cache_gib(shape, t, 1, cfg.backend, cfg.reference.compute_dtype)
+    kv_name = f"{prefix}KV cache" if prefix else "target KV cache"
+    return ExecutorMemory(
+        "baseline", "tensorrt_llm", [_weights_row(f"{prefix}weights" if prefix else "target weights", shape, t, cfg), acts],
+        [KvPart(kv_name, per_token, "{tokens} tokens")], b.max_batch_size * b.max_seq_len,
+        _margin(profile, True, f"{prefix}runtime margin" if prefix else "runtime margin"),
+    )
+
+
+def speculative_executors(cfg: DeploymentConfig, profile: HardwareProfile, target_shape: ModelShape,
+                          draft_shape: ModelShape | None) -> list[ExecutorMemory]:
+    """The speculative arm's engines: the target (with its heads) and, for draft-target, the draft."""
+    compute, b, t = cfg.reference.compute_dtype, cfg.build, cfg.target
+    extra_positions, draft_len = _draft_len_overhead(cfg)
+    dense = _DTYPE_BYTES[compute if cfg.backend == "reference" else t.dtype]
+    heads, head_kv = _heads_rows(cfg, target_shape, dense)
+    num_tokens = _effective_num_tokens(cfg, draft_len)
+    acts = MemoryRow("activations", activations_gib(target_shape, t, num_tokens, b.max_batch_size, draft_len),
+                     f"max_num_tokens {num_tokens}")
+    main = ExecutorMemory(
+        "speculative", "tensorrt_llm", [_weights_row("target weights", target_shape, t, cfg), *heads, acts],
+        [KvPart("target KV cache", kv_cache_gib(target_shape, t, 1, cfg.backend, compute), "{tokens} tokens"), *head_kv],
+        b.max_batch_size * (b.max_seq_len + extra_positions), _margin(profile, True, "runtime margin"),
+    )
+    draft = cfg.draft
+    if draft is None or draft_shape is None:
+        return [main]
+    draft_acts = activations_gib(draft_shape, draft, min(b.max_num_tokens, num_tokens), b.max_batch_size, 0)
+    return [main, ExecutorMemory(
+        "speculative", "tensorrt_llm_draft",
+        [_weights_row("draft weights", draft_shape, draft, cfg),
+         MemoryRow("draft activations", draft_acts, f"max_num_tokens {min(b.max_num_tokens, num_tokens)}")],
+        [KvPart("draft KV cache", kv_cache_gib(draft_shape, draft, 1, cfg.backend, compute), "{tokens} tokens")],
+        b.max_batch_size * (b.max_seq_len + draft_len), _margin(profile, False, "draft runtime margin"),
+    )]
+
+
+def device_memory_gib(profile: HardwareProfile) -> float:
+    return profile.memory_gib if profile.memory_gib is not None else host_memory_gib()
+
+
+def gpu_estimate(cfg: DeploymentConfig, profile: HardwareProfile, executors: list[ExecutorMemory],
+                 kv_tokens: int | None = None, where: str = "") -> MemoryEstimate:
+    """Memory of one GPU holding ``executors``. Without a KV capacity each KV cache is sized for
+    max batch × its longest sequence and ``kv_pool_gib`` is what the KV fraction leaves; with
+    ``kv_tokens`` (the equal capacity of co-resident arms) each KV cache is that many tokens, which
+    is what the runtime allocates. ``kv_gib`` is always what max batch × max sequence would need."""
+    device_gib = device_memory_gib(profile)
+    est = MemoryEstimate(device_gib=device_gib, device=profile.display_name + (f" · {where}" if where else ""))
+    batch = cfg.build.max_batch_size
+    for executor in executors:
+        full = executor.kv_rows(executor.full_tokens, f"{batch} × {executor.full_tokens // batch}")
+        kv_rows = full if kv_tokens is None else executor.kv_rows(
+            kv_tokens, f"{kv_tokens} (a full batch: {executor.full_tokens})")
+        est.rows.extend(executor.rows[:1] + kv_rows[:1] + executor.rows[1:] + kv_rows[1:])
+        est.kv_gib += sum(r.gib for r in full)
+    est.rows.extend(executor.margin for executor in executors)
+    if kv_tokens is not None:
+        est.kv_pool_gib = sum(e.kv_per_token_gib * kv_tokens for e in executors)
+    else:
+        non_kv = est.total_gib - est.kv_gib
+        est.kv_pool_gib = max(0.0, cfg.triton.kv_cache_free_gpu_mem_fraction * (device_gib - non_kv))
+    return est
 
 
 def estimate_memory(
@@ -158,52 +284,11 @@ def estimate_memory(
     target_shape: ModelShape,
     draft_shape: ModelShape | None = None,
 ) -> MemoryEstimate:
-    """Per-rank memory estimate for the speculative deployment (the baseline needs less)."""
-    compute = cfg.reference.compute_dtype
-    device_gib = profile.memory_gib if profile.memory_gib is not None else host_memory_gib()
-    est = MemoryEstimate(device_gib=device_gib, device=profile.display_name)
-    extra_positions, draft_len = _draft_len_overhead(cfg)
-    batch = cfg.build.max_batch_size
-    tokens = batch * (cfg.build.max_seq_len + extra_positions)
-    t = cfg.target
-    est.rows.append(
-        MemoryRow(
-            "target weights",
-            model_weights_gib(target_shape, t, cfg.backend, compute),
-            f"{target_shape.total_params() / 1e9:.2f} B params, {t.quantization.format}, TP{t.tp}×PP{t.pp}",
-        )
-    )
-    target_kv = kv_cache_gib(target_shape, t, tokens, cfg.backend, compute)
-    est.rows.append(MemoryRow("target KV cache", target_kv, f"{batch} × {cfg.build.max_seq_len + extra_positions} tokens"))
-    est.kv_gib += target_kv
-    dense = _DTYPE_BYTES[compute if cfg.backend == "reference" else t.dtype]
-    for row in _heads_rows(cfg, target_shape, dense, tokens, compute):
-        est.rows.append(row)
-        if "KV" in row.component:
-            est.kv_gib += row.gib
-    num_tokens = _effective_num_tokens(cfg, draft_len)
-    acts = activations_gib(target_shape, t, num_tokens, batch, draft_len)
-    margin = RUNTIME_MARGIN_GIB if profile.is_gpu else 0.5
-    draft = cfg.draft
-    if draft is not None and draft_shape is not None:
-        est.rows.append(
-            MemoryRow(
-                "draft weights",
-                model_weights_gib(draft_shape, draft, cfg.backend, compute),
-                f"{draft_shape.total_params() / 1e9:.2f} B params, {draft.quantization.format}, TP{draft.tp}",
-            )
-        )
-        draft_tokens = batch * (cfg.build.max_seq_len + draft_len)
-        draft_kv = kv_cache_gib(draft_shape, draft, draft_tokens, cfg.backend, compute)
-        est.rows.append(MemoryRow("draft KV cache", draft_kv, f"{batch} × {cfg.build.max_seq_len + draft_len} tokens"))
-        est.kv_gib += draft_kv
-        acts += activations_gib(draft_shape, draft, min(cfg.build.max_num_tokens, num_tokens), batch, 0)
-        margin += EXTRA_MODEL_MARGIN_GIB if profile.is_gpu else 0.25
-    est.rows.append(MemoryRow("activations", acts, f"max_num_tokens {num_tokens}"))
-    est.rows.append(MemoryRow("runtime margin", margin, "CUDA context, workspaces, server" if profile.is_gpu else "process overhead"))
-    non_kv = est.total_gib - est.kv_gib
-    est.kv_pool_gib = max(0.0, cfg.triton.kv_cache_free_gpu_mem_fraction * (device_gib - non_kv))
-    return est
+    """Per-rank memory of the speculative arm alone on its GPUs (the baseline alone needs less);
+    ``pipeline.gpu_layout`` adds the baseline when both arms share a GPU."""
+    if cfg.method == "none":
+        return gpu_estimate(cfg, profile, [baseline_executor(cfg, profile, target_shape)])
+    return gpu_estimate(cfg, profile, speculative_executors(cfg, profile, target_shape, draft_shape))
 
 
 def host_memory_gib() -> float:

@@ -21,7 +21,8 @@ from typing import Any, Callable
 from pipeline.config import DeploymentConfig, DraftTargetSpec, EagleSpec, MedusaSpec, ModelSpec
 from pipeline.errors import PreflightError, SpecdeployError
 from pipeline.hardware import HardwareProfile, formats_supported_on, get_profile
-from pipeline.memory_fit import MemoryEstimate, estimate_memory
+from pipeline.gpu_layout import validate_estimate
+from pipeline.memory_fit import MemoryEstimate
 from pipeline.model_shapes import ModelShape, known_shape, read_config_json, shape_from_config
 from pipeline.trtllm.commands import KV_CACHE_QUANT_ALGO, paged_context_fmha_survives
 from pipeline.weight_files import UnreadableWeights, hf_weight_files, index_problems, tensor_shapes
@@ -268,10 +269,6 @@ def _check_draft_target(ctx: _Context, spec: DraftTargetSpec) -> None:
                 "hardware")
     if cfg.backend == "trtllm":
         _check_draft_target_lengths(ctx)
-    if cfg.backend == "trtllm" and cfg.triton.kv_cache_free_gpu_mem_fraction > 0.5:
-        ctx.add(WARNING, "memory", "target and draft share the GPU and each takes kv_cache_free_gpu_mem_fraction "
-                f"({cfg.triton.kv_cache_free_gpu_mem_fraction}) of the memory free when it starts, starving the second",
-                "set triton.kv_cache_free_gpu_mem_fraction to about 0.45", "triton.kv_cache_free_gpu_mem_fraction")
 
 
 def _check_draft_target_lengths(ctx: _Context) -> None:
@@ -648,7 +645,13 @@ def _check_memory(ctx: _Context) -> None:
         ctx.add(INFO, "memory-fit", "memory fit not estimated: model shape unknown (no config.json and not a known "
                 "example model)", "run without --offline where the checkpoints are")
         return
-    est = estimate_memory(ctx.cfg, ctx.profile, target, draft)
+    est, layout, problem = validate_estimate(ctx.cfg, ctx.profile, target, draft)
+    if problem:
+        ctx.add(ERROR, "memory-fit", problem, "use more GPUs (triton.gpus), lower build.max_batch_size or "
+                "build.max_seq_len, or quantize", "triton.arm_placement")
+    elif layout is not None and layout.strategy not in ("single-arm", "cpu"):
+        ctx.add(INFO, "memory", f"arms {layout.strategy} on GPUs {list(layout.host_gpus)} ({layout.gpus_source}), "
+                f"KV capacity {layout.kv_tokens} tokens per model: {layout.reason}", "", "triton.arm_placement")
     _report_memory(ctx, est)
 
 

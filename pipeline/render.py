@@ -8,6 +8,12 @@ writes each repository into a temporary sibling directory, validates it (protobu
 dirs, ensemble wiring and dtypes, batch sizes, decoding mode vs engine, draft-target KV reuse,
 decoupled consistency) and only then swaps it in with a rename, so a broken template fails here,
 never in the server. ``client_target`` tells the load tester which model each arm calls.
+
+GPU placement (``pipeline.gpu_layout``): each ``tensorrt_llm`` model gets its ``gpu_device_ids``
+(orchestrator mode), KV fraction and KV capacity from the arm layout, which the stamp
+``<variant>.render.json`` records for ``serve`` and ``loadtest``. Python models get a copy of the
+project code they import under ``1/_specdeploy/`` and import it relative to their own file, so a
+repository works wherever it is mounted (no checkout path is baked in).
 """
 
 from __future__ import annotations
@@ -20,13 +26,14 @@ from pathlib import Path
 
 from pipeline.config import DeploymentConfig, config_hash
 from pipeline.errors import SpecdeployError, StaleInputError
+from pipeline.gpu_layout import ArmLayout, ArmPlacement, LayoutError, deployment_layout
+from pipeline.model_code import copy_model_code
 from pipeline.paths import PROJECT_ROOT, manifest_path, model_repo_dir
 
 TEMPLATES_DIR = PROJECT_ROOT / "model_repo_templates"
 VARIANTS = ("baseline", "speculative")
 MANIFEST_FORMAT = "specdeploy-manifest/1"
 EXECUTOR_WORKER_PATH = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
-DTM_KV_FRACTION_MAX = 0.45  # draft and target share one GPU (contract §4.4)
 
 
 class RenderError(SpecdeployError):
@@ -153,10 +160,23 @@ def llm_models(cfg: DeploymentConfig, manifest: dict, variant: str) -> list[LlmS
     return [settings]
 
 
-def trtllm_parameters(cfg: DeploymentConfig, llm: LlmSettings, manifest: dict) -> dict[str, str]:
+def _placed(cfg: DeploymentConfig, llm: LlmSettings, placement: ArmPlacement | None) -> tuple[float, int | None, str]:
+    """(KV fraction, KV capacity, gpu_device_ids) of one model: orchestrator mode names each
+    model's GPUs, leader and single mode see only the arm's GPUs (CUDA_VISIBLE_DEVICES)."""
+    model = placement.model(llm.model_name) if placement is not None else None
+    if model is None:
+        return cfg.triton.kv_cache_free_gpu_mem_fraction, cfg.triton.max_tokens_in_paged_kv_cache, ""
+    device_ids = ",".join(str(g) for g in model.gpus) if placement.launch == "orchestrator" else ""
+    return model.kv_cache_free_gpu_mem_fraction, model.max_tokens_in_paged_kv_cache, device_ids
+
+
+def trtllm_parameters(cfg: DeploymentConfig, llm: LlmSettings, manifest: dict,
+                      placement: ArmPlacement | None = None) -> dict[str, str]:
+    """The ``tensorrt_llm`` model's parameters; ``placement`` (the arm's GPU placement) sets the
+    GPUs, the KV fraction and the KV capacity (reference backend: None, the config's values)."""
     t = cfg.triton
     speculative = llm.dtm_member or llm.decoding_mode in ("medusa", "eagle")
-    kv_fraction = min(t.kv_cache_free_gpu_mem_fraction, DTM_KV_FRACTION_MAX) if llm.dtm_member else t.kv_cache_free_gpu_mem_fraction
+    kv_fraction, kv_tokens, device_ids = _placed(cfg, llm, placement)
     unset = ""
     return {
         "max_beam_width": "1" if speculative else str(cfg.build.max_beam_width),
@@ -164,8 +184,8 @@ def trtllm_parameters(cfg: DeploymentConfig, llm: LlmSettings, manifest: dict) -
         "gpt_model_type": t.batching_strategy,
         "gpt_model_path": llm.engine_dir,
         "encoder_model_path": unset,
-        "max_tokens_in_paged_kv_cache": unset,
-        "max_attention_window_size": unset,
+        "max_tokens_in_paged_kv_cache": unset if kv_tokens is None else str(kv_tokens),
+        "max_attention_window_size": unset if t.max_attention_window_size is None else str(t.max_attention_window_size),
         "sink_token_length": unset,
         "batch_scheduler_policy": t.batch_scheduler_policy,
         "kv_cache_free_gpu_mem_fraction": str(kv_fraction),
@@ -182,8 +202,9 @@ def trtllm_parameters(cfg: DeploymentConfig, llm: LlmSettings, manifest: dict) -
         "request_stats_max_iterations": unset,
         "enable_kv_cache_reuse": _bool(True if llm.dtm_member else t.enable_kv_cache_reuse),
         "normalize_log_probs": "True",
-        "enable_chunked_context": "False",
-        "gpu_device_ids": unset,
+        "enable_chunked_context": _bool(t.enable_chunked_context),
+        # participant_ids only matter with --disable-spawn-processes (docs/gpu-serving.md)
+        "gpu_device_ids": device_ids,
         "participant_ids": unset,
         "num_nodes": unset,
         "lora_cache_optimal_adapter_size": unset,
@@ -218,7 +239,8 @@ def bls_instance_count(cfg: DeploymentConfig, max_batch: int) -> int:
     return cfg.triton.bls_instance_count
 
 
-def model_contexts(cfg: DeploymentConfig, manifest: dict, variant: str) -> dict[str, tuple[str, dict]]:
+def model_contexts(cfg: DeploymentConfig, manifest: dict, variant: str,
+                   placement: ArmPlacement | None = None) -> dict[str, tuple[str, dict]]:
     """model name → (template directory, render context)."""
     t = cfg.triton
     max_batch = cfg.build.max_batch_size
@@ -254,7 +276,7 @@ def model_contexts(cfg: DeploymentConfig, manifest: dict, variant: str) -> dict[
             "decoupled_mode": "true" if llm.decoupled else "false",
             "encoder_input_features_data_type": "TYPE_FP16",
             "engine_note": f"engine: {llm.engine_dir} ({cfg.backend} backend, {variant} variant)",
-            "trtllm_parameters": trtllm_parameters(cfg, llm, manifest),
+            "trtllm_parameters": trtllm_parameters(cfg, llm, manifest, placement),
         })
     draft = next((llm.model_name for llm in llms if llm.model_name == "tensorrt_llm_draft"), "")
     contexts["tensorrt_llm_bls"] = ("tensorrt_llm_bls", {
@@ -297,7 +319,7 @@ def _render_text(env, templates_dir: Path, template_name: str, context: dict) ->
     import jinja2  # noqa: PLC0415
 
     try:
-        return env.get_template(template_name).render(project_root=str(PROJECT_ROOT), **context)
+        return env.get_template(template_name).render(**context)
     except jinja2.TemplateSyntaxError as exc:
         raise RenderError([f"{templates_dir / template_name}:{exc.lineno}: template syntax error: {exc.message}"]) from None
     except jinja2.UndefinedError as exc:
@@ -328,13 +350,24 @@ def render_model(env, templates_dir: Path, template_dir: str, context: dict, mod
                 target.with_suffix("").write_text(_render_text(env, templates_dir, name, context))
             else:
                 shutil.copy2(item, target)
+        if (version_dir / "model.py").is_file():
+            copy_model_code((version_dir / "model.py").read_text(), version_dir)
+
+
+def arm_layout(cfg: DeploymentConfig) -> ArmLayout:
+    """Where the arms run on this host (``pipeline.gpu_layout``); a RenderError when they cannot."""
+    try:
+        return deployment_layout(cfg)
+    except LayoutError as exc:
+        raise RenderError([f"GPU placement: {exc}"]) from None
 
 
 def render_repository(cfg: DeploymentConfig, manifest: dict, variant: str, dest: Path,
-                      templates_dir: Path = TEMPLATES_DIR) -> list[str]:
+                      templates_dir: Path = TEMPLATES_DIR, layout: ArmLayout | None = None) -> list[str]:
     """Render one variant into ``dest`` (replaced atomically). Returns validator warnings."""
     _check_variant(cfg, variant)
-    contexts = model_contexts(cfg, manifest, variant)
+    layout = layout or arm_layout(cfg)
+    contexts = model_contexts(cfg, manifest, variant, layout.arms[variant])
     env = jinja_environment(templates_dir)
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -343,6 +376,7 @@ def render_repository(cfg: DeploymentConfig, manifest: dict, variant: str, dest:
         for model_name, (template_dir, context) in contexts.items():
             render_model(env, templates_dir, template_dir, context, model_name, tmp)
         warnings = validate_repository(tmp, backend=cfg.backend)
+        _check_runtime_knobs(cfg, tmp)
         _swap_in(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -363,12 +397,13 @@ def _swap_in(new: Path, dest: Path) -> None:
 def render(cfg: DeploymentConfig, templates_dir: Path = TEMPLATES_DIR) -> dict[str, tuple[Path, list[str]]]:
     """Render every variant of the deployment. Returns variant → (repository dir, warnings)."""
     manifest = load_manifest(cfg)
+    layout = arm_layout(cfg)
     out = {}
     for variant in variants_for(cfg):
         dest = model_repo_dir(cfg, variant)
-        out[variant] = (dest, render_repository(cfg, manifest, variant, dest, templates_dir))
+        out[variant] = (dest, render_repository(cfg, manifest, variant, dest, templates_dir, layout))
         stamp = {"config_hash": config_hash(cfg), "variant": variant, "manifest_created": manifest.get("created"),
-                 "client_target": vars(client_target(cfg, variant))}
+                 "client_target": vars(client_target(cfg, variant)), "placement": layout.summary(variant)}
         tmp = render_stamp_path(cfg, variant).with_suffix(".tmp")
         tmp.write_text(json.dumps(stamp, indent=2) + "\n")
         tmp.replace(render_stamp_path(cfg, variant))
@@ -379,6 +414,34 @@ def render_stamp_path(cfg: DeploymentConfig, variant: str) -> Path:
     """``engines/NAME/model_repo/<variant>.render.json``: the config hash a repository was rendered from."""
     repo = model_repo_dir(cfg, variant)
     return repo.with_name(f"{repo.name}.render.json")
+
+
+def rendered_placement(cfg: DeploymentConfig, variant: str) -> dict | None:
+    """The arm placement ``render`` recorded for ``variant`` (None before this was recorded)."""
+    path = render_stamp_path(cfg, variant)
+    try:
+        return json.loads(path.read_text()).get("placement")
+    except (OSError, ValueError):
+        return None
+
+
+def _check_runtime_knobs(cfg: DeploymentConfig, repo: Path) -> None:
+    """Chunked context needs an engine built with paged context FMHA: the runtime silently turns it
+    off otherwise (TensorRT-LLM executor: "Chunked context is not supported for this
+    configuration and will be disabled"), so a deployment asking for it is refused here."""
+    if not cfg.triton.enable_chunked_context or cfg.backend != "trtllm":
+        return
+    problems = []
+    for config_path in sorted(repo.glob("*/config.pbtxt")):
+        engine = Path(_param(parse_config_file(config_path), "gpt_model_path") or "/nonexistent")
+        if not (engine / "config.json").is_file():
+            continue  # engines on another host: the build's own engine check covers the flag
+        plugins = json.loads((engine / "config.json").read_text()).get("build_config", {}).get("plugin_config", {})
+        if str(plugins.get("use_paged_context_fmha", False)).lower() not in ("true", "1", "enable"):
+            problems.append(f"{config_path}: triton.enable_chunked_context needs an engine built with paged "
+                            f"context FMHA, and {engine}/config.json has use_paged_context_fmha off")
+    if problems:
+        raise RenderError(problems)
 
 
 def check_rendered(cfg: DeploymentConfig, variant: str) -> Path:
@@ -517,9 +580,15 @@ def _engine_method(engine_dir: str, backend: str | None) -> str | None:
         return data.get("proposer", {}).get("method", "none") if data.get("role") != "target" else "draft_target"
     config = path / "config.json"
     if config.is_file():
-        data = json.loads(config.read_text())
-        mode = str(data.get("build_config", {}).get("speculative_decoding_mode", "") or "").lower()
-        return {"medusa": "medusa", "eagle": "eagle", "draft_tokens_external": "draft_target"}.get(mode, "none") if mode else None
+        from pipeline.trtllm.engine_config import SPEC_MODE_BITS  # noqa: PLC0415
+
+        # TensorRT-LLM writes the mode as an integer bit flag (SpeculativeDecodingMode); names pass too
+        raw = json.loads(config.read_text()).get("build_config", {}).get("speculative_decoding_mode")
+        if raw in (None, "") or isinstance(raw, bool):
+            return None
+        names = {bit: name for name, bit in SPEC_MODE_BITS.items()}
+        mode = names.get(raw) if isinstance(raw, int) else str(raw).lower().removeprefix("speculativedecodingmode.")
+        return {"medusa": "medusa", "eagle": "eagle", "draft_tokens_external": "draft_target"}.get(mode or "", "none")
     return None
 
 

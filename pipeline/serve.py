@@ -10,9 +10,14 @@ writes the server log to ``engines/NAME/logs/serve-<variant>.log``.
   thread per stub, bound to 127.0.0.1; with ``reference.cpu_pinning`` the server runs on the CPUs
   the engines do not own and each engine's decode thread on its own (:mod:`pipeline.cpu_pinning`;
   the plan is the log's first line).
-- GPU (backend ``trtllm``): ``tritonserver`` on PATH inside the NGC TensorRT-LLM container (one
-  ``mpirun`` rank per GPU when TP×PP > 1); when it is absent the exact ``docker run`` line is
-  shown instead. Engines built by another TensorRT-LLM version are refused.
+- GPU (backend ``trtllm``): ``tritonserver`` on PATH inside the NGC TensorRT-LLM container, launched
+  as the arm placement that ``render`` recorded says (``pipeline.gpu_layout``): one server for one
+  single-GPU model, leader mode (``mpirun``, one server per rank) for one model with TP×PP > 1,
+  orchestrator mode (upstream's ``--multi-model``) for several TensorRT-LLM models in one server
+  (draft-target); the arm's GPUs through ``CUDA_VISIBLE_DEVICES`` or ``gpu_device_ids``. The
+  GPUs ``nvidia-smi`` lists must include the rendered ones. When ``tritonserver`` is absent the
+  exact ``docker run`` line is shown instead, mounting every path the repository references.
+  Engines built by another TensorRT-LLM version are refused.
 
 The server runs in its own session; :meth:`RunningServer.stop` sends SIGTERM to the process group,
 then SIGKILL after the exit timeout (the bundled server sometimes ignores SIGTERM with a decoupled
@@ -40,6 +45,8 @@ from typing import Iterator
 
 from pipeline.config import DeploymentConfig
 from pipeline.cpu_pinning import CpuPlan, allowed_cpus, plan_pinning, spawn_on
+from pipeline.gpu_layout import ArmPlacement, GpuInfo, query_gpus
+from pipeline.hardware import get_profile
 from pipeline.reference.api import ENGINE_PROCESS_ENV
 from pipeline.errors import ServeError
 from pipeline.paths import PROJECT_ROOT, logs_dir
@@ -157,32 +164,97 @@ def cpu_server_argv(server: CpuServer, repo: Path, ports: Ports, host: str = DEF
 # ----------------------------------------------------------------------------------------------
 # GPU launch (pure functions; tested by exact argv)
 
+# Upstream's launcher with --multi-model (tensorrtllm_backend@r25.05 scripts/launch_triton_server.py,
+# __main__ and add_multi_model_config): the backend's orchestrator spawns one worker process per
+# model rank itself, so the MPI world is 1 and the server gives up the CUDA pools those workers
+# would contend for.
+ORCHESTRATOR_ENV = {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"}
+# CUDA numbers devices fastest-first unless told otherwise; nvidia-smi, triton.gpus and
+# gpu_device_ids use the PCI order.
+GPU_ORDER_ENV = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+CONTAINER_PATHS = ("/opt/tritonserver",)  # referenced by the repository, provided by the image
 
-def gpu_server_argv(repo: Path, ports: Ports, world_size: int, host: str = DEFAULT_HOST,
-                    exit_timeout_s: float = 5.0, tritonserver: str = "tritonserver") -> list[str]:
-    """One tritonserver per rank under mpirun (TP×PP > 1), as upstream's launch script does:
-    rank 0 serves every model; other ranks load only tensorrt_llm; each rank gets its own
-    Python-backend shared-memory prefix."""
+
+def orchestrator_flags(gpu_count: int) -> list[str]:
+    return ["--pinned-memory-pool-byte-size=0", "--enable-peer-access=false",
+            *[f"--cuda-memory-pool-byte-size={gpu}:0" for gpu in range(gpu_count)]]
+
+
+def _shm_prefix(rank: int) -> str:
+    return f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"
+
+
+def gpu_server_argv(repo: Path, ports: Ports, launch: str = "single", world_size: int = 1,
+                    host: str = DEFAULT_HOST, exit_timeout_s: float = 5.0, tritonserver: str = "tritonserver",
+                    gpu_count: int = 1) -> list[str]:
+    """The server command of one arm (``ArmPlacement.launch``):
+
+    - ``single``: one tritonserver (one TensorRT-LLM model on one GPU);
+    - ``leader``: one tritonserver per rank under mpirun (one model, TP×PP > 1), as upstream's
+      launcher does: rank 0 serves every model, the other ranks load only ``tensorrt_llm``;
+    - ``orchestrator``: one tritonserver under ``mpirun -n 1`` with upstream's --multi-model flags
+      (several TensorRT-LLM models, e.g. a TP4 target and a TP1 draft); ``gpu_count`` is how many
+      GPUs the host lists (one CUDA pool flag each), the environment comes from :func:`gpu_server_env`.
+    """
     flags = server_flags(repo, ports, host, exit_timeout_s)
-    if world_size <= 1:
+    if launch == "orchestrator":
+        return ["mpirun", "--allow-run-as-root", "-n", "1", tritonserver, *flags,
+                *orchestrator_flags(gpu_count), _shm_prefix(0)]
+    if launch == "single" or world_size <= 1:
         return [tritonserver, *flags]
     argv = ["mpirun", "--allow-run-as-root"]
     for rank in range(world_size):
         if rank:
             argv.append(":")
-        argv += ["-n", "1", tritonserver, *flags, f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
+        argv += ["-n", "1", tritonserver, *flags, _shm_prefix(rank)]
         if rank:
             argv += ["--model-control-mode=explicit", "--load-model=tensorrt_llm"]
     return argv
 
 
-def docker_argv(cfg: DeploymentConfig, server_argv: list[str], project_root: Path = PROJECT_ROOT) -> list[str]:
-    """The container line to run when tritonserver is not installed here."""
-    root = str(project_root.resolve())
+def gpu_server_env(placement: ArmPlacement, base: dict | None = None) -> dict[str, str]:
+    """The environment of one arm's server: its GPUs (leader/single) or the orchestrator switch."""
+    env = dict(os.environ if base is None else base)
+    env.update(GPU_ORDER_ENV)
+    if placement.launch == "orchestrator":
+        env.pop("CUDA_VISIBLE_DEVICES", None)  # gpu_device_ids are nvidia-smi indexes
+        env.update(ORCHESTRATOR_ENV)
+    else:
+        for key in ORCHESTRATOR_ENV:
+            env.pop(key, None)
+        env["CUDA_VISIBLE_DEVICES"] = placement.cuda_visible_devices or ""
+    return env
+
+
+def repository_paths(repo: Path) -> list[Path]:
+    """Every host path the repository's models read: the repository itself and each absolute path
+    in a model parameter (engines, tokenizer and checkpoint dirs), nested ones folded into their
+    parents; paths the container image provides are left out."""
+    from pipeline.render import parse_config_file  # noqa: PLC0415
+
+    found = {Path(repo).resolve()}
+    for config_path in Path(repo).glob("*/config.pbtxt"):
+        for param in parse_config_file(config_path).parameters.values():
+            value = param.string_value
+            if value.startswith("/") and not value.startswith(CONTAINER_PATHS):
+                found.add(Path(value))
+    ordered = sorted(found, key=lambda p: len(p.parts))
+    kept: list[Path] = []
+    for path in ordered:
+        if not any(path == k or k in path.parents for k in kept):
+            kept.append(path)
+    return sorted(kept)
+
+
+def docker_argv(cfg: DeploymentConfig, server_argv: list[str], mounts: list[Path] | tuple = (),
+                env: dict[str, str] | None = None) -> list[str]:
+    """The container line to run when tritonserver is not installed here: every path the
+    repository references mounted read-only at the same path, the arm's environment passed in."""
+    volumes = [arg for path in mounts for arg in ("-v", f"{path}:{path}:ro")]
+    variables = [arg for key, value in sorted((env or {}).items()) for arg in ("-e", f"{key}={value}")]
     return [
         "docker", "run", "--rm", "--gpus", "all", "--net", "host", "--ipc", "host",
-        "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
-        "-v", f"{root}:{root}", "-w", root, "-e", f"PYTHONPATH={root}",
+        "--ulimit", "memlock=-1", "--ulimit", "stack=67108864", *volumes, *variables,
         cfg.triton.container_image, *server_argv,
     ]
 
@@ -389,25 +461,54 @@ def start_server(repo_dir: Path, *, argv: list[str] | None = None, env: dict | N
 # Deployment-level entry points
 
 
-def _deployment_launch(cfg: DeploymentConfig, repo: Path, ports: Ports) -> tuple[list[str] | None, dict | None]:
+def _arm_placement(cfg: DeploymentConfig, variant: str) -> ArmPlacement:
+    from pipeline.render import rendered_placement  # noqa: PLC0415
+
+    data = rendered_placement(cfg, variant)
+    if data is None:
+        raise ServeError(f"the {variant} repository was rendered without a GPU placement: re-run `specdeploy render`")
+    return ArmPlacement.from_dict(data)
+
+
+def check_host_gpus(cfg: DeploymentConfig, placement: ArmPlacement, gpus: list[GpuInfo] | None) -> None:
+    """The GPUs the repository was rendered for exist here, with the memory of the profile."""
+    if gpus is None:
+        return  # no nvidia-smi here: the docker line is printed instead
+    listed = {g.index: g for g in gpus}
+    missing = [g for g in placement.gpus if g not in listed]
+    if missing:
+        raise ServeError(f"the {placement.arm} arm was rendered for GPUs {list(placement.gpus)} but nvidia-smi lists "
+                         f"{sorted(listed)}: set triton.gpus or re-run `specdeploy render` on this host")
+    want = get_profile(cfg.hardware).memory_gib or 0
+    small = [g for g in placement.gpus if listed[g].memory_mib / 1024 < 0.95 * want]
+    if small:
+        raise ServeError(f"hardware: {cfg.hardware} has {want:.0f} GiB per GPU but GPU(s) {small} report "
+                         f"{listed[small[0]].memory_mib / 1024:.0f} GiB: set hardware to this host's GPU")
+
+
+def _deployment_launch(cfg: DeploymentConfig, variant: str, repo: Path, ports: Ports,
+                       host: str) -> tuple[list[str] | None, dict | None]:
     """argv/env for the deployment's backend (None → the CPU server)."""
     if cfg.backend == "reference":
         return None, None
     from pipeline.render import load_manifest  # noqa: PLC0415
 
     check_trtllm_version(load_manifest(cfg), installed_trtllm_version())
-    world = cfg.target.world_size
-    binary = shutil.which("tritonserver")
-    argv = gpu_server_argv(repo.resolve(), ports, world, cfg.triton.host, cfg.triton.exit_timeout_s)
-    if binary is None:
+    placement = _arm_placement(cfg, variant)
+    gpus = query_gpus()
+    check_host_gpus(cfg, placement, gpus)
+    gpu_count = len(gpus) if gpus else max(placement.gpus) + 1
+    argv = gpu_server_argv(repo.resolve(), ports, placement.launch, placement.world_size, host,
+                           cfg.triton.exit_timeout_s, gpu_count=gpu_count)
+    env = gpu_server_env(placement)
+    if shutil.which("tritonserver") is None:
+        changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
         raise ServeError(
             "tritonserver is not installed here; run the deployment inside the TensorRT-LLM container:\n"
-            + shlex.join(docker_argv(cfg, argv))
+            + shlex.join(docker_argv(cfg, argv, repository_paths(repo), changed))
         )
-    if world > 1 and shutil.which("mpirun") is None:
-        raise ServeError(f"TP×PP = {world} needs mpirun, which is not on PATH")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+    if argv[0] == "mpirun" and shutil.which("mpirun") is None:
+        raise ServeError(f"the {placement.launch} launch ({variant}) needs mpirun, which is not on PATH")
     return argv, env
 
 
@@ -418,16 +519,19 @@ def _check_repo(cfg: DeploymentConfig, variant: str) -> Path:
 
 
 def start_deployment(cfg: DeploymentConfig, variant: str, *, http_port: int | None = None,
-                     grpc_port: int | None = None, metrics_port: int | None = None) -> RunningServer:
-    """Start the server for one arm. Ports left as None are picked free on 127.0.0.1."""
+                     grpc_port: int | None = None, metrics_port: int | None = None,
+                     host: str | None = None) -> RunningServer:
+    """Start the server for one arm. Ports left as None are picked free; ``host`` (default
+    ``triton.host``) is the address it binds."""
     repo = _check_repo(cfg, variant)
-    picked = iter(free_ports(3, cfg.triton.host))
+    host = host or cfg.triton.host
+    picked = iter(free_ports(3, host))
     ports = Ports(http_port or next(picked), grpc_port or next(picked), metrics_port or next(picked))
-    argv, env = _deployment_launch(cfg, repo, ports)
+    argv, env = _deployment_launch(cfg, variant, repo, ports, host)
     plan, note = deployment_cpu_plan(cfg, repo)
     return start_server(
         repo, argv=argv, env=env, http_port=ports.http, grpc_port=ports.grpc, metrics_port=ports.metrics,
-        host=cfg.triton.host, log_path=(logs_dir(cfg) / f"serve-{variant}.log").resolve(),
+        host=host, log_path=(logs_dir(cfg) / f"serve-{variant}.log").resolve(),
         exit_timeout_s=cfg.triton.exit_timeout_s, startup_timeout_s=cfg.triton.startup_timeout_s,
         cpu_plan=plan, cpu_note=note,
         engine_process=cfg.reference.engine_process if cfg.backend == "reference" else None,
@@ -461,12 +565,13 @@ def serve_deployment(cfg: DeploymentConfig, variant: str, *, http_port: int | No
 
 
 def serve_foreground(cfg: DeploymentConfig, variant: str, *, http_port: int | None = None,
-                     grpc_port: int | None = None, metrics_port: int | None = None, out=sys.stdout) -> int:
+                     grpc_port: int | None = None, metrics_port: int | None = None, out=sys.stdout,
+                     host: str | None = None) -> int:
     """Run until Ctrl-C / SIGTERM or until the server dies; stop it cleanly either way."""
     server = start_deployment(
         cfg, variant,
         http_port=http_port or cfg.triton.http_port, grpc_port=grpc_port or cfg.triton.grpc_port,
-        metrics_port=metrics_port or cfg.triton.metrics_port,
+        metrics_port=metrics_port or cfg.triton.metrics_port, host=host,
     )
     print(f"serving {cfg.name} ({variant}) pid {server.pid}\n  HTTP    {server.http_url}\n"
           f"  gRPC    {server.grpc_url}\n  metrics {server.metrics_url}\n  log     {server.log_path}\n"

@@ -1,5 +1,6 @@
 """`specdeploy serve CONFIG --variant baseline|speculative`: start tritonserver on a rendered
-repository (gRPC + HTTP + metrics, bound to 127.0.0.1 by default).
+repository (gRPC + HTTP + metrics, bound to ``triton.host``, 127.0.0.1 by default; ``--host 0.0.0.0``
+for a load test from another machine, see docs/gpu-serving.md for what that exposes).
 
 Reads ``engines/NAME/model_repo/<variant>/`` and writes the server log to
 ``engines/NAME/logs/serve-<variant>.log``. With ``--foreground`` it runs until Ctrl-C and stops
@@ -23,12 +24,15 @@ def register(app: typer.Typer) -> None:
         grpc_port: Optional[int] = typer.Option(None, "--grpc-port", help="Default: triton.grpc_port."),
         metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help="Default: triton.metrics_port."),
         foreground: bool = typer.Option(False, "--foreground", help="Run until Ctrl-C, then stop the server."),
+        host: Optional[str] = typer.Option(
+            None, "--host", help="Address to bind (default: triton.host, 127.0.0.1). 0.0.0.0 lets other machines "
+            "reach every port, unauthenticated: only on a trusted network."),
     ) -> int:
-        return serve(config, variant, http_port, grpc_port, metrics_port, foreground)
+        return serve(config, variant, http_port, grpc_port, metrics_port, foreground, host)
 
 
 def serve(config: str, variant: str, http_port: int | None, grpc_port: int | None,
-          metrics_port: int | None, foreground: bool) -> int:
+          metrics_port: int | None, foreground: bool, host: str | None = None) -> int:
     from pipeline.config import load_config  # noqa: PLC0415
     from pipeline.errors import SpecdeployError  # noqa: PLC0415
     from pipeline.paths import logs_dir  # noqa: PLC0415
@@ -39,12 +43,25 @@ def serve(config: str, variant: str, http_port: int | None, grpc_port: int | Non
     cfg = load_config(config)
     ports = dict(http_port=http_port or cfg.triton.http_port, grpc_port=grpc_port or cfg.triton.grpc_port,
                  metrics_port=metrics_port or cfg.triton.metrics_port)
+    if host is not None:
+        _check_host(host)
     if foreground:
-        return serve_foreground(cfg, variant, **ports)
-    server = start_deployment(cfg, variant, **ports)
+        return serve_foreground(cfg, variant, host=host, **ports)
+    server = start_deployment(cfg, variant, host=host, **ports)
     pid_file = logs_dir(cfg) / f"serve-{variant}.pid"
     pid_file.write_text(f"{server.pid}\n")
     print(f"serving {cfg.name} ({variant}) pid {server.pid}\n  HTTP    {server.http_url}\n"
           f"  gRPC    {server.grpc_url}\n  metrics {server.metrics_url}\n  log     {server.log_path}\n"
           f"stop it with: kill -TERM -- -{server.pid}   (pid also in {pid_file})")
     return 0
+
+
+def _check_host(host: str) -> None:
+    import ipaddress  # noqa: PLC0415
+
+    from pipeline.errors import SpecdeployError  # noqa: PLC0415
+
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise SpecdeployError(f"--host: {host!r} is not an IP address (e.g. 127.0.0.1, 0.0.0.0)") from None

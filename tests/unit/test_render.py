@@ -30,17 +30,24 @@ from pipeline.render import (
 GOLDEN = Path(__file__).parent / "golden" / "render"
 METHODS = {
     "none": {"method": "none"},
-    "draft_target": {"method": "draft_target", "draft": {"checkpoint": "/models/draft"}, "num_draft_tokens": 4},
+    "draft_target": {"method": "draft_target", "draft": {"checkpoint": "/models/Llama-3.2-1B-Instruct"}, "num_draft_tokens": 4},
     "medusa": {"method": "medusa", "heads_dir": "/models/medusa", "num_heads": 3},
     "eagle": {"method": "eagle", "head_dir": "/models/eagle", "num_layers": 2, "choices": [[0], [1], [0, 0]]},
 }
 CASES = [(backend, method) for backend in ("reference", "trtllm") for method in METHODS]
 
 
+@pytest.fixture(autouse=True)
+def no_nvidia_smi(monkeypatch):
+    """The goldens hold the placement for a host without nvidia-smi, whatever host runs them."""
+    monkeypatch.setattr("pipeline.gpu_layout.query_gpus", lambda nvidia_smi=None: None)
+
+
 def make_cfg(backend: str, method: str, **triton):
     data = {
         "name": f"golden-{backend}-{method.replace('_', '-')}", "backend": backend,
-        "target": {"checkpoint": "/models/target"}, "speculation": METHODS[method],
+        # known example models: the GPU placement sizes the equal KV capacity from their shapes
+        "target": {"checkpoint": "/models/Meta-Llama-3.1-8B-Instruct"}, "speculation": METHODS[method],
         "build": {"max_batch_size": 4, "max_input_len": 128, "max_seq_len": 256},
         "triton": triton,
     }
@@ -83,9 +90,12 @@ def test_render_matches_golden(tmp_path, monkeypatch, backend, method):
             if config.backend == "python":
                 source = (model_dir / "1" / "model.py").read_text()
                 compile(source, str(model_dir / "1" / "model.py"), "exec")
-                assert f"_PROJECT_ROOT = {json.dumps(str(PROJECT_ROOT))}" in source  # stub ignores PYTHONPATH
+                module = source.split("from pipeline.triton_models.", 1)[1].split(" ", 1)[0]
+                assert (model_dir / "1" / "_specdeploy" / "pipeline" / "triton_models" / f"{module}.py").is_file()
             else:
                 assert not (model_dir / "1" / "model.py").exists()  # C++ tensorrtllm backend
+        for path in repo.rglob("*.py"):  # nothing ties the repository to this checkout
+            assert str(PROJECT_ROOT) not in path.read_text(), path
         golden_dir = GOLDEN / f"{backend}-{method}" / variant
         actual = repo_files(repo)
         if os.environ.get("UPDATE_GOLDEN") == "1":
@@ -237,8 +247,7 @@ def test_validator_name_version_and_duplicate_output(tmp_path, monkeypatch):
     block = block[: block.index("  }") + 3]
     _edit(ensemble, block, block + ",\n" + block)  # upstream's duplicate declaration
     assert any("declared more than once" in w for w in validate_repository(repo))
-    (repo / "postprocessing" / "1" / "model.py").unlink()
-    (repo / "postprocessing" / "1").rmdir()
+    shutil.rmtree(repo / "postprocessing" / "1")
     _edit(repo / "preprocessing" / "config.pbtxt", 'name: "preprocessing"', 'name: "preproc"')
     with pytest.raises(RenderError) as info:
         validate_repository(repo)
@@ -305,3 +314,103 @@ def test_cli_render(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "load tests call tensorrt_llm_bls num_draft_tokens=4" in out
     assert (tmp_path / "engines" / "cli-dt" / "model_repo" / "speculative" / "tensorrt_llm_draft" / "config.pbtxt").is_file()
+
+
+_IMPORT_PROBE = """
+import importlib.util, os, subprocess, sys, types
+fake = types.ModuleType("triton_python_backend_utils")
+fake.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+sys.modules["triton_python_backend_utils"] = fake
+sys.path.append(sys.argv[2])  # numpy and tokenizers, without the .pth files that find the checkout
+spec = importlib.util.spec_from_file_location("model", sys.argv[1])
+spec.loader.exec_module(importlib.util.module_from_spec(spec))
+print(sys.modules["pipeline"].__file__)
+child = subprocess.run([sys.executable, "-c", "import pipeline; print(pipeline.__file__)"], capture_output=True, text=True)
+print(child.stdout.strip())
+"""
+
+
+def test_rendered_python_models_import_their_own_copy(tmp_path, monkeypatch):
+    """Run from the checkout's directory (where `pipeline` would otherwise be found), a rendered
+    model.py imports the copy next to it, and so does the engine worker process it starts."""
+    import subprocess
+    import sys
+    import sysconfig
+
+    repo = _rendered(tmp_path, monkeypatch, "draft_target").resolve()
+    site = sysconfig.get_paths()["purelib"]
+    for model in ("preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls"):
+        model_py = repo / model / "1" / "model.py"
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSAFEPATH")}
+        out = subprocess.run([sys.executable, "-S", "-c", _IMPORT_PROBE, str(model_py), site], cwd=PROJECT_ROOT,
+                             env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        own, child = out.stdout.split("\n")[:2]
+        assert own == str((repo / model / "1" / "_specdeploy" / "pipeline" / "__init__.py").resolve())
+        if model.startswith("tensorrt_llm") and model != "tensorrt_llm_bls":  # starts the engine worker
+            assert child == own
+
+
+def _trtllm_repo_params(tmp_path, monkeypatch, method="medusa", variant="speculative", **triton) -> dict:
+    monkeypatch.chdir(tmp_path)
+    cfg = make_cfg("trtllm", method, **triton)
+    write_manifest(cfg)
+    repo = render(cfg)[variant][0]
+    config = parse_config_file(repo / "tensorrt_llm" / "config.pbtxt")
+    return {k: v.string_value for k, v in config.parameters.items()}
+
+
+def test_runtime_knobs_are_rendered(tmp_path, monkeypatch):
+    params = _trtllm_repo_params(tmp_path, monkeypatch, enable_chunked_context=True, max_attention_window_size=200,
+                                 max_tokens_in_paged_kv_cache=1024)
+    assert params["enable_chunked_context"] == "True"
+    assert params["max_attention_window_size"] == "200"
+    assert params["max_tokens_in_paged_kv_cache"] == "1024"
+    (tmp_path / "d").mkdir()
+    defaults = _trtllm_repo_params(tmp_path / "d", monkeypatch)
+    assert defaults["enable_chunked_context"] == "False" and defaults["max_attention_window_size"] == ""
+
+
+def _engine_dir(path: Path, mode, paged_fmha: bool = True) -> str:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"build_config": {
+        "speculative_decoding_mode": mode, "plugin_config": {"use_paged_context_fmha": paged_fmha}}}))
+    return str(path)
+
+
+def test_engine_speculative_mode_is_read_as_trtllm_writes_it(tmp_path, monkeypatch):
+    """TensorRT-LLM's config.json holds the mode as an integer bit flag (medusa = 4)."""
+    monkeypatch.chdir(tmp_path)
+    cfg = make_cfg("trtllm", "medusa")
+    manifest = write_manifest(cfg)
+    manifest["engines"] = {"baseline": _engine_dir(tmp_path / "e" / "b", 1), "speculative": _engine_dir(tmp_path / "e" / "s", 4)}
+    assert render_repository(cfg, manifest, "speculative", tmp_path / "repo") == []
+    manifest["engines"]["speculative"] = _engine_dir(tmp_path / "e" / "s2", 32)  # an EAGLE engine
+    with pytest.raises(RenderError, match="decoding_mode 'medusa' but the engine was built for 'eagle'"):
+        render_repository(cfg, manifest, "speculative", tmp_path / "repo2")
+
+
+def test_chunked_context_needs_an_engine_with_paged_context_fmha(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = make_cfg("trtllm", "none", enable_chunked_context=True)
+    manifest = write_manifest(cfg)
+    manifest["engines"] = {"baseline": _engine_dir(tmp_path / "e" / "b", 1, paged_fmha=False)}
+    with pytest.raises(RenderError, match="enable_chunked_context needs an engine built with paged context FMHA"):
+        render_repository(cfg, manifest, "baseline", tmp_path / "repo")
+    manifest["engines"] = {"baseline": _engine_dir(tmp_path / "e" / "ok", 1)}
+    assert render_repository(cfg, manifest, "baseline", tmp_path / "repo") == []
+
+
+def test_render_stamp_records_the_arm_placement(tmp_path, monkeypatch):
+    from pipeline.render import rendered_placement
+
+    monkeypatch.chdir(tmp_path)
+    cfg = make_cfg("trtllm", "draft_target")
+    write_manifest(cfg)
+    render(cfg)
+    spec = rendered_placement(cfg, "speculative")
+    assert spec["strategy"] == "shared" and spec["launch"] == "orchestrator" and spec["gpus"] == [0]
+    assert [(m["model_name"], m["gpus"]) for m in spec["models"]] == [("tensorrt_llm", [0]), ("tensorrt_llm_draft", [0])]
+    base = rendered_placement(cfg, "baseline")
+    assert base["launch"] == "single" and base["cuda_visible_devices"] == "0"
+    assert base["kv_tokens"] == spec["kv_tokens"] == 4 * (256 + 4)  # equal, and the full batch fits

@@ -20,6 +20,7 @@ from pipeline.serve import (
     docker_argv,
     free_ports,
     gpu_server_argv,
+    gpu_server_env,
     start_deployment,
 )
 
@@ -39,11 +40,11 @@ def test_cpu_argv():
 
 
 def test_gpu_argv_single_rank():
-    assert gpu_server_argv(Path("/repo"), PORTS, 1) == ["tritonserver", *COMMON]
+    assert gpu_server_argv(Path("/repo"), PORTS) == ["tritonserver", *COMMON]
 
 
-def test_gpu_argv_mpirun_per_rank():
-    argv = gpu_server_argv(Path("/repo"), PORTS, 2)
+def test_gpu_argv_leader_mode_one_server_per_rank():
+    argv = gpu_server_argv(Path("/repo"), PORTS, "leader", 2)
     assert argv == [
         "mpirun", "--allow-run-as-root",
         "-n", "1", "tritonserver", *COMMON, "--backend-config=python,shm-region-prefix-name=prefix0_",
@@ -52,13 +53,45 @@ def test_gpu_argv_mpirun_per_rank():
     ]
 
 
-def test_docker_line():
+def test_gpu_argv_orchestrator_mode_is_upstreams_multi_model_launch():
+    # tensorrtllm_backend@r25.05 scripts/launch_triton_server.py --multi-model: world size 1 under
+    # mpirun, no pinned pool, no peer access, a zero CUDA pool on every GPU nvidia-smi lists
+    argv = gpu_server_argv(Path("/repo"), PORTS, "orchestrator", 1, gpu_count=4)
+    assert argv == [
+        "mpirun", "--allow-run-as-root", "-n", "1", "tritonserver", *COMMON,
+        "--pinned-memory-pool-byte-size=0", "--enable-peer-access=false",
+        "--cuda-memory-pool-byte-size=0:0", "--cuda-memory-pool-byte-size=1:0",
+        "--cuda-memory-pool-byte-size=2:0", "--cuda-memory-pool-byte-size=3:0",
+        "--backend-config=python,shm-region-prefix-name=prefix0_",
+    ]
+
+
+def _placement(launch, gpus, models):
+    from pipeline.gpu_layout import ArmPlacement, ModelPlacement
+
+    return ArmPlacement("speculative", tuple(gpus), launch, len(gpus) if launch == "leader" else 1,
+                        tuple(ModelPlacement(name, tuple(g), 0.3, 4096) for name, g in models))
+
+
+def test_gpu_env_orchestrator_and_leader():
+    orchestrator = _placement("orchestrator", [4, 5, 6, 7], [("tensorrt_llm", [4, 5, 6, 7]), ("tensorrt_llm_draft", [4])])
+    env = gpu_server_env(orchestrator, {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "2"})
+    assert env == {"PATH": "/bin", "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "TRTLLM_ORCHESTRATOR": "1",
+                   "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"}
+    leader = _placement("leader", [4, 5, 6, 7], [("tensorrt_llm", [4, 5, 6, 7])])
+    env = gpu_server_env(leader, {"PATH": "/bin", "TRTLLM_ORCHESTRATOR": "1"})
+    assert env == {"PATH": "/bin", "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "4,5,6,7"}
+
+
+def test_docker_line_mounts_what_the_repository_references():
     cfg = parse_config({"name": "x", "target": {"checkpoint": "/m"}})
-    argv = docker_argv(cfg, ["tritonserver", "--model-repository=/p/engines/x/model_repo/baseline"], Path("/p"))
+    argv = docker_argv(cfg, ["tritonserver", "--model-repository=/p/engines/x/model_repo/baseline"],
+                       [Path("/models/llama"), Path("/p/engines/x")], {"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
     assert argv == [
         "docker", "run", "--rm", "--gpus", "all", "--net", "host", "--ipc", "host",
-        "--ulimit", "memlock=-1", "--ulimit", "stack=67108864", "-v", "/p:/p", "-w", "/p",
-        "-e", "PYTHONPATH=/p", cfg.triton.container_image,
+        "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
+        "-v", "/models/llama:/models/llama:ro", "-v", "/p/engines/x:/p/engines/x:ro",
+        "-e", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "-e", "CUDA_VISIBLE_DEVICES=1", cfg.triton.container_image,
         "tritonserver", "--model-repository=/p/engines/x/model_repo/baseline",
     ]
 
