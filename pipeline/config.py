@@ -2,7 +2,8 @@
 
 Reads a YAML file (``load_config``) and returns a validated :class:`DeploymentConfig`. Every
 problem in the file is reported at once as ``field.path: message`` lines inside a
-:class:`ConfigError`; no work starts on an invalid file. Later stages derive every path from
+:class:`ConfigError`, a key written twice in one mapping included (:class:`StrictLoader`); no work
+starts on an invalid file. Later stages derive every path from
 the config (``engines/<name>/…``, ``reports/<name>/…``) and stamp their outputs with
 :func:`config_hash` so stale inputs can be refused. Cross-field *logic* that needs no files
 lives here (validators: ports, tree choices, draft lengths, hardware names); checks that read
@@ -786,6 +787,37 @@ def parse_config(data: Any, source: str = "<config>") -> DeploymentConfig:
 
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+
+# Appended to docs/config-reference.md by `specdeploy schema --format markdown`.
+LOADING_RULES_MARKDOWN = """\
+## Strict loading: what `specdeploy validate` refuses
+
+- **Unknown fields** are errors (a typo must not fall back to a default), as are values out of
+  range; every problem is listed at once as `field.path: message`.
+- **Duplicate keys**, at any depth: `loadtest.concurrency: duplicate key 'concurrency' at lines 9
+  and 13`. Plain YAML loaders keep the last value without a word; the whole file is refused
+  instead. Anchors, aliases and merge keys (`<<: *base`) keep working: a key written in a mapping
+  overrides the one merged into it, as YAML's merge type defines, and is not a duplicate.
+- **The prompt set** (`loadtest.prompts`) is read exactly as `loadtest` reads it, with or without
+  `--offline`. An absolute path is used as written; a relative one is looked up under the working
+  directory, then the project root, then the config file's directory (the first that exists wins,
+  and the error lists all three). A directory must hold `<category>.jsonl` files, or the field
+  names one such file; every non-blank line is a JSON object with `id` and a text `prompt`
+  (`category` defaults to the file name). Errors name the file and line; unknown
+  `loadtest.categories` are errors too.
+- **Checkpoint directories** (`target.checkpoint`, `speculation.draft.checkpoint`,
+  `speculation.heads_dir`, `speculation.head_dir`) must exist and be directories when `validate`
+  runs without `--offline`, i.e. on the build host. A relative path is relative to the working
+  directory, where `plan` and `build` make it absolute; the error names both forms. The target's
+  directory is also the tokenizer directory `render` hands to `preprocessing` and `postprocessing`,
+  so its `tokenizer.json` is required.
+- **CPU ids** in a `reference.cpu_pinning` list must be CPUs this process may run on
+  (`os.sched_getaffinity`, the mask `taskset`, cgroup cpusets and `docker --cpuset-cpus` set),
+  `threads` of them per engine model of each arm (a draft-target speculative arm has two), with
+  at least one allowed CPU left for the server. The error names the field, the ids and the allowed
+  set. The check uses the host `validate` runs on: run it where you serve. With backend `trtllm`
+  the list is ignored (a warning).
+"""
 
 
 class DuplicateKeyError(yaml.YAMLError):
