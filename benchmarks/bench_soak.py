@@ -292,13 +292,16 @@ def run_load(load: Load, drain_s: float, server_alive) -> list[int]:
 
 class TreeMemory:
     """RSS of every process in the server's tree every ``interval_s`` (a daemon thread), plus the
-    processes that left or joined the tree after the first sample."""
+    processes that left or joined the tree after the first sample, and — to tell a slower server
+    from a busier machine — the tree's CPU seconds and the host's load average at each sample."""
 
     def __init__(self, pid: int, interval_s: float):
         self.pid, self.interval_s, self.t0 = pid, interval_s, time.monotonic()
         self.series: dict[int, list[tuple[float, float]]] = {}
         self.labels: dict[int, str] = {}
         self.first_pids: set[int] | None = None
+        self.host: list[tuple[float, float, float]] = []  # (t, tree CPU seconds so far, 1-min load average)
+        self._cpu_s: dict[int, float] = {}
         self.server_exit: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="soak-memory", daemon=True)
@@ -329,9 +332,12 @@ class TreeMemory:
         for proc in procs:
             with contextlib.suppress(psutil.Error):
                 rss_mb = proc.memory_info().rss / 2**20
+                times = proc.cpu_times()
+                self._cpu_s[proc.pid] = times.user + times.system
                 if proc.pid not in self.labels:
                     self.labels[proc.pid] = process_label(proc)
                 self.series.setdefault(proc.pid, []).append((now, round(rss_mb, 2)))
+        self.host.append((now, round(sum(self._cpu_s.values()), 2), round(os.getloadavg()[0], 2)))
         if self.first_pids is None:
             self.first_pids = set(self.series)
 
@@ -495,7 +501,8 @@ def memory_summary(memory: TreeMemory, warmup_s: float, tolerance_mb: float) -> 
     return {"warmup_s": warmup_s, "sample_interval_s": memory.interval_s, "tolerance_mb": tolerance_mb,
             "flat": bool(measured) and all(r["growth_mb"] <= tolerance_mb for r in measured),
             "total_growth_mb": round(sum(r["growth_mb"] for r in measured), 2), "processes": rows,
-            "series": {str(pid): series for pid, series in sorted(memory.series.items())}}
+            "series": {str(pid): series for pid, series in sorted(memory.series.items())},
+            "server_cpu_and_load": {"columns": ["t_s", "server_tree_cpu_s", "loadavg_1min"], "rows": memory.host}}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -583,9 +590,21 @@ def after_soak(server, load: Load, memory: TreeMemory, before: dict, texts_befor
             "cancelled_by_client": cancelled_client,
             "cancelled_counted_by_server": delta.get("specdeploy_requests_cancelled_total", {}),
             "hung_cancels": load.hung_cancels,
+            "cancellation_note": cancellation_note(load.model, cancelled_client, delta),
             "engine_counters": {"available": False, "needed": ENGINE_GAUGES_NEEDED},
         },
     }
+
+
+def cancellation_note(model: str, cancelled_client: int, delta: dict) -> str | None:
+    """Why the engine may count fewer cancellations than the client made."""
+    counted = sum(delta.get("specdeploy_requests_cancelled_total", {}).values())
+    if model != "ensemble" or not cancelled_client or counted >= cancelled_client:
+        return None
+    return ("the client cancelled through the ensemble: Triton checks a cancelled ensemble request between "
+            "ensemble steps (triton-inference-server/server docs/user_guide/request_cancellation.md); the "
+            "tensorrt_llm step already running did not see these cancellations and finished the requests, whose "
+            "slots came back when they ended (the pending-request gauge and the capacity probe check that)")
 
 
 def process_changes(memory: TreeMemory, pids_end: set[int], alive: bool) -> dict:
