@@ -9,7 +9,8 @@ cores is the CPU analogue of giving a GPU engine its device (measured on 2 cores
 in-process tokens/s at concurrency 1 from 0.84–0.89 to 0.93, see the README).
 
 Reads the allowed CPU set (``os.sched_getaffinity``); writes nothing. :func:`plan_pinning` is
-pure. ``serve`` applies a plan: it starts tritonserver on :attr:`CpuPlan.other_cpus` (the model
+pure; :func:`pinning_problems` runs it for every arm so ``validate`` refuses what ``serve`` would.
+``serve`` applies a plan: it starts tritonserver on :attr:`CpuPlan.other_cpus` (the model
 stubs inherit that set) and hands each engine model its cores in :data:`ENV_VAR` (JSON
 ``{model: [cpu, ...]}``), as ``CUDA_VISIBLE_DEVICES`` hands GPUs to a process; each engine's
 decode thread pins itself (:func:`pin_this_thread`). ``loadtest`` starts Locust on the other
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping
 
 ENV_VAR = "SPECDEPLOY_ENGINE_CPUS"
+FIELD = "reference.cpu_pinning"
 ENGINE_MODELS = ("tensorrt_llm", "tensorrt_llm_draft")  # the models that run a reference engine
 
 
@@ -75,15 +77,43 @@ def plan_pinning(mode: str | list[int], engine_models: Iterable[str], threads: i
         reserved = list(dict.fromkeys(int(c) for c in mode))
         outside = [c for c in reserved if c not in cpus]
         if outside:
-            raise ValueError(f"reference.cpu_pinning: CPU(s) {outside} are not allowed here (allowed: {cpus})")
+            raise ValueError(f"{FIELD}: CPU(s) {outside} are not allowed here; this process may run on "
+                             f"CPUs {format_cpus(cpus)} only (its affinity mask)")
         if len(reserved) < needed:
-            raise ValueError(f"reference.cpu_pinning lists {len(reserved)} CPU(s); {len(models)} engine model(s) "
+            raise ValueError(f"{FIELD}: lists {len(reserved)} CPU(s); {len(models)} engine model(s) "
                              f"× {threads} thread(s) need {needed}")
         if len(reserved) >= len(cpus):
-            raise ValueError(f"reference.cpu_pinning takes every allowed CPU ({cpus}); leave one for the server")
+            raise ValueError(f"{FIELD}: takes every allowed CPU ({cpus}); leave one for the server")
         reserved = reserved[:needed]
     engine = {model: tuple(reserved[i * threads:(i + 1) * threads]) for i, model in enumerate(models)}
     return CpuPlan(engine, tuple(c for c in cpus if c not in reserved)), "pinned"
+
+
+def format_cpus(cpus: Iterable[int]) -> str:
+    """CPU ids in the kernel's cpulist form (``0-3,8``), short even for a large host."""
+    ids, runs = sorted(set(cpus)), []
+    for cpu in ids:
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs) or "none"
+
+
+def pinning_problems(mode: str | list[int], arms: Mapping[str, Iterable[str]], threads: int,
+                     allowed: Iterable[int], most_engines: int = 0) -> list[str]:
+    """What ``serve`` would refuse for any arm (``arms``: arm → the model names of its repository),
+    checked before anything is built: one line per distinct problem, without the field prefix."""
+    problems: list[str] = []
+    allowed = set(allowed)
+    for models in arms.values():
+        try:
+            plan_pinning(mode, models, threads, allowed, most_engines)
+        except ValueError as exc:
+            problem = str(exc).removeprefix(f"{FIELD}: ")
+            if problem not in problems:
+                problems.append(problem)
+    return problems
 
 
 def engine_cpus_from_env(model_name: str, environ: Mapping[str, str] = os.environ) -> tuple[int, ...] | None:

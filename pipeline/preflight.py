@@ -3,7 +3,8 @@
 Reads a validated :class:`DeploymentConfig`, the hardware profile and (unless ``offline``) the
 checkpoint directories — ``config.json``, weight-file headers and tensor lists
 (:mod:`pipeline.weight_files`), ``tokenizer.json`` or SentencePiece ``tokenizer.model``,
-``tokenizer_config.json`` — and, for the ``trtllm`` backend, whether each TensorRT-LLM script the
+``tokenizer_config.json``; always the prompt set (``loadtest.prompts``) and this process's allowed
+CPUs (``reference.cpu_pinning``); and, for the ``trtllm`` backend, whether each TensorRT-LLM script the
 plan runs exists under the resolved examples root. Writes nothing. :func:`run_preflight` returns
 :class:`Finding` s — error / warning / info, each with the field it concerns and the fix — covering
 backend × hardware, GPU architecture × quantization and KV-cache dtype, the speculation method's
@@ -14,6 +15,7 @@ memory fit per GPU rank. ``builtin:`` checkpoints resolve through
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -467,9 +469,9 @@ def _check_files(ctx: _Context) -> None:
 
 
 def _check_dir(ctx: _Context, role: str, path: str, directory: Path) -> None:
-    if not directory.is_dir():
-        ctx.add(ERROR, "files", f"{role} checkpoint directory {directory} does not exist",
-                "download the checkpoint or fix the path", path)
+    problem = checkpoint_dir_problem(directory)
+    if problem:
+        ctx.add(ERROR, "files", f"{role} checkpoint directory {problem}", "download the checkpoint or fix the path", path)
         ctx.dirs[role] = None
         return
     for what, patterns, why in _required_files(ctx.cfg, role):
@@ -676,6 +678,58 @@ def _report_memory(ctx: _Context, est: MemoryEstimate) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
+# Paths and CPUs that later stages need (checked here so `validate` refuses what they would)
+
+
+def checkpoint_dir_problem(directory: Path) -> str | None:
+    """Why ``directory`` — a path the config names, as the build resolves it (``~`` expanded, a
+    relative path against the working directory, as ``plan`` makes it absolute) — is not a usable
+    directory, naming both forms of a relative path; None when it is one. For every build-host
+    check that needs a directory to exist."""
+    shown = str(directory) if directory.is_absolute() else (
+        f"{directory} (relative to the working directory: {directory.absolute()})")
+    if not directory.exists():
+        return f"{shown} does not exist"
+    if not directory.is_dir():
+        return f"{shown} is not a directory"
+    if not os.access(directory, os.R_OK | os.X_OK):
+        return f"{shown} is not readable (permissions)"
+    return None
+
+
+def _check_prompt_set(ctx: _Context) -> None:
+    """``loadtest.prompts`` exists and holds readable prompts, resolved and parsed exactly as the
+    load test will (``pipeline.loadtest.load_prompt_set``)."""
+    from pipeline.loadtest import PromptSetError, load_prompt_set  # noqa: PLC0415 - loadtest-only code
+
+    try:
+        load_prompt_set(ctx.cfg)
+    except PromptSetError as exc:
+        ctx.add(ERROR, "prompts", exc.detail, "point loadtest.prompts at a directory of <category>.jsonl files "
+                "(one {id, category, prompt} object a line) or at one such file", exc.field)
+
+
+def _check_cpu_ids(ctx: _Context) -> None:
+    """An explicit ``reference.cpu_pinning`` list names CPUs this process may run on
+    (``os.sched_getaffinity``), enough of them for every arm's engine models, one left over."""
+    cfg, pinning = ctx.cfg, ctx.cfg.reference.cpu_pinning
+    if not isinstance(pinning, list):
+        return
+    if cfg.backend != "reference":
+        ctx.add(WARNING, "cpu-ids", "CPU pinning applies to the CPU reference engine only; backend trtllm ignores it",
+                "remove reference.cpu_pinning", "reference.cpu_pinning")
+        return
+    from pipeline.cpu_pinning import allowed_cpus, pinning_problems  # noqa: PLC0415
+    from pipeline.render import llm_models  # noqa: PLC0415 - the engine models each arm's repository holds
+
+    manifest = {"engines": dict.fromkeys(("baseline", "speculative", "target", "draft"), "")}
+    arms = {arm: [m.model_name for m in llm_models(cfg, manifest, arm)] for arm in ("baseline", "speculative")}
+    for problem in pinning_problems(pinning, arms, cfg.reference.threads, allowed_cpus()):
+        ctx.add(ERROR, "cpu-ids", problem, "name CPUs from the allowed set, or use cpu_pinning: auto",
+                "reference.cpu_pinning")
+
+
+# ----------------------------------------------------------------------------------------------
 # Helpers
 
 
@@ -716,4 +770,6 @@ _CHECKS: list[Callable[[_Context], None]] = [
     _check_tokenizers,
     _check_heads,
     _check_memory,
+    _check_prompt_set,
+    _check_cpu_ids,
 ]

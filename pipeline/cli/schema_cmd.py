@@ -110,4 +110,7 @@ def markdown_reference() -> str:
         "|---|---|---|---|",
     ]
     lines += [f"| `{p}` | {t} | {d} | {desc} |" for p, t, d, desc in field_rows(DeploymentConfig)]
+    from pipeline.config import LOADING_RULES_MARKDOWN  # noqa: PLC0415
+
+    lines += ["", LOADING_RULES_MARKDOWN.rstrip("\n")]
     return "\n".join(lines)
