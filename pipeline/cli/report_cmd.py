@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
                                 "run directory (exit code 0 GO, 1 NO-GO, 3 INCONCLUSIVE); with --compare RUN_A "
                                 "RUN_B, show both runs' ratios side by side and what moved beyond its CI.")
     def report_command(
-        run_dirs: List[str] = typer.Argument(..., metavar="RUN_DIR [RUN_B]",
+        run_dirs: List[str] = typer.Argument(..., metavar="RUN_DIR",
                                              help="Load-test run directory (reports/NAME/<timestamp>/); two with --compare."),
         config: Optional[str] = typer.Option(None, "--config", help="Gate with this config instead of run.json's snapshot."),
         compare: bool = typer.Option(False, "--compare", help="Compare two run directories: RUN_A (reference) RUN_B."),

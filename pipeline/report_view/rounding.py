@@ -95,7 +95,7 @@ def invert_ci(point: float | None, low: float | None, high: float | None) -> tup
     return inv(point), inv(high), inv(low)
 
 
-_LONG_FLOAT = re.compile(r"(?<![\w.])(-?\d+\.\d{4,})(?![\w.])")
+_LONG_FLOAT = re.compile(r"(?<![\w.:])(-?\d+\.\d{4,})(?![\w.])")
 
 
 def tidy_text(text: str) -> str:

@@ -76,6 +76,7 @@ class Chromium:
             except ProcessLookupError:
                 pass
             self.proc.wait(timeout=20)
+            _wait_group_gone(self.proc.pid)
         shutil.rmtree(self.profile, ignore_errors=True)
 
     def _wait_port(self) -> int:
@@ -158,6 +159,17 @@ class Chromium:
             params["captureBeyondViewport"] = True
         out.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", **params)["data"]))
         return out
+
+
+def _wait_group_gone(pgid: int, deadline_s: float = 20.0) -> None:
+    """Poll until no process of the group is left (the helpers exit just after the browser)."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
 
 
 def main(argv: list[str]) -> int:
