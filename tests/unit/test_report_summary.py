@@ -49,7 +49,8 @@ def test_every_check_that_is_not_a_pass_is_listed_first(tmp_path: Path, monkeypa
 
     def gate_with_a_new_rule(analysis, settings):
         result = real(analysis, settings)
-        result.checks.append(Check("speculation_fallbacks", "c=1", FAIL, "12 of 40 requests fell back", 12, 0))
+        result.checks.append(Check("speculation_fallbacks", "c=1", FAIL,
+                                   "12 of 40 requests fell back (0.30000000000000004)", 12, 0))
         result.checks.append(Check("future_rule", "run", "warn", "a status the report has never seen"))
         result.verdict = NO_GO
         return result
@@ -58,7 +59,8 @@ def test_every_check_that_is_not_a_pass_is_listed_first(tmp_path: Path, monkeypa
     report = make_report(copy_fixture(tmp_path / "run"))
     html = report.html_path.read_text()
     top = html[:html.index('id="per-concurrency"')]
-    assert "FAIL: speculation_fallbacks (c=1) — 12 of 40 requests fell back" in top
+    assert "FAIL: speculation_fallbacks (c=1) — 12 of 40 requests fell back (0.300)" in top
+    assert "0.30000000000000004" not in html
     assert "WARN: future_rule (run) — a status the report has never seen" in top
     assert "Do not roll out" in top
     gate_section = html[html.index('id="gate"'):html.index('id="statistics"')]
