@@ -22,6 +22,9 @@ from pipeline.report_view.rounding import fmt_ci, fmt_pct, invert_ci, tidy_text
 TITLES = {"GO": "Roll out speculative decoding", "NO-GO": "Do not roll out speculative decoding",
           "INCONCLUSIVE": "Not decided: the evidence is not strong enough"}
 STATUS_ORDER = {"fail": 0, "inconclusive": 1, "pass": 9}
+# Repeats of one cell whose median TPOT differs by more than this (coefficient of variation) widen
+# every CI; the reader should learn that from the summary, not from the variability table.
+NOISY_CV = 0.2
 
 
 def ratio_phrase(ci: dict, of: str = "") -> str:
@@ -121,6 +124,19 @@ def equivalence_line(data: dict) -> str:
     return f"Output equivalence: identical outputs from both arms for every prompt compared ({compared}; greedy)."
 
 
+def noise_line(data: dict) -> str | None:
+    """A warning when repeats of one cell disagree enough to explain wide intervals."""
+    scored = [(c["run_variability"]["median_tpot_ms"]["cv"], c) for c in data["cells"]
+              if c["run_variability"]["median_tpot_ms"]["cv"] is not None]
+    if not scored:
+        return None
+    cv, worst = max(scored, key=lambda x: x[0])
+    if cv <= NOISY_CV:
+        return None
+    return (f"Noise: repeats disagree — median TPOT varies by {fmt_pct(cv)} (CV) between the runs of {worst['arm']} "
+            f"c={worst['concurrency']}, which widens every CI; rerun on a quiet machine or with more repeats.")
+
+
 def open_checks(data: dict) -> list[dict[str, Any]]:
     """Every gate check that is not a pass, failures first, in the gate's order otherwise."""
     checks = [c for c in data["gate"]["checks"] if c["status"] != "pass"]
@@ -139,6 +155,7 @@ def decision(data: dict) -> dict[str, Any]:
     findings = [level_line(c, targets, crossover) for c in primary_comparisons(data)]
     findings += [line for line in (draft_length_line(data),) if line]
     findings += [acceptance_line(data), equivalence_line(data)]
+    findings += [line for line in (noise_line(data),) if line]
     if data.get("synthetic_data"):
         findings.append("Data: synthetic prompts were used; acceptance and speedup are likely understated.")
     prefix = {"GO": "Recommended rollout", "NO-GO": "Where speculation would pay once the failures are fixed",

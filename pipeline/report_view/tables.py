@@ -75,7 +75,7 @@ def headline_tables(data: dict) -> list[dict[str, Any]]:
 def category_table(data: dict) -> dict:
     rows = category_acceptance(data)
     levels = [c["concurrency"] for c in primary_comparisons(data)]
-    headers = ["category", "acceptance"] + [f"TPOT speedup c={level}" for level in levels]
+    headers = ["category", "acceptance"] + [f"speedup c={level}" for level in levels]
     return table(headers, ([r["category"], fmt_pct(r["acceptance_rate"])] +
                            [fmt_value(r["speedup"].get(level)) for level in levels] for r in rows))
 
@@ -141,12 +141,16 @@ def _scoped_details(checks: list[dict]) -> list[str]:
     return [f"{c['scope']}: {tidy_text(str(c['detail']))}" for c in checks]
 
 
+def run_status(run: dict) -> str:
+    return "server died" if not run["server_alive"] else "valid" if run["valid"] else "invalid"
+
+
 def runs_table(data: dict) -> dict:
-    return table(["run", "valid", "server alive", "ok", "incomplete at stop", "median TPOT ms", "output tok/s",
-                  "achieved concurrency"],
-                 ([r["key"], fmt_value(r["valid"]), fmt_value(r["server_alive"]), str(r["n_ok"]), str(r["incomplete_at_stop"]),
-                   fmt_value(r["median_tpot_ms"]), fmt_value(r["output_tokens_per_s"]), fmt_value(r["achieved_concurrency"])]
-                  for r in data["runs"]))
+    runs = data["runs"]
+    return table(["run", "status", "ok", "cut at stop", "median TPOT ms", "output tok/s", "achieved conc."],
+                 ([r["key"], run_status(r), str(r["n_ok"]), str(r["incomplete_at_stop"]), fmt_value(r["median_tpot_ms"]),
+                   fmt_value(r["output_tokens_per_s"]), fmt_value(r["achieved_concurrency"])] for r in runs),
+                 (["", "" if run_status(r) == "valid" else "fail", "", "", "", "", ""] for r in runs))
 
 
 def variability_table(data: dict) -> dict:
