@@ -35,7 +35,8 @@ def ratio_phrase(ci: dict, of: str = "") -> str:
         return "not measured"
     if text["low"] == "–":
         return f"{text['point']}×{of} (no CI)"
-    return f"{text['point']}×{of} [{text['low']}, {text['high']}]"
+    pooled = " (request-level CI)" if ci.get("level") not in (None, "run") else ""
+    return f"{text['point']}×{of} [{text['low']}, {text['high']}]{pooled}"
 
 
 def speed_phrase(tpot: dict) -> str:

@@ -16,9 +16,11 @@ def copy_fixture(target: Path) -> Path:
     return target
 
 
-def slow_down_speculative(run_dir: Path, factor: float, concurrency: int | None = None) -> Path:
-    """Stretch every speculative request's decode phase (first token → last) by ``factor``."""
-    for path in (run_dir / "raw").glob("speculative-*.jsonl"):
+def slow_down_speculative(run_dir: Path, factor: float, concurrency: int | None = None,
+                          runs: str = "speculative-*") -> Path:
+    """Stretch the decode phase (first token → last) of every request of the matching speculative
+    runs (a glob over ``raw/`` run keys) by ``factor``."""
+    for path in (run_dir / "raw").glob(f"{runs}.jsonl"):
         rows = []
         for line in path.read_text().splitlines():
             rec = json.loads(line)

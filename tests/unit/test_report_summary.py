@@ -44,6 +44,14 @@ def test_banner_names_the_crossover_and_the_rollout(tmp_path: Path):
     assert "enable up to concurrency 1, disable from 2" in md.split("## Per concurrency")[0]
 
 
+def test_disagreeing_repeats_are_named_as_noise(tmp_path: Path):
+    quiet = make_report(copy_fixture(tmp_path / "quiet"))
+    assert "Noise:" not in quiet.html_path.read_text()
+    noisy_dir = slow_down_speculative(copy_fixture(tmp_path / "noisy"), 3.0, runs="speculative-k3-c2-r0")
+    top = make_report(noisy_dir).md_path.read_text().split("## Per concurrency")[0]
+    assert "- Noise: repeats disagree — median TPOT varies by" in top and "speculative c=2" in top
+
+
 def test_every_check_that_is_not_a_pass_is_listed_first(tmp_path: Path, monkeypatch):
     real = report_mod.evaluate_gate
 
