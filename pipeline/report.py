@@ -4,14 +4,13 @@ Reads ``RUN_DIR/run.json`` (provenance, config snapshot), ``RUN_DIR/runs.json`` 
 Locust run: arm, concurrency, repeat, draft length, validity, server liveness, Prometheus counter
 deltas, peak server RSS) and the raw records ``RUN_DIR/raw/*.jsonl``. Writes ``report.json``
 (schema ``specdeploy-report/1``), ``report.md`` and a self-contained ``report.html`` (plots
-inlined as base64 PNG, no external URLs). The verdict comes from ``pipeline.gate``; its exit code
-is GO 0, NO-GO 1, INCONCLUSIVE 3.
+inlined as base64 PNG, no external URLs), decision first; the pages themselves are built by
+``pipeline.report_view``. The verdict comes from ``pipeline.gate``; its exit code is GO 0, NO-GO 1,
+INCONCLUSIVE 3.
 """
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 from collections import defaultdict
 from dataclasses import dataclass
@@ -29,10 +28,10 @@ from pipeline.stats import (
     compare_cells,
     find_crossover,
     load_runs,
-    tpot_ms,
 )
 
 REPORT_SCHEMA = "specdeploy-report/1"
+PROVENANCE_EXCLUDED = ("config",)
 FORMULAS = {
     "TTFT": "t_first_token − t_sent (first response carrying ≥ 1 output token; never HTTP headers)",
     "E2E": "t_last − t_sent (open loop also from t_scheduled)",
@@ -230,9 +229,11 @@ def build_report_data(run_dir: Path, cfg: DeploymentConfig, analysis: dict, gate
         "cells": [{k: v for k, v in cell.items() if k != "runs"} for cell in analysis["cells"]],
         "runs": [{k: v for k, v in r.items() if k != "throughput_timeline"} for r in analysis["runs"]],
         "bootstrap": analysis["bootstrap"],
-        "provenance": {k: meta.get(k) for k in ("git_sha", "config_hash", "versions", "hardware", "dataset",
-                                                  "seeds", "commands", "method", "draft_model", "created",
-                                                  "transport", "mode", "endpoints", "tokenizer_dir")},
+        "primary_draft_len": analysis["primary_draft_len"],
+        "greedy": analysis["greedy"],
+        # every run.json entry but the config snapshot (config_hash names it), so whatever a stage
+        # records about the run reaches the report without a change here
+        "provenance": {k: v for k, v in meta.items() if k not in PROVENANCE_EXCLUDED},
         "synthetic_data": bool(meta.get("dataset", {}).get("synthetic")) if isinstance(meta.get("dataset"), dict) else None,
         "formulas": FORMULAS,
     }
@@ -268,309 +269,11 @@ def validate_report_json(data: dict) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------
-# Plots (matplotlib Agg → base64 PNG)
-
-
-def _png(fig) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _concurrency_axis(ax, levels: list[int]) -> None:
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(levels, [str(v) for v in levels])
-    ax.minorticks_off()
-    ax.set_xlabel("concurrency")
-
-
-def make_plots(analysis: dict, runs: list[RunData]) -> dict[str, str]:
-    import matplotlib  # noqa: PLC0415
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-    import numpy as np  # noqa: PLC0415
-
-    plots = {}
-    primary = analysis["primary_draft_len"]
-    cells = [c for c in analysis["cells"] if c["arm"] == "baseline" or c["draft_len"] == primary]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    for ax, (metric, label) in zip(axes, (("tpot_ms", "TPOT ms"), ("ttft_ms", "TTFT ms"), ("e2e_ms", "E2E ms"))):
-        for arm, color in (("baseline", "tab:blue"), ("speculative", "tab:orange")):
-            arm_cells = sorted((c for c in cells if c["arm"] == arm), key=lambda c: c["concurrency"])
-            if not arm_cells:
-                continue
-            x = [c["concurrency"] for c in arm_cells]
-            for q, style in (("p50", "-"), ("p95", "--")):
-                ax.plot(x, [c[metric][q] for c in arm_cells], style, color=color, marker="o", label=f"{arm} {q}")
-            run_key = {"tpot_ms": "median_tpot_ms", "ttft_ms": "median_ttft_ms", "e2e_ms": "median_e2e_ms"}[metric]
-            lo = [min((r[run_key] for r in c["runs"] if r[run_key] is not None), default=np.nan) for c in arm_cells]
-            hi = [max((r[run_key] for r in c["runs"] if r[run_key] is not None), default=np.nan) for c in arm_cells]
-            ax.fill_between(x, lo, hi, color=color, alpha=0.2, label=f"{arm} run-median range")
-        _concurrency_axis(ax, sorted({c["concurrency"] for c in cells}))
-        ax.set_ylabel(label)
-    axes[0].legend(fontsize=7)
-    plots["latency_vs_concurrency"] = _png(fig)
-
-    comps = sorted((c for c in analysis["comparisons"] if c["primary"]), key=lambda c: c["concurrency"])
-    if comps:
-        fig, ax = plt.subplots(figsize=(6, 3.6))
-        x = [c["concurrency"] for c in comps]
-        cis = [best_ci(c, "tpot_ratio") for c in comps]
-        speed = [1 / ci["point"] if ci.get("point") else np.nan for ci in cis]
-        lo = [1 / ci["high"] if ci.get("high") else np.nan for ci in cis]
-        hi = [1 / ci["low"] if ci.get("low") else np.nan for ci in cis]
-        ax.plot(x, speed, marker="o", label="TPOT speedup (base/spec)")
-        ax.fill_between(x, lo, hi, alpha=0.25, label="95% CI")
-        ax.axhline(1.0, color="gray", lw=1)
-        if analysis["crossover_concurrency"] is not None:
-            ax.axvline(analysis["crossover_concurrency"], color="red", ls=":", label="crossover")
-        _concurrency_axis(ax, x)
-        ax.set_ylabel("speedup")
-        ax.legend(fontsize=7)
-        plots["speedup_vs_concurrency"] = _png(fig)
-
-    levels = sorted({c["concurrency"] for c in cells})
-    if levels:
-        keys = sorted({levels[0], levels[-1]})
-        fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 3.4), squeeze=False)
-        for ax, level in zip(axes[0], keys):
-            for run_arm, color in (("baseline", "tab:blue"), ("speculative", "tab:orange")):
-                values = sorted(t for run in runs if run.info["arm"] == run_arm and run.info["concurrency"] == level
-                                and (run_arm == "baseline" or run.info.get("draft_len") == primary)
-                                for r in run.measured if r.get("status") == "ok" for t in [tpot_ms(r)] if t is not None)
-                if values:
-                    ax.step(values, np.arange(1, len(values) + 1) / len(values), where="post", color=color, label=run_arm)
-            ax.set_title(f"TPOT ECDF, c={level}")
-            ax.set_xlabel("TPOT ms")
-            ax.legend(fontsize=7)
-        plots["tpot_ecdf"] = _png(fig)
-
-    spec_cells = [c for c in cells if c["arm"] == "speculative"]
-    by_cat: dict[str, list[float]] = defaultdict(list)
-    for cell in spec_cells:
-        for cat, acc in cell["acceptance_by_category"].items():
-            if acc["acceptance_rate"] is not None:
-                by_cat[cat].append(acc["acceptance_rate"])
-    if by_cat:
-        fig, ax = plt.subplots(figsize=(6, 3.4))
-        cats = sorted(by_cat)
-        ax.bar(cats, [float(np.mean(by_cat[c])) for c in cats], color="tab:orange")
-        ax.set_ylim(0, 1)
-        ax.set_ylabel("acceptance rate")
-        ax.set_title("acceptance by category (mean over concurrency)")
-        plots["acceptance_by_category"] = _png(fig)
-
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    for arm, color in (("baseline", "tab:blue"), ("speculative", "tab:orange")):
-        arm_cells = sorted((c for c in cells if c["arm"] == arm and c["output_tokens_per_s"]), key=lambda c: c["concurrency"])
-        if arm_cells:
-            ax.plot([c["output_tokens_per_s"] for c in arm_cells], [c["per_user_tokens_per_s"]["p50"] for c in arm_cells],
-                    marker="o", color=color, label=arm)
-            for c in arm_cells:
-                ax.annotate(f"c={c['concurrency']}", (c["output_tokens_per_s"], c["per_user_tokens_per_s"]["p50"] or 0), fontsize=7)
-    ax.set_xlabel("total output tokens/s")
-    ax.set_ylabel("per-user tokens/s (p50 of 1/TPOT)")
-    ax.set_title("Pareto: per-user vs total throughput")
-    ax.legend(fontsize=7)
-    plots["pareto"] = _png(fig)
-
-    fig, ax = plt.subplots(figsize=(8, 3.4))
-    for summary in analysis["runs"]:
-        timeline = summary["throughput_timeline"]
-        if timeline:
-            ax.plot([p["t_s"] for p in timeline], [p["tokens_per_s"] for p in timeline], lw=1,
-                    label=summary["key"], color="tab:orange" if summary["arm"] == "speculative" else "tab:blue")
-    ax.set_xlabel("seconds into run")
-    ax.set_ylabel("output tokens/s")
-    ax.set_title("throughput over time per run (warm-up included)")
-    plots["throughput_over_time"] = _png(fig)
-    return plots
-
-
-# ------------------------------------------------------------------------------------------------
-# Markdown and HTML
-
-
-def _f(value: Any, digits: int = 1) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
-def _ci_text(ci: dict) -> str:
-    if ci.get("point") is None:
-        return "–"
-    if ci.get("low") is None:
-        return f"{ci['point']:.3f} (no CI)"
-    return f"{ci['point']:.3f} [{ci['low']:.3f}, {ci['high']:.3f}] ({ci.get('level', 'run')})"
-
-
-def render_markdown(data: dict) -> str:
-    lines = [f"# specdeploy report — {data['name']}", "", f"**Verdict: {data['verdict']}** (exit code {data['exit_code']})", ""]
-    lines += [f"- {r}" for r in data["reasons"]] or ["- every gate check passed"]
-    lines += [f"- advice: {a}" for a in data["advice"]]
-    lines += ["", "## Gate checks", "", "| rule | scope | status | detail |", "|---|---|---|---|"]
-    lines += [f"| {c['rule']} | {c['scope']} | {c['status']} | {c['detail']} |" for c in data["gate"]["checks"]]
-    lines += ["", "## Per arm and concurrency", "",
-              "| arm | conc | K | accept | TTFT p50 ms | TTFT p95 ms | TPOT p50 ms | decode tok/s | out tok/s | E2E p95 ms | equivalent | peak MB | n |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in data["rows"]:
-        lines.append(f"| {r['arm']} | {r['concurrency']} | {_f(r['speculation_length'])} | {_f(r['acceptance_rate'], 3)} | "
-                     f"{_f(r['first_token_ms'])} | {_f(r['first_token_p95_ms'])} | {_f(r['tpot_ms'], 2)} | "
-                     f"{_f(r['decode_tokens_per_s'])} | {_f(r['output_tokens_per_s'])} | {_f(r['p95_latency_ms'])} | "
-                     f"{_f(r['output_equivalent'])} | {_f(r['peak_memory_mb'])} | {r['n_ok']} |")
-    lines += ["", "## Speculative vs baseline", "",
-              "| conc | K | TPOT ratio [95% CI] | E2E ratio [95% CI] | Δp95 TTFT ms [CI] | tok/s ratio [CI] | MW p (TPOT) | Cliff's δ |",
-              "|---|---|---|---|---|---|---|---|"]
-    for c in data["comparisons"]:
-        rl = c["run_level"]
-        mw = c["mann_whitney_tpot"]
-        lines.append(f"| {c['concurrency']} | {_f(c['draft_len'])} | {_ci_text(best_ci(c, 'tpot_ratio'))} | "
-                     f"{_ci_text(best_ci(c, 'e2e_ratio'))} | {_ci_text(rl['ttft_p95_delta_ms'])} | "
-                     f"{_ci_text(rl['throughput_ratio'])} | {_f(mw['p_value'], 4)} | "
-                     f"{_f(mw['cliffs_delta'], 3)} {mw['effect'] or ''} |")
-    lines += ["", f"Crossover concurrency (TPOT benefit gone): {_f(data['crossover_concurrency'])}"]
-    spec_rows = [r for r in data["rows"] if r["arm"] == "speculative" and r["tau_bound_iid"]]
-    if spec_rows:
-        lines += ["", "Mean acceptance length τ vs (1 − α^{K+1})/(1 − α), the tokens per step if every draft "
-                      "position were accepted independently with probability α = α̂ (τ above it: acceptances "
-                      "are correlated within a step, as usual for draft models):"]
-        lines += [f"- c={r['concurrency']}, K={r['speculation_length']}: τ {_f(r['mean_acceptance_length'], 2)} "
-                  f"vs bound {_f(r['tau_bound_iid'], 2)}" for r in spec_rows]
-    if data["recommended_draft_len"]:
-        lines += ["", "## Recommended draft length per concurrency", "", "| conc | K | TPOT ratio | speculation |", "|---|---|---|---|"]
-        for level, rec in data["recommended_draft_len"].items():
-            lines.append(f"| {level} | {_f(rec['draft_len'])} (best measured {rec['best_measured']}) | {_f(rec['tpot_ratio'], 3)} | {rec['speculation']} |")
-    lines += ["", "## Acceptance by category (speculative)", "", "| conc | K | category | acceptance | τ | tokens/chunk |", "|---|---|---|---|---|---|"]
-    for cell in data["cells"]:
-        if cell["arm"] != "speculative":
-            continue
-        for cat, acc in cell["acceptance_by_category"].items():
-            lines.append(f"| {cell['concurrency']} | {_f(cell['draft_len'])} | {cat} | {_f(acc['acceptance_rate'], 3)} | "
-                         f"{_f(acc['mean_acceptance_length'], 2)} | {_f(acc['tokens_per_chunk_mean'], 2)} |")
-    lines += ["", "## Per category (Spec-Bench style)", "", "| conc | K | category | TPOT speedup (median, pooled) | τ | acceptance |",
-              "|---|---|---|---|---|---|"]
-    spec_cells = {(c["concurrency"], c["draft_len"]): c for c in data["cells"] if c["arm"] == "speculative"}
-    for comp in data["comparisons"]:
-        cell = spec_cells.get((comp["concurrency"], comp["draft_len"]), {})
-        for cat, row in comp.get("by_category", {}).items():
-            acc = cell.get("acceptance_by_category", {}).get(cat, {})
-            lines.append(f"| {comp['concurrency']} | {_f(comp['draft_len'])} | {cat} | {_f(row['speedup'], 2)} | "
-                         f"{_f(acc.get('mean_acceptance_length'), 2)} | {_f(acc.get('acceptance_rate'), 3)} |")
-    lines += ["", "## Run-to-run variability", "", "| arm | conc | K | median TPOT per run (ms) | CV | out tok/s per run | CV |",
-              "|---|---|---|---|---|---|---|"]
-    for cell in data["cells"]:
-        var = cell["run_variability"]
-        lines.append(f"| {cell['arm']} | {cell['concurrency']} | {_f(cell['draft_len'])} | "
-                     f"{', '.join(f'{v:.2f}' for v in var['median_tpot_ms']['per_run'])} | {_f(var['median_tpot_ms']['cv'], 3)} | "
-                     f"{', '.join(f'{v:.0f}' for v in var['output_tokens_per_s']['per_run'])} | {_f(var['output_tokens_per_s']['cv'], 3)} |")
-    quality = [(c["arm"], c["concurrency"], c["data_quality"]) for c in data["cells"]
-               if c["data_quality"]["prompt_echoed"] or c["data_quality"]["osl_from_chunks"] or c["data_quality"]["osl_retok_mismatch"]]
-    for arm, conc, q in quality:
-        lines.append(f"\n> Data quality ({arm}, c={conc}): {q['prompt_echoed']} outputs echo the prompt, "
-                     f"{q['osl_from_chunks']} OSL counted from chunks (no server count), "
-                     f"{q['osl_retok_mismatch']} of {q['osl_retok_checked']} disagree with re-tokenization")
-    lines += ["", "## Runs", "", "| run | valid | server alive | ok | incomplete at stop | median TPOT ms | out tok/s | achieved conc |",
-              "|---|---|---|---|---|---|---|---|"]
-    for r in data["runs"]:
-        lines.append(f"| {r['key']} | {r['valid']} | {r['server_alive']} | {r['n_ok']} | {r['incomplete_at_stop']} | "
-                     f"{_f(r['median_tpot_ms'], 2)} | {_f(r['output_tokens_per_s'])} | {_f(r['achieved_concurrency'], 2)} |")
-    prov = data["provenance"]
-    lines += ["", "## Provenance", ""] + [f"- {k}: `{json.dumps(v)}`" for k, v in prov.items()]
-    lines += [f"- bootstrap: `{json.dumps(data['bootstrap'])}`"]
-    if data.get("synthetic_data"):
-        lines += ["", "> Warning: synthetic prompts were used; acceptance and speedup are likely understated."]
-    lines += ["", "## Appendix: metric formulas", ""] + [f"- **{k}**: {v}" for k, v in data["formulas"].items()]
-    lines += ["", "Raw per-request records: `raw/*.jsonl`; run list: `runs.json`; Prometheus deltas: `metrics/`."]
-    return "\n".join(lines) + "\n"
-
-
-_HTML_TEMPLATE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>specdeploy report — {{ name }}</title>
-<style>
-body { font-family: sans-serif; margin: 1.5em; color: #222; }
-.banner { padding: .8em 1.2em; font-size: 1.6em; font-weight: bold; color: white; border-radius: 6px; }
-.GO { background: #2e7d32; } .NO-GO { background: #c62828; } .INCONCLUSIVE { background: #ef6c00; }
-table { border-collapse: collapse; margin: .6em 0; font-size: .85em; }
-td, th { border: 1px solid #ccc; padding: 3px 7px; text-align: right; }
-th { background: #f3f3f3; } td:first-child { text-align: left; }
-.fail { color: #c62828; font-weight: bold; } .inconclusive { color: #ef6c00; } .pass { color: #2e7d32; }
-img { max-width: 100%; } code { background: #f5f5f5; }
-</style></head><body>
-<div class="banner {{ verdict }}">{{ verdict }}</div>
-<ul>{% for r in reasons %}<li>{{ r }}</li>{% else %}<li>every gate check passed</li>{% endfor %}
-{% for a in advice %}<li><b>advice:</b> {{ a }}</li>{% endfor %}</ul>
-<h2>Gate checks</h2>
-<table><tr><th>rule</th><th>scope</th><th>status</th><th>detail</th></tr>
-{% for c in checks %}<tr><td>{{ c.rule }}</td><td>{{ c.scope }}</td><td class="{{ c.status }}">{{ c.status }}</td><td>{{ c.detail }}</td></tr>{% endfor %}
-</table>
-{{ body_tables | safe }}
-<h2>Plots</h2>
-{% for title, png in plots %}<h3>{{ title }}</h3><img alt="{{ title }}" src="data:image/png;base64,{{ png }}">{% endfor %}
-</body></html>
-"""
-
-
-def _markdown_tables_to_html(md: str) -> str:
-    """The markdown report's sections below the gate table, as HTML (tables, headings, lists)."""
-    import html as html_lib  # noqa: PLC0415
-
-    out, in_table = [], False
-    sections = md.split("## Per arm and concurrency", 1)
-    text = "## Per arm and concurrency" + sections[1] if len(sections) == 2 else md
-    for line in text.splitlines():
-        if line.startswith("|"):
-            cells = [c.strip() for c in line.strip("|").split("|")]
-            if set("".join(cells)) <= {"-"}:
-                continue
-            tag = "th" if not in_table else "td"
-            if not in_table:
-                out.append("<table>")
-                in_table = True
-            out.append("<tr>" + "".join(f"<{tag}>{html_lib.escape(c)}</{tag}>" for c in cells) + "</tr>")
-            continue
-        if in_table:
-            out.append("</table>")
-            in_table = False
-        if line.startswith("## "):
-            out.append(f"<h2>{html_lib.escape(line[3:])}</h2>")
-        elif line.startswith("- "):
-            out.append(f"<li>{html_lib.escape(line[2:])}</li>")
-        elif line.strip():
-            out.append(f"<p>{html_lib.escape(line)}</p>")
-    if in_table:
-        out.append("</table>")
-    return "\n".join(out)
-
-
-def render_html(data: dict, markdown: str, plots: dict[str, str]) -> str:
-    import jinja2  # noqa: PLC0415
-
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=True)
-    titles = {"latency_vs_concurrency": "TPOT / TTFT / E2E vs concurrency (p50, p95; band = run-median range)",
-              "speedup_vs_concurrency": "Speedup vs concurrency (95% CI, crossover)",
-              "tpot_ecdf": "TPOT ECDF", "acceptance_by_category": "Acceptance by category",
-              "throughput_over_time": "Throughput over time per run", "pareto": "Pareto: per-user vs total tokens/s"}
-    return env.from_string(_HTML_TEMPLATE).render(
-        name=data["name"], verdict=data["verdict"], reasons=data["reasons"], advice=data["advice"],
-        checks=data["gate"]["checks"], body_tables=_markdown_tables_to_html(markdown),
-        plots=[(titles.get(k, k), v) for k, v in plots.items()],
-    )
-
-
-# ------------------------------------------------------------------------------------------------
 # Entry point
 
 
-def make_report(run_dir: str | Path, cfg: DeploymentConfig | None = None) -> Report:
-    """Analyse RUN_DIR, decide the verdict, write report.json / report.md / report.html."""
-    run_dir = Path(run_dir)
+def prepare(run_dir: Path, cfg: DeploymentConfig | None = None) -> tuple[dict[str, Any], dict[str, Any], GateResult]:
+    """(report data, analysis, gate result) of RUN_DIR, checked against the report schema."""
     if not run_dir.is_dir():
         raise ReportError(f"{run_dir}: no such run directory")
     cfg = cfg or config_from_run(run_dir)
@@ -580,13 +283,55 @@ def make_report(run_dir: str | Path, cfg: DeploymentConfig | None = None) -> Rep
     problems = validate_report_json(data)
     if problems:
         raise ReportError("report.json failed its schema check: " + "; ".join(problems))
-    markdown = render_markdown(data)
-    plots = make_plots(analysis, load_runs(run_dir))
+    return data, analysis, gate
+
+
+def make_report(run_dir: str | Path, cfg: DeploymentConfig | None = None) -> Report:
+    """Analyse RUN_DIR, decide the verdict, write report.json / report.md / report.html."""
+    from pipeline.report_view.plots import report_plots  # noqa: PLC0415  (matplotlib: only when writing)
+    from pipeline.report_view.render import render_report  # noqa: PLC0415
+
+    run_dir = Path(run_dir)
+    data, analysis, gate = prepare(run_dir, cfg)
+    markdown, html = render_report(data, report_plots(data, analysis, load_runs(run_dir)))
     json_path, md_path, html_path = run_dir / "report.json", run_dir / "report.md", run_dir / "report.html"
     json_path.write_text(json.dumps(data, indent=2, default=_json_default), encoding="utf-8")
     md_path.write_text(markdown, encoding="utf-8")
-    html_path.write_text(render_html(data, markdown, plots), encoding="utf-8")
+    html_path.write_text(html, encoding="utf-8")
     return Report(run_dir, data, gate, json_path, md_path, html_path)
+
+
+@dataclass
+class Comparison:
+    data: dict[str, Any]
+    json_path: Path
+    md_path: Path
+    html_path: Path
+
+    @property
+    def moved_worse(self) -> list[dict[str, Any]]:
+        return self.data["moved_worse"]
+
+
+def make_comparison(run_a: str | Path, run_b: str | Path, out_dir: str | Path | None = None) -> Comparison:
+    """RUN_B against RUN_A (each gated with its own config snapshot): write compare.json /
+    compare.md / compare.html into OUT_DIR (default RUN_B); the run directories are only read."""
+    from pipeline.report_view.compare import comparison_data  # noqa: PLC0415
+    from pipeline.report_view.plots import compare_plot  # noqa: PLC0415
+    from pipeline.report_view.render import render_comparison  # noqa: PLC0415
+
+    run_a, run_b = Path(run_a), Path(run_b)
+    data_a, _, _ = prepare(run_a)
+    data_b, _, _ = prepare(run_b)
+    out = Path(out_dir) if out_dir is not None else run_b
+    out.mkdir(parents=True, exist_ok=True)
+    comp = comparison_data(data_a, data_b, str(run_a), str(run_b))
+    markdown, html = render_comparison(data_a, data_b, comp, compare_plot(data_a, data_b))
+    paths = out / "compare.json", out / "compare.md", out / "compare.html"
+    paths[0].write_text(json.dumps(comp, indent=2, default=_json_default), encoding="utf-8")
+    paths[1].write_text(markdown, encoding="utf-8")
+    paths[2].write_text(html, encoding="utf-8")
+    return Comparison(comp, *paths)
 
 
 def _json_default(value: Any) -> Any:

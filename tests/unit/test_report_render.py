@@ -3,11 +3,14 @@ HTML, and the verdict → exit code mapping through the CLI."""
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import re
 import shutil
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -62,7 +65,68 @@ def test_report_files_and_schema(rendered: Path):
 
 def test_report_md_has_verdict_and_tables(rendered: Path):
     md = (rendered / "report.md").read_text()
-    assert "**Verdict:" in md and "## Speculative vs baseline" in md and "## Appendix: metric formulas" in md
+    assert md.startswith("# GO: Roll out speculative decoding (draft_target, K=3)\n")
+    assert "**Recommended rollout: enable at every measured concurrency (up to 2)" in md
+    assert "### Concurrency 1 (gated)" in md and "| TPOT p50 (ms) | 7.88 | 4.04 | 0.515 [0.510, 0.519] |" in md
+    assert "## Acceptance and speedup by category" in md and "### Formulas" in md
+
+
+SECTIONS = ("verdict-banner", "per-concurrency", "categories", "gate", "statistics", "runs", "data-quality",
+            "provenance", "formulas")
+
+
+def test_html_and_md_put_the_decision_first_in_the_same_order(rendered: Path):
+    html = (rendered / "report.html").read_text()
+    positions = [html.index(f'id="{section}"') for section in SECTIONS]
+    assert positions == sorted(positions)
+    md = (rendered / "report.md").read_text()
+    headings = ["# GO:", "## Per concurrency", "## Acceptance and speedup by category", "### Gate checks",
+                "### Speculative vs baseline", "### Runs", "### Data quality", "### Provenance", "### Formulas"]
+    md_positions = [md.index(h) for h in headings]
+    assert md_positions == sorted(md_positions)
+    # the headline plots sit in the first section, next to the banner, before any table
+    first_img, first_table = html.index("<img "), html.index("<table")
+    assert html.index('id="verdict-banner"') < first_img < first_table
+    assert html.count("<img ", 0, first_table) == 2
+
+
+class _Text(HTMLParser):
+    """The text a reader sees (no <style>, no attribute values such as data: URIs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.parts, self._skip = [], False
+
+    def handle_starttag(self, tag, attrs):
+        self._skip = tag == "style"
+        if tag in ("p", "li", "tr", "h1", "h2", "h3", "dt", "dd", "summary", "br", "div"):
+            self.parts.append("\n")
+        elif tag in ("td", "th"):
+            self.parts.append("\t")
+
+    def handle_endtag(self, tag):
+        self._skip = False
+
+    def handle_data(self, data):
+        if not self._skip:
+            self.parts.append(data)
+
+
+def page_text(html: str) -> str:
+    parser = _Text()
+    parser.feed(html)
+    return "".join(parser.parts)
+
+
+MARKDOWN = re.compile(r"\*\*|__|`|^\s*#{1,6} |^\s*> |^\s*\|.*\||\|---|\]\(", re.M)
+
+
+def test_html_shows_no_markdown_and_no_unrounded_number(rendered: Path):
+    text = page_text((rendered / "report.html").read_text())
+    assert "Roll out speculative decoding" in text
+    assert not MARKDOWN.search(text), MARKDOWN.search(text)
+    unrounded = re.findall(r"(?<![\d:])\d+\.\d{5,}", text)  # a clock time's seconds excepted
+    assert not unrounded, unrounded
 
 
 def test_html_is_self_contained(rendered: Path):
@@ -72,7 +136,13 @@ def test_html_is_self_contained(rendered: Path):
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
     assert not re.search(r"url\(\s*['\"]?https?:", html)
     images = re.findall(r'<img [^>]*src="([^"]+)"', html)
-    assert len(images) >= 4 and all(src.startswith("data:image/png;base64,") for src in images)
+    assert len(images) == 6 and all(src.startswith("data:image/png;base64,") for src in images)
+    from PIL import Image
+
+    for src in images:
+        with Image.open(io.BytesIO(base64.b64decode(src.split(",", 1)[1]))) as img:
+            assert img.format == "PNG" and img.width > 300 and img.height > 150
+    assert "@media print" in html and "@media (max-width" in html and 'name="viewport"' in html
 
 
 def test_reported_percentiles_equal_numpy_on_raw_records(rendered: Path):
