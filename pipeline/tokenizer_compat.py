@@ -1,10 +1,11 @@
 """Tokenizer compatibility between a draft model and its target.
 
-Reads ``tokenizer.json`` (vocabulary, token → id, with added tokens), ``tokenizer_config.json``
-(bos/eos/unk/pad special tokens) and ``config.json`` (``vocab_size``) from two checkpoint
-directories; writes nothing. Draft-target speculation compares token *ids*, so the two
-vocabularies must be identical; :func:`compare_tokenizers` returns one human-readable problem
-per mismatch, naming the first differing tokens.
+Reads ``tokenizer.json`` (vocabulary, token → id, with added tokens) or, when a checkpoint ships
+none, its SentencePiece ``tokenizer.model`` (plus the added tokens of ``tokenizer_config.json``),
+``tokenizer_config.json`` (bos/eos/unk/pad special tokens) and ``config.json`` (``vocab_size``)
+from two checkpoint directories; writes nothing. Draft-target speculation compares token *ids*,
+so the two vocabularies must be identical; :func:`compare_tokenizers` returns one human-readable
+problem per mismatch, naming the first differing tokens.
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ _SHOW = 3  # differing tokens named in a message
 
 
 def load_vocab(directory: Path) -> dict[str, int]:
-    """token → id of ``directory/tokenizer.json`` including added tokens (ValueError if unreadable)."""
+    """token → id of ``directory/tokenizer.json`` including added tokens (ValueError if unreadable);
+    of ``tokenizer.model`` when there is no tokenizer.json."""
     path = directory / "tokenizer.json"
+    if not path.is_file() and (directory / "tokenizer.model").is_file():
+        return _vocab_from_sentencepiece(directory)
     try:
         from tokenizers import Tokenizer  # noqa: PLC0415 - optional, heavy-ish
 
@@ -39,6 +43,24 @@ def _vocab_from_json(path: Path) -> dict[str, int]:
         result = dict(vocab)
     for added in data.get("added_tokens", []):
         result[added["content"]] = added["id"]
+    return result
+
+
+def _vocab_from_sentencepiece(directory: Path) -> dict[str, int]:
+    path = directory / "tokenizer.model"
+    try:
+        import sentencepiece  # noqa: PLC0415
+
+        processor = sentencepiece.SentencePieceProcessor(model_file=str(path))
+    except Exception as exc:  # noqa: BLE001 - ImportError or a C++ parse error
+        raise ValueError(f"cannot read {path}: {exc}") from None
+    result = {processor.id_to_piece(i): i for i in range(processor.get_piece_size())}
+    cfg_path = directory / "tokenizer_config.json"
+    added = json.loads(cfg_path.read_text(encoding="utf-8")).get("added_tokens_decoder", {}) if cfg_path.is_file() else {}
+    for token_id, token in added.items():
+        text = _token_text(token)
+        if text is not None:
+            result[text] = int(token_id)
     return result
 
 
