@@ -1,5 +1,6 @@
-"""Tensor helpers shared by the Python models: read optional inputs as numpy, scalars with
-defaults, UTF-8 strings with a clear error, and build output tensors. Runs inside the stub."""
+"""Tensor helpers shared by the Python models: read optional inputs as numpy, required inputs
+(an error naming the missing one), scalars with defaults, UTF-8 strings with a clear error, build
+output tensors, and answer each request of an ``execute`` call on its own. Runs inside the stub."""
 
 from __future__ import annotations
 

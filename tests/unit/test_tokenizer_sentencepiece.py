@@ -130,3 +130,25 @@ def test_tokenizer_compat_reads_sentencepiece_vocab(sp_dir, tmp_path):
     (other / "config.json").write_text(json.dumps(spf.model_config()))
     problems = compare_tokenizers(sp_dir, other)
     assert problems and "vocabularies differ" in problems[0]
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+def test_render_passes_target_trust_remote_code_to_pre_and_postprocessing(tmp_path, monkeypatch, allowed):
+    from pipeline.config import config_hash, parse_config  # noqa: PLC0415
+    from pipeline.render import parse_config_file, render  # noqa: PLC0415
+
+    monkeypatch.chdir(tmp_path)
+    cfg = parse_config({"name": "trc", "backend": "reference", "hardware": "cpu",
+                        "target": {"checkpoint": "/models/target", "trust_remote_code": allowed},
+                        "speculation": {"method": "none"},
+                        "build": {"max_batch_size": 2, "max_input_len": 64, "max_seq_len": 128}})
+    manifest = {"format": "specdeploy-manifest/1", "name": cfg.name, "config_hash": config_hash(cfg),
+                "backend": "reference", "method": "none", "trtllm_version": cfg.trtllm_version,
+                "engines": {"baseline": "/engines/trc/baseline"}, "tokenizer_dir": "/models/target",
+                "max_draft_len": 0, "num_draft_tokens": None, "steps": []}
+    (tmp_path / "engines" / cfg.name).mkdir(parents=True)
+    (tmp_path / "engines" / cfg.name / "manifest.json").write_text(json.dumps(manifest))
+    repo, _ = render(cfg)["baseline"]
+    for model in ("preprocessing", "postprocessing"):
+        params = parse_config_file(repo / model / "config.pbtxt").parameters
+        assert params["trust_remote_code"].string_value == ("True" if allowed else "False")
