@@ -257,15 +257,16 @@ def model_contexts(cfg: DeploymentConfig, manifest: dict, variant: str,
     tokenizer_dir = str(manifest.get("tokenizer_dir") or "")
     if not tokenizer_dir:
         raise StaleInputError("manifest has no tokenizer_dir; re-run `specdeploy build`")
+    tokenizer_code = _bool(cfg.target.trust_remote_code)  # pre/post: AutoTokenizer custom code
     contexts: dict[str, tuple[str, dict]] = {
         "ensemble": ("ensemble", {**common, "llm_model_name": target.model_name}),
         "preprocessing": ("preprocessing", {
-            **common, "tokenizer_dir": tokenizer_dir, "add_special_tokens": "True",
+            **common, "tokenizer_dir": tokenizer_dir, "add_special_tokens": "True", "trust_remote_code": tokenizer_code,
             "multimodal_model_path": "", "engine_dir": target.engine_dir, "max_num_images": "",
             "preprocessing_instance_count": t.preprocessing_instance_count,
         }),
         "postprocessing": ("postprocessing", {
-            **common, "tokenizer_dir": tokenizer_dir, "skip_special_tokens": "True",
+            **common, "tokenizer_dir": tokenizer_dir, "skip_special_tokens": "True", "trust_remote_code": tokenizer_code,
             "postprocessing_instance_count": t.postprocessing_instance_count,
         }),
     }

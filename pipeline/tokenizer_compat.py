@@ -2,7 +2,8 @@
 
 Reads ``tokenizer.json`` (vocabulary, token → id, with added tokens) or, where a checkpoint ships
 only SentencePiece (Vicuna, Llama-2 era), ``tokenizer.model`` (its pieces, in id order, parsed
-with the SentencePiece protobuf schema that ``transformers`` carries), ``tokenizer_config.json``
+with the SentencePiece protobuf schema that ``transformers`` carries, plus the added tokens of
+``tokenizer_config.json``), ``tokenizer_config.json``
 (bos/eos/unk/pad special tokens) and ``config.json`` (``vocab_size``) from two checkpoint
 directories; writes nothing. Draft-target speculation compares token *ids*, so the two
 vocabularies must be identical; :func:`compare_tokenizers` returns one human-readable problem
@@ -19,11 +20,11 @@ _SHOW = 3  # differing tokens named in a message
 
 
 def load_vocab(directory: Path) -> dict[str, int]:
-    """token → id of ``directory/tokenizer.json`` including added tokens, else of the SentencePiece
-    ``tokenizer.model`` (ValueError if unreadable)."""
+    """token → id of ``directory/tokenizer.json`` including added tokens (ValueError if unreadable);
+    of ``tokenizer.model`` when there is no tokenizer.json."""
     path = directory / "tokenizer.json"
     if not path.is_file() and (directory / "tokenizer.model").is_file():
-        return _vocab_from_sentencepiece(directory / "tokenizer.model")
+        return _vocab_from_sentencepiece(directory)
     try:
         from tokenizers import Tokenizer  # noqa: PLC0415 - optional, heavy-ish
 
@@ -34,12 +35,36 @@ def load_vocab(directory: Path) -> dict[str, int]:
         raise ValueError(f"cannot read {path}: {exc}") from None
 
 
-def _vocab_from_sentencepiece(path: Path) -> dict[str, int]:
+_SPM_PROTO_MODULES = ("transformers.utils.sentencepiece_model_pb2_new", "transformers.utils.sentencepiece_model_pb2",
+                      "sentencepiece.sentencepiece_model_pb2")
+
+
+def sentencepiece_model_proto():
+    """The SentencePiece ``ModelProto`` class. ``transformers`` and the ``sentencepiece`` package each
+    carry a generated module for the same ``sentencepiece_model.proto``, and protobuf refuses to
+    register that file twice in one process, so reuse whichever is loaded already."""
+    import importlib  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    for name in _SPM_PROTO_MODULES:
+        if name in sys.modules:
+            return sys.modules[name].ModelProto
+    errors = []
+    for name in _SPM_PROTO_MODULES:
+        try:
+            return importlib.import_module(name).ModelProto
+        except (ImportError, TypeError) as exc:  # TypeError: the proto file is registered already
+            errors.append(f"{name}: {exc}")
+    raise ImportError("; ".join(errors))
+
+
+def _sentencepiece_pieces(path: Path) -> dict[str, int]:
+    """piece → id of a SentencePiece model, read as protobuf data only (no processor is built, so a
+    model file that carries just its pieces still reads)."""
     try:
-        from transformers.utils import sentencepiece_model_pb2_new as spm_pb2  # noqa: PLC0415 - needs protobuf
+        model = sentencepiece_model_proto()()
     except ImportError as exc:
-        raise ValueError(f"cannot read {path}: parsing SentencePiece needs transformers and protobuf ({exc})") from None
-    model = spm_pb2.ModelProto()
+        raise ValueError(f"cannot read {path}: parsing SentencePiece needs transformers or sentencepiece ({exc})") from None
     try:
         model.ParseFromString(path.read_bytes())
     except Exception as exc:  # protobuf raises DecodeError (an Exception subclass)
@@ -61,6 +86,17 @@ def _vocab_from_json(path: Path) -> dict[str, int]:
         result = dict(vocab)
     for added in data.get("added_tokens", []):
         result[added["content"]] = added["id"]
+    return result
+
+
+def _vocab_from_sentencepiece(directory: Path) -> dict[str, int]:
+    result = _sentencepiece_pieces(directory / "tokenizer.model")
+    cfg_path = directory / "tokenizer_config.json"
+    added = json.loads(cfg_path.read_text(encoding="utf-8")).get("added_tokens_decoder", {}) if cfg_path.is_file() else {}
+    for token_id, token in added.items():
+        text = _token_text(token)
+        if text is not None:
+            result[text] = int(token_id)
     return result
 
 

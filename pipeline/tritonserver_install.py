@@ -74,6 +74,19 @@ def _pytriton_root() -> Path | None:
     return Path(list(spec.submodule_search_locations)[0])
 
 
+def _interpreter_libdir(python_version: str) -> tuple[Path, ...]:
+    """The running interpreter's own libpython directory (shared builds, same X.Y as the stub).
+    The wheel's stub links ``libpython3.X.so.1.0`` by name; found in the system directory, a
+    different patch release can lack symbols this interpreter's C extensions need (``_ssl``:
+    ``_PyModule_Add``), so the stub must load the libpython the venv's stdlib was built with."""
+    import sysconfig  # noqa: PLC0415
+
+    libdir, soname = sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INSTSONAME")
+    if python_version != _python_version() or not libdir or not soname or not (Path(libdir) / soname).is_file():
+        return ()
+    return (Path(libdir),)
+
+
 def from_pytriton(package_dir: Path, python_version: str | None = None) -> TritonInstall | None:
     """The install inside a pytriton package directory, or None when it has no binary."""
     server_dir = package_dir / "tritonserver"
@@ -88,7 +101,8 @@ def from_pytriton(package_dir: Path, python_version: str | None = None) -> Trito
         backend_dir=server_dir / "backends",
         stub_path=stub if stub.is_file() else None,
         source="pytriton",
-        library_dirs=tuple(p for p in (libs, server_dir / "external_libs") if p.is_dir()),
+        library_dirs=_interpreter_libdir(version)
+        + tuple(p for p in (libs, server_dir / "external_libs") if p.is_dir()),
         python_version=version,
     )
 

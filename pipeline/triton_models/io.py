@@ -1,5 +1,6 @@
-"""Tensor helpers shared by the Python models: read optional inputs as numpy, scalars with
-defaults, UTF-8 strings with a clear error, and build output tensors. Runs inside the stub."""
+"""Tensor helpers shared by the Python models: read optional inputs as numpy, required inputs
+(an error naming the missing one), scalars with defaults, UTF-8 strings with a clear error, build
+output tensors, and answer each request of an ``execute`` call on its own. Runs inside the stub."""
 
 from __future__ import annotations
 
@@ -17,6 +18,17 @@ def get(request, name: str) -> np.ndarray | None:
         return request.get(name)
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     return None if tensor is None else tensor.as_numpy()
+
+
+def required(request, name: str, client_name: str | None = None) -> np.ndarray:
+    """An input the model cannot do without. Triton's own check only counts a request's inputs,
+    and an ensemble whose required input is missing never schedules the step that needs it (an
+    empty, successful response), so the model names the missing input itself."""
+    value = get(request, name)
+    if value is None:
+        via = f" (the ensemble's {client_name!r})" if client_name else ""
+        raise RequestError(f"missing required input {name!r}{via}")
+    return value
 
 
 def scalar(request, name: str, default=None):
@@ -60,6 +72,29 @@ def tensor(name: str, array) -> "pb_utils.Tensor":
 
 def error_response(message: str) -> "pb_utils.InferenceResponse":
     return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
+
+
+def invalid_request_response(message: str) -> "pb_utils.InferenceResponse":
+    """An error response for a bad request: INVALID_ARG (gRPC INVALID_ARGUMENT, HTTP 400), as
+    Triton answers its own input checks, where the stub knows the code."""
+    code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
+    error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
+    return pb_utils.InferenceResponse(output_tensors=[], error=error)
+
+
+def answer_each(requests, process, model: str) -> list:
+    """One response per request from ``process(request) -> [tensors]``: a bad request gets its own
+    error response (RequestError text), an unexpected failure an error naming the model; the other
+    requests of the same ``execute`` call are answered normally."""
+    responses = []
+    for request in requests:
+        try:
+            responses.append(pb_utils.InferenceResponse(output_tensors=process(request)))
+        except RequestError as exc:
+            responses.append(invalid_request_response(str(exc)))
+        except Exception as exc:  # noqa: BLE001 - one request's failure must not fail its batch
+            responses.append(error_response(f"{model} failed: {type(exc).__name__}: {exc}"))
+    return responses
 
 
 def param(model_config: dict, key: str, default: str = "") -> str:

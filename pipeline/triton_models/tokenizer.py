@@ -1,10 +1,21 @@
-"""The target's tokenizer as preprocessing/postprocessing use it: ``tokenizer.json`` (HF
-``tokenizers``) plus ``tokenizer_config.json`` for the special tokens. Shared by the Triton models,
-the tests and the benchmarks so every path tokenizes identically.
+"""The target's tokenizer as preprocessing/postprocessing use it. Shared by the Triton models, the
+tests and the benchmarks so every path tokenizes identically. Reads a checkpoint's tokenizer
+directory; writes nothing.
 
-Rules (contract §2.2/§2.4): ``encode(text, add_special_tokens=True)`` puts BOS first (added here
-when the tokenizer's own post-processor does not and the config asks for it); ``end_id`` is the
-EOS id; ``pad_id`` is the pad id, falling back to EOS; decode skips special tokens."""
+Two loaders, one behaviour (upstream loads every directory with ``transformers.AutoTokenizer``,
+tensorrtllm_backend@r25.05 ``all_models/inflight_batcher_llm/preprocessing/1/model.py``):
+
+- ``tokenizer.json`` present (and no custom tokenizer code): HF ``tokenizers`` reads it directly,
+  with ``tokenizer_config.json`` for the special tokens. That is the file AutoTokenizer's fast
+  tokenizer loads too, without importing transformers (and torch) into every Python-backend stub.
+- otherwise (e.g. a SentencePiece ``tokenizer.model`` only, as Llama-1/2 and Vicuna checkpoints
+  ship): ``AutoTokenizer.from_pretrained(dir, legacy=False, padding_side="left",
+  trust_remote_code=<configured>)`` as upstream does, except that custom tokenizer code runs only
+  when the deployment allows it (upstream always passes ``trust_remote_code=True``).
+
+Rules either way: ``encode(text, add_special_tokens=True)`` puts BOS first when the tokenizer asks
+for it; ``end_id`` is the EOS id; ``pad_id`` is the pad id, falling back to EOS (upstream sets the
+pad token to the EOS token when the tokenizer has none); decode skips special tokens."""
 
 from __future__ import annotations
 
@@ -18,37 +29,100 @@ def _token_content(value) -> str | None:
     return value if isinstance(value, str) else None
 
 
-class TextTokenizer:
-    def __init__(self, tokenizer_dir: str | Path):
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+class _TokenizerFile:
+    """``tokenizer.json`` through HF ``tokenizers``."""
+
+    backend = "tokenizers"
+
+    def __init__(self, tokenizer_dir: Path, config: dict):
         from tokenizers import Tokenizer  # noqa: PLC0415
 
-        tokenizer_dir = Path(tokenizer_dir)
-        tokenizer_file = tokenizer_dir / "tokenizer.json"
-        if not tokenizer_file.is_file():
-            raise FileNotFoundError(f"no tokenizer.json in {tokenizer_dir}")
-        self._tok = Tokenizer.from_file(str(tokenizer_file))
-        config_file = tokenizer_dir / "tokenizer_config.json"
-        config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+        self._tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
         self.bos_id = self._id_of(_token_content(config.get("bos_token")))
         self.eos_id = self._id_of(_token_content(config.get("eos_token")))
         pad = self._id_of(_token_content(config.get("pad_token")))
         self.pad_id = pad if pad is not None else self.eos_id
         self.add_bos = bool(config.get("add_bos_token", self.bos_id is not None))
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self.base_vocab_size = self._tok.get_vocab_size(with_added_tokens=False)
 
     def _id_of(self, token: str | None) -> int | None:
         return None if token is None else self._tok.token_to_id(token)
 
-    @property
-    def end_id(self) -> int | None:
-        return self.eos_id
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         ids = list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
         if add_special_tokens and self.add_bos and self.bos_id is not None:
             if not ids or ids[0] != self.bos_id:
                 ids.insert(0, self.bos_id)
         return ids
 
+    def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+class _AutoTokenizer:
+    """Any other tokenizer directory through ``transformers.AutoTokenizer``, as upstream loads it."""
+
+    backend = "transformers"
+
+    def __init__(self, tokenizer_dir: Path, trust_remote_code: bool):
+        from transformers import AutoTokenizer  # noqa: PLC0415 - heavy; only for these directories
+
+        try:
+            tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), legacy=False, padding_side="left",
+                                                trust_remote_code=trust_remote_code)
+        except Exception as exc:  # noqa: BLE001 - transformers raises many types; say which dir failed
+            hint = "" if trust_remote_code else " (custom tokenizer code runs only with target.trust_remote_code: true)"
+            raise ValueError(f"cannot load the tokenizer in {tokenizer_dir} with transformers.AutoTokenizer: "
+                             f"{exc}{hint}") from None
+        if not tok.pad_token:
+            tok.pad_token = tok.eos_token
+        self._tok = tok
+        self.bos_id = tok.bos_token_id
+        self.eos_id = self._first_id(tok.eos_token)
+        self.pad_id = self._first_id(tok.pad_token)
+        self.vocab_size = len(tok.get_vocab())
+        self.base_vocab_size = int(tok.vocab_size)
+
+    def _first_id(self, token: str | None) -> int | None:
+        """The id upstream uses for a special token: the first id of encoding its text."""
+        ids = self._tok.encode(token, add_special_tokens=False) if token else []
+        return int(ids[0]) if ids else None
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return [int(i) for i in self._tok.encode(text, add_special_tokens=add_special_tokens)]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+class TextTokenizer:
+    """The tokenizer in ``tokenizer_dir``; ``backend`` names the library that loaded it."""
+
+    def __init__(self, tokenizer_dir: str | Path, trust_remote_code: bool = False):
+        tokenizer_dir = Path(tokenizer_dir)
+        if not tokenizer_dir.is_dir():
+            raise FileNotFoundError(f"tokenizer directory {tokenizer_dir} does not exist")
+        config = _read_json(tokenizer_dir / "tokenizer_config.json")
+        if (tokenizer_dir / "tokenizer.json").is_file() and "auto_map" not in config:
+            self._impl = _TokenizerFile(tokenizer_dir, config)
+        else:
+            self._impl = _AutoTokenizer(tokenizer_dir, trust_remote_code)
+        self.backend = self._impl.backend
+        self.bos_id, self.eos_id, self.pad_id = self._impl.bos_id, self._impl.eos_id, self._impl.pad_id
+        self.vocab_size = self._impl.vocab_size  # with added tokens (upstream: len(tokenizer.vocab))
+        self.base_vocab_size = self._impl.base_vocab_size  # without (upstream: tokenizer.vocab_size)
+
+    @property
+    def end_id(self) -> int | None:
+        return self.eos_id
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._impl.encode(text, add_special_tokens)
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+        return self._impl.decode([int(i) for i in ids], skip_special_tokens)

@@ -82,9 +82,9 @@ def _tokenizer_json(directory: Path) -> None:
 
 
 def _tokenizer_model(directory: Path) -> None:
-    from transformers.utils import sentencepiece_model_pb2_new as spm_pb2
+    from pipeline.tokenizer_compat import sentencepiece_model_proto
 
-    model = spm_pb2.ModelProto()
+    model = sentencepiece_model_proto()()
     for piece, kind in (("<unk>", 2), ("<s>", 3), ("</s>", 3), ("▁hi", 1), ("▁a", 1), ("b", 1)):
         model.pieces.add(piece=piece, score=0.0, type=kind)
     (directory / "tokenizer.model").write_bytes(model.SerializeToString())

@@ -1,6 +1,7 @@
 """Small Triton client helpers for the serving tests and the served benchmark: gRPC unary and
 streaming calls (with cancellation), HTTP ``generate`` / ``generate_stream`` (SSE), metrics
-scraping, and the upstream-style client-side draft-target loop (contract §6.2)."""
+scraping, and the upstream-style client-side draft-target loop (tensorrtllm_backend@r25.05
+``inflight_batcher_llm/client/e2e_grpc_speculative_decoding_client.py``)."""
 
 from __future__ import annotations
 
@@ -144,7 +145,7 @@ def metric_values(metrics_url: str, family: str) -> dict[str, float]:
 def client_side_speculative(url: str, prompt: str, max_tokens: int, num_draft: int,
                             draft_model: str = "tensorrt_llm_draft", target_model: str = "tensorrt_llm") -> str:
     """Draft-target driven by the client with unary gRPC calls, as upstream's client-side loop
-    does (contract §6.2): preprocessing once; per round the draft proposes with ``input_ids`` and
+    does: preprocessing once; per round the draft proposes with ``input_ids`` and
     the target verifies with ``draft_input_ids``; the target's whole ``output_ids`` become the
     next context; postprocessing at the end (prompt included)."""
     pre = grpc_infer(url, "preprocessing", {
@@ -178,4 +179,4 @@ def client_side_speculative(url: str, prompt: str, max_tokens: int, num_draft: i
             break
     post = grpc_infer(url, "postprocessing", {"TOKENS_BATCH": np.array([[context]], dtype=np.int32),
                                               "SEQUENCE_LENGTH": np.array([[len(context)]], dtype=np.int32)})
-    return post["OUTPUT"].reshape(-1)[0].decode()
+    return post["OUTPUT"][0].decode()  # OUTPUT is 1-D [batch x beam], as upstream sends it

@@ -599,9 +599,9 @@ def test_sentencepiece_tokenizers_compared(tmp_path):
     target = shipped.write_model(tmp_path / "target", shipped.VICUNA_7B, weights="bin", tokenizer="spm")
     draft = shipped.write_model(tmp_path / "draft", shipped.VICUNA_7B, weights="bin", tokenizer="spm")
     assert compare_tokenizers(target, draft) == []
-    from transformers.utils import sentencepiece_model_pb2_new as spm_pb2
+    from pipeline.tokenizer_compat import sentencepiece_model_proto
 
-    model = spm_pb2.ModelProto()
+    model = sentencepiece_model_proto()()
     model.ParseFromString((draft / "tokenizer.model").read_bytes())
     model.pieces[4].piece = "▁z"
     (draft / "tokenizer.model").write_bytes(model.SerializeToString())
