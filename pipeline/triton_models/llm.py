@@ -289,7 +289,10 @@ class TritonPythonModel:
             raise io.RequestError("input_ids is required: the CPU reference engine takes token ids "
                                   "(encoder_input_features is not supported)")
         input_ids = input_ids.reshape(1, -1)
-        length = int(io.scalar(request, "input_lengths", input_ids.shape[1]))
+        length = io.scalar(request, "input_lengths", None)
+        if length is None:  # required in the config, yet Triton 2.51 lets a request without it through
+            raise io.RequestError("input_lengths is required (upstream: input lengths tensor not provided)")
+        length = int(length)
         prompt = [int(t) for t in input_ids[0, : max(0, min(length, input_ids.shape[1]))]]
         if not prompt:
             raise io.RequestError("input_ids is empty")
