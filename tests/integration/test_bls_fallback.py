@@ -170,3 +170,37 @@ def test_target_failure_is_an_error_not_a_fallback(short_draft_server):
     status, body = http_generate(short_draft_server.http_url, "tensorrt_llm_bls", speculative("hi", max_tokens=4))
     assert status == 200
     assert fallbacks(short_draft_server.metrics_url, "error") == before
+
+
+# -- the load tester records it per request -------------------------------------------------------
+
+
+def _locust_records(tmp_path, server, extra_inputs: dict) -> list[dict]:
+    """A short closed-loop gRPC streaming Locust run (loadtests/locustfile.py) against the BLS."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    settings = {"run_id": "fb", "arm": "speculative", "repeat": 0, "endpoint": server.grpc_url,
+                "model_name": "tensorrt_llm_bls", "transport": "grpc", "concurrency": 2, "max_tokens": 8,
+                "prompts": [{"id": f"p{i}", "category": "c", "prompt": p} for i, p in enumerate(PROMPTS)],
+                "sampling": {"top_k": 1}, "extra_inputs": extra_inputs, "output_prefix": str(tmp_path / "raw"),
+                "warmup_s": 0.0, "duration_s": 3, "stop_timeout_s": 30}
+    (tmp_path / "settings.json").write_text(json.dumps(settings))
+    argv = [sys.executable, "-m", "locust", "-f", str(root / "loadtests" / "locustfile.py"), "--headless",
+            "-u", "2", "-r", "2", "-t", "3s", "--stop-timeout", "30", "--only-summary", "--loglevel", "WARNING",
+            "--exit-code-on-error", "0", "GrpcStreamUser"]
+    env = {**os.environ, "SPECDEPLOY_LOADTEST_CONFIG": str(tmp_path / "settings.json")}
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line) for f in tmp_path.glob("raw.*.jsonl") for line in f.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("timeout_ms,expected", [(0.001, 1), (600000.0, 0)], ids=["late-draft", "in-time"])
+def test_load_tester_records_fallbacks(tmp_path, dt_server, timeout_ms, expected):
+    records = _locust_records(tmp_path, dt_server, {"num_draft_tokens": 3, "draft_timeout_ms": timeout_ms})
+    ok = [r for r in records if r["status"] == "ok"]
+    assert ok, [r.get("error") for r in records][:3]
+    assert all(r["draft_fallbacks"] == expected for r in ok)
