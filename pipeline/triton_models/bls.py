@@ -28,17 +28,12 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from pipeline.triton_models import io, request_rules
-from pipeline.triton_models.draft_target import DraftTarget, SpecError
+from pipeline.triton_models.draft_target import PERF_NAMES, DraftTarget, SpecError
 from pipeline.triton_models.llm import BATCH_NEEDS_DECOUPLED, STREAMING_NEEDS_DECOUPLED, SWITCH_INTERVAL_S
 from pipeline.triton_models.metrics import SpecDecodeCounters
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-PERF_NAMES = [
-    "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks",
-    "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns",
-    "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
-]
-PASSTHROUGH_OUTPUTS = PERF_NAMES + [
+PASSTHROUGH_OUTPUTS = [*PERF_NAMES,
     "cum_log_probs", "output_log_probs", "context_logits", "generation_logits",
     "batch_index", "sequence_index", "num_input_tokens", "num_output_tokens",
 ]

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from conftest import MAX_TOKENS, PROMPTS
-from triton_clients import grpc_infer, grpc_stream, text_inputs
+from triton_clients import grpc_infer, grpc_stream
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
