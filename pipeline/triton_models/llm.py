@@ -3,7 +3,9 @@
 streaming deltas (decoupled only), end token excluded, ``draft_input_ids`` → accepted + 1 in one
 step, the ten perf-metric outputs, ``num_input_tokens``/``num_output_tokens`` (the count in that
 response), batch > 1 on decoupled deployments (one response stream per row, ``batch_index``),
-cancellation by gRPC cancel or the ``stop`` input, upstream error texts.
+cancellation by gRPC cancel or the ``stop`` input, upstream error texts. Before a request is
+submitted its inputs pass TensorRT-LLM's ranges and the CPU engine's limits
+(:mod:`.request_rules`, docs/request-validation.md): a bad value is an error naming the input.
 
 Decoupled: every request gets its own thread that drains the engine's chunks into the request's
 response sender, so ``execute`` returns at once and the engine keeps batching across calls. The
