@@ -122,7 +122,8 @@ def request_inputs(settings: RunSettings, prompt_text: str, prompt_index: int) -
     return inputs
 
 
-PERF_FIELDS_INT = ("total_draft_tokens", "total_accepted_draft_tokens")
+# draft_fallbacks: our BLS output, 1 when a draft failure made the request go on target-only
+PERF_FIELDS_INT = ("total_draft_tokens", "total_accepted_draft_tokens", "draft_fallbacks")
 PERF_FIELDS_TIME = ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")
 
 
@@ -222,6 +223,7 @@ def build_record(settings: RunSettings, state: RequestState, *, worker_pid: int,
         "draft_tokens": state.perf.get("total_draft_tokens"),
         "accepted_tokens": state.perf.get("total_accepted_draft_tokens"),
         "acceptance_rate": state.perf.get("acceptance_rate"),
+        "draft_fallbacks": state.perf.get("draft_fallbacks"),
         "server_times_ns": {k: state.perf[k] for k in PERF_FIELDS_TIME if k in state.perf},
         "status": state.status,
         "error": state.error,

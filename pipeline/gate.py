@@ -4,7 +4,8 @@ Reads the analysis dict built by ``pipeline.report.analyze`` (run summaries, per
 spec-vs-base comparisons per concurrency) and the ``GateSettings`` of the config; returns a
 :class:`GateResult` with every check (rule, scope, pass/fail/inconclusive, value, threshold).
 Any failed check → NO-GO; else any inconclusive check → INCONCLUSIVE; else GO. A run whose
-server died is invalid and makes the verdict NO-GO: such a run can never be a GO.
+server died is invalid and makes the verdict NO-GO: such a run can never be a GO; so does a run in
+which speculative requests fell back to target-only after a draft failure (``draft_fallbacks``).
 Exit codes: GO 0, NO-GO 1, INCONCLUSIVE 3 (2 is Click's usage error).
 """
 
@@ -94,11 +95,26 @@ def _validity_checks(analysis: dict, gate: GateSettings) -> list[Check]:
         out.append(Check("client_saturation", "run", UNSURE,
                          f"load generator above {CLIENT_CPU_MAX:.0%} CPU in {saturated}: latencies may include "
                          "client queueing; add --processes or hosts and rerun", value=saturated, threshold=CLIENT_CPU_MAX))
+    out.append(_fallback_check(runs))
     unaccounted = [r["key"] for r in runs if not r.get("accounted", True)]
     out.append(Check("requests_accounted", "run", FAIL if unaccounted else PASS,
                      f"completed + incomplete != sent in {unaccounted}" if unaccounted
                      else "completed + incomplete == sent in every run", value=unaccounted))
     return out
+
+
+def _fallback_check(runs: list[dict]) -> Check:
+    """Requests whose draft failed went on target-only (the BLS's draft_fallbacks): the speculative
+    arm then measured a mix of speculation and plain decoding, and the draft is broken or too
+    slow for its timeout. A finding to fix, never evidence of a speedup."""
+    hit = {r["key"]: r["draft_fallbacks"] for r in runs if r.get("draft_fallbacks")}
+    if not hit:
+        return Check("speculation_fallbacks", "run", PASS, "no request fell back to target-only", value=0, threshold=0)
+    total = sum(hit.values())
+    return Check("speculation_fallbacks", "run", FAIL,
+                 f"{total} requests fell back to target-only after a draft failure in {sorted(hit)}: the speculative "
+                 "arm did not measure speculation; fix the draft (server log, specdeploy_spec_decode_fallbacks_total) "
+                 "and rerun", value=total, threshold=0)
 
 
 def _level_validity(level: int, comp: dict, gate: GateSettings, *, greedy: bool) -> list[Check]:

@@ -201,6 +201,7 @@ def run_summary(run: RunData, slo_ttft_ms: float, slo_tpot_ms: float) -> dict[st
         "incomplete_at_stop": counts.get("incomplete_at_stop", 0),
         "sent": sent_by_workers,
         "accounted": sent_by_workers is None or sent_by_workers == len(run.records),
+        "draft_fallbacks": sum(r.get("draft_fallbacks") or 0 for r in run.records),  # any stage: the draft failed
         "error_rate": failures / len(measured) if measured else 0.0,
         "duration_s": duration_s,
         "median_tpot_ms": _median([tpot_ms(r) for r in ok]),

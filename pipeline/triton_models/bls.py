@@ -1,41 +1,39 @@
-"""``tensorrt_llm_bls``: draft-target orchestration over ``tensorrt_llm_draft`` + ``tensorrt_llm``
-(contract §6.1) and pass-through for non-speculative requests.
+"""``tensorrt_llm_bls``: pass-through to ``tensorrt_llm`` for non-speculative requests and
+draft-target orchestration over ``tensorrt_llm_draft`` + ``tensorrt_llm`` (contract §6.1).
 
-Speculative requests (``num_draft_tokens`` K > 0): preprocessing once, then per round the draft
-proposes k = min(K, |P| + N − |C| − 1) tokens (``min_tokens`` = k) and the target verifies them
-in one step (``draft_input_ids``, ``request_output_len`` = |d| + 1); the target's ``output_ids``
-(prompt included) become the next context C. Stops on length, no progress (EOS), all drafts taken
-without bonus, or a trailing stop word. Non-streaming: one response, ``text_output`` = decode(C),
-prompt included unless excluded — as upstream. Our extension: with ``stream=true`` on a decoupled
-BLS, the tokens accepted in each round are sent as one delta chunk; the last chunk carries the
-final flag. Acceptance figures (perf outputs, ``specdeploy_spec_decode_*`` counters with model
-label ``tensorrt_llm_bls``) cover the whole generation, not only the last round (documented
-difference from upstream). Each instance serves one request at a time (concurrent BLS calls from
-several threads of one stub crash tritonserver 2.51); concurrency comes from instances."""
+Reads the request's tensors and, once at start-up, the configs of its sibling models in the
+repository (decoupled policy, the postprocessing tokenizer, the target engine's
+``max_draft_len``); writes responses and the ``specdeploy_*`` counters (:mod:`.metrics`).
+
+On the wire it answers as upstream's BLS (tensorrtllm_backend@r25.05
+``all_models/inflight_batcher_llm/tensorrt_llm_bls/1/{model.py,lib/decode.py,lib/triton_decoder.py}``):
+``text_output`` is the postprocessing ``OUTPUT`` tensor unchanged, one string per (row × beam),
+so ``[1]`` per response; the other outputs are the target's, passed through (``[1, 1]`` perf
+outputs, ``batch_index`` when the batch is > 1). A batch > 1 is forwarded to a decoupled target
+and answered with one response stream per row, tagged with ``batch_index``.
+
+Speculative requests (``num_draft_tokens`` K > 0) run the rounds of :mod:`.draft_target`;
+a K above the target engine's ``max_draft_len`` is refused before any model runs. Each instance
+serves one request at a time (concurrent BLS calls from several threads of one stub crash
+tritonserver 2.51); concurrency comes from instances."""
 
 from __future__ import annotations
 
 import json
-import sys
 import re
-import time
-from dataclasses import dataclass, field
+import sys
 from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from pipeline.triton_models import io
-from pipeline.triton_models.llm import STREAMING_NEEDS_DECOUPLED, SWITCH_INTERVAL_S, parse_word_list
+from pipeline.triton_models import io, request_rules
+from pipeline.triton_models.draft_target import PERF_NAMES, DraftTarget, SpecError
+from pipeline.triton_models.llm import BATCH_NEEDS_DECOUPLED, STREAMING_NEEDS_DECOUPLED, SWITCH_INTERVAL_S
 from pipeline.triton_models.metrics import SpecDecodeCounters
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-PERF_NAMES = [
-    "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks",
-    "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns",
-    "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
-]
-PASSTHROUGH_OUTPUTS = PERF_NAMES + [
+PASSTHROUGH_OUTPUTS = [*PERF_NAMES,
     "cum_log_probs", "output_log_probs", "context_logits", "generation_logits",
     "batch_index", "sequence_index", "num_input_tokens", "num_output_tokens",
 ]
@@ -56,14 +54,12 @@ PASSTHROUGH_INPUTS = {
     "prompt_embedding_table": "prompt_embedding_table", "prompt_vocab_size": "prompt_vocab_size",
     "guided_decoding_guide_type": "guided_decoding_guide_type", "guided_decoding_guide": "guided_decoding_guide",
 }
+# upstream's Request.validate text (lib/decode.py@r25.05)
+MAX_TOKENS_RULE = "max_tokens must be a single value > 0"
 
 
 class BlsError(Exception):
     """A failed step; its text goes back to the client unchanged."""
-
-
-def _as_row(array: np.ndarray) -> np.ndarray:
-    return array.reshape(1, -1)
 
 
 def _model_is_decoupled(model_dir: Path) -> bool:
@@ -77,6 +73,24 @@ def _model_is_decoupled(model_dir: Path) -> bool:
 def _string_param(config_text: str, key: str) -> str | None:
     match = re.search(r'key:\s*"' + re.escape(key) + r'"\s*value:\s*\{\s*string_value:\s*"((?:[^"\\]|\\.)*)"', config_text)
     return json.loads(f'"{match.group(1)}"') if match else None
+
+
+def engine_max_draft_len(model_dir: Path) -> int | None:
+    """``max_draft_len`` of the engine a ``tensorrt_llm`` model serves: the reference engine's
+    ``engine.json``, or a TensorRT-LLM engine's ``config.json`` (``build_config.max_draft_len``);
+    None when it cannot be read (the target then decides)."""
+    try:
+        engine_dir = Path(_string_param((model_dir / "config.pbtxt").read_text(encoding="utf-8"), "gpt_model_path") or "")
+        for name, keys in (("engine.json", ("max_draft_len",)), ("config.json", ("build_config", "max_draft_len"))):
+            path = engine_dir / name
+            if path.is_file():
+                value = json.loads(path.read_text(encoding="utf-8"))
+                for key in keys:
+                    value = value.get(key, {}) if isinstance(value, dict) else {}
+                return int(value) if isinstance(value, (int, float)) else None
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def _local_detokenizer(postprocessing_dir: Path):
@@ -96,25 +110,35 @@ def _local_detokenizer(postprocessing_dir: Path):
     return lambda ids: tokenizer.decode(ids, skip)
 
 
-@dataclass
-class SpecTotals:
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-    verify_steps: int = 0
-    first_scheduled_ns: int = 0
-    first_token_ns: int = 0
-    last_token_ns: int = 0
-    last_perf: dict = field(default_factory=dict)
+def _rows(value: np.ndarray, batch: int) -> np.ndarray:
+    """A client tensor as [batch, ...] (its first dimension is the batch)."""
+    return value.reshape(batch, *value.shape[1:]) if value.ndim > 1 else value.reshape(batch, -1)
 
-    def add_round(self, perf: dict, had_drafts: bool) -> None:
-        if had_drafts:
-            self.draft_tokens += int(perf.get("total_draft_tokens", 0))
-            self.accepted_tokens += int(perf.get("total_accepted_draft_tokens", 0))
-            self.verify_steps += 1
-        self.first_scheduled_ns = self.first_scheduled_ns or int(perf.get("first_scheduled_time_ns", 0))
-        self.first_token_ns = self.first_token_ns or int(perf.get("first_token_time_ns", 0))
-        self.last_token_ns = int(perf.get("last_token_time_ns", 0)) or self.last_token_ns
-        self.last_perf = perf
+
+def check_client_inputs(request, batch: int) -> None:
+    """The BLS's own input rules (upstream's ``Request.validate``) and TensorRT-LLM's ranges under
+    the client names, every row, before any model runs (docs/request-validation.md)."""
+    text = io.get(request, "text_input")
+    if text is None or text.size == 0:
+        raise BlsError("text_input is required")
+    max_tokens = io.get(request, "max_tokens")
+    if max_tokens is None or max_tokens.size == 0:
+        raise BlsError(f"{MAX_TOKENS_RULE}: max_tokens is missing")
+    if (max_tokens <= 0).any():
+        raise BlsError(f"{MAX_TOKENS_RULE}, got {int(max_tokens.min())}")
+    for row in range(batch):
+        def get(name, row=row):
+            value = io.get(request, name)
+            return None if value is None or value.size == 0 else _rows(value, batch)[row].reshape(-1)[0].item()
+
+        try:
+            request_rules.check_ranges(get, use_client_names=True)
+        except request_rules.RuleError as exc:
+            raise BlsError(str(exc)) from None
+        for name in ("num_draft_tokens", "draft_timeout_ms"):
+            value = get(name)
+            if value is not None and not value >= 0:
+                raise BlsError(f"{name} must be >= 0, got {value}")
 
 
 class TritonPythonModel:
@@ -128,6 +152,7 @@ class TritonPythonModel:
         repo = Path(args["model_repository"]).parent
         self.target_decoupled = _model_is_decoupled(repo / self.target_name)
         self.draft_decoupled = bool(self.draft_name) and _model_is_decoupled(repo / self.draft_name)
+        self.target_max_draft_len = engine_max_draft_len(repo / self.target_name)
         self.counters = SpecDecodeCounters(args["model_name"], args["model_version"])
         self.detokenizer = _local_detokenizer(repo / "postprocessing")
 
@@ -152,24 +177,25 @@ class TritonPythonModel:
 
     def _serve(self, request, sender) -> None:
         try:
+            text = io.get(request, "text_input")
+            batch = 1 if text is None else int(text.shape[0]) if text.ndim else 1
+            check_client_inputs(request, batch)
             num_draft = int(io.scalar(request, "num_draft_tokens", 0) or 0)
             streaming = io.flag(request, "stream")
             if streaming and not self.decoupled:
                 raise BlsError(STREAMING_NEEDS_DECOUPLED)
             if num_draft > 0:
-                self._speculative(request, sender, num_draft, streaming)
+                DraftTarget(self, request, sender, num_draft, streaming).run()
             else:
-                self._forward(request, sender, streaming)
-        except (BlsError, io.RequestError) as exc:
+                self._forward(request, sender, streaming, batch)
+        except (BlsError, SpecError, io.RequestError) as exc:
             self._send(sender, io.error_response(str(exc)), final=True)
         except Exception as exc:  # noqa: BLE001 - every request ends with a final response
             self._send(sender, io.error_response(f"{type(exc).__name__}: {exc}"), final=True)
 
-    def _preprocess(self, request) -> dict:
-        text = io.get(request, "text_input")
-        if text is None:
-            raise BlsError("text_input is required")
-        inputs = {"QUERY": text.reshape(-1, 1)[:1], "REQUEST_OUTPUT_LEN": io.get(request, "max_tokens").reshape(-1, 1)[:1]}
+    def preprocess(self, request, batch: int = 1) -> dict:
+        inputs = {"QUERY": _rows(io.get(request, "text_input"), batch)[:, :1],
+                  "REQUEST_OUTPUT_LEN": _rows(io.get(request, "max_tokens"), batch)[:, :1]}
         for client_name, step_name in (
             ("bad_words", "BAD_WORDS_DICT"), ("stop_words", "STOP_WORDS_DICT"), ("end_id", "END_ID"),
             ("pad_id", "PAD_ID"), ("embedding_bias_words", "EMBEDDING_BIAS_WORDS"),
@@ -177,199 +203,92 @@ class TritonPythonModel:
         ):
             value = io.get(request, client_name)
             if value is not None:
-                inputs[step_name] = _as_row(value)
+                inputs[step_name] = value.reshape(batch, -1)
         wanted = ["INPUT_ID", "REQUEST_INPUT_LEN", "BAD_WORDS_IDS", "STOP_WORDS_IDS", "OUT_END_ID",
                   "OUT_PAD_ID", "EMBEDDING_BIAS", "REQUEST_OUTPUT_LEN"]
-        (response,) = self._call("preprocessing", inputs, wanted, decoupled=False)
+        (response,) = self.call("preprocessing", inputs, wanted, decoupled=False)
         return response
 
-    def _llm_common(self, request, pre: dict) -> dict:
+    def llm_common(self, request, pre: dict, batch: int = 1) -> dict:
+        """The target/draft inputs every call of this request shares: ids, word lists, sampling."""
         inputs = {
-            "end_id": pre["OUT_END_ID"].reshape(1, 1), "pad_id": pre["OUT_PAD_ID"].reshape(1, 1),
-            "stop_words_list": pre["STOP_WORDS_IDS"].reshape(1, 2, -1),
-            "bad_words_list": pre["BAD_WORDS_IDS"].reshape(1, 2, -1),
+            "end_id": pre["OUT_END_ID"].reshape(batch, 1), "pad_id": pre["OUT_PAD_ID"].reshape(batch, 1),
+            "stop_words_list": pre["STOP_WORDS_IDS"].reshape(batch, 2, -1),
+            "bad_words_list": pre["BAD_WORDS_IDS"].reshape(batch, 2, -1),
         }
         if pre["EMBEDDING_BIAS"].size:
-            inputs["embedding_bias"] = pre["EMBEDDING_BIAS"].reshape(1, -1)
+            inputs["embedding_bias"] = pre["EMBEDDING_BIAS"].reshape(batch, -1)
         for client_name, llm_name in SAMPLING_INPUTS.items():
             value = io.get(request, client_name)
             if value is not None:
-                inputs[llm_name] = value.reshape(1, 1)
+                inputs[llm_name] = value.reshape(batch, 1)
         return inputs
 
     # -- non-speculative: forward to the target --------------------------------------------------
 
-    def _forward(self, request, sender, streaming: bool) -> None:
-        batch = io.get(request, "text_input").reshape(-1).shape[0]
-        if batch > 1:
-            raise BlsError("batch size > 1 is not supported by this BLS; send one prompt per request")
-        pre = self._preprocess(request)
-        prompt = [int(t) for t in pre["INPUT_ID"].reshape(-1)[: int(pre["REQUEST_INPUT_LEN"].reshape(-1)[0])]]
-        inputs = self._llm_common(request, pre)
-        inputs.update({
-            "input_ids": np.array([prompt], dtype=np.int32),
-            "input_lengths": np.array([[len(prompt)]], dtype=np.int32),
-            "request_output_len": pre["REQUEST_OUTPUT_LEN"].reshape(1, 1).astype(np.int32),
-            "streaming": np.array([[streaming]], dtype=bool),
-        })
-        for client_name, llm_name in PASSTHROUGH_INPUTS.items():
-            value = io.get(request, client_name)
-            if value is not None:
-                inputs[llm_name] = value.reshape(1, *value.shape[1:]) if value.ndim > 1 else value.reshape(1, -1)
+    def _forward(self, request, sender, streaming: bool, batch: int) -> None:
+        """Upstream's non-speculative path: one target call; every target response becomes one
+        BLS response (text delta when streaming, else the whole text; ``batch_index`` kept)."""
+        if batch > 1 and not (self.decoupled and self.target_decoupled):
+            raise BlsError(f"{BATCH_NEEDS_DECOUPLED} (and a decoupled tensorrt_llm_bls)")
+        inputs = self._forward_inputs(request, streaming, batch)
         wanted = ["output_ids", "sequence_length"] + PASSTHROUGH_OUTPUTS
-        accumulated: list[int] = []
+        accumulated: dict[int, list[int]] = {}
         sent_any = False
-        for response in self._call_iter(self.target_name, inputs, wanted, self.target_decoupled):
+        one_response = not streaming and batch == 1
+        for response in self.call_iter(self.target_name, inputs, wanted, self.target_decoupled):
             if "output_ids" not in response:
                 continue
             length = int(response["sequence_length"].reshape(-1)[0])
             ids = [int(t) for t in response["output_ids"].reshape(-1)[:length]]
             if streaming and self.accumulate:
-                accumulated.extend(ids)
-                ids = accumulated
+                row = int(response["batch_index"].reshape(-1)[0]) if "batch_index" in response else 0
+                ids = accumulated.setdefault(row, []) + ids
+                accumulated[row] = ids
             extra = {k: v for k, v in response.items() if k in PASSTHROUGH_OUTPUTS}
-            self._send(sender, self._text_response(ids, extra), final=not streaming)
+            self.send_text(sender, ids, extra, final=one_response)
             sent_any = True
-        if streaming or not sent_any:
-            if not sent_any and not streaming:
-                raise BlsError(f"{self.target_name} returned no output")
+        if not sent_any and one_response:
+            raise BlsError(f"{self.target_name} returned no output")
+        if not one_response:
             self._send_final_flag(sender)
 
-    # -- speculative: draft-target rounds ----------------------------------------------------------
-
-    def _speculative(self, request, sender, num_draft: int, streaming: bool) -> None:
-        if not self.draft_name:
-            raise BlsError("cannot perform speculative decoding without draft model")
-        if io.get(request, "text_input").reshape(-1).shape[0] > 1:
-            raise BlsError("speculative decoding is not supported with batch size > 1")
-        if io.flag(request, "return_context_logits"):
-            raise BlsError("context logits are not supported with speculative decoding")
-        arrival_ns = time.monotonic_ns()
-        pre = self._preprocess(request)
-        prompt = [int(t) for t in pre["INPUT_ID"].reshape(-1)[: int(pre["REQUEST_INPUT_LEN"].reshape(-1)[0])]]
-        max_new = int(pre["REQUEST_OUTPUT_LEN"].reshape(-1)[0])
-        stop_words = parse_word_list(pre["STOP_WORDS_IDS"].reshape(1, 2, -1))
-        common = self._llm_common(request, pre)
-        use_draft_logits = io.flag(request, "use_draft_logits")
-        exclude = io.flag(request, "exclude_input_in_output")
-        perf_wanted = io.flag(request, "return_perf_metrics")
-        count_in, count_out = io.flag(request, "return_num_input_tokens"), io.flag(request, "return_num_output_tokens")
-        totals = SpecTotals()
-        context = list(prompt)
-        limit = len(prompt) + max_new
-        while True:
-            k = min(num_draft, limit - len(context) - 1)
-            drafts, draft_logits = self._propose(common, context, k, use_draft_logits) if k > 0 else ([], None)
-            previous = context
-            context, perf = self._verify(common, context, drafts, draft_logits)
-            totals.add_round(perf, had_drafts=bool(drafts))
-            done = (
-                len(context) >= limit
-                or (drafts and context == previous + drafts)
-                or context == previous
-                or any(w and context[-len(w):] == w for w in stop_words)
-                or self._cancelled(sender)
-            )
-            if streaming:
-                delta = context[len(previous):]
-                extra = self._spec_extras(totals, arrival_ns, perf_wanted, len(prompt), len(delta), count_in, count_out)
-                self._send(sender, self._text_response(delta, extra), final=done)
-            if done:
-                break
-        self.counters.add(totals.draft_tokens, totals.accepted_tokens, totals.verify_steps)
-        if not streaming:
-            ids = context[len(prompt):] if exclude else context
-            extra = self._spec_extras(totals, arrival_ns, perf_wanted, len(prompt), len(context) - len(prompt), count_in, count_out)
-            self._send(sender, self._text_response(ids, extra), final=True)
-
-    def _propose(self, common: dict, context: list[int], k: int, use_draft_logits: bool):
-        inputs = dict(common)
+    def _forward_inputs(self, request, streaming: bool, batch: int) -> dict:
+        pre = self.preprocess(request, batch)
+        inputs = self.llm_common(request, pre, batch)
         inputs.update({
-            "input_ids": np.array([context], dtype=np.int32),
-            "input_lengths": np.array([[len(context)]], dtype=np.int32),
-            "request_output_len": np.array([[k]], dtype=np.int32),
-            "min_tokens": np.array([[k]], dtype=np.int32),
-            "streaming": np.array([[False]]), "exclude_input_in_output": np.array([[False]]),
+            "input_ids": pre["INPUT_ID"].reshape(batch, -1).astype(np.int32),
+            "input_lengths": pre["REQUEST_INPUT_LEN"].reshape(batch, 1).astype(np.int32),
+            "request_output_len": pre["REQUEST_OUTPUT_LEN"].reshape(batch, -1)[:, :1].astype(np.int32),
+            "streaming": np.array([[streaming]] * batch, dtype=bool),
         })
-        if use_draft_logits:
-            inputs["return_generation_logits"] = np.array([[True]])
-        wanted = ["output_ids", "sequence_length"] + (["generation_logits"] if use_draft_logits else [])
-        (out,) = self._call(self.draft_name, inputs, wanted, self.draft_decoupled)
-        length = int(out["sequence_length"].reshape(-1)[0])
-        drafts = [int(t) for t in out["output_ids"].reshape(-1)[len(context):length]]
-        logits = None
-        if use_draft_logits and drafts and "generation_logits" in out:
-            gen = out["generation_logits"]
-            logits = gen.reshape(-1, gen.shape[-1])[-len(drafts):]
-        return drafts, logits
-
-    def _verify(self, common: dict, context: list[int], drafts: list[int], draft_logits):
-        inputs = dict(common)
-        inputs.update({
-            "input_ids": np.array([context], dtype=np.int32),
-            "input_lengths": np.array([[len(context)]], dtype=np.int32),
-            "request_output_len": np.array([[len(drafts) + 1]], dtype=np.int32),
-            "streaming": np.array([[False]]), "exclude_input_in_output": np.array([[False]]),
-            "return_perf_metrics": np.array([[True]]),
-        })
-        if drafts:
-            inputs["draft_input_ids"] = np.array([drafts], dtype=np.int32)
-        if draft_logits is not None:
-            inputs["draft_logits"] = draft_logits.reshape(1, *draft_logits.shape)
-        (out,) = self._call(self.target_name, inputs, ["output_ids", "sequence_length"] + PERF_NAMES, self.target_decoupled)
-        length = int(out["sequence_length"].reshape(-1)[0])
-        perf = {name: out[name].reshape(-1)[0].item() for name in PERF_NAMES if name in out}
-        return [int(t) for t in out["output_ids"].reshape(-1)[:length]], perf
-
-    def _spec_extras(self, totals: SpecTotals, arrival_ns: int, perf: bool, n_in: int, n_out: int, count_in: bool, count_out: bool) -> dict:
-        extra = {}
-        if perf:
-            last = totals.last_perf
-            values = {
-                "kv_cache_alloc_new_blocks": (last.get("kv_cache_alloc_new_blocks", 0), np.int32),
-                "kv_cache_reused_blocks": (last.get("kv_cache_reused_blocks", 0), np.int32),
-                "kv_cache_alloc_total_blocks": (last.get("kv_cache_alloc_total_blocks", 0), np.int32),
-                "arrival_time_ns": (arrival_ns, np.int64),
-                "first_scheduled_time_ns": (totals.first_scheduled_ns, np.int64),
-                "first_token_time_ns": (totals.first_token_ns, np.int64),
-                "last_token_time_ns": (totals.last_token_ns, np.int64),
-                "acceptance_rate": (totals.accepted_tokens / totals.draft_tokens if totals.draft_tokens else 0.0, np.float32),
-                "total_accepted_draft_tokens": (totals.accepted_tokens, np.int32),
-                "total_draft_tokens": (totals.draft_tokens, np.int32),
-            }
-            extra.update({k: np.array([[v]], dtype=t) for k, (v, t) in values.items()})
-        if count_in:
-            extra["num_input_tokens"] = np.array([[n_in]], dtype=np.int32)
-        if count_out:
-            extra["num_output_tokens"] = np.array([[n_out]], dtype=np.int32)
-        return extra
-
-    @staticmethod
-    def _cancelled(sender) -> bool:
-        try:
-            return bool(sender.is_cancelled())
-        except Exception:  # noqa: BLE001
-            return False
+        for client_name, llm_name in PASSTHROUGH_INPUTS.items():
+            value = io.get(request, client_name)
+            if value is not None:
+                inputs[llm_name] = _rows(value, batch)
+        return inputs
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    def _text_response(self, ids: list[int], extra: dict):
+    def text_tensor(self, ids: list[int]) -> np.ndarray:
+        """``text_output`` as upstream's postprocessing makes it: 1-D, one string per (row × beam)."""
         if self.detokenizer is not None:
-            text = np.array([[self.detokenizer(ids).encode("utf-8")]], dtype=object)
-            outputs = [io.tensor("text_output", text)] + [io.tensor(name, value) for name, value in extra.items()]
-            return pb_utils.InferenceResponse(output_tensors=outputs)
+            return np.array([self.detokenizer(ids).encode("utf-8")], dtype=object)
         tokens = np.array(ids, dtype=np.int32).reshape(1, 1, len(ids))
-        (post,) = self._call(
+        (post,) = self.call(
             "postprocessing",
             {"TOKENS_BATCH": tokens, "SEQUENCE_LENGTH": np.array([[len(ids)]], dtype=np.int32)},
             ["OUTPUT"], decoupled=False,
         )
-        outputs = [io.tensor("text_output", post["OUTPUT"].reshape(1, -1))]
-        outputs += [io.tensor(name, value) for name, value in extra.items()]
-        return pb_utils.InferenceResponse(output_tensors=outputs)
+        return post["OUTPUT"].reshape(-1)
 
-    def _call(self, model: str, inputs: dict, wanted: list[str], decoupled: bool) -> list[dict]:
-        responses = list(self._call_iter(model, inputs, wanted, decoupled))
+    def send_text(self, sender, ids: list[int], extra: dict, final: bool) -> None:
+        outputs = [io.tensor("text_output", self.text_tensor(ids))]
+        outputs += [io.tensor(name, value) for name, value in extra.items()]
+        self._send(sender, pb_utils.InferenceResponse(output_tensors=outputs), final=final)
+
+    def call(self, model: str, inputs: dict, wanted: list[str], decoupled: bool) -> list[dict]:
+        responses = list(self.call_iter(model, inputs, wanted, decoupled))
         data = [r for r in responses if r]
         if not data:
             raise BlsError(f"{model} returned no output")
@@ -385,7 +304,7 @@ class TritonPythonModel:
         merged["sequence_length"] = np.array([[len(ids)]], dtype=np.int32)
         return merged
 
-    def _call_iter(self, model: str, inputs: dict, wanted: list[str], decoupled: bool):
+    def call_iter(self, model: str, inputs: dict, wanted: list[str], decoupled: bool):
         tensors = [pb_utils.Tensor(name, np.ascontiguousarray(value)) for name, value in inputs.items()]
         infer = pb_utils.InferenceRequest(model_name=model, requested_output_names=wanted, inputs=tensors)
         results = infer.exec(decoupled=True) if decoupled else [infer.exec()]
@@ -393,6 +312,13 @@ class TritonPythonModel:
             if response.has_error():
                 raise BlsError(response.error().message())
             yield {t.name(): t.as_numpy() for t in response.output_tensors()}
+
+    @staticmethod
+    def cancelled(sender) -> bool:
+        try:
+            return bool(sender.is_cancelled())
+        except Exception:  # noqa: BLE001
+            return False
 
     @staticmethod
     def _send(sender, response, final: bool) -> None:

@@ -3,7 +3,9 @@
 streaming deltas (decoupled only), end token excluded, ``draft_input_ids`` → accepted + 1 in one
 step, the ten perf-metric outputs, ``num_input_tokens``/``num_output_tokens`` (the count in that
 response), batch > 1 on decoupled deployments (one response stream per row, ``batch_index``),
-cancellation by gRPC cancel or the ``stop`` input, upstream error texts.
+cancellation by gRPC cancel or the ``stop`` input, upstream error texts. Before a request is
+submitted its inputs pass TensorRT-LLM's ranges and the CPU engine's limits
+(:mod:`.request_rules`, docs/request-validation.md): a bad value is an error naming the input.
 
 Decoupled: every request gets its own thread that drains the engine's chunks into the request's
 response sender, so ``execute`` returns at once and the engine keeps batching across calls. The
@@ -36,7 +38,7 @@ import triton_python_backend_utils as pb_utils
 
 from pipeline.cpu_pinning import engine_cpus_from_env
 from pipeline.reference.api import ENGINE_PROCESS_ENV, Chunk
-from pipeline.triton_models import io
+from pipeline.triton_models import io, request_rules
 from pipeline.triton_models.metrics import SpecDecodeCounters
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -231,30 +233,22 @@ class TritonPythonModel:
         return handle
 
     def _parse(self, request, request_id: str):
-        """One batch row's inputs → (ResponseOptions, GenerationRequest)."""
-        from pipeline.reference.api import GenerationRequest, SamplingParams  # noqa: PLC0415
+        """One batch row's inputs → (ResponseOptions, GenerationRequest); a bad value raises
+        RequestError naming the input (the rules: docs/request-validation.md)."""
+        from pipeline.reference.api import GenerationRequest  # noqa: PLC0415
 
-        input_ids = io.get(request, "input_ids")
-        if input_ids is None:
-            raise io.RequestError("input_ids is required by the CPU reference engine")
-        input_ids = input_ids.reshape(1, -1)
         streaming = io.flag(request, "streaming")
         if streaming and not self.decoupled:
             raise io.RequestError(STREAMING_NEEDS_DECOUPLED)
         for name, message in UNSUPPORTED_FLAGS.items():
             if io.flag(request, name):
                 raise io.RequestError(message)
-        if int(io.scalar(request, "beam_width", 1)) > 1:
-            raise io.RequestError("beam_width > 1 is not supported with the CPU reference engine")
-        if int(io.scalar(request, "num_return_sequences", 1) or 1) > 1:
-            raise io.RequestError("num_return_sequences > 1 is not supported by the CPU reference engine")
-        length = int(io.scalar(request, "input_lengths", input_ids.shape[1]))
-        prompt = [int(t) for t in input_ids[0, : max(0, min(length, input_ids.shape[1]))]]
-        if not prompt:
-            raise io.RequestError("input_ids is empty")
-        max_new = int(io.scalar(request, "request_output_len", 0))
-        if max_new <= 0:
-            raise io.RequestError(f"request_output_len must be > 0, got {max_new}")
+        prompt = self._prompt(request)
+        end_id = self._check_rules(request)
+        max_new = io.scalar(request, "request_output_len", None)
+        if max_new is None:
+            raise io.RequestError("request_output_len is not present in the request")  # upstream's text
+        max_new = int(max_new)
         limit = int(getattr(self.engine, "max_seq_len", 0) or 0)
         if limit and len(prompt) + max_new > limit:
             raise io.RequestError(
@@ -263,23 +257,16 @@ class TritonPythonModel:
             )
         drafts = io.get(request, "draft_input_ids")
         draft_logits = io.get(request, "draft_logits")
-        end_id = io.scalar(request, "end_id", None)
         pad_id = io.scalar(request, "pad_id", None)
-        seed = io.scalar(request, "seed", None)
         gen_request = GenerationRequest(
             input_ids=prompt,
             max_new_tokens=max_new,
-            end_id=None if end_id is None or int(end_id) < 0 else int(end_id),
+            end_id=None if end_id is None or end_id == -1 else end_id,
             pad_id=None if pad_id is None else int(pad_id),
             min_tokens=int(io.scalar(request, "min_tokens", 0) or 0),
             stop_words=parse_word_list(io.get(request, "stop_words_list")),
             bad_words=parse_word_list(io.get(request, "bad_words_list")),
-            sampling=SamplingParams(
-                temperature=float(io.scalar(request, "temperature", 1.0)),
-                top_k=int(io.scalar(request, "runtime_top_k", 0)),
-                top_p=float(io.scalar(request, "runtime_top_p", 0.0)),
-                seed=None if seed is None else int(seed),
-            ),
+            sampling=self._sampling(request),
             draft_input_ids=None if drafts is None or drafts.size == 0 else [int(t) for t in drafts.reshape(-1)],
             draft_logits=None if draft_logits is None or draft_logits.size == 0
             else draft_logits.reshape(-1, draft_logits.shape[-1]).astype(float).tolist(),
@@ -295,6 +282,51 @@ class TritonPythonModel:
             num_output_tokens=io.flag(request, "return_num_output_tokens"),
         )
         return options, gen_request
+
+    @staticmethod
+    def _prompt(request) -> list[int]:
+        input_ids = io.get(request, "input_ids")
+        if input_ids is None:
+            # upstream: "input_ids or encoder_input_features is not present in the request"
+            raise io.RequestError("input_ids is required: the CPU reference engine takes token ids "
+                                  "(encoder_input_features is not supported)")
+        input_ids = input_ids.reshape(1, -1)
+        length = io.scalar(request, "input_lengths", None)
+        if length is None:  # required in the config, yet Triton 2.51 lets a request without it through
+            raise io.RequestError("input_lengths is required (upstream: input lengths tensor not provided)")
+        length = int(length)
+        prompt = [int(t) for t in input_ids[0, : max(0, min(length, input_ids.shape[1]))]]
+        if not prompt:
+            raise io.RequestError("input_ids is empty")
+        return prompt
+
+    def _check_rules(self, request) -> int | None:
+        """TensorRT-LLM's ranges, then the CPU engine's limits; returns the end_id (or None)."""
+        def get(name):
+            return io.scalar(request, name, None)
+
+        end_id = get("end_id")
+        try:
+            request_rules.check_ranges(get)
+            vocab = getattr(self.engine, "vocab_size", None)
+            if vocab:
+                request_rules.check_end_id(None if end_id is None else int(end_id), int(vocab))
+            request_rules.check_cpu_engine(get)
+        except request_rules.RuleError as exc:
+            raise io.RequestError(str(exc)) from None
+        return None if end_id is None else int(end_id)
+
+    @staticmethod
+    def _sampling(request):
+        from pipeline.reference.api import SamplingParams  # noqa: PLC0415
+
+        seed = io.scalar(request, "seed", None)
+        return SamplingParams(
+            temperature=float(io.scalar(request, "temperature", 1.0)),
+            top_k=int(io.scalar(request, "runtime_top_k", 0)),
+            top_p=float(io.scalar(request, "runtime_top_p", 0.0)),
+            seed=None if seed is None else int(seed),
+        )
 
     # -- responses -----------------------------------------------------------------------------
 

@@ -1,6 +1,8 @@
 """Our Prometheus counters (outside ``nv_*``, contract §8.1): draft tokens offered, draft tokens
-accepted and verify steps (plus cancelled requests), labelled ``model`` and ``version``, published through the Python
-backend's ``pb_utils.MetricFamily`` on Triton's metrics port and updated once per request."""
+accepted and verify steps, cancelled requests, and speculation fallbacks (requests that went on
+target-only after a draft failure, label ``reason`` = error | timeout), labelled ``model`` and
+``version``, published through the Python backend's ``pb_utils.MetricFamily`` on Triton's
+metrics port and updated once per request."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ DRAFT_TOKENS = "specdeploy_spec_decode_draft_tokens_total"
 ACCEPTED_TOKENS = "specdeploy_spec_decode_accepted_tokens_total"
 VERIFY_STEPS = "specdeploy_spec_decode_verify_steps_total"
 CANCELLED = "specdeploy_requests_cancelled_total"
+FALLBACKS = "specdeploy_spec_decode_fallbacks_total"
+FALLBACK_REASONS = ("error", "timeout")
 
 
 class SpecDecodeCounters:
@@ -31,6 +35,14 @@ class SpecDecodeCounters:
         self._draft, self._accepted, self._verify = (f.Metric(labels=labels) for f in self._families)
         self._cancelled_family = pb_utils.MetricFamily(CANCELLED, "Requests that ended by cancellation", pb_utils.MetricFamily.COUNTER)
         self._cancelled = self._cancelled_family.Metric(labels=labels)
+        self._fallback_family = pb_utils.MetricFamily(
+            FALLBACKS, "Speculative requests that continued target-only after a draft failure", pb_utils.MetricFamily.COUNTER)
+        self._fallbacks = {reason: self._fallback_family.Metric(labels={**labels, "reason": reason})
+                           for reason in FALLBACK_REASONS}
+
+    def fallback(self, reason: str) -> None:
+        with _METRICS_LOCK:
+            self._fallbacks[reason].increment(1.0)
 
     def cancelled(self) -> None:
         with _METRICS_LOCK:
