@@ -10,7 +10,7 @@ Non-streaming: one response, ``text_output`` = decode(C) (prompt included unless
 upstream. Our extension: with ``stream=true`` on a decoupled BLS each round's accepted tokens are
 one delta response. Acceptance figures cover the whole generation, not only the last round.
 
-Fallback (docs/triton-contract-llm.md): when a draft call fails (an error response, or an answer
+Fallback (docs/triton-contract.md): when a draft call fails (an error response, or an answer
 later than the request's ``draft_timeout_ms``) the request stops drafting and continues
 target-only: the target then asks for every remaining token itself, so the output is what the
 target alone produces. The request reports ``draft_fallbacks`` = 1 among its perf outputs, the
