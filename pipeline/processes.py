@@ -108,7 +108,7 @@ def stop_processes(procs: list[psutil.Process], timeout_s: float, tick=None) -> 
     needed SIGKILL. Never reaps: a child of the caller stays the caller's to wait for."""
     members = _family(procs)
     _signal_all(members, signal.SIGTERM)
-    left = _family(wait_ended(members, timeout_s, tick))
+    left = [p for p in _family(wait_ended(members, timeout_s, tick)) if not _ended(p)]
     _signal_all(left, signal.SIGKILL)
     wait_ended(left, KILL_WAIT_S, tick)
     return [p.pid for p in left]
