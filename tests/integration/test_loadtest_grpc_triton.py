@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -154,12 +156,25 @@ def test_grpc_inflight_at_stop_recorded_and_run_terminates(tmp_path, fake_triton
     assert sum(r["status"] == "incomplete_at_stop" for r in records) >= 1
 
 
+def kill_at_first_ok(raw_dir: Path, server, done: threading.Event, killed: threading.Event) -> None:
+    """Kill the server's process group once a raw file holds an ``ok`` record (records are
+    line-buffered), i.e. after the client has seen one complete request, however slow the machine."""
+    while not done.is_set():
+        for part in raw_dir.glob("raw.*.jsonl"):
+            for line in part.read_text().splitlines():
+                try:
+                    ok = json.loads(line)["status"] == "ok"
+                except (ValueError, KeyError):  # a line still being written
+                    continue
+                if ok:
+                    os.killpg(server.pid, signal.SIGKILL)
+                    killed.set()
+                    return
+        done.wait(0.05)
+
+
 @pytest.mark.slow
 def test_server_killed_mid_run_is_recorded_and_locust_exits(tmp_path, tmp_path_factory):
-    import signal
-    import threading
-    import time
-
     from pipeline.serve import start_server
 
     repo = tmp_path_factory.mktemp("fake_repo_kill") / "repo"
@@ -167,15 +182,16 @@ def test_server_killed_mid_run_is_recorded_and_locust_exits(tmp_path, tmp_path_f
     (repo / "fake_stream" / "config.pbtxt").write_text(CONFIG)
     (repo / "fake_stream" / "1" / "model.py").write_text(MODEL)
     server = start_server(repo, startup_timeout_s=120)
-    killer = threading.Timer(2.5, lambda: os.killpg(server.pid, signal.SIGKILL))
+    done, killed = threading.Event(), threading.Event()
+    killer = threading.Thread(target=kill_at_first_ok, args=(tmp_path, server, done, killed), daemon=True)
     killer.start()
-    started = time.monotonic()
-    try:
+    try:  # Locust must end on its own (run_grpc_locust's timeout would fail the test otherwise)
         records, metas = run_grpc_locust(tmp_path, server, users=4, duration_s=5, stop_timeout_s=3)
     finally:
-        killer.cancel()
+        done.set()
+        killer.join(timeout=30)
         server.stop()
-    assert time.monotonic() - started < 5 + 3 + 30  # ended on its own (watchdog at worst)
+    assert killed.is_set(), "no ok record before the run ended: the server was never killed"
     assert not server.alive()
     assert sum(m["sent"] for m in metas) == len(records)
     assert any(r["status"] == "ok" for r in records)
