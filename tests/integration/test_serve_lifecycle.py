@@ -201,14 +201,14 @@ def test_a_server_nobody_owns_and_a_busy_port_are_named(tmp_path):
             assert stale.poll() is None
             time.sleep(0.1)
         with pytest.raises(ServeError) as info:
-            start_server(repo, startup_timeout_s=60)
+            start_server(repo, startup_timeout_s=60).stop()  # stopped, should it start after all
         message = str(info.value)
         assert f"still serves {repo.resolve()} and nothing owns it any more: pid {stale.pid} (" in message
         assert f"stop it with `kill -TERM -- -{stale.pid}`" in message
         other = tmp_path / "other"
         other.mkdir()
         with pytest.raises(ServeError, match=rf"http port {ports.http} is held by a tritonserver: pid {stale.pid} "):
-            start_server(other, http_port=ports.http, startup_timeout_s=60)  # another repository, the same port
+            start_server(other, http_port=ports.http, startup_timeout_s=60).stop()  # another repository, the same port
     finally:
         stale.terminate()
         stale.wait(timeout=60)
@@ -216,4 +216,4 @@ def test_a_server_nobody_owns_and_a_busy_port_are_named(tmp_path):
         listener.bind(("127.0.0.1", ports.grpc))
         listener.listen()
         with pytest.raises(ServeError, match=rf"grpc port {ports.grpc} is held by another process: pid {os.getpid()} "):
-            start_server(repo, grpc_port=ports.grpc, startup_timeout_s=60)
+            start_server(repo, grpc_port=ports.grpc, startup_timeout_s=60).stop()
