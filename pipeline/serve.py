@@ -47,7 +47,8 @@ from pipeline.cpu_pinning import CpuPlan, allowed_cpus, plan_pinning, spawn_on
 from pipeline.reference.api import ENGINE_PROCESS_ENV
 from pipeline.errors import ServeError
 from pipeline.paths import PROJECT_ROOT, logs_dir
-from pipeline.processes import OwnedProcess, describe, free_ports, kept, port_holder, port_in_use, spawn
+from pipeline.processes import OwnedProcess, free_ports, spawn
+from pipeline.stale_server import check_no_stale_server
 
 STUB_NAME = "triton_python_backend_stub"
 DEFAULT_HOST = "127.0.0.1"
@@ -282,67 +283,6 @@ class RunningServer:
     def detach(self) -> None:
         """Let the server outlive this process (``specdeploy serve`` without ``--foreground``)."""
         self.process.detach()
-
-
-# ----------------------------------------------------------------------------------------------
-# Servers nobody owns any more, busy ports
-
-
-def _is_tritonserver(proc) -> bool:
-    import psutil  # noqa: PLC0415
-
-    with contextlib.suppress(psutil.Error, IndexError):
-        return Path(proc.cmdline()[0]).name == "tritonserver"
-    return False
-
-
-def _serves(proc, repo: Path) -> bool:
-    import psutil  # noqa: PLC0415
-
-    with contextlib.suppress(psutil.Error):
-        return _is_tritonserver(proc) and f"--model-repository={repo}" in proc.cmdline()
-    return False
-
-
-def stale_servers(repo: Path, pid_file: Path) -> list:
-    """Live tritonservers of this repository that no keeper owns (left by a specdeploy that
-    ended before this guarantee existed, or whose keeper was killed alone), plus the one the pid
-    file names if it is such a server."""
-    import psutil  # noqa: PLC0415
-
-    found = {p.pid: p for p in psutil.process_iter() if _serves(p, repo) and not kept(p)}
-    with contextlib.suppress(OSError, ValueError, psutil.Error):
-        proc = psutil.Process(int(pid_file.read_text().split()[0]))
-        if proc.create_time() <= pid_file.stat().st_mtime + 1 and _is_tritonserver(proc) and not kept(proc):
-            found.setdefault(proc.pid, proc)
-    return list(found.values())
-
-
-def stop_hint(proc) -> str:
-    try:
-        group = os.getpgid(proc.pid)
-    except OSError:
-        group = None
-    return f"kill -TERM -- -{group}" if group == proc.pid else f"kill -TERM {proc.pid}"
-
-
-def _port_problem(name: str, port: int) -> str:
-    holder = port_holder(port)
-    if holder is None:
-        return f"{name} port {port} is in use by a process this user cannot see; pick another (--{name}-port)"
-    what = "a tritonserver" if _is_tritonserver(holder) else "another process"
-    return (f"{name} port {port} is held by {what}: {describe(holder)}; stop it with `{stop_hint(holder)}` "
-            f"or pick another port (--{name}-port)")
-
-
-def check_no_stale_server(repo: Path, ports: Ports, host: str, pid_file: Path) -> None:
-    """Refuse to start beside a server of ours nobody owns, or on a busy port; name the process."""
-    problems = [f"a tritonserver from an earlier run still serves {repo} and nothing owns it any more: "
-                f"{describe(proc)}; stop it with `{stop_hint(proc)}`" for proc in stale_servers(repo, pid_file)]
-    problems += [_port_problem(name, port) for name, port in
-                 (("http", ports.http), ("grpc", ports.grpc), ("metrics", ports.metrics)) if port_in_use(port, host)]
-    if problems:
-        raise ServeError("cannot start tritonserver:\n  " + "\n  ".join(problems))
 
 
 def repository_models(repo: Path) -> list[str]:
