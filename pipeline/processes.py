@@ -198,10 +198,15 @@ class OwnedProcess:
         return self.keeper.returncode
 
     def poll(self) -> int | None:
-        return self.keeper.poll()
+        code = self.keeper.poll()
+        if code is not None:
+            _release(self.keeper.pid)
+        return code
 
     def wait(self, timeout: float | None = None) -> int:
-        return self.keeper.wait(timeout)
+        code = self.keeper.wait(timeout)
+        _release(self.keeper.pid)  # the keeper is gone: its socket end is of no more use
+        return code
 
     def alive(self) -> bool:
         """The command runs (its keeper may still be stopping what it left behind)."""

@@ -202,3 +202,10 @@ def test_free_ports_and_who_holds_a_port():
         holder = port_holder(ports[0])
         assert holder is not None and holder.pid == os.getpid()
         assert describe(holder).startswith(f"pid {os.getpid()} (") and "started" in describe(holder)
+
+
+def test_a_finished_command_leaves_no_socket_open():
+    before = len(psutil.Process().net_connections(kind="unix"))
+    for _ in range(5):
+        assert spawn([sys.executable, "-c", "pass"]).wait(timeout=DEADLINE_S) == 0
+    assert len(psutil.Process().net_connections(kind="unix")) == before
