@@ -154,13 +154,19 @@ def test_cli_serve_foreground_ctrl_c(serving_workdir, dt_cfg):
         serve.cleanup()
 
 
-def test_cli_serve_foreground_stops_on_sigint_even_when_started_with_sigint_ignored(serving_workdir, dt_cfg):
-    """A background job of a shell script starts with SIGINT ignored; `serve --foreground` must
-    still stop cleanly on it (and on SIGTERM, already handled before)."""
-    serve = ForegroundServe(serving_workdir, dt_cfg, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+def _ignore_stop_signals() -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_cli_serve_foreground_stops_on_a_signal_it_was_started_ignoring(serving_workdir, dt_cfg, sig):
+    """A background job of a shell script starts with SIGINT ignored (we ignore SIGTERM too);
+    `serve --foreground` must still stop cleanly on either."""
+    serve = ForegroundServe(serving_workdir, dt_cfg, preexec_fn=_ignore_stop_signals)
     try:
         family = serve.wait_serving()
-        serve.proc.send_signal(signal.SIGINT)
+        serve.proc.send_signal(sig)
         text = serve.rest()
         assert serve.proc.returncode == 0 and "server stopped" in text, text
         wait_gone(family, serve.ports)
