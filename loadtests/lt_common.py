@@ -243,7 +243,8 @@ class RecordWriter:
         self.pid = os.getpid()
         self.path = Path(f"{prefix}.{self.pid}.jsonl")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the run
+        # line-buffered: each record reaches the file when written (a killed Locust loses none)
+        self._fh = open(self.path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - lives as long as the run
 
     def write(self, record: dict[str, Any]) -> None:
         self._fh.write(json.dumps(record, separators=(",", ":")) + "\n")

@@ -5,8 +5,8 @@ outputs, ``logs/<step>.log`` (the step's stdout + stderr), ``.stamps/<step>.json
 of the outputs in place) and, last, ``manifest.json`` (the contract every later stage reads).
 
 - **No shell**: steps are argv lists, run by a :class:`StepExecutor` (injectable; the default
-  :class:`SubprocessExecutor` starts each step in its own process group and kills that group on
-  Ctrl-C/SIGTERM).
+  :class:`SubprocessExecutor` starts each step in its own process group, stops that tree on
+  Ctrl-C/SIGTERM, and the step ends with the build however the build ends).
 - **Cache**: a step is skipped when its key — sha256 of the argv plus a fingerprint of each input
   (the producing step's key for outputs of earlier steps, file content otherwise) — equals the
   stamp and its outputs exist.
@@ -40,6 +40,7 @@ from pipeline.errors import BuildError, StaleInputError
 from pipeline.paths import PROJECT_ROOT, engine_root, manifest_path
 from pipeline.plan import BuildPlan, Step, make_plan
 from pipeline.trtllm.checkpoint_config import validate_checkpoint_dir
+from pipeline.processes import spawn
 from pipeline.trtllm.engine_config import draft_target_pair_problems, validate_engine_dir
 from pipeline.trtllm.layout import missing_scripts, missing_scripts_fix, missing_scripts_message
 
@@ -62,7 +63,8 @@ class StepExecutor(Protocol):
 
 
 class SubprocessExecutor:
-    """Runs each step as a child process in its own process group, output appended to the log."""
+    """Runs each step as a child process in its own process group, output appended to the log;
+    under a keeper (:func:`pipeline.processes.spawn`), so a step never outlives the build."""
 
     def __init__(self, kill_timeout_s: float = 10.0):
         self.kill_timeout_s = kill_timeout_s
@@ -71,26 +73,14 @@ class SubprocessExecutor:
         env = {**os.environ, **step.env}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
         with open(log_path, "ab", buffering=0) as log:
-            proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
+            proc = spawn(argv, env=env, stdout=log, stderr=subprocess.STDOUT, grace_s=self.kill_timeout_s)
             try:
                 while True:  # short waits: Ctrl-C/SIGTERM are seen even if another thread got the signal
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         return proc.wait(timeout=0.2)
             except BaseException:
-                self._kill_group(proc)
+                proc.stop(self.kill_timeout_s)
                 raise
-
-    def _kill_group(self, proc: subprocess.Popen) -> None:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, sig)
-            try:
-                proc.wait(timeout=self.kill_timeout_s)
-                return
-            except subprocess.TimeoutExpired:
-                continue
 
 
 # ------------------------------------------------------------------------------------------------

@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -41,6 +40,7 @@ from pipeline.config import DeploymentConfig, config_hash
 from pipeline.cpu_pinning import spawn_on
 from pipeline.errors import SpecdeployError
 from pipeline.paths import PROJECT_ROOT, manifest_path, reports_root
+from pipeline.processes import spawn
 from pipeline.render import client_target, drafts_in_engine
 
 LOCUSTFILE = PROJECT_ROOT / "loadtests" / "locustfile.py"
@@ -50,6 +50,7 @@ COUNTERS = {
     "accepted_tokens": "specdeploy_spec_decode_accepted_tokens_total",
     "verify_steps": "specdeploy_spec_decode_verify_steps_total",
 }
+LOCUST_STOP_S = 5.0  # SIGTERM → SIGKILL for a Locust run that overran or was interrupted
 USER_CLASSES = {("grpc", "closed"): "GrpcStreamUser", ("http", "closed"): "HttpStreamUser",
                 ("grpc", "open"): "GrpcOpenLoopUser", ("http", "open"): "HttpOpenLoopUser"}
 
@@ -185,12 +186,6 @@ class ArmEndpoint:
     alive: Callable[[], bool] | None = None
     log_tail: Callable[[int], str] | None = None
     client_cpus: tuple[int, ...] | None = None  # the server's CPU plan keeps Locust off the engines' cores
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class ManagedEndpoints:
@@ -567,15 +562,19 @@ def execute_run(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run
     timed_out = False
     with RssSampler(endpoint.pid) as rss, open(log_path, "w", encoding="utf-8") as log:
         with spawn_on(endpoint.client_cpus):
-            proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(PROJECT_ROOT),
-                                    start_new_session=True)
+            # under a keeper: Locust and its worker processes end with this process at the latest
+            proc = spawn(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(PROJECT_ROOT),
+                         grace_s=LOCUST_STOP_S)
         cpu = CpuSampler(proc.pid)
         try:
             exit_code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
-            _kill_group(proc)
+            proc.stop(LOCUST_STOP_S)
             exit_code = proc.wait()
+        except BaseException:  # Ctrl-C: stop Locust now rather than when this process ends
+            proc.stop(LOCUST_STOP_S)
+            raise
         client_cpu_s = cpu.stop()
     after = scrape_counters(endpoint.metrics_url)
     alive = endpoint.alive() if endpoint.alive else True
@@ -604,21 +603,6 @@ def execute_run(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run
         "client_cpu_fraction": client_cpu_s / max(1e-9, (time.time() - started) * cfg.loadtest.processes),
         "server_log_tail": endpoint.log_tail(30) if (not alive and endpoint.log_tail) else None,
     }
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    import signal  # noqa: PLC0415
-
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=5)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 # ------------------------------------------------------------------------------------------------

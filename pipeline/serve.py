@@ -19,10 +19,14 @@ writes the server log to ``engines/NAME/logs/serve-<variant>.log``.
   exact ``docker run`` line is shown instead, mounting every path the repository references.
   Engines built by another TensorRT-LLM version are refused.
 
-The server runs in its own session; :meth:`RunningServer.stop` sends SIGTERM to the process group,
-then SIGKILL after the exit timeout (the bundled server sometimes ignores SIGTERM with a decoupled
-model loaded) and checks with psutil that no stub survives. :func:`serve_deployment` is the
-context manager ``loadtest`` and the tests use.
+The server runs in its own session under a keeper (:mod:`pipeline.processes`): it, its
+Python-backend stubs and the engine workers end when the ``specdeploy`` process that started them
+ends, however it ends. Before starting, a server of ours that nothing owns any more (found by its
+``--model-repository``, or through the pid file ``logs/serve-<variant>.pid``) and a busy port are
+named in the error, with how to stop the process. :meth:`RunningServer.stop` stops the whole tree
+(:func:`pipeline.processes.stop_tree`: SIGTERM, the exit timeout plus a grace period — the
+bundled server sometimes ignores SIGTERM with a decoupled model loaded —, then SIGKILL).
+:func:`serve_deployment` is the context manager ``loadtest`` and the tests use.
 """
 
 from __future__ import annotations
@@ -32,14 +36,14 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -50,10 +54,13 @@ from pipeline.hardware import get_profile
 from pipeline.reference.api import ENGINE_PROCESS_ENV
 from pipeline.errors import ServeError
 from pipeline.paths import PROJECT_ROOT, logs_dir
+from pipeline.processes import OwnedProcess, free_ports, spawn
+from pipeline.stale_server import check_no_stale_server
 
 STUB_NAME = "triton_python_backend_stub"
 DEFAULT_HOST = "127.0.0.1"
 KILL_GRACE_S = 10.0
+OWNER_GONE_GRACE_S = 2.0  # when specdeploy is gone nobody waits for results: stop soon after the exit timeout
 
 
 # ----------------------------------------------------------------------------------------------
@@ -287,18 +294,21 @@ def check_trtllm_version(manifest: dict, installed: str | None) -> None:
 
 @dataclass
 class RunningServer:
-    process: subprocess.Popen
+    process: OwnedProcess
     host: str
     ports: Ports
     log_path: Path
     repo: Path
     exit_timeout_s: float = 5.0
     cpu_plan: CpuPlan | None = None  # the CPU pinning the server runs under (None: unpinned)
-    _descendants: set = field(default_factory=set)
 
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    @property
+    def pid_file(self) -> Path:
+        return self.log_path.with_suffix(".pid")
 
     @property
     def http_url(self) -> str:
@@ -313,7 +323,13 @@ class RunningServer:
         return f"http://{self.host}:{self.ports.metrics}/metrics"
 
     def alive(self) -> bool:
-        return self.process.poll() is None
+        return self.process.alive()
+
+    def exit_status(self) -> int | None:
+        """The server's exit status once it ended (None while its keeper still cleans up)."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return self.process.wait(timeout=KILL_GRACE_S)
+        return None
 
     def log_tail(self, n: int = 40) -> str:
         try:
@@ -322,61 +338,23 @@ class RunningServer:
             return ""
         return "\n".join(lines[-n:])
 
-    def _remember_descendants(self) -> None:
-        import psutil  # noqa: PLC0415
-
-        with contextlib.suppress(psutil.Error):
-            for child in psutil.Process(self.pid).children(recursive=True):
-                self._descendants.add(child.pid)
+    def family(self) -> list[int]:
+        """The server and every descendant seen so far that still runs (stubs, engine workers)."""
+        return sorted({self.pid, *(p.pid for p in self.process.descendants())})
 
     def leftover_processes(self) -> list[int]:
-        import psutil  # noqa: PLC0415
-
-        alive = []
-        for pid in sorted(self._descendants | {self.pid}):
-            with contextlib.suppress(psutil.Error):
-                proc = psutil.Process(pid)
-                if proc.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(pid)
-        return alive
+        return [p.pid for p in self.process.descendants()]
 
     def stop(self, timeout: float | None = None) -> None:
-        """SIGTERM the process group, SIGKILL it after the timeout; leave no process behind."""
-        timeout = self.exit_timeout_s + KILL_GRACE_S if timeout is None else timeout
-        self._remember_descendants()
-        if self.alive():
-            _signal_group(self.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=timeout)
-        if self.alive() or self.leftover_processes():
-            _signal_group(self.pid, signal.SIGKILL)
-            for pid in self.leftover_processes():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while self.leftover_processes() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        """Stop the server's whole tree: SIGTERM, wait ``timeout``, SIGKILL what is left."""
+        self.process.stop(self.exit_timeout_s + KILL_GRACE_S if timeout is None else timeout)
+        with contextlib.suppress(OSError, ValueError):
+            if int(self.pid_file.read_text().split()[0]) == self.pid:
+                self.pid_file.unlink()
 
-
-def _signal_group(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
-
-
-def free_ports(count: int = 3, host: str = DEFAULT_HOST) -> list[int]:
-    sockets, ports = [], []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            sockets.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in sockets:
-            s.close()
-    return ports
+    def detach(self) -> None:
+        """Let the server outlive this process (``specdeploy serve`` without ``--foreground``)."""
+        self.process.detach()
 
 
 def repository_models(repo: Path) -> list[str]:
@@ -396,7 +374,7 @@ def wait_ready(server: RunningServer, models: list[str], timeout_s: float) -> No
     pending = list(models)
     while time.monotonic() < deadline:
         if not server.alive():
-            raise ServeError(f"tritonserver exited with status {server.process.returncode} while starting; "
+            raise ServeError(f"tritonserver exited with status {server.exit_status()} while starting; "
                              f"log {server.log_path}:\n{server.log_tail()}")
         if _http_ok(f"{server.http_url}/v2/health/ready"):
             pending = [m for m in pending if not _http_ok(f"{server.http_url}/v2/models/{m}/ready")]
@@ -418,7 +396,8 @@ def start_server(repo_dir: Path, *, argv: list[str] | None = None, env: dict | N
     until it and every model in the repository are ready. ``cpu_plan``: the server runs on its
     ``other_cpus`` and the engine models learn theirs from the environment
     (:mod:`pipeline.cpu_pinning`); ``cpu_note`` says in the log why there is none.
-    ``engine_process``: where the reference engines run (``reference.engine_process``)."""
+    ``engine_process``: where the reference engines run (``reference.engine_process``). The
+    server ends with this process at the latest (:mod:`pipeline.processes`)."""
     repo_dir = Path(repo_dir).resolve()
     if not repo_dir.is_dir():
         raise ServeError(f"no model repository at {repo_dir}: run `specdeploy render` first")
@@ -426,6 +405,8 @@ def start_server(repo_dir: Path, *, argv: list[str] | None = None, env: dict | N
     ports = Ports(http_port or next(picked), grpc_port or next(picked), metrics_port or next(picked))
     if len({ports.http, ports.grpc, ports.metrics}) != 3:
         raise ServeError(f"http, grpc and metrics ports must differ, got {ports}")
+    log_path = Path(log_path or repo_dir.parent / f"serve-{repo_dir.name}.log")
+    check_no_stale_server(repo_dir, ports, host, log_path.with_suffix(".pid"))
     if argv is None:
         server = prepare_cpu_server()
         argv = cpu_server_argv(server, repo_dir, ports, host, exit_timeout_s)
@@ -434,27 +415,33 @@ def start_server(repo_dir: Path, *, argv: list[str] | None = None, env: dict | N
              **({ENGINE_PROCESS_ENV: engine_process} if engine_process is not None else {})}
     if extra:
         env = {**(os.environ if env is None else env), **extra}
-    log_path = Path(log_path or repo_dir.parent / f"serve-{repo_dir.name}.log")
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "wb") as log:
-        pinning = cpu_plan.describe() if cpu_plan is not None else f"none ({cpu_note or 'not asked for'})"
-        log.write((f"# cpu pinning: {pinning}\n$ " + shlex.join(argv) + "\n").encode())
-        log.flush()
-        try:
-            with spawn_on(cpu_plan.other_cpus if cpu_plan is not None else None):
-                process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                           env=env, start_new_session=True, cwd=str(PROJECT_ROOT))
-        except OSError as exc:
-            raise ServeError(f"cannot start {argv[0]}: {exc}") from None
+    pinning = cpu_plan.describe() if cpu_plan is not None else f"none ({cpu_note or 'not asked for'})"
+    process = _launch(argv, env, log_path, f"# cpu pinning: {pinning}\n", cpu_plan, exit_timeout_s)
     running = RunningServer(process, host, ports, log_path, repo_dir, exit_timeout_s, cpu_plan)
+    running.pid_file.write_text(f"{running.pid}\n")
     if wait:
         try:
             wait_ready(running, repository_models(repo_dir), startup_timeout_s)
         except BaseException:
             running.stop()
             raise
-        running._remember_descendants()
+        running.family()  # remember the stubs and workers: stop() finds them even once orphaned
     return running
+
+
+def _launch(argv: list[str], env: dict | None, log_path: Path, header: str, cpu_plan: CpuPlan | None,
+            exit_timeout_s: float) -> OwnedProcess:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log:
+        log.write((header + "$ " + shlex.join(argv) + "\n").encode())
+        log.flush()
+        try:
+            with spawn_on(cpu_plan.other_cpus if cpu_plan is not None else None):
+                # if this process dies, the keeper gives the server its exit timeout, then SIGKILL
+                return spawn(argv, env=env, cwd=str(PROJECT_ROOT), stdout=log, stderr=subprocess.STDOUT,
+                             grace_s=exit_timeout_s + OWNER_GONE_GRACE_S)
+        except OSError as exc:
+            raise ServeError(f"cannot start {argv[0]}: {exc}") from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -564,32 +551,54 @@ def serve_deployment(cfg: DeploymentConfig, variant: str, *, http_port: int | No
         server.stop()
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop: threading.Event) -> Iterator:
+    """SIGINT, SIGTERM and SIGHUP stop the server whatever this process inherited: a background
+    job of a shell script starts with SIGINT ignored, and Python then never raises
+    KeyboardInterrupt. Until ``started()`` is called a signal interrupts the start
+    (KeyboardInterrupt: ``start_server`` stops what it began); after, it only sets ``stop``, so
+    a second Ctrl-C cannot cut the clean stop short."""
+    state = {"started": False}
+
+    def handler(signum, frame):
+        if not state["started"]:
+            raise KeyboardInterrupt
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    try:
+        yield lambda: state.update(started=True)
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 def serve_foreground(cfg: DeploymentConfig, variant: str, *, http_port: int | None = None,
                      grpc_port: int | None = None, metrics_port: int | None = None, out=sys.stdout,
                      host: str | None = None) -> int:
-    """Run until Ctrl-C / SIGTERM or until the server dies; stop it cleanly either way."""
-    server = start_deployment(
-        cfg, variant,
-        http_port=http_port or cfg.triton.http_port, grpc_port=grpc_port or cfg.triton.grpc_port,
-        metrics_port=metrics_port or cfg.triton.metrics_port, host=host,
-    )
-    print(f"serving {cfg.name} ({variant}) pid {server.pid}\n  HTTP    {server.http_url}\n"
-          f"  gRPC    {server.grpc_url}\n  metrics {server.metrics_url}\n  log     {server.log_path}\n"
-          f"  cpus    {server.cpu_plan.describe() if server.cpu_plan else 'not pinned (the log says why)'}\n"
-          "Ctrl-C stops it.", file=out, flush=True)
-    def _interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        while server.alive():
-            time.sleep(0.5)
-        raise ServeError(f"tritonserver exited with status {server.process.returncode}; log {server.log_path}:\n"
-                         f"{server.log_tail()}")
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        server.stop()
-        print("server stopped", file=out, flush=True)
-
+    """Run until Ctrl-C / SIGTERM / SIGHUP or until the server dies; stop it cleanly either way."""
+    stop = threading.Event()
+    with _stop_on_signals(stop) as started:
+        server = start_deployment(
+            cfg, variant,
+            http_port=http_port or cfg.triton.http_port, grpc_port=grpc_port or cfg.triton.grpc_port,
+            metrics_port=metrics_port or cfg.triton.metrics_port, host=host,
+        )
+        started()
+        print(f"serving {cfg.name} ({variant}) pid {server.pid}\n  HTTP    {server.http_url}\n"
+              f"  gRPC    {server.grpc_url}\n  metrics {server.metrics_url}\n  log     {server.log_path}\n"
+              f"  cpus    {server.cpu_plan.describe() if server.cpu_plan else 'not pinned (the log says why)'}\n"
+              "Ctrl-C stops it.", file=out, flush=True)
+        try:
+            while server.alive() and not stop.wait(0.5):
+                pass
+            if not stop.is_set():
+                raise ServeError(f"tritonserver exited with status {server.exit_status()}; log {server.log_path}:\n"
+                                 f"{server.log_tail()}")
+            return 0
+        finally:
+            server.stop()
+            print("server stopped", file=out, flush=True)

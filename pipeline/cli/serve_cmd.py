@@ -3,9 +3,10 @@ repository (gRPC + HTTP + metrics, bound to ``triton.host``, 127.0.0.1 by defaul
 for a load test from another machine, see docs/gpu-serving.md for what that exposes).
 
 Reads ``engines/NAME/model_repo/<variant>/`` and writes the server log to
-``engines/NAME/logs/serve-<variant>.log``. With ``--foreground`` it runs until Ctrl-C and stops
-the server cleanly; otherwise it leaves the ready server running in its own session, records its
-pid in ``engines/NAME/logs/serve-<variant>.pid`` and prints how to stop it.
+``engines/NAME/logs/serve-<variant>.log`` and its pid to ``engines/NAME/logs/serve-<variant>.pid``.
+With ``--foreground`` it runs until Ctrl-C (or SIGTERM, SIGHUP) and stops the server cleanly, and
+the server never outlives it; otherwise it leaves the ready server running in its own session
+(detached from this process) and prints how to stop it.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ def serve(config: str, variant: str, http_port: int | None, grpc_port: int | Non
           metrics_port: int | None, foreground: bool, host: str | None = None) -> int:
     from pipeline.config import load_config  # noqa: PLC0415
     from pipeline.errors import SpecdeployError  # noqa: PLC0415
-    from pipeline.paths import logs_dir  # noqa: PLC0415
     from pipeline.serve import serve_foreground, start_deployment  # noqa: PLC0415
 
     if variant not in ("baseline", "speculative"):
@@ -48,11 +48,10 @@ def serve(config: str, variant: str, http_port: int | None, grpc_port: int | Non
     if foreground:
         return serve_foreground(cfg, variant, host=host, **ports)
     server = start_deployment(cfg, variant, host=host, **ports)
-    pid_file = logs_dir(cfg) / f"serve-{variant}.pid"
-    pid_file.write_text(f"{server.pid}\n")
+    server.detach()
     print(f"serving {cfg.name} ({variant}) pid {server.pid}\n  HTTP    {server.http_url}\n"
           f"  gRPC    {server.grpc_url}\n  metrics {server.metrics_url}\n  log     {server.log_path}\n"
-          f"stop it with: kill -TERM -- -{server.pid}   (pid also in {pid_file})")
+          f"stop it with: kill -TERM -- -{server.pid}   (pid also in {server.pid_file})")
     return 0
 
 

@@ -13,23 +13,30 @@ stdout, one JSON object a line (the vLLM V1 "engine core process" split):
   then ``{"op": "chunk", "id": ..., <Chunk fields>}`` for every chunk of every request.
 
 :class:`EngineProcess` validates requests in front of the worker with the scheduler's own rules
-(so bad requests fail synchronously, as in-process), routes chunks to per-request streams, and
-ends every open stream with an error chunk if the worker dies. The worker inherits stderr (the
-server log; its own stdout is redirected there too, the protocol keeps a private copy) and the
-stub's process group (stopping the server stops it); it exits when its stdin closes. Reads the
-engine dir (in the worker); writes nothing on disk.
+(so bad requests fail synchronously, as in-process) and routes chunks to per-request streams.
+If the worker dies, every open stream ends with an error chunk saying so, requests are refused
+at once (:class:`EngineUnavailable`) while a new worker starts after a back-off, and after too
+many crashes in a row it is not restarted again (:class:`RestartPolicy`); each change is logged
+and reported to ``on_health`` (the model's /metrics). The worker inherits stderr (the server
+log; its own stdout is redirected there too, the protocol keeps a private copy) and the stub's
+process group; it ignores SIGINT/SIGTERM and exits when its stdin closes or its stdout breaks,
+i.e. with the stub. Reads the engine dir (in the worker); writes nothing on disk.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable
 
@@ -39,6 +46,8 @@ from pipeline.reference.engine import ChunkStream
 from pipeline.reference.scheduler import check_request
 
 LIMITS = ("max_seq_len", "max_draft_len", "max_batch_size", "eos_token_id", "vocab_size")
+MAX_RESTARTS_ENV = "SPECDEPLOY_WORKER_MAX_RESTARTS"
+BACKOFF_ENV = "SPECDEPLOY_WORKER_RESTART_BACKOFF_S"
 
 
 # -- wire format -------------------------------------------------------------------------------
@@ -86,9 +95,12 @@ def serve_engine(engine_dir: Path, cpus: tuple[int, ...] | None, inbox: IO[bytes
 
     def emit(message: dict) -> None:
         data = encode(message)
-        with lock:
-            outbox.write(data)
-            outbox.flush()
+        try:
+            with lock:
+                outbox.write(data)
+                outbox.flush()
+        except OSError:  # the proxy (the stub) is gone: nobody to serve
+            os._exit(1)
 
     try:
         engine = load_engine(engine_dir, cpus=cpus)
@@ -114,6 +126,11 @@ def serve_engine(engine_dir: Path, cpus: tuple[int, ...] | None, inbox: IO[bytes
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
+    # like the Python-backend stub, the worker follows its owner instead of signals: it ends when
+    # its stdin closes (the model's finalize, or the stub's death), so a SIGTERM sent to the
+    # whole server tree cannot take it away before the model has finalized
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     cpus = tuple(int(c) for c in args[1].split(",")) if len(args) > 1 and args[1] else None
     # the protocol keeps the original stdout; anything else written to fd 1 (a library's print,
     # C code) goes to stderr, the server log, instead of into the protocol
@@ -126,6 +143,53 @@ def main(argv: list[str] | None = None) -> None:
 # -- the proxy in the stub -----------------------------------------------------------------------
 
 
+class EngineUnavailable(RuntimeError):
+    """The engine worker is down: restarting after a crash, or no longer restarted."""
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """How a worker that died is restarted: after ``backoff_s``, doubled for every crash in a row
+    up to ``max_backoff_s``; at most ``max_restarts`` times in a row (a failed restart counts as
+    a crash); a worker that served ``stable_s`` starts the count afresh."""
+
+    max_restarts: int = 5
+    backoff_s: float = 0.5
+    max_backoff_s: float = 8.0
+    stable_s: float = 60.0
+
+    @classmethod
+    def from_env(cls, env=None) -> "RestartPolicy":
+        """Defaults, or ``SPECDEPLOY_WORKER_MAX_RESTARTS`` / ``SPECDEPLOY_WORKER_RESTART_BACKOFF_S``."""
+        env = os.environ if env is None else env
+        policy = cls()
+        if env.get(MAX_RESTARTS_ENV):
+            policy = dataclasses.replace(policy, max_restarts=int(env[MAX_RESTARTS_ENV]))
+        if env.get(BACKOFF_ENV):
+            policy = dataclasses.replace(policy, backoff_s=float(env[BACKOFF_ENV]))
+        return policy
+
+    def delay(self, in_a_row: int) -> float:
+        return min(self.backoff_s * 2 ** (in_a_row - 1), max(self.max_backoff_s, self.backoff_s))
+
+
+@dataclass(frozen=True)
+class WorkerHealth:
+    """What ``on_health`` hears after every change (the model publishes it on /metrics)."""
+
+    up: bool
+    crashes: int  # unexpected exits so far, failed restarts included
+    given_up: bool
+
+
+def exit_reason(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+        return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
 class RemoteHandle(ChunkStream):
     def __init__(self, owner: "EngineProcess", request: GenerationRequest, on_chunk):
         super().__init__(request, on_chunk)
@@ -136,30 +200,32 @@ class RemoteHandle(ChunkStream):
 
 
 class EngineProcess:
-    """The engine API (``submit``/``cancel``/``shutdown`` and the limits) over a worker process."""
+    """The engine API (``submit``/``cancel``/``shutdown`` and the limits) over a worker process
+    that is restarted when it dies (:class:`RestartPolicy`); while it is down, and once its
+    restarts ran out, ``submit`` raises :class:`EngineUnavailable` at once."""
 
-    def __init__(self, engine_dir: Path, cpus: tuple[int, ...] | None = None, python: str | None = None):
+    def __init__(self, engine_dir: Path, cpus: tuple[int, ...] | None = None, python: str | None = None, *,
+                 name: str = "", policy: RestartPolicy | None = None,
+                 on_health: Callable[[WorkerHealth], object] | None = None):
         # the stub's sys.executable is the environment's python3 (serve puts its bin first on PATH)
         python = python or sys.executable or shutil.which("python3")
-        argv = [python, "-m", "pipeline.reference.worker", str(engine_dir), ",".join(map(str, cpus or ()))]
-        try:
-            self._process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        except OSError as exc:
-            raise SpecdeployError(f"cannot start the engine worker ({argv[0]}): {exc}") from None
-        first = self._process.stdout.readline()
-        ready = json.loads(first) if first.strip() else {"op": "failed", "error": "the worker exited before it was ready"}
-        if ready.get("op") != "ready":
-            self._process.kill()
-            self._process.wait()
-            raise SpecdeployError(f"engine worker for {engine_dir}: {ready.get('error')}")
-        for key in LIMITS:
-            setattr(self, key, ready[key])
+        self._engine_dir = engine_dir
+        self._argv = [python, "-m", "pipeline.reference.worker", str(engine_dir), ",".join(map(str, cpus or ()))]
+        self._name = name or Path(engine_dir).name
+        self._policy = policy or RestartPolicy.from_env()
+        self._on_health = on_health
         self._streams: dict[str, RemoteHandle] = {}
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
-        self._gone: str | None = None  # why the worker is not there any more
-        self._reader = threading.Thread(target=self._read, name="engine-worker-reader", daemon=True)
-        self._reader.start()
+        self._down: str | None = None  # why the worker cannot take requests now
+        self._closing = threading.Event()
+        self._crashes = self._in_a_row = 0
+        self._process, ready = self._start()
+        for key in LIMITS:
+            setattr(self, key, ready[key])
+        self._started_at = time.monotonic()
+        self._supervisor = threading.Thread(target=self._supervise, name="engine-worker-supervisor", daemon=True)
+        self._supervisor.start()
 
     @property
     def pid(self) -> int:
@@ -171,10 +237,11 @@ class EngineProcess:
             request.request_id = uuid.uuid4().hex
         stream = RemoteHandle(self, request, on_chunk)
         with self._lock:
-            if self._gone:
-                raise RuntimeError(self._gone)
+            if self._down:
+                raise EngineUnavailable(self._down)
             self._streams[request.request_id] = stream
-        self._write(request_message(request))
+            process = self._process
+        self._write(process, request_message(request))
         return stream
 
     def generate(self, request: GenerationRequest):
@@ -182,46 +249,133 @@ class EngineProcess:
 
     def cancel(self, request_id: str) -> bool:
         with self._lock:
-            known = request_id in self._streams
+            known, process = request_id in self._streams, self._process
         if known:
-            self._write({"op": "cancel", "id": request_id})
+            self._write(process, {"op": "cancel", "id": request_id})
         return known
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        with self._write_lock:
-            try:
-                self._process.stdin.close()
-            except OSError:
-                pass
-        try:
-            self._process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
-        self._reader.join(timeout=5)
+        with self._lock:
+            self._closing.set()
+            process = self._process
+        self._close(process, timeout)
+        self._supervisor.join(timeout=5)
 
-    def _write(self, message: dict) -> None:
+    # -- the worker's lifetime -------------------------------------------------------------------
+
+    def _start(self) -> tuple[subprocess.Popen, dict]:
+        """A worker, ready (its limits), or SpecdeployError."""
+        try:
+            process = subprocess.Popen(self._argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        except OSError as exc:
+            raise SpecdeployError(f"cannot start the engine worker ({self._argv[0]}): {exc}") from None
+        first = process.stdout.readline()
+        try:
+            ready = json.loads(first) if first.strip() else {"op": "failed", "error": "the worker exited before it was ready"}
+        except ValueError:
+            ready = {"op": "failed", "error": f"the worker said {first[:200]!r} instead of ready"}
+        if ready.get("op") != "ready":
+            process.kill()
+            process.wait()
+            raise SpecdeployError(f"engine worker for {self._engine_dir}: {ready.get('error')}")
+        return process, ready
+
+    def _close(self, process: subprocess.Popen, timeout: float) -> None:
+        with self._write_lock, contextlib.suppress(OSError):
+            process.stdin.close()  # end of input: the worker shuts its engine down and exits
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def _write(self, process: subprocess.Popen, message: dict) -> None:
         try:
             with self._write_lock:
-                self._process.stdin.write(encode(message))
-                self._process.stdin.flush()
-        except (OSError, ValueError):  # the worker is gone; the reader ends the streams
+                process.stdin.write(encode(message))
+                process.stdin.flush()
+        except (OSError, ValueError):  # the worker is gone; the supervisor ends the streams
             pass
 
-    def _read(self) -> None:
-        for line in self._process.stdout:
-            message = json.loads(line)
+    def _relay(self, process: subprocess.Popen) -> None:
+        """Route the worker's chunks to their streams until its output ends."""
+        for line in process.stdout:
+            try:
+                message = json.loads(line)
+            except ValueError:  # a line cut short by the worker's death; end of output follows
+                continue
             chunk = chunk_from(message)
             with self._lock:
                 stream = self._streams.pop(message["id"], None) if chunk.finished else self._streams.get(message["id"])
             if stream is not None:
                 stream._put(chunk)
-        code = self._process.wait()
+
+    def _supervise(self) -> None:
+        process = self._process
+        try:
+            while process is not None:
+                self._relay(process)
+                code = process.wait()
+                if self._closing.is_set():
+                    return
+                process = self._recover(f"the engine worker (pid {process.pid}) died: {exit_reason(code)}")
+        except Exception as exc:  # noqa: BLE001 - never leave streams hanging
+            self._set_down(f"the engine worker's supervisor failed: {type(exc).__name__}: {exc}", given_up=True)
+
+    def _recover(self, reason: str) -> subprocess.Popen | None:
+        """After a crash: back off, restart; give up after too many crashes in a row."""
+        stable = time.monotonic() - self._started_at >= self._policy.stable_s
+        self._in_a_row = 1 if stable else self._in_a_row + 1
+        while True:
+            self._crashes += 1
+            if self._in_a_row > self._policy.max_restarts:
+                self._set_down(f"{reason}; it crashed {self._in_a_row} times in a row, so it is not restarted "
+                               f"again: {self._name} fails every request until the server is restarted", given_up=True)
+                return None
+            delay = self._policy.delay(self._in_a_row)
+            self._set_down(f"{reason}; restarting it in {delay:g} s (restart {self._in_a_row} of "
+                           f"{self._policy.max_restarts} in a row): retry the request shortly")
+            if self._closing.wait(delay):
+                return None
+            try:
+                process, _ready = self._start()
+            except SpecdeployError as exc:
+                reason, self._in_a_row = f"the restarted engine worker failed to start: {exc}", self._in_a_row + 1
+                continue
+            return self._resume(process)
+
+    def _resume(self, process: subprocess.Popen) -> subprocess.Popen | None:
         with self._lock:
-            self._gone = f"the engine worker process exited (code {code})"
+            if self._closing.is_set():
+                closing = True
+            else:
+                closing, self._process, self._down, self._started_at = False, process, None, time.monotonic()
+        if closing:
+            self._close(process, 30.0)
+            return None
+        _log(self._name, f"engine worker restarted (pid {process.pid})")
+        self._report()
+        return process
+
+    def _set_down(self, reason: str, given_up: bool = False) -> None:
+        """Refuse new requests with ``reason``; end every open stream with it."""
+        with self._lock:
+            self._down = reason
             open_streams, self._streams = list(self._streams.values()), {}
+        _log(self._name, reason)
         for stream in open_streams:
-            stream._put(error_chunk(self._gone))
+            stream._put(error_chunk(reason))
+        self._report(given_up)
+
+    def _report(self, given_up: bool = False) -> None:
+        if self._on_health is not None:
+            with contextlib.suppress(Exception):
+                self._on_health(WorkerHealth(up=self._down is None, crashes=self._crashes, given_up=given_up))
+
+
+def _log(name: str, message: str) -> None:
+    """A line in the server log (the stub's stderr)."""
+    print(f"specdeploy: {name}: {message}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

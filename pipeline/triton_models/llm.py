@@ -152,8 +152,10 @@ class TritonPythonModel:
             self.engine = load_engine(engine_dir, cpus=cpus)
         else:  # its own interpreter: no lock shared with the threads that send responses
             from pipeline.reference.worker import EngineProcess  # noqa: PLC0415
+            from pipeline.triton_models.worker_health import WorkerHealthMetrics  # noqa: PLC0415
 
-            self.engine = EngineProcess(engine_dir, cpus)
+            self.engine = EngineProcess(engine_dir, cpus, name=args["model_name"],  # restarted if it dies
+                                        on_health=WorkerHealthMetrics(args["model_name"], args["model_version"]))
         self.counters = SpecDecodeCounters(args["model_name"], args["model_version"])
         self._lock = threading.Lock()
         self._inflight: dict[str, tuple[object, object]] = {}  # id → (response sender, handle)

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -124,23 +126,27 @@ def run_grpc_locust(tmp: Path, server, users: int, duration_s: int, stop_timeout
     return records, metas
 
 
-def close_to(measured: float, expected: float) -> bool:
-    return abs(measured - expected) <= max(0.02 * expected, 1.0)
+def close_to(measured: float, expected: float, early: float = 0.0) -> bool:
+    """The client measured ``expected``. On a loaded machine a sleep-timed send by the server is
+    only ever late, so little is allowed below (``early``: the share a late first chunk can take
+    off a per-token or per-chunk average) and 15 % above, still short of what a wrong definition
+    gives (the header time, a chunk taken for a token, a token for a chunk, the second chunk)."""
+    return expected * (1 - early) - 1.0 <= measured <= expected * 1.15 + 1.0
 
 
 @pytest.mark.slow
 def test_grpc_stream_user_timing(tmp_path, fake_triton):
     records, metas = run_grpc_locust(tmp_path, fake_triton, users=8, duration_s=5, stop_timeout_s=5)
     ok = [r for r in records if r["status"] == "ok" and r["stage"] == "measure"]
-    assert len(ok) >= 20, [r["error"] for r in records if r["status"] != "ok"][:3]
+    assert len(ok) >= 3, [r["error"] for r in records if r["status"] != "ok"][:3]  # enough for medians
     assert all(r["osl"] == MAX_TOKENS and r["osl_source"] == "server" and r["tokens_per_chunk"] == [1, 2, 2, 2, 2] for r in ok)
     assert all(r["draft_tokens"] == 8 and r["accepted_tokens"] == 4 for r in ok)  # cumulative perf outputs kept
     ttft = np.median([(r["t_first_token"] - r["t_sent"]) / 1e6 for r in ok])
     tpot = np.median([(r["t_last"] - r["t_first_token"]) / 1e6 / (r["osl"] - 1) for r in ok])
     gaps = np.median([(b - a) / 1e6 for r in ok for a, b in zip(r["chunk_times"], r["chunk_times"][1:])])
     assert close_to(ttft, TTFT_MS), ttft
-    assert close_to(tpot, TPOT_MS), tpot
-    assert close_to(gaps, K * TPOT_MS), gaps
+    assert close_to(tpot, TPOT_MS, early=0.1), tpot
+    assert close_to(gaps, K * TPOT_MS, early=0.1), gaps
     assert sum(m["sent"] for m in metas) == len(records)
     assert fake_triton.alive()
 
@@ -154,12 +160,25 @@ def test_grpc_inflight_at_stop_recorded_and_run_terminates(tmp_path, fake_triton
     assert sum(r["status"] == "incomplete_at_stop" for r in records) >= 1
 
 
+def kill_at_first_ok(raw_dir: Path, server, done: threading.Event, killed: threading.Event) -> None:
+    """Kill the server's process group once a raw file holds an ``ok`` record (records are
+    line-buffered), i.e. after the client has seen one complete request, however slow the machine."""
+    while not done.is_set():
+        for part in raw_dir.glob("raw.*.jsonl"):
+            for line in part.read_text().splitlines():
+                try:
+                    ok = json.loads(line)["status"] == "ok"
+                except (ValueError, KeyError):  # a line still being written
+                    continue
+                if ok:
+                    os.killpg(server.pid, signal.SIGKILL)
+                    killed.set()
+                    return
+        done.wait(0.05)
+
+
 @pytest.mark.slow
 def test_server_killed_mid_run_is_recorded_and_locust_exits(tmp_path, tmp_path_factory):
-    import signal
-    import threading
-    import time
-
     from pipeline.serve import start_server
 
     repo = tmp_path_factory.mktemp("fake_repo_kill") / "repo"
@@ -167,15 +186,16 @@ def test_server_killed_mid_run_is_recorded_and_locust_exits(tmp_path, tmp_path_f
     (repo / "fake_stream" / "config.pbtxt").write_text(CONFIG)
     (repo / "fake_stream" / "1" / "model.py").write_text(MODEL)
     server = start_server(repo, startup_timeout_s=120)
-    killer = threading.Timer(2.5, lambda: os.killpg(server.pid, signal.SIGKILL))
+    done, killed = threading.Event(), threading.Event()
+    killer = threading.Thread(target=kill_at_first_ok, args=(tmp_path, server, done, killed), daemon=True)
     killer.start()
-    started = time.monotonic()
-    try:
+    try:  # Locust must end on its own (run_grpc_locust's timeout would fail the test otherwise)
         records, metas = run_grpc_locust(tmp_path, server, users=4, duration_s=5, stop_timeout_s=3)
     finally:
-        killer.cancel()
+        done.set()
+        killer.join(timeout=30)
         server.stop()
-    assert time.monotonic() - started < 5 + 3 + 30  # ended on its own (watchdog at worst)
+    assert killed.is_set(), "no ok record before the run ended: the server was never killed"
     assert not server.alive()
     assert sum(m["sent"] for m in metas) == len(records)
     assert any(r["status"] == "ok" for r in records)

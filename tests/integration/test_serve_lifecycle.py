@@ -1,14 +1,18 @@
 """Server lifecycle on a real tritonserver: the `serve_deployment` context manager (EAGLE
-deployment with the engine inside the stub, one greedy request equal to the reference) and `specdeploy serve --foreground`
-stopped with Ctrl-C; neither leaves the server or a Python-backend stub behind."""
+deployment with the engine inside the stub, one greedy request equal to the reference) and
+`specdeploy serve --foreground` stopped with Ctrl-C, with SIGINT although it started with SIGINT
+ignored, and killed with SIGKILL: none leaves the server, a Python-backend stub or an engine
+worker behind, nor a port held. A server nobody owns and a busy port are named at start-up."""
 
 from __future__ import annotations
 
 import os
-import re
+import queue
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -59,35 +63,163 @@ def test_serve_deployment_context_manager_eagle(serving_workdir, tiny_models, re
     assert _alive(family) == []
 
 
-def test_cli_serve_foreground_ctrl_c(serving_workdir, dt_cfg):
-    from pipeline.serve import free_ports
+class ForegroundServe:
+    """``specdeploy serve CONFIG --variant baseline --foreground`` in a subprocess, its output read
+    by a thread (a wait for a line never blocks past its deadline)."""
 
-    http, grpc, metrics = free_ports(3)
-    cfg_path = serving_workdir / f"{dt_cfg.name}.yaml"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "serve", str(cfg_path), "--variant", "baseline", "--foreground",
-         "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)],
-        cwd=serving_workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONPATH": ROOT},
-    )
-    lines = []
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if "Ctrl-C stops it" in line:
-            break
-    text = "".join(lines)
-    assert "Ctrl-C stops it" in text, text
-    pid = int(re.search(r"pid (\d+)", text).group(1))
-    family = [pid] + [p.pid for p in psutil.Process(pid).children(recursive=True)]
-    assert any("pipeline.reference.worker" in psutil.Process(p).cmdline() for p in family)  # stopped with the rest
-    status, body = http_generate(f"http://127.0.0.1:{http}", "ensemble", {"text_input": "hi", "max_tokens": 2})
-    assert status == 200
-    proc.send_signal(signal.SIGINT)
-    rest, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 0, text + rest
-    assert "server stopped" in rest
-    assert _alive(family) == []
+    def __init__(self, workdir, cfg, preexec_fn=None):
+        from pipeline.processes import free_ports
+
+        self.ports = free_ports(3)
+        http, grpc, metrics = self.ports
+        self.http_url = f"http://127.0.0.1:{http}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pipeline", "serve", str(workdir / f"{cfg.name}.yaml"), "--variant", "baseline",
+             "--foreground", "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)],
+            cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "PYTHONPATH": ROOT}, preexec_fn=preexec_fn,
+        )
+        self.lines: "queue.Queue[str | None]" = queue.Queue()
+        self.text = ""
+        threading.Thread(target=self._read, daemon=True).start()
+        self.family: list[int] = []
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def wait_for(self, needle: str, timeout: float = 300) -> str:
+        deadline = time.monotonic() + timeout
+        while needle not in self.text:
+            try:
+                line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                line = None
+            if line is None:
+                pytest.fail(f"no {needle!r} from `specdeploy serve`:\n{self.text}")
+            self.text += line
+        return self.text
+
+    def wait_serving(self) -> list[int]:
+        """Until the server is up; returns (and remembers) every process it started."""
+        self.wait_for("Ctrl-C stops it")
+        self.family = [p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)]
+        cmdlines = [" ".join(psutil.Process(p).cmdline()) for p in self.family]
+        assert any("tritonserver" in c for c in cmdlines) and any("pipeline.reference.worker" in c for c in cmdlines)
+        return self.family
+
+    def rest(self, timeout: float = 120) -> str:
+        self.proc.wait(timeout=timeout)
+        while (line := self.lines.get(timeout=30)) is not None:
+            self.text += line
+        return self.text
+
+    def cleanup(self) -> None:
+        """Whatever happens in the test, leave nothing running (on the old code SIGKILL did)."""
+        from pipeline.processes import stop_processes
+
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        stop_processes([psutil.Process(p) for p in _alive(self.family)], 5)
+
+
+def wait_gone(pids, ports, timeout: float = 120) -> float:
+    """Poll until none of ``pids`` runs and every port is free; the seconds it took."""
+    from pipeline.processes import port_in_use
+
+    started = time.monotonic()
+    while _alive(pids) or any(port_in_use(p) for p in ports):
+        if time.monotonic() - started > timeout:
+            left = [" ".join(psutil.Process(p).cmdline())[:120] for p in _alive(pids)]
+            pytest.fail(f"still running {timeout:.0f} s later: {left}; ports in use: "
+                        f"{[p for p in ports if port_in_use(p)]}")
+        time.sleep(0.1)
+    return time.monotonic() - started
+
+
+def test_cli_serve_foreground_ctrl_c(serving_workdir, dt_cfg):
+    serve = ForegroundServe(serving_workdir, dt_cfg)
+    try:
+        family = serve.wait_serving()
+        status, body = http_generate(serve.http_url, "ensemble", {"text_input": "hi", "max_tokens": 2})
+        assert status == 200
+        serve.proc.send_signal(signal.SIGINT)
+        text = serve.rest()
+        assert serve.proc.returncode == 0, text
+        assert "server stopped" in text
+        assert _alive(family) == []
+    finally:
+        serve.cleanup()
+
+
+def _ignore_stop_signals() -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_cli_serve_foreground_stops_on_a_signal_it_was_started_ignoring(serving_workdir, dt_cfg, sig):
+    """A background job of a shell script starts with SIGINT ignored (we ignore SIGTERM too);
+    `serve --foreground` must still stop cleanly on either."""
+    serve = ForegroundServe(serving_workdir, dt_cfg, preexec_fn=_ignore_stop_signals)
+    try:
+        family = serve.wait_serving()
+        serve.proc.send_signal(sig)
+        text = serve.rest()
+        assert serve.proc.returncode == 0 and "server stopped" in text, text
+        wait_gone(family, serve.ports)
+    finally:
+        serve.cleanup()
+
+
+def test_cli_serve_foreground_killed_leaves_nothing_behind(serving_workdir, dt_cfg):
+    """SIGKILL (a CI timeout, the OOM killer): tritonserver, every stub and the engine worker end
+    within seconds and the ports are free."""
+    serve = ForegroundServe(serving_workdir, dt_cfg)
+    try:
+        family = serve.wait_serving()
+        serve.proc.kill()
+        serve.proc.wait()
+        seconds = wait_gone(family, serve.ports)
+        print(f"{len(family)} processes gone {seconds:.1f} s after SIGKILL")
+    finally:
+        serve.cleanup()
+
+
+def test_a_server_nobody_owns_and_a_busy_port_are_named(tmp_path):
+    """A tritonserver of ours left running without an owner (as the old code left them), and a
+    port someone else holds: the start fails naming the process and how to stop it."""
+    from pipeline.errors import ServeError
+    from pipeline.processes import free_ports, port_in_use
+    from pipeline.serve import Ports, cpu_server_argv, cpu_server_env, prepare_cpu_server, start_server
+
+    repo = tmp_path / "repo"
+    repo.mkdir()  # an empty repository: a server with no models starts in a second
+    ports = Ports(*free_ports(3))
+    cpu = prepare_cpu_server()
+    stale = subprocess.Popen(cpu_server_argv(cpu, repo, ports), env=cpu_server_env(cpu), start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not port_in_use(ports.http) and time.monotonic() < deadline:
+            assert stale.poll() is None
+            time.sleep(0.1)
+        with pytest.raises(ServeError) as info:
+            start_server(repo, startup_timeout_s=60).stop()  # stopped, should it start after all
+        message = str(info.value)
+        assert f"still serves {repo.resolve()} and nothing owns it any more: pid {stale.pid} (" in message
+        assert f"stop it with `kill -TERM -- -{stale.pid}`" in message
+        other = tmp_path / "other"
+        other.mkdir()
+        with pytest.raises(ServeError, match=rf"http port {ports.http} is held by a tritonserver: pid {stale.pid} "):
+            start_server(other, http_port=ports.http, startup_timeout_s=60).stop()  # another repository, the same port
+    finally:
+        stale.terminate()
+        stale.wait(timeout=60)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", ports.grpc))
+        listener.listen()
+        with pytest.raises(ServeError, match=rf"grpc port {ports.grpc} is held by another process: pid {os.getpid()} "):
+            start_server(repo, grpc_port=ports.grpc, startup_timeout_s=60).stop()

