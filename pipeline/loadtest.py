@@ -280,20 +280,20 @@ def kv_capacity_reported(metrics_url: str | None, timeout_s: float = 5.0) -> dic
     """KV-cache capacity in tokens per TensorRT-LLM model, from the backend's
     ``nv_trt_llm_kv_cache_block_metrics`` (max blocks × tokens per block); None when the server
     exports none (the CPU engine)."""
-    if not metrics_url:
-        return None
-    try:
-        with urllib.request.urlopen(metrics_url, timeout=timeout_s) as resp:  # noqa: S310 - loopback/user URL
-            text = resp.read().decode("utf-8", errors="replace")
-    except OSError:
-        return None
+    text = metrics_text(metrics_url, timeout_s)
+    return None if text is None else kv_capacity_from_text(text)
+
+
+def kv_capacity_from_text(text: str) -> dict[str, int] | None:
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
     found: dict[str, dict[str, float]] = {}
-    pattern = re.compile(r'^nv_trt_llm_kv_cache_block_metrics\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)')
-    for line in text.splitlines():
-        match = pattern.match(line)
-        if match:
-            labels = dict(re.findall(r'(\w+)="([^"]*)"', match["labels"]))
-            found.setdefault(labels.get("model", ""), {})[labels.get("kv_cache_block_type", "")] = float(match["value"])
+    for family in text_string_to_metric_families(text):
+        if family.name != "nv_trt_llm_kv_cache_block_metrics":
+            continue
+        for sample in family.samples:
+            block_type = sample.labels.get("kv_cache_block_type", "")
+            found.setdefault(sample.labels.get("model", ""), {})[block_type] = float(sample.value)
     tokens = {m: int(v["max"] * v["tokens_per"]) for m, v in found.items() if "max" in v and "tokens_per" in v}
     return tokens or None
 
@@ -359,24 +359,31 @@ def endpoint_alive(url: str, transport: str, model_name: str | None = None, time
 
 def scrape_counters(metrics_url: str | None, timeout_s: float = 5.0) -> dict[str, float] | None:
     """Sum of each specdeploy acceptance counter over all label sets; None when unreachable."""
+    text = metrics_text(metrics_url, timeout_s)
+    return None if text is None else parse_counters(text)
+
+
+def metrics_text(metrics_url: str | None, timeout_s: float = 5.0) -> str | None:
+    """The Prometheus text a server exports; None when there is no URL or it does not answer."""
     if not metrics_url:
         return None
     try:
         with urllib.request.urlopen(metrics_url, timeout=timeout_s) as resp:  # noqa: S310 - loopback/user URL
-            text = resp.read().decode("utf-8", errors="replace")
+            return resp.read().decode("utf-8", errors="replace")
     except OSError:
         return None
-    return parse_counters(text)
 
 
 def parse_counters(text: str) -> dict[str, float]:
+    """Each acceptance counter summed over its label sets (models, versions)."""
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    keys = {name: key for key, name in COUNTERS.items()}
     totals = {key: 0.0 for key in COUNTERS}
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        for key, family in COUNTERS.items():
-            if line.startswith(family + "{") or line.startswith(family + " "):
-                totals[key] += float(line.rsplit(" ", 1)[1])
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in keys:
+                totals[keys[sample.name]] += sample.value
     return totals
 
 

@@ -10,12 +10,12 @@ the time. Reads the directory; writes nothing.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import BuildError
+from pipeline.trtllm.engine_config import read_config_json
 
 
 @dataclass(frozen=True)
@@ -74,15 +74,9 @@ def _model_problems(config: dict, exp: ExpectedCheckpoint) -> list[str]:
 
 def checkpoint_problems(directory: Path, exp: ExpectedCheckpoint) -> list[str]:
     """Every way the checkpoint in ``directory`` differs from ``exp`` (empty: it matches)."""
-    path = Path(directory) / "config.json"
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return [f"{path} is missing"]
-    except (OSError, ValueError) as exc:
-        return [f"{path} is not readable JSON: {exc}"]
-    if not isinstance(config, dict):
-        return [f"{path} is not a JSON object"]
+    config, problems = read_config_json(Path(directory) / "config.json")
+    if config is None:
+        return problems
     return _quant_problems(config, exp) + _layout_problems(Path(directory), config, exp) + _model_problems(config, exp)
 
 

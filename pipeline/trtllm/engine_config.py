@@ -185,15 +185,24 @@ def _rank_problems(engine_dir: Path, pretrained: dict, exp: ExpectedEngine) -> l
     return problems
 
 
+def read_config_json(path: Path) -> tuple[dict | None, list[str]]:
+    """A TensorRT-LLM ``config.json`` (checkpoint or engine) as a dict, or None and the problem."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None, [f"{path} is missing"]
+    except (OSError, ValueError) as exc:
+        return None, [f"{path} is not readable JSON: {exc}"]
+    if not isinstance(data, dict):
+        return None, [f"{path} is not a JSON object"]
+    return data, []
+
+
 def engine_problems(engine_dir: Path, exp: ExpectedEngine) -> list[str]:
     """Every way the engine in ``engine_dir`` differs from ``exp`` (empty list: it matches)."""
-    config_path = Path(engine_dir) / "config.json"
-    try:
-        data = json.loads(config_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return [f"{config_path} is missing"]
-    except (OSError, ValueError) as exc:
-        return [f"{config_path} is not readable JSON: {exc}"]
+    data, problems = read_config_json(Path(engine_dir) / "config.json")
+    if data is None:
+        return problems
     problems = _format_problems(data)
     if problems:
         return problems

@@ -172,3 +172,19 @@ def test_speculative_arm_request_shape_follows_orchestration(tmp_path, orchestra
 def test_sweep_needs_bls_orchestration():
     with pytest.raises(SpecdeployError, match="orchestration 'engine' fixes num_draft_tokens"):
         check_sweep(make_cfg("engine"), [2, 3])
+
+
+def test_kv_capacity_is_read_per_model_from_the_backend_metrics():
+    from pipeline.loadtest import kv_capacity_from_text
+
+    text = """# HELP nv_trt_llm_kv_cache_block_metrics TRT LLM KV cache block metrics
+# TYPE nv_trt_llm_kv_cache_block_metrics gauge
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="tokens_per",model="tensorrt_llm",version="1"} 64
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max",model="tensorrt_llm",version="1"} 3532
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="used",model="tensorrt_llm",version="1"} 1
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="tokens_per",model="tensorrt_llm_draft",version="1"} 64
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max",model="tensorrt_llm_draft",version="1"} 3532
+nv_inference_count{model="ensemble",version="1"} 99
+"""
+    assert kv_capacity_from_text(text) == {"tensorrt_llm": 3532 * 64, "tensorrt_llm_draft": 3532 * 64}
+    assert kv_capacity_from_text('nv_inference_count{model="ensemble",version="1"} 99\n') is None
