@@ -35,27 +35,18 @@ def load_vocab(directory: Path) -> dict[str, int]:
         raise ValueError(f"cannot read {path}: {exc}") from None
 
 
-_SPM_PROTO_MODULES = ("transformers.utils.sentencepiece_model_pb2_new", "transformers.utils.sentencepiece_model_pb2",
-                      "sentencepiece.sentencepiece_model_pb2")
-
-
 def sentencepiece_model_proto():
     """The SentencePiece ``ModelProto`` class. ``transformers`` and the ``sentencepiece`` package each
     carry a generated module for the same ``sentencepiece_model.proto``, and protobuf refuses to
-    register that file twice in one process, so reuse whichever is loaded already."""
-    import importlib  # noqa: PLC0415
-    import sys  # noqa: PLC0415
+    register that file twice in one process; so take the module ``transformers`` itself picks
+    (its ``import_protobuf``), which keeps our reads and AutoTokenizer's in one process working."""
+    try:
+        from transformers.convert_slow_tokenizer import import_protobuf  # noqa: PLC0415
+    except ImportError:
+        from sentencepiece import sentencepiece_model_pb2  # noqa: PLC0415 - raises ImportError when absent
 
-    for name in _SPM_PROTO_MODULES:
-        if name in sys.modules:
-            return sys.modules[name].ModelProto
-    errors = []
-    for name in _SPM_PROTO_MODULES:
-        try:
-            return importlib.import_module(name).ModelProto
-        except (ImportError, TypeError) as exc:  # TypeError: the proto file is registered already
-            errors.append(f"{name}: {exc}")
-    raise ImportError("; ".join(errors))
+        return sentencepiece_model_pb2.ModelProto
+    return import_protobuf().ModelProto
 
 
 def _sentencepiece_pieces(path: Path) -> dict[str, int]:

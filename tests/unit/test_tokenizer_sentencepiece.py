@@ -152,3 +152,22 @@ def test_render_passes_target_trust_remote_code_to_pre_and_postprocessing(tmp_pa
     for model in ("preprocessing", "postprocessing"):
         params = parse_config_file(repo / model / "config.pbtxt").parameters
         assert params["trust_remote_code"].string_value == ("True" if allowed else "False")
+
+
+def test_reading_pieces_first_leaves_autotokenizer_working(tmp_path):
+    """validate reads tokenizer.model as protobuf; the same process may later load it with
+    AutoTokenizer. Both must agree on one generated proto module, or the second registration fails
+    (a fresh interpreter, so no earlier test has imported either module yet)."""
+    import subprocess
+    import sys
+
+    spf.write_tokenizer_dir(tmp_path)
+    code = (
+        "import sys; from pipeline.tokenizer_compat import load_vocab; from pathlib import Path;"
+        "d = Path(sys.argv[1]); assert load_vocab(d);"
+        "from transformers import AutoTokenizer;"
+        "print(AutoTokenizer.from_pretrained(str(d), legacy=False)('hello')['input_ids'])"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().startswith("[")
