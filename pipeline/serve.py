@@ -489,10 +489,12 @@ def _deployment_launch(cfg: DeploymentConfig, variant: str, repo: Path, ports: P
                            cfg.triton.exit_timeout_s, gpu_count=gpu_count)
     env = gpu_server_env(placement)
     if shutil.which("tritonserver") is None:
-        changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
+        # The container does not inherit this shell: every variable the launch sets goes on the
+        # line, also those the shell happens to hold already.
+        launch_vars = gpu_server_env(placement, base={})
         raise ServeError(
             "tritonserver is not installed here; run the deployment inside the TensorRT-LLM container:\n"
-            + shlex.join(docker_argv(cfg, argv, repository_paths(repo), changed))
+            + shlex.join(docker_argv(cfg, argv, repository_paths(repo), launch_vars))
         )
     if argv[0] == "mpirun" and shutil.which("mpirun") is None:
         raise ServeError(f"the {placement.launch} launch ({variant}) needs mpirun, which is not on PATH")

@@ -233,11 +233,15 @@ def test_docker_line_mounts_every_path_the_repository_reads(gpu_host, monkeypatc
     host = gpu_host(1, *H100, tritonserver=False)
     cfg = shipped_config("llama31-8b-draft1b-fp8-h100", host.root)
     repos = {arm: repo for arm, (repo, _) in built_and_rendered(cfg).items()}
+    # a shell that already holds the launch's values must not drop them from the container line
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     for arm, repo in repos.items():
         argv = _docker_line(cfg, arm)
         image = argv.index(cfg.triton.container_image)
         mounts = [Path(v.split(":")[1]) for flag, v in zip(argv, argv[1:image]) if flag == "-v"]
         env = dict(v.split("=", 1) for flag, v in zip(argv, argv[1:image]) if flag == "-e")
+        assert env.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID", env
+        assert "PATH" not in env and "HOME" not in env, env
         for config_path in repo.glob("*/config.pbtxt"):
             for param in parse_config_file(config_path).parameters.values():
                 value = param.string_value
