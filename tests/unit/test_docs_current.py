@@ -1,4 +1,5 @@
-"""The committed config reference is what `specdeploy schema --format markdown` prints today."""
+"""Generated docs are current: the config reference (`specdeploy schema --format markdown`) and the
+performance page (`benchmarks/performance_doc.py` from benchmarks/results/*.json)."""
 
 from __future__ import annotations
 
@@ -17,4 +18,14 @@ def test_config_reference_is_current():
     assert proc.stdout == committed, (
         "docs/config-reference.md is stale: regenerate it with "
         "`specdeploy schema --format markdown > docs/config-reference.md`"
+    )
+
+
+def test_performance_page_is_current():
+    proc = subprocess.run([sys.executable, "benchmarks/performance_doc.py", "--out", "/dev/stdout"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    committed = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
+    assert proc.stdout == committed, (
+        "docs/performance.md is stale: regenerate it with `python benchmarks/performance_doc.py`"
     )
