@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import load_config, load_yaml_strict, DuplicateKeyError
-from pipeline.cpu_pinning import format_cpus, spawn_on
+from pipeline.serve.cpu_pinning import format_cpus, spawn_on
 from pipeline.errors import ConfigError
-from pipeline.loadtest import PromptSetError, load_prompt_set
-from pipeline.preflight import checkpoint_dir_problem, errors_of, run_preflight
+from pipeline.loadtest.runner import PromptSetError, load_prompt_set
+from pipeline.validate.preflight import checkpoint_dir_problem, errors_of, run_preflight
 
 ROOT = Path(__file__).resolve().parents[2]
 ALLOWED = sorted(os.sched_getaffinity(0))

@@ -1,12 +1,12 @@
-"""Statistics on synthetic records and samples with known answers (pipeline.stats)."""
+"""Statistics on synthetic records and samples with known answers (pipeline.report.stats)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from pipeline import stats
-from pipeline.stats import BootstrapSettings, RunData
+from pipeline.report import stats
+from pipeline.report.stats import BootstrapSettings, RunData
 
 MS = 1_000_000
 
@@ -91,7 +91,7 @@ def test_bootstrap_ci_covers_a_known_shift():
 
 def test_bootstrap_no_shift_straddles_one_and_gate_is_inconclusive():
     from pipeline.config import GateSettings
-    from pipeline.gate import _ratio_check
+    from pipeline.report.gate import _ratio_check
 
     rng = np.random.default_rng(5)
     base = list(20 + rng.normal(0, 1, size=5))
@@ -159,10 +159,10 @@ def test_incomplete_at_stop_counted_and_accounted():
 def test_no_reported_value_comes_from_locust_buckets():
     import inspect
 
-    import pipeline.gate
-    import pipeline.report
+    import pipeline.report.gate
+    import pipeline.report.builder
 
-    for module in (stats, pipeline.report, pipeline.gate):
+    for module in (stats, pipeline.report.builder, pipeline.report.gate):
         assert "get_response_time_percentile" not in inspect.getsource(module)
 
 
