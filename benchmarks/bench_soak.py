@@ -530,9 +530,10 @@ def prepare(config: Path, workdir: Path):
 
 
 def soak(args: argparse.Namespace, cfg) -> dict:
-    from pipeline.loadtest.runner import load_prompt_set  # noqa: PLC0415
+    from pipeline.loadtest.inputs import load_prompt_set  # noqa: PLC0415
     from pipeline.render.renderer import client_target  # noqa: PLC0415
-    from pipeline.serve.server import free_ports, serve_deployment  # noqa: PLC0415
+    from pipeline.infra.processes import free_ports  # noqa: PLC0415
+    from pipeline.serve.server import serve_deployment  # noqa: PLC0415
 
     prompts, dataset = load_prompt_set(cfg)
     target = client_target(cfg, "speculative")

@@ -244,7 +244,7 @@ def run_bench(config_path: str | Path, prompts_per_category: int = 8, max_tokens
     ``reference.draft_weights`` is int8 already, rows with float ones (``+draft_float``). EOS is ignored unless
     ``stop_at_eos`` (every request decodes ``max_tokens``; the tiny models end lines with EOS
     after a dozen tokens, which would make prefill dominate both arms)."""
-    from pipeline.reference.engine import create_engine, set_threads
+    from pipeline.reference.engine import set_threads
 
     cfg = load_config(config_path)
     set_threads(cfg.reference.threads)
@@ -256,39 +256,13 @@ def run_bench(config_path: str | Path, prompts_per_category: int = 8, max_tokens
         raise SpecdeployError(f"batches {batches}: only 1 and one larger size are supported")
     limits = dict(max_batch_size=max(batches), max_seq_len=cfg.build.max_seq_len,
                   compute_dtype=cfg.reference.compute_dtype, prefix_cache_entries=0)
-    variants = [("", target, spec)]
     workdir = tempfile.TemporaryDirectory(prefix="specdeploy-bench-")
-    if draft_int8 and spec.get("draft_int8"):  # the config's rows are int8: add float for the comparison
-        variants.append(("+draft_float", target, {k: v for k, v in spec.items() if k != "draft_int8"}))
-    elif draft_int8:
-        variants.append(("+draft_int8", target, {**spec, "draft_int8": True}))
-    if int8 or cfg.target.quantization.format == "int8_wo":
-        variants.append(("+int8_wo", _int8_dir(target, Path(workdir.name)), spec))
     results, scaling = [], None
     try:
-        for suffix, model_dir, spec_variant in variants:
-            base_engine = create_engine(model_dir, **limits)
-            spec_engine = create_engine(model_dir, role="speculative", proposer=spec_variant, **limits)
-            end_id = base_engine.eos_token_id if stop_at_eos else None
-            try:
-                warm = next(iter(categories.values()))[:1]
-                run_arm(base_engine, warm, 1, 8, end_id)
-                run_arm(spec_engine, warm, 1, 8, end_id)
-                for batch in batches:
-                    for category, prompts in categories.items():
-                        if batch == 1:
-                            base, fast = run_arms_interleaved(base_engine, spec_engine, prompts, max_tokens, end_id)
-                        else:
-                            prompts = _fill(prompts, 2 * batch)
-                            base = run_arm(base_engine, prompts, batch, max_tokens, end_id)
-                            fast = run_arm(spec_engine, prompts, batch, max_tokens, end_id)
-                        results.append(_row(cfg.method + suffix, batch, category, base, fast))
-                if not suffix and max(batches) > 1:
-                    scaling = baseline_scaling(base_engine, _in_domain_sample(categories), max(batches),
-                                               max_tokens, end_id)
-            finally:
-                base_engine.shutdown()
-                spec_engine.shutdown()
+        for suffix, model_dir, spec_variant in _variants(cfg, target, spec, int8, draft_int8, Path(workdir.name)):
+            found = _bench_variant(cfg, suffix, model_dir, spec_variant, categories, batches, limits, max_tokens,
+                                   stop_at_eos, results)
+            scaling = found if found is not None else scaling
     finally:
         workdir.cleanup()
     report = {
@@ -306,6 +280,49 @@ def run_bench(config_path: str | Path, prompts_per_category: int = 8, max_tokens
     elif peer is not None:
         raise SpecdeployError(f"--peer {peer!r}: only 'hf' is supported")
     return report
+
+
+def _variants(cfg, target: Path, spec: dict, int8: bool, draft_int8: bool, workdir: Path) -> list[tuple]:
+    """(row suffix, model dir, proposer spec) of each engine pair the bench runs."""
+    variants = [("", target, spec)]
+    if draft_int8 and spec.get("draft_int8"):  # the config's rows are int8: add float for the comparison
+        variants.append(("+draft_float", target, {k: v for k, v in spec.items() if k != "draft_int8"}))
+    elif draft_int8:
+        variants.append(("+draft_int8", target, {**spec, "draft_int8": True}))
+    if int8 or cfg.target.quantization.format == "int8_wo":
+        variants.append(("+int8_wo", _int8_dir(target, workdir), spec))
+    return variants
+
+
+def _bench_variant(cfg, suffix: str, model_dir: Path, spec_variant: dict, categories: dict, batches: tuple[int, ...],
+                   limits: dict, max_tokens: int, stop_at_eos: bool, results: list) -> dict | None:
+    """Baseline and speculative engines of one variant, every batch × category row appended to
+    ``results``; returns the baseline's batch scaling for the config's own variant, else None."""
+    from pipeline.reference.engine import create_engine
+
+    scaling = None
+    base_engine = create_engine(model_dir, **limits)
+    spec_engine = create_engine(model_dir, role="speculative", proposer=spec_variant, **limits)
+    end_id = base_engine.eos_token_id if stop_at_eos else None
+    try:
+        warm = next(iter(categories.values()))[:1]
+        run_arm(base_engine, warm, 1, 8, end_id)
+        run_arm(spec_engine, warm, 1, 8, end_id)
+        for batch in batches:
+            for category, prompts in categories.items():
+                if batch == 1:
+                    base, fast = run_arms_interleaved(base_engine, spec_engine, prompts, max_tokens, end_id)
+                else:
+                    prompts = _fill(prompts, 2 * batch)
+                    base = run_arm(base_engine, prompts, batch, max_tokens, end_id)
+                    fast = run_arm(spec_engine, prompts, batch, max_tokens, end_id)
+                results.append(_row(cfg.method + suffix, batch, category, base, fast))
+        if not suffix and max(batches) > 1:
+            scaling = baseline_scaling(base_engine, _in_domain_sample(categories), max(batches), max_tokens, end_id)
+    finally:
+        base_engine.shutdown()
+        spec_engine.shutdown()
+    return scaling
 
 
 OUT_OF_DOMAIN = ("ood",)  # the demo corpus's deliberately unpredictable category

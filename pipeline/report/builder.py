@@ -20,15 +20,8 @@ from typing import Any
 from pipeline.config import DeploymentConfig, parse_config
 from pipeline.errors import SpecdeployError
 from pipeline.report.gate import GateResult, evaluate_gate
-from pipeline.report.stats import (
-    BootstrapSettings,
-    RunData,
-    best_ci,
-    cell_summary,
-    compare_cells,
-    find_crossover,
-    load_runs,
-)
+from pipeline.report.comparison import BootstrapSettings, best_ci, compare_cells, find_crossover
+from pipeline.report.stats import RunData, cell_summary, load_runs
 
 REPORT_SCHEMA = "specdeploy-report/1"
 PROVENANCE_EXCLUDED = ("config",)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.config import GateSettings
-from pipeline.report.stats import best_ci
+from pipeline.report.comparison import best_ci
 
 GO, NO_GO, INCONCLUSIVE = "GO", "NO-GO", "INCONCLUSIVE"
 EXIT_CODES = {GO: 0, NO_GO: 1, INCONCLUSIVE: 3}

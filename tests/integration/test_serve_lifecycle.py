@@ -193,7 +193,8 @@ def test_a_server_nobody_owns_and_a_busy_port_are_named(tmp_path):
     port someone else holds: the start fails naming the process and how to stop it."""
     from pipeline.errors import ServeError
     from pipeline.infra.processes import free_ports, port_in_use
-    from pipeline.serve.server import Ports, cpu_server_argv, cpu_server_env, prepare_cpu_server, start_server
+    from pipeline.serve.command import Ports, cpu_server_argv, cpu_server_env, prepare_cpu_server
+    from pipeline.serve.server import start_server
 
     repo = tmp_path / "repo"
     repo.mkdir()  # an empty repository: a server with no models starts in a second

@@ -17,15 +17,13 @@ from pipeline.errors import StaleInputError
 from pipeline.paths import PROJECT_ROOT
 from pipeline.render.renderer import (
     TEMPLATES_DIR,
-    RenderError,
     brace_choices,
     client_target,
     load_manifest,
-    parse_config_file,
     render,
     render_repository,
-    validate_repository,
 )
+from pipeline.render.triton_rules import RenderError, parse_config_file, validate_repository
 
 GOLDEN = Path(__file__).parent / "golden" / "render"
 METHODS = {

@@ -11,18 +11,18 @@ import pytest
 
 from pipeline.config import parse_config
 from pipeline.errors import ServeError, SpecdeployError, StaleInputError
-from pipeline.serve.server import (
+from pipeline.infra.processes import free_ports
+from pipeline.serve.command import (
     CpuServer,
     Ports,
     check_trtllm_version,
     cpu_server_argv,
     cpu_server_env,
     docker_argv,
-    free_ports,
     gpu_server_argv,
     gpu_server_env,
-    start_deployment,
 )
+from pipeline.serve.server import start_deployment
 
 PORTS = Ports(8000, 8001, 8002)
 COMMON = [
@@ -114,7 +114,7 @@ def test_stub_environment():
 
 
 def test_read_only_wheel_gets_symlinked_backend_dir(tmp_path, monkeypatch):
-    from pipeline.serve import server as serve, tritonserver_install
+    from pipeline.serve import command as serve, tritonserver_install
 
     wheel = tmp_path / "pytriton" / "tritonserver"
     (wheel / "bin").mkdir(parents=True)

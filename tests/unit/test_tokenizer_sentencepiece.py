@@ -135,7 +135,8 @@ def test_tokenizer_compat_reads_sentencepiece_vocab(sp_dir, tmp_path):
 @pytest.mark.parametrize("allowed", [False, True])
 def test_render_passes_target_trust_remote_code_to_pre_and_postprocessing(tmp_path, monkeypatch, allowed):
     from pipeline.config import config_hash, parse_config  # noqa: PLC0415
-    from pipeline.render.renderer import parse_config_file, render  # noqa: PLC0415
+    from pipeline.render.renderer import render  # noqa: PLC0415
+    from pipeline.render.triton_rules import parse_config_file  # noqa: PLC0415
 
     monkeypatch.chdir(tmp_path)
     cfg = parse_config({"name": "trc", "backend": "reference", "hardware": "cpu",
