@@ -1,7 +1,8 @@
-"""Stage 1, validate: the checks that run before anything is built.
+"""Stage 1, validate: everything that can be known to fail before a build starts.
 
-Reads the YAML config (through ``pipeline.config``) and the checkpoints it names (config.json,
-tokenizer files, weight headers, remote code); probes the host (GPUs, RAM, installed tools).
-Writes nothing: it returns findings that ``specdeploy validate`` prints and that gate every later
-stage. ``preflight`` is the entry point; the other modules are its checks.
+Reads the config (through ``pipeline.config``), the checkpoints it names (config.json, tokenizer
+files, weight headers), the prompt set and the host (hardware profile, allowed CPUs). Writes
+nothing: it returns findings that ``specdeploy validate`` prints and that ``run`` and ``build``
+refuse on. ``preflight`` is the entry point; ``findings`` what a check reports; the other modules
+are the checks and the model/hardware facts they share with ``plan``.
 """
