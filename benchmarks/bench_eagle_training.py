@@ -1,6 +1,6 @@
 """EAGLE head training variants: does a better-trained head close the EAGLE speedup gap?
 
-For each variant of the demo recipe (:class:`pipeline.reference.demo.train.Recipe` overrides of the
+For each variant of the demo recipe (:class:`pipeline.demo.train.Recipe` overrides of the
 EAGLE fields), retrains only ``tiny-eagle`` against the committed target (into a temporary copy
 of the demo artifacts), then runs ``specdeploy bench`` on ``configs/tiny-cpu-eagle.yaml`` with
 that head at batch 1 (baseline and EAGLE interleaved request by request). Writes
@@ -39,7 +39,7 @@ CONFIG = ROOT / "configs" / "tiny-cpu-eagle.yaml"
 
 
 def train_variant(overrides: dict, workdir: Path) -> tuple[Path, dict]:
-    from pipeline.reference.demo import train
+    from pipeline.demo import train
 
     artifacts = workdir / "artifacts"
     shutil.copytree(ROOT / "pipeline" / "reference" / "demo" / "artifacts", artifacts)
@@ -54,7 +54,7 @@ def train_variant(overrides: dict, workdir: Path) -> tuple[Path, dict]:
 
 
 def same_files(a: Path, b: Path) -> bool:
-    from pipeline.reference.demo.train import sha256_file
+    from pipeline.demo.train import sha256_file
 
     names = sorted(p.name for p in a.iterdir() if p.is_file())
     return names == sorted(p.name for p in b.iterdir() if p.is_file()) and all(
@@ -62,7 +62,7 @@ def same_files(a: Path, b: Path) -> bool:
 
 
 def bench_head(head_dir: Path, workdir: Path, prompts: int) -> list[dict]:
-    from pipeline.reference.bench import run_bench
+    from pipeline.bench.engine_bench import run_bench
 
     cfg = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
     cfg["speculation"]["head_dir"] = str(head_dir)
@@ -81,7 +81,7 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "eagle-training.json")
     args = parser.parse_args()
 
-    from pipeline.reference.demo import resolve_builtin
+    from pipeline.demo import resolve_builtin
 
     committed = Path(resolve_builtin("builtin:tiny-eagle"))
     results = {}

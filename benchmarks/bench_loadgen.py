@@ -25,7 +25,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeline.stats import achieved_concurrency, measured_window  # noqa: E402
+from pipeline.report.stats import achieved_concurrency, measured_window  # noqa: E402
 
 TTFT_MS, TPOT_MS, MAX_TOKENS = 200.0, 10.0, 32
 PROMPTS = [{"id": f"p{i}", "category": "bench", "prompt": f"benchmark prompt {i}"} for i in range(16)]

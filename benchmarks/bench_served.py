@@ -13,7 +13,7 @@ diagnostic, ``served_direct`` calls ``tensorrt_llm`` itself with token ids (no e
 Models: ``--source random`` (default) uses the tiny random checkpoints of the serving tests (the
 draft is a perturbed target, so draft-target accepts often; random Medusa/EAGLE heads accept
 almost nothing — their speedup is the overhead of speculating); ``--source demo`` uses the
-built-in demo models (``pipeline.reference.demo``; trains them on first use).
+built-in demo models (``pipeline.demo``; trains them on first use).
 
 Usage: ``python benchmarks/bench_served.py [--source random|demo] [--prompts N] [--max-tokens N]``.
 """
@@ -44,7 +44,7 @@ SWITCH_INTERVAL_S = 0.0005  # = pipeline.triton_models.llm.SWITCH_INTERVAL_S (st
 
 def models_for(source: str, workdir: Path) -> tuple[dict, int]:
     if source == "demo":
-        from pipeline.reference.demo import resolve_builtin
+        from pipeline.demo import resolve_builtin
 
         return {name: resolve_builtin(f"tiny-{name}") for name in ("target", "draft", "medusa", "eagle")}, 4
     import tiny_deploy
@@ -137,9 +137,9 @@ def measure_method(workdir: Path, models: dict, method: str, k: int, prompts: li
     from triton_clients import StreamSession
 
     from pipeline.config import load_config
-    from pipeline.render import client_target, drafts_in_engine, load_manifest, render
-    from pipeline.cpu_pinning import spawn_on
-    from pipeline.serve import serve_deployment
+    from pipeline.render.renderer import client_target, drafts_in_engine, load_manifest, render
+    from pipeline.serve.cpu_pinning import spawn_on
+    from pipeline.serve.server import serve_deployment
     from pipeline.triton_models.tokenizer import TextTokenizer
 
     previous = Path.cwd()

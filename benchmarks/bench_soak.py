@@ -4,9 +4,9 @@ every KV slot?
 
 What it does, with the project's own library code: copies a tiny CPU config
 (``configs/tiny-cpu-*.yaml``, builtin demo models) into a work directory, builds and renders it
-(``pipeline.build``, ``pipeline.render``), starts the real ``tritonserver`` for the speculative
-arm on free loopback ports (``pipeline.serve.serve_deployment``) and drives the model the load
-test calls (``pipeline.render.client_target``: ``ensemble`` or ``tensorrt_llm_bls``) from
+(``pipeline.build.builder``, ``pipeline.render.renderer``), starts the real ``tritonserver`` for the speculative
+arm on free loopback ports (``pipeline.serve.server.serve_deployment``) and drives the model the load
+test calls (``pipeline.render.renderer.client_target``: ``ensemble`` or ``tensorrt_llm_bls``) from
 ``--streams`` threads, each with its own tritonclient gRPC stream, one request at a time, shaped
 like the load test's (``loadtests/lt_common.request_inputs`` over ``loadtest.prompts``). A seeded
 mix: greedy and sampled requests, and some cancelled mid-stream (the stream is cancelled after a
@@ -511,9 +511,9 @@ def memory_summary(memory: TreeMemory, warmup_s: float, tolerance_mb: float) -> 
 
 def prepare(config: Path, workdir: Path):
     """Copy the config into ``workdir`` (engines/ go there), build and render it."""
-    from pipeline.build import build  # noqa: PLC0415
+    from pipeline.build.builder import build  # noqa: PLC0415
     from pipeline.config import load_config  # noqa: PLC0415
-    from pipeline.render import render  # noqa: PLC0415
+    from pipeline.render.renderer import render  # noqa: PLC0415
 
     workdir.mkdir(parents=True, exist_ok=True)
     local = workdir / config.name
@@ -530,9 +530,10 @@ def prepare(config: Path, workdir: Path):
 
 
 def soak(args: argparse.Namespace, cfg) -> dict:
-    from pipeline.loadtest import load_prompt_set  # noqa: PLC0415
-    from pipeline.render import client_target  # noqa: PLC0415
-    from pipeline.serve import free_ports, serve_deployment  # noqa: PLC0415
+    from pipeline.loadtest.inputs import load_prompt_set  # noqa: PLC0415
+    from pipeline.render.renderer import client_target  # noqa: PLC0415
+    from pipeline.infra.processes import free_ports  # noqa: PLC0415
+    from pipeline.serve.server import serve_deployment  # noqa: PLC0415
 
     prompts, dataset = load_prompt_set(cfg)
     target = client_target(cfg, "speculative")

@@ -1,6 +1,6 @@
 """Locust users that stream from Triton and write one raw JSONL record per request.
 
-Run by ``pipeline.loadtest`` as a subprocess (never imported by the CLI process: gevent patches
+Run by ``pipeline.loadtest.runner`` as a subprocess (never imported by the CLI process: gevent patches
 the whole process). Settings come from the JSON file named by ``SPECDEPLOY_LOADTEST_CONFIG``
 (see ``lt_common.RunSettings``); records go to ``<output_prefix>.<pid>.jsonl`` and a per-process
 ``<output_prefix>.<pid>.meta.json`` (clock origin, stop signal time, counts).

@@ -7,7 +7,7 @@ starts on an invalid file. Later stages derive every path from
 the config (``engines/<name>/…``, ``reports/<name>/…``) and stamp their outputs with
 :func:`config_hash` so stale inputs can be refused. Cross-field *logic* that needs no files
 lives here (validators: ports, tree choices, draft lengths, hardware names); checks that read
-checkpoints or depend on the GPU architecture live in ``pipeline.preflight``. The field
+checkpoints or depend on the GPU architecture live in ``pipeline.validate.preflight``. The field
 descriptions feed ``specdeploy schema``.
 """
 
@@ -697,7 +697,7 @@ class DeploymentConfig(_Strict):
     @field_validator("hardware")
     @classmethod
     def _known_hardware(cls, value: str) -> str:
-        from pipeline.hardware import PROFILES  # noqa: PLC0415 - hardware has no config import
+        from pipeline.validate.hardware import PROFILES  # noqa: PLC0415 - hardware has no config import
 
         if value not in PROFILES:
             raise ValueError(f"unknown hardware profile '{value}'; valid: {', '.join(PROFILES)}")

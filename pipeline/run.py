@@ -5,7 +5,7 @@ Reads the config; each stage writes its usual files (``engines/<name>/manifest.j
 rendered repositories, ``reports/<name>/<run>/``). A re-run skips what is still valid: the build
 cache skips unchanged steps, and a finished load test of the same config (same config hash, every
 planned run recorded, a report written) is reused unless ``new_run`` is set — so an interrupted
-``run`` resumes where it stopped. Returns the :class:`pipeline.report.Report`; its exit code is the
+``run`` resumes where it stopped. Returns the :class:`pipeline.report.builder.Report`; its exit code is the
 verdict (0 GO, 1 NO-GO, 3 INCONCLUSIVE).
 """
 
@@ -53,7 +53,7 @@ def completed_run_dir(cfg: DeploymentConfig) -> Path | None:
 
 def _is_complete(run_dir: Path, want_hash: str) -> bool:
     """A finished run: same config, every planned run recorded with the server alive, a report."""
-    from pipeline.loadtest import plan_runs  # noqa: PLC0415
+    from pipeline.loadtest.runner import plan_runs  # noqa: PLC0415
 
     try:
         meta = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
@@ -78,11 +78,11 @@ def run_pipeline(
     """Run every stage; return the Report. Raises SpecdeployError subclasses for user problems."""
     from rich.console import Console  # noqa: PLC0415
 
-    from pipeline.build import build  # noqa: PLC0415
-    from pipeline.loadtest import run_loadtest  # noqa: PLC0415
-    from pipeline.preflight import errors_of, raise_on_errors, run_preflight  # noqa: PLC0415
-    from pipeline.render import render  # noqa: PLC0415
-    from pipeline.report import make_report  # noqa: PLC0415
+    from pipeline.build.builder import build  # noqa: PLC0415
+    from pipeline.loadtest.runner import run_loadtest  # noqa: PLC0415
+    from pipeline.validate.preflight import errors_of, raise_on_errors, run_preflight  # noqa: PLC0415
+    from pipeline.render.renderer import render  # noqa: PLC0415
+    from pipeline.report.builder import make_report  # noqa: PLC0415
 
     console = console or Console()
     log = StageLog()

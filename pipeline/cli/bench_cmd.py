@@ -1,7 +1,7 @@
 """`specdeploy bench`: offline in-process benchmark of the reference engine (target-only vs the
 config's speculation method, batch 1 and 8, per prompt category). Reads the config and the
 checkpoints it names (no build needed); prints a table, or JSON with ``--json``; ``--output``
-also writes the JSON to a file. The work is in :mod:`pipeline.reference.bench`."""
+also writes the JSON to a file. The work is in :mod:`pipeline.bench.engine_bench`."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def register(app: typer.Typer) -> None:
         stop_at_eos: bool = typer.Option(False, "--stop-at-eos", help="Stop requests at EOS (default: decode --max-tokens)."),
         output: Optional[Path] = typer.Option(None, "--output", help="Also write the JSON report here."),
     ) -> None:
-        from pipeline.reference.bench import run_bench  # noqa: PLC0415 - imports torch
+        from pipeline.bench.engine_bench import run_bench  # noqa: PLC0415 - imports torch
 
         if peer not in (None, "hf"):
             raise SpecdeployError(f"--peer {peer!r}: only 'hf' is supported")

@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console  # noqa: PLC0415
         from rich.table import Table  # noqa: PLC0415
 
-        from pipeline import build as builder  # noqa: PLC0415
+        from pipeline.build import builder  # noqa: PLC0415
         from pipeline.config import load_config  # noqa: PLC0415
         from pipeline.paths import manifest_path  # noqa: PLC0415
 
@@ -41,12 +41,12 @@ def register(app: typer.Typer) -> None:
             console.print(table)
             return
         if cfg.backend == "trtllm":
-            from pipeline.plan import make_plan  # noqa: PLC0415
+            from pipeline.plan.planner import make_plan  # noqa: PLC0415
 
             builder.require_trtllm(cfg)  # before preflight: stop at once without TensorRT-LLM
             builder.require_scripts(make_plan(cfg, trtllm_root), cfg)  # and without the example scripts
         if not skip_preflight:
-            from pipeline.preflight import raise_on_errors, run_preflight  # noqa: PLC0415
+            from pipeline.validate.preflight import raise_on_errors, run_preflight  # noqa: PLC0415
 
             raise_on_errors(run_preflight(cfg, offline=False, trtllm_root=trtllm_root))
         manifest = builder.build(cfg, force=force, progress=progress, trtllm_root=trtllm_root)

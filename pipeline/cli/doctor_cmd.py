@@ -1,7 +1,7 @@
 """`specdeploy doctor`: what this machine can run.
 
 Reads installed package metadata (never imports torch or TensorRT-LLM), the tritonserver install
-(``pipeline.tritonserver_install.find_tritonserver``) and GPUs through NVML (``pynvml`` when
+(``pipeline.serve.tritonserver_install.find_tritonserver``) and GPUs through NVML (``pynvml`` when
 importable). Prints a table, or JSON with ``--json``; writes nothing. Always exits 0: missing
 pieces are reported, not raised.
 """
@@ -52,7 +52,7 @@ def package_version(names: tuple[str, ...]) -> str:
 
 def triton_report() -> dict:
     from pipeline.errors import SpecdeployError  # noqa: PLC0415
-    from pipeline.tritonserver_install import find_tritonserver  # noqa: PLC0415
+    from pipeline.serve.tritonserver_install import find_tritonserver  # noqa: PLC0415
 
     try:
         install = find_tritonserver()

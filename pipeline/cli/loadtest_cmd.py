@@ -48,8 +48,8 @@ def register(app: typer.Typer) -> None:
     ) -> int:
         from pipeline.config import load_config  # noqa: PLC0415
         from pipeline.errors import SpecdeployError  # noqa: PLC0415
-        from pipeline.loadtest import run_loadtest  # noqa: PLC0415
-        from pipeline.report import make_report  # noqa: PLC0415
+        from pipeline.loadtest.runner import run_loadtest  # noqa: PLC0415
+        from pipeline.report.builder import make_report  # noqa: PLC0415
 
         if endpoint and not arm:
             raise SpecdeployError("--endpoint needs --arm baseline|speculative (or use --endpoint-baseline/--endpoint-speculative)")

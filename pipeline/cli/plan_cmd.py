@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         from pipeline.config import load_config  # noqa: PLC0415
-        from pipeline.plan import make_plan  # noqa: PLC0415
+        from pipeline.plan.planner import make_plan  # noqa: PLC0415
 
         plan = make_plan(load_config(config), trtllm_root)
         if as_json:

@@ -19,9 +19,9 @@ def register(app: typer.Typer) -> None:
 
 def render(config: str) -> int:
     from pipeline.config import load_config  # noqa: PLC0415
-    from pipeline.render import client_target  # noqa: PLC0415
-    from pipeline.render import render as render_repositories  # noqa: PLC0415
-    from pipeline.serve import repository_models  # noqa: PLC0415
+    from pipeline.render.renderer import client_target  # noqa: PLC0415
+    from pipeline.render.renderer import render as render_repositories  # noqa: PLC0415
+    from pipeline.serve.server import repository_models  # noqa: PLC0415
 
     cfg = load_config(config)
     for variant, (repo, warnings) in render_repositories(cfg).items():

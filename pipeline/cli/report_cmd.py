@@ -46,7 +46,7 @@ def _report(run_dir: str, config: Optional[str], as_json: bool) -> int:
 
     from pipeline.cli.loadtest_cmd import _print_summary  # noqa: PLC0415
     from pipeline.config import load_config  # noqa: PLC0415
-    from pipeline.report import make_report  # noqa: PLC0415
+    from pipeline.report.builder import make_report  # noqa: PLC0415
 
     cfg = load_config(config) if config else None
     report = make_report(run_dir, cfg)
@@ -61,8 +61,8 @@ def _report(run_dir: str, config: Optional[str], as_json: bool) -> int:
 def _compare(run_a: str, run_b: str, out: Optional[str], fail_on_worse: bool, as_json: bool) -> int:
     import json  # noqa: PLC0415
 
-    from pipeline.report import make_comparison  # noqa: PLC0415
-    from pipeline.report_view.compare import ratio_line  # noqa: PLC0415
+    from pipeline.report.builder import make_comparison  # noqa: PLC0415
+    from pipeline.report.view.compare import ratio_line  # noqa: PLC0415
 
     result = make_comparison(run_a, run_b, out)
     moved = result.data["moved"]

@@ -36,7 +36,7 @@ def serve(config: str, variant: str, http_port: int | None, grpc_port: int | Non
           metrics_port: int | None, foreground: bool, host: str | None = None) -> int:
     from pipeline.config import load_config  # noqa: PLC0415
     from pipeline.errors import SpecdeployError  # noqa: PLC0415
-    from pipeline.serve import serve_foreground, start_deployment  # noqa: PLC0415
+    from pipeline.serve.server import serve_foreground, start_deployment  # noqa: PLC0415
 
     if variant not in ("baseline", "speculative"):
         raise SpecdeployError(f"--variant must be 'baseline' or 'speculative', got {variant!r}")

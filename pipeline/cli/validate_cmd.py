@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
 
 def validate(config: str, offline: bool = False, as_json: bool = False, trtllm_root: str | None = None) -> int:
     from pipeline.config import load_config  # noqa: PLC0415
-    from pipeline.preflight import errors_of, memory_estimate_of, raise_on_errors, run_preflight  # noqa: PLC0415
+    from pipeline.validate.preflight import errors_of, memory_estimate_of, raise_on_errors, run_preflight  # noqa: PLC0415
 
     cfg = load_config(config)
     findings = run_preflight(cfg, offline=offline, trtllm_root=trtllm_root)
@@ -64,7 +64,7 @@ def _console():
 def _print_report(cfg, findings, offline: bool) -> None:
     from rich.table import Table  # noqa: PLC0415
 
-    from pipeline.preflight import memory_estimate_of  # noqa: PLC0415
+    from pipeline.validate.preflight import memory_estimate_of  # noqa: PLC0415
 
     console = _console()
     mode = " (offline)" if offline else ""

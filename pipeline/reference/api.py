@@ -144,7 +144,7 @@ class DraftTooLongError(ValueError):
 
 # ----------------------------------------------------------------------------------------------
 # Engine descriptor: ``<engine_dir>/engine.json``, written by ``specdeploy build`` for the
-# reference backend (pipeline/reference/build_step.py) and read by ``load_engine(engine_dir)``
+# reference backend (pipeline/build/reference_step.py) and read by ``load_engine(engine_dir)``
 # (pipeline/reference/engine.py). The reference counterpart of a TRT-LLM engine dir.
 #
 # {

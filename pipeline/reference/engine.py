@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from pipeline.cpu_pinning import pin_this_thread
+from pipeline.serve.cpu_pinning import pin_this_thread
 from pipeline.errors import SpecdeployError
 from pipeline.reference.api import (
     ENGINE_DESCRIPTOR,
@@ -102,7 +102,7 @@ class ReferenceEngine:
 
     def __init__(self, scheduler: Scheduler, descriptor: dict, cpus: tuple[int, ...] | None = None):
         self.scheduler = scheduler
-        self.cpus = cpus  # the decode thread pins itself to these (pipeline.cpu_pinning); None: unpinned
+        self.cpus = cpus  # the decode thread pins itself to these (pipeline.serve.cpu_pinning); None: unpinned
         self.descriptor = descriptor
         self.role = descriptor.get("role", "baseline")
         self.method = descriptor.get("proposer", {}).get("method", "none")

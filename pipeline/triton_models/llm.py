@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from pipeline.cpu_pinning import engine_cpus_from_env
+from pipeline.serve.cpu_pinning import engine_cpus_from_env
 from pipeline.reference.api import ENGINE_PROCESS_ENV, Chunk
 from pipeline.triton_models import io, request_rules
 from pipeline.triton_models.metrics import SpecDecodeCounters
@@ -145,7 +145,7 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.exclude_default = io.param_bool(config, "exclude_input_in_output", False)
-        # serve's CPU plan: this model's decode thread on cores of its own (pipeline.cpu_pinning)
+        # serve's CPU plan: this model's decode thread on cores of its own (pipeline.serve.cpu_pinning)
         cpus = engine_cpus_from_env(args["model_name"])
         engine_dir = Path(io.param(config, "gpt_model_path"))
         if os.environ.get(ENGINE_PROCESS_ENV, "own") == "stub":

@@ -82,7 +82,7 @@ def _tokenizer_json(directory: Path) -> None:
 
 
 def _tokenizer_model(directory: Path) -> None:
-    from pipeline.tokenizer_compat import sentencepiece_model_proto
+    from pipeline.validate.tokenizer_compat import sentencepiece_model_proto
 
     model = sentencepiece_model_proto()()
     for piece, kind in (("<unk>", 2), ("<s>", 3), ("</s>", 3), ("▁hi", 1), ("▁a", 1), ("b", 1)):

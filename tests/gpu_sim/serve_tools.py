@@ -504,12 +504,12 @@ def _engine_config(cfg, expect, shape) -> dict:
 
 def fake_build(cfg) -> dict:
     """Engines and ``engines/NAME/manifest.json`` as ``specdeploy build`` leaves them (cwd-relative)."""
-    from pipeline.build import MANIFEST_FORMAT
+    from pipeline.build.builder import MANIFEST_FORMAT
     from pipeline.config import config_hash
-    from pipeline.memory_fit import model_weights_gib
-    from pipeline.model_shapes import read_config_json, shape_from_config
+    from pipeline.validate.memory_fit import model_weights_gib
+    from pipeline.validate.model_shapes import read_config_json, shape_from_config
     from pipeline.paths import manifest_path
-    from pipeline.plan import make_plan
+    from pipeline.plan.planner import make_plan
 
     plan = make_plan(cfg)
     target_shape = shape_from_config(read_config_json(Path(cfg.target.checkpoint)))
@@ -564,7 +564,7 @@ def shipped_config(name: str, root: Path, **triton):
     import yaml
 
     from pipeline.config import parse_config
-    from pipeline.model_shapes import known_shape
+    from pipeline.validate.model_shapes import known_shape
 
     text = (ROOT / "configs" / f"{name}.yaml").read_text().replace("/models/", f"{root}/models/")
     data = yaml.safe_load(text)
@@ -579,7 +579,7 @@ def shipped_config(name: str, root: Path, **triton):
 
 
 def built_and_rendered(cfg):
-    from pipeline.render import render
+    from pipeline.render.renderer import render
 
     fake_build(cfg)
     return render(cfg)
@@ -588,7 +588,7 @@ def built_and_rendered(cfg):
 @contextlib.contextmanager
 def served(cfg, *arms: str, ports: dict | None = None):
     """Start the arms' servers (as ``loadtest`` does: all up together); stop them at the end."""
-    from pipeline.serve import start_deployment
+    from pipeline.serve.server import start_deployment
 
     servers = {}
     try:

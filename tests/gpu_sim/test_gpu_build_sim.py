@@ -25,7 +25,7 @@ from pipeline.cli import run  # noqa: E402
 from pipeline.config import load_config  # noqa: E402
 from pipeline.errors import BuildError  # noqa: E402
 from pipeline.paths import PROJECT_ROOT  # noqa: E402
-from pipeline.plan import make_plan  # noqa: E402
+from pipeline.plan.planner import make_plan  # noqa: E402
 from tests.gpu_sim import checkpoints as ck  # noqa: E402
 from tests.gpu_sim.container import make_container  # noqa: E402
 
@@ -95,7 +95,7 @@ def _check_golden(name: str, text: str) -> None:
 
 def _planned(path: Path, tmp_path: Path) -> list[list[str]]:
     """`specdeploy plan` argv with outputs at the runner's temporary paths, interpreter as on PATH."""
-    from pipeline.build import redirect_argv, tmp_path as tmp_of
+    from pipeline.build.builder import redirect_argv, tmp_path as tmp_of
 
     plan = make_plan(load_config(path))
     return [redirect_argv(s.argv, {o: tmp_of(o) for o in s.outputs}) for s in plan.steps]

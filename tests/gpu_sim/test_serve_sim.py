@@ -18,8 +18,9 @@ import serve_tools
 from serve_tools import built_and_rendered, served, shipped_config
 
 from pipeline.errors import ServeError
-from pipeline.render import parse_config_file, rendered_placement
-from pipeline.serve import free_ports
+from pipeline.render.renderer import rendered_placement
+from pipeline.render.triton_rules import parse_config_file
+from pipeline.infra.processes import free_ports
 
 H100, A100 = (81559, "NVIDIA H100 80GB HBM3"), (81920, "NVIDIA A100-SXM4-80GB")
 
@@ -145,7 +146,8 @@ def test_symmetric_tp_draft_target_loads_in_orchestrator_mode(gpu_host):
 
 def test_leader_mode_cannot_serve_the_a100_draft_target(gpu_host):
     """What the launch was before: one mpirun world of 4 for a TP4 target and a TP1 draft."""
-    from pipeline.serve import Ports, gpu_server_argv, start_server
+    from pipeline.serve.command import Ports, gpu_server_argv
+    from pipeline.serve.server import start_server
 
     host = gpu_host(4, *A100)
     cfg = shipped_config("llama31-70b-draft8b-int4awq-tp4-a100", host.root)
@@ -174,7 +176,7 @@ def test_co_resident_arms_at_the_default_fraction_run_out_of_memory(gpu_host):
 
 
 def test_arms_that_cannot_share_a_gpu_are_served_one_at_a_time(gpu_host):
-    from pipeline.loadtest import managed_endpoints
+    from pipeline.loadtest.endpoints import managed_endpoints
 
     host = gpu_host(1, 40960, "NVIDIA A100-SXM4-40GB")
     cfg = shipped_config("vicuna7b-eagle-h100", host.root)
@@ -211,7 +213,7 @@ def test_host_with_fewer_gpus_than_rendered_is_refused(gpu_host, monkeypatch):
 
 
 def test_render_refuses_a_host_without_enough_gpus(gpu_host):
-    from pipeline.render import RenderError
+    from pipeline.render.triton_rules import RenderError
 
     host = gpu_host(1, *A100)
     cfg = shipped_config("llama31-70b-draft8b-int4awq-tp4-a100", host.root)
@@ -220,7 +222,7 @@ def test_render_refuses_a_host_without_enough_gpus(gpu_host):
 
 
 def _docker_line(cfg, arm: str) -> list[str]:
-    from pipeline.serve import start_deployment
+    from pipeline.serve.server import start_deployment
 
     with pytest.raises(ServeError) as info:
         start_deployment(cfg, arm)
@@ -250,7 +252,7 @@ def test_docker_line_mounts_every_path_the_repository_reads(gpu_host, monkeypatc
         # run the container's command on the simulated host, seeing only the mounts
         serve_tools.install(host.bin_dir)
         monkeypatch.setenv("SIM_MOUNTS", json.dumps([str(m) for m in mounts]))
-        from pipeline.serve import start_server
+        from pipeline.serve.server import start_server
 
         server = start_server(repo, argv=argv[image + 1:], env={**os.environ, **env},
                               http_port=int(_flag(argv, "--http-port")), grpc_port=int(_flag(argv, "--grpc-port")),

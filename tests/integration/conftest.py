@@ -39,7 +39,7 @@ def tiny_models(serving_workdir) -> dict:
 
 def _deployment(workdir: Path, models: dict, method: str, **options):
     from pipeline.config import load_config
-    from pipeline.render import render
+    from pipeline.render.renderer import render
 
     cfg_path = tiny_deploy.make_deployment(workdir, models, method, **options)
     with in_dir(workdir):
@@ -66,7 +66,7 @@ def medusa_cfg(serving_workdir, tiny_models):
 
 def _served(workdir: Path, cfg, variant: str):
     """Start one deployment's server for a session fixture; stop it when the session ends."""
-    from pipeline.serve import start_deployment
+    from pipeline.serve.server import start_deployment
 
     with in_dir(workdir):
         server = start_deployment(cfg, variant)

@@ -119,8 +119,8 @@ def test_negative_timeout_is_refused(dt_server):
 @pytest.fixture(scope="module")
 def short_draft_server(serving_workdir, tiny_models):
     from pipeline.config import load_config
-    from pipeline.render import render
-    from pipeline.serve import start_deployment
+    from pipeline.render.renderer import render
+    from pipeline.serve.server import start_deployment
 
     name = "tiny-dt-short-draft"
     cfg_path = tiny_deploy.make_deployment(serving_workdir, tiny_models, "draft_target", name=name)

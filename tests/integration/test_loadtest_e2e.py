@@ -20,10 +20,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_loadtest_end_to_end_on_tiny_cpu_deployment(tmp_path, monkeypatch):
-    from pipeline.build import build
+    from pipeline.build.builder import build
     from pipeline.config import load_config
-    from pipeline.loadtest import run_loadtest
-    from pipeline.render import render
+    from pipeline.loadtest.runner import run_loadtest
+    from pipeline.render.renderer import render
 
     import yaml
 

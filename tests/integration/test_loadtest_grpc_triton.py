@@ -95,7 +95,7 @@ class TritonPythonModel:
 
 @pytest.fixture(scope="module")
 def fake_triton(tmp_path_factory):
-    from pipeline.serve import start_server
+    from pipeline.serve.server import start_server
 
     repo = tmp_path_factory.mktemp("fake_repo") / "repo"
     (repo / "fake_stream" / "1").mkdir(parents=True)
@@ -179,7 +179,7 @@ def kill_at_first_ok(raw_dir: Path, server, done: threading.Event, killed: threa
 
 @pytest.mark.slow
 def test_server_killed_mid_run_is_recorded_and_locust_exits(tmp_path, tmp_path_factory):
-    from pipeline.serve import start_server
+    from pipeline.serve.server import start_server
 
     repo = tmp_path_factory.mktemp("fake_repo_kill") / "repo"
     (repo / "fake_stream" / "1").mkdir(parents=True)

@@ -58,14 +58,14 @@ def wait_for_locust_workers(proc: subprocess.Popen, workers: int, timeout: float
 
 
 def test_loadtest_killed_mid_run_leaves_nothing_behind(serving_workdir, tiny_models, tmp_path):
-    from pipeline.processes import port_in_use, stop_processes
+    from pipeline.infra.processes import port_in_use, stop_processes
 
     cfg_path = tiny_deploy.make_deployment(
         serving_workdir, tiny_models, "draft_target", name="tiny-loadtest-killed",
         loadtest={"processes": 2, "prompts": PROMPTS, "warmup_s": 0})
     with in_dir(serving_workdir):
         from pipeline.config import load_config
-        from pipeline.render import render
+        from pipeline.render.renderer import render
 
         render(load_config(cfg_path))
     proc = subprocess.Popen(

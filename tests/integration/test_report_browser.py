@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from chromium_page import CHROMIUM, Chromium
 
-from pipeline.report import make_comparison, make_report
+from pipeline.report.builder import make_comparison, make_report
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "run_small"

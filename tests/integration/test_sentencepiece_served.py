@@ -31,8 +31,8 @@ def sp_checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def sp_server(tmp_path_factory, sp_checkpoint):
     from pipeline.config import load_config
-    from pipeline.render import render
-    from pipeline.serve import start_deployment
+    from pipeline.render.renderer import render
+    from pipeline.serve.server import start_deployment
 
     workdir = tmp_path_factory.mktemp("sp-serving")
     assert not (sp_checkpoint / "tokenizer.json").exists()

@@ -39,8 +39,8 @@ def _alive(pids) -> list[int]:
 
 def test_serve_deployment_context_manager_eagle(serving_workdir, tiny_models, reference_outputs):
     from pipeline.config import load_config
-    from pipeline.render import render
-    from pipeline.serve import serve_deployment
+    from pipeline.render.renderer import render
+    from pipeline.serve.server import serve_deployment
 
     # the engine inside the stub (reference.engine_process: stub); every other served test runs
     # the default, a worker process per engine model
@@ -68,7 +68,7 @@ class ForegroundServe:
     by a thread (a wait for a line never blocks past its deadline)."""
 
     def __init__(self, workdir, cfg, preexec_fn=None):
-        from pipeline.processes import free_ports
+        from pipeline.infra.processes import free_ports
 
         self.ports = free_ports(3)
         http, grpc, metrics = self.ports
@@ -117,7 +117,7 @@ class ForegroundServe:
 
     def cleanup(self) -> None:
         """Whatever happens in the test, leave nothing running (on the old code SIGKILL did)."""
-        from pipeline.processes import stop_processes
+        from pipeline.infra.processes import stop_processes
 
         if self.proc.poll() is None:
             self.proc.kill()
@@ -127,7 +127,7 @@ class ForegroundServe:
 
 def wait_gone(pids, ports, timeout: float = 120) -> float:
     """Poll until none of ``pids`` runs and every port is free; the seconds it took."""
-    from pipeline.processes import port_in_use
+    from pipeline.infra.processes import port_in_use
 
     started = time.monotonic()
     while _alive(pids) or any(port_in_use(p) for p in ports):
@@ -192,8 +192,9 @@ def test_a_server_nobody_owns_and_a_busy_port_are_named(tmp_path):
     """A tritonserver of ours left running without an owner (as the old code left them), and a
     port someone else holds: the start fails naming the process and how to stop it."""
     from pipeline.errors import ServeError
-    from pipeline.processes import free_ports, port_in_use
-    from pipeline.serve import Ports, cpu_server_argv, cpu_server_env, prepare_cpu_server, start_server
+    from pipeline.infra.processes import free_ports, port_in_use
+    from pipeline.serve.command import Ports, cpu_server_argv, cpu_server_env, prepare_cpu_server
+    from pipeline.serve.server import start_server
 
     repo = tmp_path / "repo"
     repo.mkdir()  # an empty repository: a server with no models starts in a second

@@ -21,7 +21,8 @@ def _text(array) -> str:
 
 
 def test_rendered_target_drafts_itself_and_is_decoupled(dt_engine_cfg, serving_workdir):
-    from pipeline.render import client_target, parse_config_file
+    from pipeline.render.renderer import client_target
+    from pipeline.render.triton_rules import parse_config_file
 
     repo = serving_workdir / "engines" / dt_engine_cfg.name / "model_repo" / "speculative"
     config = parse_config_file(repo / "tensorrt_llm" / "config.pbtxt")

@@ -32,8 +32,8 @@ NAME = "tiny-worker-restart"
 @pytest.fixture(scope="module")
 def restart_server(serving_workdir, tiny_models):
     from pipeline.config import load_config
-    from pipeline.render import render
-    from pipeline.serve import start_deployment
+    from pipeline.render.renderer import render
+    from pipeline.serve.server import start_deployment
 
     cfg_path = tiny_deploy.make_deployment(serving_workdir, tiny_models, "draft_target", name=NAME)
     saved = {k: os.environ.get(k) for k in ("SPECDEPLOY_WORKER_MAX_RESTARTS", "SPECDEPLOY_WORKER_RESTART_BACKOFF_S")}

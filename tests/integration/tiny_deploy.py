@@ -33,7 +33,7 @@ def _torch():
 
 
 def make_tokenizer(out_dir: Path) -> None:
-    from pipeline.reference.demo.tokenizer import save_tokenizer, train_tokenizer  # noqa: PLC0415
+    from pipeline.demo.tokenizer import save_tokenizer, train_tokenizer  # noqa: PLC0415
 
     save_tokenizer(train_tokenizer(CORPUS, vocab_size=320), out_dir)
 
@@ -70,7 +70,7 @@ def make_models(root: Path) -> dict[str, Path]:
     from safetensors.torch import save_file  # noqa: PLC0415
     from transformers import LlamaForCausalLM  # noqa: PLC0415
 
-    from pipeline.reference.demo import heads  # noqa: PLC0415
+    from pipeline.demo import heads  # noqa: PLC0415
 
     tok_dir = root / "tokenizer"
     make_tokenizer(tok_dir)

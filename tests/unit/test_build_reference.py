@@ -1,6 +1,6 @@
 """A real reference-backend build (no fakes): tiny local checkpoints made here (HF Llama target and
 draft, Medusa heads, EAGLE head, a WordLevel tokenizer) go through the real build runner and
-``python -m pipeline.reference.build_step`` subprocesses; the engine dirs load in the reference
+``python -m pipeline.build.reference_step`` subprocesses; the engine dirs load in the reference
 engine and the speculative engines reproduce the baseline's greedy output. A re-run is cached."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pipeline.build import SubprocessExecutor, build, load_manifest  # noqa: E402
+from pipeline.build.builder import SubprocessExecutor, build, load_manifest  # noqa: E402
 from pipeline.cli import run as cli_run  # noqa: E402
 from pipeline.config import parse_config  # noqa: E402
 from pipeline.errors import BuildError  # noqa: E402

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.build import SubprocessExecutor, BuildInterrupted, build, dry_run, load_manifest, trtllm_missing_reason
+from pipeline.build.builder import SubprocessExecutor, BuildInterrupted, build, dry_run, load_manifest, trtllm_missing_reason
 from pipeline.config import parse_config
 from pipeline.errors import BuildError, StaleInputError
-from pipeline.plan import Step
+from pipeline.plan.planner import Step
 
 from test_plan_configs import EXAMPLES
 
@@ -349,7 +349,7 @@ def test_sigterm_during_real_build_cleans_up(tmp_path: Path) -> None:
     driver = tmp_path / "driver.py"
     driver.write_text(textwrap.dedent(f"""
         import sys
-        from pipeline.build import SubprocessExecutor, build
+        from pipeline.build.builder import SubprocessExecutor, build
         from pipeline.config import parse_config
 
         class SlowSecondStep(SubprocessExecutor):
@@ -429,7 +429,7 @@ def test_concurrent_build_of_same_deployment_refused(in_tmp: Path) -> None:
 
 
 def test_build_refuses_missing_scripts_before_any_step(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("pipeline.build.require_trtllm", lambda cfg: None)  # trtllm-build "installed"
+    monkeypatch.setattr("pipeline.build.builder.require_trtllm", lambda cfg: None)  # trtllm-build "installed"
     monkeypatch.setenv("SPECDEPLOY_TRTLLM_ROOT", str(in_tmp / "TensorRT-LLM"))
     with pytest.raises(BuildError) as err:
         build(parse_config(dtm()), progress=False)

@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import load_config, load_yaml_strict, DuplicateKeyError
-from pipeline.cpu_pinning import format_cpus, spawn_on
+from pipeline.serve.cpu_pinning import format_cpus, spawn_on
 from pipeline.errors import ConfigError
-from pipeline.loadtest import PromptSetError, load_prompt_set
-from pipeline.preflight import checkpoint_dir_problem, errors_of, run_preflight
+from pipeline.loadtest.inputs import PromptSetError, load_prompt_set
+from pipeline.validate.checkpoints import checkpoint_dir_problem
+from pipeline.validate.preflight import errors_of, run_preflight
 
 ROOT = Path(__file__).resolve().parents[2]
 ALLOWED = sorted(os.sched_getaffinity(0))

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.reference_
 
 import pytest
 
-from pipeline.cpu_pinning import ENV_VAR, CpuPlan, engine_cpus_from_env, plan_pinning, spawn_on
+from pipeline.serve.cpu_pinning import ENV_VAR, CpuPlan, engine_cpus_from_env, plan_pinning, spawn_on
 
 ONE_ENGINE = ["ensemble", "preprocessing", "postprocessing", "tensorrt_llm"]
 BLS = ["preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls", "tensorrt_llm_draft"]

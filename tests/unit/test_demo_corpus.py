@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.reference.demo import corpus
-from pipeline.reference.demo.prompt_sets import write_tiny_prompt_sets
-from pipeline.reference.demo.tokenizer import BOS_ID, EOS_ID, PAD_ID, save_tokenizer, train_tokenizer
+from pipeline.demo import corpus
+from pipeline.demo.prompt_sets import write_tiny_prompt_sets
+from pipeline.demo.tokenizer import BOS_ID, EOS_ID, PAD_ID, save_tokenizer, train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_PROMPTS = ROOT / "loadtests" / "prompts" / "tiny"

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pipeline.cli import run  # noqa: E402
-from pipeline.reference import demo  # noqa: E402
+from pipeline import demo  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def test_two_smoke_runs_are_bit_identical(two_smoke_runs):
 def test_eagle_in_a_second_process_gives_the_same_files(two_smoke_runs, tmp_path):
     """The CLI trains the EAGLE head in a second process beside the draft and Medusa heads;
     training everything in one process must give byte-identical files."""
-    from pipeline.reference.demo import train
+    from pipeline.demo import train
 
     report = train.train_all(tmp_path, train.SMOKE, show_progress=False, parallel=False)
     assert "parallel" not in report
@@ -47,7 +47,7 @@ def test_eagle_in_a_second_process_gives_the_same_files(two_smoke_runs, tmp_path
 def test_smoke_outputs_load_and_verify(two_smoke_runs):
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from pipeline.reference.demo.heads import load_eagle, load_medusa
+    from pipeline.demo.heads import load_eagle, load_medusa
 
     out = two_smoke_runs[0]
     for name in demo.BUILTIN_NAMES:
@@ -85,8 +85,8 @@ def test_eagle_one_pass_training_changes_only_the_eagle_head(two_smoke_runs, tmp
     import dataclasses
     import shutil
 
-    from pipeline.reference.demo import train
-    from pipeline.reference.demo.heads import load_eagle
+    from pipeline.demo import train
+    from pipeline.demo.heads import load_eagle
 
     assert train.SMOKE.eagle_unroll == train.FULL.eagle_unroll == 2
     out = tmp_path / "one-pass"
@@ -103,7 +103,7 @@ def test_eagle_one_pass_training_changes_only_the_eagle_head(two_smoke_runs, tmp
 
 @pytest.mark.slow
 def test_missing_shipped_artifacts_train_into_the_cache_once(tmp_path, monkeypatch):
-    from pipeline.reference.demo import train
+    from pipeline.demo import train
 
     monkeypatch.setattr(demo, "ARTIFACTS_DIR", tmp_path / "not-shipped")
     monkeypatch.setenv("SPECDEPLOY_CACHE", str(tmp_path / "cache"))

@@ -13,7 +13,7 @@ import pytest
 from pipeline.cli import run
 from pipeline.config import DeploymentConfig
 from pipeline.errors import SpecdeployError
-from pipeline.tritonserver_install import ENV_OVERRIDE, STUB_NAME, find_tritonserver, from_pytriton
+from pipeline.serve.tritonserver_install import ENV_OVERRIDE, STUB_NAME, find_tritonserver, from_pytriton
 
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 

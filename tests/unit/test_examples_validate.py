@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.cli import run
 from pipeline.config import load_config
-from pipeline.preflight import errors_of, run_preflight
+from pipeline.validate.preflight import errors_of, run_preflight
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 GPU_EXAMPLES = [
@@ -24,7 +24,7 @@ GPU_EXAMPLES = [
 
 def _demo_available() -> bool:
     try:
-        return importlib.util.find_spec("pipeline.reference.demo") is not None
+        return importlib.util.find_spec("pipeline.demo") is not None
     except ImportError:
         return False
 
@@ -59,7 +59,7 @@ def test_gpu_examples_get_a_memory_estimate_that_fits(name):
 
 def _shipped_demo_models() -> bool:
     try:
-        from pipeline.reference.demo import ARTIFACTS_DIR
+        from pipeline.demo import ARTIFACTS_DIR
     except ImportError:
         return False
     return all((ARTIFACTS_DIR / n).is_dir() for n in ("tiny-target", "tiny-draft", "tiny-medusa", "tiny-eagle"))

@@ -1,4 +1,4 @@
-"""Every rule of the rollout gate (pipeline.gate) on synthetic analyses."""
+"""Every rule of the rollout gate (pipeline.report.gate) on synthetic analyses."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import copy
 import pytest
 
 from pipeline.config import GateSettings
-from pipeline.gate import EXIT_CODES, evaluate_gate
+from pipeline.report.gate import EXIT_CODES, evaluate_gate
 
 
 def ci(point, low, high):

@@ -1,4 +1,4 @@
-"""Arm placement on the GPU host (``pipeline.gpu_layout``): split / shared / sequential, the equal
+"""Arm placement on the GPU host (``pipeline.plan.gpu_layout``): split / shared / sequential, the equal
 KV capacity and the fractions that reach it, refusals naming the reason, the runtime-knob config
 rules, and the memory table ``validate`` prints (co-resident arms, parameter counts)."""
 
@@ -8,11 +8,11 @@ import pytest
 
 from pipeline.config import parse_config
 from pipeline.errors import ConfigError
-from pipeline.gpu_layout import GpuInfo, LayoutError, deployment_layout, plan_layout, validate_estimate
-from pipeline.hardware import get_profile
-from pipeline.memory_fit import estimate_memory, params_text
-from pipeline.model_shapes import ModelShape, known_shape
-from pipeline.preflight import run_preflight
+from pipeline.plan.gpu_layout import GpuInfo, LayoutError, deployment_layout, plan_layout, validate_estimate
+from pipeline.validate.hardware import get_profile
+from pipeline.validate.memory_fit import estimate_memory, params_text
+from pipeline.validate.model_shapes import ModelShape, known_shape
+from pipeline.validate.preflight import run_preflight
 
 TARGET, DRAFT = "/models/Meta-Llama-3.1-8B-Instruct", "/models/Llama-3.2-1B-Instruct"
 

@@ -13,7 +13,10 @@ import pytest
 
 from pipeline.config import parse_config
 from pipeline.errors import SpecdeployError
-from pipeline.loadtest import ArmEndpoint, RunSpec, _parse_duration, check_sweep, parse_counters, plan_runs, run_loadtest, run_settings
+from pipeline.loadtest.endpoints import ArmEndpoint
+from pipeline.loadtest.inputs import check_sweep
+from pipeline.loadtest.runner import RunSpec, _parse_duration, plan_runs, run_loadtest, run_settings
+from pipeline.loadtest.server_metrics import parse_counters
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ROOT / "tests" / "fixtures" / "prompts_small.jsonl"
@@ -139,7 +142,7 @@ def test_cli_rejects_bad_options(tmp_path):
 
 
 def test_endpoint_liveness_checks_the_model(fakes):
-    from pipeline.loadtest import endpoint_alive
+    from pipeline.loadtest.endpoints import endpoint_alive
 
     base, _ = fakes
     assert endpoint_alive(base.url, "http", "ensemble")
@@ -148,7 +151,7 @@ def test_endpoint_liveness_checks_the_model(fakes):
 
 
 def test_generate_probe(fakes):
-    from pipeline.loadtest import probe_generate
+    from pipeline.loadtest.endpoints import probe_generate
 
     base, _ = fakes
     assert probe_generate(base.url, "ensemble", {"num_draft_tokens": 3})
@@ -160,7 +163,7 @@ def test_generate_probe(fakes):
     ("engine", "ensemble", {}),  # K lives in the engine; the ensemble has no num_draft_tokens input
 ])
 def test_speculative_arm_request_shape_follows_orchestration(tmp_path, orchestration, model, extra):
-    from pipeline.render import client_target
+    from pipeline.render.renderer import client_target
 
     cfg = make_cfg(orchestration)
     target = client_target(cfg, "speculative")
@@ -175,7 +178,7 @@ def test_sweep_needs_bls_orchestration():
 
 
 def test_kv_capacity_is_read_per_model_from_the_backend_metrics():
-    from pipeline.loadtest import kv_capacity_from_text
+    from pipeline.loadtest.endpoints import kv_capacity_from_text
 
     text = """# HELP nv_trt_llm_kv_cache_block_metrics TRT LLM KV cache block metrics
 # TYPE nv_trt_llm_kv_cache_block_metrics gauge

@@ -15,7 +15,7 @@ import pytest
 
 from pipeline.config import load_config, parse_config
 from pipeline.paths import PROJECT_ROOT
-from pipeline.plan import make_plan
+from pipeline.plan.planner import make_plan
 from pipeline.trtllm.layout import ENV_VAR
 
 from test_plan_configs import ALL

@@ -12,7 +12,7 @@ import pytest
 from pipeline.cli import run as cli_run
 from pipeline.config import parse_config
 from pipeline.errors import ConfigError
-from pipeline.plan import make_plan
+from pipeline.plan.planner import make_plan
 from pipeline.trtllm.layout import ENV_VAR, resolve_trtllm_root
 
 from test_plan_configs import ALL, EXAMPLES
@@ -296,7 +296,7 @@ def test_reference_steps(tmp_path, monkeypatch):
     names = [s.name for s in plan.steps]
     assert names == ["resolve-target", "quantize-target", "resolve-eagle", "engine-baseline", "engine-speculative"]
     for step in plan.steps:
-        assert step.argv[1:3] == ["-m", "pipeline.reference.build_step"]
+        assert step.argv[1:3] == ["-m", "pipeline.build.reference_step"]
         assert all(Path(p).is_absolute() for p in step.inputs + step.outputs)
     spec = plan.step("engine-speculative").argv
     assert flag_value(spec, "--quantization") == "int8_wo"
@@ -305,7 +305,7 @@ def test_reference_steps(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name", ["tiny-dtm-reference", "tiny-eagle-reference"])
 def test_reference_int8_draft_weights_reach_the_speculative_engine_only(name, tmp_path, monkeypatch):
-    from pipeline.reference.build_step import main as build_step
+    from pipeline.build.reference_step import main as build_step
 
     cfg = json.loads(json.dumps(ALL[name]))
     assert "--draft-weights" not in plan_of(cfg, tmp_path, monkeypatch).step("engine-speculative").argv  # float: no flag
@@ -319,7 +319,7 @@ def test_reference_int8_draft_weights_reach_the_speculative_engine_only(name, tm
     out = tmp_path / "spec"
     argv = ["engine", "--out", str(out), "--role", "speculative", "--model-dir", str(tmp_path), "--method", method,
             "--max-batch-size", "2", "--max-seq-len", "64", "--max-input-len", "32", "--draft-weights", "int8"]
-    monkeypatch.setattr("pipeline.reference.build_step.check_checkpoint", lambda path, kind: None)
+    monkeypatch.setattr("pipeline.build.reference_step.check_checkpoint", lambda path, kind: None)
     argv += {"draft_target": ["--draft-dir", str(tmp_path), "--num-draft-tokens", "3"],
              "eagle": ["--head-dir", str(tmp_path), "--num-layers", "3"]}[method]
     assert build_step(argv) == 0

@@ -19,11 +19,11 @@ from pipeline.config import (
     tree_non_leaves_per_level,
     tree_problems,
 )
-from pipeline.memory_fit import GIB, estimate_memory
-from pipeline.hardware import get_profile
-from pipeline.model_shapes import known_shape
-from pipeline.preflight import errors_of, run_preflight
-from pipeline.tokenizer_compat import compare_tokenizers
+from pipeline.validate.memory_fit import GIB, estimate_memory
+from pipeline.validate.hardware import get_profile
+from pipeline.validate.model_shapes import known_shape
+from pipeline.validate.preflight import errors_of, run_preflight
+from pipeline.validate.tokenizer_compat import compare_tokenizers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.gpu_sim under plain `pytest`
 from tests.gpu_sim.container import make_container  # noqa: E402
@@ -599,7 +599,7 @@ def test_sentencepiece_tokenizers_compared(tmp_path):
     target = shipped.write_model(tmp_path / "target", shipped.VICUNA_7B, weights="bin", tokenizer="spm")
     draft = shipped.write_model(tmp_path / "draft", shipped.VICUNA_7B, weights="bin", tokenizer="spm")
     assert compare_tokenizers(target, draft) == []
-    from pipeline.tokenizer_compat import sentencepiece_model_proto
+    from pipeline.validate.tokenizer_compat import sentencepiece_model_proto
 
     model = sentencepiece_model_proto()()
     model.ParseFromString((draft / "tokenizer.model").read_bytes())

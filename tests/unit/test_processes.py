@@ -1,4 +1,4 @@
-"""Process lifetime (``pipeline.processes``, used by build, serve and loadtest): a command and
+"""Process lifetime (``pipeline.infra.processes``, used by build, serve and loadtest): a command and
 everything it starts end when the process that started it is killed with SIGKILL (even when it
 was started from a thread that has ended, even for descendants that left its session or
 double-forked), a build step ends with a killed build, a detached command outlives its owner,
@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pipeline.processes import describe, free_ports, port_holder, port_in_use, spawn, stop_tree
+from pipeline.infra.processes import describe, free_ports, port_holder, port_in_use, spawn, stop_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 60.0
@@ -95,7 +95,7 @@ def test_the_commands_tree_ends_when_its_owner_is_killed(tmp_path):
     tree_file = tmp_path / "tree.json"
     proc, pids = driver(tmp_path, f"""
         import threading, time
-        from pipeline.processes import spawn
+        from pipeline.infra.processes import spawn
 
         started = {{}}
         # started from a thread that ends at once: PR_SET_PDEATHSIG would fire right there
@@ -120,8 +120,8 @@ def test_a_build_step_ends_when_the_build_is_killed(tmp_path):
     marker = tmp_path / "step.json"
     proc, _ = driver(tmp_path, f"""
         from pathlib import Path
-        from pipeline.build import SubprocessExecutor
-        from pipeline.plan import Step
+        from pipeline.build.builder import SubprocessExecutor
+        from pipeline.plan.planner import Step
 
         code = ("import json, os, subprocess, sys, time; "
                 "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
@@ -153,7 +153,7 @@ def test_the_command_dies_with_its_keeper():
 
 def test_a_detached_command_outlives_its_owner(tmp_path):
     proc, pids = driver(tmp_path, """
-        from pipeline.processes import spawn
+        from pipeline.infra.processes import spawn
 
         owned = spawn([sys.executable, "-c", "import time; time.sleep(300)"])
         owned.detach()

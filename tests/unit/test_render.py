@@ -15,17 +15,15 @@ import pytest
 from pipeline.config import config_hash, parse_config
 from pipeline.errors import StaleInputError
 from pipeline.paths import PROJECT_ROOT
-from pipeline.render import (
+from pipeline.render.renderer import (
     TEMPLATES_DIR,
-    RenderError,
     brace_choices,
     client_target,
     load_manifest,
-    parse_config_file,
     render,
     render_repository,
-    validate_repository,
 )
+from pipeline.render.triton_rules import RenderError, parse_config_file, validate_repository
 
 GOLDEN = Path(__file__).parent / "golden" / "render"
 METHODS = {
@@ -40,7 +38,7 @@ CASES = [(backend, method) for backend in ("reference", "trtllm") for method in 
 @pytest.fixture(autouse=True)
 def no_nvidia_smi(monkeypatch):
     """The goldens hold the placement for a host without nvidia-smi, whatever host runs them."""
-    monkeypatch.setattr("pipeline.gpu_layout.query_gpus", lambda nvidia_smi=None: None)
+    monkeypatch.setattr("pipeline.plan.gpu_layout.query_gpus", lambda nvidia_smi=None: None)
 
 
 def make_cfg(backend: str, method: str, **triton):
@@ -402,7 +400,7 @@ def test_chunked_context_needs_an_engine_with_paged_context_fmha(tmp_path, monke
 
 
 def test_render_stamp_records_the_arm_placement(tmp_path, monkeypatch):
-    from pipeline.render import rendered_placement
+    from pipeline.render.renderer import rendered_placement
 
     monkeypatch.chdir(tmp_path)
     cfg = make_cfg("trtllm", "draft_target")

@@ -13,8 +13,8 @@ import pytest
 from report_fixtures import ROOT, copy_fixture, slow_down_speculative
 
 from pipeline.cli import run as cli_run
-from pipeline.report import make_comparison
-from pipeline.report_view.compare import movement
+from pipeline.report.builder import make_comparison
+from pipeline.report.view.compare import movement
 
 
 def ci(point, low, high):

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from pipeline.cli import run as cli_run
-from pipeline.report import REPORT_SCHEMA, make_report, validate_report_json
+from pipeline.report.builder import REPORT_SCHEMA, make_report, validate_report_json
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "run_small"
@@ -191,7 +191,7 @@ def test_dead_server_run_is_never_go(run_dir: Path):
 
 
 def test_recommended_draft_length_per_concurrency():
-    from pipeline.report import recommend_draft_len
+    from pipeline.report.builder import recommend_draft_len
 
     def comp(level, k, low, high, point):
         ci = {"low": low, "high": high, "point": point}
@@ -208,7 +208,7 @@ def test_recommended_draft_length_per_concurrency():
 
 
 def test_tau_bound():
-    from pipeline.report import tau_bound
+    from pipeline.report.builder import tau_bound
 
     assert tau_bound(0.5, 3) == pytest.approx((1 - 0.5 ** 4) / 0.5)
     assert tau_bound(1.0, 4) == 5.0 and tau_bound(None, 4) is None and tau_bound(0.0, 4) == 1.0

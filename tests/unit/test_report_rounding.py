@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.report_view.rounding import (
+from pipeline.report.view.rounding import (
     ci_decimals,
     fmt_ci,
     fmt_p,

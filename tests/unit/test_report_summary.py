@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from report_fixtures import copy_fixture, slow_down_speculative
 
-import pipeline.report as report_mod
-from pipeline.gate import FAIL, NO_GO, Check
-from pipeline.report import make_report
-from pipeline.report_view.summary import rollout
+import pipeline.report.builder as report_mod
+from pipeline.report.gate import FAIL, NO_GO, Check
+from pipeline.report.builder import make_report
+from pipeline.report.view.summary import rollout
 
 
 def _data(levels: list[int], crossover: int | None) -> dict:

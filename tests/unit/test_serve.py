@@ -11,18 +11,18 @@ import pytest
 
 from pipeline.config import parse_config
 from pipeline.errors import ServeError, SpecdeployError, StaleInputError
-from pipeline.serve import (
+from pipeline.infra.processes import free_ports
+from pipeline.serve.command import (
     CpuServer,
     Ports,
     check_trtllm_version,
     cpu_server_argv,
     cpu_server_env,
     docker_argv,
-    free_ports,
     gpu_server_argv,
     gpu_server_env,
-    start_deployment,
 )
+from pipeline.serve.server import start_deployment
 
 PORTS = Ports(8000, 8001, 8002)
 COMMON = [
@@ -67,7 +67,7 @@ def test_gpu_argv_orchestrator_mode_is_upstreams_multi_model_launch():
 
 
 def _placement(launch, gpus, models):
-    from pipeline.gpu_layout import ArmPlacement, ModelPlacement
+    from pipeline.plan.gpu_layout import ArmPlacement, ModelPlacement
 
     return ArmPlacement("speculative", tuple(gpus), launch, len(gpus) if launch == "leader" else 1,
                         tuple(ModelPlacement(name, tuple(g), 0.3, 4096) for name, g in models))
@@ -114,7 +114,7 @@ def test_stub_environment():
 
 
 def test_read_only_wheel_gets_symlinked_backend_dir(tmp_path, monkeypatch):
-    from pipeline import serve, tritonserver_install
+    from pipeline.serve import command as serve, tritonserver_install
 
     wheel = tmp_path / "pytriton" / "tritonserver"
     (wheel / "bin").mkdir(parents=True)
@@ -154,7 +154,7 @@ def test_repository_rendered_from_another_config_is_refused(tmp_path, monkeypatc
     import json
 
     from pipeline.config import config_hash
-    from pipeline.render import render
+    from pipeline.render.renderer import render
 
     monkeypatch.chdir(tmp_path)
     data = {"name": "x", "backend": "reference", "hardware": "cpu", "target": {"checkpoint": "/m"}}

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from pipeline.config import GateSettings
-from pipeline.gate import evaluate_gate
-from pipeline.stats import RunData, run_summary
+from pipeline.report.gate import evaluate_gate
+from pipeline.report.stats import RunData, run_summary
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "loadtests"))
 

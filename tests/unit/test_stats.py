@@ -1,12 +1,13 @@
-"""Statistics on synthetic records and samples with known answers (pipeline.stats)."""
+"""Statistics on synthetic records and samples with known answers (pipeline.report.stats)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from pipeline import stats
-from pipeline.stats import BootstrapSettings, RunData
+from pipeline.report import comparison, stats
+from pipeline.report.comparison import BootstrapSettings
+from pipeline.report.stats import RunData
 
 MS = 1_000_000
 
@@ -81,36 +82,36 @@ def test_bootstrap_ci_covers_a_known_shift():
     rng = np.random.default_rng(0)
     base = list(20 + rng.normal(0, 0.5, size=6))
     spec = list(14 + rng.normal(0, 0.5, size=6))  # true ratio 0.7
-    ci = stats.bootstrap_ci(spec, base, "ratio", BootstrapSettings(n_resamples=2000, seed=1))
+    ci = comparison.bootstrap_ci(spec, base, "ratio", BootstrapSettings(n_resamples=2000, seed=1))
     assert ci["low"] < 0.7 < ci["high"]
     assert ci["high"] < 0.9
     assert ci["method"] == "percentile" and ci["seed"] == 1 and ci["n_resamples"] == 2000
-    again = stats.bootstrap_ci(spec, base, "ratio", BootstrapSettings(n_resamples=2000, seed=1))
+    again = comparison.bootstrap_ci(spec, base, "ratio", BootstrapSettings(n_resamples=2000, seed=1))
     assert again == ci  # fixed seed → reproducible
 
 
 def test_bootstrap_no_shift_straddles_one_and_gate_is_inconclusive():
     from pipeline.config import GateSettings
-    from pipeline.gate import _ratio_check
+    from pipeline.report.gate import _ratio_check
 
     rng = np.random.default_rng(5)
     base = list(20 + rng.normal(0, 1, size=5))
     spec = list(20 + rng.normal(0, 1, size=5))
-    ci = stats.bootstrap_ci(spec, base, "ratio", BootstrapSettings(n_resamples=2000, seed=0))
+    ci = comparison.bootstrap_ci(spec, base, "ratio", BootstrapSettings(n_resamples=2000, seed=0))
     assert ci["low"] < 1.0 < ci["high"]
     check = _ratio_check("benefit_tpot_ratio", "c=1", {**ci, "level": "run"}, GateSettings().tpot_ratio_max)
     assert check.status == "inconclusive"
 
 
 def test_bootstrap_needs_two_replicates():
-    ci = stats.bootstrap_ci([1.0], [2.0], "ratio", BootstrapSettings(n_resamples=200))
+    ci = comparison.bootstrap_ci([1.0], [2.0], "ratio", BootstrapSettings(n_resamples=200))
     assert ci["point"] == pytest.approx(0.5) and ci["low"] is None
 
 
 def test_mann_whitney_cliffs_delta():
-    out = stats.mann_whitney([1, 2, 3], [10, 11, 12])
+    out = comparison.mann_whitney([1, 2, 3], [10, 11, 12])
     assert out["cliffs_delta"] == pytest.approx(-1.0) and out["effect"] == "large"
-    same = stats.mann_whitney([1, 2, 3, 4], [1, 2, 3, 4])
+    same = comparison.mann_whitney([1, 2, 3, 4], [1, 2, 3, 4])
     assert same["cliffs_delta"] == pytest.approx(0.0) and same["effect"] == "negligible"
 
 
@@ -122,19 +123,19 @@ def _comparison(low, high, point):
 def test_crossover_is_lowest_level_without_benefit():
     levels = [(1, _comparison(0.5, 0.6, 0.55)), (4, _comparison(0.8, 0.95, 0.9)), (16, _comparison(0.95, 1.1, 1.0)),
               (64, _comparison(1.1, 1.2, 1.15))]
-    assert stats.find_crossover(levels) == 16
-    assert stats.find_crossover(levels[:2]) is None
+    assert comparison.find_crossover(levels) == 16
+    assert comparison.find_crossover(levels[:2]) is None
 
 
 def test_output_equivalence_and_length_match():
     base = [record(prompt_id="a", text="h1"), record(prompt_id="b", text="h2")]
     same = [record(prompt_id="a", text="h1"), record(prompt_id="b", text="h2")]
     differ = [record(prompt_id="a", text="h1"), record(prompt_id="b", text="zz", osl=5)]
-    assert stats.output_equivalence(base, same)["equivalent"]
-    bad = stats.output_equivalence(base, differ)
+    assert comparison.output_equivalence(base, same)["equivalent"]
+    bad = comparison.output_equivalence(base, differ)
     assert not bad["equivalent"] and bad["mismatched_ids"] == ["b"]
-    assert stats.output_length_match(base, same)["match"]
-    assert not stats.output_length_match(base, differ)["match"]
+    assert comparison.output_length_match(base, same)["match"]
+    assert not comparison.output_length_match(base, differ)["match"]
 
 
 def test_acceptance_pooled_token_weighted_and_tau():
@@ -159,10 +160,10 @@ def test_incomplete_at_stop_counted_and_accounted():
 def test_no_reported_value_comes_from_locust_buckets():
     import inspect
 
-    import pipeline.gate
-    import pipeline.report
+    import pipeline.report.gate
+    import pipeline.report.builder
 
-    for module in (stats, pipeline.report, pipeline.gate):
+    for module in (stats, comparison, pipeline.report.builder, pipeline.report.gate):
         assert "get_response_time_percentile" not in inspect.getsource(module)
 
 

@@ -115,7 +115,7 @@ def test_tokenizer_compat_reads_sentencepiece_vocab(sp_dir, tmp_path):
     a different vocabulary is named)."""
     import shutil  # noqa: PLC0415
 
-    from pipeline.tokenizer_compat import compare_tokenizers, load_vocab  # noqa: PLC0415
+    from pipeline.validate.tokenizer_compat import compare_tokenizers, load_vocab  # noqa: PLC0415
 
     draft = tmp_path / "draft"
     shutil.copytree(sp_dir, draft)
@@ -135,7 +135,8 @@ def test_tokenizer_compat_reads_sentencepiece_vocab(sp_dir, tmp_path):
 @pytest.mark.parametrize("allowed", [False, True])
 def test_render_passes_target_trust_remote_code_to_pre_and_postprocessing(tmp_path, monkeypatch, allowed):
     from pipeline.config import config_hash, parse_config  # noqa: PLC0415
-    from pipeline.render import parse_config_file, render  # noqa: PLC0415
+    from pipeline.render.renderer import render  # noqa: PLC0415
+    from pipeline.render.triton_rules import parse_config_file  # noqa: PLC0415
 
     monkeypatch.chdir(tmp_path)
     cfg = parse_config({"name": "trc", "backend": "reference", "hardware": "cpu",
@@ -163,7 +164,7 @@ def test_reading_pieces_first_leaves_autotokenizer_working(tmp_path):
 
     spf.write_tokenizer_dir(tmp_path)
     code = (
-        "import sys; from pipeline.tokenizer_compat import load_vocab; from pathlib import Path;"
+        "import sys; from pipeline.validate.tokenizer_compat import load_vocab; from pathlib import Path;"
         "d = Path(sys.argv[1]); assert load_vocab(d);"
         "from transformers import AutoTokenizer;"
         "print(AutoTokenizer.from_pretrained(str(d), legacy=False)('hello')['input_ids'])"

@@ -1,0 +1,176 @@
+"""Build steps of the reference (CPU) backend, run by ``specdeploy build`` as
+``python -m pipeline.build.reference_step <resolve|quantize|engine> …``.
+
+- ``resolve``: find a checkpoint (``--builtin NAME`` via ``pipeline.demo.resolve_builtin``,
+  or ``--local DIR``), check it holds the files its ``--kind`` needs, and create ``--out`` as a
+  symlink to it, so later steps name a fixed path.
+- ``quantize``: ``pipeline.reference.quantize.quantize_checkpoint(--src, --dst, --format)``.
+- ``engine``: write ``--out/engine.json``, the engine descriptor of ``pipeline.reference.api``
+  (absolute paths).
+
+Each step writes only its ``--out``/``--dst`` (the build runner points it at a temporary path and
+renames it into place). A problem is one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from pipeline.errors import SpecdeployError
+from pipeline.reference.api import ENGINE_DESCRIPTOR, ENGINE_FORMAT
+
+REQUIRED_FILES = {
+    "llama": [("config.json",), ("model.safetensors", "model.safetensors.index.json")],
+    "medusa": [("config.json",), ("medusa_lm_head.safetensors",)],
+    "eagle": [("config.json",), ("model.safetensors",)],
+}
+
+
+class StepError(Exception):
+    pass
+
+
+def check_checkpoint(path: Path, kind: str) -> None:
+    if not path.is_dir():
+        raise StepError(f"{kind} checkpoint {path} is not a directory")
+    for alternatives in REQUIRED_FILES[kind]:
+        if not any((path / name).is_file() for name in alternatives):
+            raise StepError(f"{kind} checkpoint {path} lacks {' or '.join(alternatives)}")
+
+
+def cmd_resolve(args: argparse.Namespace) -> None:
+    if args.builtin:
+        from pipeline.demo import resolve_builtin  # noqa: PLC0415 - may import torch
+
+        source = Path(resolve_builtin(args.builtin))
+    else:
+        source = Path(args.local)
+    source = source.resolve()
+    check_checkpoint(source, args.kind)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(source, out, target_is_directory=True)
+    print(f"resolved {args.builtin or args.local} -> {source}")
+
+
+def cmd_quantize(args: argparse.Namespace) -> None:
+    from pipeline.reference.quantize import quantize_checkpoint  # noqa: PLC0415 - imports torch
+
+    src = Path(args.src).resolve()
+    check_checkpoint(src, "llama")
+    quantize_checkpoint(src, Path(args.dst), args.format)
+    print(f"quantized {src} ({args.format}) -> {args.dst}")
+
+
+def _proposer(args: argparse.Namespace) -> dict:
+    spec = _method_spec(args)
+    if args.draft_weights == "int8" and spec["method"] != "none":
+        spec["draft_int8"] = True  # the engine quantizes the draft-side weights at load
+    return spec
+
+
+def _method_spec(args: argparse.Namespace) -> dict:
+    if args.method == "none":
+        return {"method": "none"}
+    if args.method == "draft_target":
+        draft = Path(args.draft_dir).resolve()
+        check_checkpoint(draft, "llama")
+        return {"method": "draft_target", "draft_dir": str(draft), "quantization": args.draft_quantization,
+                "num_draft_tokens": args.num_draft_tokens}
+    choices = json.loads(args.choices)
+    if args.method == "medusa":
+        heads = Path(args.heads_dir).resolve()
+        check_checkpoint(heads, "medusa")
+        return {"method": "medusa", "heads_dir": str(heads), "num_heads": args.num_heads, "choices": choices}
+    head = Path(args.head_dir).resolve()
+    check_checkpoint(head, "eagle")
+    return {"method": "eagle", "head_dir": str(head), "num_layers": args.num_layers, "choices": choices}
+
+
+def cmd_engine(args: argparse.Namespace) -> None:
+    model_dir = Path(args.model_dir).resolve()
+    check_checkpoint(model_dir, "llama")
+    descriptor = {
+        "format": ENGINE_FORMAT,
+        "role": args.role,
+        "model_dir": str(model_dir),
+        "quantization": args.quantization,
+        "proposer": _proposer(args),
+        "max_draft_len": args.max_draft_len,
+        "max_batch_size": args.max_batch_size,
+        "max_seq_len": args.max_seq_len,
+        "max_input_len": args.max_input_len,
+        "compute_dtype": args.compute_dtype,
+        "threads": args.threads,
+        "prefix_cache_entries": args.prefix_cache_entries,
+        "config_hash": args.config_hash or None,  # the manifest records the deployment's hash
+        "name": args.name,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / ENGINE_DESCRIPTOR).write_text(json.dumps(descriptor, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {out / ENGINE_DESCRIPTOR} ({args.role})")
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="python -m pipeline.build.reference_step", description=__doc__.split("\n\n")[0])
+    sub = top.add_subparsers(dest="command", required=True)
+
+    resolve = sub.add_parser("resolve", help="find and check a checkpoint, link it at --out")
+    where = resolve.add_mutually_exclusive_group(required=True)
+    where.add_argument("--builtin")
+    where.add_argument("--local")
+    resolve.add_argument("--kind", choices=sorted(REQUIRED_FILES), default="llama")
+    resolve.add_argument("--out", required=True)
+    resolve.set_defaults(func=cmd_resolve)
+
+    quantize = sub.add_parser("quantize", help="quantize a Llama checkpoint")
+    quantize.add_argument("--src", required=True)
+    quantize.add_argument("--dst", required=True)
+    quantize.add_argument("--format", choices=["int8_wo"], default="int8_wo")
+    quantize.set_defaults(func=cmd_quantize)
+
+    engine = sub.add_parser("engine", help="write an engine.json descriptor")
+    engine.add_argument("--out", required=True)
+    engine.add_argument("--role", choices=["baseline", "target", "draft", "speculative"], required=True)
+    engine.add_argument("--model-dir", required=True)
+    engine.add_argument("--quantization", choices=["none", "int8_wo"], default="none")
+    engine.add_argument("--method", choices=["none", "draft_target", "medusa", "eagle"], default="none")
+    engine.add_argument("--draft-dir")
+    engine.add_argument("--draft-quantization", choices=["none", "int8_wo"], default="none")
+    engine.add_argument("--num-draft-tokens", type=int)
+    engine.add_argument("--heads-dir")
+    engine.add_argument("--num-heads", type=int)
+    engine.add_argument("--head-dir")
+    engine.add_argument("--num-layers", type=int)
+    engine.add_argument("--choices", default="[]")
+    engine.add_argument("--draft-weights", choices=["float", "int8"], default="float")
+    engine.add_argument("--max-draft-len", type=int, default=0)
+    engine.add_argument("--max-batch-size", type=int, required=True)
+    engine.add_argument("--max-seq-len", type=int, required=True)
+    engine.add_argument("--max-input-len", type=int, required=True)
+    engine.add_argument("--compute-dtype", default="float32")
+    engine.add_argument("--threads", type=int, default=1)
+    engine.add_argument("--prefix-cache-entries", type=int, default=64)
+    engine.add_argument("--name", default="")
+    engine.add_argument("--config-hash", default="")
+    engine.set_defaults(func=cmd_engine)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (StepError, SpecdeployError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,647 @@
+"""Deterministic CPU training of the demo models: tokenizer, target, draft, Medusa heads, EAGLE head.
+
+Reads nothing but the generated corpus (``corpus``); writes one checkpoint directory per builtin
+under ``out_dir`` (``tiny-target``, ``tiny-draft``: HF Llama layout; ``tiny-medusa``, ``tiny-eagle``:
+upstream head layouts, see ``heads``), ``SHA256SUMS.txt`` over every file, and ``training_report.json``
+(losses, agreements, a greedy sample per category, seconds per stage). One torch thread, fixed
+seeds, bf16 autocast with fp32 master weights: the same machine type gives bit-identical files.
+Recipe (shared/reference/cpu-engine-notes.md): AdamW β=(0.9, 0.95), wd 0.1, warm-up then cosine
+to 10 %, grad-clip 1.0; the draft/heads learn from the target's distributions (KD) on half corpus
+windows, half target-generated (on-policy) sequences.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from pipeline.demo import corpus
+from pipeline.demo.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    load_tokenizer,
+    save_tokenizer,
+    train_tokenizer,
+)
+
+TARGET, DRAFT, MEDUSA, EAGLE = "tiny-target", "tiny-draft", "tiny-medusa", "tiny-eagle"
+MODEL_NAMES = (TARGET, DRAFT, MEDUSA, EAGLE)
+SUMS_FILE = "SHA256SUMS.txt"  # .txt: shipped as package data (pyproject globs)
+REPORT_FILE = "training_report.json"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    samples_per_category: int = 300
+    vocab_size: int = 1024
+    hidden: int = 256
+    layers: int = 6
+    heads: int = 4
+    intermediate: int = 672
+    max_positions: int = 512
+    seq_len: int = 128
+    batch: int = 8
+    target_steps: int = 600
+    target_lr: float = 2e-3
+    warmup: int = 30
+    draft_steps: int = 520
+    draft_lr: float = 2e-3
+    medusa_heads: int = 5
+    medusa_steps: int = 420
+    medusa_lr: float = 3e-3
+    eagle_steps: int = 400
+    eagle_lr: float = 4e-3  # 2e-3 left it undertrained: in-domain tau (chain of 5) 4.85 -> 5.10 (seed 99: 4.73 -> 4.83)
+    eagle_noise: float = 0.05
+    eagle_token_loss: float = 0.1  # weight of the KD term next to the feature loss
+    eagle_unroll: int = 2  # passes; 2+ also feed the head its own predicted features, as drafting does
+    pool_corpus_windows: int = 160
+    pool_generated: int = 160
+    gen_prompt_tokens: int = 16
+    eval_prompts_per_category: int = 8
+    eval_new_tokens: int = 48
+    seed: int = 1234
+
+
+FULL = Recipe()
+SMOKE = Recipe(
+    samples_per_category=40, target_steps=24, warmup=4, draft_steps=12, medusa_steps=12, eagle_steps=12,
+    pool_corpus_windows=16, pool_generated=16, seq_len=64, eval_prompts_per_category=2, eval_new_tokens=8,
+)
+
+
+def _torch():
+    import torch
+
+    torch.set_num_threads(1)
+    with contextlib.suppress(RuntimeError):  # only settable before the first parallel op
+        torch.set_num_interop_threads(1)
+    return torch
+
+
+# ------------------------------------------------------------------------------------------------
+# progress + schedule
+
+
+class Progress:
+    """Thin wrapper over rich progress bars (stderr); silent when ``enabled`` is False."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self._bar = None
+
+    def __enter__(self) -> "Progress":
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+
+            self._bar = Bar(
+                TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=Console(stderr=True),
+            )
+            self._bar.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(*exc)
+
+    def steps(self, label: str, total: int) -> Iterator[Callable[[str], None]]:
+        """Yields ``total`` times an ``info(text)`` callback that also advances the bar."""
+        task = self._bar.add_task(label, total=total, info="") if self._bar else None
+        for _ in range(total):
+            advanced = []
+
+            def info(text: str = "") -> None:
+                if self._bar is not None and not advanced:
+                    self._bar.update(task, advance=1, info=text)
+                    advanced.append(True)
+
+            yield info
+            info()
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
+    """Linear warm-up, then cosine from ``peak`` down to 10 % of it."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+def _optimizer(params, lr: float, weight_decay: float):
+    torch = _torch()
+    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
+
+
+def _step(optimizer, params, loss, lr: float) -> None:
+    torch = _torch()
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    optimizer.step()
+
+
+def _autocast():
+    torch = _torch()
+    return torch.autocast("cpu", dtype=torch.bfloat16)
+
+
+# ------------------------------------------------------------------------------------------------
+# data
+
+
+@dataclass
+class Data:
+    train_ids: list[int]  # the whole training stream: <s> doc </s> <s> doc </s> …
+    train_docs: list[list[int]]
+    heldout: dict[str, list[list[int]]]  # category → held-out prompts (token ids with <s>)
+    tokenizer: object
+
+
+def build_data(recipe: Recipe, out_dir: Path) -> Data:
+    samples = corpus.training_corpus(recipe.samples_per_category)
+    tokenizer = train_tokenizer([text for _, text in samples], recipe.vocab_size)
+    save_tokenizer(tokenizer, out_dir / TARGET)
+    return _encode_data(recipe, tokenizer, samples)
+
+
+def _encode_data(recipe: Recipe, tokenizer, samples) -> Data:
+    docs = [tokenizer.encode(text).ids + [EOS_ID] for _, text in samples]
+    stream = [tok for doc in docs for tok in doc]
+    heldout = {
+        cat: [tokenizer.encode(p["prompt"]).ids for p in corpus.prompts(cat, recipe.eval_prompts_per_category, seed=corpus.HELDOUT_SEED + 1)]
+        for cat in corpus.CATEGORIES
+    }
+    return Data(stream, docs, heldout, tokenizer)
+
+
+def _windows(stream: list[int], count: int, length: int, generator):
+    """``count`` random windows of ``length`` tokens from the stream → LongTensor [count, length]."""
+    torch = _torch()
+    ids = torch.tensor(stream, dtype=torch.long)
+    starts = torch.randint(0, len(stream) - length, (count,), generator=generator)
+    return torch.stack([ids[s : s + length] for s in starts.tolist()])
+
+
+# ------------------------------------------------------------------------------------------------
+# target + draft (HF Llama)
+
+
+def llama_config(recipe: Recipe, layers: int):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=recipe.vocab_size, hidden_size=recipe.hidden, intermediate_size=recipe.intermediate,
+        num_hidden_layers=layers, num_attention_heads=recipe.heads, num_key_value_heads=recipe.heads,
+        max_position_embeddings=recipe.max_positions, rms_norm_eps=1e-5, rope_theta=10000.0,
+        tie_word_embeddings=True, bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
+    )
+
+
+def train_target(recipe: Recipe, data: Data, progress: Progress) -> tuple[object, dict]:
+    torch = _torch()
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(recipe.seed)
+    model = LlamaForCausalLM(llama_config(recipe, recipe.layers)).train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = _optimizer(params, recipe.target_lr, 0.1)
+    generator = torch.Generator().manual_seed(recipe.seed)
+    losses = []
+    for step, info in enumerate(progress.steps("target (6 layers)", recipe.target_steps)):
+        batch = _windows(data.train_ids, recipe.batch, recipe.seq_len + 1, generator)
+        with _autocast():
+            logits = model(input_ids=batch[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, recipe.vocab_size), batch[:, 1:].reshape(-1))
+        _step(optimizer, params, loss, lr_at(step, recipe.target_steps, recipe.target_lr, recipe.warmup))
+        losses.append(loss.item())
+        info(f"loss {loss.item():.3f}")
+    model.eval()
+    return model, {"params": sum(p.numel() for p in model.parameters()), "final_train_loss": _tail_mean(losses)}
+
+
+def _tail_mean(values: list[float], n: int = 20) -> float:
+    tail = values[-n:]
+    return round(sum(tail) / len(tail), 4)
+
+
+def target_features(target, ids):
+    """ids [batch, seq] → final hidden states AFTER the final norm [batch, seq, H] (fp32, no grad)."""
+    torch = _torch()
+    with torch.no_grad():
+        return target.model(input_ids=ids).last_hidden_state.float()
+
+
+def lm_logits(features, embed_weight):
+    """Tied LM head: features [.., H] @ embed[V, H]ᵀ → logits [.., V]."""
+    return features @ embed_weight.t()
+
+
+def generate_greedy_or_sampled(target, prompts, new_tokens: int, sample: bool, generator):
+    """Plain KV-cached decoding with the target (no EOS stop): prompts [batch, P] → [batch, P+new]."""
+    torch = _torch()
+    from transformers import DynamicCache
+
+    with torch.no_grad():
+        cache = DynamicCache()
+        out = target(input_ids=prompts, cache=cache, use_cache=True)
+        seq = prompts
+        for _ in range(new_tokens):
+            logits = out.logits[:, -1].float()  # [batch, V]
+            if sample:
+                nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)
+            else:
+                nxt = logits.argmax(-1, keepdim=True)
+            seq = torch.cat([seq, nxt], dim=1)
+            out = target(input_ids=nxt, cache=cache, use_cache=True)
+    return seq
+
+
+def build_pool(recipe: Recipe, target, data: Data, progress: Progress):
+    """Half corpus windows, half target-generated sequences (greedy and T=1), with the target's
+    features → (ids [N, L], features [N, L, H], is_generated [N])."""
+    torch = _torch()
+    generator = torch.Generator().manual_seed(recipe.seed + 1)
+    length = recipe.seq_len
+    corpus_ids = _windows(data.train_ids, recipe.pool_corpus_windows, length, generator)
+    rng = random.Random(recipe.seed)
+    docs = [d for d in data.train_docs if len(d) > recipe.gen_prompt_tokens]
+    prompts = torch.tensor([rng.choice(docs)[: recipe.gen_prompt_tokens] for _ in range(recipe.pool_generated)])
+    new = length - recipe.gen_prompt_tokens
+    generated, chunk = [], 32
+    chunks = list(range(0, recipe.pool_generated, chunk))
+    for index, (start, info) in enumerate(zip(chunks, progress.steps("on-policy sequences", len(chunks)))):
+        sample = index % 2 == 1
+        generated.append(generate_greedy_or_sampled(target, prompts[start : start + chunk], new, sample, generator))
+        info("sampled T=1" if sample else "greedy")
+    ids = torch.cat([corpus_ids] + generated)
+    feats = []
+    batches = list(range(0, len(ids), 16))
+    for start, info in zip(batches, progress.steps("target features", len(batches))):
+        feats.append(target_features(target, ids[start : start + 16]))
+        info()
+    is_generated = torch.cat([torch.zeros(len(corpus_ids), dtype=torch.bool), torch.ones(len(ids) - len(corpus_ids), dtype=torch.bool)])
+    return ids, torch.cat(feats), is_generated
+
+
+def _pool_batches(pool, batch: int, steps: int, seed: int):
+    """Each batch: half corpus windows, half generated sequences (indices into the pool)."""
+    torch = _torch()
+    ids, feats, is_generated = pool
+    generator = torch.Generator().manual_seed(seed)
+    corpus_idx = torch.nonzero(~is_generated).flatten()
+    gen_idx = torch.nonzero(is_generated).flatten()
+    for _ in range(steps):
+        pick_c = corpus_idx[torch.randint(0, len(corpus_idx), (batch // 2,), generator=generator)]
+        pick_g = gen_idx[torch.randint(0, len(gen_idx), (batch - batch // 2,), generator=generator)]
+        pick = torch.cat([pick_c, pick_g])
+        yield ids[pick], feats[pick]
+
+
+def kd_loss(student_logits, teacher_logits):
+    """Forward KL(teacher ‖ student) per position, averaged over positions."""
+    torch = _torch()
+    log_q = torch.log_softmax(student_logits.float(), -1)
+    log_p = torch.log_softmax(teacher_logits.float(), -1)
+    return (log_p.exp() * (log_p - log_q)).sum(-1).mean()
+
+
+def train_draft(recipe: Recipe, target, pool, progress: Progress) -> tuple[object, dict]:
+    torch = _torch()
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(recipe.seed + 2)
+    draft = LlamaForCausalLM(llama_config(recipe, 1))
+    draft.model.embed_tokens.weight.data.copy_(target.model.embed_tokens.weight.data)
+    draft.model.norm.weight.data.copy_(target.model.norm.weight.data)
+    draft.model.layers[0].load_state_dict(target.model.layers[0].state_dict())
+    draft.train()
+    params = [p for p in draft.parameters() if p.requires_grad]
+    optimizer = _optimizer(params, recipe.draft_lr, 0.1)
+    embed = target.model.embed_tokens.weight.detach()
+    losses = []
+    batches = _pool_batches(pool, recipe.batch, recipe.draft_steps, recipe.seed + 3)
+    for step, ((ids, feats), info) in enumerate(zip(batches, progress.steps("draft (1 layer, KD)", recipe.draft_steps))):
+        with _autocast():
+            logits = draft(input_ids=ids).logits
+        loss = kd_loss(logits, lm_logits(feats, embed))
+        _step(optimizer, params, loss, lr_at(step, recipe.draft_steps, recipe.draft_lr, recipe.warmup))
+        losses.append(loss.item())
+        info(f"KL {loss.item():.3f}")
+    draft.eval()
+    return draft, {"params": sum(p.numel() for p in draft.parameters()), "final_kl": _tail_mean(losses)}
+
+
+# ------------------------------------------------------------------------------------------------
+# Medusa + EAGLE
+
+
+def train_medusa(recipe: Recipe, target, pool, progress: Progress) -> tuple[object, dict]:
+    torch = _torch()
+    from pipeline.demo.heads import MedusaHeads
+
+    torch.manual_seed(recipe.seed + 4)
+    embed = target.model.embed_tokens.weight.detach()
+    heads = MedusaHeads(recipe.medusa_heads, recipe.hidden, recipe.vocab_size)
+    for head in heads.heads:
+        head[1].weight.data.copy_(embed)
+    params = list(heads.parameters())
+    optimizer = _optimizer(params, recipe.medusa_lr, 0.0)
+    losses = []
+    batches = _pool_batches(pool, recipe.batch, recipe.medusa_steps, recipe.seed + 5)
+    for step, ((_, feats), info) in enumerate(zip(batches, progress.steps(f"medusa ({recipe.medusa_heads} heads, KD)", recipe.medusa_steps))):
+        teacher = lm_logits(feats, embed)  # [batch, L, V]: position t predicts t+1
+        with _autocast():
+            head_logits = heads(feats)  # [heads, batch, L, V]
+        loss = 0.0
+        for i in range(recipe.medusa_heads):
+            # head i at position t predicts token t+2+i = the teacher's prediction at t+1+i
+            loss = loss + (0.8**i) * kd_loss(head_logits[i, :, : -(1 + i)], teacher[:, 1 + i :])
+        _step(optimizer, params, loss, lr_at(step, recipe.medusa_steps, recipe.medusa_lr, recipe.warmup))
+        losses.append(loss.item())
+        info(f"loss {loss.item():.3f}")
+    heads.eval()
+    return heads, {"params": sum(p.numel() for p in heads.parameters()), "final_loss": _tail_mean(losses)}
+
+
+def _eagle_loss(recipe: Recipe, predicted, target_next, embed):
+    """EAGLE's objective: smooth-L1 to the target's next feature + weighted KD on its logits."""
+    torch = _torch()
+    feature_loss = torch.nn.functional.smooth_l1_loss(predicted, target_next)
+    return feature_loss + recipe.eagle_token_loss * kd_loss(lm_logits(predicted, embed), lm_logits(target_next, embed))
+
+
+def train_eagle(recipe: Recipe, target, pool, progress: Progress) -> tuple[object, dict]:
+    torch = _torch()
+    from pipeline.demo.heads import EagleHead
+
+    torch.manual_seed(recipe.seed + 6)
+    embed = target.model.embed_tokens.weight.detach()
+    head = EagleHead(recipe.hidden, recipe.heads, recipe.intermediate, recipe.vocab_size, 1e-5, 10000.0)
+    for module in head.modules():
+        if isinstance(module, torch.nn.Linear) and module is not head.fc:
+            torch.nn.init.normal_(module.weight, std=0.02)
+    with torch.no_grad():  # start as "next feature ≈ current feature"
+        head.fc.weight.normal_(std=0.02)
+        head.fc.weight[:, recipe.hidden :] += torch.eye(recipe.hidden)
+        head.fc.bias.zero_()
+    head.embed_tokens.weight.data.copy_(embed)
+    head.embed_tokens.weight.requires_grad_(False)  # frozen copy of the target's, as upstream
+    params = [p for p in head.parameters() if p.requires_grad]
+    optimizer = _optimizer(params, recipe.eagle_lr, 0.0)
+    noise_gen = torch.Generator().manual_seed(recipe.seed + 7)
+    losses = []
+    batches = _pool_batches(pool, recipe.batch, recipe.eagle_steps, recipe.seed + 8)
+    for step, ((ids, feats), info) in enumerate(zip(batches, progress.steps("eagle (1 layer)", recipe.eagle_steps))):
+        noisy = feats[:, :-1] + torch.randn(feats[:, :-1].shape, generator=noise_gen) * recipe.eagle_noise
+        with _autocast():
+            h = head(ids[:, 1:], noisy)  # [batch, L-1, H] ≈ f_{t+1}
+        loss = _eagle_loss(recipe, h.float(), feats[:, 1:], embed)
+        for extra in range(1, recipe.eagle_unroll):  # pass p: inputs (predicted f_{t+p-1}, x_{t+p})
+            with _autocast():
+                h = head(ids[:, 1 + extra :], h[:, :-1].to(noisy.dtype))
+            loss = loss + _eagle_loss(recipe, h.float(), feats[:, 1 + extra :], embed)
+        _step(optimizer, params, loss, lr_at(step, recipe.eagle_steps, recipe.eagle_lr, recipe.warmup))
+        losses.append(loss.item())
+        info(f"loss {loss.item():.3f}")
+    head.eval()
+    trainable = sum(p.numel() for p in params)
+    return head, {"params": sum(p.numel() for p in head.parameters()), "trainable_params": trainable, "final_loss": _tail_mean(losses)}
+
+
+# ------------------------------------------------------------------------------------------------
+# saving
+
+
+def _fix_permissions(directory: Path) -> None:
+    for path in directory.iterdir():
+        if path.is_file():
+            path.chmod(0o644)
+
+
+def save_llama(model, out_dir: Path, tokenizer_dir: Path | None) -> None:
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    config_path = out_dir / "config.json"
+    config = json.loads(config_path.read_text())
+    config["architectures"] = ["LlamaForCausalLM"]
+    config["torch_dtype"] = "float32"
+    config["rope_theta"] = config.get("rope_parameters", {}).get("rope_theta", 10000.0)
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if tokenizer_dir is not None and tokenizer_dir != out_dir:
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            (out_dir / name).write_bytes((tokenizer_dir / name).read_bytes())
+    _fix_permissions(out_dir)
+
+
+def save_medusa(heads, out_dir: Path, recipe: Recipe) -> None:
+    from safetensors.torch import save_file
+
+    from pipeline.demo.heads import MEDUSA_WEIGHTS, medusa_config, write_json
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(heads.upstream_state_dict(), str(out_dir / MEDUSA_WEIGHTS), metadata={"format": "pt"})
+    write_json(out_dir / "config.json", medusa_config(recipe.medusa_heads, recipe.hidden, recipe.vocab_size, f"builtin:{TARGET}"))
+    _fix_permissions(out_dir)
+
+
+def save_eagle(head, out_dir: Path, target_dir: Path) -> None:
+    from safetensors.torch import save_file
+
+    from pipeline.demo.heads import EAGLE_WEIGHTS, eagle_config, write_json
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous() for k, v in head.state_dict().items()}
+    save_file(state, str(out_dir / EAGLE_WEIGHTS), metadata={"format": "pt"})
+    target_config = json.loads((target_dir / "config.json").read_text())
+    write_json(out_dir / "config.json", eagle_config(target_config, f"builtin:{TARGET}"))
+    _fix_permissions(out_dir)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_sums(out_dir: Path) -> dict[str, str]:
+    """``SHA256SUMS.txt`` (``sha256sum -c`` format) over every file of every model dir."""
+    sums = {}
+    for name in MODEL_NAMES:
+        model_dir = out_dir / name
+        if model_dir.is_dir():
+            for path in sorted(model_dir.iterdir()):
+                if path.is_file():
+                    sums[f"{name}/{path.name}"] = sha256_file(path)
+    (out_dir / SUMS_FILE).write_text("".join(f"{digest}  {rel}\n" for rel, digest in sorted(sums.items())))
+    (out_dir / SUMS_FILE).chmod(0o644)
+    return sums
+
+
+# ------------------------------------------------------------------------------------------------
+# the whole recipe
+
+
+class _SecondProcess:
+    """EAGLE training in a spawned process on the second core while this one trains the draft
+    and Medusa heads. Bit-identical to training it here: same seeds, one thread each, and the
+    target's embeddings read back from the checkpoint just saved. The child saves the head into
+    ``out_dir/tiny-eagle`` and sends back its report, its seconds and the evaluation's target
+    continuations (see :func:`_eagle_child`); an error there is raised here."""
+
+    def __init__(self, recipe: Recipe, pool, heldout: dict, out_dir: Path):
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")  # no fork of a process holding torch threads
+        self._receive, send = context.Pipe(duplex=False)
+        self._process = context.Process(target=_eagle_child, args=(recipe, pool, heldout, str(out_dir), send),
+                                        daemon=True)
+        self._process.start()
+        send.close()
+
+    def join(self) -> tuple[dict, float, dict]:
+        """(EAGLE report, its training seconds, the evaluation's target continuations)."""
+        try:
+            status, payload, seconds, continued = self._receive.recv()
+        except EOFError:
+            status, payload, seconds, continued = "error", "the EAGLE training process died", 0.0, None
+        self._process.join()
+        if status != "ok":
+            raise RuntimeError(f"EAGLE training failed in its process: {payload}")
+        torch = _torch()
+        return payload, seconds, {c: [(torch.from_numpy(seq), torch.from_numpy(feats)) for seq, feats in rows]
+                                  for c, rows in continued.items()}
+
+
+def _eagle_child(recipe: Recipe, pool, heldout: dict, out_dir: str, send) -> None:
+    """Train and save the EAGLE head, then (the other process is still busy with the draft and
+    Medusa heads) the target's held-out continuations for :func:`evaluate.evaluate`."""
+    import traceback
+
+    try:
+        _torch()
+        from transformers import LlamaForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        from pipeline.demo import evaluate
+
+        hf_logging.set_verbosity_error()
+        started = time.perf_counter()
+        target = LlamaForCausalLM.from_pretrained(str(Path(out_dir) / TARGET)).eval()
+        head, info = train_eagle(recipe, target, pool, Progress(False))
+        save_eagle(head, Path(out_dir) / EAGLE, Path(out_dir) / TARGET)
+        seconds = round(time.perf_counter() - started, 1)
+        continued = evaluate.continuations(target, heldout, recipe)
+        # as numpy: tensors would travel as shared-memory handles, gone once this process exits
+        send.send(("ok", info, seconds, {c: [(seq.numpy(), feats.numpy()) for seq, feats in rows]
+                                         for c, rows in continued.items()}))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which raises
+        send.send(("error", traceback.format_exc(limit=5), 0.0, None))
+    finally:
+        send.close()
+
+
+def train_all(out_dir: Path, recipe: Recipe = FULL, only: str | None = None, show_progress: bool = True,
+              parallel: bool = True) -> dict:
+    """Train (all or ``only`` one of) the demo models into ``out_dir``; returns the report.
+    ``parallel``: when all heads are trained, the EAGLE head trains in a second process meanwhile
+    (same files either way; the report's ``parallel`` lists what ran beside the rest)."""
+    torch = _torch()
+    from transformers import LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    from pipeline.demo import evaluate
+
+    hf_logging.set_verbosity_error()
+    if only is not None and only not in MODEL_NAMES:
+        raise ValueError(f"unknown demo model {only!r}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report: dict = {"recipe": asdict(recipe), "torch": torch.__version__, "seconds": {}, "models": {}}
+    clock = started = time.perf_counter()
+
+    def lap(stage: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        report["seconds"][stage] = round(now - clock, 1)
+        clock = now
+
+    with Progress(show_progress) as progress:
+        reuse_target = only not in (None, TARGET) and (out_dir / TARGET / "model.safetensors").is_file()
+        if reuse_target:
+            tokenizer = load_tokenizer(out_dir / TARGET)
+            data = _encode_data(recipe, tokenizer, corpus.training_corpus(recipe.samples_per_category))
+            target = LlamaForCausalLM.from_pretrained(str(out_dir / TARGET)).eval()
+            lap("data")
+        else:
+            data = build_data(recipe, out_dir)
+            lap("data")
+            target, report["models"][TARGET] = train_target(recipe, data, progress)
+            save_llama(target, out_dir / TARGET, None)
+            lap("target")
+        for p in target.parameters():
+            p.requires_grad_(False)
+        models = {TARGET: target}
+        beside, continued = None, None
+        if only != TARGET:
+            pool = build_pool(recipe, target, data, progress)
+            lap("pool")
+            beside = _SecondProcess(recipe, pool, data.heldout, out_dir) if parallel and only is None else None
+            if beside is not None:
+                report["parallel"] = [EAGLE]
+            for name, trainer in ((DRAFT, train_draft), (MEDUSA, train_medusa), (EAGLE, train_eagle)):
+                if only in (None, name) and not (beside is not None and name == EAGLE):
+                    models[name], report["models"][name] = trainer(recipe, target, pool, progress)
+                    lap(name.removeprefix("tiny-"))
+            if DRAFT in models:
+                save_llama(models[DRAFT], out_dir / DRAFT, out_dir / TARGET)
+            if MEDUSA in models:
+                save_medusa(models[MEDUSA], out_dir / MEDUSA, recipe)
+            if EAGLE in models:
+                save_eagle(models[EAGLE], out_dir / EAGLE, out_dir / TARGET)
+            if beside is not None:
+                for _ in progress.steps("eagle (2nd process)", 1):
+                    report["models"][EAGLE], report["seconds"]["eagle"], continued = beside.join()
+                from pipeline.demo.heads import load_eagle
+
+                models[EAGLE] = load_eagle(out_dir / EAGLE).eval()
+                lap("eagle_wait")
+        report["quality"] = evaluate.evaluate(models, data, recipe, continued)
+        lap("evaluate")
+    report["total_seconds"] = round(time.perf_counter() - started, 1)  # wall clock (stages may overlap)
+    report["sha256"] = write_sums(out_dir)
+    if only is not None:
+        report = _merge_into_previous(out_dir / REPORT_FILE, report)
+    (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    (out_dir / REPORT_FILE).chmod(0o644)
+    return report
+
+
+def _merge_into_previous(path: Path, report: dict) -> dict:
+    """A one-model retrain keeps the other models' figures from the previous report."""
+    if not path.is_file():
+        return report
+    previous = json.loads(path.read_text())
+    previous["recipe"] = report["recipe"]  # the recipe the files now come from
+    previous["models"].update(report["models"])
+    previous.setdefault("quality", {}).update(report.get("quality", {}))
+    previous["sha256"] = report["sha256"]
+    previous.setdefault("retrained", []).append({"models": sorted(report["models"]), "seconds": report["seconds"]})
+    return previous
+
+
+def default_threads_env() -> None:
+    """One thread everywhere (set before torch is imported, for subprocess use)."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS"):
+        os.environ.setdefault(var, "1")

@@ -1,0 +1,203 @@
+"""The two arms' endpoints: servers started here as ``render`` placed them, or URLs the user gives.
+
+:class:`ManagedEndpoints` starts both arms' Triton servers once on distinct ports, or one at a
+time with restarts when they cannot share the GPUs; :func:`remote_endpoint` wraps a given URL.
+Reads the rendered repositories (through ``pipeline.render.renderer``: which model each arm calls)
+and the servers' ``/metrics`` (the backend's reported KV-cache capacity); writes the servers' logs
+through ``pipeline.serve``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from pipeline.config import DeploymentConfig
+from pipeline.render.renderer import client_target
+from pipeline.loadtest.inputs import LoadTestError
+from pipeline.loadtest.server_metrics import metrics_text
+
+
+# ------------------------------------------------------------------------------------------------
+# Endpoints
+
+
+@dataclass
+class ArmEndpoint:
+    arm: str
+    url: str  # grpc host:port, or http://host:port
+    model_name: str
+    extra_inputs: dict[str, Any]
+    metrics_url: str | None = None
+    pid: int | None = None
+    alive: Callable[[], bool] | None = None
+    log_tail: Callable[[int], str] | None = None
+    client_cpus: tuple[int, ...] | None = None  # the server's CPU plan keeps Locust off the engines' cores
+
+
+class ManagedEndpoints:
+    """Both arms' servers for one load test, placed as ``render`` recorded (``pipeline.plan.gpu_layout``):
+    started once and kept up for the whole sweep (split or shared GPUs, the CPU engine), or — when
+    only one arm fits at a time (``sequential``) — one at a time, restarted whenever the next run
+    needs the other arm, on the same ports, so the A B A B interleaving survives. Indexing by arm
+    returns that arm's running endpoint. Every server is stopped on exit."""
+
+    def __init__(self, cfg: DeploymentConfig, arms: tuple[str, ...]):
+        from pipeline.render.renderer import rendered_placement  # noqa: PLC0415
+        from pipeline.infra.processes import free_ports  # noqa: PLC0415
+
+        self.cfg, self.arms = cfg, arms
+        self.placements = {arm: rendered_placement(cfg, arm) for arm in arms}
+        self.sequential = any((p or {}).get("strategy") == "sequential" for p in self.placements.values())
+        ports = iter(free_ports(3 * len(arms)))
+        self.ports = {arm: (next(ports), next(ports), next(ports)) for arm in arms}
+        self.starts = {arm: 0 for arm in arms}
+        self.kv_reported: dict[str, dict[str, int] | None] = {}
+        self._servers: dict[str, Any] = {}
+        self._endpoints: dict[str, ArmEndpoint] = {}
+
+    def __enter__(self) -> "ManagedEndpoints":
+        try:
+            for arm in ([] if self.sequential else self.arms):
+                self._start(arm)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __getitem__(self, arm: str) -> ArmEndpoint:
+        if arm not in self._servers:
+            for other in [a for a in self._servers if a != arm]:
+                self._servers.pop(other).stop()
+            self._start(arm)
+        return self._endpoints[arm]
+
+    def close(self) -> None:
+        while self._servers:
+            self._servers.popitem()[1].stop()
+
+    def _start(self, arm: str) -> None:
+        from pipeline.serve.server import start_deployment  # noqa: PLC0415
+
+        http, grpc, metrics = self.ports[arm]
+        server = start_deployment(self.cfg, arm, http_port=http, grpc_port=grpc, metrics_port=metrics)
+        self._servers[arm] = server
+        self.starts[arm] += 1
+        target = client_target(self.cfg, arm)
+        self._endpoints[arm] = ArmEndpoint(
+            arm=arm, url=server.grpc_url if self.cfg.loadtest.transport == "grpc" else server.http_url,
+            model_name=target.model_name, extra_inputs=target.extra_inputs,
+            metrics_url=server.metrics_url, pid=server.pid,
+            alive=_managed_alive(server, target.model_name, target.extra_inputs),
+            log_tail=getattr(server, "log_tail", None),
+            client_cpus=server.cpu_plan.other_cpus if getattr(server, "cpu_plan", None) else None,
+        )
+        self.kv_reported[arm] = kv_capacity_reported(server.metrics_url)
+
+    def provenance(self) -> dict[str, dict[str, Any]]:
+        """Per arm: where it was served, its GPUs, KV fraction and capacity, and how it was started."""
+        host, out = self.cfg.triton.host, {}
+        for arm in self.arms:
+            http, grpc, metrics = self.ports[arm]
+            target = client_target(self.cfg, arm)
+            out[arm] = {
+                "url": f"{host}:{grpc}" if self.cfg.loadtest.transport == "grpc" else f"http://{host}:{http}",
+                "model": target.model_name, "extra_inputs": target.extra_inputs,
+                "metrics_url": f"http://{host}:{metrics}/metrics", "placement": self.placements[arm],
+                "served": ("one arm at a time, restarted between runs" if self.sequential
+                           else "both arms up for the whole sweep"),
+                "server_starts": self.starts[arm], "kv_cache_tokens_reported": self.kv_reported.get(arm),
+            }
+        return out
+
+
+def managed_endpoints(cfg: DeploymentConfig, arms: tuple[str, ...]) -> ManagedEndpoints:
+    """The arms' servers for the whole sweep (see :class:`ManagedEndpoints`)."""
+    try:
+        import pipeline.serve.server  # noqa: F401, PLC0415
+    except ImportError as exc:
+        raise LoadTestError(f"serving is not available ({exc}); pass --endpoint-baseline/--endpoint-speculative") from None
+    return ManagedEndpoints(cfg, arms)
+
+
+def kv_capacity_reported(metrics_url: str | None, timeout_s: float = 5.0) -> dict[str, int] | None:
+    """KV-cache capacity in tokens per TensorRT-LLM model, from the backend's
+    ``nv_trt_llm_kv_cache_block_metrics`` (max blocks × tokens per block); None when the server
+    exports none (the CPU engine)."""
+    text = metrics_text(metrics_url, timeout_s)
+    return None if text is None else kv_capacity_from_text(text)
+
+
+def kv_capacity_from_text(text: str) -> dict[str, int] | None:
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    found: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "nv_trt_llm_kv_cache_block_metrics":
+            continue
+        for sample in family.samples:
+            block_type = sample.labels.get("kv_cache_block_type", "")
+            found.setdefault(sample.labels.get("model", ""), {})[block_type] = float(sample.value)
+    tokens = {m: int(v["max"] * v["tokens_per"]) for m, v in found.items() if "max" in v and "tokens_per" in v}
+    return tokens or None
+
+
+def remote_endpoint(cfg: DeploymentConfig, arm: str, url: str, metrics_url: str | None = None) -> ArmEndpoint:
+    target = client_target(cfg, arm)
+    transport = cfg.loadtest.transport
+    if transport == "http" and not url.startswith(("http://", "https://")):
+        url = "http://" + url
+    if transport == "grpc":
+        url = re.sub(r"^(grpc|http)s?://", "", url)
+    def alive() -> bool:
+        if not endpoint_alive(url, transport, target.model_name):
+            return False
+        return transport != "http" or probe_generate(url, target.model_name, target.extra_inputs)
+
+    return ArmEndpoint(arm, url, target.model_name, target.extra_inputs, metrics_url, alive=alive)
+
+
+def _managed_alive(server, model_name: str, extra_inputs: dict[str, Any]) -> Callable[[], bool]:
+    """The server process runs, the model the client calls is ready AND answers a one-token probe
+    (measured: a crashed Python stub leaves tritonserver running with the model still 'ready')."""
+    return lambda: (server.alive() and endpoint_alive(server.http_url, "http", model_name)
+                    and probe_generate(server.http_url, model_name, extra_inputs))
+
+
+def probe_generate(http_url: str, model_name: str, extra_inputs: dict[str, Any], timeout_s: float = 30.0) -> bool:
+    """One non-streaming ``/generate`` request for one token; True when it answers without error."""
+    body = json.dumps({"text_input": "probe", "max_tokens": 1, "stream": False, **extra_inputs}).encode()
+    request = urllib.request.Request(f"{http_url.rstrip('/')}/v2/models/{model_name}/generate", data=body,
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310 - loopback/user URL
+            payload = json.loads(resp.read() or b"{}")
+            return resp.status == 200 and "error" not in payload
+    except (OSError, ValueError):
+        return False
+
+
+def endpoint_alive(url: str, transport: str, model_name: str | None = None, timeout_s: float = 5.0) -> bool:
+    try:
+        if transport == "http":
+            base = url.rstrip("/")
+            path = f"/v2/models/{model_name}/ready" if model_name else "/v2/health/live"
+            with urllib.request.urlopen(base + path, timeout=timeout_s) as resp:  # noqa: S310 - loopback/user URL
+                return resp.status == 200
+        import tritonclient.grpc as grpcclient  # noqa: PLC0415
+
+        client = grpcclient.InferenceServerClient(url=url)
+        try:
+            if model_name:
+                return bool(client.is_model_ready(model_name, client_timeout=timeout_s))
+            return bool(client.is_server_live(client_timeout=timeout_s))
+        finally:
+            client.close()
+    except Exception:  # noqa: BLE001 - any failure means "not alive"
+        return False

@@ -1,0 +1,336 @@
+"""`specdeploy loadtest`: speculative vs baseline under a concurrency sweep, measured with Locust.
+
+Reads the config (``loadtest`` and ``gate`` sections), the prompt set (``loadtest.prompts``), the
+build manifest (tokenizer for the optional re-tokenized cross-check) and either starts both arms'
+Triton servers as ``render`` placed them (:mod:`pipeline.loadtest.endpoints`) or uses endpoints the
+user gives.
+Then, for each repeat × concurrency × arm (arms interleaved A B A B), it runs Locust headless
+**as a subprocess** (gevent never enters this process) and writes into RUN_DIR:
+``run.json`` (provenance), ``runs.json`` (one entry per Locust run: validity, server liveness,
+Prometheus counter deltas, peak server RSS, the exact command), ``raw/<arm>-c<conc>-r<rep>.jsonl``
+(raw per-request records, merged from each Locust process), ``settings/`` (what each Locust run
+was told), ``metrics/`` (counter scrapes before/after, and their differences) and ``logs/``. At the
+end it calls ``pipeline.report.builder.make_report``. Inputs are checked in
+:mod:`~pipeline.loadtest.inputs`, counters and memory sampled by :mod:`~pipeline.loadtest.server_metrics`,
+``run.json``'s provenance assembled by :mod:`~pipeline.loadtest.provenance`.
+
+Load bigger than one host: run Locust workers elsewhere with
+``locust -f loadtests/locustfile.py --worker --master-host H`` (same settings file via
+``SPECDEPLOY_LOADTEST_CONFIG``) and a ``--master --expect-workers N`` here; every worker writes its
+own raw file (PID in the name), merged afterwards — never subtract times across processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from pipeline.config import DeploymentConfig
+from pipeline.serve.cpu_pinning import spawn_on
+from pipeline.paths import PROJECT_ROOT, reports_root
+from pipeline.infra.processes import spawn
+from pipeline.loadtest.inputs import (
+    ARMS, LoadTestError, check_sweep, load_prompt_set, primary_draft_len, sends_draft_len,
+)
+from pipeline.loadtest.endpoints import ArmEndpoint, ManagedEndpoints, managed_endpoints, remote_endpoint
+from pipeline.loadtest.server_metrics import COUNTERS, CpuSampler, RssSampler, scrape_counters
+from pipeline.loadtest.provenance import run_metadata, served_tokenizer_dir
+
+LOCUSTFILE = PROJECT_ROOT / "loadtests" / "locustfile.py"
+LOCUST_STOP_S = 5.0  # SIGTERM → SIGKILL for a Locust run that overran or was interrupted
+USER_CLASSES = {("grpc", "closed"): "GrpcStreamUser", ("http", "closed"): "HttpStreamUser",
+                ("grpc", "open"): "GrpcOpenLoopUser", ("http", "open"): "HttpOpenLoopUser"}
+
+
+# ------------------------------------------------------------------------------------------------
+# The plan and one Locust run
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    arm: str
+    concurrency: int  # closed loop: users; open loop: level index stands in (rate in target_rate)
+    repeat: int
+    draft_len: int | None
+    target_rate: float | None = None
+
+    @property
+    def key(self) -> str:
+        level = f"q{self.target_rate:g}" if self.target_rate is not None else f"c{self.concurrency}"
+        dl = f"-k{self.draft_len}" if self.draft_len is not None and self.arm == "speculative" else ""
+        return f"{self.arm}{dl}-{level}-r{self.repeat}"
+
+
+def plan_runs(cfg: DeploymentConfig, arms: tuple[str, ...], concurrency: list[int], repeats: int,
+              sweep: list[int]) -> list[RunSpec]:
+    """Interleaved: for each repeat, for each level, baseline then speculative (each draft length)."""
+    primary = primary_draft_len(cfg)
+    spec_lens = sweep or [primary]
+    open_loop = cfg.loadtest.mode == "open"
+    levels: list[tuple[int, float | None]] = (
+        [(i + 1, rate) for i, rate in enumerate(cfg.loadtest.request_rate)] if open_loop
+        else [(c, None) for c in concurrency]
+    )
+    out = []
+    for rep in range(repeats):
+        for level, rate in levels:
+            for arm in arms:
+                for dl in (spec_lens if arm == "speculative" else [None]):
+                    out.append(RunSpec(arm, level, rep, dl, rate))
+    return out
+
+
+def locust_command(cfg: DeploymentConfig, spec: RunSpec, duration_s: float) -> list[str]:
+    lt = cfg.loadtest
+    users = 1 if lt.mode == "open" else spec.concurrency
+    argv = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "-u", str(users), "-r", str(users),
+            "-t", f"{locust_seconds(duration_s)}s", "--stop-timeout", f"{lt.stop_timeout_s:g}", "--only-summary",
+            "--loglevel", "WARNING", "--exit-code-on-error", "0"]
+    if lt.processes > 1:
+        argv += ["--processes", str(lt.processes)]
+    argv.append(USER_CLASSES[(lt.transport, lt.mode)])
+    return argv
+
+
+def locust_seconds(duration_s: float) -> int:
+    """Locust's --run-time takes whole seconds only."""
+    return max(1, int(round(duration_s)))
+
+
+def run_settings(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run_dir: Path, run_id: str,
+                 prompts: list[dict], duration_s: float, warmup_s: float, tokenizer_dir: str | None) -> dict[str, Any]:
+    lt = cfg.loadtest
+    extra = dict(endpoint.extra_inputs)
+    if spec.arm == "speculative" and spec.draft_len is not None and sends_draft_len(cfg):
+        extra["num_draft_tokens"] = spec.draft_len
+    sampling = lt.sampling
+    return {
+        "run_id": run_id, "arm": spec.arm, "repeat": spec.repeat, "endpoint": endpoint.url,
+        "model_name": endpoint.model_name, "transport": lt.transport, "mode": lt.mode,
+        "concurrency": spec.concurrency, "target_rate": spec.target_rate, "arrival": "poisson",
+        "prompts": prompts, "max_tokens": lt.max_tokens,
+        "sampling": {"top_k": sampling.top_k, "top_p": sampling.top_p, "temperature": sampling.temperature,
+                     "seed": sampling.seed},
+        "extra_inputs": extra, "seed": lt.seed, "output_prefix": str(run_dir / "raw" / "parts" / spec.key),
+        "warmup_s": warmup_s, "duration_s": duration_s, "request_timeout_s": max(60.0, lt.stop_timeout_s * 4),
+        "stop_timeout_s": lt.stop_timeout_s, "num_workers": lt.processes, "draft_len": spec.draft_len,
+        "tokenizer_dir": tokenizer_dir,
+    }
+
+
+def merge_parts(run_dir: Path, key: str) -> tuple[int, list[dict]]:
+    """Concatenate every process's raw file into raw/<key>.jsonl; collect worker metas."""
+    parts = sorted((run_dir / "raw" / "parts").glob(f"{key}.*.jsonl"))
+    out = run_dir / "raw" / f"{key}.jsonl"
+    n = 0
+    with open(out, "w", encoding="utf-8") as fh:
+        for part in parts:
+            for line in part.read_text(encoding="utf-8").splitlines():
+                if line.strip():
+                    fh.write(line + "\n")
+                    n += 1
+    metas = [json.loads(p.read_text()) for p in sorted((run_dir / "raw" / "parts").glob(f"{key}.*.meta.json"))]
+    (run_dir / "raw" / f"{key}.workers.json").write_text(json.dumps(metas, indent=1), encoding="utf-8")
+    return n, metas
+
+
+def execute_run(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run_dir: Path, run_id: str,
+                prompts: list[dict], duration_s: float, warmup_s: float, tokenizer_dir: str | None) -> dict[str, Any]:
+    settings = run_settings(cfg, spec, endpoint, run_dir, run_id, prompts, duration_s, warmup_s, tokenizer_dir)
+    settings_path = run_dir / "settings" / f"{spec.key}.json"
+    settings_path.write_text(json.dumps(settings, indent=1), encoding="utf-8")
+    argv = locust_command(cfg, spec, duration_s)
+    env = {**os.environ, "SPECDEPLOY_LOADTEST_CONFIG": str(settings_path), "OMP_NUM_THREADS": "1",
+           "PYTHONUNBUFFERED": "1"}
+    before = scrape_counters(endpoint.metrics_url)
+    log_path = run_dir / "logs" / f"{spec.key}.log"
+    timeout_s = duration_s + cfg.loadtest.stop_timeout_s + 90
+    started = time.time()
+    timed_out = False
+    with RssSampler(endpoint.pid) as rss, open(log_path, "w", encoding="utf-8") as log:
+        with spawn_on(endpoint.client_cpus):
+            # under a keeper: Locust and its worker processes end with this process at the latest
+            proc = spawn(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(PROJECT_ROOT),
+                         grace_s=LOCUST_STOP_S)
+        cpu = CpuSampler(proc.pid)
+        try:
+            exit_code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            proc.stop(LOCUST_STOP_S)
+            exit_code = proc.wait()
+        except BaseException:  # Ctrl-C: stop Locust now rather than when this process ends
+            proc.stop(LOCUST_STOP_S)
+            raise
+        client_cpu_s = cpu.stop()
+    after = scrape_counters(endpoint.metrics_url)
+    alive = endpoint.alive() if endpoint.alive else True
+    n_records, metas = merge_parts(run_dir, spec.key)
+    delta = {k: after[k] - before[k] for k in COUNTERS} if before is not None and after is not None else None
+    (run_dir / "metrics" / f"{spec.key}.json").write_text(
+        json.dumps({"before": before, "after": after, "delta": delta}, indent=1), encoding="utf-8")
+    reasons = []
+    if not alive:
+        reasons.append("server not alive (or the model not ready) after the run")
+    if timed_out:
+        reasons.append(f"locust did not finish within {timeout_s:.0f}s (killed)")
+    if exit_code not in (0, 1) and not timed_out:
+        reasons.append(f"locust exited with {exit_code}")
+    if n_records == 0:
+        reasons.append("no raw records")
+    return {
+        "key": spec.key, "arm": spec.arm, "concurrency": spec.concurrency, "target_rate": spec.target_rate,
+        "repeat": spec.repeat, "draft_len": spec.draft_len, "raw": f"raw/{spec.key}.jsonl",
+        "workers": f"raw/{spec.key}.workers.json", "settings": f"settings/{spec.key}.json",
+        "log": f"logs/{spec.key}.log", "metrics": f"metrics/{spec.key}.json", "metrics_delta": delta,
+        "server_alive": alive, "valid": not reasons, "invalid_reasons": reasons, "locust_exit_code": exit_code,
+        "n_records": n_records, "sent": sum(m.get("sent", 0) for m in metas), "peak_rss_mb": rss.peak_mb,
+        "started_unix": started, "seconds": time.time() - started, "command": argv,
+        "client_cpu_s": client_cpu_s, "client_cpus": list(endpoint.client_cpus) if endpoint.client_cpus else None,
+        "client_cpu_fraction": client_cpu_s / max(1e-9, (time.time() - started) * cfg.loadtest.processes),
+        "server_log_tail": endpoint.log_tail(30) if (not alive and endpoint.log_tail) else None,
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# Entry point
+
+
+def _parse_duration(value: str | float | None) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", value)
+    if not match:
+        raise LoadTestError(f"--duration: '{value}' is not a duration like 20s, 2m or 1.5h")
+    scale = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[match.group(2)]
+    return float(match.group(1)) * scale
+
+
+def run_loadtest(
+    cfg: DeploymentConfig,
+    *,
+    out_dir: str | Path | None = None,
+    concurrency: list[int] | None = None,
+    duration: str | float | None = None,
+    repeats: int | None = None,
+    sweep_draft_len: list[int] | None = None,
+    endpoint_baseline: str | None = None,
+    endpoint_speculative: str | None = None,
+    arm: str | None = None,
+    progress: bool = True,
+    report: bool = True,
+) -> Path:
+    """Run the whole load test; returns RUN_DIR (then the report is in it when ``report``)."""
+    lt = cfg.loadtest
+    concurrency = sorted(set(concurrency)) if concurrency else list(lt.concurrency)
+    duration_s = float(locust_seconds(_parse_duration(duration) or lt.duration_s))
+    warmup_s = min(lt.warmup_s, duration_s / 2)
+    repeats = repeats or lt.repeats
+    sweep = sorted(set(sweep_draft_len)) if sweep_draft_len else list(lt.sweep_draft_len)
+    check_sweep(cfg, sweep)
+    arms = _arms_to_run(cfg, arm, endpoint_baseline, endpoint_speculative)
+    prompts, dataset = load_prompt_set(cfg)
+    created = datetime.now(timezone.utc)
+    run_dir = _new_run_dir(cfg, out_dir, created)
+    run_id = f"{cfg.name}-{created.strftime('%Y%m%dT%H%M%SZ')}"
+    specs = plan_runs(cfg, arms, concurrency, repeats, sweep)
+    tokenizer_dir = served_tokenizer_dir(cfg)
+    meta = run_metadata(cfg, run_id, created, dataset, sweep, concurrency, duration_s, warmup_s, repeats,
+                        tokenizer_dir)
+    _write_json(run_dir / "run.json", meta)
+    results: list[dict[str, Any]] = []
+    with _endpoints(cfg, arms, endpoint_baseline, endpoint_speculative) as endpoints:
+        meta["endpoints"] = _endpoints_provenance(endpoints)
+        _write_json(run_dir / "run.json", meta)
+        for spec, result in _iterate(specs, progress, lambda s: execute_run(
+                cfg, s, endpoints[s.arm], run_dir, run_id, prompts, duration_s, warmup_s, tokenizer_dir)):
+            results.append(result)
+            meta["commands"].append(" ".join(result["command"]))
+            _write_json(run_dir / "runs.json", {"format": "specdeploy-runs/1", "runs": results})
+            if not result["server_alive"]:
+                break  # a dead server invalidates the rest; the report can never be GO
+        meta["endpoints"] = _endpoints_provenance(endpoints)  # restarts and reported KV capacity
+    _write_json(run_dir / "run.json", meta)
+    if report:
+        from pipeline.report.builder import make_report  # noqa: PLC0415
+
+        make_report(run_dir, cfg)
+    return run_dir
+
+
+def _arms_to_run(cfg: DeploymentConfig, arm: str | None, endpoint_baseline: str | None,
+                 endpoint_speculative: str | None) -> tuple[str, ...]:
+    if arm is not None and arm not in ARMS:
+        raise LoadTestError(f"--arm: expected one of {ARMS}, got '{arm}'")
+    arms: tuple[str, ...] = (arm,) if arm else ARMS
+    if cfg.method == "none" and "speculative" in arms and not (endpoint_speculative or arm):
+        raise LoadTestError("speculation.method is 'none': there is no speculative arm to compare")
+    if endpoint_baseline or endpoint_speculative:
+        missing = [a for a in arms if not {"baseline": endpoint_baseline, "speculative": endpoint_speculative}[a]]
+        if missing:
+            raise LoadTestError(f"no endpoint for arm(s) {missing}: pass --endpoint-{missing[0]} (or --arm)")
+    return arms
+
+
+def _new_run_dir(cfg: DeploymentConfig, out_dir: str | Path | None, created: datetime) -> Path:
+    run_dir = Path(out_dir) if out_dir else reports_root(cfg) / created.strftime("%Y%m%dT%H%M%SZ")
+    run_dir = run_dir.resolve()  # locust runs with another working directory
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise LoadTestError(f"--out: {run_dir} exists and is not empty")
+    for sub in ("raw/parts", "settings", "metrics", "logs"):
+        (run_dir / sub).mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def _endpoints(cfg: DeploymentConfig, arms: tuple[str, ...], endpoint_baseline: str | None,
+               endpoint_speculative: str | None):
+    """The arms' endpoints as a context manager: the user's URLs, or servers started here."""
+    if endpoint_baseline or endpoint_speculative:
+        return contextlib.nullcontext({
+            a: remote_endpoint(cfg, a, url) for a, url in (("baseline", endpoint_baseline),
+                                                          ("speculative", endpoint_speculative)) if url and a in arms
+        })
+    return managed_endpoints(cfg, arms)
+
+
+def _endpoints_provenance(endpoints) -> dict[str, dict[str, Any]]:
+    if isinstance(endpoints, ManagedEndpoints):
+        return endpoints.provenance()
+    return {a: {"url": e.url, "model": e.model_name, "extra_inputs": e.extra_inputs, "metrics_url": e.metrics_url,
+                "placement": None, "served": "by the user (--endpoint-*)"} for a, e in endpoints.items()}
+
+
+def _iterate(specs: list[RunSpec], progress: bool, fn: Callable[[RunSpec], dict]) -> Iterator[tuple[RunSpec, dict]]:
+    if not progress:
+        for spec in specs:
+            yield spec, fn(spec)
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), transient=False) as bar:
+        task = bar.add_task("load test", total=len(specs))
+        for spec in specs:
+            bar.update(task, description=f"run {spec.key}")
+            result = fn(spec)
+            status = "ok" if result["valid"] else "INVALID: " + "; ".join(result["invalid_reasons"])
+            bar.console.print(f"  {spec.key}: {result['n_records']} records, {status}")
+            bar.advance(task)
+            yield spec, result
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
+    tmp.replace(path)

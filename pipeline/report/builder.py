@@ -1,0 +1,333 @@
+"""`specdeploy report`: statistics, the verdict and the report files of one load-test run.
+
+Reads ``RUN_DIR/run.json`` (provenance, config snapshot), ``RUN_DIR/runs.json`` (one entry per
+Locust run: arm, concurrency, repeat, draft length, validity, server liveness, Prometheus counter
+deltas, peak server RSS) and the raw records ``RUN_DIR/raw/*.jsonl``. Writes ``report.json``
+(schema ``specdeploy-report/1``), ``report.md`` and a self-contained ``report.html`` (plots
+inlined as base64 PNG, no external URLs), decision first; the pages themselves are built by
+``pipeline.report.view``. The verdict comes from ``pipeline.report.gate``; its exit code is GO 0, NO-GO 1,
+INCONCLUSIVE 3.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import DeploymentConfig, parse_config
+from pipeline.errors import SpecdeployError
+from pipeline.report.gate import GateResult, evaluate_gate
+from pipeline.report.comparison import BootstrapSettings, best_ci, compare_cells, find_crossover
+from pipeline.report.stats import RunData, cell_summary, load_runs
+
+REPORT_SCHEMA = "specdeploy-report/1"
+PROVENANCE_EXCLUDED = ("config",)
+FORMULAS = {
+    "TTFT": "t_first_token − t_sent (first response carrying ≥ 1 output token; never HTTP headers)",
+    "E2E": "t_last − t_sent (open loop also from t_scheduled)",
+    "TPOT": "(E2E − TTFT) / (OSL − 1), per request, OSL > 1 only — the headline decode metric",
+    "inter-chunk latency": "gap between consecutive non-empty streamed chunks; a chunk can carry several "
+                           "tokens (speculation), so this is per CHUNK, not per token",
+    "output tokens/s": "Σ OSL / (last response − first send) over the measured window (warm-up excluded)",
+    "achieved concurrency": "Σ in-flight time / window (Little's law), clipped to the steady window",
+    "goodput": "requests meeting TTFT ≤ slo.ttft_ms and TPOT ≤ slo.tpot_ms (OSL ≤ 1: TPOT = 0) / duration",
+    "acceptance rate": "Σ accepted draft tokens / Σ draft tokens (token-weighted, pooled)",
+    "mean acceptance length τ": "1 + accepted / verify steps (Prometheus steps, else chunks after the first)",
+    "OSL": "server token count (num_output_tokens), not re-tokenized text",
+}
+
+
+class ReportError(SpecdeployError):
+    """The run directory cannot be reported on."""
+
+
+@dataclass
+class Report:
+    run_dir: Path
+    data: dict[str, Any]
+    gate: GateResult
+    json_path: Path
+    md_path: Path
+    html_path: Path
+
+    @property
+    def verdict(self) -> str:
+        return self.gate.verdict
+
+    @property
+    def exit_code(self) -> int:
+        return self.gate.exit_code
+
+
+# ------------------------------------------------------------------------------------------------
+# Analysis
+
+
+def _load_run_json(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "run.json"
+    if not path.is_file():
+        raise ReportError(f"{run_dir}: no run.json — not a load-test run directory")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def config_from_run(run_dir: Path) -> DeploymentConfig:
+    snapshot = _load_run_json(run_dir).get("config")
+    if not snapshot:
+        raise ReportError(f"{run_dir}/run.json has no config snapshot")
+    return parse_config(snapshot, f"{run_dir}/run.json:config")
+
+
+def analyze(run_dir: Path, cfg: DeploymentConfig) -> dict[str, Any]:
+    meta = _load_run_json(run_dir)
+    try:
+        runs = load_runs(run_dir)
+    except FileNotFoundError as exc:
+        raise ReportError(str(exc)) from None
+    if not runs:
+        raise ReportError(f"{run_dir}/runs.json lists no runs")
+    slo = cfg.gate.slo
+    boot = BootstrapSettings(cfg.gate.bootstrap_resamples, cfg.gate.bootstrap_seed, 1 - cfg.gate.alpha)
+    groups: dict[tuple, list[RunData]] = defaultdict(list)
+    for run in runs:
+        groups[(run.info["arm"], run.info["concurrency"], run.info.get("draft_len"))].append(run)
+    cells = []
+    cell_by_key = {}
+    for key in sorted(groups, key=lambda k: (k[0], k[1], k[2] or 0)):
+        summary = cell_summary(groups[key], slo.ttft_ms, slo.tpot_ms)
+        cell = {"arm": key[0], "concurrency": key[1], "draft_len": key[2], **summary}
+        cells.append(cell)
+        cell_by_key[key] = cell
+    primary = meta.get("primary_draft_len")
+    comparisons = []
+    for (arm, conc, dl), spec_runs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][2] or 0)):
+        if arm != "speculative":
+            continue
+        base_key = ("baseline", conc, None)
+        if base_key not in groups:
+            continue
+        base_cell, spec_cell = cell_by_key[base_key], cell_by_key[(arm, conc, dl)]
+        comp = compare_cells(groups[base_key], spec_runs, base_cell, spec_cell, boot)
+        comp.update({
+            "concurrency": conc, "draft_len": dl, "primary": dl == primary,
+            "target_rate": spec_runs[0].info.get("target_rate"),
+            "error_rate": {"base": base_cell["error_rate"], "spec": spec_cell["error_rate"]},
+            "achieved_concurrency": {"base": base_cell["achieved_concurrency"], "spec": spec_cell["achieved_concurrency"]},
+        })
+        comparisons.append(comp)
+    primary_comps = [c for c in comparisons if c["primary"]]
+    spec_records = [r for (arm, _, dl), rs in groups.items() if arm == "speculative" and dl == primary
+                    for run in rs for r in run.measured if r.get("status") == "ok"]
+    drafted = sum(r.get("draft_tokens") or 0 for r in spec_records)
+    accepted = sum(r.get("accepted_tokens") or 0 for r in spec_records)
+    all_summaries = [s for cell in cells for s in cell["runs"]]
+    return {
+        "runs": all_summaries,
+        "cells": cells,
+        "comparisons": comparisons,
+        "primary_draft_len": primary,
+        "greedy": cfg.loadtest.sampling.greedy,
+        "crossover_concurrency": find_crossover([(c["concurrency"], c) for c in primary_comps]),
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "recommended_draft_len": recommend_draft_len(comparisons) if meta.get("sweep_draft_len") else {},
+        "bootstrap": {"method": boot.method, "n_resamples": boot.n_resamples, "seed": boot.seed,
+                      "confidence_level": boot.confidence_level, "unit": "run (replicate)"},
+    }
+
+
+def recommend_draft_len(comparisons: list[dict]) -> dict[str, Any]:
+    """Per concurrency, the draft length with the lowest spec/base median-TPOT ratio (point), and
+    whether its CI shows a benefit; speculation off when none does."""
+    by_level: dict[int, list[dict]] = defaultdict(list)
+    for comp in comparisons:
+        if comp["draft_len"] is not None:
+            by_level[comp["concurrency"]].append(comp)
+    out = {}
+    for level, comps in sorted(by_level.items()):
+        scored = [(best_ci(c, "tpot_ratio"), c["draft_len"]) for c in comps]
+        scored = [(ci, dl) for ci, dl in scored if ci.get("point") is not None]
+        if not scored:
+            continue
+        ci, dl = min(scored, key=lambda x: x[0]["point"])
+        benefit = ci.get("high") is not None and ci["high"] < 1.0
+        out[str(level)] = {"draft_len": dl if benefit else None, "best_measured": dl, "tpot_ratio": ci["point"],
+                           "ci": [ci.get("low"), ci.get("high")], "speculation": "on" if benefit else "off"}
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# report.json
+
+
+def _headline_rows(analysis: dict, meta: dict, cfg: DeploymentConfig) -> list[dict[str, Any]]:
+    categories = sorted({cat for cell in analysis["cells"] for cat in cell["acceptance_by_category"]})
+    equivalence = {(c["concurrency"], c["draft_len"]): c["equivalence"]["equivalent"] for c in analysis["comparisons"]}
+    rows = []
+    for cell in analysis["cells"]:
+        is_spec = cell["arm"] == "speculative"
+        median_tpot = cell["tpot_ms"]["p50"]
+        rows.append({
+            "arm": cell["arm"],
+            "concurrency": cell["concurrency"],
+            "target_rate": cell["runs"][0].get("target_rate") if cell["runs"] else None,
+            "task_set": categories,
+            "draft_model": meta.get("draft_model") if is_spec else None,
+            "speculation_length": (cell["draft_len"] or meta.get("primary_draft_len")) if is_spec else 0,
+            "acceptance_rate": cell["acceptance"]["acceptance_rate"] if is_spec else None,
+            "mean_acceptance_length": cell["acceptance"]["mean_acceptance_length"] if is_spec else 1.0,
+            "tau_bound_iid": tau_bound(cell["acceptance"]["acceptance_rate"], cell["draft_len"] or meta.get("primary_draft_len"))
+            if is_spec else None,
+            "first_token_ms": cell["ttft_ms"]["p50"],
+            "first_token_p95_ms": cell["ttft_ms"]["p95"],
+            "tpot_ms": median_tpot,
+            "decode_tokens_per_s": 1000.0 / median_tpot if median_tpot else None,
+            "output_tokens_per_s": cell["output_tokens_per_s"],
+            "p95_latency_ms": cell["e2e_ms"]["p95"],
+            "output_equivalent": equivalence.get((cell["concurrency"], cell["draft_len"])) if is_spec else None,
+            "peak_memory_mb": cell["peak_rss_mb"],
+            "n_ok": cell["n_ok"],
+            "n_runs": cell["n_runs"],
+        })
+    return rows
+
+
+def tau_bound(alpha: float | None, k: int | None) -> float | None:
+    """Expected tokens per verify step for i.i.d. acceptance α and K drafts: (1 − α^{K+1}) / (1 − α)."""
+    if alpha is None or not k:
+        return None
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def build_report_data(run_dir: Path, cfg: DeploymentConfig, analysis: dict, gate: GateResult) -> dict[str, Any]:
+    meta = _load_run_json(run_dir)
+    return {
+        "schema": REPORT_SCHEMA,
+        "name": cfg.name,
+        "run_dir": str(run_dir),
+        "verdict": gate.verdict,
+        "exit_code": gate.exit_code,
+        "reasons": gate.reasons,
+        "advice": gate.advice,
+        "gate": gate.as_dict(),
+        "gate_settings": cfg.gate.model_dump(mode="json"),
+        "rows": _headline_rows(analysis, meta, cfg),
+        "crossover_concurrency": analysis["crossover_concurrency"],
+        "recommended_draft_len": analysis["recommended_draft_len"],
+        "acceptance_rate": analysis["acceptance_rate"],
+        "comparisons": [_strip_comparison(c) for c in analysis["comparisons"]],
+        "cells": [{k: v for k, v in cell.items() if k != "runs"} for cell in analysis["cells"]],
+        "runs": [{k: v for k, v in r.items() if k != "throughput_timeline"} for r in analysis["runs"]],
+        "bootstrap": analysis["bootstrap"],
+        "primary_draft_len": analysis["primary_draft_len"],
+        "greedy": analysis["greedy"],
+        # every run.json entry but the config snapshot (config_hash names it), so whatever a stage
+        # records about the run reaches the report without a change here
+        "provenance": {k: v for k, v in meta.items() if k not in PROVENANCE_EXCLUDED},
+        "synthetic_data": bool(meta.get("dataset", {}).get("synthetic")) if isinstance(meta.get("dataset"), dict) else None,
+        "formulas": FORMULAS,
+    }
+
+
+def _strip_comparison(comp: dict) -> dict:
+    out = dict(comp)
+    out["equivalence"] = {k: v for k, v in comp["equivalence"].items()}
+    return out
+
+
+REQUIRED_KEYS = {"schema": str, "verdict": str, "exit_code": int, "reasons": list, "rows": list, "gate": dict,
+                 "provenance": dict, "comparisons": list, "bootstrap": dict}
+ROW_KEYS = ("arm", "concurrency", "task_set", "draft_model", "speculation_length", "acceptance_rate",
+            "first_token_ms", "decode_tokens_per_s", "p95_latency_ms", "output_equivalent", "peak_memory_mb")
+
+
+def validate_report_json(data: dict) -> list[str]:
+    """Structural check of report.json (schema specdeploy-report/1); returns problems."""
+    problems = []
+    for key, kind in REQUIRED_KEYS.items():
+        if not isinstance(data.get(key), kind):
+            problems.append(f"{key}: expected {kind.__name__}")
+    if data.get("schema") != REPORT_SCHEMA:
+        problems.append(f"schema: expected {REPORT_SCHEMA}")
+    if data.get("verdict") not in ("GO", "NO-GO", "INCONCLUSIVE"):
+        problems.append("verdict: not GO / NO-GO / INCONCLUSIVE")
+    for i, row in enumerate(data.get("rows") or []):
+        for key in ROW_KEYS:
+            if key not in row:
+                problems.append(f"rows[{i}].{key}: missing")
+    return problems
+
+
+# ------------------------------------------------------------------------------------------------
+# Entry point
+
+
+def prepare(run_dir: Path, cfg: DeploymentConfig | None = None) -> tuple[dict[str, Any], dict[str, Any], GateResult]:
+    """(report data, analysis, gate result) of RUN_DIR, checked against the report schema."""
+    if not run_dir.is_dir():
+        raise ReportError(f"{run_dir}: no such run directory")
+    cfg = cfg or config_from_run(run_dir)
+    analysis = analyze(run_dir, cfg)
+    gate = evaluate_gate(analysis, cfg.gate)
+    data = build_report_data(run_dir, cfg, analysis, gate)
+    problems = validate_report_json(data)
+    if problems:
+        raise ReportError("report.json failed its schema check: " + "; ".join(problems))
+    return data, analysis, gate
+
+
+def make_report(run_dir: str | Path, cfg: DeploymentConfig | None = None) -> Report:
+    """Analyse RUN_DIR, decide the verdict, write report.json / report.md / report.html."""
+    from pipeline.report.view.plots import report_plots  # noqa: PLC0415  (matplotlib: only when writing)
+    from pipeline.report.view.render import render_report  # noqa: PLC0415
+
+    run_dir = Path(run_dir)
+    data, analysis, gate = prepare(run_dir, cfg)
+    markdown, html = render_report(data, report_plots(data, analysis, load_runs(run_dir)))
+    json_path, md_path, html_path = run_dir / "report.json", run_dir / "report.md", run_dir / "report.html"
+    json_path.write_text(json.dumps(data, indent=2, default=_json_default), encoding="utf-8")
+    md_path.write_text(markdown, encoding="utf-8")
+    html_path.write_text(html, encoding="utf-8")
+    return Report(run_dir, data, gate, json_path, md_path, html_path)
+
+
+@dataclass
+class Comparison:
+    data: dict[str, Any]
+    json_path: Path
+    md_path: Path
+    html_path: Path
+
+    @property
+    def moved_worse(self) -> list[dict[str, Any]]:
+        return self.data["moved_worse"]
+
+
+def make_comparison(run_a: str | Path, run_b: str | Path, out_dir: str | Path | None = None) -> Comparison:
+    """RUN_B against RUN_A (each gated with its own config snapshot): write compare.json /
+    compare.md / compare.html into OUT_DIR (default RUN_B); the run directories are only read."""
+    from pipeline.report.view.compare import comparison_data  # noqa: PLC0415
+    from pipeline.report.view.plots import compare_plot  # noqa: PLC0415
+    from pipeline.report.view.render import render_comparison  # noqa: PLC0415
+
+    run_a, run_b = Path(run_a), Path(run_b)
+    data_a, _, _ = prepare(run_a)
+    data_b, _, _ = prepare(run_b)
+    out = Path(out_dir) if out_dir is not None else run_b
+    out.mkdir(parents=True, exist_ok=True)
+    comp = comparison_data(data_a, data_b, str(run_a), str(run_b))
+    markdown, html = render_comparison(data_a, data_b, comp, compare_plot(data_a, data_b))
+    paths = out / "compare.json", out / "compare.md", out / "compare.html"
+    paths[0].write_text(json.dumps(comp, indent=2, default=_json_default), encoding="utf-8")
+    paths[1].write_text(markdown, encoding="utf-8")
+    paths[2].write_text(html, encoding="utf-8")
+    return Comparison(comp, *paths)
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)

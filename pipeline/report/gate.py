@@ -1,0 +1,241 @@
+"""The rollout gate: GO / NO-GO / INCONCLUSIVE from the analysed load test (load-testing.md §5.4).
+
+Reads the analysis dict built by ``pipeline.report.builder.analyze`` (run summaries, per-cell stats and
+spec-vs-base comparisons per concurrency) and the ``GateSettings`` of the config; returns a
+:class:`GateResult` with every check (rule, scope, pass/fail/inconclusive, value, threshold).
+Any failed check → NO-GO; else any inconclusive check → INCONCLUSIVE; else GO. A run whose
+server died is invalid and makes the verdict NO-GO: such a run can never be a GO; so does a run in
+which speculative requests fell back to target-only after a draft failure (``draft_fallbacks``).
+Exit codes: GO 0, NO-GO 1, INCONCLUSIVE 3 (2 is Click's usage error).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.config import GateSettings
+from pipeline.report.comparison import best_ci
+
+GO, NO_GO, INCONCLUSIVE = "GO", "NO-GO", "INCONCLUSIVE"
+EXIT_CODES = {GO: 0, NO_GO: 1, INCONCLUSIVE: 3}
+PASS, FAIL, UNSURE = "pass", "fail", "inconclusive"
+CLIENT_CPU_MAX = 0.9  # Locust's own warning threshold
+
+
+@dataclass
+class Check:
+    rule: str
+    scope: str
+    status: str
+    detail: str
+    value: Any = None
+    threshold: Any = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"rule": self.rule, "scope": self.scope, "status": self.status, "detail": self.detail,
+                "value": self.value, "threshold": self.threshold}
+
+
+@dataclass
+class GateResult:
+    verdict: str
+    checks: list[Check]
+    advice: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.verdict]
+
+    @property
+    def reasons(self) -> list[str]:
+        return [f"[{c.status}] {c.rule} ({c.scope}): {c.detail}" for c in self.checks if c.status != PASS]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "exit_code": self.exit_code, "reasons": self.reasons,
+                "advice": self.advice, "checks": [c.as_dict() for c in self.checks]}
+
+
+def evaluate_gate(analysis: dict[str, Any], gate: GateSettings) -> GateResult:
+    checks: list[Check] = []
+    advice: list[str] = []
+    comparisons = {c["concurrency"]: c for c in analysis["comparisons"] if c.get("primary", True)}
+    levels = sorted(comparisons)
+    targets = [c for c in (gate.target_concurrency or levels[:1]) if c in comparisons]
+    checks += _validity_checks(analysis, gate)
+    if not levels:
+        checks.append(Check("coverage", "run", UNSURE, "no concurrency level has both arms"))
+    missing = [c for c in (gate.target_concurrency or []) if c not in comparisons]
+    if missing:
+        checks.append(Check("coverage", "run", UNSURE, f"target concurrency {missing} was not measured"))
+    for level in levels:
+        checks += _level_validity(level, comparisons[level], gate, greedy=analysis.get("greedy", True))
+    for level in targets:
+        checks += _benefit_checks(level, comparisons[level], gate)
+        checks.append(_ttft_guardrail(level, comparisons[level], gate))
+    if levels:
+        checks.append(_peak_throughput_guardrail(levels[-1], comparisons[levels[-1]], gate, analysis, targets, advice))
+    checks += _acceptance_checks(analysis, gate, advice)
+    verdict = NO_GO if any(c.status == FAIL for c in checks) else INCONCLUSIVE if any(c.status == UNSURE for c in checks) else GO
+    return GateResult(verdict, checks, advice)
+
+
+def _validity_checks(analysis: dict, gate: GateSettings) -> list[Check]:
+    out = []
+    runs = analysis["runs"]
+    dead = [r["key"] for r in runs if not r.get("server_alive", True)]
+    invalid = [r["key"] for r in runs if not r.get("valid", True) and r["key"] not in dead]
+    out.append(Check("server_alive", "run", FAIL if dead else PASS,
+                     f"server died during {dead}: the run is invalid" if dead else "server alive after every run",
+                     value=dead))
+    if invalid:
+        out.append(Check("run_valid", "run", FAIL, f"runs marked invalid: {invalid}", value=invalid))
+    saturated = [r["key"] for r in runs if (r.get("client_cpu_fraction") or 0.0) > CLIENT_CPU_MAX]
+    if saturated:
+        out.append(Check("client_saturation", "run", UNSURE,
+                         f"load generator above {CLIENT_CPU_MAX:.0%} CPU in {saturated}: latencies may include "
+                         "client queueing; add --processes or hosts and rerun", value=saturated, threshold=CLIENT_CPU_MAX))
+    out.append(_fallback_check(runs))
+    unaccounted = [r["key"] for r in runs if not r.get("accounted", True)]
+    out.append(Check("requests_accounted", "run", FAIL if unaccounted else PASS,
+                     f"completed + incomplete != sent in {unaccounted}" if unaccounted
+                     else "completed + incomplete == sent in every run", value=unaccounted))
+    return out
+
+
+def _fallback_check(runs: list[dict]) -> Check:
+    """Requests whose draft failed went on target-only (the BLS's draft_fallbacks): the speculative
+    arm then measured a mix of speculation and plain decoding, and the draft is broken or too
+    slow for its timeout. A finding to fix, never evidence of a speedup."""
+    hit = {r["key"]: r["draft_fallbacks"] for r in runs if r.get("draft_fallbacks")}
+    if not hit:
+        return Check("speculation_fallbacks", "run", PASS, "no request fell back to target-only", value=0, threshold=0)
+    total = sum(hit.values())
+    return Check("speculation_fallbacks", "run", FAIL,
+                 f"{total} requests fell back to target-only after a draft failure in {sorted(hit)}: the speculative "
+                 "arm did not measure speculation; fix the draft (server log, specdeploy_spec_decode_fallbacks_total) "
+                 "and rerun", value=total, threshold=0)
+
+
+def _level_validity(level: int, comp: dict, gate: GateSettings, *, greedy: bool) -> list[Check]:
+    scope = f"c={level}"
+    out = []
+    base_err, spec_err = comp["error_rate"]["base"] or 0.0, comp["error_rate"]["spec"] or 0.0
+    out.append(Check("errors", scope, FAIL if spec_err > base_err + gate.max_error_rate_delta else PASS,
+                     f"error+timeout rate spec {spec_err:.2%} vs base {base_err:.2%} (allowed +{gate.max_error_rate_delta:.2%})",
+                     value=spec_err, threshold=base_err + gate.max_error_rate_delta))
+    if base_err > gate.max_error_rate_delta:
+        out.append(Check("baseline_errors", scope, UNSURE,
+                         f"the baseline itself failed {base_err:.2%} of requests: the comparison is not trustworthy; rerun",
+                         value=base_err, threshold=gate.max_error_rate_delta))
+    eq = comp["equivalence"]
+    if gate.require_output_equivalence and greedy:
+        status = PASS if eq["equivalent"] else (UNSURE if eq["prompts_compared"] == 0 else FAIL)
+        out.append(Check("output_equivalence", scope, status,
+                         f"{eq['mismatched']} of {eq['prompts_compared']} prompts differ between arms (greedy)",
+                         value=eq["mismatched"], threshold=0))
+    length = comp["output_length"]
+    out.append(Check("output_length_match", scope,
+                     PASS if length["match"] else (UNSURE if not length["prompts_compared"] else FAIL),
+                     f"mean OSL base {length['base_mean_osl']} vs spec {length['spec_mean_osl']}",
+                     value=length["relative_gap"], threshold=0.05))
+    n_ok = min(comp["n_ok"]["base"], comp["n_ok"]["spec"])
+    n_runs = min(comp["n_runs"]["base"], comp["n_runs"]["spec"])
+    out.append(Check("sample_size", scope, PASS if n_ok >= gate.min_requests_per_cell else UNSURE,
+                     f"{n_ok} ok requests per arm (minimum {gate.min_requests_per_cell})",
+                     value=n_ok, threshold=gate.min_requests_per_cell))
+    out.append(Check("runs", scope, PASS if n_runs >= gate.min_runs else UNSURE,
+                     f"{n_runs} runs per arm (minimum {gate.min_runs})", value=n_runs, threshold=gate.min_runs))
+    for arm in ("base", "spec"):
+        achieved = comp["achieved_concurrency"][arm]
+        if achieved is None or comp.get("target_rate") is not None:  # open loop: concurrency is an outcome
+            continue
+        gap = abs(achieved - level) / level
+        out.append(Check("achieved_concurrency", f"{scope} {arm}",
+                         PASS if gap <= gate.achieved_concurrency_tolerance else UNSURE,
+                         f"achieved {achieved:.2f} vs target {level} (rerun if off)", value=achieved,
+                         threshold=gate.achieved_concurrency_tolerance))
+    return out
+
+
+def _benefit_checks(level: int, comp: dict, gate: GateSettings) -> list[Check]:
+    out = []
+    for name, limit in (("tpot_ratio", gate.tpot_ratio_max), ("e2e_ratio", gate.e2e_ratio_max)):
+        ci = best_ci(comp, name)
+        out.append(_ratio_check(f"benefit_{name}", f"c={level}", ci, limit))
+    return out
+
+
+def _ratio_check(rule: str, scope: str, ci: dict, limit: float) -> Check:
+    low, high, point = ci.get("low"), ci.get("high"), ci.get("point")
+    value = {"point": point, "low": low, "high": high, "level": ci.get("level")}
+    if low is None or high is None:
+        return Check(rule, scope, UNSURE, f"no confidence interval (point {_fmt(point)})", value, limit)
+    text = f"spec/base {_fmt(point)} [95% CI {_fmt(low)}, {_fmt(high)}] ({ci.get('level')} level), need upper < {limit}"
+    if ci.get("level") != "run":
+        return Check(rule, scope, UNSURE, text + "; request-level CI is descriptive only", value, limit)
+    if high < limit:
+        return Check(rule, scope, PASS, text, value, limit)
+    if low > 1.0:
+        return Check(rule, scope, FAIL, text + "; speculation is slower", value, limit)
+    if low >= limit:  # no evidence of the required benefit, none of a loss either (§5.4: NO-GO only above 1.0)
+        return Check(rule, scope, UNSURE, text + "; no evidence of the required benefit (CI above the threshold)", value, limit)
+    return Check(rule, scope, UNSURE, text + "; the CI straddles the threshold", value, limit)
+
+
+def _ttft_guardrail(level: int, comp: dict, gate: GateSettings) -> Check:
+    ci = comp["run_level"]["ttft_p95_delta_ms"]
+    base = comp.get("base_ttft_p95_ms") or 0.0
+    margin = max(gate.ttft_p95_delta_ms_max, base * gate.ttft_p95_delta_pct_max / 100.0)
+    scope = f"c={level}"
+    value = {"point": ci.get("point"), "low": ci.get("low"), "high": ci.get("high")}
+    if ci.get("low") is None:
+        return Check("guardrail_ttft_p95", scope, UNSURE, f"Δp95 TTFT {_fmt(ci.get('point'))} ms, no CI", value, margin)
+    text = f"Δp95 TTFT {_fmt(ci['point'])} ms [95% CI {_fmt(ci['low'])}, {_fmt(ci['high'])}], margin +{_fmt(margin)} ms"
+    if ci["high"] < margin:
+        return Check("guardrail_ttft_p95", scope, PASS, text, value, margin)
+    if ci["low"] > margin:
+        return Check("guardrail_ttft_p95", scope, FAIL, text, value, margin)
+    return Check("guardrail_ttft_p95", scope, UNSURE, text + " (straddles)", value, margin)
+
+
+def _peak_throughput_guardrail(level: int, comp: dict, gate: GateSettings, analysis: dict,
+                               targets: list[int], advice: list[str]) -> Check:
+    ci = best_ci(comp, "throughput_ratio")
+    scope = f"peak c={level}"
+    limit = gate.peak_throughput_ratio_min
+    value = {"point": ci.get("point"), "low": ci.get("low"), "high": ci.get("high")}
+    crossover = analysis.get("crossover_concurrency")
+    if ci.get("low") is None:
+        return Check("guardrail_peak_throughput", scope, UNSURE, f"throughput ratio {_fmt(ci.get('point'))}, no CI", value, limit)
+    text = f"output tok/s spec/base {_fmt(ci['point'])} [95% CI {_fmt(ci['low'])}, {_fmt(ci['high'])}], need lower > {limit}"
+    if ci["low"] > limit:
+        return Check("guardrail_peak_throughput", scope, PASS, text, value, limit)
+    cutoff_ok = gate.allow_cutoff_above_crossover and crossover is not None and all(t < crossover for t in targets)
+    if ci["high"] < limit:
+        if cutoff_ok:
+            advice.append(f"disable speculation at concurrency >= {crossover} (the crossover)")
+            return Check("guardrail_peak_throughput", scope, PASS, text + f"; passes with speculation off from c={crossover}", value, limit)
+        return Check("guardrail_peak_throughput", scope, FAIL, text, value, limit)
+    return Check("guardrail_peak_throughput", scope, UNSURE, text + " (straddles)", value, limit)
+
+
+def _acceptance_checks(analysis: dict, gate: GateSettings, advice: list[str]) -> list[Check]:
+    out = []
+    rate = analysis.get("acceptance_rate")
+    if rate is None:
+        out.append(Check("acceptance_rate", "speculative", PASS, "server returned no acceptance figures (not gated)"))
+        return out
+    if rate < gate.min_acceptance_rate:
+        advice.append(f"acceptance rate {rate:.0%} is below {gate.min_acceptance_rate:.0%}: turn speculation off "
+                      "or use a better-aligned draft")
+        out.append(Check("acceptance_rate", "speculative", FAIL, f"{rate:.1%} < {gate.min_acceptance_rate:.0%}",
+                         rate, gate.min_acceptance_rate))
+    else:
+        out.append(Check("acceptance_rate", "speculative", PASS, f"{rate:.1%} ≥ {gate.min_acceptance_rate:.0%}",
+                         rate, gate.min_acceptance_rate))
+    return out
+
+
+def _fmt(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)

@@ -1,0 +1,95 @@
+"""Jinja rendering of the report pages (``report.html`` / ``report.md``, ``compare.html`` / ``compare.md``).
+
+Reads the templates shipped in ``pipeline/report/view/templates/`` and a page model (display
+strings, tables, base64 plots); returns the page text. HTML templates autoescape; every template
+runs under ``StrictUndefined`` so a missing field fails the render instead of printing nothing.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from pipeline.report.view import tables
+from pipeline.report.view.summary import decision
+
+ROUNDING_NOTE = ("Rounding: a value with a confidence interval is shown to the precision the interval supports "
+                 "(its half-width keeps one or two significant digits, the Particle Data Group's rule, and the "
+                 "point and bounds share those decimals); a value without one keeps three significant digits.")
+CI_NOTE = ("spec/base ratios are the mean over runs (repeats) of each run's statistic, speculative over baseline, "
+           "with a run-level percentile bootstrap 95% CI; * marks a pooled request-level CI (fewer than two runs "
+           "per arm), which is descriptive only. Green: the whole CI is on the better side of 1; red: on the worse side.")
+
+
+@lru_cache(maxsize=1)
+def environment():
+    import jinja2  # noqa: PLC0415
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("pipeline.report.view", "templates"),
+        undefined=jinja2.StrictUndefined,
+        autoescape=jinja2.select_autoescape(enabled_extensions=("html.jinja",), default_for_string=False),
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters["mdcell"] = md_cell
+    return env
+
+
+def md_cell(text: Any) -> str:
+    """A Markdown table cell: pipes escaped, line breaks joined."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def report_page(data: dict, plots: dict[str, str | None]) -> dict[str, Any]:
+    """Everything the report templates show, in the order they show it."""
+    prov = data.get("provenance") or {}
+    return {
+        "name": data["name"],
+        "meta": _meta_line(data, prov),
+        "decision": decision(data),
+        "plots": plots,
+        "levels": tables.headline_tables(data),
+        "categories": tables.category_table(data),
+        "acceptance_cells": tables.acceptance_cells_table(data),
+        "gate": tables.gate_tables(data),
+        "statistics": tables.statistics_table(data),
+        "draft_lengths": tables.draft_length_table(data),
+        "runs": tables.runs_table(data),
+        "variability": tables.variability_table(data),
+        "quality": tables.quality_table(data),
+        "quality_issues": tables.quality_issues(data),
+        "provenance": tables.provenance_rows(data),
+        "formulas": list(data["formulas"].items()),
+        "notes": {"rounding": ROUNDING_NOTE, "ci": CI_NOTE},
+    }
+
+
+def _meta_line(data: dict, prov: dict) -> str:
+    parts = [data["name"]]
+    if prov.get("created"):
+        parts.append(f"run {str(prov['created'])[:19].replace('T', ' ')} UTC")
+    if prov.get("git_sha"):
+        parts.append(f"git {str(prov['git_sha'])[:10]}")
+    if prov.get("hardware", {}).get("declared") if isinstance(prov.get("hardware"), dict) else False:
+        parts.append(f"hardware {prov['hardware']['declared']}")
+    return " · ".join(parts)
+
+
+def render(template: str, page: dict[str, Any]) -> str:
+    return environment().get_template(template).render(**page)
+
+
+def render_report(data: dict, plots: dict[str, str | None]) -> tuple[str, str]:
+    """(report.md, report.html) text from the report data and its plots."""
+    page = report_page(data, plots)
+    return render("report.md.jinja", page), render("report.html.jinja", page)
+
+
+def render_comparison(data_a: dict, data_b: dict, comp: dict, plot: str | None) -> tuple[str, str]:
+    """(compare.md, compare.html) text: run B against run A."""
+    from pipeline.report.view.compare import compare_page  # noqa: PLC0415
+
+    page = compare_page(comp, data_a, data_b, plot)
+    return render("compare.md.jinja", page), render("compare.html.jinja", page)

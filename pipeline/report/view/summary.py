@@ -1,0 +1,186 @@
+"""The decision summary at the top of the report: a verdict banner and one-line findings.
+
+Reads the report data (``report.json`` content); writes nothing. Every sentence is generated from
+the analysis and the gate: what speculation gives at each measured concurrency (with CIs), where
+it stops paying, the rollout that follows, acceptance overall and its weakest category, output
+equivalence, and every gate check that did not pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.report.view.model import (
+    category_acceptance,
+    primary_comparisons,
+    ratio_ci,
+    target_levels,
+    weakest_category,
+)
+from pipeline.report.view.rounding import fmt_ci, fmt_pct, invert_ci, tidy_text
+
+TITLES = {"GO": "Roll out speculative decoding", "NO-GO": "Do not roll out speculative decoding",
+          "INCONCLUSIVE": "Not decided: the evidence is not strong enough"}
+STATUS_ORDER = {"fail": 0, "inconclusive": 1, "pass": 9}
+# Repeats of one cell whose median TPOT differs by more than this (coefficient of variation) widen
+# every CI; the reader should learn that from the summary, not from the variability table.
+NOISY_CV = 0.2
+
+
+def ratio_phrase(ci: dict, of: str = "") -> str:
+    """``0.45× baseline [0.43, 0.48]``: a spec/base ratio with its CI, rounded to what the CI supports."""
+    text = fmt_ci(ci["point"], ci["low"], ci["high"])
+    of = f" {of}" if of else ""
+    if text["point"] == "–":
+        return "not measured"
+    if text["low"] == "–":
+        return f"{text['point']}×{of} (no CI)"
+    pooled = " (request-level CI)" if ci.get("level") not in (None, "run") else ""
+    return f"{text['point']}×{of} [{text['low']}, {text['high']}]{pooled}"
+
+
+def speed_phrase(tpot: dict) -> str:
+    """``2.2× faster`` / ``1.3× slower`` from the TPOT ratio (spec/base)."""
+    point = tpot["point"]
+    if not point:
+        return "no TPOT measured"
+    if point <= 1.0:
+        inv = invert_ci(point, tpot["low"], tpot["high"])
+        return f"{fmt_ci(*inv)['point']}× faster"
+    return f"{fmt_ci(point, tpot['low'], tpot['high'])['point']}× slower"
+
+
+def level_line(comp: dict, targets: list[int], crossover: int | None) -> str:
+    level = comp["concurrency"]
+    tags = [t for t, on in (("gated", level in targets), ("past crossover", crossover is not None and level >= crossover)) if on]
+    tpot = ratio_ci(comp, "tpot_ratio")
+    label = f"Concurrency {level}" + (f" ({', '.join(tags)})" if tags else "")
+    return (f"{label}: decoding {speed_phrase(tpot)} per user — TPOT {ratio_phrase(tpot, 'baseline')}, "
+            f"E2E {ratio_phrase(ratio_ci(comp, 'e2e_ratio'))}, "
+            f"throughput {ratio_phrase(ratio_ci(comp, 'throughput_ratio'))}")
+
+
+def rollout(data: dict) -> str:
+    """Where to enable speculation, from the crossover of the primary draft length."""
+    levels = [c["concurrency"] for c in primary_comparisons(data)]
+    crossover = data["crossover_concurrency"]
+    if not levels:
+        return "no concurrency level has both arms measured"
+    if crossover is None:
+        return (f"enable at every measured concurrency (up to {levels[-1]}); no crossover was found, so "
+                f"measure higher before running above {levels[-1]}")
+    if crossover == levels[0]:
+        return "do not enable: no measured concurrency shows a TPOT benefit"
+    last_good = max(level for level in levels if level < crossover)
+    return f"enable up to concurrency {last_good}, disable from {crossover}"
+
+
+def draft_length_line(data: dict) -> str | None:
+    recs = data.get("recommended_draft_len") or {}
+    if not recs:
+        return None
+    parts = [f"c={level} K={rec['draft_len']}" if rec["speculation"] == "on" else f"c={level} off"
+             for level, rec in recs.items()]
+    return "Draft length per concurrency (lowest TPOT ratio whose CI shows a benefit): " + ", ".join(parts)
+
+
+def headline_sentence(data: dict) -> str:
+    comps = {c["concurrency"]: c for c in primary_comparisons(data)}
+    targets = target_levels(data)
+    if not targets:
+        return "No concurrency level was measured with both arms."
+    level = targets[0]
+    tpot = ratio_ci(comps[level], "tpot_ratio")
+    crossover = data["crossover_concurrency"]
+    tail = (f"stops paying at concurrency {crossover}" if crossover is not None
+            else f"still pays at the highest measured concurrency, {max(comps)}")
+    return (f"At concurrency {level}, speculation makes decoding {speed_phrase(tpot)} per user "
+            f"(TPOT {ratio_phrase(tpot, 'baseline')}, 95% CI) and {tail}.")
+
+
+def acceptance_line(data: dict) -> str:
+    rate = data.get("acceptance_rate")
+    if rate is None:
+        return "Acceptance: the server reported no acceptance figures."
+    floor = (data.get("gate_settings") or {}).get("min_acceptance_rate")
+    text = f"Acceptance: {fmt_pct(rate)} of drafted tokens accepted overall"
+    text += f" (floor {fmt_pct(floor)})" if floor is not None else ""
+    weakest = weakest_category(category_acceptance(data))
+    if weakest:
+        text += f"; weakest category: {weakest['category']} at {fmt_pct(weakest['acceptance_rate'])}"
+    return text + "."
+
+
+def equivalence_line(data: dict) -> str:
+    comps = primary_comparisons(data)
+    if not data.get("greedy", True):
+        return "Output equivalence: not checked — sampling is not greedy, so outputs may legitimately differ."
+    differing = [(c["concurrency"], c["equivalence"]) for c in comps if c["equivalence"]["mismatched"]]
+    if differing:
+        parts = [f"{eq['mismatched']} of {eq['prompts_compared']} prompts at c={level}" for level, eq in differing]
+        return "Output equivalence: outputs differ between arms — " + ", ".join(parts) + " (greedy decoding)."
+    compared = ", ".join(f"{c['equivalence']['prompts_compared']} at c={c['concurrency']}" for c in comps)
+    if not any(c["equivalence"]["prompts_compared"] for c in comps):
+        return "Output equivalence: no prompt was answered by both arms, nothing to compare."
+    return f"Output equivalence: identical outputs from both arms for every prompt compared ({compared}; greedy)."
+
+
+def noise_line(data: dict) -> str | None:
+    """A warning when repeats of one cell disagree enough to explain wide intervals."""
+    scored = [(c["run_variability"]["median_tpot_ms"]["cv"], c) for c in data["cells"]
+              if c["run_variability"]["median_tpot_ms"]["cv"] is not None]
+    if not scored:
+        return None
+    cv, worst = max(scored, key=lambda x: x[0])
+    if cv <= NOISY_CV:
+        return None
+    return (f"Noise: repeats disagree — median TPOT varies by {fmt_pct(cv)} (CV) between the runs of {worst['arm']} "
+            f"c={worst['concurrency']}, which widens every CI; rerun on a quiet machine or with more repeats.")
+
+
+def open_checks(data: dict) -> list[dict[str, Any]]:
+    """Every gate check that is not a pass, failures first, in the gate's order otherwise."""
+    checks = [c for c in data["gate"]["checks"] if c["status"] != "pass"]
+    return sorted(checks, key=lambda c: STATUS_ORDER.get(c["status"], 2))
+
+
+def check_line(check: dict) -> str:
+    return f"{check['status'].upper()}: {check['rule']} ({check['scope']}) — {tidy_text(str(check['detail']))}"
+
+
+def decision(data: dict) -> dict[str, Any]:
+    """The banner (verdict, title, sentence, rollout) and the findings list under it."""
+    verdict = data["verdict"]
+    crossover = data["crossover_concurrency"]
+    targets = target_levels(data)
+    findings = [level_line(c, targets, crossover) for c in primary_comparisons(data)]
+    findings += [line for line in (draft_length_line(data),) if line]
+    findings += [acceptance_line(data), equivalence_line(data)]
+    findings += [line for line in (noise_line(data),) if line]
+    if data.get("synthetic_data"):
+        findings.append("Data: synthetic prompts were used; acceptance and speedup are likely understated.")
+    prefix = {"GO": "Recommended rollout", "NO-GO": "Where speculation would pay once the failures are fixed",
+              "INCONCLUSIVE": "Provisional rollout, if a rerun confirms it"}.get(verdict, "Rollout")
+    method = (data.get("provenance") or {}).get("method")
+    k = data.get("primary_draft_len")
+    what = f" ({method}, K={k})" if method and k else ""
+    return {
+        "verdict": verdict,
+        "exit_code": data["exit_code"],
+        "title": f"{TITLES.get(verdict, verdict)}{what}",
+        "sentence": headline_sentence(data),
+        "rollout": f"{prefix}: {rollout(data)}.",
+        "findings": findings,
+        "checks": [check_line(c) for c in open_checks(data)],
+        "advice": [tidy_text(a) for a in data.get("advice", [])],
+        "counts": _status_counts(data),
+    }
+
+
+def _status_counts(data: dict) -> str:
+    counts: dict[str, int] = {}
+    for c in data["gate"]["checks"]:
+        counts[c["status"]] = counts.get(c["status"], 0) + 1
+    order = sorted(counts, key=lambda s: STATUS_ORDER.get(s, 2))
+    return ", ".join(f"{counts[s]} {s}" for s in order) + f" of {len(data['gate']['checks'])} gate checks"
+

@@ -1,0 +1,76 @@
+"""What a preflight check reports and what it reads: :class:`Finding` and :class:`CheckContext`.
+
+Every check in :mod:`pipeline.validate` takes a :class:`CheckContext` (the config, the hardware
+profile, what the checks before it resolved) and appends findings to it. Reads and writes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import DeploymentConfig, DraftTargetSpec, EagleSpec, MedusaSpec, ModelSpec
+from pipeline.validate.hardware import HardwareProfile
+from pipeline.validate.model_shapes import ModelShape
+
+ERROR, WARNING, INFO = "error", "warning", "info"
+
+
+@dataclass
+class Finding:
+    severity: str  # error | warning | info
+    check: str  # short id of the check, e.g. "gpu-quant"
+    message: str
+    fix: str = ""
+    field: str = ""
+    data: dict[str, Any] | None = None
+
+    def line(self) -> str:
+        where = f"{self.field}: " if self.field else ""
+        return f"{where}{self.message}" + (f" (fix: {self.fix})" if self.fix else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v not in (None, "")}
+
+
+@dataclass
+class CheckContext:
+    cfg: DeploymentConfig
+    profile: HardwareProfile
+    offline: bool
+    trtllm_root: str | None = None  # --trtllm-root, when given
+    findings: list[Finding] = field(default_factory=list)
+    dirs: dict[str, Path | None] = field(default_factory=dict)  # role → resolved dir (None = skipped)
+    shapes: dict[str, ModelShape | None] = field(default_factory=dict)
+
+    def add(self, severity: str, check: str, message: str, fix: str = "", field_path: str = "", **data: Any) -> None:
+        self.findings.append(Finding(severity, check, message, fix, field_path, data or None))
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers
+
+
+def spec_models(cfg: DeploymentConfig) -> list[tuple[str, ModelSpec]]:
+    models = [("target", cfg.target)]
+    if cfg.draft is not None:
+        models.append(("speculation.draft", cfg.draft))
+    return models
+
+
+def spec_roles(cfg: DeploymentConfig) -> list[tuple[str, str, ModelSpec]]:
+    return [("target" if path == "target" else "draft", path, spec) for path, spec in spec_models(cfg)]
+
+
+def spec_checkpoints(cfg: DeploymentConfig) -> list[tuple[str, str, str]]:
+    """(role, field path, checkpoint string) of every directory the deployment reads."""
+    items = [("target", "target.checkpoint", cfg.target.checkpoint)]
+    spec = cfg.speculation
+    if isinstance(spec, DraftTargetSpec):
+        items.append(("draft", "speculation.draft.checkpoint", spec.draft.checkpoint))
+    elif isinstance(spec, MedusaSpec):
+        items.append(("medusa heads", "speculation.heads_dir", spec.heads_dir))
+    elif isinstance(spec, EagleSpec):
+        items.append(("EAGLE head", "speculation.head_dir", spec.head_dir))
+    return items

@@ -1,0 +1,97 @@
+"""Hardware profiles: what each GPU (or the CPU path) can run and how much memory it has.
+
+Reads nothing and writes nothing: a static table keyed by the config's ``hardware`` name. Each
+profile carries the compute capability, memory per device, memory bandwidth, devices per node and
+the weight formats / KV-cache dtypes the TensorRT-LLM engine flow supports on that architecture
+(trtllm-build reference §4.2). Preflight (``pipeline.validate.preflight``) turns these facts into findings;
+the config validator uses :func:`profile_names` to reject unknown names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Formats by architecture (trtllm-build.md §4.2). sm80: no FP8 / W4A8 / NVFP4. sm89/sm90: no NVFP4.
+# sm100 (Blackwell): NVFP4 yes; SmoothQuant and weight-only INT8/INT4 are not supported there.
+_FORMATS_SM80 = ("none", "int8_sq", "int4_awq", "int8_wo", "int4_wo")
+_FORMATS_SM89 = ("none", "fp8", "int8_sq", "int4_awq", "w4a8_awq", "int8_wo", "int4_wo")
+_FORMATS_SM100 = ("none", "fp8", "int4_awq", "w4a8_awq", "nvfp4")
+_KV_GPU = ("auto", "fp16", "bf16", "fp8", "int8")
+_KV_GPU_NO_BF16 = ("auto", "fp16", "fp8", "int8")
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """One deployment target: a GPU model (or ``cpu`` for the reference engine)."""
+
+    name: str
+    display_name: str
+    compute_capability: tuple[int, int] | None  # None for cpu
+    memory_gib: float | None  # usable GiB per device as nvidia-smi reports it; None = host memory
+    bandwidth_gbps: float | None  # GB/s HBM bandwidth per device
+    devices_per_node: int
+    weight_formats: tuple[str, ...]
+    kv_cache_dtypes: tuple[str, ...]
+    model_dtypes: tuple[str, ...] = ("float16", "bfloat16", "float32")
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.compute_capability is not None
+
+    @property
+    def sm(self) -> int:
+        """Compute capability as an integer, e.g. 90 for sm90; 0 for cpu."""
+        if self.compute_capability is None:
+            return 0
+        major, minor = self.compute_capability
+        return major * 10 + minor
+
+    @property
+    def has_fp8(self) -> bool:
+        return self.sm >= 89
+
+
+def _gpu(name, display, cc, mem, bw, formats, kv=_KV_GPU, dtypes=("float16", "bfloat16", "float32")):
+    return HardwareProfile(name, display, cc, mem, bw, 8, formats, kv, dtypes)
+
+
+PROFILES: dict[str, HardwareProfile] = {
+    p.name: p
+    for p in (
+        _gpu("h100-sxm-80gb", "NVIDIA H100 SXM 80 GB", (9, 0), 79.6, 3350.0, _FORMATS_SM89),
+        _gpu("h100-pcie-80gb", "NVIDIA H100 PCIe 80 GB", (9, 0), 79.6, 2000.0, _FORMATS_SM89),
+        _gpu("h200-141gb", "NVIDIA H200 SXM 141 GB", (9, 0), 140.4, 4800.0, _FORMATS_SM89),
+        _gpu("a100-80gb", "NVIDIA A100 SXM 80 GB", (8, 0), 80.0, 2039.0, _FORMATS_SM80),
+        _gpu("a100-40gb", "NVIDIA A100 SXM 40 GB", (8, 0), 40.0, 1555.0, _FORMATS_SM80),
+        _gpu("l40s-48gb", "NVIDIA L40S 48 GB", (8, 9), 45.0, 864.0, _FORMATS_SM89),
+        _gpu("b200-180gb", "NVIDIA B200 180 GB", (10, 0), 179.1, 8000.0, _FORMATS_SM100),
+        HardwareProfile(
+            name="cpu",
+            display_name="CPU (PyTorch reference engine)",
+            compute_capability=None,
+            memory_gib=None,
+            bandwidth_gbps=None,
+            devices_per_node=1,
+            weight_formats=("none", "int8_wo"),
+            kv_cache_dtypes=("auto", "fp32"),
+            model_dtypes=("float32", "float16", "bfloat16"),
+        ),
+    )
+}
+
+
+def profile_names() -> list[str]:
+    return list(PROFILES)
+
+
+def get_profile(name: str) -> HardwareProfile:
+    """The profile for ``name``; KeyError naming the valid profiles otherwise."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise KeyError(f"unknown hardware profile '{name}'; valid: {', '.join(PROFILES)}") from None
+
+
+def formats_supported_on(fmt: str) -> list[str]:
+    """Names of the GPU profiles whose architecture runs weight format ``fmt``."""
+    return [p.name for p in PROFILES.values() if p.is_gpu and fmt in p.weight_formats]
