@@ -1,0 +1,1 @@
+"""Small infrastructure every stage shares: atomic writes, provenance, readiness probes, tree choices."""
