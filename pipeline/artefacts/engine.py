@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Annotated, Literal, Union
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, model_serializer
 
 from pipeline.artefacts.base import Artefact, Strict
 
@@ -29,6 +29,14 @@ class NoProposer(Strict):
 
 class _DraftSide(Strict):
     draft_int8: bool = Field(False, description="Quantize the draft-side weights to int8 at load (outputs unchanged).")
+
+    @model_serializer(mode="wrap")
+    def _only_when_set(self, handler):
+        """``draft_int8`` is written only when on, as the build step always wrote it."""
+        data = handler(self)
+        if not data.get("draft_int8"):
+            data.pop("draft_int8", None)
+        return data
 
 
 class DraftTargetProposer(_DraftSide):
