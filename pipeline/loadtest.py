@@ -36,12 +36,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from pipeline.artefacts.deployment import ArmDeployment, describe_arm, load_arm
 from pipeline.config import DeploymentConfig, config_hash
 from pipeline.cpu_pinning import spawn_on
 from pipeline.errors import SpecdeployError
+from pipeline.infra.atomic import write_json_atomic
+from pipeline.infra.provenance import git_sha, versions
+from pipeline.infra.readiness import model_ready, server_live
 from pipeline.paths import PROJECT_ROOT, manifest_path, reports_root
 from pipeline.processes import spawn
-from pipeline.render import client_target, drafts_in_engine
 
 LOCUSTFILE = PROJECT_ROOT / "loadtests" / "locustfile.py"
 ARMS = ("baseline", "speculative")
@@ -148,13 +151,13 @@ def primary_draft_len(cfg: DeploymentConfig) -> int | None:
 def sends_draft_len(cfg: DeploymentConfig) -> bool:
     """Draft-target orchestrated by the BLS takes K per request (``num_draft_tokens``); drafting
     in the engine fixes K in the engine, and the ensemble has no such input."""
-    return cfg.method == "draft_target" and not drafts_in_engine(cfg)
+    return cfg.method != "none" and describe_arm(cfg, "speculative").per_request_draft_len
 
 
 def check_sweep(cfg: DeploymentConfig, sweep: list[int]) -> None:
     if not sweep:
         return
-    if drafts_in_engine(cfg):
+    if cfg.method == "draft_target" and describe_arm(cfg, "speculative").drafts == "engine":
         raise LoadTestError(
             "--sweep-draft-len: speculation.orchestration 'engine' fixes num_draft_tokens in the engine; "
             "per-request draft lengths need orchestration 'bls'"
@@ -186,6 +189,7 @@ class ArmEndpoint:
     alive: Callable[[], bool] | None = None
     log_tail: Callable[[int], str] | None = None
     client_cpus: tuple[int, ...] | None = None  # the server's CPU plan keeps Locust off the engines' cores
+    deployment: ArmDeployment | None = None  # what the arm is (None: as its config describes it)
 
 
 class ManagedEndpoints:
@@ -196,11 +200,11 @@ class ManagedEndpoints:
     returns that arm's running endpoint. Every server is stopped on exit."""
 
     def __init__(self, cfg: DeploymentConfig, arms: tuple[str, ...]):
-        from pipeline.render import rendered_placement  # noqa: PLC0415
         from pipeline.serve import free_ports  # noqa: PLC0415
 
         self.cfg, self.arms = cfg, arms
-        self.placements = {arm: rendered_placement(cfg, arm) for arm in arms}
+        self.deployments = {arm: load_arm(cfg, arm)[1] for arm in arms}  # as render described them
+        self.placements = {arm: d.placement for arm, d in self.deployments.items()}
         self.sequential = any((p or {}).get("strategy") == "sequential" for p in self.placements.values())
         ports = iter(free_ports(3 * len(arms)))
         self.ports = {arm: (next(ports), next(ports), next(ports)) for arm in arms}
@@ -239,7 +243,7 @@ class ManagedEndpoints:
         server = start_deployment(self.cfg, arm, http_port=http, grpc_port=grpc, metrics_port=metrics)
         self._servers[arm] = server
         self.starts[arm] += 1
-        target = client_target(self.cfg, arm)
+        target = self.deployments[arm]
         self._endpoints[arm] = ArmEndpoint(
             arm=arm, url=server.grpc_url if self.cfg.loadtest.transport == "grpc" else server.http_url,
             model_name=target.model_name, extra_inputs=target.extra_inputs,
@@ -247,6 +251,7 @@ class ManagedEndpoints:
             alive=_managed_alive(server, target.model_name, target.extra_inputs),
             log_tail=getattr(server, "log_tail", None),
             client_cpus=server.cpu_plan.other_cpus if getattr(server, "cpu_plan", None) else None,
+            deployment=target,
         )
         self.kv_reported[arm] = kv_capacity_reported(server.metrics_url)
 
@@ -255,7 +260,7 @@ class ManagedEndpoints:
         host, out = self.cfg.triton.host, {}
         for arm in self.arms:
             http, grpc, metrics = self.ports[arm]
-            target = client_target(self.cfg, arm)
+            target = self.deployments[arm]
             out[arm] = {
                 "url": f"{host}:{grpc}" if self.cfg.loadtest.transport == "grpc" else f"http://{host}:{http}",
                 "model": target.model_name, "extra_inputs": target.extra_inputs,
@@ -299,7 +304,9 @@ def kv_capacity_from_text(text: str) -> dict[str, int] | None:
 
 
 def remote_endpoint(cfg: DeploymentConfig, arm: str, url: str, metrics_url: str | None = None) -> ArmEndpoint:
-    target = client_target(cfg, arm)
+    """A server somebody else started: nothing was rendered here, so the arm is what its config
+    describes (the same facts ``render`` would record)."""
+    target = describe_arm(cfg, arm)
     transport = cfg.loadtest.transport
     if transport == "http" and not url.startswith(("http://", "https://")):
         url = "http://" + url
@@ -310,7 +317,8 @@ def remote_endpoint(cfg: DeploymentConfig, arm: str, url: str, metrics_url: str 
             return False
         return transport != "http" or probe_generate(url, target.model_name, target.extra_inputs)
 
-    return ArmEndpoint(arm, url, target.model_name, target.extra_inputs, metrics_url, alive=alive)
+    return ArmEndpoint(arm, url, target.model_name, dict(target.extra_inputs), metrics_url, alive=alive,
+                       deployment=target)
 
 
 def _managed_alive(server, model_name: str, extra_inputs: dict[str, Any]) -> Callable[[], bool]:
@@ -334,23 +342,10 @@ def probe_generate(http_url: str, model_name: str, extra_inputs: dict[str, Any],
 
 
 def endpoint_alive(url: str, transport: str, model_name: str | None = None, timeout_s: float = 5.0) -> bool:
-    try:
-        if transport == "http":
-            base = url.rstrip("/")
-            path = f"/v2/models/{model_name}/ready" if model_name else "/v2/health/live"
-            with urllib.request.urlopen(base + path, timeout=timeout_s) as resp:  # noqa: S310 - loopback/user URL
-                return resp.status == 200
-        import tritonclient.grpc as grpcclient  # noqa: PLC0415
-
-        client = grpcclient.InferenceServerClient(url=url)
-        try:
-            if model_name:
-                return bool(client.is_model_ready(model_name, client_timeout=timeout_s))
-            return bool(client.is_server_live(client_timeout=timeout_s))
-        finally:
-            client.close()
-    except Exception:  # noqa: BLE001 - any failure means "not alive"
-        return False
+    """The model is ready (or, without a model, the server is live)."""
+    if model_name:
+        return model_ready(url, model_name, transport, timeout_s)
+    return server_live(url, transport, timeout_s)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -521,7 +516,9 @@ def run_settings(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, ru
                  prompts: list[dict], duration_s: float, warmup_s: float, tokenizer_dir: str | None) -> dict[str, Any]:
     lt = cfg.loadtest
     extra = dict(endpoint.extra_inputs)
-    if spec.arm == "speculative" and spec.draft_len is not None and sends_draft_len(cfg):
+    per_request = (endpoint.deployment.per_request_draft_len if endpoint.deployment is not None
+                   else sends_draft_len(cfg))
+    if spec.arm == "speculative" and spec.draft_len is not None and per_request:
         extra["num_draft_tokens"] = spec.draft_len
     sampling = lt.sampling
     return {
@@ -616,24 +613,8 @@ def execute_run(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run
 # Provenance
 
 
-def _git_sha() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=str(PROJECT_ROOT), capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def _versions() -> dict[str, str | None]:
-    from importlib import metadata  # noqa: PLC0415
-
-    out: dict[str, str | None] = {"python": platform.python_version()}
-    for dist in ("specdeploy", "locust", "tritonclient", "nvidia-pytriton", "scipy", "numpy", "torch", "gevent", "grpcio"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = None
-    return out
+LOADTEST_DISTS = ("specdeploy", "locust", "tritonclient", "nvidia-pytriton", "scipy", "numpy", "torch", "gevent",
+                  "grpcio")
 
 
 def _hardware(cfg: DeploymentConfig) -> dict[str, Any]:
@@ -719,8 +700,8 @@ def run_loadtest(
     tokenizer_dir = _tokenizer_dir(cfg)
     meta: dict[str, Any] = {
         "format": "specdeploy-run/1", "run_id": run_id, "name": cfg.name, "created": created.isoformat(),
-        "config": cfg.model_dump(mode="json"), "config_hash": config_hash(cfg), "git_sha": _git_sha(),
-        "versions": _versions(), "hardware": _hardware(cfg), "dataset": dataset,
+        "config": cfg.model_dump(mode="json"), "config_hash": config_hash(cfg), "git_sha": git_sha(),
+        "versions": versions(LOADTEST_DISTS), "hardware": _hardware(cfg), "dataset": dataset,
         "seeds": {"prompt_order": lt.seed, "sampling": lt.sampling.seed, "bootstrap": cfg.gate.bootstrap_seed},
         "method": cfg.method, "draft_model": _draft_model(cfg), "primary_draft_len": primary_draft_len(cfg) if not sweep
         else (primary_draft_len(cfg) if primary_draft_len(cfg) in sweep else sweep[0]),
@@ -783,6 +764,4 @@ def _iterate(specs: list[RunSpec], progress: bool, fn: Callable[[RunSpec], dict]
 
 
 def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
-    tmp.replace(path)
+    write_json_atomic(path, data, indent=1, default=str)
