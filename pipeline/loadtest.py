@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from pipeline.artefacts.deployment import ArmDeployment, describe_arm, load_arm
+from pipeline.artefacts.runs import RunInfo, RunResults, RunSettings
 from pipeline.config import DeploymentConfig, config_hash
 from pipeline.cpu_pinning import spawn_on
 from pipeline.errors import SpecdeployError
@@ -555,7 +556,7 @@ def execute_run(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run
                 prompts: list[dict], duration_s: float, warmup_s: float, tokenizer_dir: str | None) -> dict[str, Any]:
     settings = run_settings(cfg, spec, endpoint, run_dir, run_id, prompts, duration_s, warmup_s, tokenizer_dir)
     settings_path = run_dir / "settings" / f"{spec.key}.json"
-    settings_path.write_text(json.dumps(settings, indent=1), encoding="utf-8")
+    settings_path.write_text(json.dumps(RunSettings.checked(settings), indent=1), encoding="utf-8")
     argv = locust_command(cfg, spec, duration_s)
     env = {**os.environ, "SPECDEPLOY_LOADTEST_CONFIG": str(settings_path), "OMP_NUM_THREADS": "1",
            "PYTHONUNBUFFERED": "1"}
@@ -699,7 +700,7 @@ def run_loadtest(
     specs = plan_runs(cfg, arms, concurrency, repeats, sweep)
     tokenizer_dir = _tokenizer_dir(cfg)
     meta: dict[str, Any] = {
-        "format": "specdeploy-run/1", "run_id": run_id, "name": cfg.name, "created": created.isoformat(),
+        "run_id": run_id, "name": cfg.name, "created": created.isoformat(),
         "config": cfg.model_dump(mode="json"), "config_hash": config_hash(cfg), "git_sha": git_sha(),
         "versions": versions(LOADTEST_DISTS), "hardware": _hardware(cfg), "dataset": dataset,
         "seeds": {"prompt_order": lt.seed, "sampling": lt.sampling.seed, "bootstrap": cfg.gate.bootstrap_seed},
@@ -709,7 +710,7 @@ def run_loadtest(
         "duration_s": duration_s, "warmup_s": warmup_s, "repeats": repeats, "tokenizer_dir": tokenizer_dir,
         "endpoints": {}, "commands": [" ".join(sys.argv)],
     }
-    _write_json(run_dir / "run.json", meta)
+    _write_json(run_dir / "run.json", RunInfo.checked(meta))
     results: list[dict[str, Any]] = []
     if endpoint_baseline or endpoint_speculative:
         endpoints_cm = contextlib.nullcontext({
@@ -720,16 +721,16 @@ def run_loadtest(
         endpoints_cm = managed_endpoints(cfg, arms)
     with endpoints_cm as endpoints:
         meta["endpoints"] = _endpoints_provenance(endpoints)
-        _write_json(run_dir / "run.json", meta)
+        _write_json(run_dir / "run.json", RunInfo.checked(meta))
         for spec, result in _iterate(specs, progress, lambda s: execute_run(
                 cfg, s, endpoints[s.arm], run_dir, run_id, prompts, duration_s, warmup_s, tokenizer_dir)):
             results.append(result)
             meta["commands"].append(" ".join(result["command"]))
-            _write_json(run_dir / "runs.json", {"format": "specdeploy-runs/1", "runs": results})
+            _write_json(run_dir / "runs.json", RunResults.checked({"runs": results}))
             if not result["server_alive"]:
                 break  # a dead server invalidates the rest; the report can never be GO
         meta["endpoints"] = _endpoints_provenance(endpoints)  # restarts and reported KV capacity
-    _write_json(run_dir / "run.json", meta)
+    _write_json(run_dir / "run.json", RunInfo.checked(meta))
     if report:
         from pipeline.report import make_report  # noqa: PLC0415
 

@@ -17,6 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from pipeline.artefacts.base import problem_lines
+from pipeline.artefacts.report import REPORT_SCHEMA, Report
+from pipeline.artefacts.runs import RunInfo
 from pipeline.config import DeploymentConfig, parse_config
 from pipeline.errors import SpecdeployError
 from pipeline.gate import GateResult, evaluate_gate
@@ -30,7 +35,6 @@ from pipeline.stats import (
     load_runs,
 )
 
-REPORT_SCHEMA = "specdeploy-report/1"
 PROVENANCE_EXCLUDED = ("config",)
 FORMULAS = {
     "TTFT": "t_first_token − t_sent (first response carrying ≥ 1 output token; never HTTP headers)",
@@ -77,7 +81,9 @@ def _load_run_json(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "run.json"
     if not path.is_file():
         raise ReportError(f"{run_dir}: no run.json — not a load-test run directory")
-    return json.loads(path.read_text(encoding="utf-8"))
+    data = json.loads(path.read_text(encoding="utf-8"))
+    RunInfo.load(path, data)  # the right schema and fields, or one line naming the problem
+    return data
 
 
 def config_from_run(run_dir: Path) -> DeploymentConfig:
@@ -213,6 +219,7 @@ def build_report_data(run_dir: Path, cfg: DeploymentConfig, analysis: dict, gate
     meta = _load_run_json(run_dir)
     return {
         "schema": REPORT_SCHEMA,
+        "schema_version": Report.VERSION,
         "name": cfg.name,
         "run_dir": str(run_dir),
         "verdict": gate.verdict,
@@ -245,27 +252,14 @@ def _strip_comparison(comp: dict) -> dict:
     return out
 
 
-REQUIRED_KEYS = {"schema": str, "verdict": str, "exit_code": int, "reasons": list, "rows": list, "gate": dict,
-                 "provenance": dict, "comparisons": list, "bootstrap": dict}
-ROW_KEYS = ("arm", "concurrency", "task_set", "draft_model", "speculation_length", "acceptance_rate",
-            "first_token_ms", "decode_tokens_per_s", "p95_latency_ms", "output_equivalent", "peak_memory_mb")
-
-
 def validate_report_json(data: dict) -> list[str]:
-    """Structural check of report.json (schema specdeploy-report/1); returns problems."""
-    problems = []
-    for key, kind in REQUIRED_KEYS.items():
-        if not isinstance(data.get(key), kind):
-            problems.append(f"{key}: expected {kind.__name__}")
-    if data.get("schema") != REPORT_SCHEMA:
-        problems.append(f"schema: expected {REPORT_SCHEMA}")
-    if data.get("verdict") not in ("GO", "NO-GO", "INCONCLUSIVE"):
-        problems.append("verdict: not GO / NO-GO / INCONCLUSIVE")
-    for i, row in enumerate(data.get("rows") or []):
-        for key in ROW_KEYS:
-            if key not in row:
-                problems.append(f"rows[{i}].{key}: missing")
-    return problems
+    """report.json checked against its model (:class:`pipeline.artefacts.report.Report`); returns
+    one ``field.path: message`` per problem."""
+    try:
+        Report.model_validate(data)
+    except ValidationError as exc:
+        return problem_lines(exc)
+    return []
 
 
 # ------------------------------------------------------------------------------------------------

@@ -23,8 +23,8 @@ class ArtefactError(StaleInputError):
 def _json_schema_extra(schema: dict[str, Any], model: type) -> None:
     props = schema.get("properties", {})
     if getattr(model, "SCHEMA", None):
-        props.get("schema", {})["const"] = model.SCHEMA
-        props.get("schema_version", {})["const"] = model.VERSION
+        props.get("schema", {}).update(const=model.SCHEMA, default=model.SCHEMA)
+        props.get("schema_version", {}).update(const=model.VERSION, default=model.VERSION)
     schema.setdefault("description", (model.__doc__ or "").strip().split("\n\n")[0])
 
 
@@ -110,6 +110,21 @@ class Artefact(BaseModel):
             return cls.model_validate(data)
         except ValidationError as exc:
             raise ArtefactError(f"{path} ({cls.SCHEMA}): " + "; ".join(problem_lines(exc)) + advice) from None
+
+    @classmethod
+    def checked(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """``data`` with this schema's tag, after it validated (ValueError naming each bad field
+        otherwise). The values are kept as given, so a file written through this keeps the
+        numbers exactly as the stage computed them."""
+        try:
+            model = cls.model_validate(data)
+        except ValidationError as exc:
+            raise ValueError(f"{cls.SCHEMA}: " + "; ".join(problem_lines(exc))) from None
+        tags = {"schema": model.schema_name, "schema_version": model.schema_version}
+        if cls.LEGACY_FORMAT:
+            tags["format"] = cls.SCHEMA
+        rest = {k: v for k, v in data.items() if k not in tags}
+        return {**tags, **rest}
 
     def to_json(self, indent: int | None = 2) -> str:
         return self.model_dump_json(by_alias=True, indent=indent) + "\n"
