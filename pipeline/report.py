@@ -20,7 +20,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from pipeline.artefacts.base import problem_lines
-from pipeline.artefacts.report import REPORT_SCHEMA, Report
+from pipeline.artefacts.report import REPORT_SCHEMA
+from pipeline.artefacts.report import Report as ReportFile
 from pipeline.artefacts.runs import RunInfo
 from pipeline.config import DeploymentConfig, parse_config
 from pipeline.errors import SpecdeployError
@@ -219,7 +220,7 @@ def build_report_data(run_dir: Path, cfg: DeploymentConfig, analysis: dict, gate
     meta = _load_run_json(run_dir)
     return {
         "schema": REPORT_SCHEMA,
-        "schema_version": Report.VERSION,
+        "schema_version": ReportFile.VERSION,
         "name": cfg.name,
         "run_dir": str(run_dir),
         "verdict": gate.verdict,
@@ -256,7 +257,7 @@ def validate_report_json(data: dict) -> list[str]:
     """report.json checked against its model (:class:`pipeline.artefacts.report.Report`); returns
     one ``field.path: message`` per problem."""
     try:
-        Report.model_validate(data)
+        ReportFile.model_validate(data)
     except ValidationError as exc:
         return problem_lines(exc)
     return []

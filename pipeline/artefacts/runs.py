@@ -23,6 +23,10 @@ class RunInfo(Artefact):
     WRITER = "specdeploy loadtest"
     LEGACY_FORMAT = True
 
+    # open by design: whatever a stage records about the run (e.g. per-arm placement) reaches the
+    # report's provenance without a change to the report; the fields below are the ones read
+    model_config = {**Artefact.model_config, "extra": "allow"}
+
     format: str = Field("", description="The schema tag again, as run.json carried it before `schema`.")
     run_id: str
     name: str
