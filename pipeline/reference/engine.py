@@ -22,7 +22,7 @@ import torch
 from pydantic import ValidationError
 
 from pipeline.artefacts.base import ArtefactError, problem_lines
-from pipeline.artefacts.engine import ENGINE_DESCRIPTOR, EngineDescriptor
+from pipeline.artefacts.engine import ENGINE_DESCRIPTOR, EngineDescriptor, NoProposer
 from pipeline.cpu_pinning import pin_this_thread
 from pipeline.errors import SpecdeployError
 from pipeline.reference.api import (
@@ -287,8 +287,7 @@ def engine_from_descriptor(descriptor: EngineDescriptor | dict, base: Path = Pat
     dtype = DTYPES[d.compute_dtype]
     target = LlamaModel(_path(d.model_dir, base), dtype)
     # baseline/draft: plain; target: external drafts only
-    spec = d.proposer if d.role == "speculative" else EngineDescriptor.model_fields["proposer"].get_default(
-        call_default_factory=True)
+    spec = d.proposer if d.role == "speculative" else NoProposer()
     proposer = _build_proposer(spec, target, dtype, d.max_batch_size, d.max_seq_len + 64, base)
     if d.role == "target":
         max_draft = d.max_draft_len
