@@ -11,9 +11,8 @@ from typing import Annotated, Literal, Union
 from pydantic import BeforeValidator, Field, model_serializer
 
 from pipeline.artefacts.base import Artefact, Strict
+from pipeline.artefacts.names import ENGINE_DESCRIPTOR, ENGINE_FORMAT  # noqa: F401 - ENGINE_DESCRIPTOR re-exported
 
-ENGINE_DESCRIPTOR = "engine.json"
-ENGINE_FORMAT = "specdeploy-reference-engine/1"
 Role = Literal["baseline", "target", "draft", "speculative"]
 Quantization = Literal["none", "int8_wo"]
 Choices = list[list[Annotated[int, Field(ge=0)]]]

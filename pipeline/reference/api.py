@@ -146,7 +146,7 @@ class DraftTooLongError(ValueError):
 # Engine descriptor ``<engine_dir>/engine.json``: the model, its fields and their defaults are
 # :class:`pipeline.artefacts.engine.EngineDescriptor` (written by ``specdeploy build``, read by
 # ``pipeline.reference.engine.load_engine``; ``specdeploy schema engine`` prints its JSON schema).
-from pipeline.artefacts.engine import ENGINE_DESCRIPTOR, ENGINE_FORMAT  # noqa: E402, F401 - re-exported
+from pipeline.artefacts.names import ENGINE_DESCRIPTOR, ENGINE_FORMAT  # noqa: E402, F401 - re-exported (no pydantic)
 # where a served engine runs (``reference.engine_process``; ``serve`` sets it for the stubs):
 # "own" = a worker process of its own (pipeline.reference.worker, the default), "stub" = inside
 # the Python-backend stub
