@@ -25,6 +25,8 @@ def _json_schema_extra(schema: dict[str, Any], model: type) -> None:
     if getattr(model, "SCHEMA", None):
         props.get("schema", {}).update(const=model.SCHEMA, default=model.SCHEMA)
         props.get("schema_version", {}).update(const=model.VERSION, default=model.VERSION)
+        if getattr(model, "LEGACY_FORMAT", False):
+            props.get("format", {}).update(const=model.SCHEMA, default=model.SCHEMA)
     schema.setdefault("description", (model.__doc__ or "").strip().split("\n\n")[0])
 
 
