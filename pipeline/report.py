@@ -25,6 +25,7 @@ from pipeline.artefacts.report import Report as ReportFile
 from pipeline.artefacts.runs import RunInfo
 from pipeline.config import DeploymentConfig, parse_config
 from pipeline.errors import SpecdeployError
+from pipeline.infra.atomic import write_json_atomic
 from pipeline.gate import GateResult, evaluate_gate
 from pipeline.stats import (
     BootstrapSettings,
@@ -290,7 +291,7 @@ def make_report(run_dir: str | Path, cfg: DeploymentConfig | None = None) -> Rep
     data, analysis, gate = prepare(run_dir, cfg)
     markdown, html = render_report(data, report_plots(data, analysis, load_runs(run_dir)))
     json_path, md_path, html_path = run_dir / "report.json", run_dir / "report.md", run_dir / "report.html"
-    json_path.write_text(json.dumps(data, indent=2, default=_json_default), encoding="utf-8")
+    write_json_atomic(json_path, data, default=_json_default)
     md_path.write_text(markdown, encoding="utf-8")
     html_path.write_text(html, encoding="utf-8")
     return Report(run_dir, data, gate, json_path, md_path, html_path)
@@ -323,7 +324,7 @@ def make_comparison(run_a: str | Path, run_b: str | Path, out_dir: str | Path | 
     comp = comparison_data(data_a, data_b, str(run_a), str(run_b))
     markdown, html = render_comparison(data_a, data_b, comp, compare_plot(data_a, data_b))
     paths = out / "compare.json", out / "compare.md", out / "compare.html"
-    paths[0].write_text(json.dumps(comp, indent=2, default=_json_default), encoding="utf-8")
+    write_json_atomic(paths[0], comp, default=_json_default)
     paths[1].write_text(markdown, encoding="utf-8")
     paths[2].write_text(html, encoding="utf-8")
     return Comparison(comp, *paths)
