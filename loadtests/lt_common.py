@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 CONFIG_ENV = "SPECDEPLOY_LOADTEST_CONFIG"
-RECORD_SCHEMA = "specdeploy-raw/1"
+RECORD_SCHEMA = "specdeploy-raw/1"  # pipeline.artefacts.records.RawRecord is its model
+RECORD_SCHEMA_VERSION = 1
 
 
 @dataclass
@@ -190,6 +191,7 @@ def build_record(settings: RunSettings, state: RequestState, *, worker_pid: int,
     warm_ref = state.t_scheduled if state.t_scheduled is not None else state.t_sent
     record: dict[str, Any] = {
         "schema": RECORD_SCHEMA,
+        "schema_version": RECORD_SCHEMA_VERSION,
         "run_id": settings.run_id,
         "arm": settings.arm,
         "repeat": settings.repeat,

@@ -130,48 +130,14 @@ TreeChoices = list[list[Annotated[int, Field(ge=0)]]]
 
 # ----------------------------------------------------------------------------------------------
 # Tree choices (Medusa / EAGLE-1 static trees): each path omits the root; every prefix present.
-
-
-def tree_problems(choices: list[list[int]]) -> list[str]:
-    """Structural problems of a tree given as root-less paths (empty list = well-formed)."""
-    problems: list[str] = []
-    if not choices:
-        return ["needs at least one path, or leave it out for a single chain"]
-    seen: set[tuple[int, ...]] = set()
-    for path in choices:
-        key = tuple(path)
-        if not key:
-            problems.append("contains an empty path (paths omit the root; the root is implicit)")
-        elif key in seen:
-            problems.append(f"path {list(key)} appears twice")
-        seen.add(key)
-    for path in choices:
-        for cut in range(1, len(path)):
-            if tuple(path[:cut]) not in seen:
-                problems.append(f"path {list(path)} needs its prefix {list(path[:cut])} in the tree")
-                break
-    return problems
-
-
-def tree_depth(choices: list[list[int]]) -> int:
-    return max((len(p) for p in choices), default=0)
-
-
-def tree_non_leaves_per_level(choices: list[list[int]]) -> list[int]:
-    """Number of nodes with children at each depth (level 0 = the root)."""
-    parents = {tuple(p[:-1]) for p in choices if p}
-    depth = tree_depth(choices)
-    return [sum(1 for p in parents if len(p) == level) for level in range(depth)]
-
-
-def chain_choices(depth: int) -> list[list[int]]:
-    """The default tree: one chain of ``depth`` top-1 nodes, e.g. [[0], [0, 0], [0, 0, 0]]."""
-    return [[0] * d for d in range(1, depth + 1)]
-
-
-def format_choices(choices: list[list[int]]) -> str:
-    """Triton brace format ``{0}, {0, 0}`` used by medusa_choices / eagle_choices."""
-    return ", ".join("{" + ", ".join(str(i) for i in p) + "}" for p in choices)
+# The helpers live in pipeline.infra.trees; the names stay importable from here.
+from pipeline.infra.trees import (  # noqa: E402, F401
+    brace_choices as format_choices,
+    chain_choices,
+    tree_depth,
+    tree_non_leaves_per_level,
+    tree_problems,
+)
 
 
 def _check_tree(choices: TreeChoices | None) -> TreeChoices | None:

@@ -23,7 +23,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import platform
 import shlex
 import shutil
 import signal
@@ -35,8 +34,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Protocol
 
+from pipeline.artefacts.manifest import MANIFEST_FORMAT, BuildManifest  # noqa: F401 - MANIFEST_FORMAT re-exported
 from pipeline.config import DeploymentConfig, config_hash
 from pipeline.errors import BuildError, StaleInputError
+from pipeline.infra.atomic import write_json_atomic
+from pipeline.infra.provenance import git_sha, package_version, versions
 from pipeline.paths import PROJECT_ROOT, engine_root, manifest_path
 from pipeline.plan.planner import BuildPlan, Step, make_plan
 from pipeline.trtllm.checkpoint_config import validate_checkpoint_dir
@@ -44,7 +46,6 @@ from pipeline.infra.processes import spawn
 from pipeline.trtllm.engine_config import draft_target_pair_problems, validate_engine_dir
 from pipeline.trtllm.layout import missing_scripts, missing_scripts_fix, missing_scripts_message
 
-MANIFEST_FORMAT = "specdeploy-manifest/1"
 STAMPS_DIR = ".stamps"
 FULL_HASH_LIMIT = 64 * 1024 * 1024  # bigger files are fingerprinted by size + mtime
 LOG_TAIL_LINES = 8
@@ -150,13 +151,6 @@ def redirect_argv(argv: list[str], renames: dict[str, str]) -> list[str]:
                 break
         result.append(arg)
     return result
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _log_tail(log_path: Path) -> str:
@@ -337,55 +331,30 @@ class _Runner:
                 remove_path(old)
 
 
-def _git_sha() -> str | None:
-    try:
-        result = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return result.stdout.strip() or None if result.returncode == 0 else None
-
-
 def _versions(cfg: DeploymentConfig) -> dict[str, str | None]:
-    from importlib import metadata  # noqa: PLC0415
-
     from pipeline import __version__  # noqa: PLC0415
 
-    def installed(dist: str) -> str | None:
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            return None
-
-    versions = {"python": platform.python_version(), "specdeploy": __version__}
+    found = {**versions(()), "specdeploy": __version__}
     if cfg.backend == "trtllm":
-        versions["tensorrt_llm_pinned"] = cfg.trtllm_version
-        versions["tensorrt_llm"] = installed("tensorrt_llm") or installed("tensorrt-llm")
+        found["tensorrt_llm_pinned"] = cfg.trtllm_version
+        found["tensorrt_llm"] = package_version("tensorrt_llm", "tensorrt-llm")
     else:
-        versions["torch"] = installed("torch")
-    return versions
+        found["torch"] = package_version("torch")
+    return found
 
 
 def _manifest(cfg: DeploymentConfig, plan: BuildPlan, records: list[dict[str, Any]]) -> dict[str, Any]:
     from pipeline import __version__  # noqa: PLC0415
 
-    return {
-        "format": MANIFEST_FORMAT,
-        "name": cfg.name,
-        "config_hash": plan.config_hash,
-        "backend": cfg.backend,
-        "method": cfg.method,
-        "trtllm_version": plan.trtllm_version,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "tool_version": __version__,
-        "git_sha": _git_sha(),
-        "engines": {role: str(Path(path).absolute()) for role, path in plan.engines.items()},
-        "tokenizer_dir": os.path.realpath(plan.tokenizer_dir),
-        "max_draft_len": plan.max_draft_len,
-        "num_draft_tokens": plan.num_draft_tokens,
-        "trtllm_root": plan.trtllm_root.path if plan.trtllm_root else None,
-        "steps": records,
-        "versions": _versions(cfg),
-    }
+    return BuildManifest(
+        name=cfg.name, config_hash=plan.config_hash, backend=cfg.backend, method=cfg.method,
+        trtllm_version=plan.trtllm_version, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        tool_version=__version__, git_sha=git_sha(),
+        engines={role: str(Path(path).absolute()) for role, path in plan.engines.items()},
+        tokenizer_dir=os.path.realpath(plan.tokenizer_dir), max_draft_len=plan.max_draft_len,
+        num_draft_tokens=plan.num_draft_tokens, trtllm_root=plan.trtllm_root.path if plan.trtllm_root else None,
+        steps=records, versions=_versions(cfg),
+    ).dump()
 
 
 def trtllm_missing_reason() -> str | None:
@@ -479,12 +448,7 @@ def load_manifest(cfg: DeploymentConfig, *, check_engine_dirs: bool = True) -> d
     path = manifest_path(cfg)
     if not path.is_file():
         raise StaleInputError(f"{path} does not exist: run `specdeploy build` for '{cfg.name}' first")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise StaleInputError(f"{path} is not valid JSON ({exc}): re-run `specdeploy build`") from None
-    if manifest.get("format") != MANIFEST_FORMAT:
-        raise StaleInputError(f"{path} has format {manifest.get('format')!r}, expected {MANIFEST_FORMAT}: re-run `specdeploy build`")
+    manifest = BuildManifest.load(path).dump()
     current = config_hash(cfg)
     if manifest.get("config_hash") != current:
         raise StaleInputError(

@@ -5,8 +5,9 @@
   or ``--local DIR``), check it holds the files its ``--kind`` needs, and create ``--out`` as a
   symlink to it, so later steps name a fixed path.
 - ``quantize``: ``pipeline.reference.quantize.quantize_checkpoint(--src, --dst, --format)``.
-- ``engine``: write ``--out/engine.json``, the engine descriptor of ``pipeline.reference.api``
-  (absolute paths).
+- ``engine``: write ``--out/engine.json``, the engine descriptor
+  (:class:`pipeline.artefacts.engine.EngineDescriptor`, absolute paths); every flag's default is
+  the descriptor field's default.
 
 Each step writes only its ``--out``/``--dst`` (the build runner points it at a temporary path and
 renames it into place). A problem is one line on stderr and exit status 2.
@@ -18,10 +19,15 @@ import argparse
 import json
 import os
 import sys
+import typing
 from pathlib import Path
 
+from pydantic import ValidationError
+
+from pipeline.artefacts import engine as spec
+from pipeline.artefacts.base import problem_lines
+from pipeline.artefacts.engine import ENGINE_DESCRIPTOR, EngineDescriptor
 from pipeline.errors import SpecdeployError
-from pipeline.reference.api import ENGINE_DESCRIPTOR, ENGINE_FORMAT
 
 REQUIRED_FILES = {
     "llama": [("config.json",), ("model.safetensors", "model.safetensors.index.json")],
@@ -67,10 +73,10 @@ def cmd_quantize(args: argparse.Namespace) -> None:
 
 
 def _proposer(args: argparse.Namespace) -> dict:
-    spec = _method_spec(args)
-    if args.draft_weights == "int8" and spec["method"] != "none":
-        spec["draft_int8"] = True  # the engine quantizes the draft-side weights at load
-    return spec
+    found = _method_spec(args)
+    if args.draft_weights == "int8" and found["method"] != "none":
+        found["draft_int8"] = True  # the engine quantizes the draft-side weights at load
+    return found
 
 
 def _method_spec(args: argparse.Namespace) -> dict:
@@ -79,41 +85,73 @@ def _method_spec(args: argparse.Namespace) -> dict:
     if args.method == "draft_target":
         draft = Path(args.draft_dir).resolve()
         check_checkpoint(draft, "llama")
-        return {"method": "draft_target", "draft_dir": str(draft), "quantization": args.draft_quantization,
-                "num_draft_tokens": args.num_draft_tokens}
+        return _given({"method": "draft_target", "draft_dir": str(draft), "quantization": args.draft_quantization,
+                       "num_draft_tokens": args.num_draft_tokens})
     choices = json.loads(args.choices)
     if args.method == "medusa":
         heads = Path(args.heads_dir).resolve()
         check_checkpoint(heads, "medusa")
-        return {"method": "medusa", "heads_dir": str(heads), "num_heads": args.num_heads, "choices": choices}
+        return _given({"method": "medusa", "heads_dir": str(heads), "num_heads": args.num_heads, "choices": choices})
     head = Path(args.head_dir).resolve()
     check_checkpoint(head, "eagle")
-    return {"method": "eagle", "head_dir": str(head), "num_layers": args.num_layers, "choices": choices}
+    return _given({"method": "eagle", "head_dir": str(head), "num_layers": args.num_layers, "choices": choices})
+
+
+def _given(fields: dict) -> dict:
+    """The flags given (a flag left out takes the descriptor's default)."""
+    return {k: v for k, v in fields.items() if v is not None}
 
 
 def cmd_engine(args: argparse.Namespace) -> None:
     model_dir = Path(args.model_dir).resolve()
     check_checkpoint(model_dir, "llama")
-    descriptor = {
-        "format": ENGINE_FORMAT,
-        "role": args.role,
-        "model_dir": str(model_dir),
-        "quantization": args.quantization,
-        "proposer": _proposer(args),
-        "max_draft_len": args.max_draft_len,
-        "max_batch_size": args.max_batch_size,
-        "max_seq_len": args.max_seq_len,
-        "max_input_len": args.max_input_len,
-        "compute_dtype": args.compute_dtype,
-        "threads": args.threads,
-        "prefix_cache_entries": args.prefix_cache_entries,
-        "config_hash": args.config_hash or None,  # the manifest records the deployment's hash
-        "name": args.name,
-    }
+    try:
+        descriptor = EngineDescriptor(
+            role=args.role, model_dir=str(model_dir), quantization=args.quantization, proposer=_proposer(args),
+            max_draft_len=args.max_draft_len, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,
+            max_input_len=args.max_input_len, compute_dtype=args.compute_dtype, threads=args.threads,
+            prefix_cache_entries=args.prefix_cache_entries,
+            config_hash=args.config_hash or None,  # the manifest records the deployment's hash
+            name=args.name,
+        )
+    except ValidationError as exc:
+        raise StepError("engine descriptor: " + "; ".join(problem_lines(exc))) from None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / ENGINE_DESCRIPTOR).write_text(json.dumps(descriptor, indent=2) + "\n", encoding="utf-8")
+    descriptor.write(out / ENGINE_DESCRIPTOR)
     print(f"wrote {out / ENGINE_DESCRIPTOR} ({args.role})")
+
+
+def _engine_flags(engine: argparse.ArgumentParser) -> None:
+    """The ``engine`` step's flags; choices and defaults come from the descriptor model."""
+    fields = spec.EngineDescriptor.model_fields
+    quantizations = list(typing.get_args(spec.Quantization))
+    engine.add_argument("--out", required=True)
+    engine.add_argument("--role", choices=list(typing.get_args(spec.Role)), required=True)
+    engine.add_argument("--model-dir", required=True)
+    engine.add_argument("--quantization", choices=quantizations, default=spec.default("quantization"))
+    engine.add_argument("--method", choices=["none", "draft_target", "medusa", "eagle"], default="none")
+    engine.add_argument("--draft-dir")
+    engine.add_argument("--draft-quantization", choices=quantizations,
+                        default=spec.proposer_default(spec.DraftTargetProposer, "quantization"))
+    engine.add_argument("--num-draft-tokens", type=int)
+    engine.add_argument("--heads-dir")
+    engine.add_argument("--num-heads", type=int)
+    engine.add_argument("--head-dir")
+    engine.add_argument("--num-layers", type=int)
+    engine.add_argument("--choices", default="[]")
+    engine.add_argument("--draft-weights", choices=["float", "int8"], default="float")
+    engine.add_argument("--max-draft-len", type=int, default=spec.default("max_draft_len"))
+    engine.add_argument("--max-batch-size", type=int, required=True)
+    engine.add_argument("--max-seq-len", type=int, required=True)
+    engine.add_argument("--max-input-len", type=int, required=True)
+    engine.add_argument("--compute-dtype", choices=list(typing.get_args(fields["compute_dtype"].annotation)),
+                        default=spec.default("compute_dtype"))
+    engine.add_argument("--threads", type=int, default=spec.default("threads"))
+    engine.add_argument("--prefix-cache-entries", type=int, default=spec.default("prefix_cache_entries"))
+    engine.add_argument("--name", default=spec.default("name"))
+    engine.add_argument("--config-hash", default="")
+    engine.set_defaults(func=cmd_engine)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -134,31 +172,7 @@ def parser() -> argparse.ArgumentParser:
     quantize.add_argument("--format", choices=["int8_wo"], default="int8_wo")
     quantize.set_defaults(func=cmd_quantize)
 
-    engine = sub.add_parser("engine", help="write an engine.json descriptor")
-    engine.add_argument("--out", required=True)
-    engine.add_argument("--role", choices=["baseline", "target", "draft", "speculative"], required=True)
-    engine.add_argument("--model-dir", required=True)
-    engine.add_argument("--quantization", choices=["none", "int8_wo"], default="none")
-    engine.add_argument("--method", choices=["none", "draft_target", "medusa", "eagle"], default="none")
-    engine.add_argument("--draft-dir")
-    engine.add_argument("--draft-quantization", choices=["none", "int8_wo"], default="none")
-    engine.add_argument("--num-draft-tokens", type=int)
-    engine.add_argument("--heads-dir")
-    engine.add_argument("--num-heads", type=int)
-    engine.add_argument("--head-dir")
-    engine.add_argument("--num-layers", type=int)
-    engine.add_argument("--choices", default="[]")
-    engine.add_argument("--draft-weights", choices=["float", "int8"], default="float")
-    engine.add_argument("--max-draft-len", type=int, default=0)
-    engine.add_argument("--max-batch-size", type=int, required=True)
-    engine.add_argument("--max-seq-len", type=int, required=True)
-    engine.add_argument("--max-input-len", type=int, required=True)
-    engine.add_argument("--compute-dtype", default="float32")
-    engine.add_argument("--threads", type=int, default=1)
-    engine.add_argument("--prefix-cache-entries", type=int, default=64)
-    engine.add_argument("--name", default="")
-    engine.add_argument("--config-hash", default="")
-    engine.set_defaults(func=cmd_engine)
+    _engine_flags(sub.add_parser("engine", help="write an engine.json descriptor"))
     return top
 
 

@@ -3,7 +3,8 @@
 Reads the config and ``engines/NAME/manifest.json`` (refused if built from another config);
 writes ``engines/NAME/model_repo/{baseline,speculative}/`` atomically after validating every
 ``config.pbtxt``; prints each repository path, the model each load-test arm calls and any
-validator warnings.
+validator warnings. Each repository's deployment descriptor ``<variant>.render.json`` is written
+beside it.
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ def register(app: typer.Typer) -> None:
 
 def render(config: str) -> int:
     from pipeline.config import load_config  # noqa: PLC0415
-    from pipeline.render.renderer import client_target  # noqa: PLC0415
+    from pipeline.artefacts.deployment import ArmDeployment, descriptor_path  # noqa: PLC0415
     from pipeline.render.renderer import render as render_repositories  # noqa: PLC0415
     from pipeline.serve.server import repository_models  # noqa: PLC0415
 
     cfg = load_config(config)
     for variant, (repo, warnings) in render_repositories(cfg).items():
-        target = client_target(cfg, variant)
+        target = ArmDeployment.load(descriptor_path(repo))  # what render recorded for the arm
         extra = "".join(f" {k}={v}" for k, v in target.extra_inputs.items())
         print(f"{variant:12s} {repo}  models: {', '.join(repository_models(repo))}")
         print(f"{'':12s} load tests call {target.model_name}{extra}")

@@ -1,7 +1,10 @@
-"""`specdeploy schema [--format json|markdown]`: the config reference, generated from the models.
+"""`specdeploy schema [ARTEFACT] [--format json|markdown]`: the config reference, or an artefact's
+JSON schema, generated from the models.
 
-Reads the pydantic models in ``pipeline.config`` (never a config file); prints the JSON schema or
-a Markdown table of every field path with its type, default and description. Writes nothing.
+Without ARTEFACT: reads the pydantic models in ``pipeline.config`` (never a config file); prints the
+JSON schema or a Markdown table of every field path with its type, default and description. With
+ARTEFACT (engine, manifest, deployment, run, runs, run-settings, record, report, compare): prints
+the JSON schema of that file (:mod:`pipeline.artefacts`). Writes nothing.
 """
 
 from __future__ import annotations
@@ -17,19 +20,34 @@ from pydantic_core import PydanticUndefined
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("schema", help="Print the config reference (JSON schema or Markdown) generated from the pydantic model.")
+    @app.command("schema", help="Print the config reference (JSON schema or Markdown) generated from the pydantic "
+                                "model, or the JSON schema of one artefact file (engine, manifest, deployment, "
+                                "run, runs, run-settings, record, report, compare).")
     def schema_command(
-        fmt: str = typer.Option("markdown", "--format", help="json or markdown."),
+        artefact: str = typer.Argument(None, help="An artefact (engine, manifest, deployment, run, runs, "
+                                                  "run-settings, record, report, compare); omit for the config."),
+        fmt: str = typer.Option("markdown", "--format", help="json or markdown (the config only)."),
     ) -> int:
         from pipeline.errors import SpecdeployError  # noqa: PLC0415
 
-        if fmt == "json":
+        if artefact is not None:
+            print(json.dumps(artefact_schema(artefact), indent=2, ensure_ascii=False))
+        elif fmt == "json":
             print(json.dumps(json_schema(), indent=2, ensure_ascii=False))
         elif fmt == "markdown":
             print(markdown_reference())
         else:
             raise SpecdeployError(f"--format: '{fmt}' is not one of json, markdown")
         return 0
+
+
+def artefact_schema(name: str) -> dict:
+    from pipeline.artefacts import ARTEFACTS, artefact_model  # noqa: PLC0415
+    from pipeline.errors import SpecdeployError  # noqa: PLC0415
+
+    if name not in ARTEFACTS:
+        raise SpecdeployError(f"schema: '{name}' is not an artefact (choose from: {', '.join(ARTEFACTS)})")
+    return artefact_model(name).model_json_schema(by_alias=True)
 
 
 def json_schema() -> dict:

@@ -4,7 +4,7 @@
 time with restarts when they cannot share the GPUs; :func:`remote_endpoint` wraps a given URL.
 Reads the rendered repositories (through ``pipeline.render.renderer``: which model each arm calls)
 and the servers' ``/metrics`` (the backend's reported KV-cache capacity); writes the servers' logs
-through ``pipeline.serve``.
+through ``pipeline.serve.server``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from pipeline.config import DeploymentConfig
-from pipeline.render.renderer import client_target
+from pipeline.artefacts.deployment import ArmDeployment, describe_arm, load_arm
+from pipeline.infra.readiness import model_ready, server_live
 from pipeline.loadtest.inputs import LoadTestError
 from pipeline.loadtest.server_metrics import metrics_text
 
@@ -36,6 +37,7 @@ class ArmEndpoint:
     alive: Callable[[], bool] | None = None
     log_tail: Callable[[int], str] | None = None
     client_cpus: tuple[int, ...] | None = None  # the server's CPU plan keeps Locust off the engines' cores
+    deployment: ArmDeployment | None = None  # what the arm is (None: as its config describes it)
 
 
 class ManagedEndpoints:
@@ -46,11 +48,11 @@ class ManagedEndpoints:
     returns that arm's running endpoint. Every server is stopped on exit."""
 
     def __init__(self, cfg: DeploymentConfig, arms: tuple[str, ...]):
-        from pipeline.render.renderer import rendered_placement  # noqa: PLC0415
         from pipeline.infra.processes import free_ports  # noqa: PLC0415
 
         self.cfg, self.arms = cfg, arms
-        self.placements = {arm: rendered_placement(cfg, arm) for arm in arms}
+        self.deployments = {arm: load_arm(cfg, arm)[1] for arm in arms}  # as render described them
+        self.placements = {arm: d.placement for arm, d in self.deployments.items()}
         self.sequential = any((p or {}).get("strategy") == "sequential" for p in self.placements.values())
         ports = iter(free_ports(3 * len(arms)))
         self.ports = {arm: (next(ports), next(ports), next(ports)) for arm in arms}
@@ -89,7 +91,7 @@ class ManagedEndpoints:
         server = start_deployment(self.cfg, arm, http_port=http, grpc_port=grpc, metrics_port=metrics)
         self._servers[arm] = server
         self.starts[arm] += 1
-        target = client_target(self.cfg, arm)
+        target = self.deployments[arm]
         self._endpoints[arm] = ArmEndpoint(
             arm=arm, url=server.grpc_url if self.cfg.loadtest.transport == "grpc" else server.http_url,
             model_name=target.model_name, extra_inputs=target.extra_inputs,
@@ -97,6 +99,7 @@ class ManagedEndpoints:
             alive=_managed_alive(server, target.model_name, target.extra_inputs),
             log_tail=getattr(server, "log_tail", None),
             client_cpus=server.cpu_plan.other_cpus if getattr(server, "cpu_plan", None) else None,
+            deployment=target,
         )
         self.kv_reported[arm] = kv_capacity_reported(server.metrics_url)
 
@@ -105,7 +108,7 @@ class ManagedEndpoints:
         host, out = self.cfg.triton.host, {}
         for arm in self.arms:
             http, grpc, metrics = self.ports[arm]
-            target = client_target(self.cfg, arm)
+            target = self.deployments[arm]
             out[arm] = {
                 "url": f"{host}:{grpc}" if self.cfg.loadtest.transport == "grpc" else f"http://{host}:{http}",
                 "model": target.model_name, "extra_inputs": target.extra_inputs,
@@ -149,7 +152,9 @@ def kv_capacity_from_text(text: str) -> dict[str, int] | None:
 
 
 def remote_endpoint(cfg: DeploymentConfig, arm: str, url: str, metrics_url: str | None = None) -> ArmEndpoint:
-    target = client_target(cfg, arm)
+    """A server somebody else started: nothing was rendered here, so the arm is what its config
+    describes (the same facts ``render`` would record)."""
+    target = describe_arm(cfg, arm)
     transport = cfg.loadtest.transport
     if transport == "http" and not url.startswith(("http://", "https://")):
         url = "http://" + url
@@ -160,7 +165,8 @@ def remote_endpoint(cfg: DeploymentConfig, arm: str, url: str, metrics_url: str 
             return False
         return transport != "http" or probe_generate(url, target.model_name, target.extra_inputs)
 
-    return ArmEndpoint(arm, url, target.model_name, target.extra_inputs, metrics_url, alive=alive)
+    return ArmEndpoint(arm, url, target.model_name, dict(target.extra_inputs), metrics_url, alive=alive,
+                       deployment=target)
 
 
 def _managed_alive(server, model_name: str, extra_inputs: dict[str, Any]) -> Callable[[], bool]:
@@ -184,20 +190,7 @@ def probe_generate(http_url: str, model_name: str, extra_inputs: dict[str, Any],
 
 
 def endpoint_alive(url: str, transport: str, model_name: str | None = None, timeout_s: float = 5.0) -> bool:
-    try:
-        if transport == "http":
-            base = url.rstrip("/")
-            path = f"/v2/models/{model_name}/ready" if model_name else "/v2/health/live"
-            with urllib.request.urlopen(base + path, timeout=timeout_s) as resp:  # noqa: S310 - loopback/user URL
-                return resp.status == 200
-        import tritonclient.grpc as grpcclient  # noqa: PLC0415
-
-        client = grpcclient.InferenceServerClient(url=url)
-        try:
-            if model_name:
-                return bool(client.is_model_ready(model_name, client_timeout=timeout_s))
-            return bool(client.is_server_live(client_timeout=timeout_s))
-        finally:
-            client.close()
-    except Exception:  # noqa: BLE001 - any failure means "not alive"
-        return False
+    """The model is ready (or, without a model, the server is live)."""
+    if model_name:
+        return model_ready(url, model_name, transport, timeout_s)
+    return server_live(url, transport, timeout_s)

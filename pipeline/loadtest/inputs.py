@@ -15,7 +15,7 @@ from typing import Any
 from pipeline.config import DeploymentConfig
 from pipeline.errors import SpecdeployError
 from pipeline.paths import PROJECT_ROOT
-from pipeline.render.renderer import drafts_in_engine
+from pipeline.artefacts.deployment import describe_arm
 
 
 ARMS = ("baseline", "speculative")
@@ -114,13 +114,13 @@ def primary_draft_len(cfg: DeploymentConfig) -> int | None:
 def sends_draft_len(cfg: DeploymentConfig) -> bool:
     """Draft-target orchestrated by the BLS takes K per request (``num_draft_tokens``); drafting
     in the engine fixes K in the engine, and the ensemble has no such input."""
-    return cfg.method == "draft_target" and not drafts_in_engine(cfg)
+    return cfg.method != "none" and describe_arm(cfg, "speculative").per_request_draft_len
 
 
 def check_sweep(cfg: DeploymentConfig, sweep: list[int]) -> None:
     if not sweep:
         return
-    if drafts_in_engine(cfg):
+    if cfg.method == "draft_target" and describe_arm(cfg, "speculative").drafts == "engine":
         raise LoadTestError(
             "--sweep-draft-len: speculation.orchestration 'engine' fixes num_draft_tokens in the engine; "
             "per-request draft lengths need orchestration 'bls'"

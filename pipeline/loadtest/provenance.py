@@ -1,6 +1,6 @@
 """Provenance of a load-test run: what ``run.json`` records beside the results.
 
-Reads ``git`` (the checkout's SHA), installed package versions, the host, the config and the
+Reads the checkout's SHA and installed package versions (:mod:`pipeline.infra.provenance`), the host, the config and the
 build manifest (tokenizer directory); writes nothing (the runner writes ``run.json``).
 """
 
@@ -10,37 +10,17 @@ import json
 import os
 import platform
 import sys
-import subprocess
 from datetime import datetime
 from typing import Any
 
 from pipeline.config import DeploymentConfig, config_hash
+from pipeline.infra.provenance import git_sha, versions
 from pipeline.loadtest.inputs import primary_draft_len
-from pipeline.paths import PROJECT_ROOT, manifest_path
+from pipeline.paths import manifest_path
 
 
-# ------------------------------------------------------------------------------------------------
-# Provenance
-
-
-def git_sha() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=str(PROJECT_ROOT), capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def package_versions() -> dict[str, str | None]:
-    from importlib import metadata  # noqa: PLC0415
-
-    out: dict[str, str | None] = {"python": platform.python_version()}
-    for dist in ("specdeploy", "locust", "tritonclient", "nvidia-pytriton", "scipy", "numpy", "torch", "gevent", "grpcio"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = None
-    return out
+LOADTEST_DISTS = ("specdeploy", "locust", "tritonclient", "nvidia-pytriton", "scipy", "numpy", "torch", "gevent",
+                  "grpcio")
 
 
 def host_hardware(cfg: DeploymentConfig) -> dict[str, Any]:
@@ -72,9 +52,9 @@ def run_metadata(cfg: DeploymentConfig, run_id: str, created: datetime, dataset:
     """The content of ``run.json`` before any endpoint or command is known."""
     lt = cfg.loadtest
     return {
-        "format": "specdeploy-run/1", "run_id": run_id, "name": cfg.name, "created": created.isoformat(),
+        "run_id": run_id, "name": cfg.name, "created": created.isoformat(),
         "config": cfg.model_dump(mode="json"), "config_hash": config_hash(cfg), "git_sha": git_sha(),
-        "versions": package_versions(), "hardware": host_hardware(cfg), "dataset": dataset,
+        "versions": versions(LOADTEST_DISTS), "hardware": host_hardware(cfg), "dataset": dataset,
         "seeds": {"prompt_order": lt.seed, "sampling": lt.sampling.seed, "bootstrap": cfg.gate.bootstrap_seed},
         "method": cfg.method, "draft_model": draft_model_name(cfg), "primary_draft_len": primary_draft_len(cfg) if not sweep
         else (primary_draft_len(cfg) if primary_draft_len(cfg) in sweep else sweep[0]),

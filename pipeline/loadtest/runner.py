@@ -34,7 +34,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from pipeline.artefacts.runs import RunInfo, RunResults, RunSettings
 from pipeline.config import DeploymentConfig
+from pipeline.infra.atomic import write_json_atomic
 from pipeline.serve.cpu_pinning import spawn_on
 from pipeline.paths import PROJECT_ROOT, reports_root
 from pipeline.infra.processes import spawn
@@ -110,7 +112,9 @@ def run_settings(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, ru
                  prompts: list[dict], duration_s: float, warmup_s: float, tokenizer_dir: str | None) -> dict[str, Any]:
     lt = cfg.loadtest
     extra = dict(endpoint.extra_inputs)
-    if spec.arm == "speculative" and spec.draft_len is not None and sends_draft_len(cfg):
+    per_request = (endpoint.deployment.per_request_draft_len if endpoint.deployment is not None
+                   else sends_draft_len(cfg))
+    if spec.arm == "speculative" and spec.draft_len is not None and per_request:
         extra["num_draft_tokens"] = spec.draft_len
     sampling = lt.sampling
     return {
@@ -147,7 +151,7 @@ def execute_run(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run
                 prompts: list[dict], duration_s: float, warmup_s: float, tokenizer_dir: str | None) -> dict[str, Any]:
     settings = run_settings(cfg, spec, endpoint, run_dir, run_id, prompts, duration_s, warmup_s, tokenizer_dir)
     settings_path = run_dir / "settings" / f"{spec.key}.json"
-    settings_path.write_text(json.dumps(settings, indent=1), encoding="utf-8")
+    settings_path.write_text(json.dumps(RunSettings.checked(settings), indent=1), encoding="utf-8")
     argv = locust_command(cfg, spec, duration_s)
     env = {**os.environ, "SPECDEPLOY_LOADTEST_CONFIG": str(settings_path), "OMP_NUM_THREADS": "1",
            "PYTHONUNBUFFERED": "1"}
@@ -248,20 +252,20 @@ def run_loadtest(
     tokenizer_dir = served_tokenizer_dir(cfg)
     meta = run_metadata(cfg, run_id, created, dataset, sweep, concurrency, duration_s, warmup_s, repeats,
                         tokenizer_dir)
-    _write_json(run_dir / "run.json", meta)
+    _write_json(run_dir / "run.json", RunInfo.checked(meta))
     results: list[dict[str, Any]] = []
     with _endpoints(cfg, arms, endpoint_baseline, endpoint_speculative) as endpoints:
         meta["endpoints"] = _endpoints_provenance(endpoints)
-        _write_json(run_dir / "run.json", meta)
+        _write_json(run_dir / "run.json", RunInfo.checked(meta))
         for spec, result in _iterate(specs, progress, lambda s: execute_run(
                 cfg, s, endpoints[s.arm], run_dir, run_id, prompts, duration_s, warmup_s, tokenizer_dir)):
             results.append(result)
             meta["commands"].append(" ".join(result["command"]))
-            _write_json(run_dir / "runs.json", {"format": "specdeploy-runs/1", "runs": results})
+            _write_json(run_dir / "runs.json", RunResults.checked({"runs": results}))
             if not result["server_alive"]:
                 break  # a dead server invalidates the rest; the report can never be GO
         meta["endpoints"] = _endpoints_provenance(endpoints)  # restarts and reported KV capacity
-    _write_json(run_dir / "run.json", meta)
+    _write_json(run_dir / "run.json", RunInfo.checked(meta))
     if report:
         from pipeline.report.builder import make_report  # noqa: PLC0415
 
@@ -331,6 +335,4 @@ def _iterate(specs: list[RunSpec], progress: bool, fn: Callable[[RunSpec], dict]
 
 
 def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
-    tmp.replace(path)
+    write_json_atomic(path, data, indent=1, default=str)

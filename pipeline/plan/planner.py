@@ -33,6 +33,7 @@ from pipeline.config import (
     config_hash,
 )
 from pipeline.errors import ConfigError
+from pipeline.infra.trees import choices_or_chain
 from pipeline.paths import engine_root
 from pipeline.trtllm import commands as tc
 from pipeline.trtllm.checkpoint_config import ExpectedCheckpoint
@@ -86,11 +87,6 @@ class BuildPlan:
             if step.name == name:
                 return step
         raise KeyError(name)
-
-
-def default_choices(depth: int) -> list[list[int]]:
-    """One chain: [[0], [0, 0], …] of ``depth`` nodes."""
-    return [[0] * i for i in range(1, depth + 1)]
 
 
 class _Planner:
@@ -190,12 +186,12 @@ def _plan_reference(p: _Planner) -> str:
                     "--num-draft-tokens", str(spec.num_draft_tokens)]
         _reference_engine(p, "speculative", target, proposer + _draft_weights(cfg), k, [draft[0]])
     elif isinstance(spec, MedusaSpec):
-        choices = spec.choices or default_choices(spec.num_heads)
+        choices = choices_or_chain(spec.choices, spec.num_heads)
         proposer = ["--method", "medusa", "--heads-dir", heads, "--num-heads", str(spec.num_heads),
                     "--choices", json.dumps(choices, separators=(",", ":"))]
         _reference_engine(p, "speculative", target, proposer + _draft_weights(cfg), spec.engine_max_draft_len, [heads])
     elif isinstance(spec, EagleSpec):
-        choices = spec.choices or default_choices(spec.num_layers)
+        choices = choices_or_chain(spec.choices, spec.num_layers)
         proposer = ["--method", "eagle", "--head-dir", head, "--num-layers", str(spec.num_layers),
                     "--choices", json.dumps(choices, separators=(",", ":"))]
         _reference_engine(p, "speculative", target, proposer + _draft_weights(cfg), spec.engine_max_draft_len, [head])

@@ -143,37 +143,10 @@ class DraftTooLongError(ValueError):
 
 
 # ----------------------------------------------------------------------------------------------
-# Engine descriptor: ``<engine_dir>/engine.json``, written by ``specdeploy build`` for the
-# reference backend (pipeline/build/reference_step.py) and read by ``load_engine(engine_dir)``
-# (pipeline/reference/engine.py). The reference counterpart of a TRT-LLM engine dir.
-#
-# {
-#   "format": "specdeploy-reference-engine/1",
-#   "role": "baseline" | "target" | "draft" | "speculative",
-#       baseline    – target only, no proposer (the A/B control)
-#       target      – draft-target verifier: accepts external draft_input_ids (≤ max_draft_len)
-#       draft       – the draft model as an ordinary generator (tensorrt_llm_draft)
-#       speculative – target + internal proposer (medusa / eagle; draft_target for `bench`)
-#   "model_dir": "<abs path: HF Llama checkpoint (config.json, model.safetensors, tokenizer.json)>",
-#   "quantization": "none" | "int8_wo",          # int8_wo: model_dir holds the quantized weights
-#   "proposer": {"method": "none"}
-#             | {"method": "draft_target", "draft_dir": "...", "num_draft_tokens": 4}
-#             | {"method": "medusa", "heads_dir": "...", "num_heads": 4, "choices": [[0],[0,0],...]}
-#             | {"method": "eagle", "head_dir": "...", "num_layers": 4, "choices": [[0],[0,0],...]},
-#       optional in any proposer: "draft_int8": true — draft-side weights int8 at load (output unchanged)
-#       Trees (Medusa/EAGLE choices) serve greedy requests; sampled requests get the chain
-#       (depth = num_heads / num_layers, or the deepest choice).
-#   "max_draft_len": 4,          # 0 for baseline/draft; K for target; node count for trees
-#   "max_batch_size": 8, "max_seq_len": 512, "max_input_len": 256,
-#   "compute_dtype": "float32",
-#   "threads": 1,
-#   "prefix_cache_entries": 64,
-#   "config_hash": "…", "name": "…"
-# }
-# Construction: ``pipeline.reference.engine.load_engine(dir)`` or, without a file,
-# ``pipeline.reference.engine.create_engine(model_dir, role=..., proposer={...}, ...)``.
-ENGINE_DESCRIPTOR = "engine.json"
-ENGINE_FORMAT = "specdeploy-reference-engine/1"
+# Engine descriptor ``<engine_dir>/engine.json``: the model, its fields and their defaults are
+# :class:`pipeline.artefacts.engine.EngineDescriptor` (written by ``specdeploy build``, read by
+# ``pipeline.reference.engine.load_engine``; ``specdeploy schema engine`` prints its JSON schema).
+from pipeline.artefacts.names import ENGINE_DESCRIPTOR, ENGINE_FORMAT  # noqa: E402, F401 - re-exported (no pydantic)
 # where a served engine runs (``reference.engine_process``; ``serve`` sets it for the stubs):
 # "own" = a worker process of its own (pipeline.reference.worker, the default), "stub" = inside
 # the Python-backend stub

@@ -1,5 +1,5 @@
 """The reference engine: loads ``<engine_dir>/engine.json`` (descriptor in
-:mod:`pipeline.reference.api`) and the checkpoints it names, and runs an in-flight batching loop
+:mod:`pipeline.artefacts.engine`) and the checkpoints it names, and runs an in-flight batching loop
 on a background thread around :class:`pipeline.reference.scheduler.Scheduler`.
 
 ``submit`` is thread-safe and validates synchronously (``ValueError`` / ``DraftTooLongError``);
@@ -11,7 +11,6 @@ requests join the batch between iterations and leave as soon as they finish. Eac
 from __future__ import annotations
 
 import dataclasses
-import json
 import queue
 import threading
 import time
@@ -20,12 +19,13 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
+from pydantic import ValidationError
 
+from pipeline.artefacts.base import ArtefactError, problem_lines
+from pipeline.artefacts.engine import ENGINE_DESCRIPTOR, EngineDescriptor, NoProposer
 from pipeline.serve.cpu_pinning import pin_this_thread
 from pipeline.errors import SpecdeployError
 from pipeline.reference.api import (
-    ENGINE_DESCRIPTOR,
-    ENGINE_FORMAT,
     Chunk,
     GenerationRequest,
     GenerationResult,
@@ -36,7 +36,6 @@ from pipeline.reference.proposers import DraftModelProposer, EagleProposer, Medu
 from pipeline.reference.scheduler import Scheduler, SeqState, make_generator
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
-ROLES = ("baseline", "target", "draft", "speculative")
 
 
 class ChunkStream:
@@ -243,65 +242,61 @@ def _path(value: str, base: Path) -> Path:
     return path if path.is_absolute() else (base / path)
 
 
-def _build_proposer(spec: dict, target: LlamaModel, dtype: torch.dtype, slots: int, max_rows: int,
+def _build_proposer(spec, target: LlamaModel, dtype: torch.dtype, slots: int, max_rows: int,
                     base: Path) -> Proposer | None:
-    """``spec["draft_int8"]``: quantize the draft-side weights (draft model, heads) to int8 at
+    """``spec.draft_int8``: quantize the draft-side weights (draft model, heads) to int8 at
     load — cheaper draft steps, output unchanged (only acceptance may move)."""
     proposer = _make_proposer(spec, target, dtype, slots, max_rows, base)
-    if proposer is not None and spec.get("draft_int8") and dtype == torch.float32:
+    if proposer is not None and getattr(spec, "draft_int8", False) and dtype == torch.float32:
         for name in ("model", "heads", "head"):
             if hasattr(proposer, name):
                 getattr(proposer, name).to_int8()
     return proposer
 
 
-def _make_proposer(spec: dict, target: LlamaModel, dtype: torch.dtype, slots: int, max_rows: int,
+def _make_proposer(spec, target: LlamaModel, dtype: torch.dtype, slots: int, max_rows: int,
                    base: Path) -> Proposer | None:
-    method = spec.get("method", "none")
-    if method == "none":
+    """``spec``: one proposer of :mod:`pipeline.artefacts.engine` (its defaults apply)."""
+    if spec.method == "none":
         return None
-    if method == "draft_target":
-        draft = LlamaModel(_path(spec["draft_dir"], base), dtype)
+    if spec.method == "draft_target":
+        draft = LlamaModel(_path(spec.draft_dir, base), dtype)
         if draft.shape.vocab_size != target.shape.vocab_size:
             raise SpecdeployError(f"draft vocab {draft.shape.vocab_size} != target vocab {target.shape.vocab_size}")
-        return DraftModelProposer(draft, int(spec.get("num_draft_tokens", 4)), slots, max_rows)
-    if method == "medusa":
-        heads = MedusaHeads(_path(spec["heads_dir"], base), dtype, spec.get("num_heads"))
-        return MedusaProposer(heads, int(spec.get("num_heads") or heads.num_heads), spec.get("choices"))
-    if method == "eagle":
-        head = EagleHead(_path(spec["head_dir"], base), target, dtype)
-        choices = spec.get("choices")
-        depth = max(len(c) for c in choices) if choices else int(spec.get("num_layers", 4))
-        return EagleProposer(head, depth, slots, max_rows, choices)
-    raise SpecdeployError(f"unknown proposer method {method!r}")
+        return DraftModelProposer(draft, spec.num_draft_tokens, slots, max_rows)
+    if spec.method == "medusa":
+        heads = MedusaHeads(_path(spec.heads_dir, base), dtype, spec.num_heads)
+        return MedusaProposer(heads, spec.num_heads or heads.num_heads, spec.choices)
+    head = EagleHead(_path(spec.head_dir, base), target, dtype)
+    depth = max(len(c) for c in spec.choices) if spec.choices else spec.num_layers
+    return EagleProposer(head, depth, slots, max_rows, spec.choices)
 
 
-def engine_from_descriptor(descriptor: dict, base: Path = Path("."),
+def _descriptor(descriptor: EngineDescriptor | dict) -> EngineDescriptor:
+    if isinstance(descriptor, EngineDescriptor):
+        return descriptor
+    try:
+        return EngineDescriptor.model_validate(descriptor)
+    except ValidationError as exc:
+        raise ArtefactError(f"{ENGINE_DESCRIPTOR}: " + "; ".join(problem_lines(exc))) from None
+
+
+def engine_from_descriptor(descriptor: EngineDescriptor | dict, base: Path = Path("."),
                            cpus: tuple[int, ...] | None = None) -> ReferenceEngine:
-    role = descriptor.get("role", "baseline")
-    if role not in ROLES:
-        raise SpecdeployError(f"engine.json: role {role!r} is not one of {ROLES}")
-    dtype_name = descriptor.get("compute_dtype", "float32")
-    if dtype_name not in DTYPES:
-        raise SpecdeployError(f"engine.json: compute_dtype {dtype_name!r} is not one of {sorted(DTYPES)}")
-    dtype = DTYPES[dtype_name]
-    target = LlamaModel(_path(descriptor["model_dir"], base), dtype)
-    max_batch = int(descriptor.get("max_batch_size", 8))
-    max_seq = int(descriptor.get("max_seq_len", 512))
-    spec = descriptor.get("proposer") or {"method": "none"}
-    if role != "speculative":
-        spec = {"method": "none"}  # baseline/draft: plain; target: external drafts only
-    proposer = _build_proposer(spec, target, dtype, max_batch, max_seq + 64, base)
-    if role == "target":
-        max_draft = int(descriptor.get("max_draft_len", 0))
+    d = _descriptor(descriptor)
+    dtype = DTYPES[d.compute_dtype]
+    target = LlamaModel(_path(d.model_dir, base), dtype)
+    # baseline/draft: plain; target: external drafts only
+    spec = d.proposer if d.role == "speculative" else NoProposer()
+    proposer = _build_proposer(spec, target, dtype, d.max_batch_size, d.max_seq_len + 64, base)
+    if d.role == "target":
+        max_draft = d.max_draft_len
     elif proposer is not None:
-        max_draft = int(descriptor.get("max_draft_len") or proposer.max_draft_len)
-        max_draft = max(max_draft, proposer.max_draft_len)
+        max_draft = max(d.max_draft_len or proposer.max_draft_len, proposer.max_draft_len)
     else:
         max_draft = 0
-    scheduler = Scheduler(target, proposer, max_batch, max_seq, max_draft,
-                          int(descriptor.get("prefix_cache_entries", 64)))
-    return ReferenceEngine(scheduler, descriptor, cpus)
+    scheduler = Scheduler(target, proposer, d.max_batch_size, d.max_seq_len, max_draft, d.prefix_cache_entries)
+    return ReferenceEngine(scheduler, d.dump(), cpus)
 
 
 def set_threads(threads: int) -> None:
@@ -318,22 +313,17 @@ def load_engine(engine_dir: Path, cpus: tuple[int, ...] | None = None) -> Refere
     path = engine_dir / ENGINE_DESCRIPTOR
     if not path.is_file():
         raise SpecdeployError(f"{engine_dir}: no {ENGINE_DESCRIPTOR} (not a reference engine directory)")
-    descriptor = json.loads(path.read_text(encoding="utf-8"))
-    if descriptor.get("format") != ENGINE_FORMAT:
-        raise SpecdeployError(f"{path}: format {descriptor.get('format')!r}, expected {ENGINE_FORMAT!r}")
-    set_threads(int(descriptor.get("threads", 1)))
+    descriptor = EngineDescriptor.load(path)
+    set_threads(descriptor.threads)
     return engine_from_descriptor(descriptor, engine_dir, cpus)
 
 
 def create_engine(model_dir: Path, *, role: str = "baseline", proposer: dict | None = None,
-                  max_draft_len: int | None = None, max_batch_size: int = 8, max_seq_len: int = 512,
-                  compute_dtype: str = "float32", prefix_cache_entries: int = 64,
-                  cpus: tuple[int, ...] | None = None) -> ReferenceEngine:
-    """Direct constructor for tests and ``bench`` (same fields as engine.json)."""
-    descriptor = {
-        "format": ENGINE_FORMAT, "role": role, "model_dir": str(model_dir),
-        "proposer": proposer or {"method": "none"}, "max_draft_len": max_draft_len or 0,
-        "max_batch_size": max_batch_size, "max_seq_len": max_seq_len, "compute_dtype": compute_dtype,
-        "prefix_cache_entries": prefix_cache_entries, "threads": 1,
-    }
-    return engine_from_descriptor(descriptor, cpus=cpus)
+                  cpus: tuple[int, ...] | None = None, **limits) -> ReferenceEngine:
+    """Direct constructor for tests and ``bench``: ``limits`` are fields of
+    :class:`~pipeline.artefacts.engine.EngineDescriptor` (max_draft_len, max_batch_size,
+    max_seq_len, compute_dtype, prefix_cache_entries); the rest take its defaults."""
+    fields = {"role": role, "model_dir": model_dir, **limits}
+    if proposer is not None:
+        fields["proposer"] = proposer
+    return engine_from_descriptor(_descriptor(fields), cpus=cpus)

@@ -5,11 +5,14 @@ Reads ``engines/NAME/manifest.json`` (refused when its config hash differs from 
 the Jinja templates (StrictUndefined: a missing value is an error, never a hole in the file);
 writes each repository into a temporary sibling directory, validates it (Triton's load-time rules,
 :mod:`pipeline.render.triton_rules`) and only then swaps it in with a rename, so a broken template fails here,
-never in the server. ``client_target`` tells the load tester which model each arm calls.
+never in the server. Beside each repository it writes the arm's deployment descriptor
+``<variant>.render.json`` (:class:`pipeline.artefacts.deployment.ArmDeployment`: the model a client
+calls, where drafts come from, draft limits, tokenizer, placement, config hash), which ``serve`` and
+``loadtest`` read.
 
 GPU placement (``pipeline.plan.gpu_layout``): each ``tensorrt_llm`` model gets its ``gpu_device_ids``
 (orchestrator mode), KV fraction and KV capacity from the arm layout, which the stamp
-``<variant>.render.json`` records for ``serve`` and ``loadtest``. Python models get a copy of the
+descriptor records for ``serve`` and ``loadtest``. Python models get a copy of the
 project code they import under ``1/_specdeploy/`` and import it relative to their own file, so a
 repository works wherever it is mounted (no checkout path is baked in).
 """
@@ -22,8 +25,11 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.config import DeploymentConfig, config_hash
+from pipeline.artefacts.deployment import arms_of, check_arm, describe_arm, descriptor_path, load_arm
+from pipeline.artefacts.manifest import MANIFEST_FORMAT  # noqa: F401 - re-exported
+from pipeline.config import DeploymentConfig
 from pipeline.errors import SpecdeployError, StaleInputError
+from pipeline.infra.trees import brace_choices, choices_or_chain
 from pipeline.plan.gpu_layout import ArmLayout, ArmPlacement, LayoutError, deployment_layout
 from pipeline.render.model_code import copy_model_code
 from pipeline.paths import PROJECT_ROOT, model_repo_dir
@@ -31,7 +37,6 @@ from pipeline.render.triton_rules import RenderError, config_param, parse_config
 
 TEMPLATES_DIR = PROJECT_ROOT / "model_repo_templates"
 VARIANTS = ("baseline", "speculative")
-MANIFEST_FORMAT = "specdeploy-manifest/1"
 EXECUTOR_WORKER_PATH = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
 
 
@@ -57,45 +62,31 @@ def load_manifest(cfg: DeploymentConfig) -> dict:
 
 
 def variants_for(cfg: DeploymentConfig) -> tuple[str, ...]:
-    return ("baseline",) if cfg.method == "none" else VARIANTS
+    return arms_of(cfg)
 
 
 def drafts_in_engine(cfg: DeploymentConfig) -> bool:
     """Draft-target with ``speculation.orchestration: engine``: the speculative ``tensorrt_llm``
     model drafts inside its own engine (reference backend)."""
-    return cfg.method == "draft_target" and cfg.speculation.orchestration == "engine"
+    return cfg.method == "draft_target" and describe_arm(cfg, "speculative").drafts == "engine"
 
 
 def client_target(cfg: DeploymentConfig, variant: str) -> ClientTarget:
-    """draft_target orchestrated by the BLS: both arms call the BLS (the speculative arm adds
-    num_draft_tokens = K); none / medusa / eagle / draft_target drafting in the engine: both arms
-    call the ensemble."""
-    _check_variant(cfg, variant)
-    if cfg.method == "draft_target" and not drafts_in_engine(cfg):
-        extra = {"num_draft_tokens": cfg.speculation.num_draft_tokens} if variant == "speculative" else {}
-        return ClientTarget("tensorrt_llm_bls", extra)
-    return ClientTarget("ensemble", {})
+    """The model a load-test arm calls and the inputs it adds (as the arm's descriptor records)."""
+    arm = describe_arm(cfg, variant)
+    return ClientTarget(arm.model_name, dict(arm.extra_inputs))
 
 
 def _check_variant(cfg: DeploymentConfig, variant: str) -> None:
-    if variant not in variants_for(cfg):
-        raise SpecdeployError(
-            f"variant {variant!r} does not exist for speculation method {cfg.method!r} "
-            f"(choose from: {', '.join(variants_for(cfg))})"
-        )
+    check_arm(cfg, variant)
 
 
 # ----------------------------------------------------------------------------------------------
 # Render contexts
 
 
-def brace_choices(choices: list[list[int]]) -> str:
-    """[[0], [0, 1]] → '{0}, {0, 1}' (the only tree syntax the C++ backend parses)."""
-    return ", ".join("{" + ", ".join(str(i) for i in path) + "}" for path in choices)
-
-
 def _tree_choices(spec, depth: int) -> list[list[int]]:
-    return spec.choices if spec.choices else [[0] * (i + 1) for i in range(depth)]
+    return choices_or_chain(spec.choices, depth)
 
 
 def _bool(value: bool) -> str:
@@ -384,34 +375,27 @@ def _swap_in(new: Path, dest: Path) -> None:
 
 
 def render(cfg: DeploymentConfig, templates_dir: Path = TEMPLATES_DIR) -> dict[str, tuple[Path, list[str]]]:
-    """Render every variant of the deployment. Returns variant → (repository dir, warnings)."""
+    """Render every variant of the deployment and write each one's deployment descriptor.
+    Returns variant → (repository dir, warnings)."""
     manifest = load_manifest(cfg)
     layout = arm_layout(cfg)
     out = {}
     for variant in variants_for(cfg):
         dest = model_repo_dir(cfg, variant)
         out[variant] = (dest, render_repository(cfg, manifest, variant, dest, templates_dir, layout))
-        stamp = {"config_hash": config_hash(cfg), "variant": variant, "manifest_created": manifest.get("created"),
-                 "client_target": vars(client_target(cfg, variant)), "placement": layout.summary(variant)}
-        tmp = render_stamp_path(cfg, variant).with_suffix(".tmp")
-        tmp.write_text(json.dumps(stamp, indent=2) + "\n")
-        tmp.replace(render_stamp_path(cfg, variant))
+        describe_arm(cfg, variant, manifest, layout.summary(variant)).write(descriptor_path(dest))
     return out
 
 
 def render_stamp_path(cfg: DeploymentConfig, variant: str) -> Path:
-    """``engines/NAME/model_repo/<variant>.render.json``: the config hash a repository was rendered from."""
-    repo = model_repo_dir(cfg, variant)
-    return repo.with_name(f"{repo.name}.render.json")
+    """``engines/NAME/model_repo/<variant>.render.json``: the arm's deployment descriptor."""
+    return descriptor_path(model_repo_dir(cfg, variant))
 
 
 def rendered_placement(cfg: DeploymentConfig, variant: str) -> dict | None:
-    """The arm placement ``render`` recorded for ``variant`` (None before this was recorded)."""
+    """The arm placement ``render`` recorded for ``variant`` (None when nothing was rendered)."""
     path = render_stamp_path(cfg, variant)
-    try:
-        return json.loads(path.read_text()).get("placement")
-    except (OSError, ValueError):
-        return None
+    return load_arm(cfg, variant)[1].placement if path.is_file() else None
 
 
 def _check_runtime_knobs(cfg: DeploymentConfig, repo: Path) -> None:
@@ -435,13 +419,4 @@ def _check_runtime_knobs(cfg: DeploymentConfig, repo: Path) -> None:
 
 def check_rendered(cfg: DeploymentConfig, variant: str) -> Path:
     """The rendered repository of ``variant``; refused when missing or rendered from another config."""
-    _check_variant(cfg, variant)
-    repo = model_repo_dir(cfg, variant)
-    stamp_path = render_stamp_path(cfg, variant)
-    if not (repo / "tensorrt_llm" / "config.pbtxt").is_file() or not stamp_path.is_file():
-        raise StaleInputError(f"no rendered repository at {repo}: run `specdeploy render` first")
-    stamp = json.loads(stamp_path.read_text())
-    if stamp.get("config_hash") != config_hash(cfg):
-        raise StaleInputError(f"{repo} was rendered from another config: re-run `specdeploy render` "
-                              "(and `specdeploy build` if the engines changed)")
-    return repo
+    return load_arm(cfg, variant)[0]

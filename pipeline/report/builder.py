@@ -17,13 +17,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from pipeline.artefacts.base import problem_lines
+from pipeline.artefacts.report import REPORT_SCHEMA
+from pipeline.artefacts.report import Report as ReportFile
+from pipeline.artefacts.runs import RunInfo
 from pipeline.config import DeploymentConfig, parse_config
 from pipeline.errors import SpecdeployError
+from pipeline.infra.atomic import write_json_atomic
 from pipeline.report.gate import GateResult, evaluate_gate
 from pipeline.report.comparison import BootstrapSettings, best_ci, compare_cells, find_crossover
 from pipeline.report.stats import RunData, cell_summary, load_runs
 
-REPORT_SCHEMA = "specdeploy-report/1"
 PROVENANCE_EXCLUDED = ("config",)
 FORMULAS = {
     "TTFT": "t_first_token − t_sent (first response carrying ≥ 1 output token; never HTTP headers)",
@@ -70,7 +76,9 @@ def _load_run_json(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "run.json"
     if not path.is_file():
         raise ReportError(f"{run_dir}: no run.json — not a load-test run directory")
-    return json.loads(path.read_text(encoding="utf-8"))
+    data = json.loads(path.read_text(encoding="utf-8"))
+    RunInfo.load(path, data)  # the right schema and fields, or one line naming the problem
+    return data
 
 
 def config_from_run(run_dir: Path) -> DeploymentConfig:
@@ -206,6 +214,7 @@ def build_report_data(run_dir: Path, cfg: DeploymentConfig, analysis: dict, gate
     meta = _load_run_json(run_dir)
     return {
         "schema": REPORT_SCHEMA,
+        "schema_version": ReportFile.VERSION,
         "name": cfg.name,
         "run_dir": str(run_dir),
         "verdict": gate.verdict,
@@ -238,27 +247,14 @@ def _strip_comparison(comp: dict) -> dict:
     return out
 
 
-REQUIRED_KEYS = {"schema": str, "verdict": str, "exit_code": int, "reasons": list, "rows": list, "gate": dict,
-                 "provenance": dict, "comparisons": list, "bootstrap": dict}
-ROW_KEYS = ("arm", "concurrency", "task_set", "draft_model", "speculation_length", "acceptance_rate",
-            "first_token_ms", "decode_tokens_per_s", "p95_latency_ms", "output_equivalent", "peak_memory_mb")
-
-
 def validate_report_json(data: dict) -> list[str]:
-    """Structural check of report.json (schema specdeploy-report/1); returns problems."""
-    problems = []
-    for key, kind in REQUIRED_KEYS.items():
-        if not isinstance(data.get(key), kind):
-            problems.append(f"{key}: expected {kind.__name__}")
-    if data.get("schema") != REPORT_SCHEMA:
-        problems.append(f"schema: expected {REPORT_SCHEMA}")
-    if data.get("verdict") not in ("GO", "NO-GO", "INCONCLUSIVE"):
-        problems.append("verdict: not GO / NO-GO / INCONCLUSIVE")
-    for i, row in enumerate(data.get("rows") or []):
-        for key in ROW_KEYS:
-            if key not in row:
-                problems.append(f"rows[{i}].{key}: missing")
-    return problems
+    """report.json checked against its model (:class:`pipeline.artefacts.report.Report`); returns
+    one ``field.path: message`` per problem."""
+    try:
+        ReportFile.model_validate(data)
+    except ValidationError as exc:
+        return problem_lines(exc)
+    return []
 
 
 # ------------------------------------------------------------------------------------------------
@@ -288,7 +284,7 @@ def make_report(run_dir: str | Path, cfg: DeploymentConfig | None = None) -> Rep
     data, analysis, gate = prepare(run_dir, cfg)
     markdown, html = render_report(data, report_plots(data, analysis, load_runs(run_dir)))
     json_path, md_path, html_path = run_dir / "report.json", run_dir / "report.md", run_dir / "report.html"
-    json_path.write_text(json.dumps(data, indent=2, default=_json_default), encoding="utf-8")
+    write_json_atomic(json_path, data, default=_json_default)
     md_path.write_text(markdown, encoding="utf-8")
     html_path.write_text(html, encoding="utf-8")
     return Report(run_dir, data, gate, json_path, md_path, html_path)
@@ -321,7 +317,7 @@ def make_comparison(run_a: str | Path, run_b: str | Path, out_dir: str | Path | 
     comp = comparison_data(data_a, data_b, str(run_a), str(run_b))
     markdown, html = render_comparison(data_a, data_b, comp, compare_plot(data_a, data_b))
     paths = out / "compare.json", out / "compare.md", out / "compare.html"
-    paths[0].write_text(json.dumps(comp, indent=2, default=_json_default), encoding="utf-8")
+    write_json_atomic(paths[0], comp, default=_json_default)
     paths[1].write_text(markdown, encoding="utf-8")
     paths[2].write_text(html, encoding="utf-8")
     return Comparison(comp, *paths)

@@ -21,6 +21,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from pipeline.artefacts.runs import RunResults
+
 PERCENTILES = (50, 90, 95, 99)
 NS_PER_MS = 1e6
 NS_PER_S = 1e9
@@ -107,6 +109,7 @@ def load_runs(run_dir: Path) -> list[RunData]:
     if not runs_file.is_file():
         raise FileNotFoundError(f"{runs_file} not found: not a load-test run directory")
     listing = json.loads(runs_file.read_text(encoding="utf-8"))
+    RunResults.load(runs_file, listing)  # the right schema and fields, or one line naming the problem
     runs = []
     for info in listing["runs"]:
         raw = run_dir / info["raw"]

@@ -27,6 +27,7 @@ from pathlib import Path
 from pipeline.config import DeploymentConfig
 from pipeline.plan.gpu_layout import ArmPlacement
 from pipeline.errors import ServeError
+from pipeline.infra.provenance import package_version
 from pipeline.paths import PROJECT_ROOT
 
 
@@ -238,14 +239,7 @@ def docker_argv(cfg: DeploymentConfig, server_argv: list[str], mounts: list[Path
 
 
 def installed_trtllm_version() -> str | None:
-    from importlib import metadata  # noqa: PLC0415
-
-    for dist in ("tensorrt_llm", "tensorrt-llm"):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
+    return package_version("tensorrt_llm", "tensorrt-llm")
 
 
 def check_trtllm_version(manifest: dict, installed: str | None) -> None:

@@ -1,7 +1,8 @@
 """`specdeploy serve`: start ``tritonserver`` on a rendered repository and stop it cleanly.
 
-Reads ``engines/NAME/model_repo/<variant>/`` (from ``specdeploy render``) and the build manifest;
-writes the server log to ``engines/NAME/logs/serve-<variant>.log``.
+Reads ``engines/NAME/model_repo/<variant>/`` and its deployment descriptor
+``<variant>.render.json`` (both from ``specdeploy render``: config hash, placement, engine models,
+the TensorRT-LLM version of the build); writes the server log to ``engines/NAME/logs/serve-<variant>.log``.
 
 The command line and environment come from :mod:`pipeline.serve.command` (CPU: the
 ``nvidia-pytriton`` wheel's binary; GPU: the NGC container, one server, leader mode or orchestrator
@@ -10,6 +11,8 @@ mode, or the exact ``docker run`` line when ``tritonserver`` is absent). With
 decode thread on its own (:mod:`pipeline.serve.cpu_pinning`; the plan is the log's first line).
 A GPU deployment is launched as the arm placement that ``render`` recorded says
 (``pipeline.plan.gpu_layout``); the GPUs ``nvidia-smi`` lists must include the rendered ones.
+The arm's facts (config hash, placement, engine models, the TensorRT-LLM version of the build)
+come from its deployment descriptor, written by ``render``.
 
 The server runs in its own session under a keeper (:mod:`pipeline.infra.processes`): it, its
 Python-backend stubs and the engine workers end when the ``specdeploy`` process that started them
@@ -32,16 +35,16 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from pipeline.artefacts.deployment import ArmDeployment, load_arm
 from pipeline.config import DeploymentConfig
 from pipeline.serve.cpu_pinning import CpuPlan, allowed_cpus, plan_pinning, spawn_on
 from pipeline.plan.gpu_layout import ArmPlacement, GpuInfo, query_gpus
 from pipeline.validate.hardware import get_profile
+from pipeline.infra.readiness import models_not_ready
 from pipeline.reference.api import ENGINE_PROCESS_ENV
 from pipeline.errors import ServeError
 from pipeline.paths import PROJECT_ROOT, logs_dir
@@ -130,14 +133,6 @@ def repository_models(repo: Path) -> list[str]:
     return sorted(p.parent.name for p in Path(repo).glob("*/config.pbtxt"))
 
 
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - loopback only
-            return response.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-
-
 def wait_ready(server: RunningServer, models: list[str], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     pending = list(models)
@@ -145,10 +140,9 @@ def wait_ready(server: RunningServer, models: list[str], timeout_s: float) -> No
         if not server.alive():
             raise ServeError(f"tritonserver exited with status {server.exit_status()} while starting; "
                              f"log {server.log_path}:\n{server.log_tail()}")
-        if _http_ok(f"{server.http_url}/v2/health/ready"):
-            pending = [m for m in pending if not _http_ok(f"{server.http_url}/v2/models/{m}/ready")]
-            if not pending:
-                return
+        pending = models_not_ready(server.http_url, pending)
+        if not pending:
+            return
         time.sleep(0.5)
     tail = server.log_tail()
     server.stop()
@@ -217,13 +211,11 @@ def _launch(argv: list[str], env: dict | None, log_path: Path, header: str, cpu_
 # Deployment-level entry points
 
 
-def _arm_placement(cfg: DeploymentConfig, variant: str) -> ArmPlacement:
-    from pipeline.render.renderer import rendered_placement  # noqa: PLC0415
-
-    data = rendered_placement(cfg, variant)
-    if data is None:
-        raise ServeError(f"the {variant} repository was rendered without a GPU placement: re-run `specdeploy render`")
-    return ArmPlacement.from_dict(data)
+def _arm_placement(deployment: ArmDeployment) -> ArmPlacement:
+    if deployment.placement is None:
+        raise ServeError(f"the {deployment.arm} repository was rendered without a GPU placement: "
+                         "re-run `specdeploy render`")
+    return ArmPlacement.from_dict(deployment.placement)
 
 
 def check_host_gpus(cfg: DeploymentConfig, placement: ArmPlacement, gpus: list[GpuInfo] | None) -> None:
@@ -242,15 +234,14 @@ def check_host_gpus(cfg: DeploymentConfig, placement: ArmPlacement, gpus: list[G
                          f"{listed[small[0]].memory_mib / 1024:.0f} GiB: set hardware to this host's GPU")
 
 
-def _deployment_launch(cfg: DeploymentConfig, variant: str, repo: Path, ports: Ports,
+def _deployment_launch(cfg: DeploymentConfig, deployment: ArmDeployment, repo: Path, ports: Ports,
                        host: str) -> tuple[list[str] | None, dict | None]:
     """argv/env for the deployment's backend (None → the CPU server)."""
     if cfg.backend == "reference":
         return None, None
-    from pipeline.render.renderer import load_manifest  # noqa: PLC0415
-
-    check_trtllm_version(load_manifest(cfg), installed_trtllm_version())
-    placement = _arm_placement(cfg, variant)
+    check_trtllm_version({"trtllm_version": deployment.trtllm_version}, installed_trtllm_version())
+    variant = deployment.arm
+    placement = _arm_placement(deployment)
     gpus = query_gpus()
     check_host_gpus(cfg, placement, gpus)
     gpu_count = len(gpus) if gpus else max(placement.gpus) + 1
@@ -270,23 +261,17 @@ def _deployment_launch(cfg: DeploymentConfig, variant: str, repo: Path, ports: P
     return argv, env
 
 
-def _check_repo(cfg: DeploymentConfig, variant: str) -> Path:
-    from pipeline.render.renderer import check_rendered  # noqa: PLC0415
-
-    return check_rendered(cfg, variant)
-
-
 def start_deployment(cfg: DeploymentConfig, variant: str, *, http_port: int | None = None,
                      grpc_port: int | None = None, metrics_port: int | None = None,
                      host: str | None = None) -> RunningServer:
     """Start the server for one arm. Ports left as None are picked free; ``host`` (default
     ``triton.host``) is the address it binds."""
-    repo = _check_repo(cfg, variant)
+    repo, deployment = load_arm(cfg, variant)
     host = host or cfg.triton.host
     picked = iter(free_ports(3, host))
     ports = Ports(http_port or next(picked), grpc_port or next(picked), metrics_port or next(picked))
-    argv, env = _deployment_launch(cfg, variant, repo, ports, host)
-    plan, note = deployment_cpu_plan(cfg, repo)
+    argv, env = _deployment_launch(cfg, deployment, repo, ports, host)
+    plan, note = deployment_cpu_plan(cfg, repo, deployment.engine_models)
     return start_server(
         repo, argv=argv, env=env, http_port=ports.http, grpc_port=ports.grpc, metrics_port=ports.metrics,
         host=host, log_path=(logs_dir(cfg) / f"serve-{variant}.log").resolve(),
@@ -296,14 +281,12 @@ def start_deployment(cfg: DeploymentConfig, variant: str, *, http_port: int | No
     )
 
 
-def deployment_cpu_plan(cfg: DeploymentConfig, repo: Path) -> tuple[CpuPlan | None, str]:
-    """The CPU pinning for one arm of a reference deployment (GPU engines: none); the arm with the
-    most engine models decides whether both are pinned."""
+def deployment_cpu_plan(cfg: DeploymentConfig, repo: Path, most: int) -> tuple[CpuPlan | None, str]:
+    """The CPU pinning for one arm of a reference deployment (GPU engines: none); ``most``: the
+    engine models of the arm with the most (the descriptor's ``engine_models``) decide whether both
+    arms are pinned."""
     if cfg.backend != "reference":
         return None, "GPU backend"
-    from pipeline.render.renderer import drafts_in_engine  # noqa: PLC0415
-
-    most = 2 if cfg.method == "draft_target" and not drafts_in_engine(cfg) else 1  # BLS: draft + target
     try:
         return plan_pinning(cfg.reference.cpu_pinning, repository_models(repo), cfg.reference.threads,
                             allowed_cpus(), most)

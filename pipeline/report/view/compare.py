@@ -22,12 +22,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.artefacts.report import COMPARE_SCHEMA, Comparison
 from pipeline.report.view.model import category_acceptance, primary_comparisons, ratio_ci
 from pipeline.report.view.rounding import fmt_ci, fmt_pct, fmt_value, tidy_text
 from pipeline.report.view.summary import ratio_phrase, rollout
 from pipeline.report.view.tables import flatten, table
 
-COMPARE_SCHEMA = "specdeploy-compare/1"
 # label, run-level ratio, lower is better
 COMPARED_RATIOS = (
     ("TPOT p50", "tpot_ratio", True),
@@ -91,7 +91,7 @@ def comparison_data(data_a: dict, data_b: dict, dir_a: str, dir_b: str) -> dict[
                 "primary_draft_len": data.get("primary_draft_len")}
 
     ratios = compare_ratios(data_a, data_b)
-    return {
+    return Comparison.checked({
         "schema": COMPARE_SCHEMA,
         "a": side(data_a, dir_a),
         "b": side(data_b, dir_b),
@@ -102,7 +102,7 @@ def comparison_data(data_a: dict, data_b: dict, dir_a: str, dir_b: str) -> dict[
         "definition": {"moved": "both 95% CIs exist and are disjoint",
                        "drifted": "CIs overlap, B's point estimate outside A's CI",
                        "steady": "B's point estimate inside A's CI", "no CI": "a run has no CI: not judged"},
-    }
+    })
 
 
 def _label(side: dict) -> str:

@@ -1,0 +1,122 @@
+"""The deployment descriptor, one file per arm next to its repository:
+``engines/NAME/model_repo/<arm>.render.json``. ``render`` decides what each arm is and writes it
+here; ``serve`` (is the repository current, where does it run, how many engine models share the
+CPUs) and ``loadtest`` (which model to call with which extra inputs, whether a request may carry
+its own draft length, the placement) read it instead of asking ``render`` again. A repository
+rendered before this file had a schema is refused with "re-run `specdeploy render`".
+
+:func:`describe_arm` is the one place the facts are derived from a config; ``render`` records its
+result, and a load test against servers somebody else started (``--endpoint-*``, nothing rendered
+here) uses it directly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field
+
+from pipeline.artefacts.base import Artefact
+from pipeline.errors import SpecdeployError, StaleInputError
+
+if TYPE_CHECKING:
+    from pipeline.config import DeploymentConfig
+
+ARMS = ("baseline", "speculative")
+Drafts = Literal["none", "engine", "bls"]
+
+
+class ArmDeployment(Artefact):
+    """One arm of a rendered deployment: what to call and what the server behind it does."""
+
+    SCHEMA = "specdeploy-deployment/1"
+    VERSION = 1
+    FILE = "engines/NAME/model_repo/<arm>.render.json"
+    WRITER = "specdeploy render"
+
+    arm: Literal["baseline", "speculative"]
+    name: str = Field(description="The deployment (config `name`).")
+    config_hash: str = Field(description="Hash of the config the repository was rendered from.")
+    backend: Literal["reference", "trtllm"]
+    method: Literal["none", "draft_target", "medusa", "eagle"]
+    model_name: str = Field(description="The Triton model a client of this arm calls (ensemble or tensorrt_llm_bls).")
+    extra_inputs: dict[str, int] = Field(default_factory=dict,
+                                         description="Inputs every request to this arm adds (num_draft_tokens for the BLS).")
+    transports: list[Literal["grpc", "http"]] = Field(description="Protocols the arm's server answers on.")
+    decoupled: bool = Field(description="The models stream (decoupled transaction policy).")
+    drafts: Drafts = Field(description="Where drafts come from: none (baseline), the engine itself, or the BLS "
+                                       "calling a draft model per step.")
+    per_request_draft_len: bool = Field(description="A request may set num_draft_tokens (BLS orchestration only).")
+    num_draft_tokens: int | None = Field(None, description="Draft tokens per step the arm uses by default.")
+    max_draft_len: int | None = Field(None, description="The engine's draft limit (tree node count for trees).")
+    engine_models: int = Field(description="Engine models of the arm with the most (BLS draft-target: draft + "
+                                           "target); both arms' CPU pinning follows it.")
+    tokenizer_dir: str | None = Field(None, description="The tokenizer the repository's models load.")
+    trtllm_version: str | None = Field(None, description="TensorRT-LLM version the engines were built with.")
+    manifest_created: str | None = Field(None, description="When the build manifest this was rendered from was written.")
+    placement: dict[str, Any] | None = Field(None, description="Where the arm runs (pipeline.plan.gpu_layout summary).")
+
+
+def _drafts(cfg: "DeploymentConfig", arm: str) -> Drafts:
+    if arm == "baseline" or cfg.method == "none":
+        return "none"
+    if cfg.method == "draft_target" and cfg.speculation.orchestration != "engine":
+        return "bls"
+    return "engine"
+
+
+def describe_arm(cfg: "DeploymentConfig", arm: str, manifest: dict | None = None,
+                 placement: dict | None = None) -> ArmDeployment:
+    """What ``arm`` of ``cfg`` is. draft_target orchestrated by the BLS: both arms call the BLS
+    (the speculative arm adds num_draft_tokens = K); every other case calls the ensemble."""
+    from pipeline.config import config_hash  # noqa: PLC0415
+
+    check_arm(cfg, arm)
+    bls = cfg.method == "draft_target" and cfg.speculation.orchestration != "engine"
+    extra = {"num_draft_tokens": cfg.speculation.num_draft_tokens} if bls and arm == "speculative" else {}
+    speculative = arm == "speculative" and cfg.method != "none"
+    manifest = manifest or {}
+    return ArmDeployment(
+        arm=arm, name=cfg.name, config_hash=config_hash(cfg), backend=cfg.backend, method=cfg.method,
+        model_name="tensorrt_llm_bls" if bls else "ensemble", extra_inputs=extra, transports=["grpc", "http"],
+        decoupled=cfg.triton.decoupled, drafts=_drafts(cfg, arm), per_request_draft_len=bls and arm == "speculative",
+        num_draft_tokens=getattr(cfg.speculation, "num_draft_tokens", None) if speculative else None,
+        max_draft_len=cfg.speculation.engine_max_draft_len if speculative else None,
+        engine_models=2 if bls else 1, tokenizer_dir=manifest.get("tokenizer_dir"),
+        trtllm_version=manifest.get("trtllm_version"), manifest_created=manifest.get("created"), placement=placement,
+    )
+
+
+def arms_of(cfg: "DeploymentConfig") -> tuple[str, ...]:
+    return ("baseline",) if cfg.method == "none" else ARMS
+
+
+def check_arm(cfg: "DeploymentConfig", arm: str) -> None:
+    if arm not in arms_of(cfg):
+        raise SpecdeployError(
+            f"variant {arm!r} does not exist for speculation method {cfg.method!r} "
+            f"(choose from: {', '.join(arms_of(cfg))})"
+        )
+
+
+def descriptor_path(repo: Path) -> Path:
+    """``<repo>.render.json``: the descriptor beside the arm's repository."""
+    return repo.with_name(f"{repo.name}.render.json")
+
+
+def load_arm(cfg: "DeploymentConfig", arm: str) -> tuple[Path, ArmDeployment]:
+    """(repository, descriptor) of ``arm`` as ``render`` left it; refused when either is missing,
+    the descriptor predates its schema, or it was rendered from another config."""
+    from pipeline.config import config_hash  # noqa: PLC0415
+    from pipeline.paths import model_repo_dir  # noqa: PLC0415
+
+    check_arm(cfg, arm)
+    repo = model_repo_dir(cfg, arm)
+    path = descriptor_path(repo)
+    if not (repo / "tensorrt_llm" / "config.pbtxt").is_file() or not path.is_file():
+        raise StaleInputError(f"no rendered repository at {repo}: run `specdeploy render` first")
+    descriptor = ArmDeployment.load(path)
+    if descriptor.config_hash != config_hash(cfg):
+        raise StaleInputError(f"{repo} was rendered from another config: re-run `specdeploy render` "
+                              "(and `specdeploy build` if the engines changed)")
+    return repo, descriptor

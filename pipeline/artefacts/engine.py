@@ -1,0 +1,105 @@
+"""The reference engine descriptor, ``<engine_dir>/engine.json``: the reference (CPU) backend's
+counterpart of a TensorRT-LLM engine directory. Written by ``specdeploy build``
+(``pipeline.build.reference_step engine``), read by ``pipeline.reference.engine.load_engine`` and
+``create_engine``. Every default of the descriptor lives here, once."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Literal, Union
+
+from pydantic import BeforeValidator, Field, model_serializer
+
+from pipeline.artefacts.base import Artefact, Strict
+from pipeline.artefacts.names import ENGINE_DESCRIPTOR, ENGINE_FORMAT  # noqa: F401 - ENGINE_DESCRIPTOR re-exported
+
+Role = Literal["baseline", "target", "draft", "speculative"]
+Quantization = Literal["none", "int8_wo"]
+Choices = list[list[Annotated[int, Field(ge=0)]]]
+# a directory: given as a str or a Path, recorded as a str
+Dir = Annotated[str, BeforeValidator(lambda v: os.fspath(v) if isinstance(v, os.PathLike) else v)]
+
+
+class NoProposer(Strict):
+    """No proposer: the target decodes alone (baseline, draft, and the external-draft target)."""
+
+    method: Literal["none"] = "none"
+
+
+class _DraftSide(Strict):
+    draft_int8: bool = Field(False, description="Quantize the draft-side weights to int8 at load (outputs unchanged).")
+
+    @model_serializer(mode="wrap")
+    def _only_when_set(self, handler):
+        """``draft_int8`` is written only when on, as the build step always wrote it."""
+        data = handler(self)
+        if not data.get("draft_int8"):
+            data.pop("draft_int8", None)
+        return data
+
+
+class DraftTargetProposer(_DraftSide):
+    """A separate draft model proposes ``num_draft_tokens`` per step inside the engine."""
+
+    method: Literal["draft_target"] = "draft_target"
+    draft_dir: Dir = Field(description="HF Llama checkpoint of the draft (absolute path).")
+    quantization: Quantization = "none"
+    num_draft_tokens: int = Field(4, ge=1)
+
+
+class MedusaProposer(_DraftSide):
+    """Medusa heads on the target; trees serve greedy requests, sampled ones get the chain."""
+
+    method: Literal["medusa"] = "medusa"
+    heads_dir: Dir
+    num_heads: int | None = Field(None, ge=1, description="Heads used (None: all the checkpoint has).")
+    choices: Choices | None = None
+
+
+class EagleProposer(_DraftSide):
+    """An EAGLE head; draft depth is the deepest choice, or ``num_layers`` without a tree."""
+
+    method: Literal["eagle"] = "eagle"
+    head_dir: Dir
+    num_layers: int = Field(4, ge=1, description="Draft depth (TensorRT-LLM's --num_eagle_layers).")
+    choices: Choices | None = None
+
+
+ProposerSpec = Annotated[Union[NoProposer, DraftTargetProposer, MedusaProposer, EagleProposer],
+                         Field(discriminator="method")]
+
+
+class EngineDescriptor(Artefact):
+    """A reference engine: which checkpoint, which role, which proposer, and its limits."""
+
+    SCHEMA = ENGINE_FORMAT
+    VERSION = 1
+    FILE = "engines/NAME/engine/<role>/engine.json"
+    WRITER = "specdeploy build"
+    LEGACY_FORMAT = True
+
+    format: str = Field("", description="The schema tag again, as engine.json carried it before `schema`.")
+    role: Role = Field("baseline", description=(
+        "baseline: target only (the A/B control); target: verifies external draft_input_ids; "
+        "draft: the draft model as a plain generator; speculative: target plus an internal proposer."))
+    model_dir: Dir = Field(description="HF Llama checkpoint (config.json, weights, tokenizer).")
+    quantization: Quantization = Field("none", description="int8_wo: model_dir holds the quantized weights.")
+    proposer: ProposerSpec = Field(default_factory=NoProposer)
+    max_draft_len: int = Field(0, ge=0, description="0 for baseline/draft; K for target; node count for trees.")
+    max_batch_size: int = Field(8, ge=1)
+    max_seq_len: int = Field(512, ge=1)
+    max_input_len: int | None = Field(None, ge=1)
+    compute_dtype: Literal["float32", "float64", "bfloat16"] = "float32"
+    threads: int = Field(1, ge=1)
+    prefix_cache_entries: int = Field(64, ge=0)
+    config_hash: str | None = Field(None, description="The deployment config's hash (the manifest records it too).")
+    name: str = ""
+
+
+def default(field: str):
+    """The default of one descriptor field (the build step's flags take theirs from here)."""
+    return EngineDescriptor.model_fields[field].get_default(call_default_factory=True)
+
+
+def proposer_default(model: type[Strict], field: str):
+    return model.model_fields[field].get_default(call_default_factory=True)

@@ -1,0 +1,99 @@
+"""What ``specdeploy report`` and ``specdeploy compare`` write: ``RUN_DIR/report.json``
+(:class:`Report`: the verdict and its gate checks, headline rows per arm x level, comparisons,
+provenance) and ``compare.json`` (:class:`Comparison`: two runs' reports side by side, each ratio
+moved / drifted / steady). ``report.json`` is read by ``compare``, ``run`` (the exit code) and the
+report's own renderers."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from pipeline.artefacts.base import Artefact, Strict
+
+REPORT_SCHEMA = "specdeploy-report/1"
+COMPARE_SCHEMA = "specdeploy-compare/1"
+
+
+class ReportRow(Strict):
+    """One headline row: one arm at one concurrency (or rate)."""
+
+    arm: str
+    concurrency: int
+    target_rate: float | None = None
+    task_set: list[str]
+    draft_model: str | None
+    speculation_length: int | None
+    acceptance_rate: float | None
+    mean_acceptance_length: float | None
+    tau_bound_iid: float | None
+    first_token_ms: float | None
+    first_token_p95_ms: float | None
+    tpot_ms: float | None
+    decode_tokens_per_s: float | None
+    output_tokens_per_s: float | None
+    p95_latency_ms: float | None
+    output_equivalent: bool | None
+    peak_memory_mb: float | None
+    n_ok: int
+    n_runs: int
+
+
+class Report(Artefact):
+    """The verdict of one load test and everything it rests on."""
+
+    SCHEMA = REPORT_SCHEMA
+    VERSION = 1
+    FILE = "RUN_DIR/report.json"
+    WRITER = "specdeploy report RUN_DIR"
+
+    name: str
+    run_dir: str
+    verdict: Literal["GO", "NO-GO", "INCONCLUSIVE"]
+    exit_code: int
+    reasons: list[str]
+    advice: list[str] = Field(default_factory=list)
+    gate: dict[str, Any] = Field(description="Every gate check: rule, scope, status, detail, value, threshold.")
+    gate_settings: dict[str, Any]
+    rows: list[ReportRow]
+    crossover_concurrency: Any = None
+    recommended_draft_len: dict[str, Any] = Field(default_factory=dict)
+    acceptance_rate: float | None = None
+    comparisons: list[dict[str, Any]]
+    cells: list[dict[str, Any]]
+    runs: list[dict[str, Any]]
+    bootstrap: dict[str, Any]
+    primary_draft_len: int | None = None
+    greedy: bool
+    provenance: dict[str, Any] = Field(description="run.json without the config snapshot.")
+    synthetic_data: bool | None = None
+    formulas: dict[str, str]
+
+
+class ComparedRun(Strict):
+    run_dir: str
+    name: str
+    run_id: str | None
+    verdict: str
+    crossover_concurrency: Any = None
+    rollout: Any = None
+    acceptance_rate: float | None = None
+    primary_draft_len: int | None = None
+
+
+class Comparison(Artefact):
+    """Run B against run A: which ratios moved (disjoint 95% CIs), drifted or stayed."""
+
+    SCHEMA = COMPARE_SCHEMA
+    VERSION = 1
+    FILE = "compare.json (in --out)"
+    WRITER = "specdeploy compare RUN_A RUN_B"
+
+    a: ComparedRun
+    b: ComparedRun
+    ratios: list[dict[str, Any]]
+    moved: list[dict[str, Any]]
+    moved_worse: list[dict[str, Any]]
+    changed_checks: list[dict[str, Any]]
+    definition: dict[str, str]

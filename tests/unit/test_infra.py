@@ -1,0 +1,39 @@
+"""pipeline.infra: the atomic writer, provenance and the tree helpers every stage shares."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from pipeline.infra import atomic, provenance, trees
+
+
+def test_atomic_write_replaces_whole_or_not_at_all(tmp_path):
+    path = tmp_path / "sub" / "a.json"
+    atomic.write_json_atomic(path, {"a": 1})
+    assert json.loads(path.read_text()) == {"a": 1}
+    with pytest.raises(TypeError):
+        atomic.write_json_atomic(path, {"a": object()})  # fails while serialising: nothing replaced
+    assert json.loads(path.read_text()) == {"a": 1}
+    assert sorted(p.name for p in path.parent.iterdir()) == ["a.json"]  # no temporary left behind
+
+
+def test_provenance():
+    sha = provenance.git_sha()
+    assert sha is None or re.fullmatch(r"[0-9a-f]{40}", sha)
+    assert provenance.git_sha(provenance.PROJECT_ROOT / "no-such-dir") is None
+    assert provenance.package_version("no-such-distribution-xyz", "pydantic") is not None
+    assert provenance.package_version("no-such-distribution-xyz") is None
+    found = provenance.versions(("pydantic", "no-such-distribution-xyz"))
+    assert found["python"] and found["pydantic"] and found["no-such-distribution-xyz"] is None
+
+
+def test_one_tree_module_serves_config_plan_and_render():
+    import pipeline.config as config
+    import pipeline.render.renderer as render
+
+    assert config.chain_choices is trees.chain_choices and config.tree_problems is trees.tree_problems
+    assert config.format_choices is trees.brace_choices and render.brace_choices is trees.brace_choices
+    assert trees.choices_or_chain(None, 2) == [[0], [0, 0]] and trees.choices_or_chain([[1]], 2) == [[1]]
