@@ -31,9 +31,12 @@ from pipeline.reference.api import (
     GenerationResult,
     RequestStats,
 )
-from pipeline.reference.modeling import EagleHead, LlamaModel, MedusaHeads
-from pipeline.reference.proposers import DraftModelProposer, EagleProposer, MedusaProposer, Proposer
-from pipeline.reference.scheduler import Scheduler, SeqState, make_generator
+from pipeline.reference.draft_len import engine_max_draft_len
+from pipeline.reference.fast.models import FAST_MODELS
+from pipeline.reference.modeling import PLAIN_MODELS, ModelTypes
+from pipeline.reference.proposers import BUILDERS, BuildContext, Proposer
+from pipeline.reference.scheduler import Scheduler
+from pipeline.reference.sequence import SeqState, make_generator
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 ROLES = ("baseline", "target", "draft", "speculative")
@@ -238,46 +241,27 @@ def _copy_stats(stats: RequestStats) -> RequestStats:
 # Construction
 
 
-def _path(value: str, base: Path) -> Path:
-    path = Path(value)
-    return path if path.is_absolute() else (base / path)
-
-
-def _build_proposer(spec: dict, target: LlamaModel, dtype: torch.dtype, slots: int, max_rows: int,
-                    base: Path) -> Proposer | None:
-    """``spec["draft_int8"]``: quantize the draft-side weights (draft model, heads) to int8 at
-    load — cheaper draft steps, output unchanged (only acceptance may move)."""
-    proposer = _make_proposer(spec, target, dtype, slots, max_rows, base)
-    if proposer is not None and spec.get("draft_int8") and dtype == torch.float32:
+def _build_proposer(spec: dict, ctx: BuildContext) -> Proposer | None:
+    """The proposer ``spec["method"]`` names (:data:`pipeline.reference.proposers.BUILDERS`).
+    ``spec["draft_int8"]``: quantize the draft-side weights (draft model, heads) to int8 at load —
+    cheaper draft steps, output unchanged (only acceptance may move)."""
+    method = spec.get("method", "none")
+    if method == "none":
+        return None
+    if method not in BUILDERS:
+        raise SpecdeployError(f"unknown proposer method {method!r}")
+    proposer = BUILDERS[method](spec, ctx)
+    if spec.get("draft_int8") and ctx.dtype == torch.float32:
         for name in ("model", "heads", "head"):
             if hasattr(proposer, name):
                 getattr(proposer, name).to_int8()
     return proposer
 
 
-def _make_proposer(spec: dict, target: LlamaModel, dtype: torch.dtype, slots: int, max_rows: int,
-                   base: Path) -> Proposer | None:
-    method = spec.get("method", "none")
-    if method == "none":
-        return None
-    if method == "draft_target":
-        draft = LlamaModel(_path(spec["draft_dir"], base), dtype)
-        if draft.shape.vocab_size != target.shape.vocab_size:
-            raise SpecdeployError(f"draft vocab {draft.shape.vocab_size} != target vocab {target.shape.vocab_size}")
-        return DraftModelProposer(draft, int(spec.get("num_draft_tokens", 4)), slots, max_rows)
-    if method == "medusa":
-        heads = MedusaHeads(_path(spec["heads_dir"], base), dtype, spec.get("num_heads"))
-        return MedusaProposer(heads, int(spec.get("num_heads") or heads.num_heads), spec.get("choices"))
-    if method == "eagle":
-        head = EagleHead(_path(spec["head_dir"], base), target, dtype)
-        choices = spec.get("choices")
-        depth = max(len(c) for c in choices) if choices else int(spec.get("num_layers", 4))
-        return EagleProposer(head, depth, slots, max_rows, choices)
-    raise SpecdeployError(f"unknown proposer method {method!r}")
-
-
 def engine_from_descriptor(descriptor: dict, base: Path = Path("."),
                            cpus: tuple[int, ...] | None = None) -> ReferenceEngine:
+    """``fast_paths`` (default true): load the CPU fast path's models
+    (:mod:`pipeline.reference.fast`) instead of the plain ones — the same maths, faster."""
     role = descriptor.get("role", "baseline")
     if role not in ROLES:
         raise SpecdeployError(f"engine.json: role {role!r} is not one of {ROLES}")
@@ -285,20 +269,16 @@ def engine_from_descriptor(descriptor: dict, base: Path = Path("."),
     if dtype_name not in DTYPES:
         raise SpecdeployError(f"engine.json: compute_dtype {dtype_name!r} is not one of {sorted(DTYPES)}")
     dtype = DTYPES[dtype_name]
-    target = LlamaModel(_path(descriptor["model_dir"], base), dtype)
+    models: ModelTypes = FAST_MODELS if descriptor.get("fast_paths", True) else PLAIN_MODELS
+    model_dir = Path(descriptor["model_dir"])
+    target = models.llama(model_dir if model_dir.is_absolute() else base / model_dir, dtype)
     max_batch = int(descriptor.get("max_batch_size", 8))
     max_seq = int(descriptor.get("max_seq_len", 512))
     spec = descriptor.get("proposer") or {"method": "none"}
     if role != "speculative":
         spec = {"method": "none"}  # baseline/draft: plain; target: external drafts only
-    proposer = _build_proposer(spec, target, dtype, max_batch, max_seq + 64, base)
-    if role == "target":
-        max_draft = int(descriptor.get("max_draft_len", 0))
-    elif proposer is not None:
-        max_draft = int(descriptor.get("max_draft_len") or proposer.max_draft_len)
-        max_draft = max(max_draft, proposer.max_draft_len)
-    else:
-        max_draft = 0
+    proposer = _build_proposer(spec, BuildContext(target, models, dtype, max_batch, max_seq + 64, base))
+    max_draft = engine_max_draft_len(descriptor, role, None if proposer is None else proposer.max_draft_len)
     scheduler = Scheduler(target, proposer, max_batch, max_seq, max_draft,
                           int(descriptor.get("prefix_cache_entries", 64)))
     return ReferenceEngine(scheduler, descriptor, cpus)
@@ -327,13 +307,13 @@ def load_engine(engine_dir: Path, cpus: tuple[int, ...] | None = None) -> Refere
 
 def create_engine(model_dir: Path, *, role: str = "baseline", proposer: dict | None = None,
                   max_draft_len: int | None = None, max_batch_size: int = 8, max_seq_len: int = 512,
-                  compute_dtype: str = "float32", prefix_cache_entries: int = 64,
+                  compute_dtype: str = "float32", prefix_cache_entries: int = 64, fast_paths: bool = True,
                   cpus: tuple[int, ...] | None = None) -> ReferenceEngine:
     """Direct constructor for tests and ``bench`` (same fields as engine.json)."""
     descriptor = {
         "format": ENGINE_FORMAT, "role": role, "model_dir": str(model_dir),
         "proposer": proposer or {"method": "none"}, "max_draft_len": max_draft_len or 0,
         "max_batch_size": max_batch_size, "max_seq_len": max_seq_len, "compute_dtype": compute_dtype,
-        "prefix_cache_entries": prefix_cache_entries, "threads": 1,
+        "prefix_cache_entries": prefix_cache_entries, "threads": 1, "fast_paths": fast_paths,
     }
     return engine_from_descriptor(descriptor, cpus=cpus)
