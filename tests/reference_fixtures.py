@@ -147,7 +147,7 @@ def eager_kernels(monkeypatch):
 
     import torch
 
-    from pipeline.reference import kernels
+    from pipeline.reference.fast import kernels
 
     def refuse(fn):
         raise RuntimeError("no TorchScript here")
