@@ -168,6 +168,7 @@ class DraftTooLongError(ValueError):
 #   "compute_dtype": "float32",
 #   "threads": 1,
 #   "prefix_cache_entries": 64,
+#   "fast_paths": true,          # false: the plain maths (pipeline.reference.modeling), no fast path
 #   "config_hash": "…", "name": "…"
 # }
 # Construction: ``pipeline.reference.engine.load_engine(dir)`` or, without a file,

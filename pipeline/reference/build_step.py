@@ -107,6 +107,7 @@ def cmd_engine(args: argparse.Namespace) -> None:
         "compute_dtype": args.compute_dtype,
         "threads": args.threads,
         "prefix_cache_entries": args.prefix_cache_entries,
+        "fast_paths": args.fast_paths,
         "config_hash": args.config_hash or None,  # the manifest records the deployment's hash
         "name": args.name,
     }
@@ -156,6 +157,7 @@ def parser() -> argparse.ArgumentParser:
     engine.add_argument("--compute-dtype", default="float32")
     engine.add_argument("--threads", type=int, default=1)
     engine.add_argument("--prefix-cache-entries", type=int, default=64)
+    engine.add_argument("--fast-paths", action=argparse.BooleanOptionalAction, default=True)
     engine.add_argument("--name", default="")
     engine.add_argument("--config-hash", default="")
     engine.set_defaults(func=cmd_engine)
