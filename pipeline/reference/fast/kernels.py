@@ -1,4 +1,4 @@
-"""The reference engine's small ops as TorchScript functions: every projection (:func:`linear`),
+"""The fast path's small ops as TorchScript functions: every projection (:func:`linear`),
 every decoder layer of the batched forward (:func:`decoder_layer`), the lean one-row drafting
 layer (:func:`lean_block`, :func:`lean_decode`) and whole greedy drafting chains
 (:func:`eagle_greedy_chain`, :func:`lean_decode_greedy_chain`). Reads and writes nothing but the
@@ -10,9 +10,7 @@ Scripted, the same ATen kernels run from TorchScript's interpreter. It fuses not
 :func:`decoder_layer` gives its Python function's bits (tested); it does split ``addmm`` into
 ``mm`` + ``add``, so the float lean functions round a little differently from their Python
 versions (every drafting path calls the scripted ones, so they agree among themselves).
-Measured: a chain of five int8 EAGLE steps 0.74 ms instead of 1.08 warm (1.02 instead of 1.31
-right after a verify pass); the target forward 2.38 instead of 2.51 ms for one row and 2.81
-instead of 3.38 for six. ``torch.jit.script`` is deprecated in torch 2.x but present in the
+``torch.jit.script`` is deprecated in torch 2.x but present in the
 pinned 2.13; where it fails, :func:`script` returns the Python function, which computes the same
 thing more slowly (a test checks that every kernel here did compile).
 
