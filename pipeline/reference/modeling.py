@@ -283,9 +283,9 @@ class LlamaModel:
             raise ValueError("decode needs at least one token")
         return self.logits(self.forward(cache.pool, one_sequence(cache, tokens))[:, -1])
 
-    def greedy_chain(self, cache: SlotCache, feed: list[int], k: int) -> list[int] | None:
-        """``k`` greedy drafts after appending ``feed`` in one call where a fast path has one;
-        None here (the caller drafts step by step through :meth:`draft_logits`)."""
+    def greedy_chain(self, cache: SlotCache, feed: list[int], num_draft_tokens: int) -> list[int] | None:
+        """``num_draft_tokens`` greedy drafts after appending ``feed`` in one call where a fast
+        path has one; None here (the caller drafts step by step through :meth:`draft_logits`)."""
         return None
 
     def prepare_drafting(self) -> None:
@@ -382,9 +382,10 @@ class EagleHead:
         ``cache.length + i`` → the predicted feature of the LAST one ``[1, H]``."""
         return self.forward(cache.pool, one_sequence(cache, tokens), features[None])[0, -1:]
 
-    def greedy_chain(self, cache: SlotCache, tokens: list[int], features: torch.Tensor, k: int) -> list[int] | None:
-        """:meth:`extend` on the pairs, then ``k`` greedy drafts, in one call where a fast path
-        has one; None here (the caller drafts step by step)."""
+    def greedy_chain(self, cache: SlotCache, tokens: list[int], features: torch.Tensor,
+                     num_draft_tokens: int) -> list[int] | None:
+        """:meth:`extend` on the pairs, then ``num_draft_tokens`` greedy drafts, in one call where
+        a fast path has one; None here (the caller drafts step by step)."""
         return None
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -2,8 +2,8 @@
 prefix reuse), then run batched speculative steps over every active sequence.
 
 One step = propose (each sequence's proposer, batched; a request with ``draft_input_ids`` has
-:class:`~pipeline.reference.proposers.external.ExternalDraftProposer`) → one target forward over ``[pending token] + drafts`` per sequence (ragged; causal or tree mask)
-→ verify per sequence (:mod:`pipeline.reference.verify`; its glossary names what is emitted) →
+:class:`~pipeline.reference.proposers.external.ExternalDraftProposer`) → one target forward
+over ``[pending token] + drafts`` per sequence (ragged; causal or tree mask) → verify per sequence (:mod:`pipeline.reference.verify`; its glossary names what is emitted) →
 roll back / compact the KV cache → hand the proposer the target's hidden states of the rows kept
 → emit tokens, applying end_id, stop words and ``max_new_tokens``. The baseline is this same
 loop with no proposer (zero drafts). Invariant (:mod:`pipeline.reference.sequence`): the target
@@ -94,7 +94,8 @@ class Scheduler:
         todo = prompt[reused:-1]
         hidden = None
         if todo:
-            hidden = self.target.forward(self.pool, [StepInput(seq.cache, todo, list(range(reused, reused + len(todo))))])[0]
+            prefill = StepInput(seq.cache, todo, list(range(reused, reused + len(todo))))
+            hidden = self.target.forward(self.pool, [prefill])[0]  # [n, H]
         if seq.proposer is not None:
             seq.proposer.start(seq, hidden)
         if seq.request.max_new_tokens == 0:

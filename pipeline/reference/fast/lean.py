@@ -13,7 +13,13 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.reference.fast.kernels import eagle_greedy_chain, inv_rms, lean_block, lean_decode, lean_decode_greedy_chain
+from pipeline.reference.fast.kernels import (
+    eagle_greedy_chain,
+    inv_rms,
+    lean_block,
+    lean_decode,
+    lean_decode_greedy_chain,
+)
 from pipeline.reference.fast.linear import FastLinear, RowWeight, pair_lists
 from pipeline.reference.kv_cache import SlotCache
 from pipeline.reference.modeling import DecoderLayer, EagleHead, LlamaModel, Rotary
@@ -61,7 +67,7 @@ class LeanBlock:
 
 
 class LeanEagleStep:
-    """Fused weight copies for :meth:`EagleHead.extend` (drafting only; ``forward`` keeps
+    """Fused weight copies for :meth:`~pipeline.reference.fast.models.FastEagleHead.extend` (drafting only; ``forward`` keeps
     the checkpoint's layout). All derived in float64 at load, then cast — deterministic:
 
     - ``rows [vocab, H + QKV]`` and ``w_in [H, H + QKV]``: one GEMM gives both the fc output
@@ -112,19 +118,21 @@ class LeanEagleStep:
         """Whether :meth:`greedy_chain` can run (it needs the LM head as a fused copy)."""
         return self.w_lm is not None
 
-    def greedy_chain(self, cache: SlotCache, tokens: list[int], features: torch.Tensor, k: int) -> list[int]:
-        """Catch-up on the pairs (features[i], tokens[i]) and ``k`` greedy drafts after them, in
-        one TorchScript call (:func:`~pipeline.reference.fast.kernels.eagle_greedy_chain`): the same
-        tokens as ``k`` rounds of ``__call__`` + argmax of :meth:`logits`. The cache keeps the
+    def greedy_chain(self, cache: SlotCache, tokens: list[int], features: torch.Tensor,
+                     num_draft_tokens: int) -> list[int]:
+        """Catch-up on the pairs (features[i], tokens[i]) and ``num_draft_tokens`` greedy drafts
+        after them, in one TorchScript call (:func:`~pipeline.reference.fast.kernels.eagle_greedy_chain`): the same
+        tokens as ``num_draft_tokens`` rounds of ``__call__`` + argmax of :meth:`logits`. The cache keeps the
         catch-up rows; the drafts' own rows are written past its length (scratch)."""
         n, start = len(tokens), cache.length
-        if k < 1:
+        if num_draft_tokens < 1:
             raise ValueError("a chain drafts at least one token")
-        if start + n + k - 1 > cache.pool.max_rows:  # the drafts' scratch rows must fit too
-            raise ValueError(f"sequence longer than the KV cache ({start + n + k - 1} > {cache.pool.max_rows})")
+        if start + n + num_draft_tokens - 1 > cache.pool.max_rows:  # the drafts' scratch rows must fit too
+            end = start + n + num_draft_tokens - 1
+            raise ValueError(f"sequence longer than the KV cache ({end} > {cache.pool.max_rows})")
         claim_rows(cache, n)
-        return eagle_greedy_chain(self._project(tokens, features), start, k, self.rows, *self.w_in.pair,
-                                  *self.w_lm.pair, self.qkv_shape[1], cache.pool.k[0, cache.slot],
+        return eagle_greedy_chain(self._project(tokens, features), start, num_draft_tokens, self.rows,
+                                  *self.w_in.pair, *self.w_lm.pair, self.qkv_shape[1], cache.pool.k[0, cache.slot],
                                   cache.pool.v[0, cache.slot], *self.block.weights())
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -132,7 +140,7 @@ class LeanEagleStep:
 
 
 class LeanDecodeStep:
-    """Fused weight copies for drafting with a small Llama (:meth:`LlamaModel.draft_logits`;
+    """Fused weight copies for drafting with a small Llama (:meth:`~pipeline.reference.fast.models.FastLlamaModel.draft_logits`;
     the draft-target proposer's lone-sequence path). Derived in float64 at load, then cast and,
     with ``int8``, quantized per output channel after fusing (:class:`RowWeight`). Per layer the
     input RMSNorm weight is folded into the q/k/v columns and 1/√head_dim into the q rows, the
@@ -176,11 +184,11 @@ class LeanDecodeStep:
         x = lean_decode(tokens, start, *self._args(cache))  # [1, H]
         return self.w_lm.mm(x) * inv_rms(x, self.inv_hidden, self.eps)
 
-    def greedy_chain(self, cache: SlotCache, feed: list[int], k: int) -> list[int]:
-        """``feed`` appended, then ``k`` greedy drafts, each fed back but the last — in one
-        TorchScript call (:func:`~pipeline.reference.fast.kernels.lean_decode_greedy_chain`): the same
-        tokens and cache rows as ``k`` rounds of ``__call__`` + argmax."""
-        if not feed or k < 1:
+    def greedy_chain(self, cache: SlotCache, feed: list[int], num_draft_tokens: int) -> list[int]:
+        """``feed`` appended, then ``num_draft_tokens`` greedy drafts, each fed back but the last —
+        in one TorchScript call (:func:`~pipeline.reference.fast.kernels.lean_decode_greedy_chain`): the same
+        tokens and cache rows as ``num_draft_tokens`` rounds of ``__call__`` + argmax."""
+        if not feed or num_draft_tokens < 1:
             raise ValueError("a chain needs at least one token to feed and drafts at least one")
-        start, _ = claim_rows(cache, len(feed) + k - 1)
-        return lean_decode_greedy_chain(feed, start, k, *self.w_lm.pair, *self._args(cache))
+        start, _ = claim_rows(cache, len(feed) + num_draft_tokens - 1)
+        return lean_decode_greedy_chain(feed, start, num_draft_tokens, *self.w_lm.pair, *self._args(cache))

@@ -160,10 +160,10 @@ class FastLlamaModel(LlamaModel):
             return self.lean(cache, tokens)
         return self.logits(self.decode(cache, tokens))
 
-    def greedy_chain(self, cache: SlotCache, feed: list[int], k: int) -> list[int] | None:
-        """``k`` greedy drafts after appending ``feed``, in one scripted call
+    def greedy_chain(self, cache: SlotCache, feed: list[int], num_draft_tokens: int) -> list[int] | None:
+        """``num_draft_tokens`` greedy drafts after appending ``feed``, in one scripted call
         (:meth:`LeanDecodeStep.greedy_chain`); None without the fused step."""
-        return self.lean.greedy_chain(cache, feed, k) if self.lean is not None else None
+        return self.lean.greedy_chain(cache, feed, num_draft_tokens) if self.lean is not None else None
 
     def prepare_drafting(self) -> None:
         self.use_lean_decode()
@@ -220,13 +220,14 @@ class FastEagleHead(EagleHead):
         x = self.fc_features.add_to(self.token_rows[tokens], features)  # [n, H]
         return self.layer.decode_last(x, 0, cache, start, self.rotary)
 
-    def greedy_chain(self, cache: SlotCache, tokens: list[int], features: torch.Tensor, k: int) -> list[int] | None:
-        """:meth:`extend` on the pairs, then ``k`` greedy drafts, in one TorchScript call
+    def greedy_chain(self, cache: SlotCache, tokens: list[int], features: torch.Tensor,
+                     num_draft_tokens: int) -> list[int] | None:
+        """:meth:`extend` on the pairs, then ``num_draft_tokens`` greedy drafts, in one TorchScript call
         (:meth:`LeanEagleStep.greedy_chain`); None where the lean step cannot chain. The cache
         keeps the pairs' rows only, like ``extend``."""
         if self.lean is None or not self.lean.chains:
             return None
-        return self.lean.greedy_chain(cache, tokens, features, k)
+        return self.lean.greedy_chain(cache, tokens, features, num_draft_tokens)
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lean.logits(hidden) if self.lean is not None else self.lm_head(hidden)

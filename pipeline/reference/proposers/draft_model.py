@@ -54,7 +54,7 @@ class DraftModelProposer:
 
     def propose(self, seqs: list[SeqState], num_draft_tokens: list[int]) -> list[Proposal]:
         proposals = [Proposal() for _ in seqs]
-        rows = [i for i, k in enumerate(num_draft_tokens) if k > 0]
+        rows = [i for i, n in enumerate(num_draft_tokens) if n > 0]
         # catch-up: every token not yet in the draft cache, the pending one included
         feed = {i: seqs[i].tokens[seqs[i].proposer_state.cache.length :] for i in rows}
         if len(rows) == 1:
@@ -77,12 +77,12 @@ class DraftModelProposer:
             proposals[i].draft_probs = stack_probs(rows_probs)
         return proposals
 
-    def _chain_in_one_call(self, seq: SeqState, feed: list[int], k: int) -> list[int] | None:
+    def _chain_in_one_call(self, seq: SeqState, feed: list[int], num_draft_tokens: int) -> list[int] | None:
         """A lone greedy sequence with a short catch-up: the model's whole-chain call, where it
         has one (the tokens step-by-step drafting gives); None: draft step by step."""
         if not seq.params.greedy or len(feed) > LONE_FEED_ROWS:
             return None
-        drafts = self.model.greedy_chain(seq.proposer_state.cache, feed, k)
+        drafts = self.model.greedy_chain(seq.proposer_state.cache, feed, num_draft_tokens)
         if drafts is not None:
             seq.proposer_state.cached_tokens.extend(feed + drafts[:-1])
         return drafts

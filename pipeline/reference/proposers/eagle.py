@@ -66,12 +66,12 @@ class EagleProposer:
             self.pool.release(seq.proposer_state.cache)
             seq.proposer_state = None
 
-    def _uses_tree(self, seq: SeqState, k: int) -> bool:
-        return self.choices is not None and seq.params.greedy and k >= len(self.choices)
+    def _uses_tree(self, seq: SeqState, num_draft_tokens: int) -> bool:
+        return self.choices is not None and seq.params.greedy and num_draft_tokens >= len(self.choices)
 
     def propose(self, seqs: list[SeqState], num_draft_tokens: list[int]) -> list[Proposal]:
         proposals = [Proposal() for _ in seqs]
-        rows = [i for i, k in enumerate(num_draft_tokens) if k > 0 and seqs[i].proposer_state.features is not None]
+        rows = [i for i, n in enumerate(num_draft_tokens) if n > 0 and seqs[i].proposer_state.features is not None]
         if len(rows) == 1:  # one sequence: the head's one-sequence entry points
             proposals[rows[0]] = self._propose_one(seqs[rows[0]], num_draft_tokens[rows[0]])
         elif rows:
@@ -105,22 +105,23 @@ class EagleProposer:
         for i in rows:
             seqs[i].proposer_state.cache.rollback(real[i])
 
-    def _propose_one(self, seq: SeqState, k: int) -> Proposal:
+    def _propose_one(self, seq: SeqState, num_draft_tokens: int) -> Proposal:
         """One sequence: catch-up and every chain step through ``head.extend``; a greedy chain
         in one call where the head has one (``head.greedy_chain``, the same tokens)."""
         step, features = self._catch_up(seq)
         cache = step.cache
-        if seq.params.greedy and not self._uses_tree(seq, k):
-            drafts = self.head.greedy_chain(cache, step.tokens, features, min(k, self.depth))
+        chain = min(num_draft_tokens, self.depth)
+        if seq.params.greedy and not self._uses_tree(seq, num_draft_tokens):
+            drafts = self.head.greedy_chain(cache, step.tokens, features, chain)
             if drafts is not None:
                 return Proposal(drafts)
         last = self.head.extend(cache, step.tokens, features)  # [1, H]
         real = cache.length
-        if self._uses_tree(seq, k):
+        if self._uses_tree(seq, num_draft_tokens):
             proposal = self._tree(seq, last[0])
         else:
             tokens, dists = [], []
-            for i in range(min(k, self.depth)):
+            for i in range(chain):
                 if i:
                     last = self.head.extend(cache, tokens[-1:], last)
                 token, dist = choose(self.head.draft_logits(last)[0], seq.params, seq.generator)

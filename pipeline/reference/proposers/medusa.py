@@ -53,7 +53,7 @@ class MedusaProposer:
 
     def propose(self, seqs: list[SeqState], num_draft_tokens: list[int]) -> list[Proposal]:
         proposals = [Proposal() for _ in seqs]
-        rows = [i for i, k in enumerate(num_draft_tokens) if k > 0 and seqs[i].proposer_state.last_hidden is not None]
+        rows = [i for i, n in enumerate(num_draft_tokens) if n > 0 and seqs[i].proposer_state.last_hidden is not None]
         if not rows:
             return proposals
         logits = self.heads.logits(torch.stack([seqs[i].proposer_state.last_hidden for i in rows]))  # [B, heads, vocab]
@@ -65,9 +65,9 @@ class MedusaProposer:
                 proposals[i] = self._chain(logits[b], min(num_draft_tokens[i], self.num_heads), seq)
         return proposals
 
-    def _chain(self, head_logits: torch.Tensor, k: int, seq: SeqState) -> Proposal:
+    def _chain(self, head_logits: torch.Tensor, num_draft_tokens: int, seq: SeqState) -> Proposal:
         tokens, dists = [], []
-        for d in range(k):
+        for d in range(num_draft_tokens):
             token, dist = choose(head_logits[d], seq.params, seq.generator)
             tokens.append(token)
             dists.append(dist)
