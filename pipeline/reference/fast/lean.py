@@ -67,8 +67,9 @@ class LeanBlock:
 
 
 class LeanEagleStep:
-    """Fused weight copies for :meth:`~pipeline.reference.fast.models.FastEagleHead.extend` (drafting only; ``forward`` keeps
-    the checkpoint's layout). All derived in float64 at load, then cast — deterministic:
+    """Fused weight copies for the EAGLE head's one-sequence drafting
+    (:meth:`~pipeline.reference.fast.models.FastEagleHead.extend`; ``forward`` keeps the
+    checkpoint's layout). All derived in float64 at load, then cast — deterministic:
 
     - ``rows [vocab, H + QKV]`` and ``w_in [H, H + QKV]``: one GEMM gives both the fc output
       x = W_e·embed(tok) + b + W_f·f and its q/k/v projection (W_qkv·x, expanded through fc),
@@ -121,9 +122,10 @@ class LeanEagleStep:
     def greedy_chain(self, cache: SlotCache, tokens: list[int], features: torch.Tensor,
                      num_draft_tokens: int) -> list[int]:
         """Catch-up on the pairs (features[i], tokens[i]) and ``num_draft_tokens`` greedy drafts
-        after them, in one TorchScript call (:func:`~pipeline.reference.fast.kernels.eagle_greedy_chain`): the same
-        tokens as ``num_draft_tokens`` rounds of ``__call__`` + argmax of :meth:`logits`. The cache keeps the
-        catch-up rows; the drafts' own rows are written past its length (scratch)."""
+        after them, in one TorchScript call
+        (:func:`~pipeline.reference.fast.kernels.eagle_greedy_chain`): the same tokens as
+        ``num_draft_tokens`` rounds of ``__call__`` + argmax of :meth:`logits`. The cache keeps
+        the catch-up rows; the drafts' own rows are written past its length (scratch)."""
         n, start = len(tokens), cache.length
         if num_draft_tokens < 1:
             raise ValueError("a chain drafts at least one token")
@@ -140,9 +142,9 @@ class LeanEagleStep:
 
 
 class LeanDecodeStep:
-    """Fused weight copies for drafting with a small Llama (:meth:`~pipeline.reference.fast.models.FastLlamaModel.draft_logits`;
-    the draft-target proposer's lone-sequence path). Derived in float64 at load, then cast and,
-    with ``int8``, quantized per output channel after fusing (:class:`RowWeight`). Per layer the
+    """Fused weight copies for drafting with a small Llama
+    (:meth:`~pipeline.reference.fast.models.FastLlamaModel.draft_logits`; the draft-target
+    proposer's lone-sequence path). Derived in float64 at load, then cast and, with ``int8``, quantized per output channel after fusing (:class:`RowWeight`). Per layer the
     input RMSNorm weight is folded into the q/k/v columns and 1/√head_dim into the q rows, the
     rest is a :class:`LeanBlock`; the final norm weight is folded into the LM head. Each norm is
     then one scalar per row, applied after the matmul. Same maths as :meth:`LlamaModel.forward`,
