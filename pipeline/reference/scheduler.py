@@ -3,11 +3,12 @@ prefix reuse), then run batched speculative steps over every active sequence.
 
 One step = propose (each sequence's proposer, batched; a request with ``draft_input_ids`` has
 :class:`~pipeline.reference.proposers.external.ExternalDraftProposer`) → one target forward
-over ``[pending token] + drafts`` per sequence (ragged; causal or tree mask) → verify per sequence (:mod:`pipeline.reference.verify`; its glossary names what is emitted) →
-roll back / compact the KV cache → hand the proposer the target's hidden states of the rows kept
-→ emit tokens, applying end_id, stop words and ``max_new_tokens``. The baseline is this same
-loop with no proposer (zero drafts). Invariant (:mod:`pipeline.reference.sequence`): the target
-cache holds every token of the sequence except the last (the *pending* token), so
+over ``[pending token] + drafts`` per sequence (ragged; causal or tree mask) → verify per
+sequence (:mod:`pipeline.reference.verify`; its glossary names what is emitted) → roll back /
+compact the KV cache → hand the proposer the target's hidden states of the rows kept → emit
+tokens, applying end_id, stop words and ``max_new_tokens``. The baseline is this same loop with
+no proposer (zero drafts). Invariant (:mod:`pipeline.reference.sequence`): the target cache
+holds every token of the sequence except the last (the *pending* token), so
 ``cache.length == len(tokens) - 1``. Reads and writes nothing on disk.
 """
 

@@ -144,12 +144,13 @@ class LeanEagleStep:
 class LeanDecodeStep:
     """Fused weight copies for drafting with a small Llama
     (:meth:`~pipeline.reference.fast.models.FastLlamaModel.draft_logits`; the draft-target
-    proposer's lone-sequence path). Derived in float64 at load, then cast and, with ``int8``, quantized per output channel after fusing (:class:`RowWeight`). Per layer the
-    input RMSNorm weight is folded into the q/k/v columns and 1/√head_dim into the q rows, the
-    rest is a :class:`LeanBlock`; the final norm weight is folded into the LM head. Each norm is
-    then one scalar per row, applied after the matmul. Same maths as :meth:`LlamaModel.forward`,
-    other kernels and summation order (drafts need not be bit-identical: they change what is
-    accepted, never the output)."""
+    proposer's lone-sequence path). Derived in float64 at load, then cast and, with ``int8``,
+    quantized per output channel after fusing (:class:`RowWeight`). Per layer the input RMSNorm
+    weight is folded into the q/k/v columns and 1/√head_dim into the q rows, the rest is a
+    :class:`LeanBlock`; the final norm weight is folded into the LM head. Each norm is then one
+    scalar per row, applied after the matmul. Same maths as :meth:`LlamaModel.forward`, other
+    kernels and summation order (drafts need not be bit-identical: they change what is accepted,
+    never the output)."""
 
     def __init__(self, model: LlamaModel, int8: bool = False):
         s, dt = model.shape, model.dtype
