@@ -120,6 +120,8 @@ def eagle_training_section(name: str, data: dict) -> str:
 
 def generic_section(name: str, data: dict) -> str:
     """Files without a renderer of their own: their top-level scalars."""
+    if not isinstance(data, dict):
+        return "(see the file)"
     rows = [[k, v] for k, v in data.items() if not isinstance(v, (dict, list)) and k not in ("what", "note")]
     return _table(["field", "value"], rows) if rows else "(structured data only; see the file)"
 
@@ -149,7 +151,11 @@ def render_page(results: Path = RESULTS) -> str:
         what = data.get("what") if isinstance(data, dict) else None
         render = renderer_for(path.stem)
         title = f"## `{path.name}`{_created(data)}"
-        body = render(path.stem, data)
+        try:
+            body = render(path.stem, data)
+        except (KeyError, AttributeError, TypeError):  # a file of another shape under a known prefix
+            render = generic_section
+            body = render(path.stem, data)
         doc = (render.__doc__ or "").strip().splitlines()
         intro = what or (doc[0] if doc else "")
         parts.append("\n\n".join(x for x in (title, intro, body) if x))

@@ -584,6 +584,13 @@ class ReferenceEngineSettings(_Strict):
         "float32 compute only; with draft-target orchestration: bls the served draft engine stays float.",
         default="float",
     )
+    fast_paths: bool = _desc(
+        "CPU fast path of the engine: scripted kernels, fused one-row drafting steps, int8 packing "
+        "for draft-side weights. The same maths as the plain path (tests keep the two equal; the "
+        "output does not change), only faster; false runs the plain reference maths, for reading "
+        "or checking them.",
+        default=True,
+    )
     cpu_pinning: Literal["auto", "off"] | list[Annotated[int, Field(ge=0)]] = _desc(
         "Serving only. auto = each engine model's decode thread (tensorrt_llm, and tensorrt_llm_draft "
         "with orchestration: bls) gets `threads` CPUs of its own, the highest allowed ones, and "

@@ -139,7 +139,7 @@ def one_thread() -> None:
 
 
 def eager_kernels(monkeypatch):
-    """:mod:`pipeline.reference.kernels` loaded again where ``torch.jit.script`` fails: its
+    """:mod:`pipeline.reference.fast.kernels` loaded again where ``torch.jit.script`` fails: its
     Python functions (what a torch without TorchScript runs). The RuntimeWarnings each fallback
     gave are kept as ``fallback_warnings``."""
     import importlib.util
@@ -147,7 +147,7 @@ def eager_kernels(monkeypatch):
 
     import torch
 
-    from pipeline.reference import kernels
+    from pipeline.reference.fast import kernels
 
     def refuse(fn):
         raise RuntimeError("no TorchScript here")

@@ -92,6 +92,9 @@ class EngineDescriptor(Artefact):
     compute_dtype: Literal["float32", "float64", "bfloat16"] = "float32"
     threads: int = Field(1, ge=1)
     prefix_cache_entries: int = Field(64, ge=0)
+    fast_paths: bool = Field(True, description=(
+        "Run the CPU fast path's models (scripted kernels, fused steps, int8 packing) instead of the "
+        "plain ones: the same maths, bit for bit where the tests compare them."))
     config_hash: str | None = Field(None, description="The deployment config's hash (the manifest records it too).")
     name: str = ""
 

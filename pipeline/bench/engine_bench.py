@@ -255,7 +255,8 @@ def run_bench(config_path: str | Path, prompts_per_category: int = 8, max_tokens
     if any(b not in (1, max(batches)) for b in batches):
         raise SpecdeployError(f"batches {batches}: only 1 and one larger size are supported")
     limits = dict(max_batch_size=max(batches), max_seq_len=cfg.build.max_seq_len,
-                  compute_dtype=cfg.reference.compute_dtype, prefix_cache_entries=0)
+                  compute_dtype=cfg.reference.compute_dtype, prefix_cache_entries=0,
+                  fast_paths=cfg.reference.fast_paths)
     workdir = tempfile.TemporaryDirectory(prefix="specdeploy-bench-")
     results, scaling = [], None
     try:

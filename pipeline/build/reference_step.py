@@ -110,7 +110,7 @@ def cmd_engine(args: argparse.Namespace) -> None:
             role=args.role, model_dir=str(model_dir), quantization=args.quantization, proposer=_proposer(args),
             max_draft_len=args.max_draft_len, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,
             max_input_len=args.max_input_len, compute_dtype=args.compute_dtype, threads=args.threads,
-            prefix_cache_entries=args.prefix_cache_entries,
+            prefix_cache_entries=args.prefix_cache_entries, fast_paths=args.fast_paths,
             config_hash=args.config_hash or None,  # the manifest records the deployment's hash
             name=args.name,
         )
@@ -149,6 +149,7 @@ def _engine_flags(engine: argparse.ArgumentParser) -> None:
                         default=spec.default("compute_dtype"))
     engine.add_argument("--threads", type=int, default=spec.default("threads"))
     engine.add_argument("--prefix-cache-entries", type=int, default=spec.default("prefix_cache_entries"))
+    engine.add_argument("--fast-paths", action=argparse.BooleanOptionalAction, default=spec.default("fast_paths"))
     engine.add_argument("--name", default=spec.default("name"))
     engine.add_argument("--config-hash", default="")
     engine.set_defaults(func=cmd_engine)

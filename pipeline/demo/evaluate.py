@@ -10,6 +10,7 @@ predicts (head i: t+2+i) and the EAGLE head's one-step agreement — per categor
 from __future__ import annotations
 
 from pipeline.demo import corpus
+from pipeline.demo.models import DRAFT, EAGLE, MEDUSA, TARGET, generate_greedy_or_sampled, target_features
 from pipeline.demo.tokenizer import EOS_ID
 
 HELDOUT_TEXT_SEED = corpus.HELDOUT_SEED + 2
@@ -40,8 +41,6 @@ def continuations(target, heldout: dict[str, list[list[int]]], recipe) -> dict[s
     :func:`evaluate` (demo training computes it in its second process, beside head training)."""
     import torch
 
-    from pipeline.demo.train import generate_greedy_or_sampled, target_features
-
     out: dict[str, list[tuple]] = {}
     for category, prompts in heldout.items():
         out[category] = []
@@ -54,8 +53,6 @@ def continuations(target, heldout: dict[str, list[list[int]]], recipe) -> dict[s
 def evaluate(models: dict, data, recipe, continued: dict[str, list[tuple]] | None = None) -> dict:
     """``continued``: :func:`continuations` computed elsewhere (computed here when None)."""
     import torch
-
-    from pipeline.demo.train import DRAFT, EAGLE, MEDUSA, TARGET
 
     target = models[TARGET]
     if continued is None:

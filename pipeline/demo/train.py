@@ -12,7 +12,6 @@ windows, half target-generated (on-policy) sequences.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
@@ -23,7 +22,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from pipeline.demo import corpus
+from pipeline.demo import corpus, evaluate
+from pipeline.demo.models import (
+    DRAFT,
+    EAGLE,
+    MEDUSA,
+    MODEL_NAMES,
+    TARGET,
+    generate_greedy_or_sampled,
+    lm_logits,
+    target_features,
+)
+from pipeline.demo.models import one_thread_torch as _torch
 from pipeline.demo.tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -33,8 +43,6 @@ from pipeline.demo.tokenizer import (
     train_tokenizer,
 )
 
-TARGET, DRAFT, MEDUSA, EAGLE = "tiny-target", "tiny-draft", "tiny-medusa", "tiny-eagle"
-MODEL_NAMES = (TARGET, DRAFT, MEDUSA, EAGLE)
 SUMS_FILE = "SHA256SUMS.txt"  # .txt: shipped as package data (pyproject globs)
 REPORT_FILE = "training_report.json"
 
@@ -76,15 +84,6 @@ SMOKE = Recipe(
     samples_per_category=40, target_steps=24, warmup=4, draft_steps=12, medusa_steps=12, eagle_steps=12,
     pool_corpus_windows=16, pool_generated=16, seq_len=64, eval_prompts_per_category=2, eval_new_tokens=8,
 )
-
-
-def _torch():
-    import torch
-
-    torch.set_num_threads(1)
-    with contextlib.suppress(RuntimeError):  # only settable before the first parallel op
-        torch.set_num_interop_threads(1)
-    return torch
 
 
 # ------------------------------------------------------------------------------------------------
@@ -234,38 +233,6 @@ def train_target(recipe: Recipe, data: Data, progress: Progress) -> tuple[object
 def _tail_mean(values: list[float], n: int = 20) -> float:
     tail = values[-n:]
     return round(sum(tail) / len(tail), 4)
-
-
-def target_features(target, ids):
-    """ids [batch, seq] → final hidden states AFTER the final norm [batch, seq, H] (fp32, no grad)."""
-    torch = _torch()
-    with torch.no_grad():
-        return target.model(input_ids=ids).last_hidden_state.float()
-
-
-def lm_logits(features, embed_weight):
-    """Tied LM head: features [.., H] @ embed[V, H]ᵀ → logits [.., V]."""
-    return features @ embed_weight.t()
-
-
-def generate_greedy_or_sampled(target, prompts, new_tokens: int, sample: bool, generator):
-    """Plain KV-cached decoding with the target (no EOS stop): prompts [batch, P] → [batch, P+new]."""
-    torch = _torch()
-    from transformers import DynamicCache
-
-    with torch.no_grad():
-        cache = DynamicCache()
-        out = target(input_ids=prompts, cache=cache, use_cache=True)
-        seq = prompts
-        for _ in range(new_tokens):
-            logits = out.logits[:, -1].float()  # [batch, V]
-            if sample:
-                nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)
-            else:
-                nxt = logits.argmax(-1, keepdim=True)
-            seq = torch.cat([seq, nxt], dim=1)
-            out = target(input_ids=nxt, cache=cache, use_cache=True)
-    return seq
 
 
 def build_pool(recipe: Recipe, target, data: Data, progress: Progress):
@@ -535,8 +502,6 @@ def _eagle_child(recipe: Recipe, pool, heldout: dict, out_dir: str, send) -> Non
         from transformers import LlamaForCausalLM
         from transformers.utils import logging as hf_logging
 
-        from pipeline.demo import evaluate
-
         hf_logging.set_verbosity_error()
         started = time.perf_counter()
         target = LlamaForCausalLM.from_pretrained(str(Path(out_dir) / TARGET)).eval()
@@ -553,70 +518,91 @@ def _eagle_child(recipe: Recipe, pool, heldout: dict, out_dir: str, send) -> Non
         send.close()
 
 
+class _Laps:
+    """Seconds per stage into ``report["seconds"]``."""
+
+    def __init__(self, report: dict):
+        self.report = report
+        self.clock = time.perf_counter()
+
+    def __call__(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.report["seconds"][stage] = round(now - self.clock, 1)
+        self.clock = now
+
+
+def _target(out_dir: Path, recipe: Recipe, only: str | None, report: dict, lap: _Laps, progress: Progress):
+    """The trained target and the data: reused from ``out_dir`` when retraining one head only."""
+    from transformers import LlamaForCausalLM
+
+    if only not in (None, TARGET) and (out_dir / TARGET / "model.safetensors").is_file():
+        tokenizer = load_tokenizer(out_dir / TARGET)
+        data = _encode_data(recipe, tokenizer, corpus.training_corpus(recipe.samples_per_category))
+        target = LlamaForCausalLM.from_pretrained(str(out_dir / TARGET)).eval()
+        lap("data")
+    else:
+        data = build_data(recipe, out_dir)
+        lap("data")
+        target, report["models"][TARGET] = train_target(recipe, data, progress)
+        save_llama(target, out_dir / TARGET, None)
+        lap("target")
+    for p in target.parameters():
+        p.requires_grad_(False)
+    return target, data
+
+
+def _heads(out_dir: Path, recipe: Recipe, only: str | None, parallel: bool, target, data: Data, report: dict,
+           lap: _Laps, progress: Progress) -> tuple[dict, dict | None]:
+    """Train and save the draft and heads (``only``: one of them); the EAGLE head in a second
+    process when all train and ``parallel``. → (models by name, the held-out continuations the
+    second process computed, or None)."""
+    pool = build_pool(recipe, target, data, progress)
+    lap("pool")
+    beside = _SecondProcess(recipe, pool, data.heldout, out_dir) if parallel and only is None else None
+    if beside is not None:
+        report["parallel"] = [EAGLE]
+    models, continued = {}, None
+    for name, trainer in ((DRAFT, train_draft), (MEDUSA, train_medusa), (EAGLE, train_eagle)):
+        if only in (None, name) and not (beside is not None and name == EAGLE):
+            models[name], report["models"][name] = trainer(recipe, target, pool, progress)
+            lap(name.removeprefix("tiny-"))
+    if DRAFT in models:
+        save_llama(models[DRAFT], out_dir / DRAFT, out_dir / TARGET)
+    if MEDUSA in models:
+        save_medusa(models[MEDUSA], out_dir / MEDUSA, recipe)
+    if EAGLE in models:
+        save_eagle(models[EAGLE], out_dir / EAGLE, out_dir / TARGET)
+    if beside is not None:
+        for _ in progress.steps("eagle (2nd process)", 1):
+            report["models"][EAGLE], report["seconds"]["eagle"], continued = beside.join()
+        from pipeline.demo.heads import load_eagle
+
+        models[EAGLE] = load_eagle(out_dir / EAGLE).eval()
+        lap("eagle_wait")
+    return models, continued
+
+
 def train_all(out_dir: Path, recipe: Recipe = FULL, only: str | None = None, show_progress: bool = True,
               parallel: bool = True) -> dict:
     """Train (all or ``only`` one of) the demo models into ``out_dir``; returns the report.
     ``parallel``: when all heads are trained, the EAGLE head trains in a second process meanwhile
     (same files either way; the report's ``parallel`` lists what ran beside the rest)."""
     torch = _torch()
-    from transformers import LlamaForCausalLM
     from transformers.utils import logging as hf_logging
-
-    from pipeline.demo import evaluate
 
     hf_logging.set_verbosity_error()
     if only is not None and only not in MODEL_NAMES:
         raise ValueError(f"unknown demo model {only!r}")
     out_dir.mkdir(parents=True, exist_ok=True)
     report: dict = {"recipe": asdict(recipe), "torch": torch.__version__, "seconds": {}, "models": {}}
-    clock = started = time.perf_counter()
-
-    def lap(stage: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        report["seconds"][stage] = round(now - clock, 1)
-        clock = now
-
+    started = time.perf_counter()
+    lap = _Laps(report)
     with Progress(show_progress) as progress:
-        reuse_target = only not in (None, TARGET) and (out_dir / TARGET / "model.safetensors").is_file()
-        if reuse_target:
-            tokenizer = load_tokenizer(out_dir / TARGET)
-            data = _encode_data(recipe, tokenizer, corpus.training_corpus(recipe.samples_per_category))
-            target = LlamaForCausalLM.from_pretrained(str(out_dir / TARGET)).eval()
-            lap("data")
-        else:
-            data = build_data(recipe, out_dir)
-            lap("data")
-            target, report["models"][TARGET] = train_target(recipe, data, progress)
-            save_llama(target, out_dir / TARGET, None)
-            lap("target")
-        for p in target.parameters():
-            p.requires_grad_(False)
-        models = {TARGET: target}
-        beside, continued = None, None
+        target, data = _target(out_dir, recipe, only, report, lap, progress)
+        models, continued = {TARGET: target}, None
         if only != TARGET:
-            pool = build_pool(recipe, target, data, progress)
-            lap("pool")
-            beside = _SecondProcess(recipe, pool, data.heldout, out_dir) if parallel and only is None else None
-            if beside is not None:
-                report["parallel"] = [EAGLE]
-            for name, trainer in ((DRAFT, train_draft), (MEDUSA, train_medusa), (EAGLE, train_eagle)):
-                if only in (None, name) and not (beside is not None and name == EAGLE):
-                    models[name], report["models"][name] = trainer(recipe, target, pool, progress)
-                    lap(name.removeprefix("tiny-"))
-            if DRAFT in models:
-                save_llama(models[DRAFT], out_dir / DRAFT, out_dir / TARGET)
-            if MEDUSA in models:
-                save_medusa(models[MEDUSA], out_dir / MEDUSA, recipe)
-            if EAGLE in models:
-                save_eagle(models[EAGLE], out_dir / EAGLE, out_dir / TARGET)
-            if beside is not None:
-                for _ in progress.steps("eagle (2nd process)", 1):
-                    report["models"][EAGLE], report["seconds"]["eagle"], continued = beside.join()
-                from pipeline.demo.heads import load_eagle
-
-                models[EAGLE] = load_eagle(out_dir / EAGLE).eval()
-                lap("eagle_wait")
+            heads, continued = _heads(out_dir, recipe, only, parallel, target, data, report, lap, progress)
+            models.update(heads)
         report["quality"] = evaluate.evaluate(models, data, recipe, continued)
         lap("evaluate")
     report["total_seconds"] = round(time.perf_counter() - started, 1)  # wall clock (stages may overlap)

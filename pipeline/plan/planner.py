@@ -160,6 +160,7 @@ def _reference_engine(p: _Planner, role: str, model: tuple[str, str], proposer: 
         "--max-seq-len", str(cfg.build.max_seq_len), "--max-input-len", str(cfg.build.max_input_len),
         "--compute-dtype", cfg.reference.compute_dtype, "--threads", str(cfg.reference.threads),
         "--prefix-cache-entries", str(cfg.reference.prefix_cache_entries),
+        *([] if cfg.reference.fast_paths else ["--no-fast-paths"]),
         "--name", cfg.name,
     ]  # no config hash here: a load-test-only config change must not rebuild engines
     p.add(Step(f"engine-{role}", argv, [model[0], *inputs], [out], _reference_env(), kind="engine"))

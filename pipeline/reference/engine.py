@@ -22,7 +22,7 @@ import torch
 from pydantic import ValidationError
 
 from pipeline.artefacts.base import ArtefactError, problem_lines
-from pipeline.artefacts.engine import ENGINE_DESCRIPTOR, EngineDescriptor, NoProposer
+from pipeline.artefacts.engine import ENGINE_DESCRIPTOR, EngineDescriptor
 from pipeline.serve.cpu_pinning import pin_this_thread
 from pipeline.errors import SpecdeployError
 from pipeline.reference.api import (
@@ -31,9 +31,12 @@ from pipeline.reference.api import (
     GenerationResult,
     RequestStats,
 )
-from pipeline.reference.modeling import EagleHead, LlamaModel, MedusaHeads
-from pipeline.reference.proposers import DraftModelProposer, EagleProposer, MedusaProposer, Proposer
-from pipeline.reference.scheduler import Scheduler, SeqState, make_generator
+from pipeline.reference.draft_len import engine_max_draft_len
+from pipeline.reference.fast.models import FAST_MODELS
+from pipeline.reference.modeling import PLAIN_MODELS, ModelTypes
+from pipeline.reference.proposers import BUILDERS, BuildContext, Proposer
+from pipeline.reference.scheduler import Scheduler
+from pipeline.reference.sequence import SeqState, make_generator
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
@@ -237,39 +240,21 @@ def _copy_stats(stats: RequestStats) -> RequestStats:
 # Construction
 
 
-def _path(value: str, base: Path) -> Path:
-    path = Path(value)
-    return path if path.is_absolute() else (base / path)
-
-
-def _build_proposer(spec, target: LlamaModel, dtype: torch.dtype, slots: int, max_rows: int,
-                    base: Path) -> Proposer | None:
-    """``spec.draft_int8``: quantize the draft-side weights (draft model, heads) to int8 at
-    load — cheaper draft steps, output unchanged (only acceptance may move)."""
-    proposer = _make_proposer(spec, target, dtype, slots, max_rows, base)
-    if proposer is not None and getattr(spec, "draft_int8", False) and dtype == torch.float32:
+def _build_proposer(spec: dict, ctx: BuildContext) -> Proposer | None:
+    """The proposer ``spec["method"]`` names (:data:`pipeline.reference.proposers.BUILDERS`).
+    ``spec["draft_int8"]``: quantize the draft-side weights (draft model, heads) to int8 at load —
+    cheaper draft steps, output unchanged (only acceptance may move)."""
+    method = spec.get("method", "none")
+    if method == "none":
+        return None
+    if method not in BUILDERS:
+        raise SpecdeployError(f"unknown proposer method {method!r}")
+    proposer = BUILDERS[method](spec, ctx)
+    if spec.get("draft_int8") and ctx.dtype == torch.float32:
         for name in ("model", "heads", "head"):
             if hasattr(proposer, name):
                 getattr(proposer, name).to_int8()
     return proposer
-
-
-def _make_proposer(spec, target: LlamaModel, dtype: torch.dtype, slots: int, max_rows: int,
-                   base: Path) -> Proposer | None:
-    """``spec``: one proposer of :mod:`pipeline.artefacts.engine` (its defaults apply)."""
-    if spec.method == "none":
-        return None
-    if spec.method == "draft_target":
-        draft = LlamaModel(_path(spec.draft_dir, base), dtype)
-        if draft.shape.vocab_size != target.shape.vocab_size:
-            raise SpecdeployError(f"draft vocab {draft.shape.vocab_size} != target vocab {target.shape.vocab_size}")
-        return DraftModelProposer(draft, spec.num_draft_tokens, slots, max_rows)
-    if spec.method == "medusa":
-        heads = MedusaHeads(_path(spec.heads_dir, base), dtype, spec.num_heads)
-        return MedusaProposer(heads, spec.num_heads or heads.num_heads, spec.choices)
-    head = EagleHead(_path(spec.head_dir, base), target, dtype)
-    depth = max(len(c) for c in spec.choices) if spec.choices else spec.num_layers
-    return EagleProposer(head, depth, slots, max_rows, spec.choices)
 
 
 def _descriptor(descriptor: EngineDescriptor | dict) -> EngineDescriptor:
@@ -283,20 +268,20 @@ def _descriptor(descriptor: EngineDescriptor | dict) -> EngineDescriptor:
 
 def engine_from_descriptor(descriptor: EngineDescriptor | dict, base: Path = Path("."),
                            cpus: tuple[int, ...] | None = None) -> ReferenceEngine:
+    """``fast_paths`` (default true): load the CPU fast path's models
+    (:mod:`pipeline.reference.fast`) instead of the plain ones — the same maths, faster."""
     d = _descriptor(descriptor)
+    fields = d.dump()  # every field with its default filled in: the engine reads plain data
     dtype = DTYPES[d.compute_dtype]
-    target = LlamaModel(_path(d.model_dir, base), dtype)
+    models: ModelTypes = FAST_MODELS if d.fast_paths else PLAIN_MODELS
+    model_dir = Path(d.model_dir)
+    target = models.llama(model_dir if model_dir.is_absolute() else base / model_dir, dtype)
     # baseline/draft: plain; target: external drafts only
-    spec = d.proposer if d.role == "speculative" else NoProposer()
-    proposer = _build_proposer(spec, target, dtype, d.max_batch_size, d.max_seq_len + 64, base)
-    if d.role == "target":
-        max_draft = d.max_draft_len
-    elif proposer is not None:
-        max_draft = max(d.max_draft_len or proposer.max_draft_len, proposer.max_draft_len)
-    else:
-        max_draft = 0
+    spec = d.proposer.model_dump() if d.role == "speculative" else {"method": "none"}
+    proposer = _build_proposer(spec, BuildContext(target, models, dtype, d.max_batch_size, d.max_seq_len + 64, base))
+    max_draft = engine_max_draft_len(fields, d.role, None if proposer is None else proposer.max_draft_len)
     scheduler = Scheduler(target, proposer, d.max_batch_size, d.max_seq_len, max_draft, d.prefix_cache_entries)
-    return ReferenceEngine(scheduler, d.dump(), cpus)
+    return ReferenceEngine(scheduler, fields, cpus)
 
 
 def set_threads(threads: int) -> None:

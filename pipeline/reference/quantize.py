@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 
 from pipeline.errors import SpecdeployError
-from pipeline.reference.modeling import QUANT_METHOD, load_safetensors, quantize_weight, read_config
+from pipeline.reference.checkpoint import QUANT_METHOD, load_safetensors, quantize_weight, read_config
 
 FORMATS = ("int8_wo",)
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

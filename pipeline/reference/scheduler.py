@@ -1,61 +1,30 @@
 """The decoding loop of the reference engine, without threads: admit a request (prefill, with
 prefix reuse), then run batched speculative steps over every active sequence.
 
-One step = propose (the proposer, batched; or the request's external ``draft_input_ids``) →
-one target forward over ``[pending token] + drafts`` per sequence (ragged; causal or tree mask)
-→ verify per sequence → roll back / compact the KV cache → emit tokens, applying end_id,
-stop words and ``max_new_tokens``. The baseline is this same loop with no proposer (zero drafts).
-Invariant: the target cache holds every token of the sequence except the last (the *pending*
-token), so ``cache.length == len(tokens) - 1``. Reads and writes nothing on disk.
+One step = propose (each sequence's proposer, batched; a request with ``draft_input_ids`` has
+:class:`~pipeline.reference.proposers.external.ExternalDraftProposer`) → one target forward
+over ``[pending token] + drafts`` per sequence (ragged; causal or tree mask) → verify per
+sequence (:mod:`pipeline.reference.verify`; its glossary names what is emitted) → roll back /
+compact the KV cache → hand the proposer the target's hidden states of the rows kept → emit
+tokens, applying end_id, stop words and ``max_new_tokens``. The baseline is this same loop with
+no proposer (zero drafts). Invariant (:mod:`pipeline.reference.sequence`): the target cache
+holds every token of the sequence except the last (the *pending* token), so
+``cache.length == len(tokens) - 1``. Reads and writes nothing on disk.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-
 import torch
 
-from pipeline.reference.api import (
-    DraftTooLongError,
-    FinishReason,
-    GenerationRequest,
-    RequestStats,
-    SamplingParams,
-)
-from pipeline.reference.kv_cache import PrefixCache, SlotCache
+from pipeline.reference.api import DraftTooLongError, GenerationRequest
+from pipeline.reference.kv_cache import PrefixCache
 from pipeline.reference.modeling import LlamaModel, StepInput
-from pipeline.reference.proposers import Proposal, Proposer
+from pipeline.reference.proposers.base import Proposal, Proposer, tree_depths
+from pipeline.reference.proposers.external import ExternalDraftProposer
 from pipeline.reference.sampling import mask_position, to_probs
-from pipeline.reference.verify import Verdict, verify_greedy_chain, verify_greedy_tree, verify_sampled_chain
-
-
-@dataclass
-class SeqState:
-    request: GenerationRequest
-    params: SamplingParams
-    generator: torch.Generator
-    tokens: list[int]  # prompt + generated (internal; the last one is pending)
-    cache: SlotCache | None = None
-    output: list[int] = field(default_factory=list)  # emitted tokens
-    emitted: int = 0  # how many of ``output`` were streamed already
-    stats: RequestStats = field(default_factory=RequestStats)
-    last_hidden: torch.Tensor | None = None  # [H] final hidden of the last cached position
-    features: torch.Tensor | None = None  # [n, H] target features not yet consumed by EAGLE
-    proposer_state: object = None
-    finish_reason: FinishReason | None = None
-    cancelled: bool = False
-    single_step: bool = False  # external drafts: exactly one verification step
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-def make_generator(seed: int | None) -> torch.Generator:
-    gen = torch.Generator()
-    gen.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
-    return gen
+from pipeline.reference.sequence import SeqState
+from pipeline.reference.verify import VerifyResult, verify_greedy_chain, verify_greedy_tree, verify_sampled_chain
 
 
 def _ancestors(parents: list[int]) -> torch.Tensor:
@@ -67,13 +36,6 @@ def _ancestors(parents: list[int]) -> torch.Tensor:
         mask[i + 1] = mask[parent]
         mask[i + 1, i + 1] = True
     return mask
-
-
-def _depths(parents: list[int]) -> list[int]:
-    depths = [0]
-    for parent in parents:
-        depths.append(depths[parent] + 1)
-    return depths
 
 
 def check_request(request: GenerationRequest, vocab_size: int, max_draft_len: int, max_seq_len: int) -> None:
@@ -104,6 +66,7 @@ class Scheduler:
                  max_seq_len: int, max_draft_len: int, prefix_cache_entries: int):
         self.target = target
         self.proposer = proposer
+        self.external = ExternalDraftProposer(max_draft_len, target.dtype)
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
         self.max_draft_len = max_draft_len
@@ -111,7 +74,6 @@ class Scheduler:
         self.max_rows = max_seq_len + max(max_draft_len, 1) + 2
         self.pool = target.new_pool(max_batch_size, self.max_rows)
         self.prefix = PrefixCache(prefix_cache_entries)
-        self.keep_features = proposer is not None and proposer.uses_features
 
     # -- admission -------------------------------------------------------------------------
 
@@ -120,24 +82,23 @@ class Scheduler:
         check_request(request, self.vocab_size, self.max_draft_len, self.max_seq_len)
 
     def admit(self, seq: SeqState) -> None:
-        """Allocate a slot and prefill all prompt tokens but the last (it becomes pending)."""
+        """Allocate a slot and prefill all prompt tokens but the last (it becomes pending); the
+        proposer gets the prefilled positions' hidden states."""
         seq.stats.first_scheduled_time_ns = time.monotonic_ns()
         seq.cache = self.pool.allocate()
-        seq.single_step = seq.request.draft_input_ids is not None
+        seq.proposer = self.external if seq.request.draft_input_ids is not None else self.proposer
         prompt = seq.tokens
-        limit = len(prompt) - 1
-        if self.proposer is not None:
-            limit = len(prompt) - 2 if self.proposer.prefix_reuse else 0  # features needed
+        limit = len(prompt) - 1 if seq.proposer is None else seq.proposer.reusable_prefix(len(prompt))
         reused = self.prefix.restore(prompt, seq.cache, max(limit, 0))
         seq.stats.kv_cache_reused_tokens = reused
         seq.stats.kv_cache_new_tokens = len(prompt) - reused
-        if self.proposer is not None:
-            self.proposer.start(seq)
         todo = prompt[reused:-1]
+        hidden = None
         if todo:
-            hidden = self.target.forward(self.pool, [StepInput(seq.cache, todo, list(range(reused, reused + len(todo))))])
-            seq.last_hidden = hidden[0, -1]
-            seq.features = hidden[0] if self.keep_features else None
+            prefill = StepInput(seq.cache, todo, list(range(reused, reused + len(todo))))
+            hidden = self.target.forward(self.pool, [prefill])[0]  # [n, H]
+        if seq.proposer is not None:
+            seq.proposer.start(seq, hidden)
         if seq.request.max_new_tokens == 0:
             seq.finish_reason = "length"
 
@@ -146,36 +107,28 @@ class Scheduler:
             self.prefix.put(seq.tokens, seq.cache)
             self.pool.release(seq.cache)
             seq.cache = None
-        if self.proposer is not None:
-            self.proposer.release(seq)
+        if seq.proposer is not None:
+            seq.proposer.release(seq)
 
     # -- one batched step ------------------------------------------------------------------
 
     def _draft_budget(self, seq: SeqState) -> int:
+        """``num_draft_tokens`` for this step: the request's (default: the proposer's most),
+        within the proposer's capacity and what is left to generate after the next token."""
         remaining = seq.request.max_new_tokens - len(seq.output)
         wanted = seq.request.num_draft_tokens
-        k = self.proposer.max_draft_len if wanted is None else wanted
-        return max(0, min(k, self.proposer.max_draft_len, remaining - 1))
+        most = seq.proposer.max_draft_len
+        return max(0, min(most if wanted is None else wanted, most, remaining - 1))
 
     def _proposals(self, seqs: list[SeqState]) -> list[Proposal]:
+        """Each proposer drafts for its sequences in one batched call."""
         proposals = [Proposal() for _ in seqs]
-        internal = [i for i, s in enumerate(seqs) if not s.single_step]
-        for i, seq in enumerate(seqs):
-            if seq.single_step:
-                proposals[i] = self._external(seq)
-        if self.proposer is not None and internal:
-            sub = [seqs[i] for i in internal]
-            for i, prop in zip(internal, self.proposer.propose(sub, [self._draft_budget(s) for s in sub])):
+        for proposer in {id(s.proposer): s.proposer for s in seqs if s.proposer is not None}.values():
+            rows = [i for i, s in enumerate(seqs) if s.proposer is proposer]
+            drafted = proposer.propose([seqs[i] for i in rows], [self._draft_budget(seqs[i]) for i in rows])
+            for i, prop in zip(rows, drafted):
                 proposals[i] = prop
         return proposals
-
-    def _external(self, seq: SeqState) -> Proposal:
-        drafts = list(seq.request.draft_input_ids or [])
-        probs = None
-        if seq.request.draft_logits is not None and drafts and not seq.params.greedy:
-            logits = torch.tensor(seq.request.draft_logits, dtype=self.target.dtype)
-            probs = to_probs(logits, seq.params)
-        return Proposal(drafts, None, probs)
 
     def step(self, seqs: list[SeqState]) -> None:
         """One speculative step for every sequence in ``seqs`` (all unfinished)."""
@@ -187,7 +140,7 @@ class Scheduler:
                 positions = list(range(start, start + 1 + len(prop.tokens)))
                 tree = None
             else:
-                positions = [start + d for d in _depths(prop.parents)]
+                positions = [start + d for d in tree_depths(prop.parents)]
                 tree = _ancestors(prop.parents)
             inputs.append(StepInput(seq.cache, [seq.tokens[-1]] + prop.tokens, positions, tree))
         hidden = self.target.forward(self.pool, inputs)  # [B, T, H]
@@ -211,7 +164,7 @@ class Scheduler:
                           req.end_id, req.bad_words)
         return logits
 
-    def _verify(self, seq: SeqState, prop: Proposal, logits: torch.Tensor) -> Verdict:
+    def _verify(self, seq: SeqState, prop: Proposal, logits: torch.Tensor) -> VerifyResult:
         if seq.params.greedy:
             if prop.parents is not None:
                 return verify_greedy_tree(logits, prop.tokens, prop.parents)
@@ -226,25 +179,20 @@ class Scheduler:
     def _finish_step(self, seq: SeqState, prop: Proposal, hidden: torch.Tensor, logits: torch.Tensor,
                      start: int) -> None:
         logits = self._masked(seq, prop, logits)
-        verdict = self._verify(seq, prop, logits)
-        a = len(verdict.accepted)
-        rows = [0] + verdict.accepted  # step rows now part of the sequence
+        result = self._verify(seq, prop, logits)
+        a = len(result.accepted)
+        rows = [0] + result.accepted  # step rows now part of the sequence
         if prop.parents is None:
             seq.cache.rollback(start + 1 + a)
         else:
             seq.cache.compact(start, [start + r for r in rows])
-        seq.last_hidden = hidden[rows[-1]]  # [H]
-        if self.keep_features:
-            kept = hidden[: a + 1] if prop.parents is None else hidden[rows]  # [a+1, H]
-            seq.features = kept if seq.features is None else torch.cat([seq.features, kept])
-        new_tokens = [prop.tokens[r - 1] for r in verdict.accepted] + [verdict.token]
+        new_tokens = [prop.tokens[r - 1] for r in result.accepted] + [result.next_token]
         seq.tokens.extend(new_tokens)
         self._stats(seq, prop, a)
         self._emit(seq, new_tokens)
-        if self.proposer is not None and not seq.single_step:
-            self.proposer.accept(seq)
-        if seq.single_step and not seq.finished:
-            seq.finish_reason = "length"
+        if seq.proposer is not None:
+            kept = hidden[: a + 1] if prop.parents is None else hidden[rows]  # [a+1, H]
+            seq.proposer.accept(seq, kept)
 
     def _stats(self, seq: SeqState, prop: Proposal, accepted: int) -> None:
         st = seq.stats

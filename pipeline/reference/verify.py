@@ -1,6 +1,17 @@
 """Verification of draft tokens against the target: greedy (longest prefix, or longest tree path,
-matching the target's argmax) and lossless speculative sampling for chains (accept with
-min(1, p/q); on rejection resample from norm(max(0, p − q)); a bonus token when all pass).
+matching the target's argmax) and lossless speculative sampling for chains (Leviathan et al.,
+arXiv 2211.17192: accept with min(1, p/q); on rejection resample from norm(max(0, p − q))).
+
+Glossary (the names the whole engine uses):
+
+- *draft tokens* — what a proposer offers for one step: a chain of K, or the N nodes of a tree;
+- *accepted tokens* — the drafts the target agrees with: a prefix of the chain, a path of the tree;
+- *correction token* — at the first rejected position, the target's own token there (greedy: its
+  argmax; sampled: a draw from the residual). vLLM's rejection sampler calls it "recovered";
+- *bonus token* — when every draft on the path is accepted, the target's token after the last
+  one (free: its logits come from the same pass);
+- one verify step emits the accepted tokens plus one: the correction or the bonus
+  (:class:`VerifyResult`); ``p`` is the target's distribution, ``q`` the draft's.
 
 Trees are verified greedily only; sampled requests are given a chain by the proposers (documented
 in :mod:`pipeline.reference.proposers`). Randomness only from the request's ``torch.Generator``.
@@ -17,22 +28,22 @@ from pipeline.reference.sampling import sample
 
 
 @dataclass
-class Verdict:
-    accepted: list[int]  # indices (1-based, in the step input) of accepted draft nodes, in order
-    token: int  # correction (recovered) or bonus token
+class VerifyResult:
+    accepted: list[int]  # step rows (1-based; row 0 is the pending token) of the accepted drafts, in order
+    next_token: int  # the correction token, or the bonus token when every draft on the path passed
 
 
-def verify_greedy_chain(target_logits: torch.Tensor, drafts: list[int]) -> Verdict:
+def verify_greedy_chain(target_logits: torch.Tensor, drafts: list[int]) -> VerifyResult:
     """``target_logits [K+1, vocab]``: row j is the target's view after the pending token and
     drafts[:j]."""
     choice = target_logits.argmax(-1).tolist()  # [K+1]
     a = 0
     while a < len(drafts) and drafts[a] == choice[a]:
         a += 1
-    return Verdict(list(range(1, a + 1)), choice[a])
+    return VerifyResult(list(range(1, a + 1)), choice[a])
 
 
-def verify_greedy_tree(target_logits: torch.Tensor, tokens: list[int], parents: list[int]) -> Verdict:
+def verify_greedy_tree(target_logits: torch.Tensor, tokens: list[int], parents: list[int]) -> VerifyResult:
     """Tree: node i (1-based row i+1 … see below) has ``parents[i]`` (0 = the pending token).
     ``target_logits [N+1, vocab]``, row 0 = pending, row i+1 = node i. Follows the child whose
     token is the target's argmax at each step (the longest accepted path)."""
@@ -44,7 +55,7 @@ def verify_greedy_tree(target_logits: torch.Tensor, tokens: list[int], parents: 
     while True:
         nxt = next((c for c in children.get(current, []) if tokens[c - 1] == choice[current]), None)
         if nxt is None:
-            return Verdict(path, choice[current])
+            return VerifyResult(path, choice[current])
         path.append(nxt)
         current = nxt
 
@@ -57,7 +68,7 @@ def residual(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Ten
 
 
 def verify_sampled_chain(target_probs: torch.Tensor, draft_probs: torch.Tensor, drafts: list[int],
-                         generator: torch.Generator, residual_fn=None) -> Verdict:
+                         generator: torch.Generator, residual_fn=None) -> VerifyResult:
     """``target_probs [K+1, vocab]``, ``draft_probs [K, vocab]`` (the distributions the drafts
     were drawn from; one-hot rows for deterministic drafts). ``residual_fn`` exists for the
     negative-control test only."""
@@ -67,8 +78,8 @@ def verify_sampled_chain(target_probs: torch.Tensor, draft_probs: torch.Tensor, 
         u = float(torch.rand((), generator=generator, dtype=torch.float64))
         if q > 0 and u < min(1.0, p / q):
             continue
-        return Verdict(list(range(1, i + 1)), sample(residual_fn(target_probs[i], draft_probs[i]), generator))
-    return Verdict(list(range(1, len(drafts) + 1)), sample(target_probs[len(drafts)], generator))
+        return VerifyResult(list(range(1, i + 1)), sample(residual_fn(target_probs[i], draft_probs[i]), generator))
+    return VerifyResult(list(range(1, len(drafts) + 1)), sample(target_probs[len(drafts)], generator))
 
 
 def one_step_distribution(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:

@@ -187,6 +187,30 @@ def test_tree_method_reference_build(method, checkpoints, tmp_path: Path, monkey
     assert greedy(manifest["engines"]["speculative"], prompt) == greedy(manifest["engines"]["baseline"], prompt)
 
 
+def test_fast_paths_off_reaches_every_engine_descriptor(checkpoints, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``reference.fast_paths: false`` → every engine.json says so and loads the plain models (not
+    the fast subclasses); the default writes true. Output is the same either way."""
+    from pipeline.reference.engine import load_engine
+    from pipeline.reference.modeling import EagleHead, LlamaModel
+
+    monkeypatch.chdir(tmp_path)
+    spec = {"method": "eagle", "head_dir": str(checkpoints["eagle"]), "num_layers": 3}
+    manifests = {}
+    for fast_paths in (True, False):
+        raw = {**reference_cfg(f"ref-fast-{fast_paths}".lower(), checkpoints["target"], spec),
+               "reference": {"fast_paths": fast_paths}}
+        manifests[fast_paths] = build(parse_config(raw), progress=False)
+        for path in manifests[fast_paths]["engines"].values():
+            assert read_descriptor(path)["fast_paths"] is fast_paths
+    engine = load_engine(Path(manifests[False]["engines"]["speculative"]))
+    try:
+        assert type(engine.scheduler.target) is LlamaModel and type(engine.scheduler.proposer.head) is EagleHead
+    finally:
+        engine.shutdown()
+    prompt = [4, 8, 15, 16, 23]
+    assert greedy(manifests[False]["engines"]["speculative"], prompt) == greedy(manifests[True]["engines"]["baseline"], prompt)
+
+
 def test_bad_local_checkpoint_fails_in_resolve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     bad = tmp_path / "not-a-model"

@@ -20,8 +20,9 @@ import torch.nn.functional as F
 from pipeline.reference.api import GenerationRequest, SamplingParams
 from pipeline.reference.engine import create_engine
 from pipeline.reference.kv_cache import KVPool
+from pipeline.reference.fast.models import FastEagleHead, FastLlamaModel
 from pipeline.reference.modeling import EagleHead, LlamaModel, StepInput, StepTensors
-from pipeline.reference.scheduler import SeqState, make_generator
+from pipeline.reference.sequence import SeqState, make_generator
 from tests.reference_fixtures import VOCAB, eager_kernels, one_thread, random_prompts, shared_checkpoints
 
 
@@ -43,8 +44,10 @@ def ckpt(tmp_path_factory):
     return {**shared, "eagle": eagle}
 
 
-def _head(ckpt, dtype, int8: bool = False) -> EagleHead:
-    head = EagleHead(ckpt["eagle"], LlamaModel(ckpt["target"], dtype), dtype)
+def _head(ckpt, dtype, int8: bool = False, fast: bool = True) -> EagleHead:
+    """The fast path's head (what the engine loads by default), or the plain one."""
+    head_type, model_type = (FastEagleHead, FastLlamaModel) if fast else (EagleHead, LlamaModel)
+    head = head_type(ckpt["eagle"], model_type(ckpt["target"], dtype), dtype)
     if int8:
         head.to_int8()
     return head
@@ -90,14 +93,15 @@ def _general_and_lean(head: EagleHead, prompt_len: int, chain: int, reference: E
                                             (torch.float32, True, 2e-2)], ids=["float64", "float32", "int8"])
 @torch.inference_mode()
 def test_extend_matches_the_general_forward(ckpt, dtype, int8, tol):
-    """int8: the fused step quantized after fusing (packed int8 weights, catch-up included)
-    against the general forward of the float head, to quantization error (~1%)."""
+    """Against the plain head's general forward (``fast_paths`` off); int8: the fused step
+    quantized after fusing (packed int8 weights, catch-up included) against the float head, to
+    quantization error (~1%)."""
     head = _head(ckpt, dtype, int8)
     assert head.lean is not None
     assert [w.packed is not None for w in (head.lean.w_in, head.lean.block.w_down, head.lean.w_lm)] == [int8] * 3
     if dtype == torch.float32:  # a oneDNN copy for float catch-up; int8 uses the packed w_in
         assert (head.lean.w_in_rows is None) == int8
-    reference = _head(ckpt, dtype) if int8 else head
+    reference = _head(ckpt, dtype, fast=False)  # the plain maths: the general forward of the float head
     general, lean, general_pool, lean_pool = _general_and_lean(head, prompt_len=6, chain=4, reference=reference)
     for g, ours in zip(general, lean):
         assert (g - ours).abs().max() < tol * max(1.0, float(g.abs().max()))
@@ -170,11 +174,11 @@ def test_greedy_chain_refuses_to_run_past_the_cache(ckpt):
 
 @torch.inference_mode()
 def test_kernels_without_torchscript_compute_the_same_chain(ckpt, monkeypatch):
-    """Where ``torch.jit.script`` fails, :mod:`pipeline.reference.kernels` keeps its Python
+    """Where ``torch.jit.script`` fails, :mod:`pipeline.reference.fast.kernels` keeps its Python
     functions; they draft the same tokens and write the same rows as the scripted ones (int8:
     no ``addmm``, which TorchScript splits into ``mm`` + ``add``, rounding float a little
     differently)."""
-    from pipeline.reference import kernels
+    from pipeline.reference.fast import kernels
 
     eager = eager_kernels(monkeypatch)
     assert isinstance(kernels.eagle_greedy_chain, torch.jit.ScriptFunction)
@@ -193,13 +197,16 @@ def test_kernels_without_torchscript_compute_the_same_chain(ckpt, monkeypatch):
     assert torch.equal(keys, eager_keys) and torch.equal(values, eager_values)
 
 
+@pytest.mark.parametrize("fast_paths", [True, False], ids=["fast", "plain"])
 @pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
 @torch.inference_mode()
-def test_a_lone_sequence_drafts_what_it_drafts_inside_a_batch(ckpt, greedy):
-    """Same sequence, same generator seed: alone (lean extend path) and next to another sequence
-    (batched general forward) → the same draft tokens (float64: no near-ties)."""
+def test_a_lone_sequence_drafts_what_it_drafts_inside_a_batch(ckpt, greedy, fast_paths):
+    """Same sequence, same generator seed: alone (the head's one-sequence path: lean extend with
+    ``fast_paths``, the plain forward without) and next to another sequence (batched general
+    forward) → the same draft tokens (float64: no near-ties)."""
     spec = {"method": "eagle", "head_dir": str(ckpt["eagle"]), "num_layers": 4}
-    engine = create_engine(ckpt["target"], role="speculative", proposer=spec, compute_dtype="float64")
+    engine = create_engine(ckpt["target"], role="speculative", proposer=spec, compute_dtype="float64",
+                           fast_paths=fast_paths)
     engine.shutdown()  # drive the scheduler directly, on this thread
     sch = engine.scheduler
     params = SamplingParams() if greedy else SamplingParams(temperature=0.8, top_k=20)
@@ -245,7 +252,7 @@ def test_chain_shaped_choices_run_as_a_chain(ckpt):
     """``specdeploy plan`` hands the engine the default chain as a tree ([[0], [0, 0], …]); the
     proposer runs it as a chain (same drafts; the lean path, a chain verify). Real trees stay
     trees, and a gap in a chain is still an error."""
-    from pipeline.reference.proposers import EagleProposer
+    from pipeline.reference.proposers.eagle import EagleProposer
 
     head = _head(ckpt, torch.float64)
     chain = EagleProposer(head, 4, 1, 32, [[0, 0], [0], [0, 0, 0, 0, 0], [0, 0, 0], [0, 0, 0, 0]])
@@ -256,13 +263,14 @@ def test_chain_shaped_choices_run_as_a_chain(ckpt):
         EagleProposer(head, 4, 1, 32, [[0], [0, 0, 0]])
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "plain"])
 @pytest.mark.parametrize("slots", [[1, 2, 0], [2, 0, 1]], ids=["3-cycle", "other-3-cycle"])
 @torch.inference_mode()
-def test_batched_forward_in_any_slot_order_equals_each_sequence_alone(ckpt, slots):
+def test_batched_forward_in_any_slot_order_equals_each_sequence_alone(ckpt, slots, fast):
     """``EagleHead.forward`` sorts the batch by KV slot: the features go in slot order and the
     predicted rows come back in the caller's order (3-cycles: a permutation that is not its own
-    inverse, so swapping the two directions would fail)."""
-    head = _head(ckpt, torch.float64)
+    inverse, so swapping the two directions would fail). The plain head gathers, unsorted."""
+    head = _head(ckpt, torch.float64, fast=fast)
     hidden = head.shape.hidden_size
     gen = torch.Generator().manual_seed(5)
     lengths = [4, 6, 3]

@@ -61,11 +61,14 @@ def reference_outputs(ckpt):
         engine.shutdown()
 
 
+@pytest.mark.parametrize("fast_paths", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["fast", "plain"])
 @pytest.mark.parametrize("batched", [False, True], ids=["batch1", "batched"])
 @pytest.mark.parametrize("method", ["baseline", "draft_target", "medusa", "medusa_tree", "eagle", "eagle_tree"])
-def test_greedy_speculation_is_lossless(ckpt, reference_outputs, method, batched):
+def test_greedy_speculation_is_lossless(ckpt, reference_outputs, method, batched, fast_paths):
+    """``reference_outputs`` come from the fast baseline: the plain maths path (``fast_paths``
+    off) must give the same tokens too."""
     spec = None if method == "baseline" else _specs(ckpt)[method]
-    engine = _engine(ckpt, spec)
+    engine = _engine(ckpt, spec, fast_paths=fast_paths)
     try:
         results = _run(engine, PROMPTS, batched)
     finally:
@@ -150,17 +153,18 @@ def test_speculative_sampling_matches_target_distribution(ckpt, method, monkeypa
         assert chi2_pvalue(b1, first) < 1e-3
 
 
+@pytest.mark.parametrize("fast_paths", [True, False], ids=["fast", "plain"])
 @torch.inference_mode()
-def test_eagle_tree_top1_path_equals_the_chain(ckpt):
+def test_eagle_tree_top1_path_equals_the_chain(ckpt, fast_paths):
     """The tree's all-zeros path sees exactly the chain's context (ancestors only), so its tokens
     equal the chain's; siblings are the next-best tokens of the same predicted feature."""
-    from pipeline.reference.scheduler import SeqState, make_generator
+    from pipeline.reference.sequence import SeqState, make_generator
 
     choices = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0], [1, 0, 0]]
     spec = _specs(ckpt)["eagle"]
     drafts = {}
     for name, extra in (("chain", {}), ("tree", {"choices": choices})):
-        engine = _engine(ckpt, {**spec, **extra}, dtype="float64")
+        engine = _engine(ckpt, {**spec, **extra}, dtype="float64", fast_paths=fast_paths)
         engine.shutdown()  # drive the scheduler directly, on this thread
         sch = engine.scheduler
         prompt = PROMPTS[3]
@@ -169,7 +173,7 @@ def test_eagle_tree_top1_path_equals_the_chain(ckpt):
         drafts[name] = sch.proposer.propose([seq], [len(choices)])[0]
         assert seq.proposer_state.cache.length == len(prompt) - 1  # speculative rows dropped
         sch.release(seq)
-    from pipeline.reference.proposers import sort_choices
+    from pipeline.reference.proposers.base import sort_choices
 
     tree, choices = drafts["tree"], sort_choices(choices)  # proposal order: parents first
     path = [tree.tokens[choices.index([0] * d)] for d in range(1, 5)]

@@ -18,12 +18,16 @@ import torch
 from pipeline.errors import SpecdeployError
 from pipeline.reference.api import GenerationRequest
 from pipeline.reference.engine import create_engine
-from pipeline.reference.kernels import DRAFT_PACK_ROWS
-from pipeline.reference.modeling import Linear, LlamaModel, StepInput, int8_copy
+from pipeline.reference.fast.kernels import DRAFT_PACK_ROWS
+from pipeline.reference.fast.linear import FastLinear, int8_copy
+from pipeline.reference.fast.models import FastLlamaModel
+from pipeline.reference.modeling import LlamaModel as PlainLlamaModel
+from pipeline.reference.modeling import StepInput
 from pipeline.reference.quantize import quantize_checkpoint
 from tests.reference_fixtures import eager_kernels, one_thread, random_prompts, shared_checkpoints
 
 TIE_GAP = 1e-4
+BOTH = pytest.mark.parametrize("model_type", [FastLlamaModel, PlainLlamaModel], ids=["fast", "plain"])
 
 
 @pytest.fixture(scope="module")
@@ -46,17 +50,19 @@ def _prefill(model, tokens, pool=None):
     return pool, cache, model.logits(hidden)[0]
 
 
+@BOTH
 @torch.inference_mode()
-def test_logits_match_hugging_face(ckpt, hf_target):
+def test_logits_match_hugging_face(ckpt, hf_target, model_type):
     ids = random_prompts(1, seed=3, min_len=30, max_len=30)[0]
     ref = hf_target(torch.tensor([ids])).logits[0]
-    _, _, ours = _prefill(LlamaModel(ckpt["target"]), ids)
+    _, _, ours = _prefill(model_type(ckpt["target"]), ids)
     assert (ours - ref).abs().max() < 1e-4
 
 
+@BOTH
 @torch.inference_mode()
-def test_rollback_and_compaction_equal_a_cache_built_from_scratch(ckpt):
-    model = LlamaModel(ckpt["target"])
+def test_rollback_and_compaction_equal_a_cache_built_from_scratch(ckpt, model_type):
+    model = model_type(ckpt["target"])
     ids = random_prompts(1, seed=4, min_len=12, max_len=12)[0]
     pool, cache, _ = _prefill(model, ids[:8])
     model.forward(pool, [StepInput(cache, [50, 51, 52], [8, 9, 10])])  # rejected drafts
@@ -122,14 +128,14 @@ def test_checkpoint_refusals(ckpt, tmp_path):
     shutil.copy(ckpt["target"] / "config.json", pickled / "config.json")
     (pickled / "pytorch_model.bin").write_bytes(b"not loaded")
     with pytest.raises(SpecdeployError, match="only safetensors"):
-        LlamaModel(pickled)
+        FastLlamaModel(pickled)
     scaled = tmp_path / "scaled"
     shutil.copytree(ckpt["target"], scaled)
     cfg = json.loads((scaled / "config.json").read_text())
     cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
     (scaled / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(SpecdeployError, match="rope scaling"):
-        LlamaModel(scaled)
+        FastLlamaModel(scaled)
 
 
 @torch.inference_mode()
@@ -142,11 +148,11 @@ def test_int8_weight_only_runs_real_int8_and_agrees_on_top1(ckpt, tmp_path):
     state = load_file(str(tmp_path / "int8" / "model.safetensors"))
     assert state["model.layers.0.self_attn.q_proj.weight"].dtype == torch.int8
     assert state["lm_head.weight"].dtype == torch.int8
-    q = LlamaModel(tmp_path / "int8")
+    q = FastLlamaModel(tmp_path / "int8")
     assert q.layers[0].qkv.int8 and q.layers[0].qkv.weight is None  # int8 GEMM, no float copy
     assert q.lm_head.int8 and q.layers[0].qkv.weight_t.dtype == torch.int8
     ids = random_prompts(1, seed=5, min_len=60, max_len=60)[0]
-    _, _, ref = _prefill(LlamaModel(ckpt["target"]), ids)
+    _, _, ref = _prefill(FastLlamaModel(ckpt["target"]), ids)
     _, _, got = _prefill(q, ids)
     agree = (ref.argmax(-1) == got.argmax(-1)).float().mean().item()
     assert agree >= 0.85
@@ -159,7 +165,7 @@ def test_int8_weight_only_runs_real_int8_and_agrees_on_top1(ckpt, tmp_path):
 def test_int8_rows_are_independent_so_speculation_stays_lossless(ckpt, tmp_path):
     """Per-row activation scales: a row's result does not depend on the batch it is in."""
     quantize_checkpoint(ckpt["target"], tmp_path / "int8")
-    q = LlamaModel(tmp_path / "int8")
+    q = FastLlamaModel(tmp_path / "int8")
     x = torch.randn(7, q.shape.hidden_size)
     with torch.inference_mode():
         assert torch.equal(q.layers[0].gate_up(x)[2], q.layers[0].gate_up(x[2:3])[0])
@@ -181,11 +187,11 @@ def test_draft_side_int8_runs_the_few_row_kernel_up_to_its_row_limit(ckpt, tmp_p
     """``int8_copy`` (draft-side weights): up to DRAFT_PACK_ROWS rows run
     ``_weight_int8pack_mm`` on bfloat16 activations, more rows the target-side per-row ``_int_mm``
     on the same int8 weights; both near float32. An int8 checkpoint's Linear gets the same kernel."""
-    linear = LlamaModel(ckpt["draft"]).layers[0].gate_up
+    linear = FastLlamaModel(ckpt["draft"]).layers[0].gate_up
     q = int8_copy(linear)
     weight_int8, scale_bf16 = q.packed  # [out, in] int8, [out] bf16
     assert weight_int8.dtype == torch.int8 and scale_bf16.dtype == torch.bfloat16
-    plain = Linear(q.weight_t.t(), None, q.scale)  # the same int8 weights, no drafting kernel
+    plain = FastLinear(q.weight_t.t(), None, q.scale)  # the same int8 weights, no drafting kernel
     torch.manual_seed(0)
     x = torch.randn(DRAFT_PACK_ROWS + 4, linear.weight.shape[1])
     ref = linear(x)
@@ -197,7 +203,7 @@ def test_draft_side_int8_runs_the_few_row_kernel_up_to_its_row_limit(ckpt, tmp_p
     for got in (few, q(x)):
         assert (got - ref[: got.shape[0]]).abs().max() < 0.05 * ref.abs().max()
     quantize_checkpoint(ckpt["draft"], tmp_path / "int8")
-    loaded = LlamaModel(tmp_path / "int8").layers[0].gate_up
+    loaded = FastLlamaModel(tmp_path / "int8").layers[0].gate_up
     assert loaded.int8 and loaded.packed is None
     twin = int8_copy(loaded)
     assert twin.packed is not None and torch.equal(twin.packed[0], loaded.weight_t.t())
@@ -219,7 +225,7 @@ def test_draft_kernel_is_refused_for_input_widths_it_mishandles(in_features):
     """_weight_int8pack_mm reads out of bounds when in_features is not a multiple of 16 (torch
     2.13: garbage or SIGSEGV); such Linears keep the per-row _int_mm kernel and stay correct."""
     torch.manual_seed(1)
-    linear = Linear(torch.randn(64, in_features) * 0.05)
+    linear = FastLinear(torch.randn(64, in_features) * 0.05)
     q = int8_copy(linear)
     assert q.int8 and q.packed is None
     x = torch.randn(3, in_features)
@@ -229,12 +235,13 @@ def test_draft_kernel_is_refused_for_input_widths_it_mishandles(in_features):
 
 @pytest.mark.parametrize("slots", [[0, 1, 2], [2, 1, 0], [1, 0, 2], [1, 2, 0], [3, 0, 5], [5, 0, 3]],
                          ids=["ascending", "reversed", "swapped", "3-cycle", "with-gaps", "with-gaps-3-cycle"])
+@BOTH
 @torch.inference_mode()
-def test_a_ragged_batch_in_any_slot_order_equals_each_sequence_alone(ckpt, slots):
+def test_a_ragged_batch_in_any_slot_order_equals_each_sequence_alone(ckpt, slots, model_type):
     """Batched steps read keys through a pool view when the slots are contiguous (the batch is
     sorted by slot, then put back) and gather them otherwise: either way each row is what the
     sequence gets alone, and its K/V rows land in its own slot."""
-    model = LlamaModel(ckpt["target"])
+    model = model_type(ckpt["target"])
     prompts = random_prompts(3, seed=11, min_len=5, max_len=9)
     news = [[7], [8, 9, 10], [11, 12]]  # ragged widths
     pool = model.new_pool(6, 64)
@@ -256,7 +263,7 @@ def test_a_ragged_batch_in_any_slot_order_equals_each_sequence_alone(ckpt, slots
 def test_every_kernel_is_scripted(monkeypatch):
     """A kernel TorchScript cannot compile silently falls back to Python (slower, same maths):
     this catches it."""
-    from pipeline.reference import kernels
+    from pipeline.reference.fast import kernels
 
     names = ["row_mm", "row_addmm", "inv_rms", "attend_last", "lean_block", "eagle_greedy_chain", "linear",
              "decoder_layer", "lean_decode", "lean_decode_greedy_chain"]
@@ -278,9 +285,9 @@ def test_the_scripted_layer_equals_its_python_function_bit_for_bit(ckpt, slots, 
     a one-row step, a causal chain, a tree, and ragged batches whose slots are contiguous (keys
     read through a pool view) or not (gathered); float32 (oneDNN / one-row ``mm``), float64
     (``F.linear``) and int8 (``_int_mm``) projections."""
-    from pipeline.reference import modeling
+    from pipeline.reference.fast import models as modeling
 
-    model = LlamaModel(ckpt["target"], dtype)
+    model = FastLlamaModel(ckpt["target"], dtype)
     if int8:
         model.to_int8()
     eager = eager_kernels(monkeypatch)
@@ -312,9 +319,9 @@ def test_the_scripted_layer_equals_its_python_function_bit_for_bit(ckpt, slots, 
 
 @torch.inference_mode()
 def test_lean_decode_matches_the_batched_forward(ckpt):
-    """``LlamaModel.decode`` (the lone-sequence drafting path, one row at a time, no masks) gives
+    """``FastLlamaModel.decode`` (the lone-sequence drafting path, one row at a time, no masks) gives
     the hidden state and K/V rows the general forward gives, to float rounding."""
-    model = LlamaModel(ckpt["target"])
+    model = FastLlamaModel(ckpt["target"])
     prompt = random_prompts(1, seed=12, min_len=9, max_len=9)[0]
     pool = model.new_pool(2, 64)
     general, lean = pool.allocate(), pool.allocate()
@@ -330,7 +337,7 @@ def test_lean_decode_matches_the_batched_forward(ckpt):
         model.decode(lean, [])
 
 
-def _with_random_norms(model: LlamaModel, seed: int) -> LlamaModel:
+def _with_random_norms(model: FastLlamaModel, seed: int) -> FastLlamaModel:
     """Norm weights that are not all ones (the lean drafting path folds them into its matmuls)."""
     gen = torch.Generator().manual_seed(seed)
 
@@ -347,12 +354,12 @@ def _with_random_norms(model: LlamaModel, seed: int) -> LlamaModel:
                                             (torch.float32, True, 2e-2)], ids=["float64", "float32", "int8"])
 @torch.inference_mode()
 def test_lean_draft_logits_match_the_batched_forward(ckpt, dtype, int8, tol):
-    """``LlamaModel.draft_logits`` through ``LeanDecodeStep`` (norm weights and the attention
+    """``FastLlamaModel.draft_logits`` through ``LeanDecodeStep`` (norm weights and the attention
     scale folded into the weights; int8: quantized after folding) gives the logits and K/V rows
     of the general float forward: to rounding in float64 and float32, to ~1% in int8. Without
     ``use_lean_decode`` it is ``logits(decode(...))``."""
-    reference = _with_random_norms(LlamaModel(ckpt["target"], dtype), seed=4)
-    model = _with_random_norms(LlamaModel(ckpt["target"], dtype), seed=4)
+    reference = _with_random_norms(FastLlamaModel(ckpt["target"], dtype), seed=4)
+    model = _with_random_norms(FastLlamaModel(ckpt["target"], dtype), seed=4)
     assert model.lean is None
     model.use_lean_decode()
     if int8:
@@ -383,7 +390,7 @@ def test_draft_greedy_chain_drafts_what_draft_logits_and_argmax_draft(ckpt, dtyp
     argmax per draft: the same tokens, the same K/V rows bit for bit (two pools of one slot: the
     same memory layout), the cache holding the fed tokens and every draft but the last; too long
     a chain is refused before anything is written. Without the fused step: None."""
-    model = _with_random_norms(LlamaModel(ckpt["target"], dtype), seed=6)
+    model = _with_random_norms(FastLlamaModel(ckpt["target"], dtype), seed=6)
     assert model.greedy_chain(model.new_pool(1, 8).allocate(), [5], 2) is None
     model.use_lean_decode()
     if int8:
@@ -438,3 +445,67 @@ def test_batched_step_mask_follows_the_ragged_causal_and_tree_rules():
     expected[2, 0, [0, 2, 3]] = True  # visible cached rows 0 and 2, and itself
     expected[2, 1, [0, 1, 2, 4]] = expected[2, 2, [0, 1, 2, 5]] = True  # padding rows
     assert torch.equal(mask, expected)
+
+
+@pytest.mark.parametrize("slots", [[0, 1, 2], [0, 2, 5], [3, 5, 0]], ids=["contiguous", "with-gaps", "out-of-order"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+@torch.inference_mode()
+def test_the_fast_forward_equals_the_plain_maths(ckpt, dtype, slots):
+    """``reference.fast_paths`` changes kernels, never maths: the fast model's batched forward
+    (scripted layers, keys read through pool views where the slots are contiguous) gives the plain
+    model's hidden states and K/V rows bit for bit in float64 (both run ``F.linear`` there) for
+    prefill, a one-row step, a causal chain, a tree and ragged batches. Two things only round
+    differently: float32 (oneDNN / one-row ``mm`` against ``F.linear``), and a batch whose slots
+    are out of order, which the fast path sorts by slot (rows sit elsewhere in each matmul)."""
+    prompts = random_prompts(3, seed=17, min_len=5, max_len=9)
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    steps = [
+        lambda cs: [StepInput(cs[0], [7], [cs[0].length])],
+        lambda cs: [StepInput(cs[1], [8, 9, 10, 11], list(range(cs[1].length, cs[1].length + 4)))],
+        lambda cs: [StepInput(cs[2], [12, 13, 14], [cs[2].length] + [cs[2].length + 1] * 2, tree)],
+        lambda cs: [StepInput(c, n, list(range(c.length, c.length + len(n))))
+                    for c, n in zip(cs, [[5], [6, 7, 8], [9, 10]])],
+        lambda cs: [StepInput(c, [15, 16, 17], [c.length] + [c.length + 1] * 2, tree) for c in cs],
+    ]
+    runs = []
+    for model_type in (FastLlamaModel, PlainLlamaModel):
+        model = model_type(ckpt["target"], dtype)
+        pool = model.new_pool(6, 64)
+        pool._free = [s for s in range(6) if s not in slots][::-1] + slots[::-1]
+        caches = [pool.allocate() for _ in slots]
+        outputs = [model.forward(pool, [StepInput(c, p, list(range(len(p))))]) for c, p in zip(caches, prompts)]
+        outputs += [model.forward(pool, make(caches)) for make in steps]
+        outputs.append(model.logits(outputs[-1]))
+        runs.append((outputs, pool))
+    (fast, fast_pool), (plain, plain_pool) = runs
+    assert len(fast) == len(plain) == 9
+    if dtype == torch.float64 and slots == sorted(slots):
+        assert all(torch.equal(a, b) for a, b in zip(fast, plain))
+        assert torch.equal(fast_pool.k, plain_pool.k) and torch.equal(fast_pool.v, plain_pool.v)
+    else:
+        for a, b in zip(fast, plain):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(fast_pool.k, plain_pool.k, atol=1e-5, rtol=1e-5)
+
+
+def test_fast_paths_off_serves_the_same_tokens(ckpt):
+    """The engine switch end to end (float64: no near-ties): every method's greedy output with
+    ``fast_paths`` off equals the output with it on, at batch 1 and batched."""
+    specs = {"baseline": None,
+             "draft_target": {"method": "draft_target", "draft_dir": str(ckpt["draft"]), "num_draft_tokens": 3},
+             "medusa": {"method": "medusa", "heads_dir": str(ckpt["medusa"]), "num_heads": 4},
+             "eagle_tree": {"method": "eagle", "head_dir": str(ckpt["eagle"]), "choices": [[0], [1], [0, 0], [0, 1]]}}
+    prompts = random_prompts(10, seed=23)
+    for name, spec in specs.items():
+        outputs = []
+        for fast_paths in (True, False):
+            engine = create_engine(ckpt["target"], role="speculative" if spec else "baseline", proposer=spec,
+                                   compute_dtype="float64", fast_paths=fast_paths)
+            try:
+                alone = [engine.generate(GenerationRequest(p, 10)).output_ids for p in prompts]
+                handles = [engine.submit(GenerationRequest(p, 10)) for p in prompts]
+                outputs.append((alone, [h.result(timeout=120).output_ids for h in handles]))
+            finally:
+                engine.shutdown()
+        assert outputs[0] == outputs[1], name
+        assert outputs[0][0] == outputs[0][1], name

@@ -25,10 +25,10 @@ def test_greedy_chain_accepts_longest_matching_prefix():
     logits = torch.zeros(4, 10)
     for row, tok in enumerate([3, 5, 7, 9]):
         logits[row, tok] = 1.0
-    assert verify.verify_greedy_chain(logits, [3, 5, 7]) == verify.Verdict([1, 2, 3], 9)  # bonus
-    assert verify.verify_greedy_chain(logits, [3, 6, 7]) == verify.Verdict([1], 5)  # correction
-    assert verify.verify_greedy_chain(logits, [4]) == verify.Verdict([], 3)
-    assert verify.verify_greedy_chain(logits[:1], []) == verify.Verdict([], 3)
+    assert verify.verify_greedy_chain(logits, [3, 5, 7]) == verify.VerifyResult([1, 2, 3], 9)  # bonus
+    assert verify.verify_greedy_chain(logits, [3, 6, 7]) == verify.VerifyResult([1], 5)  # correction
+    assert verify.verify_greedy_chain(logits, [4]) == verify.VerifyResult([], 3)
+    assert verify.verify_greedy_chain(logits[:1], []) == verify.VerifyResult([], 3)
 
 
 def test_greedy_tree_follows_the_matching_branch():
@@ -36,7 +36,7 @@ def test_greedy_tree_follows_the_matching_branch():
     logits = torch.zeros(4, 10)
     logits[0, 3] = logits[1, 1] = logits[2, 8] = logits[3, 2] = 1.0
     verdict = verify.verify_greedy_tree(logits, [4, 3, 8], [0, 0, 2])
-    assert verdict == verify.Verdict([2, 3], 2)
+    assert verdict == verify.VerifyResult([2, 3], 2)
 
 
 def test_one_step_algebra_is_exact():
@@ -58,7 +58,7 @@ def _first_token_counts(p, q, residual_fn, n, seed):
     for _ in range(n):
         draft = int(torch.multinomial(q, 1, generator=gen))
         verdict = verify.verify_sampled_chain(target_probs, q[None], [draft], gen, residual_fn=residual_fn)
-        first = draft if verdict.accepted else verdict.token
+        first = draft if verdict.accepted else verdict.next_token
         counts[first] += 1
     return counts
 

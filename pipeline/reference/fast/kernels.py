@@ -1,4 +1,4 @@
-"""The reference engine's small ops as TorchScript functions: every projection (:func:`linear`),
+"""The fast path's small ops as TorchScript functions: every projection (:func:`linear`),
 every decoder layer of the batched forward (:func:`decoder_layer`), the lean one-row drafting
 layer (:func:`lean_block`, :func:`lean_decode`) and whole greedy drafting chains
 (:func:`eagle_greedy_chain`, :func:`lean_decode_greedy_chain`). Reads and writes nothing but the
@@ -10,14 +10,12 @@ Scripted, the same ATen kernels run from TorchScript's interpreter. It fuses not
 :func:`decoder_layer` gives its Python function's bits (tested); it does split ``addmm`` into
 ``mm`` + ``add``, so the float lean functions round a little differently from their Python
 versions (every drafting path calls the scripted ones, so they agree among themselves).
-Measured: a chain of five int8 EAGLE steps 0.74 ms instead of 1.08 warm (1.02 instead of 1.31
-right after a verify pass); the target forward 2.38 instead of 2.51 ms for one row and 2.81
-instead of 3.38 for six. ``torch.jit.script`` is deprecated in torch 2.x but present in the
+``torch.jit.script`` is deprecated in torch 2.x but present in the
 pinned 2.13; where it fails, :func:`script` returns the Python function, which computes the same
 thing more slowly (a test checks that every kernel here did compile).
 
 The lean functions take weights as ``(weight, scale)`` pairs
-(:class:`~pipeline.reference.modeling.RowWeight`): ``scale`` None — a float ``[in, out]`` matrix
+(:class:`~pipeline.reference.fast.linear.RowWeight`): ``scale`` None — a float ``[in, out]`` matrix
 for ``torch.mm``; else an int8 ``[out, in]`` matrix and its bfloat16 per-channel scale for
 ``torch._weight_int8pack_mm`` on bfloat16 activations.
 """
@@ -40,7 +38,7 @@ def script(fn):
             return torch.jit.script(fn)
         except Exception as exc:  # noqa: BLE001 - e.g. a torch without TorchScript or an op it names
             failure = exc
-    warnings.warn(f"pipeline.reference.kernels.{fn.__name__}: TorchScript failed ({type(failure).__name__}: "
+    warnings.warn(f"pipeline.reference.fast.kernels.{fn.__name__}: TorchScript failed ({type(failure).__name__}: "
                   f"{str(failure).strip().splitlines()[0] if str(failure).strip() else ''}); running it in Python",
                   RuntimeWarning, stacklevel=2)
     return fn
@@ -140,12 +138,12 @@ INT8 = 2  # [int8 weight [in, out], float32 scale [out]]: activations quantized 
 INT8_DRAFT = 3  # INT8's, + [int8 [out, in], bf16 scale]: up to DRAFT_PACK_ROWS rows _weight_int8pack_mm
 DRAFT_PACK_ROWS = 8
 if (FLOAT, PLAIN, INT8, INT8_DRAFT, DRAFT_PACK_ROWS) != (0, 1, 2, 3, 8):
-    raise ImportError("pipeline.reference.kernels: linear() spells out the mode numbers; change both")
+    raise ImportError("pipeline.reference.fast.kernels: linear() spells out the mode numbers; change both")
 
 
 @script
 def linear(x: torch.Tensor, mode: int, operands: List[torch.Tensor], bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """``x [..., in] → [..., out]`` as :class:`~pipeline.reference.modeling.Linear` ``mode``
+    """``x [..., in] → [..., out]`` as :class:`~pipeline.reference.fast.linear.FastLinear` ``mode``
     says (the kernels and why: that class's docstring)."""
     if mode == 1:  # PLAIN
         return F.linear(x, operands[0], bias)
@@ -178,7 +176,7 @@ def decoder_layer(x: torch.Tensor, input_norm: Optional[torch.Tensor], post_norm
     """One decoder layer of the ragged batched forward: ``x [B, T, H]`` → ``[B, T, H]``, the new
     K/V rows written into ``layer_k/layer_v [slots, rows, kv, hd]``. The projections qkv, o,
     gate_up, down are :func:`linear` ``(modes[i], operands[i], biases[i])``. The step's geometry
-    (:class:`~pipeline.reference.modeling.StepTensors`): one sequence — ``slots[0]``,
+    (:class:`~pipeline.reference.fast.models.FastStepTensors`): one sequence — ``slots[0]``,
     ``starts[0]``; several — ``slot_index [B]``, ``rows [B, T]`` and ``slot_lo`` (≥ 0: the slots
     are ``slot_lo …`` in batch order, keys read through a view)."""
     batch, width, hidden = x.shape[0], x.shape[1], x.shape[2]
