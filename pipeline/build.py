@@ -375,6 +375,7 @@ def _manifest(cfg: DeploymentConfig, plan: BuildPlan, records: list[dict[str, An
         "backend": cfg.backend,
         "method": cfg.method,
         "trtllm_version": plan.trtllm_version,
+        "trtllm_runtime": cfg.runtime if cfg.backend == "trtllm" else None,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "tool_version": __version__,
         "git_sha": _git_sha(),
@@ -410,6 +411,13 @@ def require_trtllm(cfg: DeploymentConfig) -> None:
 def require_scripts(plan: BuildPlan, cfg: DeploymentConfig) -> None:
     """Raise :class:`BuildError` before any step runs when a TensorRT-LLM script the plan runs is
     missing under the resolved examples root, naming each one and how to get them."""
+    if cfg.uses_llm_api:
+        from pipeline.trtllm.llmapi_plan import missing_modelopt_scripts  # noqa: PLC0415
+
+        problems = missing_modelopt_scripts(plan)
+        if problems:
+            raise BuildError("; ".join(f"{message}. Fix: {fix}" for message, fix in problems))
+        return
     if plan.trtllm_root is None:
         return
     missing = missing_scripts(plan.steps, plan.trtllm_root.path)
@@ -419,8 +427,8 @@ def require_scripts(plan: BuildPlan, cfg: DeploymentConfig) -> None:
 
 
 def _check_engine_pair(plan: BuildPlan) -> None:
-    if plan.backend != "trtllm" or plan.method != "draft_target":
-        return
+    if plan.backend != "trtllm" or plan.method != "draft_target" or "target" not in plan.engines:
+        return  # the LLM-API runtime builds no engines (its draft and target are checkpoints)
     problems = draft_target_pair_problems(Path(plan.engines["target"]), Path(plan.engines["draft"]))
     if problems:
         raise BuildError("the draft-target engine pair does not fit together:\n  " + "\n  ".join(problems))
@@ -455,7 +463,8 @@ def build(
     plan = make_plan(cfg, trtllm_root)
     if executor is None:
         if cfg.backend == "trtllm":
-            require_trtllm(cfg)
+            if not cfg.uses_llm_api:  # the LLM-API plan runs no TensorRT-LLM command, only ModelOpt
+                require_trtllm(cfg)
             require_scripts(plan, cfg)
         executor = SubprocessExecutor()
     engine_root(cfg).mkdir(parents=True, exist_ok=True)

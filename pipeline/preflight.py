@@ -20,17 +20,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from pipeline.config import DeploymentConfig, DraftTargetSpec, EagleSpec, MedusaSpec, ModelSpec
+from pipeline.config import DeploymentConfig, DraftTargetSpec, Eagle3Spec, EagleSpec, MedusaSpec, ModelSpec
 from pipeline.errors import PreflightError, SpecdeployError
 from pipeline.hardware import HardwareProfile, formats_supported_on, get_profile
 from pipeline.gpu_layout import validate_estimate
 from pipeline.memory_fit import MemoryEstimate
 from pipeline.model_shapes import ModelShape, known_shape, read_config_json, shape_from_config
+from pipeline.trtllm import llmapi_checks
 from pipeline.trtllm.commands import KV_CACHE_QUANT_ALGO, paged_context_fmha_survives
 from pipeline.weight_files import UnreadableWeights, hf_weight_files, index_problems, tensor_shapes
 
 ERROR, WARNING, INFO = "error", "warning", "info"
-ENGINE_PATH_MAX_VERSION = (1, 2)
 
 
 @dataclass
@@ -112,8 +112,9 @@ def _check_backend(ctx: _Context) -> None:
             if spec.world_size > 1:
                 ctx.add(ERROR, "backend", "the CPU reference engine runs one process per model (no TP/PP)",
                         "set tp: 1 and pp: 1", f"{path}.tp")
-    if cfg.backend == "trtllm":
+    if cfg.backend == "trtllm" and cfg.runtime == "engine":
         _check_trtllm_version(ctx)
+    llmapi_checks.check_runtime(ctx)
 
 
 def _check_draft_weights(ctx: _Context) -> None:
@@ -139,11 +140,9 @@ def _check_draft_weights(ctx: _Context) -> None:
 
 
 def _check_trtllm_version(ctx: _Context) -> None:
+    """Engine-runtime versions (past 1.2.x: ``llmapi_checks.check_runtime``)."""
     cfg = ctx.cfg
     version = cfg.trtllm_version_tuple[:2]
-    if version > ENGINE_PATH_MAX_VERSION:
-        ctx.add(ERROR, "version", f"TensorRT-LLM {cfg.trtllm_version} no longer ships the engine path "
-                "(trtllm-build, convert_checkpoint.py)", "pin trtllm_version to 1.2.x (e.g. 1.2.1)", "trtllm_version")
     if version < (0, 12):
         ctx.add(ERROR, "version", f"TensorRT-LLM {cfg.trtllm_version} predates the supported build flags",
                 "use 0.12 or newer (1.2.1 recommended)", "trtllm_version")
@@ -178,6 +177,7 @@ def _paged_context_fmha_survives(spec: ModelSpec, profile: HardwareProfile) -> b
 def _check_quantization(ctx: _Context) -> None:
     for path, spec in _models(ctx.cfg):
         _check_model_quantization(ctx, path, spec)
+    llmapi_checks.check_quantization(ctx)
 
 
 def _check_model_quantization(ctx: _Context, path: str, spec: ModelSpec) -> None:
@@ -190,7 +190,7 @@ def _check_model_quantization(ctx: _Context, path: str, spec: ModelSpec) -> None
     if q.kv_cache_dtype not in profile.kv_cache_dtypes:
         ctx.add(ERROR, "kv-dtype", f"KV-cache dtype {q.kv_cache_dtype} is not available on {profile.display_name}",
                 f"use one of: {', '.join(profile.kv_cache_dtypes)}", f"{path}.quantization.kv_cache_dtype")
-    elif profile.is_gpu and not _paged_context_fmha_survives(spec, profile):
+    elif profile.is_gpu and not cfg.uses_llm_api and not _paged_context_fmha_survives(spec, profile):
         _report_paged_fmha_loss(ctx, path, spec)
     if q.format in ("int4_awq", "w4a8_awq") and q.calibration_size > 32:
         ctx.add(INFO, "calibration", f"AWQ caps calibration_size at 32 (configured {q.calibration_size})",
@@ -262,6 +262,8 @@ def _check_draft_target(ctx: _Context, spec: DraftTargetSpec) -> None:
         ctx.add(WARNING, "method", "gather_generation_logits without use_draft_logits costs memory for nothing",
                 "set build.gather_generation_logits: false or speculation.use_draft_logits: true",
                 "build.gather_generation_logits")
+    if cfg.uses_llm_api:
+        return  # no BLS and no engines: the LLM API drafts inside its executor
     if cfg.backend == "trtllm" and not cfg.triton.enable_kv_cache_reuse:
         ctx.add(ERROR, "method", "the draft-target target engine requires KV-cache reuse at runtime",
                 "set triton.enable_kv_cache_reuse: true", "triton.enable_kv_cache_reuse")
@@ -355,6 +357,12 @@ def _check_scripts(ctx: _Context) -> None:
         plan = make_plan(cfg, ctx.trtllm_root)
     except SpecdeployError:
         return  # the config problem is reported by the checks that own it
+    if cfg.uses_llm_api:
+        from pipeline.trtllm.llmapi_plan import missing_modelopt_scripts  # noqa: PLC0415
+
+        for message, fix in missing_modelopt_scripts(plan):
+            ctx.add(ERROR, "scripts", message, fix, "llm_api.modelopt_root")
+        return
     missing = missing_scripts(plan.steps, plan.trtllm_root.path)
     fix = missing_scripts_fix(missing, plan.trtllm_root.path, cfg.trtllm_version) if missing else ""
     for script in missing:
@@ -384,6 +392,14 @@ def _check_shapes(ctx: _Context) -> None:
     if ctx.cfg.method == "eagle" and target is not None and not target.is_llama:
         ctx.add(ERROR, "method", f"EAGLE in TensorRT-LLM needs a LLaMA-architecture base, got {target.architecture}",
                 "use a LLaMA-family target or another method", "target.checkpoint")
+    target_dir = ctx.dirs.get("target")
+    target_config = None
+    if ctx.cfg.method == "mtp" and target_dir is not None and (target_dir / "config.json").is_file():
+        try:
+            target_config = read_config_json(target_dir)
+        except (OSError, ValueError):
+            target_config = None  # reported by _load_shapes
+    llmapi_checks.check_mtp_target(ctx, target_dir, target_config, target)
     draft = ctx.shapes.get("draft")
     if target is not None and draft is not None and target.vocab_size != draft.vocab_size:
         ctx.add(ERROR, "tokenizer", f"vocab_size differs: target {target.vocab_size} ({target.source}) vs draft "
@@ -434,6 +450,8 @@ _TRTLLM_FILES = {
     "EAGLE head": [("config.json", ("config.json",), ""), ("weights", ("*.safetensors", "pytorch_model*.bin", "*.pth"), "")],
     "model": [("config.json", ("config.json",), ""), ("weights", ("*.safetensors", "pytorch_model*.bin"), ""),
               ("tokenizer", ("tokenizer.json", "tokenizer.model"), "")],
+    # the LLM API's EAGLE-3 drafter loads an HF-style checkpoint (safetensors or .bin)
+    "EAGLE-3 head": [("config.json", ("config.json",), ""), ("weights", ("*.safetensors", "pytorch_model*.bin"), "")],
 }
 _EAGLE_FP8_WEIGHTS = ("weights", ("pytorch_model.bin",),
                       "examples/eagle/quantize.py loads exactly pytorch_model.bin from the EAGLE dir")
@@ -545,7 +563,7 @@ def _check_tokenizers(ctx: _Context) -> None:
 
 def _check_heads(ctx: _Context) -> None:
     spec = ctx.cfg.speculation
-    role = {"medusa": "medusa heads", "eagle": "EAGLE head"}.get(ctx.cfg.method)
+    role = {"medusa": "medusa heads", "eagle": "EAGLE head", "eagle3": "EAGLE-3 head"}.get(ctx.cfg.method)
     directory = ctx.dirs.get(role) if role else None
     if directory is None or not (directory / "config.json").is_file():
         return
@@ -554,6 +572,9 @@ def _check_heads(ctx: _Context) -> None:
     except (OSError, ValueError) as exc:
         ctx.add(ERROR, "files", f"{role}: unreadable config.json ({exc})", "restore the head's config.json",
                 "speculation")
+        return
+    if isinstance(spec, Eagle3Spec):
+        llmapi_checks.check_eagle3_head(ctx, head_cfg, ctx.shapes.get("target"))
         return
     weights = _head_weights(ctx.cfg, role, directory)
     if weights is None:
@@ -754,6 +775,8 @@ def _checkpoints(cfg: DeploymentConfig) -> list[tuple[str, str, str]]:
         items.append(("medusa heads", "speculation.heads_dir", spec.heads_dir))
     elif isinstance(spec, EagleSpec):
         items.append(("EAGLE head", "speculation.head_dir", spec.head_dir))
+    elif isinstance(spec, Eagle3Spec):
+        items.append(("EAGLE-3 head", "speculation.head_dir", spec.head_dir))
     return items
 
 

@@ -81,8 +81,10 @@ def drafts_in_engine(cfg: DeploymentConfig) -> bool:
 def client_target(cfg: DeploymentConfig, variant: str) -> ClientTarget:
     """draft_target orchestrated by the BLS: both arms call the BLS (the speculative arm adds
     num_draft_tokens = K); none / medusa / eagle / draft_target drafting in the engine: both arms
-    call the ensemble."""
+    call the ensemble; on the LLM-API runtime both arms call the llmapi ``tensorrt_llm`` model."""
     _check_variant(cfg, variant)
+    if cfg.uses_llm_api:
+        return ClientTarget("tensorrt_llm", {})  # the llmapi model takes text in and out itself
     if cfg.method == "draft_target" and not drafts_in_engine(cfg):
         extra = {"num_draft_tokens": cfg.speculation.num_draft_tokens} if variant == "speculative" else {}
         return ClientTarget("tensorrt_llm_bls", extra)
@@ -399,6 +401,10 @@ def render(cfg: DeploymentConfig, templates_dir: Path = TEMPLATES_DIR) -> dict[s
     """Render every variant of the deployment. Returns variant → (repository dir, warnings)."""
     manifest = load_manifest(cfg)
     layout = arm_layout(cfg)
+    if cfg.uses_llm_api:
+        from pipeline.trtllm.llmapi_render import render_llmapi  # noqa: PLC0415
+
+        return render_llmapi(cfg, manifest, templates_dir, layout)
     out = {}
     for variant in variants_for(cfg):
         dest = model_repo_dir(cfg, variant)
