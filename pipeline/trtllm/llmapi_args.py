@@ -26,7 +26,7 @@ def speculative_config(cfg: DeploymentConfig, engines: dict[str, str]) -> dict[s
     out: dict[str, Any] = {"decoding_type": DECODING_TYPES[cfg.method]}
     if isinstance(spec, Eagle3Spec):
         out.update(max_draft_len=spec.max_draft_len, speculative_model=engines[ROLE_SPECULATIVE_MODEL])
-        if spec.model_mode == "two_model" or _has_one_model_flag(cfg):
+        if _has_one_model_flag(cfg):  # versions without it run one-model only (validate refuses two_model)
             out["eagle3_one_model"] = spec.model_mode == "one_model"
     elif isinstance(spec, DraftTargetSpec):
         out.update(max_draft_len=spec.engine_max_draft_len, speculative_model=engines[ROLE_SPECULATIVE_MODEL])
