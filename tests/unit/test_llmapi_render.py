@@ -110,6 +110,20 @@ def test_quantized_plan_runs_modelopt_only():
     assert not any(a.endswith(("trtllm-build", "convert_checkpoint.py", "quantize.py")) for s in plan.steps for a in s.argv)
 
 
+@pytest.mark.parametrize("name,steps", [("llama31-8b-eagle3-llmapi-h100", 0), ("qwen25-coder-7b-ngram-llmapi-h100", 0),
+                                        ("llama31-70b-draft8b-llmapi-h100", 2)])
+def test_cli_plan_of_the_llm_api_examples_has_no_engine_build(name, steps, capsys):
+    from pipeline.cli import run  # noqa: PLC0415
+
+    assert run(["plan", str(PROJECT_ROOT / "configs" / f"{name}.yaml"), "--json"]) in (0, None)
+    plan = json.loads(capsys.readouterr().out)
+    assert len(plan) == steps and all(s["name"].startswith("quantize-") for s in plan)
+    assert not any("trtllm-build" in a or a.endswith(("convert_checkpoint.py", "quantize.py")) for s in plan for a in s["argv"])
+    run(["plan", str(PROJECT_ROOT / "configs" / f"{name}.yaml")])
+    out = capsys.readouterr().out
+    assert "trtllm-build" not in out and (steps or "no steps — the LLM-API runtime" in out)
+
+
 def test_modelopt_root_from_the_environment(monkeypatch):
     monkeypatch.setenv(MODELOPT_ENV, "/srv/mo")
     cfg = parse_config({**make_cfg("none-1.2").model_dump(mode="json"),
