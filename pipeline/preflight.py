@@ -9,7 +9,9 @@ plan runs exists under the resolved examples root. Writes nothing. :func:`run_pr
 :class:`Finding` s — error / warning / info, each with the field it concerns and the fix — covering
 backend × hardware, GPU architecture × quantization and KV-cache dtype, the speculation method's
 rules, parallelism, files (in the formats each build route reads), tokenizer compatibility and the
-memory fit per GPU rank. ``builtin:`` checkpoints resolve through
+memory fit per GPU rank. The TensorRT-LLM runtime rules — which runtime the version has, which
+methods each runs, and the LLM-API arguments against the recorded upstream facts — live in
+``pipeline.trtllm.llmapi_checks``. ``builtin:`` checkpoints resolve through
 ``pipeline.reference.demo.resolve_builtin``.
 """
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import ENGINE_RUNTIME_MAX_VERSION, DeploymentConfig, DraftTargetSpec, Eagle3Spec
+from pipeline.config import ENGINE_RUNTIME_MAX_VERSION, DraftTargetSpec, Eagle3Spec
 from pipeline.trtllm.llmapi_args import decoding_problems, llm_args
 from pipeline.trtllm.llmapi_facts import (
     DECODING_TYPES,
