@@ -511,6 +511,11 @@ def start_deployment(cfg: DeploymentConfig, variant: str, *, http_port: int | No
     """Start the server for one arm. Ports left as None are picked free; ``host`` (default
     ``triton.host``) is the address it binds."""
     repo = _check_repo(cfg, variant)
+    if cfg.uses_llm_api:
+        launcher = repo.with_name(f"{variant}.launch.sh").absolute()
+        raise ServeError(f"serving the LLM-API runtime's llmapi repository is not wired into `specdeploy serve` / "
+                         f"`loadtest` yet: start it with {launcher} (or trtllm-serve: "
+                         f"{(repo.parent.parent / 'trtllm-serve' / variant / 'launch.sh').absolute()}), see docs/gpu-llmapi.md")
     host = host or cfg.triton.host
     picked = iter(free_ports(3, host))
     ports = Ports(http_port or next(picked), grpc_port or next(picked), metrics_port or next(picked))

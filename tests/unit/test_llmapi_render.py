@@ -269,3 +269,17 @@ def test_engine_runtime_goldens_untouched_by_the_llm_api_path():
     cfg = parse_config({"name": "engine", "trtllm_version": "1.2.1", "target": {"checkpoint": TARGET}})
     assert cfg.runtime == "engine" and not cfg.uses_llm_api
     assert (PROJECT_ROOT / "tests/unit/golden/render/trtllm-none/baseline/tensorrt_llm/config.pbtxt").is_file()
+
+
+def test_serve_points_at_the_launchers_until_the_llmapi_contract_is_wired(capsys):
+    from pipeline.cli import run  # noqa: PLC0415
+    from pipeline.serve import ServeError, start_deployment  # noqa: PLC0415
+
+    cfg = make_cfg("ngram-1.4")
+    write_manifest(cfg)
+    config_path = Path("api.yaml")
+    config_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    assert run(["render", str(config_path)]) in (0, None)
+    assert "launch: engines/api-ngram-14/model_repo/speculative.launch.sh" in capsys.readouterr().out
+    with pytest.raises(ServeError, match=r"not wired into `specdeploy serve`.*speculative.launch.sh"):
+        start_deployment(cfg, "speculative")
