@@ -34,6 +34,8 @@ from pipeline.errors import ConfigError
 
 BUILTIN_PREFIX = "builtin:"
 TRTLLM_VERSION_DEFAULT = "1.2.1"
+ENGINE_RUNTIME_MAX_VERSION = (1, 2)  # trtllm-build and the C++ tensorrtllm backend end with 1.2.x
+TrtllmRuntime = Literal["engine", "llm_api"]
 
 QuantFormat = Literal[
     "none",  # model dtype
@@ -312,10 +314,82 @@ class EagleSpec(_TreeDrafts, _Strict):
         return self.num_layers
 
 
+class Eagle3Spec(_Strict):
+    """EAGLE-3 draft checkpoint run by the LLM API (``Eagle3DecodingConfig``); LLM-API runtime only."""
+
+    method: Literal["eagle3"] = _desc("Speculation method: EAGLE-3 drafter (LLM-API runtime).")
+    head_dir: str = _desc(
+        "EAGLE-3 draft checkpoint directory (config.json + weights), e.g. a download of "
+        "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B; becomes speculative_config.speculative_model."
+    )
+    max_draft_len: Annotated[int, Field(ge=1, le=32)] = _desc(
+        "Draft tokens per step (speculative_config.max_draft_len).", default=3
+    )
+    model_mode: Literal["one_model", "two_model"] = _desc(
+        "one_model: the drafter runs inside the target's forward (eagle3_one_model: true); two_model: a "
+        "separate draft model engine. Two-model exists only where the version records it (1.2.x).",
+        default="one_model",
+    )
+
+
+class NgramSpec(_Strict):
+    """Prompt-lookup / n-gram drafting (``NGramDecodingConfig``): no draft model; LLM-API runtime only."""
+
+    method: Literal["ngram"] = _desc("Speculation method: n-gram (prompt lookup) drafting (LLM-API runtime).")
+    max_draft_len: Annotated[int, Field(ge=1, le=32)] = _desc(
+        "Tokens proposed after a match (speculative_config.max_draft_len).", default=4
+    )
+    max_matching_ngram_size: Annotated[int, Field(ge=1, le=32)] = _desc(
+        "Longest suffix matched against the prompt and output so far.", default=2
+    )
+
+
+class MtpSpec(_Strict):
+    """Multi-token prediction with the target's own MTP layers (``MTPDecodingConfig``): DeepSeek-family
+    targets only; LLM-API runtime only."""
+
+    method: Literal["mtp"] = _desc("Speculation method: MTP layers of a DeepSeek-family target (LLM-API runtime).")
+    num_nextn_predict_layers: Annotated[int, Field(ge=1, le=8)] = _desc(
+        "MTP modules used; each proposes one token (speculative_config.num_nextn_predict_layers).", default=1
+    )
+
+
 Speculation = Annotated[
-    Union[NoSpeculation, DraftTargetSpec, MedusaSpec, EagleSpec],
+    Union[NoSpeculation, DraftTargetSpec, MedusaSpec, EagleSpec, Eagle3Spec, NgramSpec, MtpSpec],
     Field(discriminator="method"),
 ]
+
+LLM_API_METHODS = ("none", "draft_target", "eagle3", "ngram", "mtp")
+ENGINE_METHODS = ("none", "draft_target", "medusa", "eagle")
+
+
+class LlmApiSettings(_Strict):
+    """LLM-API runtime knobs (``trtllm_runtime: llm_api``): the arguments of TensorRT-LLM's ``LLM``
+    that go into the Triton llmapi ``model.yaml`` and the ``trtllm-serve`` options file."""
+
+    cuda_graphs: bool = _desc(
+        "CUDA graphs for decode batches up to build.max_batch_size (cuda_graph_config).", default=True
+    )
+    cuda_graph_padding: bool = _desc(
+        "Pad a batch up to the next captured size (cuda_graph_config.enable_padding).", default=True
+    )
+    disable_overlap_scheduler: bool = _desc("Turn the PyTorch executor's overlap scheduler off.", default=False)
+    modelopt_root: str | None = _desc(
+        "NVIDIA Model-Optimizer checkout whose examples/llm_ptq/hf_ptq.py quantizes checkpoints for this "
+        "runtime (quantization.format fp8 / int4_awq). Unset: $SPECDEPLOY_MODELOPT_ROOT, then ./Model-Optimizer "
+        "under the working directory (docs/gpu-llmapi.md).",
+        default=None,
+    )
+    extra_llm_args: dict[str, Any] = _desc(
+        "More LLM arguments, merged over the generated ones; validate checks every key and type against "
+        "the recorded facts of trtllm_version (pipeline/trtllm/llmapi_facts.yaml).",
+        default_factory=dict,
+    )
+    extra_speculative_config: dict[str, Any] = _desc(
+        "More speculative_config fields of the method's decoding_type, merged over the generated ones; "
+        "checked like extra_llm_args.",
+        default_factory=dict,
+    )
 
 
 class BuildLimits(_Strict):
@@ -639,6 +713,12 @@ class DeploymentConfig(_Strict):
         "TensorRT-LLM version the engines are built and served with (engine path: ≤ 1.2.x).",
         default=TRTLLM_VERSION_DEFAULT,
     )
+    trtllm_runtime: TrtllmRuntime | None = _desc(
+        "TensorRT-LLM runtime: engine (trtllm-build engines behind the C++ tensorrtllm backend, "
+        "≤ 1.2.x) or llm_api (HF/ModelOpt checkpoints run by the LLM API: the Triton llmapi model or "
+        "trtllm-serve, 1.2.x and later). Unset: engine up to 1.2.x, llm_api past it.",
+        default=None,
+    )
     trtllm_root: str | None = _desc(
         "Directory holding TensorRT-LLM's examples/ (quantize.py, convert_checkpoint.py): the NGC "
         "1.2.x image's /app or a v1.2.1 checkout. --trtllm-root overrides it; unset: $SPECDEPLOY_TRTLLM_ROOT, "
@@ -647,11 +727,14 @@ class DeploymentConfig(_Strict):
     )
     target: ModelSpec = _desc("The target model.")
     speculation: Speculation = _desc(
-        "Speculation method: none | draft_target | medusa | eagle, with per-method fields.",
+        "Speculation method: none | draft_target | medusa | eagle (engine runtime) | eagle3 | ngram | mtp "
+        "(LLM-API runtime), with per-method fields.",
         default_factory=NoSpeculation,
     )
     build: BuildLimits = _desc("Engine build limits.", default_factory=BuildLimits)
     triton: TritonSettings = _desc("Triton settings.", default_factory=TritonSettings)
+    llm_api: LlmApiSettings = _desc("LLM-API runtime settings (trtllm_runtime: llm_api).",
+                                    default_factory=LlmApiSettings)
     reference: ReferenceEngineSettings = _desc(
         "CPU reference engine settings.", default_factory=ReferenceEngineSettings
     )
@@ -753,6 +836,17 @@ class DeploymentConfig(_Strict):
         return tuple(int(p) for p in self.trtllm_version.split(".") if p.isdigit())
 
     @property
+    def runtime(self) -> str:
+        """``trtllm_runtime`` as set, else engine up to 1.2.x and llm_api past it."""
+        if self.trtllm_runtime is not None:
+            return self.trtllm_runtime
+        return "llm_api" if self.trtllm_version_tuple[:2] > ENGINE_RUNTIME_MAX_VERSION else "engine"
+
+    @property
+    def uses_llm_api(self) -> bool:
+        return self.backend == "trtllm" and self.runtime == "llm_api"
+
+    @property
     def draft(self) -> ModelSpec | None:
         return self.speculation.draft if isinstance(self.speculation, DraftTargetSpec) else None
 
@@ -764,7 +858,7 @@ class DeploymentConfig(_Strict):
 # ----------------------------------------------------------------------------------------------
 # Loading
 
-_METHOD_TAGS = ("none", "draft_target", "medusa", "eagle")
+_METHOD_TAGS = ("none", "draft_target", "medusa", "eagle", "eagle3", "ngram", "mtp")
 
 
 def _loc_to_path(loc: tuple[Any, ...]) -> str:

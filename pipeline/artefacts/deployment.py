@@ -38,7 +38,7 @@ class ArmDeployment(Artefact):
     name: str = Field(description="The deployment (config `name`).")
     config_hash: str = Field(description="Hash of the config the repository was rendered from.")
     backend: Literal["reference", "trtllm"]
-    method: Literal["none", "draft_target", "medusa", "eagle"]
+    method: str = Field(description="The config's speculation.method (its list of methods is the only one).")
     model_name: str = Field(description="The Triton model a client of this arm calls (ensemble or tensorrt_llm_bls).")
     extra_inputs: dict[str, int] = Field(default_factory=dict,
                                          description="Inputs every request to this arm adds (num_draft_tokens for the BLS).")
@@ -68,23 +68,31 @@ def _drafts(cfg: "DeploymentConfig", arm: str) -> Drafts:
 def describe_arm(cfg: "DeploymentConfig", arm: str, manifest: dict | None = None,
                  placement: dict | None = None) -> ArmDeployment:
     """What ``arm`` of ``cfg`` is. draft_target orchestrated by the BLS: both arms call the BLS
-    (the speculative arm adds num_draft_tokens = K); every other case calls the ensemble."""
+    (the speculative arm adds num_draft_tokens = K); on the LLM-API runtime both call the llmapi
+    ``tensorrt_llm`` model; every other case calls the ensemble."""
     from pipeline.config import config_hash  # noqa: PLC0415
 
     check_arm(cfg, arm)
-    bls = cfg.method == "draft_target" and cfg.speculation.orchestration != "engine"
+    llm_api = getattr(cfg, "uses_llm_api", False)  # the llmapi model takes text in and out itself
+    bls = cfg.method == "draft_target" and not llm_api and cfg.speculation.orchestration != "engine"
     extra = {"num_draft_tokens": cfg.speculation.num_draft_tokens} if bls and arm == "speculative" else {}
     speculative = arm == "speculative" and cfg.method != "none"
     manifest = manifest or {}
     return ArmDeployment(
         arm=arm, name=cfg.name, config_hash=config_hash(cfg), backend=cfg.backend, method=cfg.method,
-        model_name="tensorrt_llm_bls" if bls else "ensemble", extra_inputs=extra, transports=["grpc", "http"],
+        model_name="tensorrt_llm_bls" if bls else ("tensorrt_llm" if llm_api else "ensemble"), extra_inputs=extra, transports=["grpc", "http"],
         decoupled=cfg.triton.decoupled, drafts=_drafts(cfg, arm), per_request_draft_len=bls and arm == "speculative",
         num_draft_tokens=getattr(cfg.speculation, "num_draft_tokens", None) if speculative else None,
-        max_draft_len=cfg.speculation.engine_max_draft_len if speculative else None,
+        max_draft_len=_max_draft_len(cfg.speculation) if speculative else None,
         engine_models=2 if bls else 1, tokenizer_dir=manifest.get("tokenizer_dir"),
         trtllm_version=manifest.get("trtllm_version"), manifest_created=manifest.get("created"), placement=placement,
     )
+
+
+def _max_draft_len(spec) -> int | None:
+    """The engine's draft capacity; LLM-API methods name it ``max_draft_len`` (upstream's name)."""
+    value = getattr(spec, "engine_max_draft_len", None)
+    return value if value is not None else getattr(spec, "max_draft_len", None)
 
 
 def arms_of(cfg: "DeploymentConfig") -> tuple[str, ...]:

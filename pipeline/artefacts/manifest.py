@@ -29,6 +29,7 @@ class BuildManifest(Artefact):
     backend: str = "reference"
     method: str = "none"
     trtllm_version: str | None = None
+    trtllm_runtime: str | None = Field(None, description="engine or llm_api (TensorRT-LLM backend only).")
     created: str | None = Field(None, description="ISO time the build finished (UTC).")
     tool_version: str | None = None
     git_sha: str | None = None

@@ -44,7 +44,7 @@ class RawRecord(Artefact):
     n_chunks: int
     empty_chunks: int
     osl: int
-    osl_source: Literal["server", "chunks"]
+    osl_source: Literal["server", "retokenized", "chunks"]
     osl_retok: int | None
     isl_chars: int
     prompt_echoed: bool

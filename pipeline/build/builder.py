@@ -348,7 +348,8 @@ def _manifest(cfg: DeploymentConfig, plan: BuildPlan, records: list[dict[str, An
 
     return BuildManifest(
         name=cfg.name, config_hash=plan.config_hash, backend=cfg.backend, method=cfg.method,
-        trtllm_version=plan.trtllm_version, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        trtllm_version=plan.trtllm_version,
+        trtllm_runtime=cfg.runtime if cfg.backend == "trtllm" else None, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         tool_version=__version__, git_sha=git_sha(),
         engines={role: str(Path(path).absolute()) for role, path in plan.engines.items()},
         tokenizer_dir=os.path.realpath(plan.tokenizer_dir), max_draft_len=plan.max_draft_len,
@@ -379,6 +380,13 @@ def require_trtllm(cfg: DeploymentConfig) -> None:
 def require_scripts(plan: BuildPlan, cfg: DeploymentConfig) -> None:
     """Raise :class:`BuildError` before any step runs when a TensorRT-LLM script the plan runs is
     missing under the resolved examples root, naming each one and how to get them."""
+    if cfg.uses_llm_api:
+        from pipeline.trtllm.llmapi_plan import missing_modelopt_scripts  # noqa: PLC0415
+
+        problems = missing_modelopt_scripts(plan)
+        if problems:
+            raise BuildError("; ".join(f"{message}. Fix: {fix}" for message, fix in problems))
+        return
     if plan.trtllm_root is None:
         return
     missing = missing_scripts(plan.steps, plan.trtllm_root.path)
@@ -388,8 +396,8 @@ def require_scripts(plan: BuildPlan, cfg: DeploymentConfig) -> None:
 
 
 def _check_engine_pair(plan: BuildPlan) -> None:
-    if plan.backend != "trtllm" or plan.method != "draft_target":
-        return
+    if plan.backend != "trtllm" or plan.method != "draft_target" or "target" not in plan.engines:
+        return  # the LLM-API runtime builds no engines (its draft and target are checkpoints)
     problems = draft_target_pair_problems(Path(plan.engines["target"]), Path(plan.engines["draft"]))
     if problems:
         raise BuildError("the draft-target engine pair does not fit together:\n  " + "\n  ".join(problems))
@@ -424,7 +432,8 @@ def build(
     plan = make_plan(cfg, trtllm_root)
     if executor is None:
         if cfg.backend == "trtllm":
-            require_trtllm(cfg)
+            if not cfg.uses_llm_api:  # the LLM-API plan runs no TensorRT-LLM command, only ModelOpt
+                require_trtllm(cfg)
             require_scripts(plan, cfg)
         executor = SubprocessExecutor()
     engine_root(cfg).mkdir(parents=True, exist_ok=True)

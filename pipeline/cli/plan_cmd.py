@@ -18,6 +18,11 @@ def print_plan(plan) -> None:
     from rich.table import Table  # noqa: PLC0415
 
     console = Console()
+    if not plan.steps:
+        console.print(f"build plan: {plan.name} ({plan.backend}, {plan.method}): no steps — the LLM-API runtime "
+                      "loads these checkpoints as they are (no engine build)", soft_wrap=True)
+        console.print("engines: " + ", ".join(f"{role}={path}" for role, path in plan.engines.items()), soft_wrap=True)
+        return
     table = Table(title=f"build plan: {plan.name} ({plan.backend}, {plan.method})")
     for column in ("#", "step", "inputs", "outputs"):
         table.add_column(column, overflow="fold")

@@ -39,6 +39,7 @@ from pipeline.trtllm import commands as tc
 from pipeline.trtllm.checkpoint_config import ExpectedCheckpoint
 from pipeline.trtllm.engine_config import ExpectedEngine
 from pipeline.trtllm.layout import TrtllmRoot, resolve_trtllm_root
+from pipeline.trtllm.llmapi_plan import plan_llm_api
 
 BUILD_STEP_MODULE = "pipeline.build.reference_step"
 REFERENCE_QUANT_FORMATS = ("none", "int8_wo")
@@ -394,9 +395,14 @@ def _check_eagle(cfg: DeploymentConfig) -> None:
 def make_plan(cfg: DeploymentConfig, trtllm_root: str | None = None) -> BuildPlan:
     """The ordered build steps for ``cfg`` (no filesystem access; checkpoints may be absent)."""
     planner = _Planner(cfg, trtllm_root)
-    tokenizer = _plan_reference(planner) if cfg.backend == "reference" else _plan_trtllm(planner)
+    if cfg.backend == "reference":
+        tokenizer = _plan_reference(planner)
+    elif cfg.uses_llm_api:
+        tokenizer = plan_llm_api(planner)
+    else:
+        tokenizer = _plan_trtllm(planner)
     spec = cfg.speculation
-    max_draft_len = getattr(spec, "engine_max_draft_len", 0)
+    max_draft_len = getattr(spec, "engine_max_draft_len", getattr(spec, "max_draft_len", 0))
     return BuildPlan(
         name=cfg.name,
         backend=cfg.backend,

@@ -379,6 +379,10 @@ def render(cfg: DeploymentConfig, templates_dir: Path = TEMPLATES_DIR) -> dict[s
     Returns variant → (repository dir, warnings)."""
     manifest = load_manifest(cfg)
     layout = arm_layout(cfg)
+    if cfg.uses_llm_api:
+        from pipeline.trtllm.llmapi_render import render_llmapi  # noqa: PLC0415
+
+        return render_llmapi(cfg, manifest, templates_dir, layout)
     out = {}
     for variant in variants_for(cfg):
         dest = model_repo_dir(cfg, variant)

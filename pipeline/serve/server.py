@@ -47,7 +47,7 @@ from pipeline.validate.hardware import get_profile
 from pipeline.infra.readiness import models_not_ready
 from pipeline.reference.api import ENGINE_PROCESS_ENV
 from pipeline.errors import ServeError
-from pipeline.paths import PROJECT_ROOT, logs_dir
+from pipeline.paths import PROJECT_ROOT, logs_dir, model_repo_dir
 from pipeline.infra.processes import OwnedProcess, free_ports, spawn
 from pipeline.serve.stale_server import check_no_stale_server
 from pipeline.serve.command import (
@@ -266,6 +266,12 @@ def start_deployment(cfg: DeploymentConfig, variant: str, *, http_port: int | No
                      host: str | None = None) -> RunningServer:
     """Start the server for one arm. Ports left as None are picked free; ``host`` (default
     ``triton.host``) is the address it binds."""
+    if cfg.uses_llm_api:
+        repo = model_repo_dir(cfg, variant)
+        launcher = repo.with_name(f"{variant}.launch.sh").absolute()
+        raise ServeError(f"serving the LLM-API runtime's llmapi repository is not wired into `specdeploy serve` / "
+                         f"`loadtest` yet: start it with {launcher} (or trtllm-serve: "
+                         f"{(repo.parent.parent / 'trtllm-serve' / variant / 'launch.sh').absolute()}), see docs/gpu-llmapi.md")
     repo, deployment = load_arm(cfg, variant)
     host = host or cfg.triton.host
     picked = iter(free_ports(3, host))

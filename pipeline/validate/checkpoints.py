@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pipeline.config import DeploymentConfig, MedusaSpec
+from pipeline.trtllm import llmapi_checks
+from pipeline.config import DeploymentConfig, Eagle3Spec, MedusaSpec
 from pipeline.errors import SpecdeployError
 from pipeline.validate.model_shapes import known_shape, read_config_json, shape_from_config
 from pipeline.trtllm.commands import KV_CACHE_QUANT_ALGO
@@ -79,6 +80,8 @@ _TRTLLM_FILES = {
     "EAGLE head": [("config.json", ("config.json",), ""), ("weights", ("*.safetensors", "pytorch_model*.bin", "*.pth"), "")],
     "model": [("config.json", ("config.json",), ""), ("weights", ("*.safetensors", "pytorch_model*.bin"), ""),
               ("tokenizer", ("tokenizer.json", "tokenizer.model"), "")],
+    # the LLM API's EAGLE-3 drafter loads an HF-style checkpoint (safetensors or .bin)
+    "EAGLE-3 head": [("config.json", ("config.json",), ""), ("weights", ("*.safetensors", "pytorch_model*.bin"), "")],
 }
 _EAGLE_FP8_WEIGHTS = ("weights", ("pytorch_model.bin",),
                       "examples/eagle/quantize.py loads exactly pytorch_model.bin from the EAGLE dir")
@@ -190,7 +193,7 @@ def check_tokenizers(ctx: CheckContext) -> None:
 
 def check_heads(ctx: CheckContext) -> None:
     spec = ctx.cfg.speculation
-    role = {"medusa": "medusa heads", "eagle": "EAGLE head"}.get(ctx.cfg.method)
+    role = {"medusa": "medusa heads", "eagle": "EAGLE head", "eagle3": "EAGLE-3 head"}.get(ctx.cfg.method)
     directory = ctx.dirs.get(role) if role else None
     if directory is None or not (directory / "config.json").is_file():
         return
@@ -199,6 +202,9 @@ def check_heads(ctx: CheckContext) -> None:
     except (OSError, ValueError) as exc:
         ctx.add(ERROR, "files", f"{role}: unreadable config.json ({exc})", "restore the head's config.json",
                 "speculation")
+        return
+    if isinstance(spec, Eagle3Spec):
+        llmapi_checks.check_eagle3_head(ctx, head_cfg, ctx.shapes.get("target"))
         return
     weights = _head_weights(ctx.cfg, role, directory)
     if weights is None:

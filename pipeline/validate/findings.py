@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import DeploymentConfig, DraftTargetSpec, EagleSpec, MedusaSpec, ModelSpec
+from pipeline.config import DeploymentConfig, DraftTargetSpec, Eagle3Spec, EagleSpec, MedusaSpec, ModelSpec
 from pipeline.validate.hardware import HardwareProfile
 from pipeline.validate.model_shapes import ModelShape
 
@@ -73,4 +73,6 @@ def spec_checkpoints(cfg: DeploymentConfig) -> list[tuple[str, str, str]]:
         items.append(("medusa heads", "speculation.heads_dir", spec.heads_dir))
     elif isinstance(spec, EagleSpec):
         items.append(("EAGLE head", "speculation.head_dir", spec.head_dir))
+    elif isinstance(spec, Eagle3Spec):
+        items.append(("EAGLE-3 head", "speculation.head_dir", spec.head_dir))
     return items

@@ -14,7 +14,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from pipeline.config import DeploymentConfig, DraftTargetSpec, EagleSpec, MedusaSpec, ModelSpec
+from pipeline.config import DeploymentConfig, DraftTargetSpec, Eagle3Spec, EagleSpec, MedusaSpec, ModelSpec, NgramSpec
 from pipeline.validate.hardware import HardwareProfile
 from pipeline.validate.model_shapes import ModelShape
 
@@ -136,6 +136,8 @@ def _draft_len_overhead(cfg: DeploymentConfig) -> tuple[int, int]:
         return spec.engine_max_draft_len + spec.num_layers, spec.engine_max_draft_len
     if isinstance(spec, (DraftTargetSpec, MedusaSpec)):
         return spec.engine_max_draft_len, spec.engine_max_draft_len
+    if isinstance(spec, (Eagle3Spec, NgramSpec)):
+        return spec.max_draft_len, spec.max_draft_len
     return 0, 0
 
 
@@ -157,6 +159,11 @@ def _heads_rows(cfg: DeploymentConfig, shape: ModelShape, dense: float) -> tuple
         per_token = kv_cache_gib(shape, cfg.target, 1, cfg.backend, cfg.reference.compute_dtype, layers=1)
         row = MemoryRow("EAGLE head", params * dense / tp / GIB, f"fc + 1 layer + embed + {spec.num_layers} lm_head copies")
         return [row], [KvPart("EAGLE KV cache", per_token, "1 layer × {tokens} tokens")]
+    if isinstance(spec, Eagle3Spec):  # fc over three fused layers, one decoder layer, its own lm_head
+        params = 3 * h * h + shape.layer_params() + v * h
+        per_token = kv_cache_gib(shape, cfg.target, 1, cfg.backend, cfg.reference.compute_dtype, layers=1)
+        row = MemoryRow("EAGLE-3 head", params * dense / tp / GIB, "fc (3H→H) + 1 layer + lm_head")
+        return [row], [KvPart("EAGLE-3 KV cache", per_token, "1 layer × {tokens} tokens")]
     return [], []
 
 

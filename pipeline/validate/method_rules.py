@@ -10,9 +10,11 @@ these rules need the whole picture.
 from __future__ import annotations
 
 
+from pipeline.trtllm import llmapi_checks
 from pipeline.config import DeploymentConfig, DraftTargetSpec, EagleSpec, MedusaSpec, ModelSpec
 from pipeline.errors import SpecdeployError
 from pipeline.validate.hardware import HardwareProfile, formats_supported_on
+from pipeline.validate.model_shapes import read_config_json
 from pipeline.trtllm.commands import paged_context_fmha_survives
 from pipeline.validate.findings import ERROR, INFO, WARNING, CheckContext, spec_models, spec_roles
 
@@ -40,6 +42,7 @@ def _paged_context_fmha_survives(spec: ModelSpec, profile: HardwareProfile) -> b
 def check_quantization(ctx: CheckContext) -> None:
     for path, spec in spec_models(ctx.cfg):
         _check_model_quantization(ctx, path, spec)
+    llmapi_checks.check_quantization(ctx)
 
 
 def _check_model_quantization(ctx: CheckContext, path: str, spec: ModelSpec) -> None:
@@ -52,7 +55,7 @@ def _check_model_quantization(ctx: CheckContext, path: str, spec: ModelSpec) -> 
     if q.kv_cache_dtype not in profile.kv_cache_dtypes:
         ctx.add(ERROR, "kv-dtype", f"KV-cache dtype {q.kv_cache_dtype} is not available on {profile.display_name}",
                 f"use one of: {', '.join(profile.kv_cache_dtypes)}", f"{path}.quantization.kv_cache_dtype")
-    elif profile.is_gpu and not _paged_context_fmha_survives(spec, profile):
+    elif profile.is_gpu and not cfg.uses_llm_api and not _paged_context_fmha_survives(spec, profile):
         _report_paged_fmha_loss(ctx, path, spec)
     if q.format in ("int4_awq", "w4a8_awq") and q.calibration_size > 32:
         ctx.add(INFO, "calibration", f"AWQ caps calibration_size at 32 (configured {q.calibration_size})",
@@ -124,6 +127,8 @@ def _check_draft_target(ctx: CheckContext, spec: DraftTargetSpec) -> None:
         ctx.add(WARNING, "method", "gather_generation_logits without use_draft_logits costs memory for nothing",
                 "set build.gather_generation_logits: false or speculation.use_draft_logits: true",
                 "build.gather_generation_logits")
+    if cfg.uses_llm_api:
+        return  # no BLS and no engines: the LLM API drafts inside its executor
     if cfg.backend == "trtllm" and not cfg.triton.enable_kv_cache_reuse:
         ctx.add(ERROR, "method", "the draft-target target engine requires KV-cache reuse at runtime",
                 "set triton.enable_kv_cache_reuse: true", "triton.enable_kv_cache_reuse")
@@ -217,6 +222,12 @@ def check_scripts(ctx: CheckContext) -> None:
         plan = make_plan(cfg, ctx.trtllm_root)
     except SpecdeployError:
         return  # the config problem is reported by the checks that own it
+    if cfg.uses_llm_api:
+        from pipeline.trtllm.llmapi_plan import missing_modelopt_scripts  # noqa: PLC0415
+
+        for message, fix in missing_modelopt_scripts(plan):
+            ctx.add(ERROR, "scripts", message, fix, "llm_api.modelopt_root")
+        return
     missing = missing_scripts(plan.steps, plan.trtllm_root.path)
     fix = missing_scripts_fix(missing, plan.trtllm_root.path, cfg.trtllm_version) if missing else ""
     for script in missing:
@@ -246,6 +257,14 @@ def check_shapes(ctx: CheckContext) -> None:
     if ctx.cfg.method == "eagle" and target is not None and not target.is_llama:
         ctx.add(ERROR, "method", f"EAGLE in TensorRT-LLM needs a LLaMA-architecture base, got {target.architecture}",
                 "use a LLaMA-family target or another method", "target.checkpoint")
+    target_dir = ctx.dirs.get("target")
+    target_config = None
+    if ctx.cfg.method == "mtp" and target_dir is not None and (target_dir / "config.json").is_file():
+        try:
+            target_config = read_config_json(target_dir)
+        except (OSError, ValueError):
+            target_config = None  # reported by the shape loader
+    llmapi_checks.check_mtp_target(ctx, target_dir, target_config, target)
     draft = ctx.shapes.get("draft")
     if target is not None and draft is not None and target.vocab_size != draft.vocab_size:
         ctx.add(ERROR, "tokenizer", f"vocab_size differs: target {target.vocab_size} ({target.source}) vs draft "

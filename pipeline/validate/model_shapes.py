@@ -2,7 +2,7 @@
 
 Reads a checkpoint's ``config.json`` (HF LlamaConfig keys) when the files are present; offline it
 falls back to a small table of well-known example models matched by the checkpoint's directory
-name (Llama-3.1-8B/70B, Llama-3.2-1B/3B, Llama-3-8B, Vicuna-7B). Writes nothing. Parameter counts
+name (Llama-3.1-8B/70B, Llama-3.2-1B/3B, Llama-3-8B, Vicuna-7B, Qwen2.5-(Coder-)7B). Writes nothing. Parameter counts
 here feed the memory-fit estimate in ``pipeline.validate.memory_fit``.
 """
 
@@ -62,6 +62,7 @@ KNOWN_MODELS: dict[str, ModelShape] = {
     "llama-3.2-1b": ModelShape(2048, 16, 32, 8, 8192, 128256, True, max_position_embeddings=131072),
     "llama-3.2-3b": ModelShape(3072, 28, 24, 8, 8192, 128256, True, max_position_embeddings=131072),
     "vicuna-7b": ModelShape(4096, 32, 32, 32, 11008, 32000, False, max_position_embeddings=2048),
+    "qwen2.5-7b": ModelShape(3584, 28, 28, 4, 18944, 152064, False, "Qwen2ForCausalLM", max_position_embeddings=32768),
 }
 # Directory-name patterns → table key. Checked in order; "3.3-70b" shares the 3.1-70B shape.
 _NAME_PATTERNS: list[tuple[str, str]] = [
@@ -72,6 +73,7 @@ _NAME_PATTERNS: list[tuple[str, str]] = [
     (r"llama-?3\.2-1b", "llama-3.2-1b"),
     (r"llama-?3\.2-3b", "llama-3.2-3b"),
     (r"vicuna-7b", "vicuna-7b"),
+    (r"qwen2\.5-(coder-)?7b", "qwen2.5-7b"),
 ]
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from pipeline.trtllm import llmapi_checks
 from pipeline.config import DeploymentConfig, DraftTargetSpec
 from pipeline.errors import PreflightError
 from pipeline.validate.hardware import get_profile
@@ -30,7 +31,6 @@ from pipeline.validate.method_rules import (
     check_build_limits, check_method, check_quantization, check_scripts, check_shapes,
 )
 
-ENGINE_PATH_MAX_VERSION = (1, 2)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -81,8 +81,9 @@ def _check_backend(ctx: CheckContext) -> None:
             if spec.world_size > 1:
                 ctx.add(ERROR, "backend", "the CPU reference engine runs one process per model (no TP/PP)",
                         "set tp: 1 and pp: 1", f"{path}.tp")
-    if cfg.backend == "trtllm":
+    if cfg.backend == "trtllm" and cfg.runtime == "engine":
         _check_trtllm_version(ctx)
+    llmapi_checks.check_runtime(ctx)
 
 
 def _check_draft_weights(ctx: CheckContext) -> None:
@@ -108,11 +109,9 @@ def _check_draft_weights(ctx: CheckContext) -> None:
 
 
 def _check_trtllm_version(ctx: CheckContext) -> None:
+    """Engine-runtime versions (past 1.2.x: ``llmapi_checks.check_runtime``)."""
     cfg = ctx.cfg
     version = cfg.trtllm_version_tuple[:2]
-    if version > ENGINE_PATH_MAX_VERSION:
-        ctx.add(ERROR, "version", f"TensorRT-LLM {cfg.trtllm_version} no longer ships the engine path "
-                "(trtllm-build, convert_checkpoint.py)", "pin trtllm_version to 1.2.x (e.g. 1.2.1)", "trtllm_version")
     if version < (0, 12):
         ctx.add(ERROR, "version", f"TensorRT-LLM {cfg.trtllm_version} predates the supported build flags",
                 "use 0.12 or newer (1.2.1 recommended)", "trtllm_version")

@@ -42,7 +42,9 @@ MODELS = {
     "medusa-vicuna-7b-v1.3": lambda d: ck.write_medusa_heads(d),
     "EAGLE-Vicuna-7B-v1.3": lambda d: ck.write_eagle_head(d),
 }
-GPU_CONFIGS = sorted(p.stem for p in CONFIGS.glob("*.yaml") if not p.stem.startswith("tiny-cpu-"))
+# the engine runtime's configs (the LLM-API ones build no engine: tests/unit/test_llmapi_render.py)
+GPU_CONFIGS = sorted(p.stem for p in CONFIGS.glob("*.yaml")
+                     if not p.stem.startswith("tiny-cpu-") and "trtllm_runtime: llm_api" not in p.read_text())
 
 
 def _localise(node, models: Path):

@@ -19,6 +19,9 @@ GPU_EXAMPLES = [
     "vicuna7b-medusa-fp8-h100.yaml",
     "vicuna7b-eagle-h100.yaml",
     "llama31-8b-baseline-h100.yaml",
+    "llama31-8b-eagle3-llmapi-h100.yaml",
+    "llama31-70b-draft8b-llmapi-h100.yaml",
+    "qwen25-coder-7b-ngram-llmapi-h100.yaml",
 ]
 
 

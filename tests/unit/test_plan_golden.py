@@ -17,6 +17,7 @@ from pipeline.config import load_config, parse_config
 from pipeline.paths import PROJECT_ROOT
 from pipeline.plan.planner import make_plan
 from pipeline.trtllm.layout import ENV_VAR
+from pipeline.trtllm.llmapi_plan import MODELOPT_ENV
 
 from test_plan_configs import ALL
 
@@ -48,6 +49,7 @@ def check_golden(name: str, text: str, missing_ok: bool = False) -> None:
 def test_plan_matches_golden(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.delenv(MODELOPT_ENV, raising=False)
     plan = make_plan(parse_config(ALL[name]))
     check_golden(name, normalised(plan, tmp_path))
 
@@ -59,5 +61,6 @@ EXAMPLE_FILES = sorted(CONFIGS_DIR.glob("*.yaml")) if CONFIGS_DIR.is_dir() else 
 def test_example_config_plan_matches_golden(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(PROJECT_ROOT)
     monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.delenv(MODELOPT_ENV, raising=False)
     plan = make_plan(load_config(path))
     check_golden(f"configs--{path.stem}", normalised(plan, PROJECT_ROOT), missing_ok=True)

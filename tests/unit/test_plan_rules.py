@@ -200,8 +200,10 @@ def test_converter_path_follows_version(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("version", ["0.16.0", "1.3.0", "2.0"])
 def test_unsupported_trtllm_versions_rejected(version, tmp_path, monkeypatch):
+    """The engine runtime's commands exist for 0.17 … 1.2.x only (past 1.2 the default runtime is llm_api)."""
     with pytest.raises(ConfigError, match="trtllm_version"):
-        plan_of(dict(EXAMPLES["llama31-8b-baseline-h100"], trtllm_version=version), tmp_path, monkeypatch)
+        plan_of(dict(EXAMPLES["llama31-8b-baseline-h100"], trtllm_version=version, trtllm_runtime="engine"),
+                tmp_path, monkeypatch)
 
 
 def test_trtllm_root_option(tmp_path, monkeypatch):

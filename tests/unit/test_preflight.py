@@ -151,7 +151,7 @@ RULES = [
     ({"method": "eagle", "trtllm_version": "0.14.0"}, "trtllm_version"),
     ({"method": "draft_target", "speculation__use_draft_logits": True}, "build.gather_generation_logits"),
     ({"method": "draft_target", "triton__enable_kv_cache_reuse": False}, "triton.enable_kv_cache_reuse"),
-    ({"trtllm_version": "1.3.0"}, "trtllm_version"),
+    ({"trtllm_version": "1.3.0", "trtllm_runtime": "engine"}, "trtllm_version"),
     ({"target__tp": 3}, "target.tp"),
     ({"target__tp": 16}, "target.tp"),
     ({"method": "draft_target", "speculation__draft__tp": 3}, "speculation.draft.tp"),

@@ -1,0 +1,199 @@
+"""Preflight rules of the LLM-API runtime (``trtllm_runtime: llm_api``), against the recorded facts.
+
+Reads the validated config, the facts of its ``trtllm_version`` (``pipeline.trtllm.llmapi_facts``)
+and, through the preflight context, the shapes and directories preflight already resolved; adds
+findings (error / warning / info with the field path and the fix) to that context. Writes nothing.
+Rules: which runtime the version has; which methods each runtime runs (Medusa and EAGLE-1 are
+engine-only, EAGLE-3 / n-gram / MTP are LLM-API-only); the generated LLM arguments and
+``speculative_config`` and the user's pass-through sections against the version's fields and
+types; the quantization ModelOpt can export; MTP's DeepSeek-family target; the EAGLE-3 head's sizes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import ENGINE_RUNTIME_MAX_VERSION, DraftTargetSpec, Eagle3Spec
+from pipeline.trtllm.llmapi_args import decoding_problems, llm_args
+from pipeline.trtllm.llmapi_facts import (
+    DECODING_TYPES,
+    ENGINE_ONLY,
+    facts_for,
+    field_problems,
+    known_versions,
+    load_facts,
+)
+
+ERROR, WARNING, INFO = "error", "warning", "info"
+LLM_API_ONLY = ("eagle3", "ngram", "mtp")
+LLM_API_MIN_VERSION = (1, 2)
+LLM_API_QUANT_FORMATS = ("none", "fp8", "int4_awq")  # ModelOpt hf_ptq exports the project plans
+LLM_API_KV_DTYPES = ("auto", "fp8")
+_PLACEHOLDER_DIRS = {"baseline": "<target>", "speculative": "<target>", "draft": "<draft>"}
+
+
+def check_runtime(ctx) -> None:
+    """Runtime × version × backend × method: the rules that decide whether anything can run."""
+    cfg = ctx.cfg
+    version = cfg.trtllm_version_tuple[:2]
+    if cfg.backend == "reference":
+        if cfg.trtllm_runtime == "llm_api":
+            ctx.add(ERROR, "runtime", "the CPU reference engine serves the engine-runtime repository only; the "
+                    "llmapi layout on CPU is not built yet", "remove trtllm_runtime (or set it to engine)",
+                    "trtllm_runtime")
+        if cfg.method in LLM_API_ONLY:
+            ctx.add(ERROR, "method", f"method {cfg.method} runs on the TensorRT-LLM LLM API only; the CPU reference "
+                    "engine lacks it", "use backend trtllm with trtllm_runtime llm_api, or another method",
+                    "speculation.method")
+        return
+    if cfg.runtime == "engine":
+        _check_engine_runtime(ctx, version)
+    else:
+        _check_llm_api_runtime(ctx, version)
+
+
+def _check_engine_runtime(ctx, version: tuple[int, ...]) -> None:
+    cfg = ctx.cfg
+    if version > ENGINE_RUNTIME_MAX_VERSION:
+        ctx.add(ERROR, "version", f"TensorRT-LLM {cfg.trtllm_version} no longer ships the engine path "
+                "(trtllm-build, convert_checkpoint.py, the C++ tensorrtllm backend: NVIDIA/TensorRT-LLM PRs "
+                "#15763, #15907)", "set trtllm_runtime: llm_api, or pin trtllm_version to 1.2.x (e.g. 1.2.1)",
+                "trtllm_version")
+    if cfg.method in LLM_API_ONLY:
+        ctx.add(ERROR, "method", f"method {cfg.method} runs on the LLM API only (PyTorch backend); the engine "
+                "runtime has no such decoding mode", "set trtllm_runtime: llm_api (TensorRT-LLM ≥ 1.2)",
+                "speculation.method")
+
+
+def _check_llm_api_runtime(ctx, version: tuple[int, ...]) -> None:
+    cfg = ctx.cfg
+    facts = facts_for(cfg.trtllm_version)
+    if version < LLM_API_MIN_VERSION or facts is None:
+        ctx.add(ERROR, "version", f"no LLM-API facts are recorded for TensorRT-LLM {cfg.trtllm_version} (recorded: "
+                f"{', '.join(known_versions())}); the generated LLM arguments could not be checked",
+                "use a recorded release line, or add its section to pipeline/trtllm/llmapi_facts.yaml from "
+                "tensorrt_llm/llmapi/llm_args.py at that tag", "trtllm_version")
+        return
+    if cfg.method in ENGINE_ONLY:
+        decoding = ENGINE_ONLY[cfg.method]
+        ctx.add(ERROR, "method", f"method {cfg.method} is engine-only: {facts.engine_only_reason(decoding)}",
+                "use eagle3 (an EAGLE-3 draft checkpoint) on llm_api, or trtllm_runtime: engine with "
+                "trtllm_version 1.2.x", "speculation.method")
+        return
+    if cfg.method in DECODING_TYPES and facts.decoding_type(DECODING_TYPES[cfg.method]) is None:
+        ctx.add(ERROR, "method", f"TensorRT-LLM {facts.line} has no {DECODING_TYPES[cfg.method]} decoding_type "
+                f"({facts.citation()})", "pick a method this version has", "speculation.method")
+        return
+    _check_method_on_llm_api(ctx, facts)
+    _check_args(ctx)
+
+
+def _check_method_on_llm_api(ctx, facts) -> None:
+    cfg, spec = ctx.cfg, ctx.cfg.speculation
+    if isinstance(spec, Eagle3Spec) and spec.model_mode not in facts.eagle3_modes:
+        ctx.add(ERROR, "method", f"TensorRT-LLM {facts.line} runs EAGLE-3 as {' / '.join(facts.eagle3_modes)} only "
+                f"(Eagle3DecodingConfig has no eagle3_one_model field; {facts.citation()})",
+                "set speculation.model_mode: one_model", "speculation.model_mode")
+    if isinstance(spec, DraftTargetSpec):
+        if spec.use_draft_logits:
+            ctx.add(ERROR, "method", "use_draft_logits is an engine-runtime (fast logits) setting; "
+                    "DraftTargetDecodingConfig has no such field", "set speculation.use_draft_logits: false",
+                    "speculation.use_draft_logits")
+        if cfg.loadtest.sweep_draft_len:
+            ctx.add(ERROR, "method", "the LLM API fixes the draft length per server (speculative_config.max_draft_len); "
+                    "there is no per-request num_draft_tokens to sweep", "remove loadtest.sweep_draft_len, or render "
+                    "one config per draft length", "loadtest.sweep_draft_len")
+
+
+def _check_args(ctx) -> None:
+    """The user's pass-through sections (named by their own field paths), then what the project
+    generates, against the version's facts."""
+    cfg = ctx.cfg
+    facts = facts_for(cfg.trtllm_version)
+    where = f"TensorRT-LLM {facts.line} LLM arguments ({facts.citation()})"
+    problems = field_problems(cfg.llm_api.extra_llm_args, facts.llm_args, "llm_api.extra_llm_args", where)
+    for problem in problems:
+        _add_path_problem(ctx, problem, "the LLM accepts only these arguments")
+    variant = "speculative" if cfg.method != "none" else "baseline"
+    args = llm_args(cfg, _PLACEHOLDER_DIRS, variant)
+    spec = args.get("speculative_config")
+    extra_spec = cfg.llm_api.extra_speculative_config
+    if extra_spec and not isinstance(spec, dict):
+        ctx.add(ERROR, "llm-args", "speculative_config fields need a speculative method", "remove the section",
+                "llm_api.extra_speculative_config")
+    if isinstance(spec, dict):
+        decoding = facts.decoding_type(spec["decoding_type"])
+        name = f"{spec['decoding_type'].replace('_', '')}DecodingConfig of TensorRT-LLM {facts.line}"
+        for problem in field_problems(extra_spec, decoding["fields"], "llm_api.extra_speculative_config", name):
+            _add_path_problem(ctx, problem, "the decoding config accepts only these fields")
+        own = {k: v for k, v in spec.items() if k not in extra_spec}
+        for problem in decoding_problems(cfg, own, "speculation"):
+            _add_path_problem(ctx, problem, "fix the field")
+    generated = {k: v for k, v in args.items() if k not in cfg.llm_api.extra_llm_args and k != "speculative_config"}
+    for problem in field_problems(generated, facts.llm_args, "", where):
+        ctx.add(ERROR, "llm-args", f"generated LLM argument {problem}", "report this: the facts file and "
+                "pipeline/trtllm/llmapi_args.py disagree", "trtllm_version")
+
+
+def _add_path_problem(ctx, problem: str, fix: str) -> None:
+    path, message = problem.split(": ", 1)
+    ctx.add(ERROR, "llm-args", message, fix, path)
+
+
+# ----------------------------------------------------------------------------------------------
+# Quantization, MTP target, EAGLE-3 head
+
+
+def check_quantization(ctx) -> None:
+    """ModelOpt (examples/llm_ptq/hf_ptq.py) exports the formats the plan quantizes to; the
+    LLM API reads the result (hf_quant_config.json) as it is."""
+    cfg = ctx.cfg
+    if not cfg.uses_llm_api:
+        return
+    models = [("target", cfg.target)] + ([("speculation.draft", cfg.draft)] if cfg.draft is not None else [])
+    for path, spec in models:
+        q = spec.quantization
+        if q.format not in LLM_API_QUANT_FORMATS:
+            ctx.add(ERROR, "gpu-quant", f"the LLM-API plan quantizes to {', '.join(LLM_API_QUANT_FORMATS[1:])} "
+                    f"(ModelOpt hf_ptq.py), not {q.format}", "use fp8 on Hopper or int4_awq on Ampere, or point "
+                    "checkpoint at a ModelOpt-exported directory with format none", f"{path}.quantization.format")
+        if q.kv_cache_dtype not in LLM_API_KV_DTYPES:
+            ctx.add(ERROR, "kv-dtype", f"KV-cache dtype {q.kv_cache_dtype} is not planned on the LLM-API runtime",
+                    "use auto or fp8", f"{path}.quantization.kv_cache_dtype")
+
+
+def check_mtp_target(ctx, target_dir: Path | None, target_config: dict | None, shape) -> None:
+    """MTP runs the target's own next-n layers: DeepSeek-V3-family checkpoints only."""
+    if ctx.cfg.method != "mtp":
+        return
+    allowed = load_facts()["mtp_targets"]
+    if target_config is not None:
+        model_type = target_config.get("model_type")
+        arch = (target_config.get("architectures") or [None])[0]
+        seen = f"model_type {model_type!r}, architecture {arch!r}"
+    elif shape is not None:
+        model_type, arch, seen = None, shape.architecture, f"architecture {shape.architecture!r} ({shape.source})"
+    else:
+        ctx.add(INFO, "method", "MTP target family not checked: no config.json here and not a known model", "",
+                "target.checkpoint")
+        return
+    if model_type not in allowed["model_types"] and arch not in allowed["architectures"]:
+        ctx.add(ERROR, "method", f"MTP needs a DeepSeek-family target with MTP layers, got {seen} "
+                f"({allowed['source']})", "use a DeepSeek-V3/R1 checkpoint, or eagle3 / draft_target / ngram",
+                "target.checkpoint")
+    elif target_config is not None and int(target_config.get("num_nextn_predict_layers") or 0) < 1:
+        ctx.add(ERROR, "method", f"{target_dir}/config.json has no num_nextn_predict_layers: the checkpoint ships "
+                "no MTP layers", "use the full DeepSeek checkpoint (its MTP layers included)", "target.checkpoint")
+
+
+def check_eagle3_head(ctx, head_config: dict[str, Any], target) -> None:
+    """An EAGLE-3 head predicts into the target's vocabulary from its hidden states: both sizes
+    must match the target (a smaller ``draft_vocab_size`` is the head's own and maps back)."""
+    if target is None:
+        return
+    for key, expected in (("hidden_size", target.hidden_size), ("vocab_size", target.vocab_size)):
+        value = head_config.get(key)
+        if value is not None and value != expected:
+            ctx.add(ERROR, "heads", f"EAGLE-3 head {key} {value} does not match the target's {expected}",
+                    "use the EAGLE-3 checkpoint trained for this target", "speculation.head_dir")

@@ -1,0 +1,90 @@
+"""The rendered LLM-API repository loads in a real tritonserver: its config.pbtxt (upstream's
+llmapi tensors, max_batch_size 0, decoupled) is accepted, and requests in the llmapi contract
+(`text_input`, `sampling_param_max_tokens`, `streaming`) reach the model over HTTP
+generate_stream and gRPC streaming. TensorRT-LLM's own model.py needs a GPU, so a stand-in with
+the same tensors (tests/fixtures/llmapi_standin/model.py) takes its place at that boundary; it
+reads the rendered model.yaml."""
+
+from __future__ import annotations
+
+import json
+import queue
+import shutil
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.config import config_hash, parse_config
+from pipeline.plan.planner import make_plan
+from pipeline.render.renderer import render
+from pipeline.serve.server import start_server
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
+STANDIN = Path(__file__).resolve().parents[1] / "fixtures" / "llmapi_standin" / "model.py"
+
+
+@pytest.fixture()
+def rendered(tmp_path, monkeypatch):
+    monkeypatch.setattr("pipeline.plan.gpu_layout.query_gpus", lambda nvidia_smi=None: None)
+    monkeypatch.chdir(tmp_path)
+    cfg = parse_config({"name": "api-served", "backend": "trtllm", "hardware": "h100-sxm-80gb", "trtllm_version": "1.2.1",
+                        "trtllm_runtime": "llm_api", "target": {"checkpoint": "/models/Meta-Llama-3.1-8B-Instruct"},
+                        "speculation": {"method": "eagle3", "head_dir": "/models/EAGLE3-LLaMA3.1-Instruct-8B"},
+                        "build": {"max_batch_size": 4, "max_input_len": 128, "max_seq_len": 256}})
+    manifest = {"format": "specdeploy-manifest/1", "name": cfg.name, "config_hash": config_hash(cfg),
+                "engines": make_plan(cfg).engines, "created": "t"}
+    (tmp_path / "engines" / cfg.name).mkdir(parents=True)
+    (tmp_path / "engines" / cfg.name / "manifest.json").write_text(json.dumps(manifest))
+    repo, _ = render(cfg)["speculative"]
+    shutil.copy(STANDIN, repo / "tensorrt_llm" / "1" / "model.py")
+    return repo
+
+
+def _grpc_stream(url: str, prompt: str) -> list[str]:
+    import tritonclient.grpc as grpcclient  # noqa: PLC0415
+
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    text = grpcclient.InferInput("text_input", [1], "BYTES")
+    text.set_data_from_numpy(np.array([prompt.encode()], dtype=np.object_))
+    max_tokens = grpcclient.InferInput("sampling_param_max_tokens", [1], "INT32")
+    max_tokens.set_data_from_numpy(np.array([8], dtype=np.int32))
+    streaming = grpcclient.InferInput("streaming", [1], "BOOL")
+    streaming.set_data_from_numpy(np.array([True]))
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        client.async_stream_infer("tensorrt_llm", [text, max_tokens, streaming], request_id="1",
+                                  enable_empty_final_response=True)
+        outputs = []
+        while True:
+            result, error = results.get(timeout=60)
+            assert error is None, error
+            if result.get_response().outputs:
+                outputs.append(result.as_numpy("text_output").reshape(-1)[0].decode())
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+        return outputs
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def test_rendered_llmapi_repository_is_served_by_real_triton(rendered):
+    server = start_server(rendered, startup_timeout_s=120)
+    try:
+        with urllib.request.urlopen(f"{server.http_url}/v2/models/tensorrt_llm/config", timeout=30) as response:
+            config = json.load(response)
+        assert config["model_transaction_policy"]["decoupled"] is True and config["max_batch_size"] == 0
+        assert [t["name"] for t in config["input"]][:2] == ["text_input", "streaming"]
+        body = json.dumps({"text_input": "Hello", "sampling_param_max_tokens": 5, "streaming": True}).encode()
+        request = urllib.request.Request(f"{server.http_url}/v2/models/tensorrt_llm/generate_stream", data=body)
+        with urllib.request.urlopen(request, timeout=60) as response:
+            events = [json.loads(line[len(b"data: "):]) for line in response.read().splitlines() if line.startswith(b"data: ")]
+        assert [e["text_output"] for e in events] == [
+            "Hello | Meta-Llama-3.1-8B-Instruct | speculative=True | max_tokens=5"]
+        grpc = _grpc_stream(f"{server.host}:{server.ports.grpc}", "Hi")
+        assert grpc == ["Hi | Meta-Llama-3.1-8B-Instruct | speculative=True | max_tokens=8"]
+    finally:
+        server.stop()
