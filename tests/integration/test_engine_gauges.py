@@ -12,6 +12,7 @@ import queue
 import signal
 import time
 import uuid
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -85,9 +86,14 @@ def idle(g: dict) -> bool:
 
 
 def the_worker(server) -> psutil.Process:
-    workers = [p for p in psutil.Process(server.pid).children(recursive=True)
-               if "pipeline.reference.worker" in p.cmdline()]
-    assert len(workers) == 1, workers  # orchestration engine: tensorrt_llm's worker only
+    """tensorrt_llm's worker (its engine dir is the ``speculative`` one; tensorrt_llm_draft, in
+    the repository for the bls flow, has a worker of its own)."""
+    workers = []
+    for proc in psutil.Process(server.pid).children(recursive=True):
+        cmd = proc.cmdline()
+        if "pipeline.reference.worker" in cmd and Path(cmd[cmd.index("pipeline.reference.worker") + 1]).name == "speculative":
+            workers.append(proc)
+    assert len(workers) == 1, workers
     return workers[0]
 
 
