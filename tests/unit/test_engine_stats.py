@@ -90,6 +90,7 @@ def test_in_process_stats_count_a_running_request_and_return_to_idle(ckpt):
         engine.shutdown()
 
 
+@pytest.mark.slow
 def test_worker_stats_travel_over_the_pipe_with_the_proxy_count(ckpt, tmp_path):
     descriptor = {
         "format": ENGINE_FORMAT, "role": "speculative", "model_dir": str(ckpt["target"]), "proposer": _spec(ckpt),

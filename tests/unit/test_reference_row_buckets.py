@@ -51,6 +51,7 @@ def test_padded_rows_leave_the_real_rows_bit_identical(shape, bias):
     assert torch.equal(lin(x3), _unpadded(lin, x3.reshape(18, in_features)).reshape(3, 6, out_features))
 
 
+@pytest.mark.slow
 @torch.inference_mode()
 def test_many_distinct_row_counts_stop_growing_memory_once_every_bucket_was_seen():
     lins = [Linear(torch.randn(o, i, generator=torch.Generator().manual_seed(o + i)))
