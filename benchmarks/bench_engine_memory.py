@@ -19,6 +19,10 @@ Phases, for two code versions (``before``: the engine of ``--before-ref``, extra
 - ``speed`` (both, interleaved, ``--speed-repeats`` each): a fixed greedy request list run once
   to warm up, then timed; the outputs of both versions are compared token for token.
 
+The memory phases run without the prefix cache: its fill-up (bounded by
+``prefix_cache_entries``) is not what they measure; the soak (``bench_soak.py``) runs the
+served configuration with it. ``--before-ref`` defaults to where this branch left ``main``.
+
 Writes JSON to ``--out`` (default ``benchmarks/results/engine-memory.json``); reads the demo
 checkpoints and, for ``before``, the git object store.
 
@@ -88,12 +92,12 @@ def _record_rows(rows_seen: set) -> None:
     modeling.LlamaModel.forward = counted
 
 
-def _engine(models: dict):
+def _engine(models: dict, prefix_cache_entries: int = 64):
     from pipeline.reference.engine import create_engine
 
     spec = {"method": "draft_target", "draft_dir": models["draft"], "num_draft_tokens": 5}
     return create_engine(Path(models["target"]), role="speculative", proposer=spec, max_batch_size=8,
-                         max_seq_len=512, compute_dtype="float32")
+                         max_seq_len=512, compute_dtype="float32", prefix_cache_entries=prefix_cache_entries)
 
 
 def _batches(kind: str, rng: random.Random, vocab: int):
@@ -119,7 +123,7 @@ def _run_batch(engine, batch, seed: int) -> list[list[int]]:
 def child_memory(kind: str, seconds: float, warmup_s: float, models: dict, seed: int) -> dict:
     rows_seen: set = set()
     _record_rows(rows_seen)
-    engine = _engine(models)
+    engine = _engine(models, prefix_cache_entries=0)  # its bounded fill-up would blur the kernels' growth
     rng, requests, tokens = random.Random(seed), 0, 0
     with RssSampler(0.5) as rss:
         start_mb, t0 = rss.rss_mb(), time.monotonic()
@@ -264,8 +268,10 @@ def parent_main(args) -> None:
                  "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                  "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "loadavg_before": os.getloadavg()},
                  "settings": {k: v for k, v in vars(args).items() if k not in ("child", "code_root", "result", "models")}}
+    before_ref = args.before_ref or subprocess.run(["git", "merge-base", "HEAD", "main"], cwd=ROOT, check=True,
+                                                   capture_output=True, text=True).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="engine-memory-before-") as before_root:
-        out["before_commit"] = _extract(args.before_ref, Path(before_root))
+        out["before_commit"] = _extract(before_ref, Path(before_root))
         out["after_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                                              text=True).stdout.strip()
         out["after_tree_dirty"] = bool(subprocess.run(["git", "status", "--porcelain", "pipeline"], cwd=ROOT,
@@ -305,7 +311,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=20)
     p.add_argument("--speed-batches", type=int, default=24, help="request batches of each timed speed pass")
     p.add_argument("--speed-repeats", type=int, default=2)
-    p.add_argument("--before-ref", default="main", help="the engine version to compare against (git ref)")
+    p.add_argument("--before-ref", help="the engine version to compare against (git ref; default: "
+                                           "git merge-base HEAD main)")
     p.add_argument("--note", default="", help="recorded in the JSON (e.g. what else loads the machine)")
     p.add_argument("--out", default=str(DEFAULT_OUT))
     p.add_argument("--child", help=argparse.SUPPRESS)

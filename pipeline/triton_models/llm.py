@@ -6,6 +6,8 @@ response), batch > 1 on decoupled deployments (one response stream per row, ``ba
 cancellation by gRPC cancel or the ``stop`` input, upstream error texts. Before a request is
 submitted its inputs pass TensorRT-LLM's ranges and the CPU engine's limits
 (:mod:`.request_rules`, docs/request-validation.md): a bad value is an error naming the input.
+A thread publishes what the engine holds (KV slots, prefix entries, open requests) as gauges
+on /metrics (:mod:`.engine_gauges`).
 
 Decoupled: every request gets its own thread that drains the engine's chunks into the request's
 response sender, so ``execute`` returns at once and the engine keeps batching across calls. The
