@@ -45,6 +45,9 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import List, Optional, Union
+
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "engine-memory.json"
@@ -128,9 +131,10 @@ def child_memory(kind: str, seconds: float, warmup_s: float, models: dict, seed:
     with RssSampler(0.5) as rss:
         start_mb, t0 = rss.rss_mb(), time.monotonic()
         warm_mb = warm_rows = None
+        warm_rows_list: list = []
         for batch in _batches(kind, rng, engine.vocab_size):
             if warm_mb is None and time.monotonic() - t0 >= warmup_s:
-                warm_mb, warm_rows = rss.rss_mb(), len(rows_seen)
+                warm_mb, warm_rows, warm_rows_list = rss.rss_mb(), len(rows_seen), sorted(rows_seen)
             if time.monotonic() - t0 >= seconds:
                 break
             tokens += sum(len(o) for o in _run_batch(engine, batch, rng.randrange(1 << 30)))
@@ -142,7 +146,8 @@ def child_memory(kind: str, seconds: float, warmup_s: float, models: dict, seed:
             "growth_mb_after_warmup": round(end_mb - (warm_mb or start_mb), 2),
             "growth_mb_after_load": round(end_mb - start_mb, 2),
             "distinct_row_counts": len(rows_seen), "distinct_row_counts_after_warmup": len(rows_seen) - (warm_rows or 0),
-            "max_row_count": max(rows_seen, default=0), "rss_series": rss.samples}
+            "max_row_count": max(rows_seen, default=0), "row_counts": sorted(rows_seen),
+            "warm_row_counts": warm_rows_list, "rss_series": rss.samples}
 
 
 def child_kernels() -> dict:
@@ -171,6 +176,54 @@ def child_kernels() -> dict:
                 marks.append(proc.memory_info().rss)
         out[mode] = {"row_counts": "2..399", "growth_mb_first_pass": round((marks[0] - base) / 2**20, 1),
                      "growth_mb_second_pass": round((marks[1] - marks[0]) / 2**20, 1)}
+    out["float_padding_cost"] = _padding_cost(lins_float(shapes))
+    return out
+
+
+def lins_float(shapes):
+    import torch
+
+    from pipeline.reference.modeling import Linear
+
+    return [Linear(torch.randn(o, i, generator=torch.Generator().manual_seed(o * i))) for o, i in shapes]
+
+
+def _unpadded_linear(x: torch.Tensor, blocked: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """The float several-row branch of kernels.linear as it was before bucket_rows (scripted the
+    same way, so both sides pay the same call overhead)."""
+    flat = x.reshape(-1, x.shape[-1])
+    no_scalars: List[Optional[Union[float, int, complex]]] = []
+    y = torch.ops.mkldnn._linear_pointwise(flat, blocked, bias, "none", no_scalars, "")
+    return y.reshape(list(x.shape[:-1]) + [y.shape[-1]])
+
+
+def _padding_cost(lins, rounds: int = 30) -> dict | None:
+    """Per row count: the float projections as the engine runs them (``kernels.linear``, padded
+    where this version pads) against the unpadded kernel, interleaved, best of ``rounds``."""
+    import torch
+
+    from pipeline.reference import kernels
+
+    if not hasattr(kernels, "bucket_rows"):
+        return None
+    unpadded = torch.jit.script(_unpadded_linear)
+    out = {}
+    with torch.inference_mode():
+        for rows in (2, 6, 9, 12, 18, 30, 48, 65, 100, 200):
+            xs = [torch.randn(rows, lin.operands[0].shape[0]) for lin in lins]
+            best = {"engine": float("inf"), "unpadded": float("inf")}
+            for _ in range(rounds):
+                for name in best:
+                    t0 = time.perf_counter()
+                    for lin, x in zip(lins, xs):
+                        if name == "engine":
+                            kernels.linear(x, lin.mode, lin.operands, lin.bias)
+                        else:
+                            unpadded(x, lin.operands[1], lin.bias)
+                    best[name] = min(best[name], time.perf_counter() - t0)
+            out[rows] = {"padded_to": kernels.bucket_rows(rows), "engine_us": round(best["engine"] * 1e6, 1),
+                         "unpadded_us": round(best["unpadded"] * 1e6, 1),
+                         "engine_over_unpadded": round(best["engine"] / best["unpadded"], 3)}
     return out
 
 
@@ -288,12 +341,26 @@ def parent_main(args) -> None:
         for _ in range(args.speed_repeats):
             for arm, code in arms.items():
                 speed[arm].append(_run_child(code, "speed", args, models))
+    _add_buckets(phases)
     out["phases"] = phases
     out["speed"] = _speed_summary(speed)
     out["host"]["loadavg_after"] = os.getloadavg()
     out["notes"] = args.note
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {args.out}")
+
+
+def _add_buckets(phases: dict) -> None:
+    """The sizes the fixed engine pads each phase's row counts to (kernels.bucket_rows of this
+    tree): how many GEMM shapes each phase needs padded, against how many it needs unpadded."""
+    from pipeline.reference.kernels import bucket_rows
+
+    for arm in phases.values():
+        for phase in arm.values():
+            if "row_counts" in phase:
+                seen = {bucket_rows(r) if r > 1 else 1 for r in phase["row_counts"]}
+                warm = {bucket_rows(r) if r > 1 else 1 for r in phase.pop("warm_row_counts")}
+                phase["distinct_buckets"], phase["distinct_buckets_after_warmup"] = len(seen), len(seen - warm)
 
 
 def _speed_summary(speed: dict) -> dict:
@@ -306,11 +373,11 @@ def _speed_summary(speed: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seconds", type=float, default=25.0, help="duration of each memory phase")
-    p.add_argument("--warmup-s", type=float, default=8.0, help="growth is measured after this")
+    p.add_argument("--seconds", type=float, default=50.0, help="duration of each memory phase")
+    p.add_argument("--warmup-s", type=float, default=15.0, help="growth is measured after this")
     p.add_argument("--seed", type=int, default=20)
     p.add_argument("--speed-batches", type=int, default=24, help="request batches of each timed speed pass")
-    p.add_argument("--speed-repeats", type=int, default=2)
+    p.add_argument("--speed-repeats", type=int, default=3)
     p.add_argument("--before-ref", help="the engine version to compare against (git ref; default: "
                                            "git merge-base HEAD main)")
     p.add_argument("--note", default="", help="recorded in the JSON (e.g. what else loads the machine)")

@@ -145,8 +145,9 @@ if (FLOAT, PLAIN, INT8, INT8_DRAFT, DRAFT_PACK_ROWS) != (0, 1, 2, 3, 8):
 
 @script
 def bucket_rows(rows: int) -> int:
-    """The row count the oneDNN float kernel runs ``rows`` rows at: a multiple of 8 up to 64,
-    then of an eighth of the next power of two (four sizes per doubling, at most a quarter
+    """The row count the oneDNN float kernel runs ``rows`` rows at: itself up to 8 (the
+    verify pass of one sequence, unpadded), a multiple of 4 up to 64 (batched verify passes,
+    whose cost grows with every row), then four sizes per doubling (prompts; at most a quarter
     more rows). Why: oneDNN keeps memory for every row count it has seen (a primitive and its
     buffers per GEMM shape, not all of it released even when ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``
     is small), and the batched forward's row count — sequences x (draft tokens + 1), or a
@@ -154,9 +155,15 @@ def bucket_rows(rows: int) -> int:
     one (``benchmarks/bench_engine_memory.py``). Padded, only a few dozen shapes ever exist.
     Zero rows added below the real ones leave the real rows' bits unchanged (a GEMM row
     depends on its own input row only; tested)."""
-    step = 8
-    while step * 8 < rows:
+    if rows <= 8:
+        return rows
+    step = 4
+    while step * 16 < rows:
         step *= 2
+    if step > 4:  # above 64 rows: four sizes per doubling
+        step = 8
+        while step * 8 < rows:
+            step *= 2
     return (rows + step - 1) // step * step
 
 
