@@ -14,6 +14,9 @@ Phases, for two code versions (``before``: the engine of ``--before-ref``, extra
 - ``varied``: random batch sizes, prompt lengths and output lengths (many row counts);
 - ``varied_cache_capacity`` (before only): ``varied`` with ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``
   set small, a control: if oneDNN's primitive cache alone held the memory, this would be flat;
+- ``varied_both_caches_capped`` (before only): ``varied`` with ideep's cache
+  (``LRU_CACHE_CAPACITY``; 0 crashes it) and oneDNN's capped at 1: flat if the two caches hold
+  all of it — the cause — and what that costs (its tokens/s against ``varied``'s);
 - ``kernels`` (both): :func:`pipeline.reference.kernels.linear` alone, per kernel mode, over
   row counts 2…399 twice — which kernel's memory grows with the number of distinct row counts;
 - ``speed`` (both, interleaved, ``--speed-repeats`` each): a fixed greedy request list run once
@@ -337,6 +340,8 @@ def parent_main(args) -> None:
                 phases[arm][kind] = _run_child(code, kind, args, models)
         phases["before"]["varied_cache_capacity"] = _run_child(
             arms["before"], "varied", args, models, {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": CONTROL_CAPACITY})
+        phases["before"]["varied_both_caches_capped"] = _run_child(
+            arms["before"], "varied", args, models, {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1", "LRU_CACHE_CAPACITY": "1"})
         speed = {"before": [], "after": []}
         for _ in range(args.speed_repeats):
             for arm, code in arms.items():

@@ -148,9 +148,10 @@ def bucket_rows(rows: int) -> int:
     """The row count the oneDNN float kernel runs ``rows`` rows at: itself up to 8 (the
     verify pass of one sequence, unpadded), a multiple of 4 up to 64 (batched verify passes,
     whose cost grows with every row), then four sizes per doubling (prompts; at most a quarter
-    more rows). Why: oneDNN keeps memory for every row count it has seen (a primitive and its
-    buffers per GEMM shape, not all of it released even when ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``
-    is small), and the batched forward's row count — sequences x (draft tokens + 1), or a
+    more rows). Why: oneDNN keeps a primitive and its buffers for every GEMM shape it has seen, in
+    two caches of up to 1024 shapes each by default (ideep's, ``LRU_CACHE_CAPACITY``, and
+    oneDNN's, ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``; capping them makes every miss build a
+    primitive again), and the batched forward's row count — sequences x (draft tokens + 1), or a
     prompt's length — takes almost every value, so the engine worker's RSS grew with every new
     one (``benchmarks/bench_engine_memory.py``). Padded, only a few dozen shapes ever exist.
     Zero rows added below the real ones leave the real rows' bits unchanged (a GEMM row
