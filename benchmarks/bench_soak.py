@@ -20,14 +20,15 @@ What it records, written as JSON to ``--out`` (default ``benchmarks/results/soak
   cancelled ones; distinct error messages with counts; a per-minute breakdown with latencies;
 - resident memory (psutil) of every process in the server's tree, sampled over time; per
   process the growth after the warm-up and the fitted slope (``scipy.stats.linregress``);
-- leaks: the engine publishes no gauge of KV slots or prefix-cache entries (its ``/metrics``
-  families are counters, ``pipeline/triton_models/metrics.py``), so leaks are read from what it
-  does expose: Triton's ``nv_inference_pending_request_count`` back at 0 for every model; a
-  capacity probe of ``max_batch_size`` concurrent greedy requests after the soak (a leaked slot
-  makes the engine refuse one: "KV pool exhausted"); greedy outputs of a probe set identical
-  before and after (a corrupt prefix-cache entry would change them); the server's cancelled
-  counter against the client's cancellations. ``engine_counters`` in the JSON says what gauges
-  would make this direct.
+- leaks: the engine gauges every ``tensorrt_llm`` model publishes
+  (``pipeline/triton_models/engine_gauges.py``: KV slots in use per pool, prefix-cache entries
+  and their bound, open requests in the model, the worker proxy and the engine) read before the
+  soak and once the load has drained (waiting, bounded, for the slots and open requests to reach
+  0), and again after the probes; Triton's ``nv_inference_pending_request_count`` back at 0 for
+  every model; a capacity probe of ``max_batch_size`` concurrent greedy requests after the soak
+  (a leaked slot makes the engine refuse one: "KV pool exhausted"); greedy outputs of a probe
+  set identical before and after (a corrupt prefix-cache entry would change them); the server's
+  cancelled counter against the client's cancellations.
 
 Bounded: every stream runs at most ``--max-requests-per-stream`` requests and stops at the
 deadline; every request has a timeout, every cancel a bounded wait; streams still busy after the
@@ -81,13 +82,11 @@ REQUEST_ID = re.compile(r"^\[request id: [^\]]*\] ")  # Triton's prefix; message
 METRIC_FAMILIES = ("nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count",
                    "nv_inference_pending_request_count", "specdeploy_requests_cancelled_total",
                    "specdeploy_spec_decode_draft_tokens_total", "specdeploy_spec_decode_accepted_tokens_total")
-ENGINE_GAUGES_NEEDED = {
-    "specdeploy_kv_slots_in_use{model}": "KVPool slots allocated (slots − free list) of each engine",
-    "specdeploy_prefix_cache_entries{model}": "len(PrefixCache) of each engine (bounded by prefix_cache_entries)",
-    "specdeploy_engine_open_requests{model}": "requests the engine (or the worker proxy) still holds a stream for",
-    "how": "set from the engine's decode loop (or a 'stats' op of pipeline.reference.worker) and published "
-           "by pipeline/triton_models/metrics.py as gauges; read before and after the soak",
-}
+ENGINE_GAUGE_PREFIX = "specdeploy_engine_"  # pipeline/triton_models/engine_gauges.py (and worker health)
+IN_USE_GAUGES = ("specdeploy_engine_kv_slots_in_use/target", "specdeploy_engine_kv_slots_in_use/draft",
+                 "specdeploy_engine_open_requests/engine", "specdeploy_engine_open_requests/proxy",
+                 "specdeploy_engine_open_requests/model")
+GAUGE_WAIT_S = 60.0  # after the drain: the gauges are refreshed every second or so
 
 
 # ----------------------------------------------------------------------------------------------
@@ -382,6 +381,43 @@ def scrape(metrics_url: str) -> dict[str, dict[str, float]]:
     return out
 
 
+def engine_gauges(metrics_url: str) -> dict[str, dict[str, float]]:
+    """{model: {gauge[/pool or where]: value}} of the engine gauges (``{}`` when unreachable)."""
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=10) as response:  # noqa: S310 - loopback
+            text = response.read().decode("utf-8", errors="replace")
+    except OSError:
+        return {}
+    out: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith(ENGINE_GAUGE_PREFIX) and "model" in sample.labels:
+                extra = sample.labels.get("pool") or sample.labels.get("where")
+                out.setdefault(sample.labels["model"], {})[sample.name + (f"/{extra}" if extra else "")] = sample.value
+    return out
+
+
+def gauges_idle(gauges: dict[str, dict[str, float]]) -> bool:
+    """Every engine model shows 0 slots and 0 open requests, and prefix entries within the bound."""
+    engines = {m: g for m, g in gauges.items() if "specdeploy_engine_kv_slots" in g}
+    return bool(engines) and all(
+        all(g.get(k, 0) == 0 for k in IN_USE_GAUGES)
+        and g.get("specdeploy_engine_prefix_cache_entries", 0) <= g.get("specdeploy_engine_prefix_cache_capacity", 0)
+        for g in engines.values())
+
+
+def wait_gauges_idle(metrics_url: str, timeout_s: float = GAUGE_WAIT_S) -> dict:
+    """Poll until :func:`gauges_idle` (or the timeout): the values and how long it took."""
+    t0 = time.monotonic()
+    while True:
+        gauges = engine_gauges(metrics_url)
+        if gauges_idle(gauges) or time.monotonic() - t0 >= timeout_s:
+            return {"idle": gauges_idle(gauges), "waited_s": round(time.monotonic() - t0, 2), "values": gauges}
+        time.sleep(0.25)
+
+
 def metrics_delta(before: dict, after: dict) -> dict:
     return {name: {model: after[name][model] - before.get(name, {}).get(model, 0.0) for model in after[name]}
             for name in after if name != "nv_inference_pending_request_count"}
@@ -547,15 +583,23 @@ def soak(args: argparse.Namespace, cfg) -> dict:
         probe_prompts = [p["prompt"] for p in prompts[: max(1, batch)]]
         texts_before = greedy_texts(load.url, load.model, load, probe_prompts, args.request_timeout_s)
         before = scrape(server.metrics_url)
+        gauges_before = wait_gauges_idle(server.metrics_url)
         with TreeMemory(server.pid, args.sample_s) as memory:
             t0 = time.monotonic()
             load.deadline = t0 + args.minutes * 60
             hung = run_load(load, args.request_timeout_s + 30, server.alive)
             soak_s = time.monotonic() - t0
+            gauges_drained = wait_gauges_idle(server.metrics_url) if server.alive() else None
             memory.sample()
             alive_during = server.alive()
             pids_end = memory.alive_pids()
         report = after_soak(server, load, memory, before, texts_before, probe_prompts, batch, args)
+        if report["leaks"].get("checked"):
+            report["leaks"]["engine_gauges"] = {
+                "before_soak": gauges_before, "after_drain": gauges_drained,
+                "after_probes": wait_gauges_idle(server.metrics_url),
+                "idle_means": "kv_slots_in_use (target, draft) and open_requests (model, proxy, engine) 0; "
+                              "prefix_cache_entries ≤ prefix_cache_capacity"}
         report.update(soak_seconds=round(soak_s, 1), hung_streams=hung,
                       requests=request_summary(load.outcomes, t0),
                       memory=memory_summary(memory, args.warmup_minutes * 60, args.rss_tolerance_mb),
@@ -592,7 +636,6 @@ def after_soak(server, load: Load, memory: TreeMemory, before: dict, texts_befor
             "cancelled_counted_by_server": delta.get("specdeploy_requests_cancelled_total", {}),
             "hung_cancels": load.hung_cancels,
             "cancellation_note": cancellation_note(load.model, cancelled_client, delta),
-            "engine_counters": {"available": False, "needed": ENGINE_GAUGES_NEEDED},
         },
     }
 
@@ -625,7 +668,9 @@ def verdict(report: dict) -> dict:
         "no_errors_apart_from_cancelled": report["requests"]["errors"] + report["requests"]["timeouts"] == 0,
         "memory_flat_after_warmup": report["memory"]["flat"],
         "no_leaked_requests_or_slots": bool(leaks.get("checked")) and leaks["pending_all_zero"]
-        and leaks["capacity_probe"]["passed"] and not report["hung_streams"] and not leaks["hung_cancels"],
+        and leaks["capacity_probe"]["passed"] and not report["hung_streams"] and not leaks["hung_cancels"]
+        and all((leaks.get("engine_gauges", {}).get(k) or {}).get("idle") for k in ("before_soak", "after_drain",
+                                                                                      "after_probes")),
         "greedy_outputs_unchanged": bool(leaks.get("checked")) and leaks["greedy_probe"]["unchanged"],
     }
     return {**checks, "passed": all(checks.values())}
@@ -647,6 +692,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=20)
     parser.add_argument("--workdir", type=Path, help="keep the build, the model repository and the server log here")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--note", default="", help="recorded in the JSON (e.g. what else loaded the machine)")
     args = parser.parse_args(argv)
     if args.warmup_minutes is None:
         args.warmup_minutes = min(1.0, args.minutes / 10)
@@ -673,7 +719,7 @@ def main(argv: list[str] | None = None) -> int:
               "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_start)),
               "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "allowed_cpus": len(os.sched_getaffinity(0)),
                        "python": platform.python_version(), "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
-              **report}
+              "notes": args.note, **report}
     report["verdict"] = verdict(report)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")

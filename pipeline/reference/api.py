@@ -132,7 +132,16 @@ class Engine(Protocol):
 
     def cancel(self, request_id: str) -> bool: ...
 
+    def stats(self) -> dict | None:
+        """The :data:`ENGINE_STATS` numbers now (None: not known, e.g. a worker that is down)."""
+
     def shutdown(self) -> None: ...
+
+
+# what Engine.stats() reports: after every request ended, the *_in_use ones and open_requests
+# are back at 0 and prefix_cache_entries ≤ prefix_cache_capacity (the soak's leak check)
+ENGINE_STATS = ("kv_slots_in_use", "kv_slots", "draft_kv_slots_in_use", "prefix_cache_entries",
+                "prefix_cache_capacity", "open_requests")
 
 
 class DraftTooLongError(ValueError):

@@ -149,6 +149,18 @@ class ReferenceEngine:
         handle.cancel()
         return True
 
+    def stats(self) -> dict:
+        """What the engine holds now (:data:`pipeline.reference.api.ENGINE_STATS`): KV slots in
+        use (target pool, draft pool), prefix-cache entries and their bound, requests with an
+        open stream. Read from any thread; each number is one read of a length."""
+        draft_pool = getattr(self.scheduler.proposer, "pool", None)
+        with self._lock:
+            open_requests = len(self._handles)
+        return {"kv_slots_in_use": self.scheduler.pool.in_use(), "kv_slots": self.scheduler.pool.slots,
+                "draft_kv_slots_in_use": draft_pool.in_use() if draft_pool is not None else 0,
+                "prefix_cache_entries": len(self.scheduler.prefix),
+                "prefix_cache_capacity": self.scheduler.prefix.entries, "open_requests": open_requests}
+
     def shutdown(self) -> None:
         with self._lock:
             self._stopped = True

@@ -23,7 +23,12 @@ class KVPool:
         self.k = torch.zeros(shape, dtype=dtype)
         self.v = torch.zeros(shape, dtype=dtype)
         self.max_rows = max_rows
+        self.slots = slots
         self._free = list(range(slots - 1, -1, -1))
+
+    def in_use(self) -> int:
+        """Slots allocated and not yet released (the engine's leak gauge)."""
+        return self.slots - len(self._free)
 
     def allocate(self) -> "SlotCache":
         if not self._free:

@@ -8,9 +8,11 @@ interpreter waits for that lock at every step (measured on 2 cores: ~0.25 ms a t
 stdout, one JSON object a line (the vLLM V1 "engine core process" split):
 
 - to the worker: ``{"op": "submit", "request": {GenerationRequest fields}}``,
-  ``{"op": "cancel", "id": ...}``; end of input shuts the engine down;
+  ``{"op": "cancel", "id": ...}``, ``{"op": "stats", "token": n}``; end of input shuts the
+  engine down;
 - from the worker: first ``{"op": "ready", <limits>}`` (or ``{"op": "failed", "error": ...}``),
-  then ``{"op": "chunk", "id": ..., <Chunk fields>}`` for every chunk of every request.
+  then ``{"op": "chunk", "id": ..., <Chunk fields>}`` for every chunk of every request, and
+  ``{"op": "stats", "token": n, "stats": {...}}`` for every stats op (``ReferenceEngine.stats``).
 
 :class:`EngineProcess` validates requests in front of the worker with the scheduler's own rules
 (so bad requests fail synchronously, as in-process) and routes chunks to per-request streams.
@@ -29,6 +31,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import queue
 import shutil
 import signal
 import subprocess
@@ -120,6 +123,8 @@ def serve_engine(engine_dir: Path, cpus: tuple[int, ...] | None, inbox: IO[bytes
                     emit(chunk_message(request_id, error_chunk(f"{type(exc).__name__}: {exc}")))
             elif message["op"] == "cancel":
                 engine.cancel(message["id"])
+            elif message["op"] == "stats":
+                emit({"op": "stats", "token": message.get("token"), "stats": engine.stats()})
     finally:
         engine.shutdown()
 
@@ -220,6 +225,9 @@ class EngineProcess:
         self._down: str | None = None  # why the worker cannot take requests now
         self._closing = threading.Event()
         self._crashes = self._in_a_row = 0
+        self._stats_lock = threading.Lock()  # one stats op at a time
+        self._stats_replies: "queue.SimpleQueue[dict]" = queue.SimpleQueue()
+        self._stats_token = 0
         self._process, ready = self._start()
         for key in LIMITS:
             setattr(self, key, ready[key])
@@ -253,6 +261,29 @@ class EngineProcess:
         if known:
             self._write(process, {"op": "cancel", "id": request_id})
         return known
+
+    def stats(self, timeout: float = 5.0) -> dict | None:
+        """The worker engine's :data:`~pipeline.reference.api.ENGINE_STATS`, plus
+        ``proxy_open_requests`` (streams this proxy still routes); None while the worker is
+        down or when it does not answer within ``timeout``."""
+        with self._stats_lock:
+            with self._lock:
+                if self._down or self._closing.is_set():
+                    return None
+                process = self._process
+            self._stats_token += 1
+            token = self._stats_token
+            self._write(process, {"op": "stats", "token": token})
+            deadline = time.monotonic() + timeout
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    reply = self._stats_replies.get(timeout=left)
+                except queue.Empty:
+                    break
+                if reply.get("token") == token:  # an older, timed-out reply is dropped
+                    with self._lock:
+                        return {**reply["stats"], "proxy_open_requests": len(self._streams)}
+            return None
 
     def shutdown(self, timeout: float = 30.0) -> None:
         with self._lock:
@@ -303,6 +334,9 @@ class EngineProcess:
             try:
                 message = json.loads(line)
             except ValueError:  # a line cut short by the worker's death; end of output follows
+                continue
+            if message.get("op") == "stats":
+                self._stats_replies.put(message)
                 continue
             chunk = chunk_from(message)
             with self._lock:

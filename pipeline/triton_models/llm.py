@@ -6,6 +6,8 @@ response), batch > 1 on decoupled deployments (one response stream per row, ``ba
 cancellation by gRPC cancel or the ``stop`` input, upstream error texts. Before a request is
 submitted its inputs pass TensorRT-LLM's ranges and the CPU engine's limits
 (:mod:`.request_rules`, docs/request-validation.md): a bad value is an error naming the input.
+A thread publishes what the engine holds (KV slots, prefix entries, open requests) as gauges
+on /metrics (:mod:`.engine_gauges`).
 
 Decoupled: every request gets its own thread that drains the engine's chunks into the request's
 response sender, so ``execute`` returns at once and the engine keeps batching across calls. The
@@ -39,6 +41,7 @@ import triton_python_backend_utils as pb_utils
 from pipeline.serve.cpu_pinning import engine_cpus_from_env
 from pipeline.reference.api import ENGINE_PROCESS_ENV, Chunk
 from pipeline.triton_models import io, request_rules
+from pipeline.triton_models.engine_gauges import EngineGauges, period_from_env, start_publisher
 from pipeline.triton_models.metrics import SpecDecodeCounters
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -159,6 +162,9 @@ class TritonPythonModel:
         self.counters = SpecDecodeCounters(args["model_name"], args["model_version"])
         self._lock = threading.Lock()
         self._inflight: dict[str, tuple[object, object]] = {}  # id → (response sender, handle)
+        self._gauges_stop = threading.Event()  # slots, prefix entries, open requests on /metrics
+        start_publisher(EngineGauges(args["model_name"], args["model_version"]), self._engine_stats,
+                        self._gauges_stop, period_from_env())
 
     def execute(self, requests):
         # Decoupled: one response sender per request, fed by the request's thread; execute
@@ -187,7 +193,16 @@ class TritonPythonModel:
         return [sender.wait() for sender in senders]
 
     def finalize(self):
+        self._gauges_stop.set()
         self.engine.shutdown()
+
+    def _engine_stats(self) -> dict:
+        """The engine's numbers (none while its worker is down or busy past the read's
+        timeout) and this model's open streams (always: they show requests piling up)."""
+        stats = dict(self.engine.stats() or {})
+        with self._lock:
+            stats["model_open_requests"] = len(self._inflight)
+        return stats
 
     # -- request intake ------------------------------------------------------------------------
 

@@ -132,7 +132,7 @@ def eagle_greedy_chain(xqkv: torch.Tensor, start: int, k: int, rows: torch.Tenso
 
 # how a Linear computes (``Linear.mode``) and what ``operands`` it hands :func:`linear` for it
 # (TorchScript cannot read module globals: :func:`linear` spells these numbers out)
-FLOAT = 0  # [weight [in, out], oneDNN-blocked weight]: one row torch.mm, more rows oneDNN
+FLOAT = 0  # [weight [in, out], oneDNN-blocked weight]: one row torch.mm, more rows oneDNN (bucket_rows)
 PLAIN = 1  # [weight [out, in]]: F.linear (float64; float32 where oneDNN is missing)
 INT8 = 2  # [int8 weight [in, out], float32 scale [out]]: activations quantized per row, _int_mm
 INT8_DRAFT = 3  # INT8's, + [int8 [out, in], bf16 scale]: up to DRAFT_PACK_ROWS rows _weight_int8pack_mm
@@ -142,15 +142,44 @@ if (FLOAT, PLAIN, INT8, INT8_DRAFT, DRAFT_PACK_ROWS) != (0, 1, 2, 3, 8):
 
 
 @script
+def bucket_rows(rows: int) -> int:
+    """The row count the oneDNN float kernel runs ``rows`` rows at: itself up to 8 (the
+    verify pass of one sequence, unpadded), a multiple of 4 up to 64 (batched verify passes,
+    whose cost grows with every row), then four sizes per doubling (prompts; at most a quarter
+    more rows). Why: oneDNN keeps a primitive and its buffers for every GEMM shape it has seen, in
+    two caches of up to 1024 shapes each by default (ideep's, ``LRU_CACHE_CAPACITY``, and
+    oneDNN's, ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``; capping them makes every miss build a
+    primitive again), and the batched forward's row count — sequences x (draft tokens + 1), or a
+    prompt's length — takes almost every value, so the engine worker's RSS grew with every new
+    one (``benchmarks/bench_engine_memory.py``). Padded, only a few dozen shapes ever exist.
+    Zero rows added below the real ones leave the real rows' bits unchanged (a GEMM row
+    depends on its own input row only; tested)."""
+    if rows <= 8:
+        return rows
+    step = 4
+    while step * 16 < rows:
+        step *= 2
+    if step > 4:  # above 64 rows: four sizes per doubling
+        step = 8
+        while step * 8 < rows:
+            step *= 2
+    return (rows + step - 1) // step * step
+
+
+@script
 def linear(x: torch.Tensor, mode: int, operands: List[torch.Tensor], bias: Optional[torch.Tensor]) -> torch.Tensor:
     """``x [..., in] → [..., out]`` as :class:`~pipeline.reference.fast.linear.FastLinear` ``mode``
     says (the kernels and why: that class's docstring)."""
     if mode == 1:  # PLAIN
         return F.linear(x, operands[0], bias)
     flat = x.reshape(-1, x.shape[-1])
-    if mode == 0 and flat.shape[0] > 1:  # FLOAT, several rows
+    if mode == 0 and flat.shape[0] > 1:  # FLOAT, several rows: oneDNN, rows padded to a bucket
+        rows = flat.shape[0]
+        padded = bucket_rows(rows)
+        if padded != rows:
+            flat = torch.cat([flat, flat.new_zeros(padded - rows, flat.shape[1])])
         no_scalars: List[Optional[Union[float, int, complex]]] = []
-        y = torch.ops.mkldnn._linear_pointwise(flat, operands[1], bias, "none", no_scalars, "")
+        y = torch.ops.mkldnn._linear_pointwise(flat, operands[1], bias, "none", no_scalars, "")[:rows]
     else:
         if mode == 0:  # FLOAT, one row
             y = torch.mm(flat, operands[0])
