@@ -17,7 +17,7 @@ Phases, for two code versions (``before``: the engine of ``--before-ref``, extra
 - ``varied_both_caches_capped`` (before only): ``varied`` with ideep's cache
   (``LRU_CACHE_CAPACITY``; 0 crashes it) and oneDNN's capped at 1: flat if the two caches hold
   all of it — the cause — and what that costs (its tokens/s against ``varied``'s);
-- ``kernels`` (both): :func:`pipeline.reference.kernels.linear` alone, per kernel mode, over
+- ``kernels`` (both): :func:`pipeline.reference.fast.kernels.linear` alone, per kernel mode, over
   row counts 2…399 twice — which kernel's memory grows with the number of distinct row counts;
 - ``speed`` (both, interleaved, ``--speed-repeats`` each): a fixed greedy request list run once
   to warm up, then timed; the outputs of both versions are compared token for token.
@@ -158,7 +158,8 @@ def child_kernels() -> dict:
     import psutil
     import torch
 
-    from pipeline.reference.modeling import Linear, quantize_weight
+    from pipeline.reference.checkpoint import quantize_weight
+    from pipeline.reference.fast.linear import FastLinear as Linear
 
     proc, out = psutil.Process(), {}
     shapes = [(768, 256), (256, 256), (1344, 256), (256, 672)]  # the demo target's projections
@@ -186,7 +187,7 @@ def child_kernels() -> dict:
 def lins_float(shapes):
     import torch
 
-    from pipeline.reference.modeling import Linear
+    from pipeline.reference.fast.linear import FastLinear as Linear
 
     return [Linear(torch.randn(o, i, generator=torch.Generator().manual_seed(o * i))) for o, i in shapes]
 
@@ -205,7 +206,7 @@ def _padding_cost(lins, rounds: int = 30) -> dict | None:
     where this version pads) against the unpadded kernel, interleaved, best of ``rounds``."""
     import torch
 
-    from pipeline.reference import kernels
+    from pipeline.reference.fast import kernels
 
     if not hasattr(kernels, "bucket_rows"):
         return None
@@ -276,7 +277,7 @@ def child_main(args) -> None:
 
 def _run_child(code_root: Path, phase: str, args, models: dict, env_extra: dict | None = None) -> dict:
     sys.path.insert(0, str(ROOT))
-    from pipeline.processes import spawn
+    from pipeline.infra.processes import spawn
 
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
         result = Path(tmp.name)
@@ -303,7 +304,7 @@ def _run_child(code_root: Path, phase: str, args, models: dict, env_extra: dict 
 
 def _extract(ref: str, dest: Path) -> str:
     commit = subprocess.run(["git", "rev-parse", ref], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
-    archive = subprocess.run(["git", "archive", commit, "pipeline", ":(exclude)pipeline/reference/demo/artifacts"],
+    archive = subprocess.run(["git", "archive", commit, "pipeline", ":(exclude)pipeline/demo/artifacts"],
                              cwd=ROOT, check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     return commit
@@ -317,7 +318,7 @@ def _median(values: list[float]) -> float:
 
 def parent_main(args) -> None:
     sys.path.insert(0, str(ROOT))
-    from pipeline.reference.demo import resolve_builtin
+    from pipeline.demo import resolve_builtin
 
     models = {"target": str(resolve_builtin("tiny-target")), "draft": str(resolve_builtin("tiny-draft"))}
     out: dict = {"what": __doc__.split("\n\n")[0], "command": [sys.executable, *sys.argv],
@@ -358,7 +359,7 @@ def parent_main(args) -> None:
 def _add_buckets(phases: dict) -> None:
     """The sizes the fixed engine pads each phase's row counts to (kernels.bucket_rows of this
     tree): how many GEMM shapes each phase needs padded, against how many it needs unpadded."""
-    from pipeline.reference.kernels import bucket_rows
+    from pipeline.reference.fast.kernels import bucket_rows
 
     for arm in phases.values():
         for phase in arm.values():

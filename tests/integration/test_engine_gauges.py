@@ -31,8 +31,8 @@ SLOTS = 4  # tiny_deploy's max_batch_size
 @pytest.fixture(scope="module")
 def gauges_server(serving_workdir, tiny_models):
     from pipeline.config import load_config
-    from pipeline.render import render
-    from pipeline.serve import start_deployment
+    from pipeline.render.renderer import render
+    from pipeline.serve.server import start_deployment
 
     cfg_path = tiny_deploy.make_deployment(serving_workdir, tiny_models, "draft_target", name=NAME,
                                            orchestration="engine")

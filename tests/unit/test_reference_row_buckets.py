@@ -4,17 +4,12 @@ distinct row counts no longer grows the process's memory once each bucket has be
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 import psutil
 import pytest
 import torch
 
-from pipeline.reference import kernels
-from pipeline.reference.modeling import Linear
+from pipeline.reference.fast import kernels
+from pipeline.reference.fast.linear import FastLinear as Linear
 
 
 def test_buckets_are_few_cover_every_row_count_and_pad_little():

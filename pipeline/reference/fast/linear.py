@@ -27,7 +27,7 @@ PACK_IN_MULTIPLE = 16  # _weight_int8pack_mm reads out of bounds (garbage, or SI
 
 
 class FastLinear(Linear):
-    """A :class:`~pipeline.reference.fast.linear.FastLinear` whose every call is one TorchScript call,
+    """A :class:`~pipeline.reference.modeling.Linear` whose every call is one TorchScript call,
     :func:`~pipeline.reference.fast.kernels.linear`, with the ``mode`` and ``operands`` fixed
     here. ``drafting=True`` (int8 only): the few-row packed kernel (module docstring)."""
 
