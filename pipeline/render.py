@@ -7,7 +7,8 @@ writes each repository into a temporary sibling directory, validates it (protobu
 ``ModelConfig`` plus the load-time rules Triton applies and the parser does not: names, version
 dirs, ensemble wiring and dtypes, batch sizes, decoding mode vs engine, draft-target KV reuse,
 decoupled consistency) and only then swaps it in with a rename, so a broken template fails here,
-never in the server. ``client_target`` tells the load tester which model each arm calls.
+never in the server. ``client_target`` tells the load tester which model each arm calls. Next
+to each repository go its alerting rules and Grafana dashboard (:mod:`pipeline.monitoring`).
 
 GPU placement (``pipeline.gpu_layout``): each ``tensorrt_llm`` model gets its ``gpu_device_ids``
 (orchestrator mode), KV fraction and KV capacity from the arm layout, which the stamp
@@ -28,6 +29,7 @@ from pipeline.config import DeploymentConfig, config_hash
 from pipeline.errors import SpecdeployError, StaleInputError
 from pipeline.gpu_layout import ArmLayout, ArmPlacement, LayoutError, deployment_layout
 from pipeline.model_code import copy_model_code
+from pipeline.monitoring import write_operations_view
 from pipeline.paths import PROJECT_ROOT, manifest_path, model_repo_dir
 
 TEMPLATES_DIR = PROJECT_ROOT / "model_repo_templates"
@@ -403,6 +405,7 @@ def render(cfg: DeploymentConfig, templates_dir: Path = TEMPLATES_DIR) -> dict[s
     for variant in variants_for(cfg):
         dest = model_repo_dir(cfg, variant)
         out[variant] = (dest, render_repository(cfg, manifest, variant, dest, templates_dir, layout))
+        write_operations_view(cfg, variant, dest)
         stamp = {"config_hash": config_hash(cfg), "variant": variant, "manifest_created": manifest.get("created"),
                  "client_target": vars(client_target(cfg, variant)), "placement": layout.summary(variant)}
         tmp = render_stamp_path(cfg, variant).with_suffix(".tmp")

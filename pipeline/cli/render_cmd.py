@@ -2,8 +2,9 @@
 
 Reads the config and ``engines/NAME/manifest.json`` (refused if built from another config);
 writes ``engines/NAME/model_repo/{baseline,speculative}/`` atomically after validating every
-``config.pbtxt``; prints each repository path, the model each load-test arm calls and any
-validator warnings.
+``config.pbtxt``, and next to each its Prometheus alerting rules and Grafana dashboard
+(``<variant>.alerts.yml``, ``<variant>.dashboard.json``); prints each repository path, the model
+each load-test arm calls, the operations files and any validator warnings.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ def register(app: typer.Typer) -> None:
 
 def render(config: str) -> int:
     from pipeline.config import load_config  # noqa: PLC0415
+    from pipeline.monitoring import operations_paths  # noqa: PLC0415
     from pipeline.render import client_target  # noqa: PLC0415
     from pipeline.render import render as render_repositories  # noqa: PLC0415
     from pipeline.serve import repository_models  # noqa: PLC0415
@@ -29,6 +31,8 @@ def render(config: str) -> int:
         extra = "".join(f" {k}={v}" for k, v in target.extra_inputs.items())
         print(f"{variant:12s} {repo}  models: {', '.join(repository_models(repo))}")
         print(f"{'':12s} load tests call {target.model_name}{extra}")
+        rules, dashboard = operations_paths(repo)
+        print(f"{'':12s} alerts {rules.name}, dashboard {dashboard.name} (docs/operations.md)")
         for warning in warnings:
             print(f"{'':12s} warning: {warning}")
     return 0

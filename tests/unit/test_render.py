@@ -295,7 +295,9 @@ def test_rerender_replaces_atomically(tmp_path, monkeypatch):
     cfg = make_cfg("reference", "medusa")
     render(cfg)
     assert not (repo / "stray.txt").exists()
-    assert sorted(p.name for p in repo.parent.iterdir()) == ["baseline", "baseline.render.json", "speculative", "speculative.render.json"]
+    assert sorted(p.name for p in repo.parent.iterdir()) == [
+        f"{variant}{suffix}" for variant in ("baseline", "speculative")
+        for suffix in ("", ".alerts.yml", ".dashboard.json", ".render.json")]
 
 
 def test_cli_render(tmp_path, monkeypatch, capsys):
