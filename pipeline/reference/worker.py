@@ -199,6 +199,15 @@ class RemoteHandle(ChunkStream):
         self._owner.cancel(self.request_id)
 
 
+# `python -m` puts the working directory first on sys.path, so a checkout there would shadow the
+# code copy a rendered model passes on through PYTHONPATH; PYTHONSAFEPATH (which the model also
+# sets) prevents that only from Python 3.11 on. The worker therefore starts through `-c`, drops
+# the working directory's entry itself and runs the module named by its first argument.
+_BOOT = ("import runpy, sys\n"
+         "if sys.path[:1] == ['']: del sys.path[0]\n"
+         "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)")
+
+
 class EngineProcess:
     """The engine API (``submit``/``cancel``/``shutdown`` and the limits) over a worker process
     that is restarted when it dies (:class:`RestartPolicy`); while it is down, and once its
@@ -210,7 +219,7 @@ class EngineProcess:
         # the stub's sys.executable is the environment's python3 (serve puts its bin first on PATH)
         python = python or sys.executable or shutil.which("python3")
         self._engine_dir = engine_dir
-        self._argv = [python, "-m", "pipeline.reference.worker", str(engine_dir), ",".join(map(str, cpus or ()))]
+        self._argv = [python, "-c", _BOOT, "pipeline.reference.worker", str(engine_dir), ",".join(map(str, cpus or ()))]
         self._name = name or Path(engine_dir).name
         self._policy = policy or RestartPolicy.from_env()
         self._on_health = on_health
