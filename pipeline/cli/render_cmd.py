@@ -2,9 +2,10 @@
 
 Reads the config and ``engines/NAME/manifest.json`` (refused if built from another config);
 writes ``engines/NAME/model_repo/{baseline,speculative}/`` atomically after validating every
-``config.pbtxt``; prints each repository path, the model each load-test arm calls and any
-validator warnings. Each repository's deployment descriptor ``<variant>.render.json`` is written
-beside it.
+``config.pbtxt``, and next to each its deployment descriptor ``<variant>.render.json``, Prometheus
+alerting rules and Grafana dashboard (``<variant>.alerts.yml``, ``<variant>.dashboard.json``); prints
+each repository path, the model each load-test arm calls, the operations files and any validator
+warnings.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ def render(config: str) -> int:
     from pipeline.artefacts.deployment import ArmDeployment, descriptor_path  # noqa: PLC0415
     from pipeline.render.renderer import render as render_repositories  # noqa: PLC0415
     from pipeline.serve.server import repository_models  # noqa: PLC0415
+    from pipeline.render.monitoring import operations_paths  # noqa: PLC0415
 
     cfg = load_config(config)
     for variant, (repo, warnings) in render_repositories(cfg).items():
@@ -33,6 +35,8 @@ def render(config: str) -> int:
         if cfg.uses_llm_api:
             serve_dir = repo.parent.parent / "trtllm-serve" / variant
             print(f"{'':12s} launch: {repo.with_name(variant + '.launch.sh')}  (trtllm-serve: {serve_dir / 'launch.sh'})")
+        rules, dashboard = operations_paths(repo)
+        print(f"{'':12s} alerts {rules.name}, dashboard {dashboard.name} (docs/operations.md)")
         for warning in warnings:
             print(f"{'':12s} warning: {warning}")
     return 0

@@ -4,7 +4,8 @@ The ``tensorrt_llm`` Python model (``pipeline.triton_models.llm``) streams one r
 from threads that need the interpreter lock of the stub process; a decode loop in the same
 interpreter waits for that lock at every step (measured on 2 cores: ~0.25 ms a token, served
 ÷ in-process 0.89 → 0.90–0.93 in a worker). So by default the stub starts
-``python -m pipeline.reference.worker ENGINE_DIR [CPUS]`` and talks to it over its stdin and
+the module ``pipeline.reference.worker ENGINE_DIR [CPUS]`` in a Python process of its own
+(through :data:`_BOOT`, so the working directory cannot shadow the code) and talks to it over its stdin and
 stdout, one JSON object a line (the vLLM V1 "engine core process" split):
 
 - to the worker: ``{"op": "submit", "request": {GenerationRequest fields}}``,
@@ -204,6 +205,15 @@ class RemoteHandle(ChunkStream):
         self._owner.cancel(self.request_id)
 
 
+# `python -m` puts the working directory first on sys.path, so a checkout there would shadow the
+# code copy a rendered model passes on through PYTHONPATH; PYTHONSAFEPATH (which the model also
+# sets) prevents that only from Python 3.11 on. The worker therefore starts through `-c`, drops
+# the working directory's entry itself and runs the module named by its first argument.
+_BOOT = ("import runpy, sys\n"
+         "if sys.path[:1] == ['']: del sys.path[0]\n"
+         "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)")
+
+
 class EngineProcess:
     """The engine API (``submit``/``cancel``/``shutdown`` and the limits) over a worker process
     that is restarted when it dies (:class:`RestartPolicy`); while it is down, and once its
@@ -215,7 +225,7 @@ class EngineProcess:
         # the stub's sys.executable is the environment's python3 (serve puts its bin first on PATH)
         python = python or sys.executable or shutil.which("python3")
         self._engine_dir = engine_dir
-        self._argv = [python, "-m", "pipeline.reference.worker", str(engine_dir), ",".join(map(str, cpus or ()))]
+        self._argv = [python, "-c", _BOOT, "pipeline.reference.worker", str(engine_dir), ",".join(map(str, cpus or ()))]
         self._name = name or Path(engine_dir).name
         self._policy = policy or RestartPolicy.from_env()
         self._on_health = on_health

@@ -9,6 +9,7 @@ never in the server. Beside each repository it writes the arm's deployment descr
 ``<variant>.render.json`` (:class:`pipeline.artefacts.deployment.ArmDeployment`: the model a client
 calls, where drafts come from, draft limits, tokenizer, placement, config hash), which ``serve`` and
 ``loadtest`` read.
+Next to each repository go its alerting rules and Grafana dashboard (:mod:`pipeline.render.monitoring`).
 
 GPU placement (``pipeline.plan.gpu_layout``): each ``tensorrt_llm`` model gets its ``gpu_device_ids``
 (orchestrator mode), KV fraction and KV capacity from the arm layout, which the stamp
@@ -34,6 +35,7 @@ from pipeline.plan.gpu_layout import ArmLayout, ArmPlacement, LayoutError, deplo
 from pipeline.render.model_code import copy_model_code
 from pipeline.paths import PROJECT_ROOT, model_repo_dir
 from pipeline.render.triton_rules import RenderError, config_param, parse_config_file, validate_repository
+from pipeline.render.monitoring import write_operations_view
 
 TEMPLATES_DIR = PROJECT_ROOT / "model_repo_templates"
 VARIANTS = ("baseline", "speculative")
@@ -387,6 +389,7 @@ def render(cfg: DeploymentConfig, templates_dir: Path = TEMPLATES_DIR) -> dict[s
     for variant in variants_for(cfg):
         dest = model_repo_dir(cfg, variant)
         out[variant] = (dest, render_repository(cfg, manifest, variant, dest, templates_dir, layout))
+        write_operations_view(cfg, variant, dest)
         describe_arm(cfg, variant, manifest, layout.summary(variant)).write(descriptor_path(dest))
     return out
 

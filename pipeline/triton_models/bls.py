@@ -30,7 +30,7 @@ import triton_python_backend_utils as pb_utils
 from pipeline.triton_models import io, request_rules
 from pipeline.triton_models.draft_target import PERF_NAMES, DraftTarget, SpecError
 from pipeline.triton_models.llm import BATCH_NEEDS_DECOUPLED, STREAMING_NEEDS_DECOUPLED, SWITCH_INTERVAL_S
-from pipeline.triton_models.metrics import SpecDecodeCounters
+from pipeline.triton_models.metrics import RequestLatency, SpecDecodeCounters
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 PASSTHROUGH_OUTPUTS = [*PERF_NAMES,
@@ -154,6 +154,7 @@ class TritonPythonModel:
         self.draft_decoupled = bool(self.draft_name) and _model_is_decoupled(repo / self.draft_name)
         self.target_max_draft_len = engine_max_draft_len(repo / self.target_name)
         self.counters = SpecDecodeCounters(args["model_name"], args["model_version"])
+        self.latency = RequestLatency(args["model_name"], args["model_version"])
         self.detokenizer = _local_detokenizer(repo / "postprocessing")
 
     def execute(self, requests):

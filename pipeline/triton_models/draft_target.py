@@ -104,6 +104,7 @@ class DraftTarget:
         self.bls.counters.add(totals.draft_tokens, totals.accepted_tokens, totals.verify_steps)
         if totals.fallback:
             self.bls.counters.fallback(totals.fallback)
+        self.bls.latency.observe(self.arrival_ns, totals.first_token_ns, totals.last_token_ns, len(context) - len(prompt))
         if not self.streaming:
             ids = context[len(prompt):] if io.flag(self.request, "exclude_input_in_output") else context
             self.bls.send_text(self.sender, ids, self._extras(len(prompt), len(context) - len(prompt)), final=True)

@@ -42,7 +42,7 @@ from pipeline.serve.cpu_pinning import engine_cpus_from_env
 from pipeline.reference.api import ENGINE_PROCESS_ENV, Chunk
 from pipeline.triton_models import io, request_rules
 from pipeline.triton_models.engine_gauges import EngineGauges, period_from_env, start_publisher
-from pipeline.triton_models.metrics import SpecDecodeCounters
+from pipeline.triton_models.metrics import RequestLatency, SpecDecodeCounters
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # request threads hand chunks on quickly (the default 5 ms GIL switch interval adds latency per chunk)
@@ -160,6 +160,7 @@ class TritonPythonModel:
             self.engine = EngineProcess(engine_dir, cpus, name=args["model_name"],  # restarted if it dies
                                         on_health=WorkerHealthMetrics(args["model_name"], args["model_version"]))
         self.counters = SpecDecodeCounters(args["model_name"], args["model_version"])
+        self.latency = RequestLatency(args["model_name"], args["model_version"])
         self._lock = threading.Lock()
         self._inflight: dict[str, tuple[object, object]] = {}  # id → (response sender, handle)
         self._gauges_stop = threading.Event()  # slots, prefix entries, open requests on /metrics
@@ -217,13 +218,14 @@ class TritonPythonModel:
         batch = ids.shape[0] if ids is not None and ids.ndim > 1 else 1
         if batch > 1 and not self.decoupled:
             raise io.RequestError(BATCH_NEEDS_DECOUPLED)
+        arrival_ns = time.monotonic_ns()
         base_id = request.request_id() or uuid.uuid4().hex
         rows = [self._parse(_row_inputs(inputs, b, batch), base_id if b == 0 else f"{base_id}-{b}") for b in range(batch)]
         handles = [self._submit(gen_request, sender, self._streamed_response(options, gen_request.input_ids) if batch == 1 else None)
                    for options, gen_request in rows]
         if batch == 1:
             (options, gen_request), handle = rows[0], handles[0]
-            return lambda: self._drain(gen_request.request_id, handle, sender, gen_request.input_ids, options)
+            return lambda: self._drain(gen_request.request_id, handle, sender, gen_request.input_ids, options, arrival_ns)
         return lambda: self._drain_rows(rows, handles, sender)
 
     def _streamed_response(self, options: ResponseOptions, prompt: list[int]):
@@ -347,9 +349,10 @@ class TritonPythonModel:
 
     # -- responses -----------------------------------------------------------------------------
 
-    def _drain(self, key, handle, sender, prompt, options: ResponseOptions) -> None:
+    def _drain(self, key, handle, sender, prompt, options: ResponseOptions, arrival_ns: int = 0) -> None:
         generated: list[int] = []
         stats = None
+        first_token_ns = 0
         next_check = time.monotonic() + CANCEL_CHECK_PERIOD_S
         try:
             for chunk in handle.chunks():
@@ -363,6 +366,7 @@ class TritonPythonModel:
                     self._send(sender, io.error_response(chunk.error), final=True)
                     return
                 generated.extend(chunk.tokens)
+                first_token_ns = first_token_ns or (time.monotonic_ns() if generated else 0)
                 if options.streaming:
                     response = chunk.payload  # built in the engine thread (see _streamed_response)
                     if response is None:
@@ -374,6 +378,8 @@ class TritonPythonModel:
                 if chunk.finished:
                     if chunk.finish_reason == "cancelled":
                         self.counters.cancelled()
+                    else:
+                        self.latency.observe(arrival_ns, first_token_ns, time.monotonic_ns(), len(generated))
                     return
         except Exception as exc:  # noqa: BLE001 - the request must still end with a final response
             self._send(sender, io.error_response(f"{type(exc).__name__}: {exc}"), final=True)

@@ -2,7 +2,10 @@
 accepted and verify steps, cancelled requests, and speculation fallbacks (requests that went on
 target-only after a draft failure, label ``reason`` = error | timeout), labelled ``model`` and
 ``version``, published through the Python backend's ``pb_utils.MetricFamily`` on Triton's
-metrics port and updated once per request."""
+metrics port and updated once per request; and, per request that produced tokens, its latency as
+histograms (time to first token, time per output token after the first, end to end, in seconds)
+and its output tokens (:class:`RequestLatency`), which the alerting rules and the dashboard
+``render`` writes read (:mod:`pipeline.render.monitoring`)."""
 
 from __future__ import annotations
 
@@ -22,6 +25,15 @@ VERIFY_STEPS = "specdeploy_spec_decode_verify_steps_total"
 CANCELLED = "specdeploy_requests_cancelled_total"
 FALLBACKS = "specdeploy_spec_decode_fallbacks_total"
 FALLBACK_REASONS = ("error", "timeout")
+TTFT = "specdeploy_request_ttft_seconds"
+TPOT = "specdeploy_request_tpot_seconds"
+E2E = "specdeploy_request_e2e_seconds"
+OUTPUT_TOKENS = "specdeploy_output_tokens_total"
+# Bucket edges include the gate's default SLOs (TTFT 1 s, TPOT 0.1 s), so a p95 near the SLO is
+# interpolated between close edges.
+TTFT_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0]
+TPOT_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0]
+E2E_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0]
 
 
 class SpecDecodeCounters:
@@ -56,3 +68,35 @@ class SpecDecodeCounters:
                 self._accepted.increment(float(accepted_tokens))
             if verify_steps:
                 self._verify.increment(float(verify_steps))
+
+
+class RequestLatency:
+    """Latency histograms and the output-token counter of the model a client request enters with
+    its whole lifetime (the ``tensorrt_llm`` model of an ensemble, the BLS of a draft-target
+    deployment). Times are ``time.monotonic_ns()`` values (CLOCK_MONOTONIC, shared by the
+    processes of one host)."""
+
+    def __init__(self, model_name: str, model_version: str):
+        labels = {"model": model_name, "version": str(model_version)}
+        histogram = pb_utils.MetricFamily.HISTOGRAM
+        self._families = [
+            pb_utils.MetricFamily(TTFT, "Time from request arrival to its first output token (s)", histogram),
+            pb_utils.MetricFamily(TPOT, "Mean time per output token after the first, per request (s)", histogram),
+            pb_utils.MetricFamily(E2E, "Time from request arrival to its last output token (s)", histogram),
+        ]
+        self._ttft, self._tpot, self._e2e = (
+            family.Metric(labels=labels, buckets=buckets)
+            for family, buckets in zip(self._families, (TTFT_BUCKETS, TPOT_BUCKETS, E2E_BUCKETS)))
+        self._tokens_family = pb_utils.MetricFamily(OUTPUT_TOKENS, "Output tokens generated", pb_utils.MetricFamily.COUNTER)
+        self._tokens = self._tokens_family.Metric(labels=labels)
+
+    def observe(self, arrival_ns: int, first_token_ns: int, last_token_ns: int, output_tokens: int) -> None:
+        """One finished request; nothing when it produced no token or the times are missing."""
+        if output_tokens <= 0 or not arrival_ns or first_token_ns < arrival_ns or last_token_ns < first_token_ns:
+            return
+        with _METRICS_LOCK:
+            self._ttft.observe((first_token_ns - arrival_ns) / 1e9)
+            self._e2e.observe((last_token_ns - arrival_ns) / 1e9)
+            if output_tokens > 1:
+                self._tpot.observe((last_token_ns - first_token_ns) / 1e9 / (output_tokens - 1))
+            self._tokens.increment(float(output_tokens))

@@ -293,7 +293,9 @@ def test_rerender_replaces_atomically(tmp_path, monkeypatch):
     cfg = make_cfg("reference", "medusa")
     render(cfg)
     assert not (repo / "stray.txt").exists()
-    assert sorted(p.name for p in repo.parent.iterdir()) == ["baseline", "baseline.render.json", "speculative", "speculative.render.json"]
+    assert sorted(p.name for p in repo.parent.iterdir()) == [
+        f"{variant}{suffix}" for variant in ("baseline", "speculative")
+        for suffix in ("", ".alerts.yml", ".dashboard.json", ".render.json")]
 
 
 def test_cli_render(tmp_path, monkeypatch, capsys):
@@ -323,7 +325,12 @@ sys.path.append(sys.argv[2])  # numpy and tokenizers, without the .pth files tha
 spec = importlib.util.spec_from_file_location("model", sys.argv[1])
 spec.loader.exec_module(importlib.util.module_from_spec(spec))
 print(sys.modules["pipeline"].__file__)
-child = subprocess.run([sys.executable, "-c", "import pipeline; print(pipeline.__file__)"], capture_output=True, text=True)
+try:  # the engine worker's start, up to running its module (models that start none lack it)
+    from pipeline.reference.worker import _BOOT
+    start = _BOOT.rsplit("\\n", 1)[0] + "\\nimport pipeline; print(pipeline.__file__)"
+except ImportError:
+    start = "import pipeline; print(pipeline.__file__)"
+child = subprocess.run([sys.executable, "-c", start], capture_output=True, text=True)
 print(child.stdout.strip())
 """
 
