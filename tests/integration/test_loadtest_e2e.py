@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-def test_loadtest_end_to_end_on_tiny_cpu_deployment(tmp_path, monkeypatch):
+def test_loadtest_end_to_end_on_tiny_cpu_deployment(tmp_path):
     from pipeline.build import build
     from pipeline.config import load_config
     from pipeline.loadtest import run_loadtest
@@ -30,8 +30,7 @@ def test_loadtest_end_to_end_on_tiny_cpu_deployment(tmp_path, monkeypatch):
     data = yaml.safe_load((ROOT / "configs" / "tiny-cpu-draft-target.yaml").read_text())
     data["speculation"]["orchestration"] = "bls"
     (tmp_path / "tiny-cpu-draft-target-bls.yaml").write_text(yaml.safe_dump(data))
-    cfg = load_config(tmp_path / "tiny-cpu-draft-target-bls.yaml")
-    monkeypatch.chdir(tmp_path)  # engines/ and reports/ go under tmp_path
+    cfg = load_config(tmp_path / "tiny-cpu-draft-target-bls.yaml", workdir=tmp_path)  # engines/, reports/
     build(cfg, progress=False)
     render(cfg)
     run_dir = run_loadtest(cfg, out_dir=tmp_path / "run", concurrency=[1, 2], duration="5s", repeats=1,

@@ -20,7 +20,6 @@ import psutil
 import pytest
 
 import tiny_deploy
-from conftest import in_dir
 from triton_clients import _infer_input, http_generate, metric_values
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -39,10 +38,9 @@ def restart_server(serving_workdir, tiny_models):
     saved = {k: os.environ.get(k) for k in ("SPECDEPLOY_WORKER_MAX_RESTARTS", "SPECDEPLOY_WORKER_RESTART_BACKOFF_S")}
     os.environ.update(SPECDEPLOY_WORKER_MAX_RESTARTS=str(MAX_RESTARTS), SPECDEPLOY_WORKER_RESTART_BACKOFF_S=str(BACKOFF_S))
     try:
-        with in_dir(serving_workdir):
-            cfg = load_config(cfg_path)
-            render(cfg)
-            server = start_deployment(cfg, "baseline")
+        cfg = load_config(cfg_path, serving_workdir)
+        render(cfg)
+        server = start_deployment(cfg, "baseline")
     finally:
         for key, value in saved.items():
             os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
