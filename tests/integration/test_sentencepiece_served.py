@@ -5,7 +5,6 @@ ensemble's text equals AutoTokenizer's decoding of the engine's own tokens."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +13,7 @@ import pytest
 import tiny_deploy
 from triton_clients import grpc_infer, grpc_stream, http_generate, text_inputs
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.* under plain `pytest`
-from tests import sentencepiece_fixture as spf  # noqa: E402
+from tests import sentencepiece_fixture as spf
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 PROMPTS = ["The quick brown fox", "def add(a, b):"]

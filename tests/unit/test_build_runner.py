@@ -323,7 +323,7 @@ def test_subprocess_executor_kills_child_group_on_interrupt(tmp_path: Path) -> N
     """)
 
     def interrupt_when_started() -> None:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120
         while not pid_file.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         _thread.interrupt_main()
@@ -367,7 +367,7 @@ def test_sigterm_during_real_build_cleans_up(tmp_path: Path) -> None:
             sys.exit(getattr(exc, "exit_code", 1))
     """))
     proc = subprocess.Popen([sys.executable, str(driver)], stdout=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
