@@ -741,6 +741,7 @@ class DeploymentConfig(_Strict):
     loadtest: LoadTestSettings = _desc("Load-test settings.", default_factory=LoadTestSettings)
     gate: GateSettings = _desc("Rollout gate thresholds.", default_factory=GateSettings)
     _source_path: Path | None = PrivateAttr(default=None)
+    _workdir: Path | None = PrivateAttr(default=None)  # output root (pipeline.paths); None: the current directory
 
     @field_validator("trtllm_version")
     @classmethod
@@ -854,6 +855,11 @@ class DeploymentConfig(_Strict):
     def source_path(self) -> Path | None:
         return self._source_path
 
+    @property
+    def workdir(self) -> Path | None:
+        """Where ``engines/`` and ``reports/`` go (``--workdir``); None: the current directory."""
+        return self._workdir
+
 
 # ----------------------------------------------------------------------------------------------
 # Loading
@@ -899,13 +905,14 @@ def format_validation_error(exc: ValidationError) -> list[str]:
     return lines
 
 
-def parse_config(data: Any, source: str = "<config>") -> DeploymentConfig:
+def parse_config(data: Any, source: str = "<config>", workdir: str | Path | None = None) -> DeploymentConfig:
     if not isinstance(data, dict):
         raise ConfigError(source, ["(top level): expected a mapping of fields, got " + type(data).__name__])
     try:
-        return DeploymentConfig.model_validate(data)
+        cfg = DeploymentConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(source, format_validation_error(exc)) from None
+    return with_workdir(cfg, workdir)
 
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
@@ -1009,7 +1016,9 @@ def load_yaml_strict(text: str) -> Any:
     return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - StrictLoader is a SafeLoader
 
 
-def load_config(path: str | Path) -> DeploymentConfig:
+def load_config(path: str | Path, workdir: str | Path | None = None) -> DeploymentConfig:
+    """The validated config of the YAML file ``path``; every output of it goes under ``workdir``
+    (``engines/NAME/``, ``reports/NAME/``; default: the current directory, see :mod:`pipeline.paths`)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(str(path), [f"(file): no such config file: {path}"])
@@ -1025,6 +1034,12 @@ def load_config(path: str | Path) -> DeploymentConfig:
         raise ConfigError(str(path), ["(file): not UTF-8 text"]) from None
     cfg = parse_config(data, str(path))
     cfg._source_path = path.resolve()
+    return with_workdir(cfg, workdir)
+
+
+def with_workdir(cfg: DeploymentConfig, workdir: str | Path | None) -> DeploymentConfig:
+    """``cfg`` with its outputs under ``workdir`` (absolute; None keeps the current directory)."""
+    cfg._workdir = None if workdir is None else Path(workdir).absolute()
     return cfg
 
 

@@ -1,4 +1,5 @@
-"""Where each stage reads and writes, derived from the config name (relative to the working
+"""Where each stage reads and writes, derived from the config name under the config's output
+root (``--workdir`` / ``load_config(..., workdir=)``; by default relative to the current
 directory, the project root in every README example): ``engines/<name>/`` for build outputs and
 the rendered model repository, ``reports/<name>/<run>/`` for load tests and reports."""
 
@@ -11,8 +12,13 @@ from pipeline.config import DeploymentConfig
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
+def output_root(cfg: DeploymentConfig) -> Path:
+    """The config's ``--workdir``; ``Path()`` (the current directory) when none was given."""
+    return cfg.workdir or Path()
+
+
 def engine_root(cfg: DeploymentConfig) -> Path:
-    return Path("engines") / cfg.name
+    return output_root(cfg) / "engines" / cfg.name
 
 
 def manifest_path(cfg: DeploymentConfig) -> Path:
@@ -28,4 +34,4 @@ def model_repo_dir(cfg: DeploymentConfig, variant: str) -> Path:
 
 
 def reports_root(cfg: DeploymentConfig) -> Path:
-    return Path("reports") / cfg.name
+    return output_root(cfg) / "reports" / cfg.name

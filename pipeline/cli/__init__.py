@@ -33,7 +33,7 @@ app = typer.Typer(
         "whether to roll it out.\n\n"
         "Pipeline: validate -> plan -> build -> render -> serve -> loadtest -> report "
         "(`run` does all of it). Every command takes the config YAML; outputs go to "
-        "engines/NAME/ and reports/NAME/."
+        "engines/NAME/ and reports/NAME/ under --workdir (default: the current directory)."
     ),
 )
 

@@ -5,9 +5,12 @@ engines/NAME/manifest.json. Steps whose argv and inputs are unchanged are skippe
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
+
+from pipeline.cli.options import workdir_option
 
 
 def register(app: typer.Typer) -> None:
@@ -21,6 +24,7 @@ def register(app: typer.Typer) -> None:
             "$SPECDEPLOY_TRTLLM_ROOT, then /app in the NGC image)."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress display on stderr."),
         skip_preflight: bool = typer.Option(False, "--skip-preflight", help="Build without running preflight first."),
+        workdir: Optional[Path] = workdir_option(),
     ) -> None:
         from rich.console import Console  # noqa: PLC0415
         from rich.table import Table  # noqa: PLC0415
@@ -29,7 +33,7 @@ def register(app: typer.Typer) -> None:
         from pipeline.config import load_config  # noqa: PLC0415
         from pipeline.paths import manifest_path  # noqa: PLC0415
 
-        cfg = load_config(config)
+        cfg = load_config(config, workdir)
         console = Console()
         if dry_run:
             rows = builder.dry_run(cfg, force=force, trtllm_root=trtllm_root)

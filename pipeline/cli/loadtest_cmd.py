@@ -8,9 +8,12 @@ run.json, metrics) and then the report; exits with the verdict's code (0 GO, 1 N
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
+
+from pipeline.cli.options import workdir_option
 
 
 def _int_list(value: Optional[str], option: str) -> Optional[list[int]]:
@@ -45,6 +48,7 @@ def register(app: typer.Typer) -> None:
         endpoint: Optional[str] = typer.Option(None, "--endpoint", help="One running server; needs --arm."),
         arm: Optional[str] = typer.Option(None, "--arm", help="baseline | speculative: test only this arm."),
         no_progress: bool = typer.Option(False, "--no-progress", help="No progress display."),
+        workdir: Optional[Path] = workdir_option(),
     ) -> int:
         from pipeline.config import load_config  # noqa: PLC0415
         from pipeline.errors import SpecdeployError  # noqa: PLC0415
@@ -56,7 +60,7 @@ def register(app: typer.Typer) -> None:
         if endpoint:
             endpoint_baseline = endpoint if arm == "baseline" else endpoint_baseline
             endpoint_speculative = endpoint if arm == "speculative" else endpoint_speculative
-        cfg = load_config(config)
+        cfg = load_config(config, workdir)
         run_dir = run_loadtest(
             cfg, out_dir=out, concurrency=_int_list(concurrency, "--concurrency"), duration=duration,
             repeats=repeats, sweep_draft_len=_int_list(sweep_draft_len, "--sweep-draft-len"),

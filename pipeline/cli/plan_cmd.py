@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 from typing import Optional
 
 import typer
+
+from pipeline.cli.options import workdir_option
 
 
 def print_plan(plan) -> None:
@@ -45,11 +48,12 @@ def register(app: typer.Typer) -> None:
             None, "--trtllm-root", help="Directory holding TensorRT-LLM's examples/ (default: config trtllm_root, "
             "$SPECDEPLOY_TRTLLM_ROOT, then /app in the NGC image)."
         ),
+        workdir: Optional[Path] = workdir_option(),
     ) -> None:
         from pipeline.config import load_config  # noqa: PLC0415
         from pipeline.plan.planner import make_plan  # noqa: PLC0415
 
-        plan = make_plan(load_config(config), trtllm_root)
+        plan = make_plan(load_config(config, workdir), trtllm_root)
         if as_json:
             typer.echo(json.dumps(plan.to_json(), indent=2))
         else:

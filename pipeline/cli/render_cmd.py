@@ -10,23 +10,29 @@ warnings.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional
+
 import typer
+
+from pipeline.cli.options import workdir_option
 
 
 def register(app: typer.Typer) -> None:
     @app.command("render", help="Render the Triton model repositories (baseline and speculative) from the templates.")
-    def render_command(config: str = typer.Argument(..., help="Deployment config YAML.")) -> int:
-        return render(config)
+    def render_command(config: str = typer.Argument(..., help="Deployment config YAML."),
+                       workdir: Optional[Path] = workdir_option()) -> int:
+        return render(config, workdir)
 
 
-def render(config: str) -> int:
+def render(config: str, workdir: Path | None = None) -> int:
     from pipeline.config import load_config  # noqa: PLC0415
     from pipeline.artefacts.deployment import ArmDeployment, descriptor_path  # noqa: PLC0415
     from pipeline.render.renderer import render as render_repositories  # noqa: PLC0415
     from pipeline.serve.server import repository_models  # noqa: PLC0415
     from pipeline.render.monitoring import operations_paths  # noqa: PLC0415
 
-    cfg = load_config(config)
+    cfg = load_config(config, workdir)
     for variant, (repo, warnings) in render_repositories(cfg).items():
         target = ArmDeployment.load(descriptor_path(repo))  # what render recorded for the arm
         extra = "".join(f" {k}={v}" for k, v in target.extra_inputs.items())

@@ -8,9 +8,12 @@ again). The load-test overrides are those of ``specdeploy loadtest``.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
+
+from pipeline.cli.options import workdir_option
 
 
 def _int_list(value: Optional[str]) -> Optional[list[int]]:
@@ -36,11 +39,12 @@ def register(app: typer.Typer) -> None:
         concurrency: Optional[str] = typer.Option(None, "--concurrency", help="Override the concurrency levels, e.g. 1,4,16."),
         duration: Optional[str] = typer.Option(None, "--duration", help="Override the duration of each cell, e.g. 20s."),
         repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Override the repeats per cell."),
+        workdir: Optional[Path] = workdir_option(),
     ) -> int:
         from pipeline.config import load_config  # noqa: PLC0415
         from pipeline.run import run_pipeline  # noqa: PLC0415
 
-        cfg = load_config(config)
+        cfg = load_config(config, workdir)
         overrides = {k: v for k, v in {"concurrency": _int_list(concurrency), "duration": duration,
                                         "repeats": repeats}.items() if v is not None}
         report = run_pipeline(cfg, new_run=new_run, loadtest_overrides=overrides)

@@ -11,9 +11,12 @@ the server never outlives it; otherwise it leaves the ready server running in it
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
+
+from pipeline.cli.options import workdir_option
 
 
 def register(app: typer.Typer) -> None:
@@ -28,19 +31,20 @@ def register(app: typer.Typer) -> None:
         host: Optional[str] = typer.Option(
             None, "--host", help="Address to bind (default: triton.host, 127.0.0.1). 0.0.0.0 lets other machines "
             "reach every port, unauthenticated: only on a trusted network."),
+        workdir: Optional[Path] = workdir_option(),
     ) -> int:
-        return serve(config, variant, http_port, grpc_port, metrics_port, foreground, host)
+        return serve(config, variant, http_port, grpc_port, metrics_port, foreground, host, workdir)
 
 
 def serve(config: str, variant: str, http_port: int | None, grpc_port: int | None,
-          metrics_port: int | None, foreground: bool, host: str | None = None) -> int:
+          metrics_port: int | None, foreground: bool, host: str | None = None, workdir: Path | None = None) -> int:
     from pipeline.config import load_config  # noqa: PLC0415
     from pipeline.errors import SpecdeployError  # noqa: PLC0415
     from pipeline.serve.server import serve_foreground, start_deployment  # noqa: PLC0415
 
     if variant not in ("baseline", "speculative"):
         raise SpecdeployError(f"--variant must be 'baseline' or 'speculative', got {variant!r}")
-    cfg = load_config(config)
+    cfg = load_config(config, workdir)
     ports = dict(http_port=http_port or cfg.triton.http_port, grpc_port=grpc_port or cfg.triton.grpc_port,
                  metrics_port=metrics_port or cfg.triton.metrics_port)
     if host is not None:

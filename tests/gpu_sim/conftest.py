@@ -6,15 +6,13 @@ test's directory instead of ``/models``."""
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
 
-import serve_tools  # noqa: E402
+import serve_tools
 
 
 @dataclass

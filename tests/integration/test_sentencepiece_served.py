@@ -5,18 +5,15 @@ ensemble's text equals AutoTokenizer's decoding of the engine's own tokens."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import tiny_deploy
-from conftest import in_dir
 from triton_clients import grpc_infer, grpc_stream, http_generate, text_inputs
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.* under plain `pytest`
-from tests import sentencepiece_fixture as spf  # noqa: E402
+from tests import sentencepiece_fixture as spf
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 PROMPTS = ["The quick brown fox", "def add(a, b):"]
@@ -37,10 +34,9 @@ def sp_server(tmp_path_factory, sp_checkpoint):
     workdir = tmp_path_factory.mktemp("sp-serving")
     assert not (sp_checkpoint / "tokenizer.json").exists()
     cfg_path = tiny_deploy.make_deployment(workdir, {"target": sp_checkpoint}, "none", name="tiny-sp")
-    with in_dir(workdir):
-        cfg = load_config(cfg_path)
-        render(cfg)
-        server = start_deployment(cfg, "baseline")
+    cfg = load_config(cfg_path, workdir)
+    render(cfg)
+    server = start_deployment(cfg, "baseline")
     yield server
     server.stop()
 

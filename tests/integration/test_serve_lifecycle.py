@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 import tiny_deploy
-from conftest import MAX_TOKENS, PROMPTS, in_dir
+from conftest import MAX_TOKENS, PROMPTS
 from triton_clients import http_generate
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -45,20 +45,19 @@ def test_serve_deployment_context_manager_eagle(serving_workdir, tiny_models, re
     # the engine inside the stub (reference.engine_process: stub); every other served test runs
     # the default, a worker process per engine model
     cfg_path = tiny_deploy.make_deployment(serving_workdir, tiny_models, "eagle", reference={"engine_process": "stub"})
-    with in_dir(serving_workdir):
-        cfg = load_config(cfg_path)
-        render(cfg)
-        with serve_deployment(cfg, "speculative") as server:
-            assert server.alive()
-            family = [server.pid] + [p.pid for p in psutil.Process(server.pid).children(recursive=True)]
-            assert len(family) >= 5  # the server + one stub per Python model instance
-            assert not [p for p in family if "pipeline.reference.worker" in psutil.Process(p).cmdline()]
-            status, body = http_generate(server.http_url, "ensemble",
-                                         {"text_input": PROMPTS[0], "max_tokens": MAX_TOKENS, "top_k": 1,
-                                          "return_perf_metrics": True})
-            assert status == 200 and body["text_output"] == reference_outputs[PROMPTS[0]]["text"]
-            assert body["total_draft_tokens"] > 0
-            assert server.log_path.is_file() and "tensorrt_llm" in server.log_tail(200)
+    cfg = load_config(cfg_path, serving_workdir)
+    render(cfg)
+    with serve_deployment(cfg, "speculative") as server:
+        assert server.alive()
+        family = [server.pid] + [p.pid for p in psutil.Process(server.pid).children(recursive=True)]
+        assert len(family) >= 5  # the server + one stub per Python model instance
+        assert not [p for p in family if "pipeline.reference.worker" in psutil.Process(p).cmdline()]
+        status, body = http_generate(server.http_url, "ensemble",
+                                     {"text_input": PROMPTS[0], "max_tokens": MAX_TOKENS, "top_k": 1,
+                                      "return_perf_metrics": True})
+        assert status == 200 and body["text_output"] == reference_outputs[PROMPTS[0]]["text"]
+        assert body["total_draft_tokens"] > 0
+        assert server.log_path.is_file() and "tensorrt_llm" in server.log_tail(200)
     assert not server.alive()
     assert _alive(family) == []
 
@@ -75,8 +74,9 @@ class ForegroundServe:
         self.http_url = f"http://127.0.0.1:{http}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pipeline", "serve", str(workdir / f"{cfg.name}.yaml"), "--variant", "baseline",
-             "--foreground", "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)],
-            cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+             "--foreground", "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+             "--workdir", str(workdir)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, "PYTHONPATH": ROOT}, preexec_fn=preexec_fn,
         )
         self.lines: "queue.Queue[str | None]" = queue.Queue()

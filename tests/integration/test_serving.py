@@ -195,7 +195,7 @@ def test_grpc_stream_cancel_stops_generation(medusa_server):
         before = metric_values(medusa_server.metrics_url, cancelled).get("tensorrt_llm", 0)
         responses = grpc_stream(medusa_server.grpc_url, "tensorrt_llm", inputs, cancel_after=1)
         assert len(responses) == 1
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30  # the counter moves once the engine has dropped the request
         while time.monotonic() < deadline:
             if metric_values(medusa_server.metrics_url, cancelled).get("tensorrt_llm", 0) > before:
                 break

@@ -137,11 +137,10 @@ def greedy(engine_dir: str, prompt: list[int], n: int = 6) -> list[int]:
         engine.shutdown()
 
 
-def test_draft_target_reference_build(checkpoints, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
+def test_draft_target_reference_build(checkpoints, tmp_path: Path) -> None:
     spec = {"method": "draft_target", "num_draft_tokens": 3,
             "draft": {"checkpoint": str(checkpoints["draft"]), "dtype": "float32", "quantization": {"format": "int8_wo"}}}
-    cfg = parse_config(reference_cfg("ref-dtm", checkpoints["target"], spec))
+    cfg = parse_config(reference_cfg("ref-dtm", checkpoints["target"], spec), workdir=tmp_path)
     executor = CountingExecutor()
     manifest = build(cfg, executor=executor, progress=False)
     assert executor.names == ["resolve-target", "resolve-draft", "quantize-draft", "engine-baseline", "engine-target",
@@ -170,13 +169,12 @@ def test_draft_target_reference_build(checkpoints, tmp_path: Path, monkeypatch: 
 
 
 @pytest.mark.parametrize("method", ["medusa", "eagle"])
-def test_tree_method_reference_build(method, checkpoints, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
+def test_tree_method_reference_build(method, checkpoints, tmp_path: Path) -> None:
     if method == "medusa":
         spec = {"method": "medusa", "heads_dir": str(checkpoints["medusa"]), "num_heads": 3}
     else:
         spec = {"method": "eagle", "head_dir": str(checkpoints["eagle"]), "num_layers": 3}
-    cfg = parse_config(reference_cfg(f"ref-{method}", checkpoints["target"], spec))
+    cfg = parse_config(reference_cfg(f"ref-{method}", checkpoints["target"], spec), workdir=tmp_path)
     manifest = build(cfg, progress=False)
     assert set(manifest["engines"]) == {"baseline", "speculative"}
     d = read_descriptor(manifest["engines"]["speculative"])
@@ -213,10 +211,11 @@ def test_fast_paths_off_reaches_every_engine_descriptor(checkpoints, tmp_path: P
 
 def test_bad_local_checkpoint_fails_in_resolve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
+def test_bad_local_checkpoint_fails_in_resolve(tmp_path: Path) -> None:
     bad = tmp_path / "not-a-model"
     bad.mkdir()
     (bad / "config.json").write_text("{}")
-    cfg = parse_config(reference_cfg("ref-bad", bad, {"method": "none"}))
+    cfg = parse_config(reference_cfg("ref-bad", bad, {"method": "none"}), workdir=tmp_path)
     with pytest.raises(BuildError) as err:
         build(cfg, progress=False)
     assert "step resolve-target failed" in str(err.value) and "lacks model.safetensors" in str(err.value)
@@ -227,14 +226,13 @@ def test_bad_local_checkpoint_fails_in_resolve(tmp_path: Path, monkeypatch: pyte
 def test_cli_build_and_dry_run(checkpoints, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     import yaml
 
-    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("COLUMNS", "200")
     path = tmp_path / "base.yaml"
     path.write_text(yaml.safe_dump(reference_cfg("ref-cli", checkpoints["target"], {"method": "none"})))
-    assert cli_run(["build", str(path), "--dry-run"]) == 0
+    assert cli_run(["build", str(path), "--workdir", str(tmp_path), "--dry-run"]) == 0
     assert "would run" in capsys.readouterr().out
-    assert cli_run(["build", str(path), "--no-progress"]) == 0
+    assert cli_run(["build", str(path), "--workdir", str(tmp_path), "--no-progress"]) == 0
     assert "built 2, cached 0 step(s)" in capsys.readouterr().out
     assert os.path.islink(tmp_path / "engines" / "ref-cli" / "checkpoints" / "target-hf")
-    assert cli_run(["build", str(path), "--no-progress"]) == 0
+    assert cli_run(["build", str(path), "--workdir", str(tmp_path), "--no-progress"]) == 0
     assert "built 0, cached 2 step(s)" in capsys.readouterr().out

@@ -136,9 +136,9 @@ def dtm(**changes) -> dict:
 ALL_STEPS = ["quantize-target", "quantize-draft", "build-baseline", "build-target", "build-draft"]
 
 
-@pytest.fixture(autouse=True)
-def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.chdir(tmp_path)
+@pytest.fixture
+def in_tmp(tmp_path: Path) -> Path:
+    """The output root of the test's builds (``workdir=``)."""
     return tmp_path
 
 
@@ -147,7 +147,7 @@ def leftovers(root: Path) -> list[str]:
 
 
 def test_first_build_runs_every_step_and_writes_manifest(in_tmp: Path) -> None:
-    cfg = parse_config(dtm())
+    cfg = parse_config(dtm(), workdir=in_tmp)
     fake = FakeTrtllm()
     manifest = build(cfg, executor=fake, progress=False)
     assert [name for name, _ in fake.calls] == ALL_STEPS
@@ -168,7 +168,7 @@ def test_first_build_runs_every_step_and_writes_manifest(in_tmp: Path) -> None:
 
 
 def test_second_build_is_fully_cached(in_tmp: Path) -> None:
-    cfg = parse_config(dtm())
+    cfg = parse_config(dtm(), workdir=in_tmp)
     build(cfg, executor=FakeTrtllm(), progress=False)
     again = FakeTrtllm()
     manifest = build(cfg, executor=again, progress=False)
@@ -185,10 +185,10 @@ def test_second_build_is_fully_cached(in_tmp: Path) -> None:
         ({"loadtest.concurrency": [1, 16]}, []),
     ],
 )
-def test_config_change_rebuilds_only_affected_steps(change, rebuilt) -> None:
-    build(parse_config(dtm()), executor=FakeTrtllm(), progress=False)
+def test_config_change_rebuilds_only_affected_steps(in_tmp: Path, change, rebuilt) -> None:
+    build(parse_config(dtm(), workdir=in_tmp), executor=FakeTrtllm(), progress=False)
     fake = FakeTrtllm()
-    changed = parse_config(dtm(**change))
+    changed = parse_config(dtm(**change), workdir=in_tmp)
     manifest = build(changed, executor=fake, progress=False)
     assert [name for name, _ in fake.calls] == rebuilt
     assert load_manifest(changed)["config_hash"] == manifest["config_hash"]
@@ -198,7 +198,7 @@ def test_input_content_change_rebuilds(in_tmp: Path) -> None:
     model = in_tmp / "hf"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    cfg = parse_config(dtm(**{"target.checkpoint": str(model)}))
+    cfg = parse_config(dtm(**{"target.checkpoint": str(model)}), workdir=in_tmp)
     build(cfg, executor=FakeTrtllm(), progress=False)
     (model / "config.json").write_text('{"changed": 1}')
     fake = FakeTrtllm()
@@ -206,8 +206,8 @@ def test_input_content_change_rebuilds(in_tmp: Path) -> None:
     assert [name for name, _ in fake.calls] == ["quantize-target", "build-baseline", "build-target"]
 
 
-def test_force_rebuilds_everything() -> None:
-    cfg = parse_config(dtm())
+def test_force_rebuilds_everything(in_tmp: Path) -> None:
+    cfg = parse_config(dtm(), workdir=in_tmp)
     build(cfg, executor=FakeTrtllm(), progress=False)
     fake = FakeTrtllm()
     build(cfg, force=True, executor=fake, progress=False)
@@ -215,7 +215,7 @@ def test_force_rebuilds_everything() -> None:
 
 
 def test_failing_step_leaves_nothing_half_built_and_resumes(in_tmp: Path) -> None:
-    cfg = parse_config(dtm())
+    cfg = parse_config(dtm(), workdir=in_tmp)
     root = in_tmp / "engines" / "dtm"
     with pytest.raises(BuildError) as err:
         build(cfg, executor=FakeTrtllm(fail_at="build-target"), progress=False)
@@ -234,7 +234,7 @@ def test_failing_step_leaves_nothing_half_built_and_resumes(in_tmp: Path) -> Non
 
 
 def test_interrupt_inside_step_leaves_nothing_half_built_and_resumes(in_tmp: Path) -> None:
-    cfg = parse_config(dtm())
+    cfg = parse_config(dtm(), workdir=in_tmp)
     root = in_tmp / "engines" / "dtm"
     with pytest.raises(BuildInterrupted) as err:
         build(cfg, executor=FakeTrtllm(interrupt_at="build-baseline"), progress=False)
@@ -250,7 +250,7 @@ def test_builder_silent_change_fails_validation(in_tmp: Path) -> None:
     def paged_off(config: dict) -> None:
         config["build_config"]["plugin_config"]["use_paged_context_fmha"] = False
 
-    cfg = parse_config(dtm())
+    cfg = parse_config(dtm(), workdir=in_tmp)
     with pytest.raises(BuildError) as err:
         build(cfg, executor=FakeTrtllm(tamper={"build-draft": paged_off}), progress=False)
     assert "step build-draft" in str(err.value) and "use_paged_context_fmha is off" in str(err.value)
@@ -258,26 +258,26 @@ def test_builder_silent_change_fails_validation(in_tmp: Path) -> None:
     assert not (root / "draft").exists() and leftovers(root) == [] and not (root / "manifest.json").exists()
 
 
-def test_planned_argv_produce_valid_engines_for_every_trtllm_example() -> None:
+def test_planned_argv_produce_valid_engines_for_every_trtllm_example(in_tmp: Path) -> None:
     for name, data in EXAMPLES.items():
-        manifest = build(parse_config(data), executor=FakeTrtllm(), progress=False)
+        manifest = build(parse_config(data, workdir=in_tmp), executor=FakeTrtllm(), progress=False)
         assert manifest["name"] == name
 
 
-def test_stale_manifest_detected() -> None:
-    cfg = parse_config(dtm())
+def test_stale_manifest_detected(in_tmp: Path) -> None:
+    cfg = parse_config(dtm(), workdir=in_tmp)
     build(cfg, executor=FakeTrtllm(), progress=False)
     assert load_manifest(cfg)["name"] == "dtm"
     with pytest.raises(StaleInputError, match="re-run `specdeploy build`"):
-        load_manifest(parse_config(dtm(**{"build.max_batch_size": 4})))
+        load_manifest(parse_config(dtm(**{"build.max_batch_size": 4}), workdir=in_tmp))
 
 
-def test_dry_run_reports_cache_state() -> None:
-    cfg = parse_config(dtm())
+def test_dry_run_reports_cache_state(in_tmp: Path) -> None:
+    cfg = parse_config(dtm(), workdir=in_tmp)
     assert {r["status"] for r in dry_run(cfg)} == {"run"}
     build(cfg, executor=FakeTrtllm(), progress=False)
     assert {r["status"] for r in dry_run(cfg)} == {"cached"}
-    rows = dry_run(parse_config(dtm(**{"speculation.num_draft_tokens": 6})))
+    rows = dry_run(parse_config(dtm(**{"speculation.num_draft_tokens": 6}), workdir=in_tmp))
     assert [r["name"] for r in rows if r["status"] == "run"] == ["build-target"]
 
 
@@ -285,7 +285,7 @@ def test_trtllm_build_without_tensorrt_llm_stops_at_once(in_tmp: Path) -> None:
     if trtllm_missing_reason() is None:
         pytest.skip("TensorRT-LLM is installed here")
     with pytest.raises(BuildError) as err:
-        build(parse_config(dtm()), progress=False)
+        build(parse_config(dtm(), workdir=in_tmp), progress=False)
     assert "specdeploy plan" in str(err.value) and "backend: reference" in str(err.value)
     assert not (in_tmp / "engines" / "dtm" / "logs").exists()
 
@@ -323,7 +323,7 @@ def test_subprocess_executor_kills_child_group_on_interrupt(tmp_path: Path) -> N
     """)
 
     def interrupt_when_started() -> None:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120
         while not pid_file.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         _thread.interrupt_main()
@@ -359,15 +359,15 @@ def test_sigterm_during_real_build_cleans_up(tmp_path: Path) -> None:
                         "open({str(marker)!r}, 'w').write('x'); time.sleep(60)")
                 return super().run(step, [sys.executable, "-c", code, out], log_path)
 
-        cfg = parse_config({{"name": "sig", "target": {{"checkpoint": "/models/x"}}}})
+        cfg = parse_config({{"name": "sig", "target": {{"checkpoint": "/models/x"}}}}, workdir={str(tmp_path)!r})
         try:
             build(cfg, executor=SlowSecondStep(), progress=False)
         except Exception as exc:
             print("ERROR", type(exc).__name__, exc)
             sys.exit(getattr(exc, "exit_code", 1))
     """))
-    proc = subprocess.Popen([sys.executable, str(driver)], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
+    proc = subprocess.Popen([sys.executable, str(driver)], stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
@@ -384,14 +384,14 @@ def test_draft_target_pair_mismatch_fails_after_build(in_tmp: Path) -> None:
         config["pretrained_config"]["vocab_size"] = 32000
 
     with pytest.raises(BuildError, match=r"vocab_size differs: target 128256, draft 32000"):
-        build(parse_config(dtm()), executor=FakeTrtllm(tamper={"build-draft": other_vocab}), progress=False)
+        build(parse_config(dtm(), workdir=in_tmp), executor=FakeTrtllm(tamper={"build-draft": other_vocab}), progress=False)
     assert not (in_tmp / "engines" / "dtm" / "manifest.json").exists()
 
 
 def test_manifest_with_missing_engine_dir_is_stale(in_tmp: Path) -> None:
     import shutil
 
-    cfg = parse_config(dtm())
+    cfg = parse_config(dtm(), workdir=in_tmp)
     build(cfg, executor=FakeTrtllm(), progress=False)
     shutil.rmtree(in_tmp / "engines" / "dtm" / "draft")
     with pytest.raises(StaleInputError, match="engine dirs that are gone"):
@@ -406,7 +406,7 @@ def test_cli_trtllm_build_without_tensorrt_llm(in_tmp: Path) -> None:
         pytest.skip("TensorRT-LLM is installed here")
     path = in_tmp / "dtm.yaml"
     path.write_text(json.dumps(dtm()))
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "build", str(path)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "build", str(path), "--workdir", str(in_tmp)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert proc.stderr.startswith("error: TensorRT-LLM is not installed here") and "Traceback" not in proc.stderr
     assert f"specdeploy plan {path}" in proc.stderr and "backend: reference" in proc.stderr
@@ -420,8 +420,8 @@ def test_concurrent_build_of_same_deployment_refused(in_tmp: Path) -> None:
     with open(root / ".build.lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         with pytest.raises(BuildError, match="another `specdeploy build` is running"):
-            build(parse_config(dtm()), executor=FakeTrtllm(), progress=False)
-    build(parse_config(dtm()), executor=FakeTrtllm(), progress=False)
+            build(parse_config(dtm(), workdir=in_tmp), executor=FakeTrtllm(), progress=False)
+    build(parse_config(dtm(), workdir=in_tmp), executor=FakeTrtllm(), progress=False)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -432,7 +432,7 @@ def test_build_refuses_missing_scripts_before_any_step(in_tmp: Path, monkeypatch
     monkeypatch.setattr("pipeline.build.builder.require_trtllm", lambda cfg: None)  # trtllm-build "installed"
     monkeypatch.setenv("SPECDEPLOY_TRTLLM_ROOT", str(in_tmp / "TensorRT-LLM"))
     with pytest.raises(BuildError) as err:
-        build(parse_config(dtm()), progress=False)
+        build(parse_config(dtm(), workdir=in_tmp), progress=False)
     message = str(err.value)
     script = in_tmp / "TensorRT-LLM" / "examples" / "quantization" / "quantize.py"
     assert f"{script} (step quantize-target); {script} (step quantize-draft)" in message
@@ -455,7 +455,7 @@ class FP8KvExport(FakeTrtllm):
 def test_checkpoint_quantization_mismatch_stops_before_trtllm_build(in_tmp: Path) -> None:
     fake = FP8KvExport()
     cfg = parse_config(dtm(**{"target.quantization": {"format": "int4_awq"}, "hardware": "a100-80gb",
-                              "speculation.draft.quantization": {"format": "int4_awq"}}))
+                              "speculation.draft.quantization": {"format": "int4_awq"}}), workdir=in_tmp)
     with pytest.raises(BuildError, match="quantization.kv_cache_quant_algo is 'FP8', the plan expects None"):
         build(cfg, executor=fake, progress=False)
     assert [name for name, _ in fake.calls] == ["quantize-target"]

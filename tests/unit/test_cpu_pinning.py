@@ -8,9 +8,7 @@ import os
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.reference_fixtures under plain `pytest`
 
 import pytest
 

@@ -19,9 +19,8 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "loadtests"))
 
-from lt_common import PromptCursor, arrival_offsets, ordered_prompts, parse_sse_line, request_inputs, RunSettings  # noqa: E402
+from lt_common import PromptCursor, arrival_offsets, ordered_prompts, parse_sse_line, request_inputs, RunSettings
 
 PROMPTS = [{"id": f"p{i}", "category": "c", "prompt": f"prompt number {i}"} for i in range(7)]
 

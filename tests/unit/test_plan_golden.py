@@ -47,10 +47,9 @@ def check_golden(name: str, text: str, missing_ok: bool = False) -> None:
 
 @pytest.mark.parametrize("name", sorted(ALL))
 def test_plan_matches_golden(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
     monkeypatch.delenv(ENV_VAR, raising=False)
     monkeypatch.delenv(MODELOPT_ENV, raising=False)
-    plan = make_plan(parse_config(ALL[name]))
+    plan = make_plan(parse_config(ALL[name], workdir=tmp_path))
     check_golden(name, normalised(plan, tmp_path))
 
 
@@ -59,8 +58,7 @@ EXAMPLE_FILES = sorted(CONFIGS_DIR.glob("*.yaml")) if CONFIGS_DIR.is_dir() else 
 
 @pytest.mark.parametrize("path", EXAMPLE_FILES, ids=[p.stem for p in EXAMPLE_FILES])
 def test_example_config_plan_matches_golden(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(PROJECT_ROOT)
     monkeypatch.delenv(ENV_VAR, raising=False)
     monkeypatch.delenv(MODELOPT_ENV, raising=False)
-    plan = make_plan(load_config(path))
+    plan = make_plan(load_config(path, workdir=PROJECT_ROOT))
     check_golden(f"configs--{path.stem}", normalised(plan, PROJECT_ROOT), missing_ok=True)

@@ -34,9 +34,8 @@ TRTLLM = sorted(name for name, cfg in ALL.items() if cfg.get("backend", "trtllm"
 
 
 def plan_of(cfg: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **kwargs):
-    monkeypatch.chdir(tmp_path)
     monkeypatch.delenv(ENV_VAR, raising=False)
-    return make_plan(parse_config(cfg), **kwargs)
+    return make_plan(parse_config(cfg, workdir=tmp_path), **kwargs)
 
 
 def flag_value(argv: list[str], flag: str) -> str | None:
@@ -225,12 +224,11 @@ def test_trtllm_root_precedence_and_image_detection(tmp_path):
 
 
 def test_env_var_sets_the_examples_root(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv(ENV_VAR, "/opt/TensorRT-LLM")
-    plan = make_plan(parse_config(EXAMPLES["llama31-8b-baseline-h100"]))
+    plan = make_plan(parse_config(EXAMPLES["llama31-8b-baseline-h100"], workdir=tmp_path))
     assert plan.step("convert-target").argv[1] == "/opt/TensorRT-LLM/examples/models/core/llama/convert_checkpoint.py"
     assert plan.trtllm_root.source == "env"
-    configured = make_plan(parse_config(dict(EXAMPLES["llama31-8b-baseline-h100"], trtllm_root="/cfg")))
+    configured = make_plan(parse_config(dict(EXAMPLES["llama31-8b-baseline-h100"], trtllm_root="/cfg"), workdir=tmp_path))
     assert configured.step("convert-target").argv[1].startswith("/cfg/examples/")
 
 
@@ -329,13 +327,12 @@ def test_reference_int8_draft_weights_reach_the_speculative_engine_only(name, tm
     assert proposer["method"] == method and proposer["draft_int8"] is True
 
 
-def test_cli_plan_json(tmp_path, monkeypatch, capsys):
+def test_cli_plan_json(tmp_path, capsys):
     import yaml
 
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(EXAMPLES["llama31-8b-draft1b-fp8-h100"]))
-    monkeypatch.chdir(tmp_path)
-    assert cli_run(["plan", str(path), "--json", "--trtllm-root", "/x"]) == 0
+    assert cli_run(["plan", str(path), "--workdir", str(tmp_path), "--json", "--trtllm-root", "/x"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [s["name"] for s in data] == ["quantize-target", "quantize-draft", "build-baseline", "build-target", "build-draft"]
     assert set(data[0]) == {"name", "argv", "inputs", "outputs"}
@@ -349,10 +346,9 @@ def test_cli_plan_human(tmp_path, monkeypatch, capsys):
 
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(EXAMPLES["vicuna7b-medusa-fp8-h100"]))
-    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("COLUMNS", "300")
-    assert cli_run(["plan", str(path)]) == 0
+    assert cli_run(["plan", str(path), "--workdir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    plan = make_plan(parse_config(EXAMPLES["vicuna7b-medusa-fp8-h100"]))
+    plan = make_plan(parse_config(EXAMPLES["vicuna7b-medusa-fp8-h100"], workdir=tmp_path))
     for step in plan.steps:
         assert shlex.join(step.argv) in out

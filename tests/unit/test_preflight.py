@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +24,7 @@ from pipeline.validate.model_shapes import known_shape
 from pipeline.validate.preflight import errors_of, run_preflight
 from pipeline.validate.tokenizer_compat import compare_tokenizers
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.gpu_sim under plain `pytest`
-from tests.gpu_sim.container import make_container  # noqa: E402
+from tests.gpu_sim.container import make_container
 
 TARGET_8B = "/models/Meta-Llama-3.1-8B-Instruct"
 
@@ -520,7 +518,7 @@ def test_text_report_shows_findings_and_memory_table(tmp_path, capsys):
 # ---------------------------------------------------------------------------------------------
 # the formats the shipped GPU examples' checkpoints really ship (tests/gpu_sim/checkpoints.py)
 
-from tests.gpu_sim import checkpoints as shipped  # noqa: E402
+from tests.gpu_sim import checkpoints as shipped
 
 
 def _vicuna(tmp_path: Path) -> Path:

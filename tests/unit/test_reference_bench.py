@@ -4,10 +4,8 @@ report; speed is not asserted), and its user errors."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.reference_fixtures under plain `pytest`
 
 import pytest
 

@@ -8,10 +8,7 @@ with this path is covered by test_reference_engine (batch 1 runs it)."""
 from __future__ import annotations
 
 import shutil
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.reference_fixtures under plain `pytest`
 
 import pytest
 import torch

@@ -4,10 +4,7 @@ refusals, and the int8 weight-only path (real int8 kernel, top-1 agreement with 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.reference_fixtures under plain `pytest`
 
 import json
 import shutil

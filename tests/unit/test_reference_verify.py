@@ -3,10 +3,7 @@ one-step identity of speculative sampling, and a chi-square test with a negative
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.reference_fixtures under plain `pytest`
 
 import pytest
 import torch

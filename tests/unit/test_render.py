@@ -14,7 +14,7 @@ import pytest
 
 from pipeline.config import config_hash, parse_config
 from pipeline.errors import StaleInputError
-from pipeline.paths import PROJECT_ROOT
+from pipeline.paths import PROJECT_ROOT, manifest_path
 from pipeline.render.renderer import (
     TEMPLATES_DIR,
     brace_choices,
@@ -41,7 +41,7 @@ def no_nvidia_smi(monkeypatch):
     monkeypatch.setattr("pipeline.plan.gpu_layout.query_gpus", lambda nvidia_smi=None: None)
 
 
-def make_cfg(backend: str, method: str, **triton):
+def make_cfg(backend: str, method: str, workdir: Path | None = None, **triton):
     data = {
         "name": f"golden-{backend}-{method.replace('_', '-')}", "backend": backend,
         # known example models: the GPU placement sizes the equal KV capacity from their shapes
@@ -51,10 +51,10 @@ def make_cfg(backend: str, method: str, **triton):
     }
     if backend == "reference":
         data["hardware"] = "cpu"
-    return parse_config(data)
+    return parse_config(data, workdir=workdir)
 
 
-def write_manifest(cfg, root: Path = Path(".")) -> dict:
+def write_manifest(cfg) -> dict:
     keys = {"none": ["baseline"], "draft_target": ["baseline", "target", "draft", "speculative"],
             "medusa": ["baseline", "speculative"], "eagle": ["baseline", "speculative"]}[cfg.method]
     manifest = {
@@ -63,7 +63,7 @@ def write_manifest(cfg, root: Path = Path(".")) -> dict:
         "engines": {k: f"/engines/{cfg.name}/{k}" for k in keys}, "tokenizer_dir": "/models/target",
         "max_draft_len": 4, "num_draft_tokens": 4 if cfg.method == "draft_target" else None, "steps": [],
     }
-    path = root / "engines" / cfg.name / "manifest.json"
+    path = manifest_path(cfg)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(manifest))
     return manifest
@@ -74,9 +74,8 @@ def repo_files(repo: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("backend,method", CASES, ids=[f"{b}-{m}" for b, m in CASES])
-def test_render_matches_golden(tmp_path, monkeypatch, backend, method):
-    monkeypatch.chdir(tmp_path)
-    cfg = make_cfg(backend, method)
+def test_render_matches_golden(tmp_path, backend, method):
+    cfg = make_cfg(backend, method, workdir=tmp_path)
     write_manifest(cfg)
     results = render(cfg)
     assert set(results) == ({"baseline"} if method == "none" else {"baseline", "speculative"})
@@ -105,9 +104,8 @@ def test_render_matches_golden(tmp_path, monkeypatch, backend, method):
         assert actual == expected, f"golden mismatch for {backend}-{method}/{variant} (UPDATE_GOLDEN=1 to accept)"
 
 
-def test_method_specific_settings(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    cfg = make_cfg("trtllm", "draft_target", decoupled=True)
+def test_method_specific_settings(tmp_path):
+    cfg = make_cfg("trtllm", "draft_target", decoupled=True, workdir=tmp_path)
     write_manifest(cfg)
     (repo, _), = [render(cfg)["speculative"]]
     target = parse_config_file(repo / "tensorrt_llm" / "config.pbtxt")
@@ -124,11 +122,10 @@ def test_method_specific_settings(tmp_path, monkeypatch):
     assert bls.model_transaction_policy.decoupled  # our streaming-BLS extension
 
 
-def test_tree_choices_in_brace_format(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+def test_tree_choices_in_brace_format(tmp_path):
     for method, key, expected in (("medusa", "medusa_choices", "{0}, {0, 0}, {0, 0, 0}"),
                                   ("eagle", "eagle_choices", "{0}, {1}, {0, 0}")):
-        cfg = make_cfg("trtllm", method)
+        cfg = make_cfg("trtllm", method, workdir=tmp_path)
         write_manifest(cfg)
         repo, _ = render(cfg)["speculative"]
         config = parse_config_file(repo / "tensorrt_llm" / "config.pbtxt")
@@ -147,15 +144,14 @@ def test_client_target():
         client_target(make_cfg("reference", "none"), "speculative")
 
 
-def test_stale_manifest_is_refused(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    cfg = make_cfg("reference", "medusa")
+def test_stale_manifest_is_refused(tmp_path):
+    cfg = make_cfg("reference", "medusa", workdir=tmp_path)
     write_manifest(cfg)
-    other = make_cfg("reference", "medusa", decoupled=False)
+    other = make_cfg("reference", "medusa", decoupled=False, workdir=tmp_path)
     with pytest.raises(StaleInputError, match="re-run `specdeploy build`"):
         load_manifest(other)
     with pytest.raises(StaleInputError, match=r"does not exist: run `specdeploy build` for .* first"):
-        load_manifest(make_cfg("trtllm", "none"))  # missing manifest
+        load_manifest(make_cfg("trtllm", "none", workdir=tmp_path))  # missing manifest
 
 
 def _broken_templates(tmp_path: Path, model: str, old: str, new: str) -> Path:
@@ -168,9 +164,8 @@ def _broken_templates(tmp_path: Path, model: str, old: str, new: str) -> Path:
     return templates
 
 
-def test_broken_template_fails_render_not_the_server(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    cfg = make_cfg("reference", "medusa")
+def test_broken_template_fails_render_not_the_server(tmp_path):
+    cfg = make_cfg("reference", "medusa", workdir=tmp_path)
     manifest = write_manifest(cfg)
     templates = _broken_templates(tmp_path, "postprocessing", "{{ postprocessing_instance_count }}", "{{ postprocessing_instance_count ")
     with pytest.raises(RenderError, match=r"postprocessing/config.pbtxt.jinja:\d+: template syntax error"):
@@ -179,27 +174,24 @@ def test_broken_template_fails_render_not_the_server(tmp_path, monkeypatch):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".repo")]
 
 
-def test_missing_value_fails_render(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    cfg = make_cfg("reference", "medusa")
+def test_missing_value_fails_render(tmp_path):
+    cfg = make_cfg("reference", "medusa", workdir=tmp_path)
     manifest = write_manifest(cfg)
     templates = _broken_templates(tmp_path, "preprocessing", "m.param(\"tokenizer_dir\", tokenizer_dir)", "m.param(\"tokenizer_dir\", tokenizer_directory)")
     with pytest.raises(RenderError, match="preprocessing/config.pbtxt.jinja: missing value: 'tokenizer_directory' is undefined"):
         render_repository(cfg, manifest, "baseline", tmp_path / "repo", templates)
 
 
-def test_protobuf_error_names_the_file(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    cfg = make_cfg("reference", "none")
+def test_protobuf_error_names_the_file(tmp_path):
+    cfg = make_cfg("reference", "none", workdir=tmp_path)
     manifest = write_manifest(cfg)
     templates = _broken_templates(tmp_path, "ensemble", 'platform: "ensemble"', 'platform "ensemble" }')
     with pytest.raises(RenderError, match=r"ensemble/config.pbtxt: does not parse as a Triton ModelConfig"):
         render_repository(cfg, manifest, "baseline", tmp_path / "repo", templates)
 
 
-def _rendered(tmp_path, monkeypatch, method="medusa", variant="speculative") -> Path:
-    monkeypatch.chdir(tmp_path)
-    cfg = make_cfg("reference", method)
+def _rendered(tmp_path, method="medusa", variant="speculative") -> Path:
+    cfg = make_cfg("reference", method, workdir=tmp_path)
     write_manifest(cfg)
     return render(cfg)[variant][0]
 
@@ -210,8 +202,8 @@ def _edit(path: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new, 1))
 
 
-def test_validator_catches_miswired_ensemble(tmp_path, monkeypatch):
-    repo = _rendered(tmp_path, monkeypatch)
+def test_validator_catches_miswired_ensemble(tmp_path):
+    repo = _rendered(tmp_path)
     ensemble = repo / "ensemble" / "config.pbtxt"
     _edit(ensemble, 'input_map { key: "input_lengths" value: "_REQUEST_INPUT_LEN" }', "")
     _edit(ensemble, 'input_map { key: "TOKENS_BATCH" value: "_TOKENS_BATCH" }',
@@ -226,8 +218,8 @@ def test_validator_catches_miswired_ensemble(tmp_path, monkeypatch):
     assert "tensor '_REQUEST_INPUT_LEN' is produced by both preprocessing and preprocessing" in text
 
 
-def test_validator_dtype_and_batch_rules(tmp_path, monkeypatch):
-    repo = _rendered(tmp_path, monkeypatch)
+def test_validator_dtype_and_batch_rules(tmp_path):
+    repo = _rendered(tmp_path)
     _edit(repo / "postprocessing" / "config.pbtxt", 'name: "TOKENS_BATCH"\n    data_type: TYPE_INT32',
           'name: "TOKENS_BATCH"\n    data_type: TYPE_INT64')
     _edit(repo / "preprocessing" / "config.pbtxt", "max_batch_size: 4", "max_batch_size: 2")
@@ -237,8 +229,8 @@ def test_validator_dtype_and_batch_rules(tmp_path, monkeypatch):
     assert "ensemble max_batch_size 4 exceeds preprocessing's 2" in str(info.value)
 
 
-def test_validator_name_version_and_duplicate_output(tmp_path, monkeypatch):
-    repo = _rendered(tmp_path, monkeypatch)
+def test_validator_name_version_and_duplicate_output(tmp_path):
+    repo = _rendered(tmp_path)
     ensemble = repo / "ensemble" / "config.pbtxt"
     text = ensemble.read_text()
     block = text[text.index('  {\n    name: "kv_cache_alloc_total_blocks"'):]
@@ -253,8 +245,8 @@ def test_validator_name_version_and_duplicate_output(tmp_path, monkeypatch):
     assert "name 'preproc' differs from its directory 'preprocessing'" in str(info.value)
 
 
-def test_validator_decoding_mode_and_decoupled(tmp_path, monkeypatch):
-    repo = _rendered(tmp_path, monkeypatch)
+def test_validator_decoding_mode_and_decoupled(tmp_path):
+    repo = _rendered(tmp_path)
     llm = repo / "tensorrt_llm" / "config.pbtxt"
     _edit(llm, 'key: "medusa_choices"\n    value: { string_value: "{0}, {0, 0}, {0, 0, 0}" }',
           'key: "medusa_choices"\n    value: { string_value: "" }')
@@ -265,8 +257,8 @@ def test_validator_decoding_mode_and_decoupled(tmp_path, monkeypatch):
     assert "decoupled (True) differs from tensorrt_llm (False)" in str(info.value)
 
 
-def test_validator_engine_vs_decoding_mode(tmp_path, monkeypatch):
-    repo = _rendered(tmp_path, monkeypatch, "none", "baseline")
+def test_validator_engine_vs_decoding_mode(tmp_path):
+    repo = _rendered(tmp_path, "none", "baseline")
     engine = tmp_path / "eng"
     engine.mkdir()
     (engine / "engine.json").write_text(json.dumps({"role": "speculative", "proposer": {"method": "eagle"}}))
@@ -279,18 +271,18 @@ def test_validator_engine_vs_decoding_mode(tmp_path, monkeypatch):
         validate_repository(repo)
 
 
-def test_validator_draft_target_needs_kv_reuse(tmp_path, monkeypatch):
-    repo = _rendered(tmp_path, monkeypatch, "draft_target")
+def test_validator_draft_target_needs_kv_reuse(tmp_path):
+    repo = _rendered(tmp_path, "draft_target")
     _edit(repo / "tensorrt_llm" / "config.pbtxt", 'key: "enable_kv_cache_reuse"\n    value: { string_value: "True" }',
           'key: "enable_kv_cache_reuse"\n    value: { string_value: "False" }')
     with pytest.raises(RenderError, match="draft-target needs enable_kv_cache_reuse True on the target"):
         validate_repository(repo)
 
 
-def test_rerender_replaces_atomically(tmp_path, monkeypatch):
-    repo = _rendered(tmp_path, monkeypatch)
+def test_rerender_replaces_atomically(tmp_path):
+    repo = _rendered(tmp_path)
     (repo / "stray.txt").write_text("old")
-    cfg = make_cfg("reference", "medusa")
+    cfg = make_cfg("reference", "medusa", workdir=tmp_path)
     render(cfg)
     assert not (repo / "stray.txt").exists()
     assert sorted(p.name for p in repo.parent.iterdir()) == [
@@ -298,19 +290,18 @@ def test_rerender_replaces_atomically(tmp_path, monkeypatch):
         for suffix in ("", ".alerts.yml", ".dashboard.json", ".render.json")]
 
 
-def test_cli_render(tmp_path, monkeypatch, capsys):
+def test_cli_render(tmp_path, capsys):
     import yaml
 
     from pipeline.cli import run
 
-    monkeypatch.chdir(tmp_path)
     data = {"name": "cli-dt", "backend": "reference", "hardware": "cpu", "target": {"checkpoint": "/models/target"},
             "speculation": METHODS["draft_target"],
             "build": {"max_batch_size": 4, "max_input_len": 128, "max_seq_len": 256}}
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
-    cfg = parse_config(data)
+    cfg = parse_config(data, workdir=tmp_path)
     write_manifest(cfg)
-    assert run(["render", "c.yaml"]) == 0
+    assert run(["render", str(tmp_path / "c.yaml"), "--workdir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "load tests call tensorrt_llm_bls num_draft_tokens=4" in out
     assert (tmp_path / "engines" / "cli-dt" / "model_repo" / "speculative" / "tensorrt_llm_draft" / "config.pbtxt").is_file()
@@ -335,14 +326,14 @@ print(child.stdout.strip())
 """
 
 
-def test_rendered_python_models_import_their_own_copy(tmp_path, monkeypatch):
+def test_rendered_python_models_import_their_own_copy(tmp_path):
     """Run from the checkout's directory (where `pipeline` would otherwise be found), a rendered
     model.py imports the copy next to it, and so does the engine worker process it starts."""
     import subprocess
     import sys
     import sysconfig
 
-    repo = _rendered(tmp_path, monkeypatch, "draft_target").resolve()
+    repo = _rendered(tmp_path, "draft_target").resolve()
     site = sysconfig.get_paths()["purelib"]
     for model in ("preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls"):
         model_py = repo / model / "1" / "model.py"
@@ -356,23 +347,22 @@ def test_rendered_python_models_import_their_own_copy(tmp_path, monkeypatch):
             assert child == own
 
 
-def _trtllm_repo_params(tmp_path, monkeypatch, method="medusa", variant="speculative", **triton) -> dict:
-    monkeypatch.chdir(tmp_path)
-    cfg = make_cfg("trtllm", method, **triton)
+def _trtllm_repo_params(tmp_path, method="medusa", variant="speculative", **triton) -> dict:
+    cfg = make_cfg("trtllm", method, **triton, workdir=tmp_path)
     write_manifest(cfg)
     repo = render(cfg)[variant][0]
     config = parse_config_file(repo / "tensorrt_llm" / "config.pbtxt")
     return {k: v.string_value for k, v in config.parameters.items()}
 
 
-def test_runtime_knobs_are_rendered(tmp_path, monkeypatch):
-    params = _trtllm_repo_params(tmp_path, monkeypatch, enable_chunked_context=True, max_attention_window_size=200,
+def test_runtime_knobs_are_rendered(tmp_path):
+    params = _trtllm_repo_params(tmp_path, enable_chunked_context=True, max_attention_window_size=200,
                                  max_tokens_in_paged_kv_cache=1024)
     assert params["enable_chunked_context"] == "True"
     assert params["max_attention_window_size"] == "200"
     assert params["max_tokens_in_paged_kv_cache"] == "1024"
     (tmp_path / "d").mkdir()
-    defaults = _trtllm_repo_params(tmp_path / "d", monkeypatch)
+    defaults = _trtllm_repo_params(tmp_path / "d")
     assert defaults["enable_chunked_context"] == "False" and defaults["max_attention_window_size"] == ""
 
 
@@ -383,10 +373,9 @@ def _engine_dir(path: Path, mode, paged_fmha: bool = True) -> str:
     return str(path)
 
 
-def test_engine_speculative_mode_is_read_as_trtllm_writes_it(tmp_path, monkeypatch):
+def test_engine_speculative_mode_is_read_as_trtllm_writes_it(tmp_path):
     """TensorRT-LLM's config.json holds the mode as an integer bit flag (medusa = 4)."""
-    monkeypatch.chdir(tmp_path)
-    cfg = make_cfg("trtllm", "medusa")
+    cfg = make_cfg("trtllm", "medusa", workdir=tmp_path)
     manifest = write_manifest(cfg)
     manifest["engines"] = {"baseline": _engine_dir(tmp_path / "e" / "b", 1), "speculative": _engine_dir(tmp_path / "e" / "s", 4)}
     assert render_repository(cfg, manifest, "speculative", tmp_path / "repo") == []
@@ -395,9 +384,8 @@ def test_engine_speculative_mode_is_read_as_trtllm_writes_it(tmp_path, monkeypat
         render_repository(cfg, manifest, "speculative", tmp_path / "repo2")
 
 
-def test_chunked_context_needs_an_engine_with_paged_context_fmha(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    cfg = make_cfg("trtllm", "none", enable_chunked_context=True)
+def test_chunked_context_needs_an_engine_with_paged_context_fmha(tmp_path):
+    cfg = make_cfg("trtllm", "none", enable_chunked_context=True, workdir=tmp_path)
     manifest = write_manifest(cfg)
     manifest["engines"] = {"baseline": _engine_dir(tmp_path / "e" / "b", 1, paged_fmha=False)}
     with pytest.raises(RenderError, match="enable_chunked_context needs an engine built with paged context FMHA"):
@@ -406,11 +394,10 @@ def test_chunked_context_needs_an_engine_with_paged_context_fmha(tmp_path, monke
     assert render_repository(cfg, manifest, "baseline", tmp_path / "repo") == []
 
 
-def test_render_stamp_records_the_arm_placement(tmp_path, monkeypatch):
+def test_render_stamp_records_the_arm_placement(tmp_path):
     from pipeline.render.renderer import rendered_placement
 
-    monkeypatch.chdir(tmp_path)
-    cfg = make_cfg("trtllm", "draft_target")
+    cfg = make_cfg("trtllm", "draft_target", workdir=tmp_path)
     write_manifest(cfg)
     render(cfg)
     spec = rendered_placement(cfg, "speculative")

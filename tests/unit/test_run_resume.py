@@ -8,18 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import DeploymentConfig, config_hash
+from pipeline.config import DeploymentConfig, config_hash, with_workdir
 from pipeline.run import completed_run_dir
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "run_small"
 
 
 @pytest.fixture
-def finished_run(tmp_path, monkeypatch):
-    """The committed fixture run, placed where `run` looks (reports/NAME/RUN), with a report."""
-    monkeypatch.chdir(tmp_path)
+def finished_run(tmp_path):
+    """The committed fixture run, placed where `run` looks (WORKDIR/reports/NAME/RUN), with a report."""
     meta = json.loads((FIXTURE / "run.json").read_text())
-    cfg = DeploymentConfig.model_validate(meta["config"])
+    cfg = with_workdir(DeploymentConfig.model_validate(meta["config"]), tmp_path)
     meta["config_hash"] = config_hash(cfg)
     run_dir = tmp_path / "reports" / cfg.name / "20260101T000000Z"
     shutil.copytree(FIXTURE, run_dir)

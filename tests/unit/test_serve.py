@@ -141,29 +141,27 @@ def test_free_ports_distinct():
     assert len(set(ports)) == 3
 
 
-def test_missing_repository_and_variant(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    cfg = parse_config({"name": "x", "backend": "reference", "hardware": "cpu", "target": {"checkpoint": "/m"}})
+def test_missing_repository_and_variant(tmp_path):
+    cfg = parse_config({"name": "x", "backend": "reference", "hardware": "cpu", "target": {"checkpoint": "/m"}}, workdir=tmp_path)
     with pytest.raises(StaleInputError, match="run `specdeploy render` first"):
         start_deployment(cfg, "baseline")
     with pytest.raises(SpecdeployError, match="variant 'speculative' does not exist for speculation method 'none'"):
         start_deployment(cfg, "speculative")
 
 
-def test_repository_rendered_from_another_config_is_refused(tmp_path, monkeypatch):
+def test_repository_rendered_from_another_config_is_refused(tmp_path):
     import json
 
     from pipeline.config import config_hash
     from pipeline.render.renderer import render
 
-    monkeypatch.chdir(tmp_path)
     data = {"name": "x", "backend": "reference", "hardware": "cpu", "target": {"checkpoint": "/m"}}
-    cfg = parse_config(data)
+    cfg = parse_config(data, workdir=tmp_path)
     manifest = {"format": "specdeploy-manifest/1", "config_hash": config_hash(cfg), "engines": {"baseline": "/e"},
                 "tokenizer_dir": "/m"}
     (tmp_path / "engines" / "x").mkdir(parents=True)
     (tmp_path / "engines" / "x" / "manifest.json").write_text(json.dumps(manifest))
     render(cfg)
-    changed = parse_config({**data, "triton": {"decoupled": False}})
+    changed = parse_config({**data, "triton": {"decoupled": False}}, workdir=tmp_path)
     with pytest.raises(StaleInputError, match="rendered from another config: re-run `specdeploy render`"):
         start_deployment(changed, "baseline")

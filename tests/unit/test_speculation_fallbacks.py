@@ -4,16 +4,13 @@ failed check (NO-GO), never as a speedup."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 from pipeline.config import GateSettings
 from pipeline.report.gate import evaluate_gate
 from pipeline.report.stats import RunData, run_summary
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "loadtests"))
 
-import lt_common  # noqa: E402
+import lt_common
 
 MS = 1_000_000
 

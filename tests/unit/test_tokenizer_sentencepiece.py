@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.* under plain `pytest`
 
-from pipeline.triton_models.tokenizer import TextTokenizer  # noqa: E402
-from tests import sentencepiece_fixture as spf  # noqa: E402
+from pipeline.triton_models.tokenizer import TextTokenizer
+from tests import sentencepiece_fixture as spf
 
 TEXTS = ["The quick brown fox", "def add(a, b):\n    return a + b", "héllo ✓ 12345", "a</s>b", " x  y\nz"]
 
@@ -95,7 +94,6 @@ def test_missing_directory_is_named(tmp_path):
 
 def test_tokenizer_json_reads_the_same_as_autotokenizer(tmp_path):
     """The fast path (no transformers import in the stubs) gives AutoTokenizer's ids and text."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
     import tiny_deploy  # noqa: PLC0415
 
     directory = tmp_path / "bpe"
@@ -122,7 +120,6 @@ def test_tokenizer_compat_reads_sentencepiece_vocab(sp_dir, tmp_path):
     vocab = load_vocab(sp_dir)
     assert len(vocab) == spf.VOCAB_SIZE and vocab["</s>"] == spf.EOS_ID and vocab["<unk>"] == spf.UNK_ID
     assert compare_tokenizers(sp_dir, draft) == []
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
     import tiny_deploy  # noqa: PLC0415
 
     other = tmp_path / "bpe"
