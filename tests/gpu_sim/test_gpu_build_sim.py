@@ -101,6 +101,7 @@ def _planned(path: Path, tmp_path: Path) -> list[list[str]]:
     return [redirect_argv(s.argv, {o: tmp_of(o) for o in s.outputs}) for s in plan.steps]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", GPU_CONFIGS)
 def test_build_runs_every_step_against_the_image(name, image, tmp_path, monkeypatch):
     path = deploy(tmp_path, name)
@@ -127,6 +128,7 @@ def _flag(argv: list[str], flag: str) -> str:
     return argv[argv.index(flag) + 1]
 
 
+@pytest.mark.slow
 def test_fp8_eagle_quantizes_with_the_heads_layer_count(image, tmp_path, monkeypatch):
     path = deploy(tmp_path, "vicuna7b-eagle-h100", name="vicuna7b-eagle-fp8-h100")
     data = yaml.safe_load(path.read_text())

@@ -90,6 +90,7 @@ def _check_arm_repository(repo: Path, tokens: int | None, models: dict) -> None:
         assert params["max_tokens_in_paged_kv_cache"] == ("" if tokens is None else str(tokens))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,gpus,gpu,strategy,tokens,arms", CASES, ids=[f"{c[0]}-{c[1]}gpu" for c in CASES])
 def test_serve_shipped_gpu_config(gpu_host, name, gpus, gpu, strategy, tokens, arms):
     host = gpu_host(gpus, *gpu)
@@ -127,6 +128,7 @@ def test_serve_shipped_gpu_config(gpu_host, name, gpus, gpu, strategy, tokens, a
         assert {t for kv in reported.values() for t in kv.values()} == {tokens // 64 * 64}
 
 
+@pytest.mark.slow
 def test_symmetric_tp_draft_target_loads_in_orchestrator_mode(gpu_host):
     host = gpu_host(2, *H100)
     cfg = shipped_config("llama31-8b-draft1b-fp8-h100", host.root)
@@ -144,6 +146,7 @@ def test_symmetric_tp_draft_target_loads_in_orchestrator_mode(gpu_host):
     assert base["launch"] == "leader" and base["world_size"] == 2 and base["cuda_visible_devices"] == "0,1"
 
 
+@pytest.mark.slow
 def test_leader_mode_cannot_serve_the_a100_draft_target(gpu_host):
     """What the launch was before: one mpirun world of 4 for a TP4 target and a TP1 draft."""
     from pipeline.serve.command import Ports, gpu_server_argv
@@ -160,6 +163,7 @@ def test_leader_mode_cannot_serve_the_a100_draft_target(gpu_host):
     assert any("communicationMode kLEADER" in r.get("error", "") for r in host.records("tritonserver"))
 
 
+@pytest.mark.slow
 def test_co_resident_arms_at_the_default_fraction_run_out_of_memory(gpu_host):
     """The simulation catches what the old rendering did: both arms at the runtime default 0.9."""
     host = gpu_host(1, *H100)
@@ -175,6 +179,7 @@ def test_co_resident_arms_at_the_default_fraction_run_out_of_memory(gpu_host):
     assert any("CUDA out of memory" in r.get("error", "") for r in host.records("tritonserver"))
 
 
+@pytest.mark.slow
 def test_arms_that_cannot_share_a_gpu_are_served_one_at_a_time(gpu_host):
     from pipeline.loadtest.endpoints import managed_endpoints
 
@@ -231,6 +236,7 @@ def _docker_line(cfg, arm: str) -> list[str]:
     return shlex.split(line)
 
 
+@pytest.mark.slow
 def test_docker_line_mounts_every_path_the_repository_reads(gpu_host, monkeypatch):
     host = gpu_host(1, *H100, tritonserver=False)
     cfg = shipped_config("llama31-8b-draft1b-fp8-h100", host.root)

@@ -137,6 +137,7 @@ def greedy(engine_dir: str, prompt: list[int], n: int = 6) -> list[int]:
         engine.shutdown()
 
 
+@pytest.mark.slow
 def test_draft_target_reference_build(checkpoints, tmp_path: Path) -> None:
     spec = {"method": "draft_target", "num_draft_tokens": 3,
             "draft": {"checkpoint": str(checkpoints["draft"]), "dtype": "float32", "quantization": {"format": "int8_wo"}}}

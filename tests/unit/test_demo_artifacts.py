@@ -152,6 +152,7 @@ def test_target_continues_code_with_python_structure(target_and_tokenizer):
     assert re.match(r"\n    for (\w+) in \w+:\n        if \1 > \w+:\n            total = total [-+*] \1\n    return total\n", text), text
 
 
+@pytest.mark.slow
 def test_draft_agrees_with_the_target_on_held_out_prompts(target_and_tokenizer):
     from transformers import LlamaForCausalLM
 

@@ -58,7 +58,8 @@ def reference_outputs(ckpt):
         engine.shutdown()
 
 
-@pytest.mark.parametrize("fast_paths", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["fast", "plain"])
+@pytest.mark.slow
+@pytest.mark.parametrize("fast_paths", [True, False], ids=["fast", "plain"])
 @pytest.mark.parametrize("batched", [False, True], ids=["batch1", "batched"])
 @pytest.mark.parametrize("method", ["baseline", "draft_target", "medusa", "medusa_tree", "eagle", "eagle_tree"])
 def test_greedy_speculation_is_lossless(ckpt, reference_outputs, method, batched, fast_paths):
@@ -233,6 +234,7 @@ def test_on_chunk_runs_on_every_chunk_and_a_failing_hook_loses_nothing(ckpt):
         engine.shutdown()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["draft_target", "medusa", "eagle", "eagle_tree"])
 def test_int8_draft_side_weights_keep_greedy_output(ckpt, method):
     """``draft_int8`` (config ``reference.draft_weights: int8``): every draft-side Linear runs the

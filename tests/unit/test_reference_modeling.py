@@ -95,6 +95,7 @@ def _tie_aware_equal(hf_model, prompt, ours, theirs) -> bool:
     return float(top[0] - top[1]) < TIE_GAP
 
 
+@pytest.mark.slow
 def test_greedy_matches_hugging_face_generate_and_assisted_generation(ckpt, hf_target):
     from transformers import LlamaForCausalLM
 

@@ -120,6 +120,7 @@ class HealthLog:
             return next(h for h in self.reports if predicate(h))
 
 
+@pytest.mark.slow
 def test_a_dead_worker_ends_open_streams_refuses_while_down_and_is_restarted(engine_dir):
     health = HealthLog(hold_when_down=True)
     engine = EngineProcess(engine_dir, name="tensorrt_llm", policy=RestartPolicy(backoff_s=0.01), on_health=health)
@@ -142,6 +143,7 @@ def test_a_dead_worker_ends_open_streams_refuses_while_down_and_is_restarted(eng
         engine.shutdown()
 
 
+@pytest.mark.slow
 def test_a_worker_that_keeps_dying_is_not_restarted_forever(engine_dir, tmp_path, capfd):
     broken = tmp_path / "engine"
     broken.mkdir()

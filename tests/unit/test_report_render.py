@@ -158,6 +158,7 @@ def test_reported_percentiles_equal_numpy_on_raw_records(rendered: Path):
     assert cell["ttft_ms"]["p50"] == pytest.approx(float(np.percentile(ttft, 50)))
 
 
+@pytest.mark.slow
 def test_cli_exit_codes_follow_the_verdict(run_dir: Path, tmp_path: Path):
     assert cli_run(["report", str(run_dir)]) == 0  # the fixture is a clear GO
     inconclusive = _config_with_gate(run_dir, tmp_path, min_runs=5)

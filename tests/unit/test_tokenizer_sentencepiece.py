@@ -152,6 +152,7 @@ def test_render_passes_target_trust_remote_code_to_pre_and_postprocessing(tmp_pa
         assert params["trust_remote_code"].string_value == ("True" if allowed else "False")
 
 
+@pytest.mark.slow
 def test_reading_pieces_first_leaves_autotokenizer_working(tmp_path):
     """validate reads tokenizer.model as protobuf; the same process may later load it with
     AutoTokenizer. Both must agree on one generated proto module, or the second registration fails
