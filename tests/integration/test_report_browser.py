@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "run_small"
 MARKDOWN = re.compile(r"\*\*|__|`|^\s*#{1,6} |^\s*> |^\s*\|.*\||\|---|\]\(", re.M)
 LAPTOP, PHONE = (1280, 800), (390, 844)
+pytestmark = pytest.mark.slow  # starts headless Chromium
 
 IMAGES_JS = """(async () => {
   const imgs = [...document.images];

@@ -184,12 +184,14 @@ def test_a_broken_engine_dir_fails_at_start(tmp_path):
         EngineProcess(tmp_path)
 
 
+@pytest.mark.slow
 def test_shutdown_stops_the_worker(engine_dir):
     engine = EngineProcess(engine_dir)
     engine.shutdown()
     assert engine._process.returncode == 0
 
 
+@pytest.mark.slow
 def test_stray_output_in_the_worker_lands_on_stderr_not_in_the_protocol():
     """A library printing to stdout inside the worker (Python or C level) must not corrupt the
     JSON lines the proxy reads: main() keeps the protocol on a private copy of fd 1."""

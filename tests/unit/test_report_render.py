@@ -168,6 +168,7 @@ def test_cli_exit_codes_follow_the_verdict(run_dir: Path, tmp_path: Path):
     assert json.loads((run_dir / "report.json").read_text())["verdict"] == "NO-GO"
 
 
+@pytest.mark.slow
 def test_console_script_exit_codes(run_dir: Path, tmp_path: Path):
     cfg = _config_with_gate(run_dir, tmp_path, min_runs=5)
     proc = subprocess.run([sys.executable, "-m", "pipeline", "report", str(run_dir), "--config", str(cfg)],

@@ -44,6 +44,7 @@ def test_banner_names_the_crossover_and_the_rollout(tmp_path: Path):
     assert "enable up to concurrency 1, disable from 2" in md.split("## Per concurrency")[0]
 
 
+@pytest.mark.slow
 def test_disagreeing_repeats_are_named_as_noise(tmp_path: Path):
     quiet = make_report(copy_fixture(tmp_path / "quiet"))
     assert "Noise:" not in quiet.html_path.read_text()
