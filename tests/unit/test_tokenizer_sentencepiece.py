@@ -130,16 +130,15 @@ def test_tokenizer_compat_reads_sentencepiece_vocab(sp_dir, tmp_path):
 
 
 @pytest.mark.parametrize("allowed", [False, True])
-def test_render_passes_target_trust_remote_code_to_pre_and_postprocessing(tmp_path, monkeypatch, allowed):
+def test_render_passes_target_trust_remote_code_to_pre_and_postprocessing(tmp_path, allowed):
     from pipeline.config import config_hash, parse_config  # noqa: PLC0415
     from pipeline.render.renderer import render  # noqa: PLC0415
     from pipeline.render.triton_rules import parse_config_file  # noqa: PLC0415
 
-    monkeypatch.chdir(tmp_path)
     cfg = parse_config({"name": "trc", "backend": "reference", "hardware": "cpu",
                         "target": {"checkpoint": "/models/target", "trust_remote_code": allowed},
                         "speculation": {"method": "none"},
-                        "build": {"max_batch_size": 2, "max_input_len": 64, "max_seq_len": 128}})
+                        "build": {"max_batch_size": 2, "max_input_len": 64, "max_seq_len": 128}}, workdir=tmp_path)
     manifest = {"format": "specdeploy-manifest/1", "name": cfg.name, "config_hash": config_hash(cfg),
                 "backend": "reference", "method": "none", "trtllm_version": cfg.trtllm_version,
                 "engines": {"baseline": "/engines/trc/baseline"}, "tokenizer_dir": "/models/target",
