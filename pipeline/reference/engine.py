@@ -32,6 +32,7 @@ from pipeline.reference.api import (
     RequestStats,
 )
 from pipeline.reference.modeling import EagleHead, LlamaModel, MedusaHeads
+from pipeline.reference.ngram import NgramProposer
 from pipeline.reference.proposers import DraftModelProposer, EagleProposer, MedusaProposer, Proposer
 from pipeline.reference.scheduler import Scheduler, SeqState, make_generator
 
@@ -273,6 +274,8 @@ def _make_proposer(spec: dict, target: LlamaModel, dtype: torch.dtype, slots: in
         choices = spec.get("choices")
         depth = max(len(c) for c in choices) if choices else int(spec.get("num_layers", 4))
         return EagleProposer(head, depth, slots, max_rows, choices)
+    if method == "ngram":
+        return NgramProposer.from_spec(spec)
     raise SpecdeployError(f"unknown proposer method {method!r}")
 
 
