@@ -346,8 +346,49 @@ class EagleSpec(_TreeDrafts, _Strict):
         return self.num_layers
 
 
+class NgramSpec(_Strict):
+    """N-gram / prompt lookup: no draft model; the tokens that followed an earlier occurrence of
+    the sequence's last n tokens are the drafts (TensorRT-LLM ``NGramDecodingConfig``; vLLM's
+    ``prompt_lookup_min``/``prompt_lookup_max``). Reference backend: the engine drafts them itself."""
+
+    method: Literal["ngram"] = _desc("Speculation method: n-gram (prompt-lookup) drafts, no draft model.")
+    max_draft_len: Annotated[int, Field(ge=1, le=32)] = _desc(
+        "Most draft tokens per step (TensorRT-LLM max_draft_len; vLLM num_speculative_tokens); fewer when "
+        "the match is near the end of the sequence."
+    )
+    max_matching_ngram_size: Annotated[int, Field(ge=1, le=16)] = _desc(
+        "Longest pattern (last n tokens) looked up; the longest that matches wins (vLLM prompt_lookup_max).",
+        default=2,
+    )
+    min_matching_ngram_size: Annotated[int, Field(ge=1, le=16)] = _desc(
+        "Shortest pattern that may match (vLLM prompt_lookup_min; TensorRT-LLM always uses 1).", default=1
+    )
+    is_keep_all: bool = _desc(
+        "Keep every earlier occurrence of a pattern; false: only the first (then is_use_oldest has no effect).",
+        default=True,
+    )
+    is_use_oldest: bool = _desc("Propose from the oldest occurrence; false: the newest.", default=True)
+    is_public_pool: bool = _desc(
+        "One pattern pool shared by all requests (a pattern seen in one request drafts for another); "
+        "false: each request matches only its own prompt and output.",
+        default=True,
+    )
+
+    @field_validator("min_matching_ngram_size")
+    @classmethod
+    def _min_below_max(cls, value: int, info: ValidationInfo) -> int:
+        top = info.data.get("max_matching_ngram_size")
+        if top is not None and value > top:
+            raise ValueError(f"min_matching_ngram_size ({value}) exceeds max_matching_ngram_size ({top})")
+        return value
+
+    @property
+    def engine_max_draft_len(self) -> int:
+        return self.max_draft_len
+
+
 Speculation = Annotated[
-    Union[NoSpeculation, DraftTargetSpec, MedusaSpec, EagleSpec],
+    Union[NoSpeculation, DraftTargetSpec, MedusaSpec, EagleSpec, NgramSpec],
     Field(discriminator="method"),
 ]
 
@@ -674,7 +715,7 @@ class DeploymentConfig(_Strict):
     )
     target: ModelSpec = _desc("The target model.")
     speculation: Speculation = _desc(
-        "Speculation method: none | draft_target | medusa | eagle, with per-method fields.",
+        "Speculation method: none | draft_target | medusa | eagle | ngram, with per-method fields.",
         default_factory=NoSpeculation,
     )
     build: BuildLimits = _desc("Engine build limits.", default_factory=BuildLimits)
@@ -739,6 +780,11 @@ class DeploymentConfig(_Strict):
                         "ensemble has none)",
                     )
                 )
+        if isinstance(spec, NgramSpec) and self.backend != "reference":
+            problems.append(("speculation.method",
+                             "'ngram' needs backend 'reference' (the reference engine drafts n-grams itself); "
+                             "TensorRT-LLM drafts them on its LLM-API runtime (NGramDecodingConfig, "
+                             "tensorrt_llm/llmapi/llm_args.py), which the trtllm engine path does not use"))
         if self.loadtest.mode == "closed":
             missing = [c for c in self.gate.target_concurrency if c not in self.loadtest.concurrency]
             if missing:
@@ -791,7 +837,7 @@ class DeploymentConfig(_Strict):
 # ----------------------------------------------------------------------------------------------
 # Loading
 
-_METHOD_TAGS = ("none", "draft_target", "medusa", "eagle")
+_METHOD_TAGS = ("none", "draft_target", "medusa", "eagle", "ngram")
 
 
 def _loc_to_path(loc: tuple[Any, ...]) -> str:

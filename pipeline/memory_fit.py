@@ -14,7 +14,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from pipeline.config import DeploymentConfig, DraftTargetSpec, EagleSpec, MedusaSpec, ModelSpec
+from pipeline.config import DeploymentConfig, DraftTargetSpec, EagleSpec, MedusaSpec, ModelSpec, NgramSpec
 from pipeline.hardware import HardwareProfile
 from pipeline.model_shapes import ModelShape
 
@@ -134,7 +134,7 @@ def _draft_len_overhead(cfg: DeploymentConfig) -> tuple[int, int]:
     spec = cfg.speculation
     if isinstance(spec, EagleSpec):
         return spec.engine_max_draft_len + spec.num_layers, spec.engine_max_draft_len
-    if isinstance(spec, (DraftTargetSpec, MedusaSpec)):
+    if isinstance(spec, (DraftTargetSpec, MedusaSpec, NgramSpec)):
         return spec.engine_max_draft_len, spec.engine_max_draft_len
     return 0, 0
 

@@ -103,7 +103,7 @@ def markdown_reference() -> str:
         "# specdeploy config reference",
         "",
         "Generated from `pipeline/config.py` by `specdeploy schema --format markdown`. Unknown fields are errors.",
-        "`speculation.method` selects one of: none, draft_target, medusa, eagle; the rows marked",
+        "`speculation.method` selects one of: none, draft_target, medusa, eagle, ngram; the rows marked",
         "`(method=…)` apply to that method only.",
         "",
         "| field | type | default | description |",

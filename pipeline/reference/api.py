@@ -153,13 +153,16 @@ class DraftTooLongError(ValueError):
 #       baseline    – target only, no proposer (the A/B control)
 #       target      – draft-target verifier: accepts external draft_input_ids (≤ max_draft_len)
 #       draft       – the draft model as an ordinary generator (tensorrt_llm_draft)
-#       speculative – target + internal proposer (medusa / eagle; draft_target for `bench`)
+#       speculative – target + internal proposer (medusa / eagle / ngram; draft_target for `bench`)
 #   "model_dir": "<abs path: HF Llama checkpoint (config.json, model.safetensors, tokenizer.json)>",
 #   "quantization": "none" | "int8_wo",          # int8_wo: model_dir holds the quantized weights
 #   "proposer": {"method": "none"}
 #             | {"method": "draft_target", "draft_dir": "...", "num_draft_tokens": 4}
 #             | {"method": "medusa", "heads_dir": "...", "num_heads": 4, "choices": [[0],[0,0],...]}
-#             | {"method": "eagle", "head_dir": "...", "num_layers": 4, "choices": [[0],[0,0],...]},
+#             | {"method": "eagle", "head_dir": "...", "num_layers": 4, "choices": [[0],[0,0],...]}
+#             | {"method": "ngram", "max_draft_len": 4, "max_matching_ngram_size": 2,
+#                "min_matching_ngram_size": 1, "is_keep_all": true, "is_use_oldest": true,
+#                "is_public_pool": true},   # no checkpoint (pipeline.reference.ngram)
 #       optional in any proposer: "draft_int8": true — draft-side weights int8 at load (output unchanged)
 #       Trees (Medusa/EAGLE choices) serve greedy requests; sampled requests get the chain
 #       (depth = num_heads / num_layers, or the deepest choice).

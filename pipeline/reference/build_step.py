@@ -28,6 +28,7 @@ REQUIRED_FILES = {
     "medusa": [("config.json",), ("medusa_lm_head.safetensors",)],
     "eagle": [("config.json",), ("model.safetensors",)],
 }
+NGRAM_FLAGS = ("is_keep_all", "is_use_oldest", "is_public_pool")  # n-gram pool switches (true/false)
 
 
 class StepError(Exception):
@@ -81,6 +82,11 @@ def _method_spec(args: argparse.Namespace) -> dict:
         check_checkpoint(draft, "llama")
         return {"method": "draft_target", "draft_dir": str(draft), "quantization": args.draft_quantization,
                 "num_draft_tokens": args.num_draft_tokens}
+    if args.method == "ngram":
+        return {"method": "ngram", "max_draft_len": args.num_draft_tokens,
+                "max_matching_ngram_size": args.max_matching_ngram_size,
+                "min_matching_ngram_size": args.min_matching_ngram_size,
+                **{knob: getattr(args, knob) == "true" for knob in NGRAM_FLAGS}}
     choices = json.loads(args.choices)
     if args.method == "medusa":
         heads = Path(args.heads_dir).resolve()
@@ -139,7 +145,7 @@ def parser() -> argparse.ArgumentParser:
     engine.add_argument("--role", choices=["baseline", "target", "draft", "speculative"], required=True)
     engine.add_argument("--model-dir", required=True)
     engine.add_argument("--quantization", choices=["none", "int8_wo"], default="none")
-    engine.add_argument("--method", choices=["none", "draft_target", "medusa", "eagle"], default="none")
+    engine.add_argument("--method", choices=["none", "draft_target", "medusa", "eagle", "ngram"], default="none")
     engine.add_argument("--draft-dir")
     engine.add_argument("--draft-quantization", choices=["none", "int8_wo"], default="none")
     engine.add_argument("--num-draft-tokens", type=int)
@@ -148,6 +154,10 @@ def parser() -> argparse.ArgumentParser:
     engine.add_argument("--head-dir")
     engine.add_argument("--num-layers", type=int)
     engine.add_argument("--choices", default="[]")
+    engine.add_argument("--max-matching-ngram-size", type=int, default=2)
+    engine.add_argument("--min-matching-ngram-size", type=int, default=1)
+    for knob in NGRAM_FLAGS:
+        engine.add_argument(f"--{knob.replace('_', '-')}", choices=["true", "false"], default="true")
     engine.add_argument("--draft-weights", choices=["float", "int8"], default="float")
     engine.add_argument("--max-draft-len", type=int, default=0)
     engine.add_argument("--max-batch-size", type=int, required=True)
