@@ -57,8 +57,8 @@ def test_tiny_config_plans_an_ngram_engine_without_checkpoint(tmp_path):
     step = next(s for s in plan.steps if s.name == "engine-speculative")
     argv = step.argv
     at = argv.index("--method")
-    assert argv[at : at + 14] == ["--method", "ngram", "--num-draft-tokens", "4", "--max-matching-ngram-size", "3",
-                                  "--min-matching-ngram-size", "1", "--is-keep-all", "true", "--is-use-oldest",
+    assert argv[at : at + 14] == ["--method", "ngram", "--num-draft-tokens", "3", "--max-matching-ngram-size", "4",
+                                  "--min-matching-ngram-size", "2", "--is-keep-all", "true", "--is-use-oldest",
                                   "true", "--is-public-pool", "false"]
     assert not any(s.name.startswith("resolve-") and s.name != "resolve-target" for s in plan.steps)
     # the step's argv, run as written, writes the proposer the engine reads
@@ -69,10 +69,10 @@ def test_tiny_config_plans_an_ngram_engine_without_checkpoint(tmp_path):
     argv[argv.index("--is-use-oldest") + 1] = "false"
     assert build_step.main(argv) == 0
     descriptor = json.loads((tmp_path / "spec" / "engine.json").read_text())
-    assert descriptor["proposer"] == {"method": "ngram", "max_draft_len": 4, "max_matching_ngram_size": 3,
-                                      "min_matching_ngram_size": 1, "is_keep_all": True, "is_use_oldest": False,
+    assert descriptor["proposer"] == {"method": "ngram", "max_draft_len": 3, "max_matching_ngram_size": 4,
+                                      "min_matching_ngram_size": 2, "is_keep_all": True, "is_use_oldest": False,
                                       "is_public_pool": False}
-    assert descriptor["max_draft_len"] == 4
+    assert descriptor["max_draft_len"] == 3
 
 
 def test_bench_gives_ngram_rows_per_category_and_batch(tmp_path):
