@@ -333,15 +333,50 @@ class Eagle3Spec(_Strict):
 
 
 class NgramSpec(_Strict):
-    """Prompt-lookup / n-gram drafting (``NGramDecodingConfig``): no draft model; LLM-API runtime only."""
+    """N-gram / prompt lookup: no draft model; the tokens that followed an earlier occurrence of
+    the sequence's last n tokens are the drafts (TensorRT-LLM ``NGramDecodingConfig``; vLLM's
+    ``prompt_lookup_min``/``prompt_lookup_max``). One spec for both places it runs: the CPU
+    reference engine drafts them itself (pipeline/reference/proposers/ngram.py), and the
+    TensorRT-LLM LLM-API runtime gets the upstream fields in ``speculative_config``;
+    ``min_matching_ngram_size`` is the reference engine's only (1 on trtllm)."""
 
-    method: Literal["ngram"] = _desc("Speculation method: n-gram (prompt lookup) drafting (LLM-API runtime).")
+    method: Literal["ngram"] = _desc("Speculation method: n-gram (prompt-lookup) drafts, no draft model.")
     max_draft_len: Annotated[int, Field(ge=1, le=32)] = _desc(
-        "Tokens proposed after a match (speculative_config.max_draft_len).", default=4
+        "Most draft tokens per step (speculative_config.max_draft_len; vLLM num_speculative_tokens); fewer "
+        "when the match is near the end of the sequence.",
+        default=4,
     )
     max_matching_ngram_size: Annotated[int, Field(ge=1, le=32)] = _desc(
-        "Longest suffix matched against the prompt and output so far.", default=2
+        "Longest pattern (last n tokens) looked up; the longest that matches wins (vLLM prompt_lookup_max).",
+        default=2,
     )
+    min_matching_ngram_size: Annotated[int, Field(ge=1, le=32)] = _desc(
+        "Shortest pattern that may match (vLLM prompt_lookup_min); CPU reference engine only: must be 1 on "
+        "backend trtllm (TensorRT-LLM has no such field).",
+        default=1,
+    )
+    is_keep_all: bool = _desc(
+        "Keep every earlier occurrence of a pattern; false: only the first (then is_use_oldest has no effect).",
+        default=True,
+    )
+    is_use_oldest: bool = _desc("Propose from the oldest occurrence; false: the newest.", default=True)
+    is_public_pool: bool = _desc(
+        "One pattern pool shared by all requests (a pattern seen in one request drafts for another); "
+        "false: each request matches only its own prompt and output.",
+        default=True,
+    )
+
+    @field_validator("min_matching_ngram_size")
+    @classmethod
+    def _min_below_max(cls, value: int, info: ValidationInfo) -> int:
+        top = info.data.get("max_matching_ngram_size")
+        if top is not None and value > top:
+            raise ValueError(f"min_matching_ngram_size ({value}) exceeds max_matching_ngram_size ({top})")
+        return value
+
+    @property
+    def engine_max_draft_len(self) -> int:
+        return self.max_draft_len
 
 
 class MtpSpec(_Strict):
@@ -796,6 +831,12 @@ class DeploymentConfig(_Strict):
                         "ensemble has none)",
                     )
                 )
+        if isinstance(spec, NgramSpec) and self.backend != "reference" and spec.min_matching_ngram_size != 1:
+            problems.append(("speculation.min_matching_ngram_size",
+                             "must be 1 on backend trtllm: TensorRT-LLM's NGramDecodingConfig has no lower bound "
+                             "on the pattern length (tensorrt_llm/llmapi/llm_args.py; its NGramPoolManager in "
+                             "tensorrt_llm/_torch/speculative/ngram.py tries every length down to 1); the knob "
+                             "is the CPU reference engine's (vLLM prompt_lookup_min)"))
         if self.loadtest.mode == "closed":
             missing = [c for c in self.gate.target_concurrency if c not in self.loadtest.concurrency]
             if missing:

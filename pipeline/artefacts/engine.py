@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Annotated, Literal, Union
 
-from pydantic import BeforeValidator, Field, model_serializer
+from pydantic import BeforeValidator, Field, model_serializer, model_validator
 
 from pipeline.artefacts.base import Artefact, Strict
 from pipeline.artefacts.names import ENGINE_DESCRIPTOR, ENGINE_FORMAT  # noqa: F401 - ENGINE_DESCRIPTOR re-exported
@@ -65,7 +65,27 @@ class EagleProposer(_DraftSide):
     choices: Choices | None = None
 
 
-ProposerSpec = Annotated[Union[NoProposer, DraftTargetProposer, MedusaProposer, EagleProposer],
+class NgramProposer(Strict):
+    """N-gram (prompt-lookup) drafts read from the sequence's own tokens: no checkpoint, no draft
+    weights (pipeline.reference.proposers.ngram; TensorRT-LLM NGramDecodingConfig's fields)."""
+
+    method: Literal["ngram"] = "ngram"
+    max_draft_len: int = Field(4, ge=1, description="Most draft tokens per step.")
+    max_matching_ngram_size: int = Field(2, ge=1, description="Longest pattern looked up (the longest match wins).")
+    min_matching_ngram_size: int = Field(1, ge=1, description="Shortest pattern that may match.")
+    is_keep_all: bool = Field(True, description="Keep every earlier occurrence (false: only the first).")
+    is_use_oldest: bool = Field(True, description="Propose from the oldest occurrence (false: the newest).")
+    is_public_pool: bool = Field(True, description="One pool for all requests (false: one per request).")
+
+    @model_validator(mode="after")
+    def _min_below_max(self):
+        if self.min_matching_ngram_size > self.max_matching_ngram_size:
+            raise ValueError(f"min_matching_ngram_size ({self.min_matching_ngram_size}) exceeds "
+                             f"max_matching_ngram_size ({self.max_matching_ngram_size})")
+        return self
+
+
+ProposerSpec = Annotated[Union[NoProposer, DraftTargetProposer, MedusaProposer, EagleProposer, NgramProposer],
                          Field(discriminator="method")]
 
 

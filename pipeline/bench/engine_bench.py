@@ -52,6 +52,7 @@ class Arm:
     drafted: int = 0
     accepted: int = 0
     verify_steps: int = 0
+    decode_steps: int = 0  # target passes after prefill, with or without drafts
     decode_seconds: float = 0.0  # Σ per request: last token − first token (TTFT excluded)
     decode_tokens: int = 0  # Σ per request: tokens − 1
     outputs: list | None = None
@@ -99,6 +100,8 @@ def _method_spec(cfg: DeploymentConfig) -> dict:
     if spec.method == "eagle":
         return {"method": "eagle", "head_dir": str(resolve_checkpoint(spec.head_dir)),
                 "num_layers": spec.num_layers, "choices": spec.choices}
+    if spec.method == "ngram":
+        return {"method": "ngram", **spec.model_dump(exclude={"method"})}
     raise SpecdeployError(f"{cfg.name}: speculation.method is 'none'; nothing to compare with")
 
 
@@ -173,6 +176,7 @@ def _record(arm: Arm, result) -> None:
     arm.drafted += result.stats.draft_tokens
     arm.accepted += result.stats.accepted_tokens
     arm.verify_steps += result.stats.verify_steps
+    arm.decode_steps += result.stats.decode_steps
     if len(result.output_ids) > 1:
         arm.decode_seconds += (result.stats.last_token_time_ns - result.stats.first_token_time_ns) / 1e9
         arm.decode_tokens += len(result.output_ids) - 1
@@ -216,6 +220,9 @@ def _row(method: str, batch: int, category: str, base: Arm, spec: Arm) -> dict:
         "speedup": round(speedup, 3),
         "acceptance_rate": round(spec.accepted / spec.drafted, 4) if spec.drafted else 0.0,
         "mean_acceptance_length": round(tau, 3),
+        # τ counts passes that verified drafts; a proposer that sometimes has none (n-gram) also
+        # spends passes without: tokens per target pass is the figure that bounds its speedup
+        "tokens_per_target_pass": round(spec.tokens / spec.decode_steps, 3) if spec.decode_steps else 0.0,
         "efficiency": round(speedup / tau, 3),
         "cpu_tokens_per_s": round(spec.cpu_tokens_per_s, 2),
         "baseline_cpu_tokens_per_s": round(base.cpu_tokens_per_s, 2),

@@ -34,6 +34,7 @@ REQUIRED_FILES = {
     "medusa": [("config.json",), ("medusa_lm_head.safetensors",)],
     "eagle": [("config.json",), ("model.safetensors",)],
 }
+NGRAM_FLAGS = ("is_keep_all", "is_use_oldest", "is_public_pool")  # n-gram pool switches (true/false)
 
 
 class StepError(Exception):
@@ -74,7 +75,7 @@ def cmd_quantize(args: argparse.Namespace) -> None:
 
 def _proposer(args: argparse.Namespace) -> dict:
     found = _method_spec(args)
-    if args.draft_weights == "int8" and found["method"] != "none":
+    if args.draft_weights == "int8" and found["method"] not in ("none", "ngram"):  # ngram: no draft weights
         found["draft_int8"] = True  # the engine quantizes the draft-side weights at load
     return found
 
@@ -87,6 +88,11 @@ def _method_spec(args: argparse.Namespace) -> dict:
         check_checkpoint(draft, "llama")
         return _given({"method": "draft_target", "draft_dir": str(draft), "quantization": args.draft_quantization,
                        "num_draft_tokens": args.num_draft_tokens})
+    if args.method == "ngram":
+        return _given({"method": "ngram", "max_draft_len": args.num_draft_tokens,
+                       "max_matching_ngram_size": args.max_matching_ngram_size,
+                       "min_matching_ngram_size": args.min_matching_ngram_size,
+                       **{knob: getattr(args, knob) == "true" for knob in NGRAM_FLAGS}})
     choices = json.loads(args.choices)
     if args.method == "medusa":
         heads = Path(args.heads_dir).resolve()
@@ -130,7 +136,9 @@ def _engine_flags(engine: argparse.ArgumentParser) -> None:
     engine.add_argument("--role", choices=list(typing.get_args(spec.Role)), required=True)
     engine.add_argument("--model-dir", required=True)
     engine.add_argument("--quantization", choices=quantizations, default=spec.default("quantization"))
-    engine.add_argument("--method", choices=["none", "draft_target", "medusa", "eagle"], default="none")
+    proposers = typing.get_args(typing.get_args(spec.ProposerSpec)[0])
+    methods = [typing.get_args(model.model_fields["method"].annotation)[0] for model in proposers]
+    engine.add_argument("--method", choices=methods, default="none")
     engine.add_argument("--draft-dir")
     engine.add_argument("--draft-quantization", choices=quantizations,
                         default=spec.proposer_default(spec.DraftTargetProposer, "quantization"))
@@ -140,6 +148,11 @@ def _engine_flags(engine: argparse.ArgumentParser) -> None:
     engine.add_argument("--head-dir")
     engine.add_argument("--num-layers", type=int)
     engine.add_argument("--choices", default="[]")
+    for knob in ("max_matching_ngram_size", "min_matching_ngram_size"):
+        engine.add_argument(f"--{knob.replace('_', '-')}", type=int, default=spec.proposer_default(spec.NgramProposer, knob))
+    for knob in NGRAM_FLAGS:
+        default = "true" if spec.proposer_default(spec.NgramProposer, knob) else "false"
+        engine.add_argument(f"--{knob.replace('_', '-')}", choices=["true", "false"], default=default)
     engine.add_argument("--draft-weights", choices=["float", "int8"], default="float")
     engine.add_argument("--max-draft-len", type=int, default=spec.default("max_draft_len"))
     engine.add_argument("--max-batch-size", type=int, required=True)

@@ -106,7 +106,7 @@ def _prompt_row(file: Path, n: int, line: str) -> dict[str, str]:
 def primary_draft_len(cfg: DeploymentConfig) -> int | None:
     if cfg.method == "draft_target":
         return cfg.speculation.num_draft_tokens
-    if cfg.method in ("medusa", "eagle"):
+    if cfg.method in ("medusa", "eagle", "ngram"):
         return cfg.speculation.engine_max_draft_len
     return None
 

@@ -30,6 +30,7 @@ from pipeline.config import (
     EagleSpec,
     MedusaSpec,
     ModelSpec,
+    NgramSpec,
     config_hash,
 )
 from pipeline.errors import ConfigError
@@ -197,7 +198,18 @@ def _plan_reference(p: _Planner) -> str:
         proposer = ["--method", "eagle", "--head-dir", head, "--num-layers", str(spec.num_layers),
                     "--choices", json.dumps(choices, separators=(",", ":"))]
         _reference_engine(p, "speculative", target, proposer + _draft_weights(cfg), spec.engine_max_draft_len, [head])
+    elif isinstance(spec, NgramSpec):
+        _reference_engine(p, "speculative", target, ngram_args(spec), spec.max_draft_len, [])
     return tokenizer
+
+
+def ngram_args(spec: NgramSpec) -> list[str]:
+    """build_step arguments of the n-gram proposer (no checkpoint: the engine drafts from the tokens)."""
+    flags = [(f"--{knob.replace('_', '-')}", "true" if getattr(spec, knob) else "false")
+             for knob in ("is_keep_all", "is_use_oldest", "is_public_pool")]
+    return ["--method", "ngram", "--num-draft-tokens", str(spec.max_draft_len),
+            "--max-matching-ngram-size", str(spec.max_matching_ngram_size),
+            "--min-matching-ngram-size", str(spec.min_matching_ngram_size), *[a for pair in flags for a in pair]]
 
 
 def _draft_weights(cfg: DeploymentConfig) -> list[str]:

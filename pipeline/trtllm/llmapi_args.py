@@ -15,6 +15,7 @@ from typing import Any
 from pipeline.config import DeploymentConfig, DraftTargetSpec, Eagle3Spec, MtpSpec, NgramSpec
 from pipeline.trtllm.llmapi_facts import DECODING_TYPES, facts_for, field_problems
 
+NGRAM_POOL_SWITCHES = ("is_keep_all", "is_use_oldest", "is_public_pool")
 ROLE_SPECULATIVE_MODEL = "draft"  # manifest role of the EAGLE-3 head or the draft model
 
 
@@ -32,6 +33,8 @@ def speculative_config(cfg: DeploymentConfig, engines: dict[str, str]) -> dict[s
         out.update(max_draft_len=spec.engine_max_draft_len, speculative_model=engines[ROLE_SPECULATIVE_MODEL])
     elif isinstance(spec, NgramSpec):
         out.update(max_draft_len=spec.max_draft_len, max_matching_ngram_size=spec.max_matching_ngram_size)
+        # the pool switches as written (unset: upstream's default, which equals ours)
+        out.update({k: getattr(spec, k) for k in NGRAM_POOL_SWITCHES if k in spec.model_fields_set})
     elif isinstance(spec, MtpSpec):
         out["num_nextn_predict_layers"] = spec.num_nextn_predict_layers
     out.update(cfg.llm_api.extra_speculative_config)

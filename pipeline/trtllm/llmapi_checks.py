@@ -4,7 +4,8 @@ Reads the validated config, the facts of its ``trtllm_version`` (``pipeline.trtl
 and, through the preflight context, the shapes and directories preflight already resolved; adds
 findings (error / warning / info with the field path and the fix) to that context. Writes nothing.
 Rules: which runtime the version has; which methods each runtime runs (Medusa and EAGLE-1 are
-engine-only, EAGLE-3 / n-gram / MTP are LLM-API-only); the generated LLM arguments and
+engine-only, EAGLE-3 / n-gram / MTP are LLM-API-only on trtllm; n-gram also runs on the CPU
+reference engine); the generated LLM arguments and
 ``speculative_config`` and the user's pass-through sections against the version's fields and
 types; the quantization ModelOpt can export; MTP's DeepSeek-family target; the EAGLE-3 head's sizes.
 """
@@ -27,6 +28,7 @@ from pipeline.trtllm.llmapi_facts import (
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 LLM_API_ONLY = ("eagle3", "ngram", "mtp")
+REFERENCE_TOO = ("ngram",)  # LLM-API methods the CPU reference engine runs as well (its own proposer)
 LLM_API_MIN_VERSION = (1, 2)
 LLM_API_QUANT_FORMATS = ("none", "fp8", "int4_awq")  # ModelOpt hf_ptq exports the project plans
 LLM_API_KV_DTYPES = ("auto", "fp8")
@@ -42,7 +44,7 @@ def check_runtime(ctx) -> None:
             ctx.add(ERROR, "runtime", "the CPU reference engine serves the engine-runtime repository only; the "
                     "llmapi layout on CPU is not built yet", "remove trtllm_runtime (or set it to engine)",
                     "trtllm_runtime")
-        if cfg.method in LLM_API_ONLY:
+        if cfg.method in LLM_API_ONLY and cfg.method not in REFERENCE_TOO:
             ctx.add(ERROR, "method", f"method {cfg.method} runs on the TensorRT-LLM LLM API only; the CPU reference "
                     "engine lacks it", "use backend trtllm with trtllm_runtime llm_api, or another method",
                     "speculation.method")

@@ -105,11 +105,17 @@ def test_llm_api_methods_refused_on_the_engine_runtime(method):
     assert any("set trtllm_runtime: llm_api" in f.fix for f in found)
 
 
-@pytest.mark.parametrize("method", ["eagle3", "ngram"])
+@pytest.mark.parametrize("method", ["eagle3", "mtp"])
 def test_llm_api_methods_refused_on_the_cpu_reference_engine(method):
     cfg = parse_config({"name": "cpu", "backend": "reference", "hardware": "cpu",
                         "target": {"checkpoint": "builtin:tiny-target"}, "speculation": SPECS[method]})
     assert "speculation.method" in fields(cfg)
+
+
+def test_ngram_runs_on_the_cpu_reference_engine_too():
+    cfg = parse_config({"name": "cpu", "backend": "reference", "hardware": "cpu",
+                        "target": {"checkpoint": "builtin:tiny-target"}, "speculation": SPECS["ngram"]})
+    assert "speculation.method" not in fields(cfg)
 
 
 def test_llm_api_runtime_refused_on_the_cpu_reference_engine_for_now():

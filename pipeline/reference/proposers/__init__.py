@@ -4,6 +4,8 @@ batched protocol (:class:`~pipeline.reference.proposers.base.Proposer`):
 - :mod:`~pipeline.reference.proposers.draft_model` — a smaller Llama (draft-target);
 - :mod:`~pipeline.reference.proposers.medusa` — Medusa heads on the target's hidden state;
 - :mod:`~pipeline.reference.proposers.eagle` — the EAGLE-1 head on the target's features;
+- :mod:`~pipeline.reference.proposers.ngram` — n-gram (prompt-lookup) drafts from the
+  sequence's own tokens, no model;
 - :mod:`~pipeline.reference.proposers.external` — drafts the request brings
   (``draft_input_ids``), one verification step.
 
@@ -20,13 +22,14 @@ from __future__ import annotations
 
 from typing import Callable
 
-from pipeline.reference.proposers import draft_model, eagle, medusa
+from pipeline.reference.proposers import draft_model, eagle, medusa, ngram
 from pipeline.reference.proposers.base import BuildContext, Proposal, Proposer
 
 BUILDERS: dict[str, Callable[[dict, BuildContext], Proposer]] = {
     "draft_target": draft_model.build,
     "medusa": medusa.build,
     "eagle": eagle.build,
+    "ngram": ngram.build,
 }
 
 __all__ = ["BUILDERS", "BuildContext", "Proposal", "Proposer"]
