@@ -52,7 +52,8 @@ COUNTERS = {
 }
 LOCUST_STOP_S = 5.0  # SIGTERM → SIGKILL for a Locust run that overran or was interrupted
 USER_CLASSES = {("grpc", "closed"): "GrpcStreamUser", ("http", "closed"): "HttpStreamUser",
-                ("grpc", "open"): "GrpcOpenLoopUser", ("http", "open"): "HttpOpenLoopUser"}
+                ("openai", "closed"): "OpenAIStreamUser", ("grpc", "open"): "GrpcOpenLoopUser",
+                ("http", "open"): "HttpOpenLoopUser", ("openai", "open"): "OpenAIOpenLoopUser"}
 
 
 class LoadTestError(SpecdeployError):
@@ -534,7 +535,7 @@ def run_settings(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, ru
         "extra_inputs": extra, "seed": lt.seed, "output_prefix": str(run_dir / "raw" / "parts" / spec.key),
         "warmup_s": warmup_s, "duration_s": duration_s, "request_timeout_s": max(60.0, lt.stop_timeout_s * 4),
         "stop_timeout_s": lt.stop_timeout_s, "num_workers": lt.processes, "draft_len": spec.draft_len,
-        "tokenizer_dir": tokenizer_dir,
+        "tokenizer_dir": tokenizer_dir, "openai_api": lt.openai_api, "openai_top_k": lt.openai_top_k,
     }
 
 
