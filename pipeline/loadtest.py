@@ -689,8 +689,13 @@ def run_loadtest(
     arm: str | None = None,
     progress: bool = True,
     report: bool = True,
+    given_endpoints: dict[str, ArmEndpoint] | None = None,
+    tokenizer_dir: str | None = None,
+    meta_extra: dict[str, Any] | None = None,
 ) -> Path:
-    """Run the whole load test; returns RUN_DIR (then the report is in it when ``report``)."""
+    """Run the whole load test; returns RUN_DIR (then the report is in it when ``report``).
+    ``given_endpoints`` (with ``tokenizer_dir`` and ``meta_extra`` for run.json): arms served by
+    someone else, as :mod:`pipeline.endpoints` builds them."""
     lt = cfg.loadtest
     concurrency = sorted(set(concurrency)) if concurrency else list(lt.concurrency)
     duration_s = float(locust_seconds(_parse_duration(duration) or lt.duration_s))
@@ -717,7 +722,7 @@ def run_loadtest(
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
     run_id = f"{cfg.name}-{created.strftime('%Y%m%dT%H%M%SZ')}"
     specs = plan_runs(cfg, arms, concurrency, repeats, sweep)
-    tokenizer_dir = _tokenizer_dir(cfg)
+    tokenizer_dir = tokenizer_dir or _tokenizer_dir(cfg)
     meta: dict[str, Any] = {
         "format": "specdeploy-run/1", "run_id": run_id, "name": cfg.name, "created": created.isoformat(),
         "config": cfg.model_dump(mode="json"), "config_hash": config_hash(cfg), "git_sha": _git_sha(),
@@ -727,11 +732,13 @@ def run_loadtest(
         else (primary_draft_len(cfg) if primary_draft_len(cfg) in sweep else sweep[0]),
         "sweep_draft_len": sweep, "transport": lt.transport, "mode": lt.mode, "concurrency": concurrency,
         "duration_s": duration_s, "warmup_s": warmup_s, "repeats": repeats, "tokenizer_dir": tokenizer_dir,
-        "endpoints": {}, "commands": [" ".join(sys.argv)],
+        "endpoints": {}, "commands": [" ".join(sys.argv)], **(meta_extra or {}),
     }
     _write_json(run_dir / "run.json", meta)
     results: list[dict[str, Any]] = []
-    if endpoint_baseline or endpoint_speculative:
+    if given_endpoints is not None:
+        endpoints_cm = contextlib.nullcontext({a: e for a, e in given_endpoints.items() if a in arms})
+    elif endpoint_baseline or endpoint_speculative:
         endpoints_cm = contextlib.nullcontext({
             a: remote_endpoint(cfg, a, url) for a, url in (("baseline", endpoint_baseline),
                                                           ("speculative", endpoint_speculative)) if url and a in arms

@@ -1,0 +1,100 @@
+"""Start the OpenAI-compatible frontend (:mod:`pipeline.openai_frontend`) in front of a running arm.
+
+Reads the config (the arm's Triton model and extra inputs, via ``render.client_target``) and the
+build manifest (tokenizer directory); writes the frontend's log to
+``engines/NAME/logs/openai-<variant>.log``. The frontend runs under the process keeper
+(:func:`pipeline.processes.spawn`): it ends when its owner ends, however that ends.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.config import DeploymentConfig
+from pipeline.errors import SpecdeployError
+from pipeline.paths import PROJECT_ROOT
+from pipeline.processes import OwnedProcess, free_ports, spawn
+
+STOP_S = 10.0
+
+
+class FrontendError(SpecdeployError):
+    """The OpenAI frontend did not come up."""
+
+
+@dataclass
+class RunningFrontend:
+    proc: OwnedProcess
+    host: str
+    port: int
+    model: str
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def alive(self) -> bool:
+        return self.proc.alive()
+
+    def stop(self) -> None:
+        self.proc.stop(STOP_S)
+
+    def detach(self) -> None:
+        self.proc.detach()
+
+
+def frontend_argv(grpc_url: str, triton_model: str, served_name: str, tokenizer_dir: str | None,
+                  extra_inputs: dict, host: str, port: int, default_max_tokens: int) -> list[str]:
+    argv = [sys.executable, "-m", "pipeline.openai_frontend", "--grpc-url", grpc_url, "--triton-model", triton_model,
+            "--served-model-name", served_name, "--extra-inputs", json.dumps(extra_inputs),
+            "--default-max-tokens", str(default_max_tokens), "--host", host, "--port", str(port)]
+    return argv + (["--tokenizer", tokenizer_dir] if tokenizer_dir else [])
+
+
+def start_frontend(cfg: DeploymentConfig, variant: str, grpc_url: str, *, port: int | None = None,
+                   host: str | None = None, log_dir: Path | None = None, timeout_s: float = 120.0) -> RunningFrontend:
+    """Start the frontend for arm ``variant`` of ``cfg`` (Triton at ``grpc_url``); return once
+    ``/health`` answers 200 (the Triton model is ready through it)."""
+    from pipeline.loadtest import _tokenizer_dir  # noqa: PLC0415
+    from pipeline.render import client_target  # noqa: PLC0415
+
+    target = client_target(cfg, variant)
+    host = host or cfg.triton.host
+    port = port or free_ports(1, host)[0]
+    log_dir = log_dir or Path("engines") / cfg.name / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"openai-{variant}.log"
+    argv = frontend_argv(grpc_url, target.model_name, cfg.name, _tokenizer_dir(cfg), target.extra_inputs, host, port,
+                         cfg.loadtest.max_tokens)
+    with open(log_path, "w", encoding="utf-8") as log:
+        proc = spawn(argv, stdout=log, stderr=log, cwd=str(PROJECT_ROOT), grace_s=STOP_S)
+    frontend = RunningFrontend(proc, host, port, cfg.name, log_path)
+    try:
+        _wait_healthy(frontend, timeout_s)
+    except BaseException:
+        frontend.stop()
+        raise
+    return frontend
+
+
+def _wait_healthy(frontend: RunningFrontend, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not frontend.alive():
+            tail = frontend.log_path.read_text(encoding="utf-8", errors="replace")[-2000:]
+            raise FrontendError(f"the OpenAI frontend exited; log {frontend.log_path}:\n{tail}")
+        try:
+            with urllib.request.urlopen(frontend.url + "/health", timeout=5) as resp:  # noqa: S310 - loopback
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise FrontendError(f"the OpenAI frontend at {frontend.url} was not healthy within {timeout_s:.0f}s "
+                        f"(log {frontend.log_path})")
