@@ -101,12 +101,18 @@ class TritonStream:
                "seed": "UINT64", "num_draft_tokens": "INT32"}
 
     def __init__(self, grpc_url: str, model_name: str, extra_inputs: dict[str, Any] | None = None):
-        import grpc  # noqa: PLC0415
-        from tritonclient.grpc import service_pb2_grpc  # noqa: PLC0415
+        self.grpc_url, self.model_name, self.extra_inputs = grpc_url, model_name, dict(extra_inputs or {})
+        self._stub = None
 
-        self.model_name, self.extra_inputs = model_name, dict(extra_inputs or {})
-        self.channel = grpc.aio.insecure_channel(grpc_url)
-        self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self.channel)
+    @property
+    def stub(self):
+        """Made on first use, inside the server's event loop (an aio channel belongs to one loop)."""
+        if self._stub is None:
+            import grpc  # noqa: PLC0415
+            from tritonclient.grpc import service_pb2_grpc  # noqa: PLC0415
+
+            self._stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.aio.insecure_channel(self.grpc_url))
+        return self._stub
 
     def _request(self, inputs: dict[str, Any], request_id: str):
         import numpy as np  # noqa: PLC0415
@@ -128,6 +134,7 @@ class TritonStream:
         return request
 
     async def generate(self, inputs: dict[str, Any]) -> AsyncIterator[tuple[str, int]]:
+        import grpc  # noqa: PLC0415
         from tritonclient.grpc import InferResult  # noqa: PLC0415
 
         done = asyncio.Event()
@@ -151,6 +158,8 @@ class TritonStream:
                 if final is not None and final.bool_param:
                     return
             raise TritonError("the stream ended without a final response")
+        except grpc.aio.AioRpcError as exc:  # Triton unreachable, or the call failed
+            raise TritonError(f"Triton gRPC {exc.code().name}: {exc.details()}") from None
         finally:
             done.set()
             call.cancel()

@@ -98,3 +98,42 @@ def _wait_healthy(frontend: RunningFrontend, timeout_s: float) -> None:
         time.sleep(0.2)
     raise FrontendError(f"the OpenAI frontend at {frontend.url} was not healthy within {timeout_s:.0f}s "
                         f"(log {frontend.log_path})")
+
+
+def serve_with_frontend(cfg: DeploymentConfig, variant: str, *, ports: dict, host: str | None, foreground: bool,
+                        openai_port: int | None, out=sys.stdout) -> int:
+    """``serve --frontend openai``: Triton as ``serve`` starts it, then the frontend in front of it.
+    In the foreground both stop on Ctrl-C / SIGTERM / SIGHUP or when either dies; otherwise both
+    are left running, detached, and the stop command is printed."""
+    import threading  # noqa: PLC0415
+
+    from pipeline.serve import _stop_on_signals, start_deployment  # noqa: PLC0415
+
+    stop = threading.Event()
+    with _stop_on_signals(stop) as started:
+        server = start_deployment(cfg, variant, host=host, **ports)
+        try:
+            frontend = start_frontend(cfg, variant, server.grpc_url, port=openai_port or cfg.triton.http_port + 10,
+                                      host=host, log_dir=server.log_path.parent)
+        except BaseException:
+            server.stop()
+            raise
+        started()
+        print(f"serving {cfg.name} ({variant})\n  OpenAI  {frontend.url}/v1  (model '{frontend.model}')\n"
+              f"  gRPC    {server.grpc_url}\n  log     {frontend.log_path}", file=out, flush=True)
+        if not foreground:
+            server.detach()
+            frontend.detach()
+            print(f"stop with: kill -TERM -- -{frontend.proc.pid} -{server.pid}", file=out, flush=True)
+            return 0
+        try:
+            while server.alive() and frontend.alive() and not stop.wait(0.5):
+                pass
+            if not stop.is_set():
+                raise FrontendError(f"{'tritonserver' if not server.alive() else 'the OpenAI frontend'} exited; "
+                                    f"logs {server.log_path}, {frontend.log_path}")
+            return 0
+        finally:
+            frontend.stop()
+            server.stop()
+            print("stopped", file=out, flush=True)
