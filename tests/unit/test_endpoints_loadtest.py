@@ -89,3 +89,15 @@ def test_ab_between_two_openai_endpoints_gives_a_verdict(tmp_path):
                           text=True, timeout=120, cwd=str(ROOT))
     assert proc.returncode in (1, 3), proc.stderr[-2000:]
     assert json.loads((run_dir / "report.json").read_text())["verdict"] == report["verdict"]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    ([], "a deployment config (CONFIG) or --loadtest-file is needed"),
+    (["--loadtest-file", "/nonexistent/lt.yaml", "--endpoint-baseline", "x", "--arm", "baseline", "--model", "m"],
+     "no such load-test file"),
+    (["--loadtest-file", "lt.yaml", "--model", "m"], "pass --endpoint-baseline and --endpoint-speculative"),
+])
+def test_cli_refuses_incomplete_endpoint_runs(argv, message):
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "loadtest", *argv], capture_output=True, text=True,
+                          timeout=120, cwd=str(ROOT))
+    assert proc.returncode != 0 and message in proc.stdout + proc.stderr
