@@ -50,6 +50,12 @@ COUNTERS = {
     "accepted_tokens": "specdeploy_spec_decode_accepted_tokens_total",
     "verify_steps": "specdeploy_spec_decode_verify_steps_total",
 }
+# vLLM's speculative-decoding counters (vllm/v1/spec_decode/metrics.py): one draft = one verify step
+VLLM_COUNTERS = {
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+    "accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
+    "verify_steps": "vllm:spec_decode_num_drafts_total",
+}
 LOCUST_STOP_S = 5.0  # SIGTERM → SIGKILL for a Locust run that overran or was interrupted
 USER_CLASSES = {("grpc", "closed"): "GrpcStreamUser", ("http", "closed"): "HttpStreamUser",
                 ("openai", "closed"): "OpenAIStreamUser", ("grpc", "open"): "GrpcOpenLoopUser",
@@ -376,10 +382,11 @@ def metrics_text(metrics_url: str | None, timeout_s: float = 5.0) -> str | None:
 
 
 def parse_counters(text: str) -> dict[str, float]:
-    """Each acceptance counter summed over its label sets (models, versions)."""
+    """Each acceptance counter summed over its label sets (models, versions); ours, or vLLM's
+    when the server is a vLLM (``--endpoint-*`` with ``metrics_*`` in a load-test file)."""
     from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
 
-    keys = {name: key for key, name in COUNTERS.items()}
+    keys = {name: key for table in (COUNTERS, VLLM_COUNTERS) for key, name in table.items()}
     totals = {key: 0.0 for key in COUNTERS}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

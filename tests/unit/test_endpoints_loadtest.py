@@ -101,3 +101,20 @@ def test_cli_refuses_incomplete_endpoint_runs(argv, message):
     proc = subprocess.run([sys.executable, "-m", "pipeline", "loadtest", *argv], capture_output=True, text=True,
                           timeout=120, cwd=str(ROOT))
     assert proc.returncode != 0 and message in proc.stdout + proc.stderr
+
+
+def test_vllm_spec_decode_counters_are_read():
+    from pipeline.loadtest import parse_counters
+
+    text = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0
+# HELP vllm:spec_decode_num_draft_tokens_total Number of draft tokens.
+# TYPE vllm:spec_decode_num_draft_tokens_total counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 40.0
+# HELP vllm:spec_decode_num_accepted_tokens_total Number of accepted tokens.
+# TYPE vllm:spec_decode_num_accepted_tokens_total counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 25.0
+vllm:spec_decode_num_accepted_tokens_total{engine="1",model_name="m"} 5.0
+"""
+    assert parse_counters(text) == {"draft_tokens": 40.0, "accepted_tokens": 30.0, "verify_steps": 10.0}
