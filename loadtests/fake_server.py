@@ -10,7 +10,8 @@ Every event carries ``num_output_tokens``; the last also ``acceptance_rate`` and
 OpenAI mode, same timing: ``POST /v1/completions`` and ``/v1/chat/completions`` stream OpenAI
 chunks (``choices[0].text`` / ``delta.content``, ``finish_reason`` on the last), then a ``usage``
 chunk when ``stream_options.include_usage`` is asked for (``--no-usage`` never sends one), then
-``data: [DONE]``.
+``data: [DONE]``. ``GET /metrics`` exports, in OpenAI mode, vLLM's speculative-decoding counters
+for what it streamed (one draft of k tokens per chunk after the first, chunk size − 1 accepted).
 Run: ``python loadtests/fake_server.py --port 0`` prints ``PORT <n>`` once listening.
 """
 
@@ -36,6 +37,7 @@ class FakeStreamServer:
         self.cap = max_tokens_cap
         self.accept_rate = accept_rate
         self.usage = usage
+        self.spec = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
         self.stall_at_s, self.stall_s = stall_at_s, stall_s
         self.stall: tuple[float, float] | None = None  # anchored at the first generate request
         self.served = 0
@@ -68,6 +70,14 @@ class FakeStreamServer:
                 method, path, _ = lines[0].split(" ", 2)
                 headers = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:] if ":" in ln)}
                 body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
+                if method == "GET" and path == "/metrics":
+                    text = "".join(f"# TYPE vllm:spec_decode_num_{name}_total counter\n"
+                                   f'vllm:spec_decode_num_{name}_total{{model_name="fake"}} {value}\n'
+                                   for name, value in self.spec.items()).encode()
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s"
+                                 % (len(text), text))
+                    await writer.drain()
+                    continue
                 if method == "GET" and (path.startswith("/v2/health") or path.endswith("/ready")
                                         or path in ("/health", "/v1/models")):
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
@@ -112,6 +122,10 @@ class FakeStreamServer:
             if i > 0:
                 drafted += self.k
                 accepted += ntok - 1
+                if api is not None:
+                    self.spec["drafts"] += 1
+                    self.spec["draft_tokens"] += self.k
+                    self.spec["accepted_tokens"] += ntok - 1
             if last and api is None:
                 rate = accepted / drafted if drafted else 0.0
                 event.update({"acceptance_rate": rate, "total_draft_tokens": drafted,

@@ -364,10 +364,18 @@ def endpoint_alive(url: str, transport: str, model_name: str | None = None, time
 # Metrics and memory
 
 
-def scrape_counters(metrics_url: str | None, timeout_s: float = 5.0) -> dict[str, float] | None:
-    """Sum of each specdeploy acceptance counter over all label sets; None when unreachable."""
+def scrape_counters(metrics_url: str | None, timeout_s: float = 5.0) -> dict[str, Any] | None:
+    """Sum of each acceptance counter over all label sets, and ``source``: whose counters they are
+    (``specdeploy``, ``vllm``, or ``not reported`` when the server exports none); None when unreachable."""
     text = metrics_text(metrics_url, timeout_s)
-    return None if text is None else parse_counters(text)
+    return None if text is None else {**parse_counters(text), "source": counters_source(text)}
+
+
+def counters_source(text: str) -> str:
+    for source, table in (("specdeploy", COUNTERS), ("vllm", VLLM_COUNTERS)):
+        if any(name in text for name in table.values()):
+            return source
+    return "not reported"
 
 
 def metrics_text(metrics_url: str | None, timeout_s: float = 5.0) -> str | None:
@@ -594,7 +602,8 @@ def execute_run(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run
     after = scrape_counters(endpoint.metrics_url)
     alive = endpoint.alive() if endpoint.alive else True
     n_records, metas = merge_parts(run_dir, spec.key)
-    delta = {k: after[k] - before[k] for k in COUNTERS} if before is not None and after is not None else None
+    delta = ({**{k: after[k] - before[k] for k in COUNTERS}, "source": after["source"]}
+             if before is not None and after is not None else None)
     (run_dir / "metrics" / f"{spec.key}.json").write_text(
         json.dumps({"before": before, "after": after, "delta": delta}, indent=1), encoding="utf-8")
     reasons = []

@@ -20,7 +20,7 @@ from test_loadtest_fake_server import FakeServer  # noqa: E402
 TOKENIZER = ROOT / "pipeline" / "reference" / "demo" / "artifacts" / "tiny-target"
 
 
-def write_lt_file(tmp: Path, **loadtest) -> Path:
+def write_lt_file(tmp: Path, metrics: str | None = None, **loadtest) -> Path:
     (tmp / "prompts").mkdir(parents=True, exist_ok=True)
     rows = [{"id": f"{cat}-{i}", "prompt": f"{cat} prompt {i}"} for cat in ("code", "chat") for i in range(4)]
     for cat in ("code", "chat"):
@@ -29,6 +29,8 @@ def write_lt_file(tmp: Path, **loadtest) -> Path:
     data = {"name": "fake-ab", "description": "two fake servers", "hardware": "this test machine",
             "loadtest": {"prompts": "prompts", "concurrency": [1, 4], "duration_s": 3, "warmup_s": 0.5,
                          "repeats": 1, "max_tokens": 16, **loadtest}}
+    if metrics:
+        data["metrics_speculative"] = metrics
     path = tmp / "lt.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -64,7 +66,8 @@ def test_ab_between_two_openai_endpoints_gives_a_verdict(tmp_path):
     spec = FakeServer("--ttft-ms", "40", "--tpot-ms", "8", "--tokens-per-chunk", "3", "--max-tokens-cap", "16")
     try:
         run_dir, cfg = run_endpoint_loadtest(
-            write_lt_file(tmp_path), endpoint_baseline=f"127.0.0.1:{base.port}",
+            write_lt_file(tmp_path, metrics=f"http://127.0.0.1:{spec.port}/metrics"),
+            endpoint_baseline=f"127.0.0.1:{base.port}",
             endpoint_speculative=f"http://127.0.0.1:{spec.port}/v1", model="fake", tokenizer=str(TOKENIZER),
             out_dir=tmp_path / "run", progress=False)
     finally:
@@ -82,8 +85,13 @@ def test_ab_between_two_openai_endpoints_gives_a_verdict(tmp_path):
     assert meta["hardware"]["declared"] == "this test machine" and meta["tokenizer_dir"] == str(TOKENIZER)
     report = json.loads((run_dir / "report.json").read_text())
     assert report["verdict"] in ("NO-GO", "INCONCLUSIVE")  # one repeat: never enough evidence for GO
-    speedups = [c for c in report["comparisons"]]
-    assert len(speedups) == 2
+    assert len(report["comparisons"]) == 2
+    # the speculative server's vLLM-style counters: 3-token chunks, one draft of 3 per chunk after the first
+    spec_runs = [r for r in runs if r["arm"] == "speculative"]
+    assert all(r["metrics_delta"]["source"] == "vllm" and r["metrics_delta"]["draft_tokens"] > 0 for r in spec_runs)
+    assert all(r["metrics_delta"] is None for r in runs if r["arm"] == "baseline")  # no metrics URL given
+    d = spec_runs[0]["metrics_delta"]
+    assert d["accepted_tokens"] / d["draft_tokens"] == pytest.approx(2 / 3, abs=0.05)
     # `specdeploy report` re-reads the run directory alone (the config snapshot in run.json)
     proc = subprocess.run([sys.executable, "-m", "pipeline", "report", str(run_dir), "--json"], capture_output=True,
                           text=True, timeout=120, cwd=str(ROOT))
