@@ -1,11 +1,13 @@
 """Load-generator self-test: can ONE Locust process stream ≥ 500 chunks/s and still measure right?
 
 Starts ``loadtests/fake_server.py`` (known TTFT D and per-token delay t, one token per chunk) and
-runs the project's locustfile headless in a single process (``HttpStreamUser``, closed loop) at a
-few user counts. From the raw records it reports sustained streamed chunks/s, the error of median
+runs the project's locustfile headless in a single process (closed loop: ``HttpStreamUser`` for
+``--transport http``, ``OpenAIStreamUser`` against the fake server's OpenAI SSE mode for
+``--transport openai``) at a few user counts. From the raw records it reports sustained streamed chunks/s, the error of median
 and p95 TTFT and TPOT against the configured values, the bound (2 % or 1 ms, whichever is larger),
-achieved concurrency and the Locust process's CPU use. Writes ``benchmarks/results/loadgen.json``.
-Run: ``.venv/bin/python benchmarks/bench_loadgen.py [--duration 8] [--users 16,48]``.
+achieved concurrency and the Locust process's CPU use. Writes ``benchmarks/results/loadgen.json``
+(``loadgen-openai.json`` for the openai transport).
+Run: ``.venv/bin/python benchmarks/bench_loadgen.py [--transport http|openai] [--duration 8] [--users 16,48]``.
 """
 
 from __future__ import annotations
@@ -42,11 +44,14 @@ def start_server() -> tuple[subprocess.Popen, int]:
     return proc, int(proc.stdout.readline().split()[1])
 
 
-def run_point(port: int, users: int, duration_s: int, workdir: Path) -> dict:
+USER_CLASS = {"http": "HttpStreamUser", "openai": "OpenAIStreamUser"}
+
+
+def run_point(port: int, users: int, duration_s: int, workdir: Path, transport: str = "http") -> dict:
     import psutil  # noqa: PLC0415
 
     settings = {"run_id": "bench", "arm": "baseline", "repeat": 0, "endpoint": f"http://127.0.0.1:{port}",
-                "model_name": "ensemble", "transport": "http", "mode": "closed", "concurrency": users,
+                "model_name": "ensemble", "transport": transport, "mode": "closed", "concurrency": users,
                 "prompts": PROMPTS, "max_tokens": MAX_TOKENS, "sampling": {"top_k": 1, "seed": 0},
                 "output_prefix": str(workdir / f"u{users}"), "warmup_s": 1.0, "duration_s": duration_s,
                 "stop_timeout_s": 10}
@@ -54,7 +59,7 @@ def run_point(port: int, users: int, duration_s: int, workdir: Path) -> dict:
     settings_path.write_text(json.dumps(settings))
     argv = [sys.executable, "-m", "locust", "-f", str(ROOT / "loadtests" / "locustfile.py"), "--headless",
             "-u", str(users), "-r", str(users), "-t", f"{duration_s}s", "--stop-timeout", "10", "--only-summary",
-            "--loglevel", "WARNING", "--exit-code-on-error", "0", "HttpStreamUser"]
+            "--loglevel", "WARNING", "--exit-code-on-error", "0", USER_CLASS[transport]]
     env = {**os.environ, "SPECDEPLOY_LOADTEST_CONFIG": str(settings_path)}
     started = time.monotonic()
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -97,20 +102,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=int, default=8)
     parser.add_argument("--users", default="16,48")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "loadgen.json"))
+    parser.add_argument("--transport", choices=sorted(USER_CLASS), default="http")
+    parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    default_name = "loadgen.json" if args.transport == "http" else f"loadgen-{args.transport}.json"
+    args.out = args.out or str(ROOT / "benchmarks" / "results" / default_name)
     server, port = start_server()
     points = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for users in [int(u) for u in args.users.split(",")]:
-                points.append(run_point(port, users, args.duration, Path(tmp)))
+                points.append(run_point(port, users, args.duration, Path(tmp), args.transport))
                 print(json.dumps(points[-1]), flush=True)
     finally:
         server.terminate()
         server.wait(timeout=10)
     result = {
-        "benchmark": "loadgen", "created_unix": time.time(), "host": platform.node(), "cpu_count": os.cpu_count(),
+        "benchmark": "loadgen", "transport": args.transport, "created_unix": time.time(), "host": platform.node(), "cpu_count": os.cpu_count(),
         "note": "2 shared CPU cores, other jobs running; fake server and Locust share them",
         "server": {"ttft_ms": TTFT_MS, "tpot_ms": TPOT_MS, "tokens_per_chunk": 1, "max_tokens": MAX_TOKENS},
         "bound": "|median error| <= max(2% of expected, 1 ms) for TTFT and TPOT", "target_chunks_per_s": 500,

@@ -7,6 +7,11 @@ until ``max_tokens`` (capped by ``--max-tokens-cap``). So a correct client measu
 TPOT ≈ t and inter-chunk latency ≈ k·t. ``--stall-at-s T --stall-s S`` freezes the server for S
 seconds, T seconds after the first request (no chunk leaves during the stall), to show coordinated omission.
 Every event carries ``num_output_tokens``; the last also ``acceptance_rate`` and draft counts.
+OpenAI mode, same timing: ``POST /v1/completions`` and ``/v1/chat/completions`` stream OpenAI
+chunks (``choices[0].text`` / ``delta.content``, ``finish_reason`` on the last), then a ``usage``
+chunk when ``stream_options.include_usage`` is asked for (``--no-usage`` never sends one), then
+``data: [DONE]``. ``GET /metrics`` exports, in OpenAI mode, vLLM's speculative-decoding counters
+for what it streamed (one draft of k tokens per chunk after the first, chunk size − 1 accepted).
 Run: ``python loadtests/fake_server.py --port 0`` prints ``PORT <n>`` once listening.
 """
 
@@ -19,16 +24,20 @@ import re
 import time
 
 _PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/\d+)?/generate_stream$")
+_OPENAI_PATHS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 
 
 class FakeStreamServer:
     def __init__(self, ttft_ms: float, tpot_ms: float, tokens_per_chunk: int, max_tokens_cap: int,
-                 stall_at_s: float | None = None, stall_s: float = 0.0, accept_rate: float = 0.75):
+                 stall_at_s: float | None = None, stall_s: float = 0.0, accept_rate: float = 0.75,
+                 usage: bool = True):
         self.ttft = ttft_ms / 1000.0
         self.tpot = tpot_ms / 1000.0
         self.k = max(1, tokens_per_chunk)
         self.cap = max_tokens_cap
         self.accept_rate = accept_rate
+        self.usage = usage
+        self.spec = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
         self.stall_at_s, self.stall_s = stall_at_s, stall_s
         self.stall: tuple[float, float] | None = None  # anchored at the first generate request
         self.served = 0
@@ -61,7 +70,16 @@ class FakeStreamServer:
                 method, path, _ = lines[0].split(" ", 2)
                 headers = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:] if ":" in ln)}
                 body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
-                if method == "GET" and (path.startswith("/v2/health") or path.endswith("/ready")):
+                if method == "GET" and path == "/metrics":
+                    text = "".join(f"# TYPE vllm:spec_decode_num_{name}_total counter\n"
+                                   f'vllm:spec_decode_num_{name}_total{{model_name="fake"}} {value}\n'
+                                   for name, value in self.spec.items()).encode()
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s"
+                                 % (len(text), text))
+                    await writer.drain()
+                    continue
+                if method == "GET" and (path.startswith("/v2/health") or path.endswith("/ready")
+                                        or path in ("/health", "/v1/models")):
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
                     await writer.drain()
                     continue
@@ -70,6 +88,9 @@ class FakeStreamServer:
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                                  % (len(payload), payload))
                     await writer.drain()
+                    continue
+                if method == "POST" and path in _OPENAI_PATHS:
+                    await self._stream(writer, json.loads(body or b"{}"), _OPENAI_PATHS[path])
                     continue
                 match = _PATH.match(path)
                 if method != "POST" or not match:
@@ -82,7 +103,7 @@ class FakeStreamServer:
         finally:
             writer.close()
 
-    async def _stream(self, writer: asyncio.StreamWriter, request: dict) -> None:
+    async def _stream(self, writer: asyncio.StreamWriter, request: dict, api: str | None = None) -> None:
         t_arrival = time.monotonic()
         if self.stall is None and self.stall_at_s is not None:
             self.stall = (t_arrival + self.stall_at_s, t_arrival + self.stall_at_s + self.stall_s)
@@ -93,27 +114,54 @@ class FakeStreamServer:
         drafted = accepted = 0
         for i, ntok in enumerate(plan):
             await self._sleep_until(deadline)
-            event = {"model_name": "fake", "model_version": "1", "text_output": " tok" * ntok, "num_output_tokens": ntok}
+            last = i == len(plan) - 1
+            if api is not None:
+                event = _openai_chunk(api, " tok" * ntok, "length" if last else None)
+            else:
+                event = {"model_name": "fake", "model_version": "1", "text_output": " tok" * ntok, "num_output_tokens": ntok}
             if i > 0:
                 drafted += self.k
                 accepted += ntok - 1
-            if i == len(plan) - 1:
+                if api is not None:
+                    self.spec["drafts"] += 1
+                    self.spec["draft_tokens"] += self.k
+                    self.spec["accepted_tokens"] += ntok - 1
+            if last and api is None:
                 rate = accepted / drafted if drafted else 0.0
                 event.update({"acceptance_rate": rate, "total_draft_tokens": drafted,
                               "total_accepted_draft_tokens": accepted})
-            data = b"data: " + json.dumps(event).encode() + b"\n\n"
-            writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+            _write_event(writer, event)
             await writer.drain()
             if i + 1 < len(plan):
                 deadline += self.tpot * plan[i + 1]
+        if api is not None:
+            if self.usage and (request.get("stream_options") or {}).get("include_usage"):
+                _write_event(writer, {"id": "fake", "object": "text_completion", "choices": [],
+                                      "usage": {"prompt_tokens": 1, "completion_tokens": sum(plan),
+                                                "total_tokens": 1 + sum(plan)}})
+            _write_event(writer, "[DONE]")
         writer.write(b"0\r\n\r\n")
         await writer.drain()
         self.served += 1
 
 
+def _openai_chunk(api: str, text: str, finish_reason: str | None) -> dict:
+    choice = ({"index": 0, "delta": {"content": text}, "finish_reason": finish_reason} if api == "chat"
+              else {"index": 0, "text": text, "finish_reason": finish_reason})
+    return {"id": "fake", "object": "chat.completion.chunk" if api == "chat" else "text_completion",
+            "model": "fake", "choices": [choice]}
+
+
+def _write_event(writer: asyncio.StreamWriter, event: dict | str) -> None:
+    """One SSE event as one HTTP chunk."""
+    payload = event.encode() if isinstance(event, str) else json.dumps(event).encode()
+    data = b"data: " + payload + b"\n\n"
+    writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+
 async def serve(args: argparse.Namespace) -> None:
     fake = FakeStreamServer(args.ttft_ms, args.tpot_ms, args.tokens_per_chunk, args.max_tokens_cap,
-                            args.stall_at_s, args.stall_s)
+                            args.stall_at_s, args.stall_s, usage=not args.no_usage)
     server = await asyncio.start_server(fake.handle, "127.0.0.1", args.port, backlog=1024)
     port = server.sockets[0].getsockname()[1]
     print(f"PORT {port}", flush=True)
@@ -130,6 +178,7 @@ def main() -> None:
     parser.add_argument("--max-tokens-cap", type=int, default=16)
     parser.add_argument("--stall-at-s", type=float, default=None)
     parser.add_argument("--stall-s", type=float, default=0.0)
+    parser.add_argument("--no-usage", action="store_true", help="OpenAI mode: never send a usage chunk")
     try:
         asyncio.run(serve(parser.parse_args()))
     except KeyboardInterrupt:

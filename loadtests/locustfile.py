@@ -10,7 +10,9 @@ User classes (pick one on the locust command line):
     stream per user, responses matched by request id.
   * ``HttpStreamUser`` – closed loop over ``POST /v2/models/M/generate_stream`` (SSE), one
     keep-alive connection per user, timed by hand (never at headers).
-  * ``GrpcOpenLoopUser`` / ``HttpOpenLoopUser`` – run with ``-u 1``: a dispatcher that issues
+  * ``OpenAIStreamUser`` – closed loop over an OpenAI-compatible server's streaming
+    ``/v1/completions`` or ``/v1/chat/completions`` (``openai_user.py``).
+  * ``GrpcOpenLoopUser`` / ``HttpOpenLoopUser`` / ``OpenAIOpenLoopUser`` – run with ``-u 1``: a dispatcher that issues
     requests at precomputed Poisson (or fixed) times, each in its own greenlet; latency is also
     counted from the intended send time ``t_scheduled`` (no coordinated omission).
 Requests still in flight when the run stops are written with status ``incomplete_at_stop``.
@@ -52,6 +54,7 @@ from lt_common import (  # noqa: E402
     parse_sse_line,
     request_inputs,
 )
+from openai_user import OpenAIStreamSession  # noqa: E402
 
 _ = locust.__version__
 
@@ -413,6 +416,9 @@ def _scalar(value):
 def _new_session(settings: RunSettings):
     if settings.transport == "grpc":
         return GrpcStreamSession(settings.endpoint)
+    if settings.transport == "openai":
+        return OpenAIStreamSession(settings.endpoint, _Run.clock.now, settings.openai_api, settings.openai_top_k,
+                                   _Run.retokenize)
     return HttpStreamSession(settings.endpoint)
 
 
@@ -472,6 +478,10 @@ class HttpStreamUser(_ClosedLoopUser):
     transport = "http"
 
 
+class OpenAIStreamUser(_ClosedLoopUser):
+    transport = "openai"
+
+
 # ------------------------------------------------------------------------------------------------
 # Open loop: one dispatcher user issues arrivals at precomputed times, each in its own greenlet.
 
@@ -517,3 +527,7 @@ class GrpcOpenLoopUser(_OpenLoopUser):
 
 class HttpOpenLoopUser(_OpenLoopUser):
     transport = "http"
+
+
+class OpenAIOpenLoopUser(_OpenLoopUser):
+    transport = "openai"

@@ -50,6 +50,8 @@ class RunSettings:
     num_workers: int = 1
     draft_len: int | None = None
     tokenizer_dir: str | None = None  # optional re-tokenized OSL cross-check
+    openai_api: str = "completions"  # transport openai: completions | chat
+    openai_top_k: bool = True  # transport openai: send top_k (vLLM, SGLang, trtllm-serve take it; OpenAI does not)
 
     @classmethod
     def from_file(cls, path: str | Path) -> "RunSettings":
@@ -149,6 +151,7 @@ class RequestState:
     status: str = "pending"
     error: str | None = None
     finished: bool = False
+    osl_source: str | None = None  # set by a transport that knows better than "server"/"chunks"
 
     def add_chunk(self, t_ns: int, text: str | None, num_tokens: int | None) -> None:
         """Record one response. ``num_tokens`` is the server's count for this response."""
@@ -215,7 +218,7 @@ def build_record(settings: RunSettings, state: RequestState, *, worker_pid: int,
         "n_chunks": len(state.chunk_times),
         "empty_chunks": state.empty_chunks,
         "osl": osl,
-        "osl_source": "server" if state.osl_server is not None else "chunks",
+        "osl_source": state.osl_source or ("server" if state.osl_server is not None else "chunks"),
         "osl_retok": None,
         "isl_chars": len(state.prompt_text),
         "prompt_echoed": bool(text) and text.startswith(state.prompt_text) and len(state.prompt_text) > 0,

@@ -572,7 +572,17 @@ class Sampling(_Strict):
 class LoadTestSettings(_Strict):
     """Load-test plan: both arms, every concurrency level, repeated runs."""
 
-    transport: Literal["grpc", "http"] = _desc("gRPC streaming or HTTP generate_stream.", default="grpc")
+    transport: Literal["grpc", "http", "openai"] = _desc(
+        "gRPC streaming, HTTP generate_stream, or an OpenAI-compatible server's streaming /v1 API.", default="grpc"
+    )
+    openai_api: Literal["completions", "chat"] = _desc(
+        "Transport openai: /v1/completions (the prompt as text) or /v1/chat/completions (one user message).",
+        default="completions",
+    )
+    openai_top_k: bool = _desc(
+        "Transport openai: send sampling.top_k (vLLM, SGLang and trtllm-serve take it; OpenAI's own API does not).",
+        default=True,
+    )
     mode: Literal["closed", "open"] = _desc("Closed loop (fixed users) or open loop (request rate).", default="closed")
     concurrency: list[Annotated[int, Field(ge=1, le=4096)]] = _desc(
         "Concurrency levels (closed loop), sorted, no repeats.", default_factory=lambda: [1, 2, 4, 8]

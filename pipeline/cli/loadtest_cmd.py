@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
     @app.command("loadtest", help="Load-test speculative vs baseline under a concurrency sweep (Locust); "
                                   "exit code = verdict (0 GO, 1 NO-GO, 3 INCONCLUSIVE).")
     def loadtest_command(
-        config: str = typer.Argument(..., help="Deployment config YAML."),
+        config: Optional[str] = typer.Argument(None, help="Deployment config YAML (or --loadtest-file)."),
         out: Optional[str] = typer.Option(None, "--out", help="Run directory (default reports/NAME/<UTC timestamp>/)."),
         concurrency: Optional[str] = typer.Option(None, "--concurrency", help="Override levels, e.g. 1,4,16."),
         duration: Optional[str] = typer.Option(None, "--duration", help="Seconds per run, e.g. 20s or 2m."),
@@ -49,6 +49,14 @@ def register(app: typer.Typer) -> None:
         arm: Optional[str] = typer.Option(None, "--arm", help="baseline | speculative: test only this arm."),
         no_progress: bool = typer.Option(False, "--no-progress", help="No progress display."),
         workdir: Optional[Path] = workdir_option(),
+        loadtest_file: Optional[str] = typer.Option(
+            None, "--loadtest-file", help="Endpoints only: a load-test file (name, loadtest, gate) instead of a "
+            "deployment config; needs --endpoint-* and --model (docs/openai-endpoints.md)."),
+        transport: str = typer.Option("openai", "--transport", help="With --loadtest-file: openai | http | grpc."),
+        model: Optional[str] = typer.Option(None, "--model", help="With --loadtest-file: the served model name."),
+        tokenizer: Optional[str] = typer.Option(
+            None, "--tokenizer", help="With --loadtest-file: tokenizer directory (re-tokenized lengths when a "
+            "server sends no usage)."),
     ) -> int:
         from pipeline.config import load_config  # noqa: PLC0415
         from pipeline.errors import SpecdeployError  # noqa: PLC0415
@@ -60,6 +68,9 @@ def register(app: typer.Typer) -> None:
         if endpoint:
             endpoint_baseline = endpoint if arm == "baseline" else endpoint_baseline
             endpoint_speculative = endpoint if arm == "speculative" else endpoint_speculative
+        if loadtest_file or config is None:
+            return _endpoints_only(config, loadtest_file, out, concurrency, duration, repeats, endpoint_baseline,
+                                   endpoint_speculative, arm, no_progress, transport, model, tokenizer)
         cfg = load_config(config, workdir)
         run_dir = run_loadtest(
             cfg, out_dir=out, concurrency=_int_list(concurrency, "--concurrency"), duration=duration,
@@ -70,6 +81,27 @@ def register(app: typer.Typer) -> None:
         report = make_report(run_dir, cfg)
         _print_summary(report)
         return report.exit_code
+
+
+def _endpoints_only(config, loadtest_file, out, concurrency, duration, repeats, endpoint_baseline,
+                    endpoint_speculative, arm, no_progress, transport, model, tokenizer) -> int:
+    from pipeline.loadtest.endpoints_only import run_endpoint_loadtest  # noqa: PLC0415
+    from pipeline.errors import SpecdeployError  # noqa: PLC0415
+    from pipeline.report.builder import make_report  # noqa: PLC0415
+
+    if config is not None:
+        raise SpecdeployError("give a deployment config or --loadtest-file, not both")
+    if not loadtest_file:
+        raise SpecdeployError("a deployment config (CONFIG) or --loadtest-file is needed")
+    if not (endpoint_baseline or endpoint_speculative):
+        raise SpecdeployError("--loadtest-file: pass --endpoint-baseline and --endpoint-speculative (or one with --arm)")
+    run_dir, cfg = run_endpoint_loadtest(
+        loadtest_file, endpoint_baseline=endpoint_baseline, endpoint_speculative=endpoint_speculative, model=model,
+        transport=transport, tokenizer=tokenizer, out_dir=out, concurrency=_int_list(concurrency, "--concurrency"),
+        duration=duration, repeats=repeats, arm=arm, progress=not no_progress, report=False)
+    report = make_report(run_dir, cfg)
+    _print_summary(report)
+    return report.exit_code
 
 
 def _print_summary(report) -> None:

@@ -32,8 +32,33 @@ def register(app: typer.Typer) -> None:
             None, "--host", help="Address to bind (default: triton.host, 127.0.0.1). 0.0.0.0 lets other machines "
             "reach every port, unauthenticated: only on a trusted network."),
         workdir: Optional[Path] = workdir_option(),
+        frontend: str = typer.Option("triton", "--frontend", help="triton (Triton's own HTTP/gRPC) or openai "
+                                     "(also an OpenAI-compatible /v1 frontend, docs/openai-endpoints.md)."),
+        openai_port: Optional[int] = typer.Option(None, "--openai-port", help="--frontend openai: its port "
+                                                  "(default triton.http_port + 10)."),
     ) -> int:
+        if frontend not in ("triton", "openai"):
+            from pipeline.errors import SpecdeployError  # noqa: PLC0415
+
+            raise SpecdeployError(f"--frontend must be 'triton' or 'openai', got {frontend!r}")
+        if frontend == "openai":
+            return _serve_openai(config, variant, http_port, grpc_port, metrics_port, foreground, host, openai_port, workdir)
         return serve(config, variant, http_port, grpc_port, metrics_port, foreground, host, workdir)
+
+
+def _serve_openai(config, variant, http_port, grpc_port, metrics_port, foreground, host, openai_port, workdir) -> int:
+    from pipeline.config import load_config  # noqa: PLC0415
+    from pipeline.errors import SpecdeployError  # noqa: PLC0415
+    from pipeline.serve.openai_serve import serve_with_frontend  # noqa: PLC0415
+
+    if variant not in ("baseline", "speculative"):
+        raise SpecdeployError(f"--variant must be 'baseline' or 'speculative', got {variant!r}")
+    cfg = load_config(config, workdir)
+    if host is not None:
+        _check_host(host)
+    ports = dict(http_port=http_port or cfg.triton.http_port, grpc_port=grpc_port or cfg.triton.grpc_port,
+                 metrics_port=metrics_port or cfg.triton.metrics_port)
+    return serve_with_frontend(cfg, variant, ports=ports, host=host, foreground=foreground, openai_port=openai_port)
 
 
 def serve(config: str, variant: str, http_port: int | None, grpc_port: int | None,

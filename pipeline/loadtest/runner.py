@@ -50,7 +50,8 @@ from pipeline.loadtest.provenance import run_metadata, served_tokenizer_dir
 LOCUSTFILE = PROJECT_ROOT / "loadtests" / "locustfile.py"
 LOCUST_STOP_S = 5.0  # SIGTERM → SIGKILL for a Locust run that overran or was interrupted
 USER_CLASSES = {("grpc", "closed"): "GrpcStreamUser", ("http", "closed"): "HttpStreamUser",
-                ("grpc", "open"): "GrpcOpenLoopUser", ("http", "open"): "HttpOpenLoopUser"}
+                ("openai", "closed"): "OpenAIStreamUser", ("grpc", "open"): "GrpcOpenLoopUser",
+                ("http", "open"): "HttpOpenLoopUser", ("openai", "open"): "OpenAIOpenLoopUser"}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -127,7 +128,7 @@ def run_settings(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, ru
         "extra_inputs": extra, "seed": lt.seed, "output_prefix": str(run_dir / "raw" / "parts" / spec.key),
         "warmup_s": warmup_s, "duration_s": duration_s, "request_timeout_s": max(60.0, lt.stop_timeout_s * 4),
         "stop_timeout_s": lt.stop_timeout_s, "num_workers": lt.processes, "draft_len": spec.draft_len,
-        "tokenizer_dir": tokenizer_dir,
+        "tokenizer_dir": tokenizer_dir, "openai_api": lt.openai_api, "openai_top_k": lt.openai_top_k,
     }
 
 
@@ -179,7 +180,8 @@ def execute_run(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run
     after = scrape_counters(endpoint.metrics_url)
     alive = endpoint.alive() if endpoint.alive else True
     n_records, metas = merge_parts(run_dir, spec.key)
-    delta = {k: after[k] - before[k] for k in COUNTERS} if before is not None and after is not None else None
+    delta = ({**{k: after[k] - before[k] for k in COUNTERS}, "source": after["source"]}
+             if before is not None and after is not None else None)
     (run_dir / "metrics" / f"{spec.key}.json").write_text(
         json.dumps({"before": before, "after": after, "delta": delta}, indent=1), encoding="utf-8")
     reasons = []
@@ -234,8 +236,13 @@ def run_loadtest(
     arm: str | None = None,
     progress: bool = True,
     report: bool = True,
+    given_endpoints: dict[str, ArmEndpoint] | None = None,
+    tokenizer_dir: str | None = None,
+    meta_extra: dict[str, Any] | None = None,
 ) -> Path:
-    """Run the whole load test; returns RUN_DIR (then the report is in it when ``report``)."""
+    """Run the whole load test; returns RUN_DIR (then the report is in it when ``report``).
+    ``given_endpoints`` (with ``tokenizer_dir`` and ``meta_extra`` for run.json): arms served by
+    someone else, as :mod:`pipeline.loadtest.endpoints_only` builds them."""
     lt = cfg.loadtest
     concurrency = sorted(set(concurrency)) if concurrency else list(lt.concurrency)
     duration_s = float(locust_seconds(_parse_duration(duration) or lt.duration_s))
@@ -249,12 +256,14 @@ def run_loadtest(
     run_dir = _new_run_dir(cfg, out_dir, created)
     run_id = f"{cfg.name}-{created.strftime('%Y%m%dT%H%M%SZ')}"
     specs = plan_runs(cfg, arms, concurrency, repeats, sweep)
-    tokenizer_dir = served_tokenizer_dir(cfg)
-    meta = run_metadata(cfg, run_id, created, dataset, sweep, concurrency, duration_s, warmup_s, repeats,
-                        tokenizer_dir)
+    tokenizer_dir = tokenizer_dir or served_tokenizer_dir(cfg)
+    meta = {**run_metadata(cfg, run_id, created, dataset, sweep, concurrency, duration_s, warmup_s, repeats,
+                           tokenizer_dir), **(meta_extra or {})}
     _write_json(run_dir / "run.json", RunInfo.checked(meta))
     results: list[dict[str, Any]] = []
-    with _endpoints(cfg, arms, endpoint_baseline, endpoint_speculative) as endpoints:
+    endpoints_cm = (contextlib.nullcontext({a: e for a, e in given_endpoints.items() if a in arms})
+                    if given_endpoints is not None else _endpoints(cfg, arms, endpoint_baseline, endpoint_speculative))
+    with endpoints_cm as endpoints:
         meta["endpoints"] = _endpoints_provenance(endpoints)
         _write_json(run_dir / "run.json", RunInfo.checked(meta))
         for spec, result in _iterate(specs, progress, lambda s: execute_run(

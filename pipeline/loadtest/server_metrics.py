@@ -7,6 +7,7 @@ server process tree's RSS and CPU time; writes nothing (the runner stores the sa
 from __future__ import annotations
 
 import threading
+from typing import Any
 import urllib.request
 
 
@@ -16,16 +17,30 @@ COUNTERS = {
     "accepted_tokens": "specdeploy_spec_decode_accepted_tokens_total",
     "verify_steps": "specdeploy_spec_decode_verify_steps_total",
 }
+# vLLM's speculative-decoding counters (vllm/v1/spec_decode/metrics.py): one draft = one verify step
+VLLM_COUNTERS = {
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+    "accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
+    "verify_steps": "vllm:spec_decode_num_drafts_total",
+}
 
 
 # ------------------------------------------------------------------------------------------------
 # Metrics and memory
 
 
-def scrape_counters(metrics_url: str | None, timeout_s: float = 5.0) -> dict[str, float] | None:
-    """Sum of each specdeploy acceptance counter over all label sets; None when unreachable."""
+def scrape_counters(metrics_url: str | None, timeout_s: float = 5.0) -> dict[str, Any] | None:
+    """Sum of each acceptance counter over all label sets, and ``source``: whose counters they are
+    (``specdeploy``, ``vllm``, or ``not reported`` when the server exports none); None when unreachable."""
     text = metrics_text(metrics_url, timeout_s)
-    return None if text is None else parse_counters(text)
+    return None if text is None else {**parse_counters(text), "source": counters_source(text)}
+
+
+def counters_source(text: str) -> str:
+    for source, table in (("specdeploy", COUNTERS), ("vllm", VLLM_COUNTERS)):
+        if any(name in text for name in table.values()):
+            return source
+    return "not reported"
 
 
 def metrics_text(metrics_url: str | None, timeout_s: float = 5.0) -> str | None:
@@ -40,10 +55,11 @@ def metrics_text(metrics_url: str | None, timeout_s: float = 5.0) -> str | None:
 
 
 def parse_counters(text: str) -> dict[str, float]:
-    """Each acceptance counter summed over its label sets (models, versions)."""
+    """Each acceptance counter summed over its label sets (models, versions); ours, or vLLM's
+    when the server is a vLLM (``--endpoint-*`` with ``metrics_*`` in a load-test file)."""
     from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
 
-    keys = {name: key for key, name in COUNTERS.items()}
+    keys = {name: key for table in (COUNTERS, VLLM_COUNTERS) for key, name in table.items()}
     totals = {key: 0.0 for key in COUNTERS}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

@@ -333,7 +333,8 @@ def acceptance_summary(records: list[dict], metric_deltas: list[dict | None]) ->
         m_drafted = sum(d.get("draft_tokens", 0) for d in deltas)
         m_accepted = sum(d.get("accepted_tokens", 0) for d in deltas)
         out["prometheus"] = {"draft_tokens": m_drafted, "accepted_tokens": m_accepted, "verify_steps": steps,
-                             "acceptance_rate": m_accepted / m_drafted if m_drafted else None}
+                             "acceptance_rate": m_accepted / m_drafted if m_drafted else None,
+                             "source": next((d["source"] for d in deltas if d.get("source")), "specdeploy")}
         out["mean_acceptance_length"] = 1 + m_accepted / steps
         out["tau_source"] = "prometheus"
         if out["acceptance_rate"] is None and m_drafted:

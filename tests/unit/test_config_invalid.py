@@ -106,7 +106,7 @@ CASES = [
     ("open-without-rates", {"loadtest.mode": "open"}, "loadtest.request_rate: mode 'open' needs request_rate levels"),
     ("warmup-too-long", {"loadtest.warmup_s": 30}, "loadtest.warmup_s: warmup_s (30.0) must be shorter than duration_s (20.0)"),
     ("duration-negative", {"loadtest.duration_s": -5}, "loadtest.duration_s: Input should be greater than 0"),
-    ("bad-transport", {"loadtest.transport": "websocket"}, "loadtest.transport: Input should be 'grpc' or 'http'"),
+    ("bad-transport", {"loadtest.transport": "websocket"}, "loadtest.transport: Input should be 'grpc', 'http' or 'openai'"),
     ("temperature-zero", {"loadtest.sampling.temperature": 0}, "loadtest.sampling.temperature: Input should be greater than 0"),
     ("top-p-above-one", {"loadtest.sampling.top_p": 1.5}, "loadtest.sampling.top_p: Input should be less than or equal to 1"),
     ("sweep-over-engine-limit", {"loadtest.sweep_draft_len": [2, 8]}, "loadtest.sweep_draft_len: [8] exceed the engine max_draft_len (4)"),

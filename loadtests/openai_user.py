@@ -1,0 +1,155 @@
+"""The ``openai`` transport: streaming ``/v1/completions`` or ``/v1/chat/completions`` (SSE).
+
+Imported by ``locustfile.py`` (after gevent's monkey-patching); reads nothing itself. A session
+turns the Triton-shaped request of ``lt_common.request_inputs`` into an OpenAI request body (the
+prompt or one user message, ``max_tokens``, ``temperature``, ``top_p``, ``top_k`` where the server
+takes it, ``seed``, ``stream_options.include_usage``) and fills a ``RequestState`` chunk by chunk,
+timed when each SSE event is read, never at headers. Output length comes from the final ``usage``
+event (``osl_source: server``); a server that sends none is re-tokenized with the configured
+tokenizer (``retokenized``) or, without one, counted one token per chunk (``chunks``).
+
+One keep-alive HTTP/1.1 connection per session over ``geventhttpclient`` (Locust's own fast
+client, so no extra dependency and cooperative under gevent).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+from lt_common import RequestState
+
+API_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+# Triton-only request fields with no OpenAI counterpart (the server never echoes the prompt here)
+_TRITON_ONLY = {"text_input", "stream", "exclude_input_in_output", "return_perf_metrics", "return_num_output_tokens",
+                "max_tokens", "temperature", "top_p", "top_k", "seed"}
+
+
+def openai_body(inputs: dict[str, Any], model_name: str, api: str, send_top_k: bool = True) -> dict[str, Any]:
+    """The OpenAI request for one Triton-shaped ``inputs`` dict (same sampling in both arms).
+
+    Triton's ``top_p: 0`` means "off", which OpenAI spells by leaving it out; ``top_k: 0`` likewise."""
+    body: dict[str, Any] = {"model": model_name, "stream": True, "stream_options": {"include_usage": True},
+                            "max_tokens": int(inputs["max_tokens"])}
+    if api == "chat":
+        body["messages"] = [{"role": "user", "content": inputs["text_input"]}]
+    else:
+        body["prompt"] = inputs["text_input"]
+    if "temperature" in inputs:
+        body["temperature"] = float(inputs["temperature"])
+    if inputs.get("top_p"):
+        body["top_p"] = float(inputs["top_p"])
+    if send_top_k and inputs.get("top_k"):
+        body["top_k"] = int(inputs["top_k"])
+    if "seed" in inputs:
+        body["seed"] = int(inputs["seed"])
+    body.update({k: v for k, v in inputs.items() if k not in _TRITON_ONLY})  # extra inputs go as given
+    return body
+
+
+def chunk_text(event: dict[str, Any], api: str) -> tuple[str | None, str | None]:
+    """(text, finish_reason) of one streamed event's first choice; (None, None) when it has none."""
+    choices = event.get("choices") or []
+    if not choices:
+        return None, None
+    choice = choices[0]
+    text = (choice.get("delta") or {}).get("content") if api == "chat" else choice.get("text")
+    return text, choice.get("finish_reason")
+
+
+class OpenAIStreamSession:
+    """One keep-alive connection to an OpenAI-compatible server; one request at a time."""
+
+    def __init__(self, base_url: str, now: Callable[[], int], api: str = "completions", send_top_k: bool = True,
+                 retokenize: Callable[[str], int] | None = None):
+        if api not in API_PATHS:
+            raise ValueError(f"openai_api: expected one of {sorted(API_PATHS)}, got '{api}'")
+        parts = urlsplit(base_url if "://" in base_url else f"http://{base_url}")
+        self.host, self.port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+        self.ssl = parts.scheme == "https"
+        self.prefix = parts.path.rstrip("/").removesuffix("/v1")
+        self.now, self.api, self.send_top_k, self.retokenize = now, api, send_top_k, retokenize
+        self.client = None
+
+    def _client(self, timeout_s: float):
+        if self.client is None:
+            from geventhttpclient import HTTPClient  # noqa: PLC0415
+
+            self.client = HTTPClient(self.host, self.port, ssl=self.ssl, concurrency=1,
+                                     connection_timeout=min(30.0, timeout_s), network_timeout=timeout_s)
+        return self.client
+
+    def send(self, state: RequestState, inputs: dict, model_name: str, timeout_s: float) -> None:
+        body = json.dumps(openai_body(inputs, model_name, self.api, self.send_top_k)).encode("utf-8")
+        deadline = time.monotonic() + timeout_s
+        client = self._client(timeout_s)
+        try:
+            state.t_sent = self.now()
+            response = client.post(self.prefix + API_PATHS[self.api], body=body,
+                                   headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
+            if response.status_code != 200:
+                state.status, state.t_last = "error", self.now()
+                state.error = f"HTTP {response.status_code}: {response.read()[:500].decode('utf-8', 'replace')}"
+                return
+            self._read_events(state, response, deadline)
+            if state.status != "ok":
+                self.close()  # the rest of an errored stream is never read: do not reuse the connection
+        except Exception as exc:  # noqa: BLE001 - any transport failure is this request's error
+            self.close()
+            if state.status == "pending":
+                state.status = "timeout" if isinstance(exc, TimeoutError) else "error"
+                state.error = f"{type(exc).__name__}: {exc}"
+                state.t_last = state.t_last or self.now()
+        except BaseException:  # a stop (GreenletExit) mid-response: the connection cannot be reused
+            self.close()
+            raise
+
+    def _read_events(self, state: RequestState, response, deadline: float) -> None:
+        usage = None
+        finish = None
+        while True:
+            line = response.readline(b"\n")
+            if not line:
+                break
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                break
+            if not payload:
+                continue
+            now = self.now()
+            event = json.loads(payload)
+            if "error" in event:
+                state.status, state.t_last = "error", now
+                state.error = str(event["error"])
+                return
+            text, reason = chunk_text(event, self.api)
+            state.add_chunk(now, text, None)
+            finish = reason or finish
+            usage = event.get("usage") or usage
+            if time.monotonic() > deadline:
+                raise TimeoutError("request exceeded request_timeout_s")
+        self._count_tokens(state, usage)
+        if finish == "abort":
+            state.status, state.error = "error", "the server aborted the request (finish_reason 'abort')"
+        elif finish is None and usage is None:
+            state.status, state.error = "error", "stream ended without a finish_reason"
+        else:
+            state.status = "ok"
+
+    def _count_tokens(self, state: RequestState, usage: dict | None) -> None:
+        if usage and usage.get("completion_tokens") is not None:
+            state.osl_server, state.osl_source = int(usage["completion_tokens"]), "server"
+        elif self.retokenize is not None and state.text_parts:
+            state.osl_server, state.osl_source = int(self.retokenize("".join(state.text_parts))), "retokenized"
+        else:
+            state.osl_source = "chunks"
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None

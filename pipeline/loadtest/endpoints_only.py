@@ -1,0 +1,136 @@
+"""`specdeploy loadtest --loadtest-file LT.yaml --endpoint-baseline URL --endpoint-speculative URL`:
+an A/B between two servers someone else runs (trtllm-serve, vLLM, SGLang, our OpenAI frontend),
+with no deployment config.
+
+Reads the load-test file (:class:`EndpointLoadTestFile`: a name, the ``loadtest`` and ``gate``
+sections of a deployment config, free-text provenance) and the tokenizer directory given with
+``--tokenizer`` (re-tokenized output lengths when a server sends no ``usage``). Builds the
+deployment config the load tester and the report take (``speculation.method: none``: nothing is
+built or served here) and hands both arms to :func:`pipeline.loadtest.runner.run_loadtest` as given
+endpoints; RUN_DIR is then what ``specdeploy report`` reads, as for a served deployment.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, ValidationError
+
+from pipeline.config import (
+    DeploymentConfig,
+    GateSettings,
+    LoadTestSettings,
+    _desc,
+    _Strict,
+    format_validation_error,
+    load_yaml_strict,
+)
+from pipeline.errors import ConfigError, SpecdeployError
+from pipeline.loadtest.endpoints import ArmEndpoint, endpoint_alive
+
+TRANSPORTS = ("openai", "http", "grpc")
+
+
+class EndpointLoadTestFile(_Strict):
+    """A load test of two running endpoints: prompts, levels, gate, and what the servers are."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")] = _desc(
+        "Run name; outputs go to reports/NAME/ unless --out says otherwise."
+    )
+    description: str = _desc("Free text shown in reports (which servers, which flags).", default="")
+    hardware: str = _desc("Free text: the servers' hardware, recorded in run.json.", default="not stated")
+    loadtest: LoadTestSettings = _desc("Load-test settings (as in a deployment config).",
+                                       default_factory=lambda: LoadTestSettings(transport="openai"))
+    gate: GateSettings = _desc("Rollout gate thresholds.", default_factory=GateSettings)
+    metrics_baseline: str | None = _desc("Prometheus /metrics URL of the baseline server, if any.", default=None)
+    metrics_speculative: str | None = _desc("Prometheus /metrics URL of the speculative server.", default=None)
+
+
+def load_loadtest_file(path: str | Path) -> EndpointLoadTestFile:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(str(path), [f"(file): no such load-test file: {path}"])
+    try:
+        data = load_yaml_strict(path.read_text(encoding="utf-8"))
+    except Exception as exc:  # noqa: BLE001 - YAML, duplicate keys, encoding: one clear line
+        raise ConfigError(str(path), [f"(yaml): {getattr(exc, 'problem', exc)}"]) from None
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), ["(top level): expected a mapping of fields"])
+    loadtest = data.setdefault("loadtest", {}) if isinstance(data.get("loadtest", {}), dict) else data.get("loadtest")
+    if isinstance(loadtest, dict):
+        loadtest.setdefault("transport", "openai")  # the endpoints this file is for
+    try:
+        return EndpointLoadTestFile.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(str(path), format_validation_error(exc)) from None
+
+
+def deployment_config(lt: EndpointLoadTestFile, model: str, transport: str, source: Path | None) -> DeploymentConfig:
+    """The config snapshot the load tester and the report read: the file's loadtest and gate, the
+    model name as the target, no speculation (the servers decide that, not us)."""
+    loadtest = lt.loadtest.model_copy(update={"transport": transport})
+    cfg = DeploymentConfig.model_validate({
+        "name": lt.name, "description": lt.description, "backend": "reference", "hardware": "cpu",
+        "target": {"checkpoint": model}, "loadtest": loadtest.model_dump(), "gate": lt.gate.model_dump(),
+    })
+    cfg._source_path = source.resolve() if source else None  # relative prompt paths: beside the file too
+    return cfg
+
+
+def given_endpoints(transport: str, model: str, urls: dict[str, str | None],
+                    metrics: dict[str, str | None]) -> dict[str, ArmEndpoint]:
+    """One :class:`ArmEndpoint` per arm with a URL; alive = the server still answers after a run."""
+    out = {}
+    for arm, url in urls.items():
+        if not url:
+            continue
+        if transport in ("openai", "http") and not re.match(r"^https?://", url):
+            url = "http://" + url
+        if transport == "grpc":
+            url = re.sub(r"^(grpc|http)s?://", "", url)
+        out[arm] = ArmEndpoint(arm, url.rstrip("/"), model, {}, metrics.get(arm), alive=_alive(transport, url, model))
+    return out
+
+
+def _alive(transport: str, url: str, model: str):
+    if transport != "openai":
+        return lambda: endpoint_alive(url, transport, model)
+    return lambda: openai_alive(url)
+
+
+def openai_alive(url: str, timeout_s: float = 5.0) -> bool:
+    """``GET /v1/models`` answers 200 (vLLM, SGLang, trtllm-serve and our frontend all serve it)."""
+    import urllib.request  # noqa: PLC0415
+
+    base = url.rstrip("/").removesuffix("/v1")
+    try:
+        with urllib.request.urlopen(base + "/v1/models", timeout=timeout_s) as resp:  # noqa: S310 - user URL
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def run_endpoint_loadtest(lt_path: str | Path, *, endpoint_baseline: str | None, endpoint_speculative: str | None,
+                          model: str, transport: str = "openai", tokenizer: str | None = None,
+                          **options: Any) -> tuple[Path, DeploymentConfig]:
+    """Load-test two given endpoints (or one, with ``arm``); returns (RUN_DIR, the config snapshot)."""
+    from pipeline.loadtest.runner import run_loadtest  # noqa: PLC0415
+
+    if transport not in TRANSPORTS:
+        raise SpecdeployError(f"--transport: expected one of {TRANSPORTS}, got '{transport}'")
+    if not model:
+        raise SpecdeployError("--model: the model name both servers serve is needed with --loadtest-file")
+    if tokenizer and not (Path(tokenizer) / "tokenizer.json").is_file():
+        raise SpecdeployError(f"--tokenizer: {tokenizer} holds no tokenizer.json")
+    lt = load_loadtest_file(lt_path)
+    cfg = deployment_config(lt, model, transport, Path(lt_path))
+    urls = {"baseline": endpoint_baseline, "speculative": endpoint_speculative}
+    endpoints = given_endpoints(transport, model, urls,
+                                {"baseline": lt.metrics_baseline, "speculative": lt.metrics_speculative})
+    run_dir = run_loadtest(cfg, endpoint_baseline=endpoint_baseline, endpoint_speculative=endpoint_speculative,
+                           given_endpoints=endpoints, tokenizer_dir=tokenizer,
+                           meta_extra={"hardware": {"declared": lt.hardware, "servers": "given endpoints"},
+                                       "loadtest_file": str(Path(lt_path).resolve())}, **options)
+    return run_dir, cfg

@@ -1,0 +1,128 @@
+"""``serve --frontend openai`` for real: the tiny Medusa deployment's two arms on real tritonservers,
+each behind the OpenAI-compatible frontend (its own process under the keeper), driven by plain
+HTTP and by the Locust ``openai`` transport through ``loadtest --loadtest-file``: an A/B between
+the two CPU endpoints that ends in a report with a verdict."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import in_dir
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def frontends(serving_workdir, medusa_cfg, medusa_server):
+    from pipeline.serve.openai_serve import start_frontend
+    from pipeline.serve.server import start_deployment
+
+    with in_dir(serving_workdir):
+        baseline = start_deployment(medusa_cfg, "baseline")
+        started = {}
+        try:
+            started["baseline"] = start_frontend(medusa_cfg, "baseline", baseline.grpc_url)
+            started["speculative"] = start_frontend(medusa_cfg, "speculative", medusa_server.grpc_url)
+            yield started
+        finally:
+            for frontend in started.values():
+                frontend.stop()
+            baseline.stop()
+
+
+def post(url: str, body: dict, timeout: float = 120.0) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def sse_events(raw: bytes) -> list:
+    out = []
+    for line in raw.decode().splitlines():
+        if line.startswith("data: "):
+            payload = line[6:]
+            out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out
+
+
+def test_completions_streaming_and_whole_agree_with_usage(frontends, medusa_cfg):
+    url = frontends["speculative"].url
+    body = {"model": medusa_cfg.name, "prompt": "def add(a, b):", "max_tokens": 12, "temperature": 0}
+    status, raw = post(url + "/v1/completions", body)
+    assert status == 200, raw
+    whole = json.loads(raw)
+    assert whole["object"] == "text_completion" and whole["usage"]["completion_tokens"] > 0
+    assert whole["usage"]["prompt_tokens"] > 0
+    status, raw = post(url + "/v1/completions", {**body, "stream": True, "stream_options": {"include_usage": True}})
+    assert status == 200
+    events = sse_events(raw)
+    assert events[-1] == "[DONE]" and events[-2]["choices"] == []
+    streamed = "".join(e["choices"][0]["text"] for e in events[:-2])
+    assert streamed == whole["choices"][0]["text"]  # greedy: the same tokens either way
+    assert events[-2]["usage"] == whole["usage"]
+    assert events[-3]["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+def test_chat_and_both_arms_give_the_same_greedy_text(frontends, medusa_cfg):
+    texts = {}
+    for arm, frontend in frontends.items():
+        status, raw = post(frontend.url + "/v1/chat/completions",
+                           {"model": medusa_cfg.name, "messages": [{"role": "user", "content": "The quick brown"}],
+                            "max_tokens": 10, "temperature": 0})
+        assert status == 200, raw
+        reply = json.loads(raw)
+        assert reply["object"] == "chat.completion" and reply["choices"][0]["message"]["role"] == "assistant"
+        texts[arm] = reply["choices"][0]["message"]["content"]
+    assert texts["baseline"] == texts["speculative"]  # speculation is exact on the CPU engine
+
+
+def test_bad_requests_name_the_field_and_the_frontend_stays_up(frontends, medusa_cfg):
+    url = frontends["baseline"].url
+    status, raw = post(url + "/v1/completions", {"model": medusa_cfg.name, "prompt": "x", "max_tokens": 0})
+    assert status == 400 and "max_tokens" in json.loads(raw)["error"]["message"]
+    status, raw = post(url + "/v1/completions", {"model": "other", "prompt": "x"})
+    assert status == 404 and "other" in json.loads(raw)["error"]["message"]
+    status, raw = post(url + "/v1/chat/completions", {"model": medusa_cfg.name, "messages": []})
+    assert status == 400 and "messages" in json.loads(raw)["error"]["message"]
+    with urllib.request.urlopen(url + "/health", timeout=30) as resp:
+        assert resp.status == 200
+    assert frontends["baseline"].alive()
+
+
+def test_ab_through_the_frontends_gives_a_report_with_a_verdict(frontends, medusa_cfg, serving_workdir, tmp_path):
+    from pipeline.loadtest.endpoints_only import run_endpoint_loadtest
+    from pipeline.loadtest.provenance import served_tokenizer_dir
+
+    prompts = Path(__file__).resolve().parents[2] / "loadtests" / "prompts" / "tiny"
+    lt = tmp_path / "lt.yaml"
+    lt.write_text(yaml.safe_dump({"name": "tiny-openai-ab", "loadtest": {
+        "prompts": str(prompts), "concurrency": [1, 2], "duration_s": 5, "warmup_s": 1, "repeats": 1,
+        "max_tokens": 16, "sampling": {"top_k": 1}, "openai_api": "chat"}}))
+    with in_dir(serving_workdir):
+        tokenizer = served_tokenizer_dir(medusa_cfg)
+    run_dir, _ = run_endpoint_loadtest(lt, endpoint_baseline=frontends["baseline"].url,
+                                       endpoint_speculative=frontends["speculative"].url, model=medusa_cfg.name,
+                                       tokenizer=tokenizer, out_dir=tmp_path / "run", progress=False)
+    runs = json.loads((run_dir / "runs.json").read_text())["runs"]
+    assert len(runs) == 4
+    for run in runs:
+        assert run["valid"], run["invalid_reasons"]
+        records = [json.loads(line) for line in (run_dir / run["raw"]).read_text().splitlines()]
+        assert len(records) == run["sent"] > 0
+        ok = [r for r in records if r["status"] == "ok"]
+        assert ok, [r["error"] for r in records][:3]
+        assert all(r["osl_source"] == "server" and 0 < r["osl"] <= 16 for r in ok)
+        assert all(r["osl_retok"] for r in ok)  # the cross-check ran (a re-tokenized count need not match)
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["verdict"] in ("NO-GO", "INCONCLUSIVE")  # one repeat: never GO
+    assert all(c["equivalence"]["equivalent"] for c in report["comparisons"])  # same greedy text in both arms
