@@ -42,7 +42,7 @@ def train_variant(overrides: dict, workdir: Path) -> tuple[Path, dict]:
     from pipeline.demo import train
 
     artifacts = workdir / "artifacts"
-    shutil.copytree(ROOT / "pipeline" / "reference" / "demo" / "artifacts", artifacts)
+    shutil.copytree(ROOT / "pipeline" / "demo" / "artifacts", artifacts)
     for path in artifacts.rglob("*"):
         path.chmod(0o755 if path.is_dir() else 0o644)
     recipe = dataclasses.replace(train.FULL, **overrides)

@@ -68,7 +68,8 @@ class RunResult(Strict):
     settings: str
     log: str
     metrics: str
-    metrics_delta: dict[str, float] | None = None
+    metrics_delta: dict[str, float | str] | None = Field(None, description=(
+        "Acceptance counters over the run, and `source`: whose counters (specdeploy, vllm, not reported)."))
     server_alive: bool
     valid: bool
     invalid_reasons: list[str] = Field(default_factory=list)
@@ -130,3 +131,5 @@ class RunSettings(Artefact):
     num_workers: int
     draft_len: int | None = None
     tokenizer_dir: str | None = None
+    openai_api: str | None = Field(None, description="transport openai: completions or chat.")
+    openai_top_k: int | None = None

@@ -19,7 +19,6 @@ import psutil
 import pytest
 
 import tiny_deploy
-from conftest import in_dir
 from triton_clients import _infer_input, http_generate
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -39,10 +38,9 @@ def gauges_server(serving_workdir, tiny_models):
     saved = os.environ.get("SPECDEPLOY_ENGINE_STATS_PERIOD_S")
     os.environ["SPECDEPLOY_ENGINE_STATS_PERIOD_S"] = str(PERIOD_S)
     try:
-        with in_dir(serving_workdir):
-            cfg = load_config(cfg_path)
-            render(cfg)
-            server = start_deployment(cfg, "speculative")
+        cfg = load_config(cfg_path, serving_workdir)
+        render(cfg)
+        server = start_deployment(cfg, "speculative")
     finally:
         os.environ.pop("SPECDEPLOY_ENGINE_STATS_PERIOD_S") if saved is None else \
             os.environ.__setitem__("SPECDEPLOY_ENGINE_STATS_PERIOD_S", saved)

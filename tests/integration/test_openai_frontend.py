@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import in_dir
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
@@ -23,17 +22,16 @@ def frontends(serving_workdir, medusa_cfg, medusa_server):
     from pipeline.serve.openai_serve import start_frontend
     from pipeline.serve.server import start_deployment
 
-    with in_dir(serving_workdir):
-        baseline = start_deployment(medusa_cfg, "baseline")
-        started = {}
-        try:
-            started["baseline"] = start_frontend(medusa_cfg, "baseline", baseline.grpc_url)
-            started["speculative"] = start_frontend(medusa_cfg, "speculative", medusa_server.grpc_url)
-            yield started
-        finally:
-            for frontend in started.values():
-                frontend.stop()
-            baseline.stop()
+    baseline = start_deployment(medusa_cfg, "baseline")
+    started = {}
+    try:
+        started["baseline"] = start_frontend(medusa_cfg, "baseline", baseline.grpc_url)
+        started["speculative"] = start_frontend(medusa_cfg, "speculative", medusa_server.grpc_url)
+        yield started
+    finally:
+        for frontend in started.values():
+            frontend.stop()
+        baseline.stop()
 
 
 def post(url: str, body: dict, timeout: float = 120.0) -> tuple[int, bytes]:
@@ -108,8 +106,7 @@ def test_ab_through_the_frontends_gives_a_report_with_a_verdict(frontends, medus
     lt.write_text(yaml.safe_dump({"name": "tiny-openai-ab", "loadtest": {
         "prompts": str(prompts), "concurrency": [1, 2], "duration_s": 5, "warmup_s": 1, "repeats": 1,
         "max_tokens": 16, "sampling": {"top_k": 1}, "openai_api": "chat"}}))
-    with in_dir(serving_workdir):
-        tokenizer = served_tokenizer_dir(medusa_cfg)
+    tokenizer = served_tokenizer_dir(medusa_cfg)
     run_dir, _ = run_endpoint_loadtest(lt, endpoint_baseline=frontends["baseline"].url,
                                        endpoint_speculative=frontends["speculative"].url, model=medusa_cfg.name,
                                        tokenizer=tokenizer, out_dir=tmp_path / "run", progress=False)

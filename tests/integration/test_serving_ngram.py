@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from conftest import in_dir
 from triton_clients import grpc_stream, http_generate, metric_values, text_inputs
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -35,10 +34,9 @@ def ngram_cfg(serving_workdir, tiny_models):
     }
     path = serving_workdir / "tiny-ngram.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
-    with in_dir(serving_workdir):
-        cfg = load_config(path)
-        build(cfg, progress=False)
-        render(cfg)
+    cfg = load_config(path, serving_workdir)
+    build(cfg, progress=False)
+    render(cfg)
     return cfg
 
 
@@ -46,8 +44,7 @@ def ngram_cfg(serving_workdir, tiny_models):
 def ngram_server(serving_workdir, ngram_cfg):
     from pipeline.serve.server import start_deployment
 
-    with in_dir(serving_workdir):
-        server = start_deployment(ngram_cfg, "speculative")
+    server = start_deployment(ngram_cfg, "speculative")
     yield server
     server.stop()
 

@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT / "loadtests"))
 
 from test_loadtest_fake_server import FakeServer  # noqa: E402
 
-TOKENIZER = ROOT / "pipeline" / "reference" / "demo" / "artifacts" / "tiny-target"
+TOKENIZER = ROOT / "pipeline" / "demo" / "artifacts" / "tiny-target"
 
 
 def write_lt_file(tmp: Path, metrics: str | None = None, **loadtest) -> Path:

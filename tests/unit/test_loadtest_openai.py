@@ -25,7 +25,7 @@ from lt_common import RunSettings, request_inputs  # noqa: E402
 from openai_user import chunk_text, openai_body  # noqa: E402
 from test_loadtest_fake_server import PROMPTS, FakeServer, close_to  # noqa: E402
 
-TOKENIZER = ROOT / "pipeline" / "reference" / "demo" / "artifacts" / "tiny-target"
+TOKENIZER = ROOT / "pipeline" / "demo" / "artifacts" / "tiny-target"
 
 
 def _settings(**kw) -> RunSettings:
