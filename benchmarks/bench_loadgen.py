@@ -48,7 +48,7 @@ USER_CLASS = {"http": "HttpStreamUser", "openai": "OpenAIStreamUser"}
 
 
 def run_point(port: int, users: int, duration_s: int, workdir: Path, transport: str = "http") -> dict:
-    import psutil  # noqa: PLC0415
+    import psutil
 
     settings = {"run_id": "bench", "arm": "baseline", "repeat": 0, "endpoint": f"http://127.0.0.1:{port}",
                 "model_name": "ensemble", "transport": transport, "mode": "closed", "concurrency": users,

@@ -134,13 +134,12 @@ def paired_ratio(sides: dict, side: str) -> dict:
 def measure_method(workdir: Path, models: dict, method: str, k: int, prompts: list[str], max_tokens: int,
                    rounds: int, cpu_pinning: str = "auto", engine_process: str = "own") -> dict:
     import tiny_deploy
-    from triton_clients import StreamSession
-
     from pipeline.config import load_config
     from pipeline.render.renderer import client_target, drafts_in_engine, load_manifest, render
     from pipeline.serve.cpu_pinning import spawn_on
     from pipeline.serve.server import serve_deployment
     from pipeline.triton_models.tokenizer import TextTokenizer
+    from triton_clients import StreamSession
 
     previous = Path.cwd()
     os.chdir(workdir)
@@ -167,10 +166,10 @@ def measure_method(workdir: Path, models: dict, method: str, k: int, prompts: li
                 local = InProcess(Path(manifest["engines"][variant]), tokenizer.end_id,
                                   plan.engine_cpus.get("tensorrt_llm") if plan else None)
                 session = StreamSession(server.grpc_url)
-                runners = {"in_process": lambda p, ids: local.run(ids, max_tokens),
-                           "served": lambda p, ids: served_run(session, target, p, max_tokens)}
+                runners = {"in_process": lambda p, ids: local.run(ids, max_tokens),  # noqa: B023
+                           "served": lambda p, ids: served_run(session, target, p, max_tokens)}  # noqa: B023
                 if variant == "baseline" or method != "draft_target_bls":
-                    runners["served_direct"] = lambda p, ids: direct_run(session, ids, max_tokens, tokenizer.end_id)
+                    runners["served_direct"] = lambda p, ids: direct_run(session, ids, max_tokens, tokenizer.end_id)  # noqa: B023
                 try:
                     sides = interleaved(runners, prompts, prompt_ids, rounds)
                 except Exception:

@@ -111,7 +111,7 @@ class Stream:
     requests are skipped by request id."""
 
     def __init__(self, url: str):
-        import tritonclient.grpc as grpcclient  # noqa: PLC0415
+        import tritonclient.grpc as grpcclient
 
         self._results: queue.Queue = queue.Queue()
         self.client = grpcclient.InferenceServerClient(url)
@@ -203,7 +203,7 @@ class Load:
 
 def input_datatypes(url: str, model: str) -> dict[str, str]:
     """{input name: Triton datatype} as the served model declares them (its metadata)."""
-    import tritonclient.grpc as grpcclient  # noqa: PLC0415
+    import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(url)
     try:
@@ -214,10 +214,11 @@ def input_datatypes(url: str, model: str) -> dict[str, str]:
 
 def request_arrays(load: Load, prompt: str, index: int, sampled: bool, seed: int) -> list:
     """The load test's request shape (lt_common.request_inputs), typed as the model declares."""
-    import numpy as np  # noqa: PLC0415
-    import tritonclient.grpc as grpcclient  # noqa: PLC0415
-    from lt_common import RunSettings, request_inputs  # noqa: PLC0415
-    from tritonclient.utils import triton_to_np_dtype  # noqa: PLC0415
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import triton_to_np_dtype
+
+    from lt_common import RunSettings, request_inputs
 
     sampling = {"top_k": 20, "top_p": 0.9, "temperature": 0.8, "seed": seed} if sampled else {"top_k": 1}
     settings = RunSettings(run_id="soak", arm="speculative", repeat=0, endpoint=load.url, model_name=load.model,
@@ -236,7 +237,7 @@ def request_arrays(load: Load, prompt: str, index: int, sampled: bool, seed: int
 
 
 def stream_worker(load: Load, index: int) -> None:
-    from lt_common import PromptCursor  # noqa: PLC0415
+    from lt_common import PromptCursor
 
     rng = random.Random(load.seed * 1000 + index)
     cursor = PromptCursor(load.prompts, load.seed, index, load.streams)
@@ -319,7 +320,7 @@ class TreeMemory:
             self._stop.wait(self.interval_s)
 
     def sample(self) -> None:
-        import psutil  # noqa: PLC0415
+        import psutil
 
         now = round(time.monotonic() - self.t0, 1)
         try:
@@ -341,7 +342,7 @@ class TreeMemory:
             self.first_pids = set(self.series)
 
     def alive_pids(self) -> set[int]:
-        import psutil  # noqa: PLC0415
+        import psutil
 
         alive = set()
         for pid in self.series:
@@ -365,7 +366,7 @@ def process_label(proc) -> str:
 
 def scrape(metrics_url: str) -> dict[str, dict[str, float]]:
     """{family: {model: value}} for :data:`METRIC_FAMILIES` (``{}`` when unreachable)."""
-    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+    from prometheus_client.parser import text_string_to_metric_families
 
     try:
         with urllib.request.urlopen(metrics_url, timeout=10) as response:  # noqa: S310 - loopback
@@ -383,7 +384,7 @@ def scrape(metrics_url: str) -> dict[str, dict[str, float]]:
 
 def engine_gauges(metrics_url: str) -> dict[str, dict[str, float]]:
     """{model: {gauge[/pool or where]: value}} of the engine gauges (``{}`` when unreachable)."""
-    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+    from prometheus_client.parser import text_string_to_metric_families
 
     try:
         with urllib.request.urlopen(metrics_url, timeout=10) as response:  # noqa: S310 - loopback
@@ -513,7 +514,7 @@ def _quantile(sorted_values: list[float], q: float) -> float | None:
 
 
 def _slope_per_min(points: list[tuple[float, float]]) -> float:
-    from scipy.stats import linregress  # noqa: PLC0415
+    from scipy.stats import linregress
 
     return float(linregress([t for t, _ in points], [mb for _, mb in points]).slope) * 60
 
@@ -547,9 +548,9 @@ def memory_summary(memory: TreeMemory, warmup_s: float, tolerance_mb: float) -> 
 
 def prepare(config: Path, workdir: Path):
     """Copy the config into ``workdir`` (engines/ go there), build and render it."""
-    from pipeline.build.builder import build  # noqa: PLC0415
-    from pipeline.config import load_config  # noqa: PLC0415
-    from pipeline.render.renderer import render  # noqa: PLC0415
+    from pipeline.build.builder import build
+    from pipeline.config import load_config
+    from pipeline.render.renderer import render
 
     workdir.mkdir(parents=True, exist_ok=True)
     local = workdir / config.name
@@ -566,10 +567,10 @@ def prepare(config: Path, workdir: Path):
 
 
 def soak(args: argparse.Namespace, cfg) -> dict:
-    from pipeline.loadtest.inputs import load_prompt_set  # noqa: PLC0415
-    from pipeline.render.renderer import client_target  # noqa: PLC0415
-    from pipeline.infra.processes import free_ports  # noqa: PLC0415
-    from pipeline.serve.server import serve_deployment  # noqa: PLC0415
+    from pipeline.infra.processes import free_ports
+    from pipeline.loadtest.inputs import load_prompt_set
+    from pipeline.render.renderer import client_target
+    from pipeline.serve.server import serve_deployment
 
     prompts, dataset = load_prompt_set(cfg)
     target = client_target(cfg, "speculative")

@@ -20,13 +20,15 @@ Requests still in flight when the run stops are written with status ``incomplete
 
 from __future__ import annotations
 
-import locust  # noqa: I001 - must come first: it monkey-patches with gevent
+# isort: off
+import locust  # must come first: it monkey-patches with gevent
 from locust import User, events, task
 from locust.exception import StopUser
 
 import grpc.experimental.gevent as grpc_gevent
 
 grpc_gevent.init_gevent()  # before any channel exists
+# isort: on
 
 import http.client  # noqa: E402
 import json  # noqa: E402
@@ -41,6 +43,8 @@ import gevent  # noqa: E402
 from gevent.event import Event  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from openai_user import OpenAIStreamSession  # noqa: E402
+
 from lt_common import (  # noqa: E402
     PERF_FIELDS_INT,
     PERF_FIELDS_TIME,
@@ -54,7 +58,6 @@ from lt_common import (  # noqa: E402
     parse_sse_line,
     request_inputs,
 )
-from openai_user import OpenAIStreamSession  # noqa: E402
 
 _ = locust.__version__
 

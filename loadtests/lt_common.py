@@ -2,7 +2,7 @@
 
 Reads the run settings JSON the orchestrator writes (path in ``SPECDEPLOY_LOADTEST_CONFIG``),
 builds the fixed, seeded prompt order shared by both arms, the request payload, and turns a
-finished (or abandoned) request into one raw JSONL record (load-testing.md §6.1). Times are
+finished (or abandoned) request into one raw JSONL record (schema: pipeline/artefacts/records.py). Times are
 ``time.perf_counter_ns()`` values relative to the start of the process's run (``t0``); a duration
 is only ever taken between two timestamps of one process.
 """
@@ -187,7 +187,7 @@ class Clock:
 
 
 def build_record(settings: RunSettings, state: RequestState, *, worker_pid: int, retokenize=None) -> dict[str, Any]:
-    """The raw per-request record (load-testing.md §6.1)."""
+    """The raw per-request record (schema: pipeline/artefacts/records.py)."""
     text = "".join(state.text_parts)
     osl = state.osl_server if state.osl_server is not None else sum(state.chunk_tokens)
     t_first = state.chunk_times[0] if state.chunk_times else None
@@ -249,7 +249,7 @@ class RecordWriter:
         self.path = Path(f"{prefix}.{self.pid}.jsonl")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # line-buffered: each record reaches the file when written (a killed Locust loses none)
-        self._fh = open(self.path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - lives as long as the run
+        self._fh = open(self.path, "a", encoding="utf-8", buffering=1)
 
     def write(self, record: dict[str, Any]) -> None:
         self._fh.write(json.dumps(record, separators=(",", ":")) + "\n")

@@ -135,6 +135,8 @@ TreeChoices = list[list[Annotated[int, Field(ge=0)]]]
 # The helpers live in pipeline.infra.trees; the names stay importable from here.
 from pipeline.infra.trees import (  # noqa: E402, F401
     brace_choices as format_choices,
+)
+from pipeline.infra.trees import (  # noqa: E402
     chain_choices,
     tree_depth,
     tree_non_leaves_per_level,
@@ -638,7 +640,7 @@ class Slo(_Strict):
 
 
 class GateSettings(_Strict):
-    """The rollout gate (load-testing.md §5.4). Thresholds are product settings."""
+    """The rollout gate (docs/report.md). Thresholds are product settings."""
 
     target_concurrency: list[Annotated[int, Field(ge=1)]] = _desc(
         "Concurrency levels the verdict is decided at (must be load-test levels); empty = the lowest.",

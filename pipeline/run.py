@@ -80,9 +80,9 @@ def run_pipeline(
 
     from pipeline.build.builder import build  # noqa: PLC0415
     from pipeline.loadtest.runner import run_loadtest  # noqa: PLC0415
-    from pipeline.validate.preflight import errors_of, raise_on_errors, run_preflight  # noqa: PLC0415
     from pipeline.render.renderer import render  # noqa: PLC0415
     from pipeline.report.builder import make_report  # noqa: PLC0415
+    from pipeline.validate.preflight import errors_of, raise_on_errors, run_preflight  # noqa: PLC0415
 
     console = console or Console()
     log = StageLog()

@@ -28,7 +28,7 @@ def _added(content: str) -> dict:
 def train_model() -> bytes:
     """A Llama-style SentencePiece BPE model (byte fallback, no normalization, ids unk 0, bos 1,
     eos 2, no pad piece)."""
-    import sentencepiece as spm  # noqa: PLC0415
+    import sentencepiece as spm
 
     out = io.BytesIO()
     spm.SentencePieceTrainer.train(
@@ -63,8 +63,8 @@ def write_tokenizer_dir(out_dir: Path, with_tokenizer_config: bool = True) -> Pa
 
 def write_checkpoint(out_dir: Path, max_positions: int = 320) -> Path:
     """The tokenizer dir plus a random 1-layer Llama (safetensors) whose vocabulary matches it."""
-    import torch  # noqa: PLC0415
-    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     write_tokenizer_dir(out_dir)
     torch.manual_seed(0)

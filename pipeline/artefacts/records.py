@@ -63,5 +63,6 @@ class RawRecord(Artefact):
 # the hot-path form: the same keys, no validation (``schema`` is a keyword-free TypedDict key)
 RawRecordDict = TypedDict("RawRecordDict", {
     "schema": str, "schema_version": int,
-    **{name: Any for name in RawRecord.model_fields if name not in ("schema_name", "schema_version")},
+    # ruff reads the functional TypedDict's values as annotations; these are field names
+    **{name: Any for name in RawRecord.model_fields if name not in ("schema_name", "schema_version")},  # noqa: F821
 })

@@ -73,7 +73,7 @@ class Arm:
 
 def resolve_checkpoint(value: str) -> Path:
     if value.startswith(BUILTIN_PREFIX):
-        from pipeline.demo import resolve_builtin  # noqa: PLC0415 - may train on first use
+        from pipeline.demo import resolve_builtin
 
         return Path(resolve_builtin(value))
     path = Path(value).expanduser()

@@ -38,11 +38,11 @@ from pipeline.artefacts.manifest import MANIFEST_FORMAT, BuildManifest  # noqa: 
 from pipeline.config import DeploymentConfig, config_hash
 from pipeline.errors import BuildError, StaleInputError
 from pipeline.infra.atomic import write_json_atomic
+from pipeline.infra.processes import spawn
 from pipeline.infra.provenance import git_sha, package_version, versions
 from pipeline.paths import PROJECT_ROOT, engine_root, manifest_path
 from pipeline.plan.planner import BuildPlan, Step, make_plan
 from pipeline.trtllm.checkpoint_config import validate_checkpoint_dir
-from pipeline.infra.processes import spawn
 from pipeline.trtllm.engine_config import draft_target_pair_problems, validate_engine_dir
 from pipeline.trtllm.layout import missing_scripts, missing_scripts_fix, missing_scripts_message
 

@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
         max_tokens: int = typer.Option(64, "--max-tokens", min=1, help="New tokens per request."),
         batch: list[int] = typer.Option([1, 8], "--batch", help="Batch sizes (1 and one larger size)."),
         int8: bool = typer.Option(False, "--int8", help="Also measure an int8 weight-only target."),
-        draft_int8: bool = typer.Option(False, "--draft-int8", help="Also measure the other draft-side weights: int8 rows, or float rows when the config's reference.draft_weights is int8."),
+        draft_int8: bool = typer.Option(False, "--draft-int8", help="Also measure the other draft-side weights: int8 rows, or float rows when the config's reference.draft_weights is int8."),  # noqa: E501
         stop_at_eos: bool = typer.Option(False, "--stop-at-eos", help="Stop requests at EOS (default: decode --max-tokens)."),
         output: Optional[Path] = typer.Option(None, "--output", help="Also write the JSON report here."),
     ) -> None:

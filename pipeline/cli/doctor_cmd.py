@@ -80,7 +80,7 @@ def gpu_report() -> dict:
         return {"nvml": "pynvml not installed", "gpus": []}
     try:
         pynvml.nvmlInit()
-    except Exception as exc:  # NVMLError subclasses vary by driver
+    except Exception as exc:  # NVMLError subclasses vary by driver  # noqa: BLE001
         return {"nvml": f"unavailable ({exc})", "gpus": []}
     try:
         gpus = []

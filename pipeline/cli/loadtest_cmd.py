@@ -85,8 +85,8 @@ def register(app: typer.Typer) -> None:
 
 def _endpoints_only(config, loadtest_file, out, concurrency, duration, repeats, endpoint_baseline,
                     endpoint_speculative, arm, no_progress, transport, model, tokenizer) -> int:
-    from pipeline.loadtest.endpoints_only import run_endpoint_loadtest  # noqa: PLC0415
     from pipeline.errors import SpecdeployError  # noqa: PLC0415
+    from pipeline.loadtest.endpoints_only import run_endpoint_loadtest  # noqa: PLC0415
     from pipeline.report.builder import make_report  # noqa: PLC0415
 
     if config is not None:

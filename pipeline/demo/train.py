@@ -5,7 +5,7 @@ under ``out_dir`` (``tiny-target``, ``tiny-draft``: HF Llama layout; ``tiny-medu
 upstream head layouts, see ``heads``), ``SHA256SUMS.txt`` over every file, and ``training_report.json``
 (losses, agreements, a greedy sample per category, seconds per stage). One torch thread, fixed
 seeds, bf16 autocast with fp32 master weights: the same machine type gives bit-identical files.
-Recipe (shared/reference/cpu-engine-notes.md): AdamW β=(0.9, 0.95), wd 0.1, warm-up then cosine
+Recipe (the usual small-LM one): AdamW β=(0.9, 0.95), wd 0.1, warm-up then cosine
 to 10 %, grad-clip 1.0; the draft/heads learn from the target's distributions (KD) on half corpus
 windows, half target-generated (on-policy) sequences.
 """
@@ -100,7 +100,8 @@ class Progress:
     def __enter__(self) -> "Progress":
         if self.enabled:
             from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as Bar
 
             self._bar = Bar(
                 TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
@@ -120,9 +121,9 @@ class Progress:
             advanced = []
 
             def info(text: str = "") -> None:
-                if self._bar is not None and not advanced:
+                if self._bar is not None and not advanced:  # noqa: B023
                     self._bar.update(task, advance=1, info=text)
-                    advanced.append(True)
+                    advanced.append(True)  # noqa: B023
 
             yield info
             info()

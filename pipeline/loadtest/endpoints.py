@@ -15,12 +15,11 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from pipeline.config import DeploymentConfig
 from pipeline.artefacts.deployment import ArmDeployment, describe_arm, load_arm
+from pipeline.config import DeploymentConfig
 from pipeline.infra.readiness import model_ready, server_live
 from pipeline.loadtest.inputs import LoadTestError
 from pipeline.loadtest.server_metrics import metrics_text
-
 
 # ------------------------------------------------------------------------------------------------
 # Endpoints
@@ -179,7 +178,7 @@ def _managed_alive(server, model_name: str, extra_inputs: dict[str, Any]) -> Cal
 def probe_generate(http_url: str, model_name: str, extra_inputs: dict[str, Any], timeout_s: float = 30.0) -> bool:
     """One non-streaming ``/generate`` request for one token; True when it answers without error."""
     body = json.dumps({"text_input": "probe", "max_tokens": 1, "stream": False, **extra_inputs}).encode()
-    request = urllib.request.Request(f"{http_url.rstrip('/')}/v2/models/{model_name}/generate", data=body,
+    request = urllib.request.Request(f"{http_url.rstrip('/')}/v2/models/{model_name}/generate", data=body,  # noqa: S310
                                      headers={"Content-Type": "application/json"}, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310 - loopback/user URL

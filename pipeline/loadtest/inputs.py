@@ -12,11 +12,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pipeline.artefacts.deployment import describe_arm
 from pipeline.config import DeploymentConfig
 from pipeline.errors import SpecdeployError
 from pipeline.paths import PROJECT_ROOT
-from pipeline.artefacts.deployment import describe_arm
-
 
 ARMS = ("baseline", "speculative")
 

@@ -18,7 +18,6 @@ from pipeline.infra.provenance import git_sha, versions
 from pipeline.loadtest.inputs import primary_draft_len
 from pipeline.paths import manifest_path
 
-
 LOADTEST_DISTS = ("specdeploy", "locust", "tritonclient", "nvidia-pytriton", "scipy", "numpy", "torch", "gevent",
                   "grpcio")
 

@@ -37,15 +37,20 @@ from typing import Any, Callable, Iterator
 from pipeline.artefacts.runs import RunInfo, RunResults, RunSettings
 from pipeline.config import DeploymentConfig
 from pipeline.infra.atomic import write_json_atomic
-from pipeline.serve.cpu_pinning import spawn_on
-from pipeline.paths import PROJECT_ROOT, reports_root
 from pipeline.infra.processes import spawn
-from pipeline.loadtest.inputs import (
-    ARMS, LoadTestError, check_sweep, load_prompt_set, primary_draft_len, sends_draft_len,
-)
 from pipeline.loadtest.endpoints import ArmEndpoint, ManagedEndpoints, managed_endpoints, remote_endpoint
-from pipeline.loadtest.server_metrics import COUNTERS, CpuSampler, RssSampler, scrape_counters
+from pipeline.loadtest.inputs import (
+    ARMS,
+    LoadTestError,
+    check_sweep,
+    load_prompt_set,
+    primary_draft_len,
+    sends_draft_len,
+)
 from pipeline.loadtest.provenance import run_metadata, served_tokenizer_dir
+from pipeline.loadtest.server_metrics import COUNTERS, CpuSampler, RssSampler, scrape_counters
+from pipeline.paths import PROJECT_ROOT, reports_root
+from pipeline.serve.cpu_pinning import spawn_on
 
 LOCUSTFILE = PROJECT_ROOT / "loadtests" / "locustfile.py"
 LOCUST_STOP_S = 5.0  # SIGTERM → SIGKILL for a Locust run that overran or was interrupted
@@ -266,7 +271,7 @@ def run_loadtest(
     with endpoints_cm as endpoints:
         meta["endpoints"] = _endpoints_provenance(endpoints)
         _write_json(run_dir / "run.json", RunInfo.checked(meta))
-        for spec, result in _iterate(specs, progress, lambda s: execute_run(
+        for spec, result in _iterate(specs, progress, lambda s: execute_run(  # noqa: B007
                 cfg, s, endpoints[s.arm], run_dir, run_id, prompts, duration_s, warmup_s, tokenizer_dir)):
             results.append(result)
             meta["commands"].append(" ".join(result["command"]))

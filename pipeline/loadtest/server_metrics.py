@@ -7,10 +7,8 @@ server process tree's RSS and CPU time; writes nothing (the runner stores the sa
 from __future__ import annotations
 
 import threading
-from typing import Any
 import urllib.request
-
-
+from typing import Any
 
 COUNTERS = {
     "draft_tokens": "specdeploy_spec_decode_draft_tokens_total",

@@ -1,9 +1,9 @@
 """The in-process API of the CPU reference engine: what the Triton ``tensorrt_llm`` Python model
 (and ``specdeploy bench``, and the tests) call. It mirrors the ``tensorrt_llm`` tensor contract
-(shared/reference/triton-repo-contract.md §5) in plain Python types, so the Triton model only
+(docs/triton-contract.md, `tensorrt_llm`) in plain Python types, so the Triton model only
 adapts tensors. Nothing here imports torch.
 
-Semantics (contract §5):
+Semantics (docs/triton-contract.md, `tensorrt_llm`):
 - ``input_ids`` is the whole context; ``max_new_tokens`` counts new tokens only.
 - Generation stops at ``max_new_tokens``, at ``end_id`` (never included in the output; no EOS
   stop when ``end_id`` is None), when a stop word completes, or on cancellation.
@@ -55,7 +55,7 @@ class GenerationRequest:
 
 @dataclass
 class RequestStats:
-    """Per-request speculation and timing figures (perf metrics, contract §5.7)."""
+    """Per-request speculation and timing figures (the backend's perf-metric outputs, docs/triton-contract.md)."""
 
     draft_tokens: int = 0  # Σ drafts offered (capped at the max draft path length)
     accepted_tokens: int = 0  # Σ drafts accepted
@@ -156,6 +156,7 @@ class DraftTooLongError(ValueError):
 # :class:`pipeline.artefacts.engine.EngineDescriptor` (written by ``specdeploy build``, read by
 # ``pipeline.reference.engine.load_engine``; ``specdeploy schema engine`` prints its JSON schema).
 from pipeline.artefacts.names import ENGINE_DESCRIPTOR, ENGINE_FORMAT  # noqa: E402, F401 - re-exported (no pydantic)
+
 # where a served engine runs (``reference.engine_process``; ``serve`` sets it for the stubs):
 # "own" = a worker process of its own (pipeline.reference.worker, the default), "stub" = inside
 # the Python-backend stub

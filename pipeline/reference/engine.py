@@ -23,7 +23,6 @@ from pydantic import ValidationError
 
 from pipeline.artefacts.base import ArtefactError, problem_lines
 from pipeline.artefacts.engine import ENGINE_DESCRIPTOR, EngineDescriptor
-from pipeline.serve.cpu_pinning import pin_this_thread
 from pipeline.errors import SpecdeployError
 from pipeline.reference.api import (
     Chunk,
@@ -37,6 +36,7 @@ from pipeline.reference.modeling import PLAIN_MODELS, ModelTypes
 from pipeline.reference.proposers import BUILDERS, BuildContext, Proposer
 from pipeline.reference.scheduler import Scheduler
 from pipeline.reference.sequence import SeqState, make_generator
+from pipeline.serve.cpu_pinning import pin_this_thread
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
@@ -193,7 +193,7 @@ class ReferenceEngine:
                 active = self._settle(active)
                 running = [s for s in active if not s.finished]
                 if running:
-                    self._run_guarded(running, lambda: self.scheduler.step(running))
+                    self._run_guarded(running, lambda: self.scheduler.step(running))  # noqa: B023
                 active = self._settle(active)
             for seq in active + self._waiting:
                 seq.finish_reason = seq.finish_reason or "cancelled"

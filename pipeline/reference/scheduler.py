@@ -15,6 +15,7 @@ holds every token of the sequence except the last (the *pending* token), so
 from __future__ import annotations
 
 import time
+
 import torch
 
 from pipeline.reference.api import DraftTooLongError, GenerationRequest

@@ -2,8 +2,8 @@
 
 The ``tensorrt_llm`` Python model (``pipeline.triton_models.llm``) streams one response per step
 from threads that need the interpreter lock of the stub process; a decode loop in the same
-interpreter waits for that lock at every step (measured on 2 cores: ~0.25 ms a token, served
-÷ in-process 0.89 → 0.90–0.93 in a worker). So by default the stub starts
+interpreter waits for that lock at every step (benchmarks/results/served-worker-own-*.json against
+served-worker-stub-*.json). So by default the stub starts
 the module ``pipeline.reference.worker ENGINE_DIR [CPUS]`` in a Python process of its own
 (through :data:`_BOOT`, so the working directory cannot shadow the code) and talks to it over its stdin and
 stdout, one JSON object a line (the vLLM V1 "engine core process" split):

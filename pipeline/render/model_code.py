@@ -50,7 +50,7 @@ def _imported(tree: ast.AST, module: str, is_package: bool) -> set[str]:
 
 
 @functools.lru_cache(maxsize=512)
-def _file_imports(path: str, mtime_ns: int, module: str) -> frozenset[str]:  # noqa: ARG001 - mtime keys the cache
+def _file_imports(path: str, mtime_ns: int, module: str) -> frozenset[str]:
     return frozenset(_imported(ast.parse(Path(path).read_text(encoding="utf-8")), module, path.endswith("__init__.py")))
 
 

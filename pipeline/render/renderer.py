@@ -29,13 +29,13 @@ from pathlib import Path
 from pipeline.artefacts.deployment import arms_of, check_arm, describe_arm, descriptor_path, load_arm
 from pipeline.artefacts.manifest import MANIFEST_FORMAT  # noqa: F401 - re-exported
 from pipeline.config import DeploymentConfig
-from pipeline.errors import SpecdeployError, StaleInputError
+from pipeline.errors import StaleInputError
 from pipeline.infra.trees import brace_choices, choices_or_chain
+from pipeline.paths import PROJECT_ROOT, model_repo_dir
 from pipeline.plan.gpu_layout import ArmLayout, ArmPlacement, LayoutError, deployment_layout
 from pipeline.render.model_code import copy_model_code
-from pipeline.paths import PROJECT_ROOT, model_repo_dir
-from pipeline.render.triton_rules import RenderError, config_param, parse_config_file, validate_repository
 from pipeline.render.monitoring import write_operations_view
+from pipeline.render.triton_rules import RenderError, config_param, parse_config_file, validate_repository
 
 TEMPLATES_DIR = PROJECT_ROOT / "model_repo_templates"
 VARIANTS = ("baseline", "speculative")

@@ -26,8 +26,8 @@ from pipeline.artefacts.runs import RunInfo
 from pipeline.config import DeploymentConfig, parse_config
 from pipeline.errors import SpecdeployError
 from pipeline.infra.atomic import write_json_atomic
-from pipeline.report.gate import GateResult, evaluate_gate
 from pipeline.report.comparison import BootstrapSettings, best_ci, compare_cells, find_crossover
+from pipeline.report.gate import GateResult, evaluate_gate
 from pipeline.report.stats import RunData, cell_summary, load_runs
 
 PROVENANCE_EXCLUDED = ("config",)

@@ -15,7 +15,6 @@ import numpy as np
 
 from pipeline.report.stats import RunData, e2e_ms, median_of, tpot_ms
 
-
 # ------------------------------------------------------------------------------------------------
 # Comparison
 

@@ -1,4 +1,4 @@
-"""The rollout gate: GO / NO-GO / INCONCLUSIVE from the analysed load test (load-testing.md §5.4).
+"""The rollout gate: GO / NO-GO / INCONCLUSIVE from the analysed load test (docs/report.md).
 
 Reads the analysis dict built by ``pipeline.report.builder.analyze`` (run summaries, per-cell stats and
 spec-vs-base comparisons per concurrency) and the ``GateSettings`` of the config; returns a
@@ -178,7 +178,7 @@ def _ratio_check(rule: str, scope: str, ci: dict, limit: float) -> Check:
         return Check(rule, scope, PASS, text, value, limit)
     if low > 1.0:
         return Check(rule, scope, FAIL, text + "; speculation is slower", value, limit)
-    if low >= limit:  # no evidence of the required benefit, none of a loss either (§5.4: NO-GO only above 1.0)
+    if low >= limit:  # no evidence of the required benefit, none of a loss either (NO-GO only above 1.0)
         return Check(rule, scope, UNSURE, text + "; no evidence of the required benefit (CI above the threshold)", value, limit)
     return Check(rule, scope, UNSURE, text + "; the CI straddles the threshold", value, limit)
 

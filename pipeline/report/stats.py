@@ -5,7 +5,7 @@ Reads the raw JSONL records the Locust users write (``RUN_DIR/raw/*.jsonl``, sch
 unit of replication), per-cell pooled distributions (arm × concurrency [× draft length]),
 per-category acceptance; the spec-vs-base comparisons the gate reads are in
 :mod:`pipeline.report.comparison`. Never reads Locust's
-bucketed statistics. Formulas (load-testing.md §1): TTFT = t_first_token − t_sent;
+bucketed statistics. Formulas (docs/report.md): TTFT = t_first_token − t_sent;
 E2E = t_last − t_sent; TPOT = (E2E − TTFT)/(OSL − 1) for OSL > 1; inter-chunk latency = gaps
 between non-empty chunks (a chunk may carry several tokens); throughput denominator = first
 send → last response of the measured window.

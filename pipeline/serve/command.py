@@ -25,11 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.config import DeploymentConfig
-from pipeline.plan.gpu_layout import ArmPlacement
 from pipeline.errors import ServeError
 from pipeline.infra.provenance import package_version
 from pipeline.paths import PROJECT_ROOT
-
+from pipeline.plan.gpu_layout import ArmPlacement
 
 STUB_NAME = "triton_python_backend_stub"
 DEFAULT_HOST = "127.0.0.1"

@@ -5,8 +5,8 @@ generator) runs on.
 On a small CPU host the engine's single decode thread shares the cores with Triton's frontends,
 the other Python models and the client; the scheduler moves them around and the decode thread
 loses time to them. Pinning the decode thread to a core of its own and the rest to the other
-cores is the CPU analogue of giving a GPU engine its device (measured on 2 cores: served ÷
-in-process tokens/s at concurrency 1 from 0.84–0.89 to 0.93, see the README).
+cores is the CPU analogue of giving a GPU engine its device (served ÷ in-process tokens/s, pinned
+and not: benchmarks/results/served-worker-*.json).
 
 Reads the allowed CPU set (``os.sched_getaffinity``); writes nothing. :func:`plan_pinning` is
 pure; :func:`pinning_problems` runs it for every arm so ``validate`` refuses what ``serve`` would.

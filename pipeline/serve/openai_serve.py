@@ -17,8 +17,8 @@ from pathlib import Path
 
 from pipeline.config import DeploymentConfig
 from pipeline.errors import SpecdeployError
-from pipeline.paths import PROJECT_ROOT, logs_dir
 from pipeline.infra.processes import OwnedProcess, free_ports, spawn
+from pipeline.paths import PROJECT_ROOT, logs_dir
 
 STOP_S = 10.0
 

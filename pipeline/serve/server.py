@@ -41,20 +41,28 @@ from typing import Iterator
 
 from pipeline.artefacts.deployment import ArmDeployment, load_arm
 from pipeline.config import DeploymentConfig
-from pipeline.serve.cpu_pinning import CpuPlan, allowed_cpus, plan_pinning, spawn_on
-from pipeline.plan.gpu_layout import ArmPlacement, GpuInfo, query_gpus
-from pipeline.validate.hardware import get_profile
-from pipeline.infra.readiness import models_not_ready
-from pipeline.reference.api import ENGINE_PROCESS_ENV
 from pipeline.errors import ServeError
-from pipeline.paths import PROJECT_ROOT, logs_dir, model_repo_dir
 from pipeline.infra.processes import OwnedProcess, free_ports, spawn
-from pipeline.serve.stale_server import check_no_stale_server
+from pipeline.infra.readiness import models_not_ready
+from pipeline.paths import PROJECT_ROOT, logs_dir, model_repo_dir
+from pipeline.plan.gpu_layout import ArmPlacement, GpuInfo, query_gpus
+from pipeline.reference.api import ENGINE_PROCESS_ENV
 from pipeline.serve.command import (
-    DEFAULT_HOST, Ports, check_trtllm_version, cpu_server_argv, cpu_server_env, docker_argv,
-    gpu_server_argv, gpu_server_env, installed_trtllm_version, prepare_cpu_server,
+    DEFAULT_HOST,
+    Ports,
+    check_trtllm_version,
+    cpu_server_argv,
+    cpu_server_env,
+    docker_argv,
+    gpu_server_argv,
+    gpu_server_env,
+    installed_trtllm_version,
+    prepare_cpu_server,
     repository_paths,
 )
+from pipeline.serve.cpu_pinning import CpuPlan, allowed_cpus, plan_pinning, spawn_on
+from pipeline.serve.stale_server import check_no_stale_server
+from pipeline.validate.hardware import get_profile
 
 KILL_GRACE_S = 10.0
 OWNER_GONE_GRACE_S = 2.0  # when specdeploy is gone nobody waits for results: stop soon after the exit timeout

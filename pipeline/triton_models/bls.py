@@ -1,5 +1,5 @@
 """``tensorrt_llm_bls``: pass-through to ``tensorrt_llm`` for non-speculative requests and
-draft-target orchestration over ``tensorrt_llm_draft`` + ``tensorrt_llm`` (contract §6.1).
+draft-target orchestration over ``tensorrt_llm_draft`` + ``tensorrt_llm`` (docs/triton-contract.md, `tensorrt_llm_bls`).
 
 Reads the request's tensors and, once at start-up, the configs of its sibling models in the
 repository (decoupled policy, the postprocessing tokenizer, the target engine's

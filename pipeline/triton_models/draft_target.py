@@ -1,4 +1,4 @@
-"""The BLS's draft-target rounds (contract §6.1; upstream's loop is tensorrtllm_backend@r25.05
+"""The BLS's draft-target rounds (docs/triton-contract.md, `tensorrt_llm_bls`; upstream's loop is tensorrtllm_backend@r25.05
 ``all_models/inflight_batcher_llm/tensorrt_llm_bls/1/lib/decode.py`` ``_spec_generate``), and
 what happens when the draft fails.
 

@@ -1,5 +1,5 @@
 """``tensorrt_llm`` on CPU (``backend: "python"``): adapts Triton tensors to the reference engine
-(``pipeline.reference``) and reproduces contract §5 — prompt in ``output_ids`` unless excluded,
+(``pipeline.reference``) and reproduces the `tensorrt_llm` contract (docs/triton-contract.md) — prompt in ``output_ids`` unless excluded,
 streaming deltas (decoupled only), end token excluded, ``draft_input_ids`` → accepted + 1 in one
 step, the ten perf-metric outputs, ``num_input_tokens``/``num_output_tokens`` (the count in that
 response), batch > 1 on decoupled deployments (one response stream per row, ``batch_index``),
@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import queue
+import sys
 import threading
 import time
 import uuid
@@ -38,8 +38,8 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from pipeline.serve.cpu_pinning import engine_cpus_from_env
 from pipeline.reference.api import ENGINE_PROCESS_ENV, Chunk
+from pipeline.serve.cpu_pinning import engine_cpus_from_env
 from pipeline.triton_models import io, request_rules
 from pipeline.triton_models.engine_gauges import EngineGauges, period_from_env, start_publisher
 from pipeline.triton_models.metrics import RequestLatency, SpecDecodeCounters
@@ -230,10 +230,9 @@ class TritonPythonModel:
 
     def _streamed_response(self, options: ResponseOptions, prompt: list[int]):
         """The ``on_chunk`` hook for a streaming request: its response, built in the engine thread
-        (~13 µs) instead of in the sending thread, where it held the interpreter lock against the
-        decoding engine (measured: 68 µs a chunk there; the engine's step waited 0.16 ms for the
-        lock and the CPU, 0.11 ms with this). None for non-streaming requests (one response,
-        built at the end)."""
+        (cheap) instead of in the sending thread, where building it held the interpreter lock
+        against the decoding engine and the engine's step waited longer for it. None for
+        non-streaming requests (one response, built at the end)."""
         if not options.streaming:
             return None
         return lambda chunk: None if chunk.error else self._response(chunk.tokens, len(chunk.tokens), prompt, chunk.stats, options)
@@ -390,7 +389,7 @@ class TritonPythonModel:
                 self.counters.add(stats.draft_tokens, stats.accepted_tokens, stats.verify_steps)
 
     def _drain_rows(self, rows, handles, sender) -> None:
-        """Batch > 1 (decoupled only, contract §5.8): each row streams its own responses tagged
+        """Batch > 1 (decoupled only, docs/triton-contract.md): each row streams its own responses tagged
         with ``batch_index``; only the last row's final response carries the final flag. Feeder
         threads read the engine; this thread alone talks to the sender."""
         merged: "queue.Queue" = queue.Queue()

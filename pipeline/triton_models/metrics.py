@@ -1,4 +1,4 @@
-"""Our Prometheus counters (outside ``nv_*``, contract §8.1): draft tokens offered, draft tokens
+"""Our Prometheus counters (outside ``nv_*``; docs/operations.md): draft tokens offered, draft tokens
 accepted and verify steps, cancelled requests, and speculation fallbacks (requests that went on
 target-only after a draft failure, label ``reason`` = error | timeout), labelled ``model`` and
 ``version``, published through the Python backend's ``pb_utils.MetricFamily`` on Triton's

@@ -31,8 +31,8 @@ from typing import Any
 import yaml
 
 from pipeline.config import DeploymentConfig
-from pipeline.plan.gpu_layout import ArmPlacement
 from pipeline.paths import engine_root, model_repo_dir
+from pipeline.plan.gpu_layout import ArmPlacement
 from pipeline.trtllm.layout import resolve_trtllm_root
 from pipeline.trtllm.llmapi_args import args_problems, llm_args
 from pipeline.trtllm.llmapi_facts import facts_for, load_facts, triton_llmapi

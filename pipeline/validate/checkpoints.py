@@ -12,14 +12,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pipeline.trtllm import llmapi_checks
 from pipeline.config import DeploymentConfig, Eagle3Spec, MedusaSpec
 from pipeline.errors import SpecdeployError
-from pipeline.validate.model_shapes import known_shape, read_config_json, shape_from_config
+from pipeline.trtllm import llmapi_checks
 from pipeline.trtllm.commands import KV_CACHE_QUANT_ALGO
-from pipeline.validate.weight_files import UnreadableWeights, index_problems, tensor_shapes
 from pipeline.validate.findings import ERROR, INFO, CheckContext, spec_checkpoints, spec_roles
-
+from pipeline.validate.model_shapes import known_shape, read_config_json, shape_from_config
+from pipeline.validate.weight_files import UnreadableWeights, index_problems, tensor_shapes
 
 # ----------------------------------------------------------------------------------------------
 # Checkpoints: resolution, files, shapes
@@ -266,7 +265,7 @@ def _check_eagle_head(ctx: CheckContext, head_cfg: dict, shapes: dict, weights: 
     fp8_route = ctx.cfg.backend == "trtllm" and eagle_fp8_route(ctx.cfg)
     missing = [k for k in ("fc.weight", "fc.bias") if k not in shapes]
     if fp8_route and missing == ["fc.bias"]:
-        ctx.add(INFO, "heads", f"EAGLE head has no fc.bias; examples/eagle/quantize.py uses zeros for it", "", field_path)
+        ctx.add(INFO, "heads", "EAGLE head has no fc.bias; examples/eagle/quantize.py uses zeros for it", "", field_path)
     elif missing:
         ctx.add(ERROR, "heads", f"EAGLE head lacks {missing} in {weights.name} (convert_checkpoint.py fails with "
                 "KeyError, NVIDIA/TensorRT-LLM#2588)", "use an EAGLE-1 checkpoint whose fc layer has a bias "

@@ -3,7 +3,7 @@
 Reads nothing and writes nothing: a static table keyed by the config's ``hardware`` name. Each
 profile carries the compute capability, memory per device, memory bandwidth, devices per node and
 the weight formats / KV-cache dtypes the TensorRT-LLM engine flow supports on that architecture
-(trtllm-build reference §4.2). Preflight (``pipeline.validate.preflight``) turns these facts into findings;
+(TensorRT-LLM docs/source/reference/support-matrix.md). Preflight (``pipeline.validate.preflight``) turns these facts into findings;
 the config validator uses :func:`profile_names` to reject unknown names.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Formats by architecture (trtllm-build.md §4.2). sm80: no FP8 / W4A8 / NVFP4. sm89/sm90: no NVFP4.
+# Formats by architecture (TensorRT-LLM docs/source/reference/support-matrix.md). sm80: no FP8 / W4A8 / NVFP4. sm89/sm90: no NVFP4.
 # sm100 (Blackwell): NVFP4 yes; SmoothQuant and weight-only INT8/INT4 are not supported there.
 _FORMATS_SM80 = ("none", "int8_sq", "int4_awq", "int8_wo", "int4_wo")
 _FORMATS_SM89 = ("none", "fp8", "int8_sq", "int4_awq", "w4a8_awq", "int8_wo", "int4_wo")

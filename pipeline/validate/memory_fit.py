@@ -1,7 +1,7 @@
 """Memory fit per GPU rank: weights by format + KV cache + activations + a runtime margin.
 
 Reads a :class:`DeploymentConfig`, the model shapes (``pipeline.validate.model_shapes``) and the hardware
-profile; writes nothing. The estimate follows trtllm-build.md §8: weights ≈ params × bytes/weight ÷
+profile; writes nothing. The estimate follows the usual sizing rule (docs/validate.md): weights ≈ params × bytes/weight ÷
 (TP×PP) with embeddings and ``lm_head`` left unquantized; KV per token per rank =
 2 × layers/PP × (KV heads × head_dim / TP) × bytes(KV dtype), sized for max batch × (max sequence
 + draft-length overhead). The rank that carries the most is reported (rank 0: in draft-target the

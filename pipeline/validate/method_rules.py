@@ -9,15 +9,13 @@ these rules need the whole picture.
 
 from __future__ import annotations
 
-
-from pipeline.trtllm import llmapi_checks
 from pipeline.config import DeploymentConfig, DraftTargetSpec, EagleSpec, MedusaSpec, ModelSpec
 from pipeline.errors import SpecdeployError
-from pipeline.validate.hardware import HardwareProfile, formats_supported_on
-from pipeline.validate.model_shapes import read_config_json
+from pipeline.trtllm import llmapi_checks
 from pipeline.trtllm.commands import paged_context_fmha_survives
 from pipeline.validate.findings import ERROR, INFO, WARNING, CheckContext, spec_models, spec_roles
-
+from pipeline.validate.hardware import HardwareProfile, formats_supported_on
+from pipeline.validate.model_shapes import read_config_json
 
 # ----------------------------------------------------------------------------------------------
 # GPU architecture × quantization × KV-cache dtype
@@ -156,7 +154,7 @@ def _check_draft_target_lengths(ctx: CheckContext) -> None:
                 "build.max_num_tokens")
 
 
-def _check_eagle(ctx: CheckContext, spec: EagleSpec) -> None:  # noqa: ARG001 - tree rules live in config
+def _check_eagle(ctx: CheckContext, spec: EagleSpec) -> None:
     cfg = ctx.cfg
     if cfg.build.max_batch_size > 512:
         ctx.add(ERROR, "method", f"EAGLE engines allow max_batch_size ≤ 512 (configured {cfg.build.max_batch_size})",

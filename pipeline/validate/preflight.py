@@ -19,19 +19,21 @@ from __future__ import annotations
 
 from typing import Callable
 
-from pipeline.trtllm import llmapi_checks
 from pipeline.config import DeploymentConfig, DraftTargetSpec
 from pipeline.errors import PreflightError
-from pipeline.validate.hardware import get_profile
 from pipeline.plan.gpu_layout import validate_estimate
-from pipeline.validate.memory_fit import MemoryEstimate
-from pipeline.validate.findings import ERROR, INFO, WARNING, CheckContext, Finding, spec_models
+from pipeline.trtllm import llmapi_checks
 from pipeline.validate.checkpoints import check_files, check_heads, check_tokenizers, load_shapes
+from pipeline.validate.findings import ERROR, INFO, WARNING, CheckContext, Finding, spec_models
+from pipeline.validate.hardware import get_profile
+from pipeline.validate.memory_fit import MemoryEstimate
 from pipeline.validate.method_rules import (
-    check_build_limits, check_method, check_quantization, check_scripts, check_shapes,
+    check_build_limits,
+    check_method,
+    check_quantization,
+    check_scripts,
+    check_shapes,
 )
-
-
 
 # ----------------------------------------------------------------------------------------------
 # Entry points
@@ -189,8 +191,8 @@ def _check_cpu_ids(ctx: CheckContext) -> None:
         ctx.add(WARNING, "cpu-ids", "CPU pinning applies to the CPU reference engine only; backend trtllm ignores it",
                 "remove reference.cpu_pinning", "reference.cpu_pinning")
         return
-    from pipeline.serve.cpu_pinning import allowed_cpus, pinning_problems  # noqa: PLC0415
     from pipeline.render.renderer import llm_models  # noqa: PLC0415 - the engine models each arm's repository holds
+    from pipeline.serve.cpu_pinning import allowed_cpus, pinning_problems  # noqa: PLC0415
 
     manifest = {"engines": dict.fromkeys(("baseline", "speculative", "target", "draft"), "")}
     arms = {arm: [m.model_name for m in llm_models(cfg, manifest, arm)] for arm in ("baseline", "speculative")}

@@ -31,7 +31,7 @@ def load_vocab(directory: Path) -> dict[str, int]:
         return dict(Tokenizer.from_file(str(path)).get_vocab(with_added_tokens=True))
     except ImportError:
         return _vocab_from_json(path)
-    except Exception as exc:  # tokenizers raises plain Exception subclasses for bad files
+    except Exception as exc:  # tokenizers raises plain Exception subclasses for bad files  # noqa: BLE001
         raise ValueError(f"cannot read {path}: {exc}") from None
 
 
@@ -58,7 +58,7 @@ def _sentencepiece_pieces(path: Path) -> dict[str, int]:
         raise ValueError(f"cannot read {path}: parsing SentencePiece needs transformers or sentencepiece ({exc})") from None
     try:
         model.ParseFromString(path.read_bytes())
-    except Exception as exc:  # protobuf raises DecodeError (an Exception subclass)
+    except Exception as exc:  # protobuf raises DecodeError (an Exception subclass)  # noqa: BLE001
         raise ValueError(f"cannot read {path}: not a SentencePiece model ({exc})") from None
     return {piece.piece: i for i, piece in enumerate(model.pieces)}
 

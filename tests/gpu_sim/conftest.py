@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-
 import serve_tools
 
 

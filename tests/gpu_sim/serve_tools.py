@@ -401,7 +401,7 @@ def metrics_text(kv: dict[str, int], tokens_per_block: int = 64) -> str:
 
 def _handler(ready: list[str], kv: dict[str, int]):
     class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):  # noqa: D401 - quiet
+        def log_message(self, *args):
             pass
 
         def _send(self, code: int, body: bytes = b"", kind: str = "application/json") -> None:
@@ -411,7 +411,7 @@ def _handler(ready: list[str], kv: dict[str, int]):
             self.end_headers()
             self.wfile.write(body)
 
-        def do_GET(self):  # noqa: N802 - http.server's name
+        def do_GET(self):
             match = re.fullmatch(r"/v2/models/([^/]+)(?:/versions/\d+)?/ready", self.path)
             if self.path in ("/v2/health/ready", "/v2/health/live"):
                 self._send(200)
@@ -422,7 +422,7 @@ def _handler(ready: list[str], kv: dict[str, int]):
             else:
                 self._send(404)
 
-        def do_POST(self):  # noqa: N802
+        def do_POST(self):
             match = re.fullmatch(r"/v2/models/([^/]+)(?:/versions/\d+)?/generate", self.path)
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             if not match or match[1] not in ready:
@@ -508,10 +508,10 @@ def fake_build(cfg) -> dict:
     """Engines and ``engines/NAME/manifest.json`` as ``specdeploy build`` leaves them (cwd-relative)."""
     from pipeline.build.builder import MANIFEST_FORMAT
     from pipeline.config import config_hash
-    from pipeline.validate.memory_fit import model_weights_gib
-    from pipeline.validate.model_shapes import read_config_json, shape_from_config
     from pipeline.paths import manifest_path
     from pipeline.plan.planner import make_plan
+    from pipeline.validate.memory_fit import model_weights_gib
+    from pipeline.validate.model_shapes import read_config_json, shape_from_config
 
     plan = make_plan(cfg)
     target_shape = shape_from_config(read_config_json(Path(cfg.target.checkpoint)))

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-
 from pipeline.cli import run
 from pipeline.config import load_config
 from pipeline.errors import BuildError
@@ -95,7 +94,8 @@ def _check_golden(name: str, text: str) -> None:
 
 def _planned(path: Path, tmp_path: Path) -> list[list[str]]:
     """`specdeploy plan` argv with outputs at the runner's temporary paths, interpreter as on PATH."""
-    from pipeline.build.builder import redirect_argv, tmp_path as tmp_of
+    from pipeline.build.builder import redirect_argv
+    from pipeline.build.builder import tmp_path as tmp_of
 
     plan = make_plan(load_config(path))
     return [redirect_argv(s.argv, {o: tmp_of(o) for o in s.outputs}) for s in plan.steps]

@@ -18,9 +18,9 @@ import serve_tools
 from serve_tools import built_and_rendered, served, shipped_config
 
 from pipeline.errors import ServeError
+from pipeline.infra.processes import free_ports
 from pipeline.render.renderer import rendered_placement
 from pipeline.render.triton_rules import parse_config_file
-from pipeline.infra.processes import free_ports
 
 H100, A100 = (81559, "NVIDIA H100 80GB HBM3"), (81920, "NVIDIA A100-SXM4-80GB")
 

@@ -97,7 +97,7 @@ class Chromium:
         return path.read_text(errors="replace")[-2000:] if path.is_file() else ""
 
     def _connect(self, port: int) -> None:
-        import websocket  # noqa: PLC0415  (websocket-client, the dev extra)
+        import websocket
 
         deadline = time.monotonic() + START_DEADLINE_S
         while True:

@@ -32,12 +32,12 @@ def is_stub_heartbeat_miss(record: dict) -> bool:
 
 @pytest.mark.slow
 def test_loadtest_end_to_end_on_tiny_cpu_deployment(tmp_path):
+    import yaml
+
     from pipeline.build.builder import build
     from pipeline.config import load_config
     from pipeline.loadtest.runner import run_loadtest
     from pipeline.render.renderer import render
-
-    import yaml
 
     data = yaml.safe_load((ROOT / "configs" / "tiny-cpu-draft-target.yaml").read_text())
     data["speculation"]["orchestration"] = "bls"

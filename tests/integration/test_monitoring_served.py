@@ -11,9 +11,9 @@ import re
 import urllib.request
 
 import pytest
-from conftest import PROMPTS
 
 import triton_clients
+from conftest import PROMPTS
 from pipeline.render.monitoring import GPU_ONLY_METRICS, alert_rules, dashboard, operations_paths
 from pipeline.render.renderer import client_target, model_repo_dir
 

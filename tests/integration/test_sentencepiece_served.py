@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 
 import tiny_deploy
-from triton_clients import grpc_infer, grpc_stream, http_generate, text_inputs
-
 from tests import sentencepiece_fixture as spf
+from triton_clients import grpc_infer, grpc_stream, http_generate, text_inputs
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 PROMPTS = ["The quick brown fox", "def add(a, b):"]

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 import upstream_clients as upstream
+
 from conftest import MAX_TOKENS, PROMPTS
 from triton_clients import StreamSession, grpc_infer, grpc_stream, http_generate, text_inputs
 

@@ -26,20 +26,20 @@ CORPUS = [
 
 
 def _torch():
-    import torch  # noqa: PLC0415
+    import torch
 
     torch.set_num_threads(1)
     return torch
 
 
 def make_tokenizer(out_dir: Path) -> None:
-    from pipeline.demo.tokenizer import save_tokenizer, train_tokenizer  # noqa: PLC0415
+    from pipeline.demo.tokenizer import save_tokenizer, train_tokenizer
 
     save_tokenizer(train_tokenizer(CORPUS, vocab_size=320), out_dir)
 
 
 def _unprintable_ids(tok_dir: Path, vocab_size: int) -> list[int]:
-    from tokenizers import Tokenizer  # noqa: PLC0415
+    from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
     bad = [0, 1]
@@ -51,7 +51,7 @@ def _unprintable_ids(tok_dir: Path, vocab_size: int) -> list[int]:
 
 
 def _llama_config(vocab: int, layers: int):
-    from transformers import LlamaConfig  # noqa: PLC0415
+    from transformers import LlamaConfig
 
     return LlamaConfig(
         vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
@@ -67,10 +67,10 @@ def make_models(root: Path) -> dict[str, Path]:
     if all((d / "config.json").is_file() for d in dirs.values()):
         return dirs
     torch = _torch()
-    from safetensors.torch import save_file  # noqa: PLC0415
-    from transformers import LlamaForCausalLM  # noqa: PLC0415
+    from safetensors.torch import save_file
+    from transformers import LlamaForCausalLM
 
-    from pipeline.demo import heads  # noqa: PLC0415
+    from pipeline.demo import heads
 
     tok_dir = root / "tokenizer"
     make_tokenizer(tok_dir)
@@ -125,7 +125,7 @@ def make_deployment(workdir: Path, models: dict[str, Path], method: str, name: s
                     decoupled: bool = True, k: int = K, orchestration: str = "bls",
                     reference: dict | None = None, loadtest: dict | None = None) -> Path:
     """Config + engine descriptors + manifest under ``workdir`` (the cwd of later stages)."""
-    from pipeline.config import config_hash, load_config  # noqa: PLC0415
+    from pipeline.config import config_hash, load_config
 
     name = name or f"tiny-{method.replace('_', '-')}"
     speculation: dict = {"method": method}

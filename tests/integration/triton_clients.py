@@ -19,7 +19,7 @@ NP_DTYPES = {np.int32: "INT32", np.int64: "INT64", np.float32: "FP32", np.bool_:
 
 
 def _infer_input(name: str, value):
-    import tritonclient.grpc as grpcclient  # noqa: PLC0415
+    import tritonclient.grpc as grpcclient
 
     array = np.asarray(value)
     if array.dtype.kind in ("U", "S", "O"):
@@ -45,7 +45,7 @@ def text_inputs(prompt, max_tokens: int, **extra) -> dict:
 
 def grpc_infer(url: str, model: str, inputs: dict, outputs: list[str] | None = None) -> dict:
     """Unary ModelInfer → {output name: numpy}. Raises InferenceServerException on error."""
-    import tritonclient.grpc as grpcclient  # noqa: PLC0415
+    import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(url)
     try:
@@ -63,7 +63,7 @@ class StreamSession:
     and stream setup."""
 
     def __init__(self, url: str, timeout: float = 120.0):
-        import tritonclient.grpc as grpcclient  # noqa: PLC0415
+        import tritonclient.grpc as grpcclient
 
         self._results: "queue.Queue" = queue.Queue()
         self._timeout = timeout
@@ -117,7 +117,7 @@ def http_generate(http_url: str, model: str, body: dict, stream: bool = False):
     """POST …/generate (one JSON object) or …/generate_stream (list of SSE event objects).
     Returns (status, payload)."""
     endpoint = "generate_stream" if stream else "generate"
-    request = urllib.request.Request(f"{http_url}/v2/models/{model}/{endpoint}", data=json.dumps(body).encode(),
+    request = urllib.request.Request(f"{http_url}/v2/models/{model}/{endpoint}", data=json.dumps(body).encode(),  # noqa: S310
                                      headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=120) as response:  # noqa: S310 - loopback

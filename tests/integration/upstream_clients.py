@@ -20,14 +20,14 @@ import numpy as np
 
 
 def _grpc():
-    import tritonclient.grpc as grpcclient  # noqa: PLC0415
+    import tritonclient.grpc as grpcclient
 
     return grpcclient
 
 
 def _client_module(protocol: str):
     if protocol == "http":
-        import tritonclient.http as httpclient  # noqa: PLC0415
+        import tritonclient.http as httpclient
 
         return httpclient
     return _grpc()
@@ -35,7 +35,7 @@ def _client_module(protocol: str):
 
 def tensor(module, name: str, array: np.ndarray):
     """InferInput with the array's own shape and Triton dtype (upstream ``prepare_tensor``)."""
-    from tritonclient.utils import np_to_triton_dtype  # noqa: PLC0415
+    from tritonclient.utils import np_to_triton_dtype
 
     t = module.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
     t.set_data_from_numpy(array)
@@ -75,7 +75,7 @@ def e2e_grpc_client(url: str, prompts: list[str], output_len: int, streaming: bo
     try:
         for inputs in requests:
             results: queue.Queue = queue.Queue()
-            client.start_stream(callback=lambda result, error: results.put(error or result))
+            client.start_stream(callback=lambda result, error: results.put(error or result))  # noqa: B023
             client.async_stream_infer(model, inputs, outputs=outputs, request_id="")
             client.stop_stream()  # returns once the server has closed the stream
             batch_text = [""] * inputs[0].shape()[0]
@@ -88,7 +88,7 @@ def e2e_grpc_client(url: str, prompts: list[str], output_len: int, streaming: bo
 
 
 def _read_e2e_result(result, streaming: bool, batch_text: list[str], errors: list) -> None:
-    from tritonclient.utils import InferenceServerException  # noqa: PLC0415
+    from tritonclient.utils import InferenceServerException
 
     if isinstance(result, InferenceServerException):
         errors.append(result)

@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.artefacts import ARTEFACTS, artefact_model
 from pipeline.artefacts.base import ArtefactError
-from pipeline.artefacts.deployment import ArmDeployment, describe_arm, descriptor_path, load_arm
+from pipeline.artefacts.deployment import describe_arm, descriptor_path, load_arm
 from pipeline.artefacts.engine import EngineDescriptor, MedusaProposer
 from pipeline.artefacts.manifest import BuildManifest
 from pipeline.artefacts.records import RawRecord

@@ -210,8 +210,6 @@ def test_fast_paths_off_reaches_every_engine_descriptor(checkpoints, tmp_path: P
     assert greedy(manifests[False]["engines"]["speculative"], prompt) == greedy(manifests[True]["engines"]["baseline"], prompt)
 
 
-def test_bad_local_checkpoint_fails_in_resolve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
 def test_bad_local_checkpoint_fails_in_resolve(tmp_path: Path) -> None:
     bad = tmp_path / "not-a-model"
     bad.mkdir()

@@ -12,10 +12,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.reference_
 
 import pytest
 
+from pipeline.build import reference_step as build_step
 from pipeline.cli import run
 from pipeline.config import NgramSpec, load_config, parse_config
 from pipeline.errors import ConfigError
-from pipeline.build import reference_step as build_step
 from tests.reference_fixtures import one_thread, shared_checkpoints
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ def test_invalid_ngram_configs_name_the_field(speculation, backend, expected):
 
 
 def test_one_spec_serves_llm_api_upstream_fields_and_pool_switches_as_written():
-    from pipeline.trtllm.llmapi_args import speculative_config  # noqa: PLC0415
+    from pipeline.trtllm.llmapi_args import speculative_config
 
     data = _data({"method": "ngram", "max_draft_len": 5, "max_matching_ngram_size": 3, "is_public_pool": False},
                  "trtllm")

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import load_config, load_yaml_strict, DuplicateKeyError
-from pipeline.serve.cpu_pinning import format_cpus, spawn_on
+from pipeline.config import DuplicateKeyError, load_config, load_yaml_strict
 from pipeline.errors import ConfigError
 from pipeline.loadtest.inputs import PromptSetError, load_prompt_set
+from pipeline.serve.cpu_pinning import format_cpus, spawn_on
 from pipeline.validate.checkpoints import checkpoint_dir_problem
 from pipeline.validate.preflight import errors_of, run_preflight
 
@@ -311,7 +311,7 @@ def test_too_few_cpus_for_the_bls_arm_and_every_cpu_taken_are_validate_errors(tm
 
 
 def test_a_cpu_list_on_the_gpu_backend_is_flagged_as_ignored():
-    from pipeline.config import parse_config  # noqa: PLC0415
+    from pipeline.config import parse_config
 
     cfg = parse_config({"name": "g", "target": {"checkpoint": "/models/x"}, "reference": {"cpu_pinning": [0]}})
     findings = [f for f in run_preflight(cfg, offline=True) if f.check == "cpu-ids"]

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import threading
 
-
 import pytest
 
 from pipeline.serve.cpu_pinning import ENV_VAR, CpuPlan, engine_cpus_from_env, plan_pinning, spawn_on

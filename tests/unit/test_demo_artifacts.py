@@ -15,9 +15,9 @@ torch.set_num_threads(1)
 
 from safetensors import safe_open  # noqa: E402
 
-from pipeline.errors import SpecdeployError  # noqa: E402
 from pipeline import demo  # noqa: E402
 from pipeline.demo import corpus  # noqa: E402
+from pipeline.errors import SpecdeployError  # noqa: E402
 
 H, V, I_SIZE, HEADS = 256, 1024, 672, 4
 
@@ -178,8 +178,8 @@ def test_training_report_matches_the_shipped_hashes():
 def test_reference_engine_reads_the_heads_with_the_training_semantics(target_and_tokenizer):
     """The contract between this package (training) and the CPU engine (serving): the same
     features, Medusa logits and EAGLE hidden states from both implementations."""
-    from pipeline.reference import modeling
     from pipeline.demo.heads import load_eagle, load_medusa
+    from pipeline.reference import modeling
 
     model, tokenizer = target_and_tokenizer
     ids = tokenizer("def count_items(items, limit):\n    total = 0\n    for item in items:").input_ids

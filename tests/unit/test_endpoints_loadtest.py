@@ -37,8 +37,8 @@ def write_lt_file(tmp: Path, metrics: str | None = None, **loadtest) -> Path:
 
 
 def test_bad_loadtest_file_names_the_field(tmp_path):
-    from pipeline.loadtest.endpoints_only import load_loadtest_file
     from pipeline.errors import ConfigError
+    from pipeline.loadtest.endpoints_only import load_loadtest_file
 
     path = write_lt_file(tmp_path, concurency=[1])
     with pytest.raises(ConfigError) as err:

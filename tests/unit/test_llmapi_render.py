@@ -115,7 +115,7 @@ def test_quantized_plan_runs_modelopt_only():
 @pytest.mark.parametrize("name,steps", [("llama31-8b-eagle3-llmapi-h100", 0), ("qwen25-coder-7b-ngram-llmapi-h100", 0),
                                         ("llama31-70b-draft8b-llmapi-h100", 2)])
 def test_cli_plan_of_the_llm_api_examples_has_no_engine_build(name, steps, capsys):
-    from pipeline.cli import run  # noqa: PLC0415
+    from pipeline.cli import run
 
     assert run(["plan", str(PROJECT_ROOT / "configs" / f"{name}.yaml"), "--json"]) in (0, None)
     plan = json.loads(capsys.readouterr().out)
@@ -254,7 +254,7 @@ def test_a_broken_template_fails_render_not_the_server(tmp_path):
 def test_config_pbtxt_tensors_are_upstreams():
     """The rendered tensors are exactly those of TensorRT-LLM's llmapi config.pbtxt (recorded at
     c8c6df0): text in, sampling parameters, text out and the perf/acceptance outputs."""
-    from pipeline.render.triton_rules import parse_config_file  # noqa: PLC0415
+    from pipeline.render.triton_rules import parse_config_file
 
     _, repo = _rendered_repo()
     config = parse_config_file(repo / "tensorrt_llm" / "config.pbtxt")
@@ -274,8 +274,8 @@ def test_engine_runtime_goldens_untouched_by_the_llm_api_path():
 
 
 def test_serve_points_at_the_launchers_until_the_llmapi_contract_is_wired(capsys):
-    from pipeline.cli import run  # noqa: PLC0415
-    from pipeline.serve.server import ServeError, start_deployment  # noqa: PLC0415
+    from pipeline.cli import run
+    from pipeline.serve.server import ServeError, start_deployment
 
     cfg = make_cfg("ngram-1.4")
     write_manifest(cfg)

@@ -16,9 +16,9 @@ from safetensors.numpy import save_file
 
 from pipeline.config import parse_config
 from pipeline.errors import ConfigError
-from pipeline.validate.preflight import errors_of, run_preflight
 from pipeline.trtllm.llmapi_args import args_problems, llm_args
 from pipeline.trtllm.llmapi_facts import DECODING_TYPES, facts_for, known_versions, release_line, type_ok
+from pipeline.validate.preflight import errors_of, run_preflight
 
 TARGET = "/models/Meta-Llama-3.1-8B-Instruct"
 SPECS = {

@@ -91,7 +91,7 @@ def test_master_and_two_separate_workers_match_one_process(tmp_path, server):
     shared = settings_file(tmp_path, server.port, users=8, workers=2, name="multi")
     env = {**os.environ, "SPECDEPLOY_LOADTEST_CONFIG": str(shared)}
     port = free_ports(1)[0]
-    logs = [open(tmp_path / f"{n}.log", "w") for n in ("master", "worker0", "worker1")]  # noqa: SIM115
+    logs = [open(tmp_path / f"{n}.log", "w") for n in ("master", "worker0", "worker1")]
     try:
         master = spawn([*LOCUST, *headless(8), "--master", "--master-bind-host", "127.0.0.1", "--master-bind-port",
                         str(port), "--expect-workers", "2", "--expect-workers-max-wait", "60", "OpenAIStreamUser"],

@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from lt_common import PromptCursor, arrival_offsets, ordered_prompts, parse_sse_line, request_inputs, RunSettings
+from lt_common import PromptCursor, RunSettings, arrival_offsets, ordered_prompts, parse_sse_line, request_inputs  # noqa: E402
 
 PROMPTS = [{"id": f"p{i}", "category": "c", "prompt": f"prompt number {i}"} for i in range(7)]
 

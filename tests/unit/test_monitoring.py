@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_render import CASES, make_cfg, write_manifest
 
 from pipeline.render.monitoring import (
     GPU_ONLY_METRICS,
@@ -26,7 +27,6 @@ from pipeline.render.monitoring import (
     sources,
 )
 from pipeline.render.renderer import render
-from test_render import CASES, make_cfg, write_manifest
 
 PROMTOOL = shutil.which("promtool")
 

@@ -8,14 +8,13 @@ import json
 from pathlib import Path
 
 import pytest
+from test_plan_configs import ALL, EXAMPLES
 
 from pipeline.cli import run as cli_run
 from pipeline.config import parse_config
 from pipeline.errors import ConfigError
 from pipeline.plan.planner import make_plan
 from pipeline.trtllm.layout import ENV_VAR, resolve_trtllm_root
-
-from test_plan_configs import ALL, EXAMPLES
 
 # trtllm-build flags valid on 0.17 … 0.21 and on 1.0 … 1.2 (tensorrt_llm/commands/build.py). Kept separate on
 # purpose: a flag added to the code must be checked against the pinned version and added here.

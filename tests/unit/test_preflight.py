@@ -18,12 +18,11 @@ from pipeline.config import (
     tree_non_leaves_per_level,
     tree_problems,
 )
-from pipeline.validate.memory_fit import GIB, estimate_memory
 from pipeline.validate.hardware import get_profile
+from pipeline.validate.memory_fit import GIB, estimate_memory
 from pipeline.validate.model_shapes import known_shape
 from pipeline.validate.preflight import errors_of, run_preflight
 from pipeline.validate.tokenizer_compat import compare_tokenizers
-
 from tests.gpu_sim.container import make_container
 
 TARGET_8B = "/models/Meta-Llama-3.1-8B-Instruct"
@@ -518,7 +517,7 @@ def test_text_report_shows_findings_and_memory_table(tmp_path, capsys):
 # ---------------------------------------------------------------------------------------------
 # the formats the shipped GPU examples' checkpoints really ship (tests/gpu_sim/checkpoints.py)
 
-from tests.gpu_sim import checkpoints as shipped
+from tests.gpu_sim import checkpoints as shipped  # noqa: E402
 
 
 def _vicuna(tmp_path: Path) -> Path:

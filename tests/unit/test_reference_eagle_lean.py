@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import shutil
 
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from pipeline.reference.api import GenerationRequest, SamplingParams
 from pipeline.reference.engine import create_engine
-from pipeline.reference.kv_cache import KVPool
 from pipeline.reference.fast.models import FastEagleHead, FastLlamaModel
+from pipeline.reference.kv_cache import KVPool
 from pipeline.reference.modeling import EagleHead, LlamaModel, StepInput, StepTensors
 from pipeline.reference.sequence import SeqState, make_generator
 from tests.reference_fixtures import VOCAB, eager_kernels, one_thread, random_prompts, shared_checkpoints

@@ -5,8 +5,6 @@ distribution (chi-square), and a broken residual does not."""
 
 from __future__ import annotations
 
-
-
 import pytest
 import torch
 
@@ -182,7 +180,7 @@ def test_eagle_tree_top1_path_equals_the_chain(ckpt, fast_paths):
 
 @pytest.mark.slow
 def test_external_drafts_with_draft_logits_sample_the_target_distribution(ckpt):
-    """draft_input_ids + draft_logits (contract §5.4): probability-based acceptance with residual
+    """draft_input_ids + draft_logits (docs/triton-contract.md): probability-based acceptance with residual
     resampling; the first new token follows the target's distribution exactly."""
     params = SamplingParams(temperature=1.0, top_p=1.0)
     prompt = [5, 17, 33, 8]

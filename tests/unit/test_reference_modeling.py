@@ -4,8 +4,6 @@ refusals, and the int8 weight-only path (real int8 kernel, top-1 agreement with 
 
 from __future__ import annotations
 
-
-
 import json
 import shutil
 

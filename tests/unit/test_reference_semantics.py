@@ -1,11 +1,9 @@
-"""Request semantics of the reference engine (contract §5): external-draft verification in one
+"""Request semantics of the reference engine (docs/triton-contract.md, `tensorrt_llm`): external-draft verification in one
 step (correction vs bonus, caps, DraftTooLongError), a client-side draft-target loop reproducing
 target-only greedy output with prefix reuse, end_id, min_tokens, stop and bad words, streaming,
 cancellation and request validation."""
 
 from __future__ import annotations
-
-
 
 import pytest
 

@@ -3,14 +3,12 @@ one-step identity of speculative sampling, and a chi-square test with a negative
 
 from __future__ import annotations
 
-
-
 import pytest
 import torch
 
 from pipeline.reference import verify
-from pipeline.reference.sampling import mask_position, to_probs
 from pipeline.reference.api import SamplingParams
+from pipeline.reference.sampling import mask_position, to_probs
 from tests.reference_fixtures import chi2_pvalue
 
 

@@ -13,7 +13,6 @@ import sys
 import threading
 from pathlib import Path
 
-
 import pytest
 
 from pipeline.errors import SpecdeployError

@@ -11,8 +11,8 @@ import pytest
 from report_fixtures import copy_fixture, slow_down_speculative
 
 import pipeline.report.builder as report_mod
-from pipeline.report.gate import FAIL, NO_GO, Check
 from pipeline.report.builder import make_report
+from pipeline.report.gate import FAIL, NO_GO, Check
 from pipeline.report.view.summary import rollout
 
 

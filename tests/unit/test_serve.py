@@ -114,7 +114,8 @@ def test_stub_environment():
 
 
 def test_read_only_wheel_gets_symlinked_backend_dir(tmp_path, monkeypatch):
-    from pipeline.serve import command as serve, tritonserver_install
+    from pipeline.serve import command as serve
+    from pipeline.serve import tritonserver_install
 
     wheel = tmp_path / "pytriton" / "tritonserver"
     (wheel / "bin").mkdir(parents=True)

@@ -4,13 +4,10 @@ failed check (NO-GO), never as a speedup."""
 
 from __future__ import annotations
 
-
+import lt_common
 from pipeline.config import GateSettings
 from pipeline.report.gate import evaluate_gate
 from pipeline.report.stats import RunData, run_summary
-
-
-import lt_common
 
 MS = 1_000_000
 

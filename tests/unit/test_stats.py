@@ -160,8 +160,8 @@ def test_incomplete_at_stop_counted_and_accounted():
 def test_no_reported_value_comes_from_locust_buckets():
     import inspect
 
-    import pipeline.report.gate
     import pipeline.report.builder
+    import pipeline.report.gate
 
     for module in (stats, comparison, pipeline.report.builder, pipeline.report.gate):
         assert "get_response_time_percentile" not in inspect.getsource(module)

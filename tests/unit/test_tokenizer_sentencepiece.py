@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-
 from pipeline.triton_models.tokenizer import TextTokenizer
 from tests import sentencepiece_fixture as spf
 
@@ -20,7 +19,7 @@ TEXTS = ["The quick brown fox", "def add(a, b):\n    return a + b", "héllo ✓ 
 
 
 def _auto(directory: Path):
-    from transformers import AutoTokenizer  # noqa: PLC0415
+    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(directory), legacy=False, padding_side="left", trust_remote_code=False)
     if not tok.pad_token:
@@ -49,7 +48,7 @@ def test_tokenizer_model_only_loads_through_autotokenizer(sp_dir):
 
 def test_special_ids_follow_upstream(sp_dir):
     """end id = the EOS piece; no pad piece → pad = EOS (upstream sets pad_token = eos_token)."""
-    import sentencepiece as spm  # noqa: PLC0415
+    import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=str(sp_dir / "tokenizer.model"))
     tok = TextTokenizer(sp_dir)
@@ -94,7 +93,7 @@ def test_missing_directory_is_named(tmp_path):
 
 def test_tokenizer_json_reads_the_same_as_autotokenizer(tmp_path):
     """The fast path (no transformers import in the stubs) gives AutoTokenizer's ids and text."""
-    import tiny_deploy  # noqa: PLC0415
+    import tiny_deploy
 
     directory = tmp_path / "bpe"
     tiny_deploy.make_tokenizer(directory)
@@ -111,16 +110,16 @@ def test_tokenizer_json_reads_the_same_as_autotokenizer(tmp_path):
 def test_tokenizer_compat_reads_sentencepiece_vocab(sp_dir, tmp_path):
     """A draft-target pair of SentencePiece checkpoints can be compared (same ids → compatible;
     a different vocabulary is named)."""
-    import shutil  # noqa: PLC0415
+    import shutil
 
-    from pipeline.validate.tokenizer_compat import compare_tokenizers, load_vocab  # noqa: PLC0415
+    from pipeline.validate.tokenizer_compat import compare_tokenizers, load_vocab
 
     draft = tmp_path / "draft"
     shutil.copytree(sp_dir, draft)
     vocab = load_vocab(sp_dir)
     assert len(vocab) == spf.VOCAB_SIZE and vocab["</s>"] == spf.EOS_ID and vocab["<unk>"] == spf.UNK_ID
     assert compare_tokenizers(sp_dir, draft) == []
-    import tiny_deploy  # noqa: PLC0415
+    import tiny_deploy
 
     other = tmp_path / "bpe"
     tiny_deploy.make_tokenizer(other)
@@ -131,9 +130,9 @@ def test_tokenizer_compat_reads_sentencepiece_vocab(sp_dir, tmp_path):
 
 @pytest.mark.parametrize("allowed", [False, True])
 def test_render_passes_target_trust_remote_code_to_pre_and_postprocessing(tmp_path, allowed):
-    from pipeline.config import config_hash, parse_config  # noqa: PLC0415
-    from pipeline.render.renderer import render  # noqa: PLC0415
-    from pipeline.render.triton_rules import parse_config_file  # noqa: PLC0415
+    from pipeline.config import config_hash, parse_config
+    from pipeline.render.renderer import render
+    from pipeline.render.triton_rules import parse_config_file
 
     cfg = parse_config({"name": "trc", "backend": "reference", "hardware": "cpu",
                         "target": {"checkpoint": "/models/target", "trust_remote_code": allowed},
@@ -157,7 +156,6 @@ def test_reading_pieces_first_leaves_autotokenizer_working(tmp_path):
     AutoTokenizer. Both must agree on one generated proto module, or the second registration fails
     (a fresh interpreter, so no earlier test has imported either module yet)."""
     import subprocess
-    import sys
 
     spf.write_tokenizer_dir(tmp_path)
     code = (

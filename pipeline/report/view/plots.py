@@ -13,8 +13,8 @@ import io
 from collections import defaultdict
 from typing import Any
 
-from pipeline.report.view.model import category_acceptance, primary_cells, primary_comparisons, ratio_ci
 from pipeline.report.stats import RunData, tpot_ms
+from pipeline.report.view.model import category_acceptance, primary_cells, primary_comparisons, ratio_ci
 
 BASE_COLOR, SPEC_COLOR, OTHER_COLOR = "#1f77b4", "#ff7f0e", "#2ca02c"
 ARM_COLORS = {"baseline": BASE_COLOR, "speculative": SPEC_COLOR}
