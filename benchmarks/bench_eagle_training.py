@@ -54,7 +54,7 @@ def train_variant(overrides: dict, workdir: Path) -> tuple[Path, dict]:
 
 
 def same_files(a: Path, b: Path) -> bool:
-    from pipeline.demo.train import sha256_file
+    from pipeline.demo.saving import sha256_file
 
     names = sorted(p.name for p in a.iterdir() if p.is_file())
     return names == sorted(p.name for p in b.iterdir() if p.is_file()) and all(

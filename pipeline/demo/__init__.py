@@ -57,7 +57,7 @@ def read_sums(root: Path) -> dict[str, str]:
 
 
 def _sha256(path: Path) -> str:
-    from pipeline.demo.train import sha256_file
+    from pipeline.demo.saving import sha256_file
 
     stat = path.stat()
     key = (str(path), stat.st_size, stat.st_mtime_ns)
