@@ -60,8 +60,8 @@ class ArmDeployment(Artefact):
 def _drafts(cfg: "DeploymentConfig", arm: str) -> Drafts:
     if arm == "baseline" or cfg.method == "none":
         return "none"
-    if cfg.method == "draft_target" and cfg.speculation.orchestration != "engine":
-        return "bls"
+    if cfg.method == "draft_target" and not getattr(cfg, "uses_llm_api", False) and cfg.speculation.orchestration != "engine":
+        return "bls"  # the LLM API drafts inside its executor
     return "engine"
 
 

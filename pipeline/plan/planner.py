@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from pipeline.config import (
 from pipeline.errors import ConfigError
 from pipeline.infra.trees import choices_or_chain
 from pipeline.paths import engine_root
+from pipeline.plan.step import Step
 from pipeline.trtllm import commands as tc
 from pipeline.trtllm.checkpoint_config import ExpectedCheckpoint
 from pipeline.trtllm.engine_config import ExpectedEngine
@@ -45,25 +46,6 @@ from pipeline.trtllm.llmapi_plan import plan_llm_api
 BUILD_STEP_MODULE = "pipeline.build.reference_step"
 REFERENCE_QUANT_FORMATS = ("none", "int8_wo")
 EAGLE_MAX_BATCH_SIZE = 512
-
-
-@dataclass
-class Step:
-    """One command of the build. ``expect`` (trtllm builds only) is checked against the built
-    engine's config.json before the output is moved into place."""
-
-    name: str
-    argv: list[str]
-    inputs: list[str]
-    outputs: list[str]
-    env: dict[str, str] = field(default_factory=dict)
-    kind: str = ""  # resolve | quantize | convert | build | engine
-    expect: ExpectedEngine | None = None
-    expect_checkpoint: ExpectedCheckpoint | None = None  # the TRT-LLM checkpoint trtllm-build will read
-    scratch_dirs: list[str] = field(default_factory=list)  # created before the step (timing caches)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "argv": list(self.argv), "inputs": list(self.inputs), "outputs": list(self.outputs)}
 
 
 @dataclass

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.artefacts.deployment import describe_arm
 from pipeline.config import DeploymentConfig
 
 # A rate over a few minutes smooths a single long request; the `for` durations make an alert
@@ -63,10 +64,9 @@ def sources(cfg: DeploymentConfig, variant: str) -> Sources:
     """The BLS of a draft-target deployment it orchestrates sees the whole request (the target
     it calls sees one verify round per call); otherwise the ``tensorrt_llm`` model does, and on
     the TensorRT-LLM backend that model is C++ and exports neither our counters nor histograms."""
-    from pipeline.render.renderer import client_target, drafts_in_engine  # noqa: PLC0415
-
-    entry = client_target(cfg, variant).model_name
-    bls_speculates = variant == "speculative" and cfg.method == "draft_target" and not drafts_in_engine(cfg)
+    arm = describe_arm(cfg, variant)  # the facts the arm's deployment descriptor records
+    entry = arm.model_name
+    bls_speculates = arm.drafts == "bls"
     if bls_speculates:
         whole = "tensorrt_llm_bls"
     else:

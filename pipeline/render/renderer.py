@@ -35,6 +35,7 @@ from pipeline.paths import PROJECT_ROOT, model_repo_dir
 from pipeline.plan.gpu_layout import ArmLayout, ArmPlacement, LayoutError, deployment_layout
 from pipeline.render.model_code import copy_model_code
 from pipeline.render.monitoring import write_operations_view
+from pipeline.render.templating import jinja_environment, render_text, swap_in, triton_bool
 from pipeline.render.triton_rules import RenderError, config_param, parse_config_file, validate_repository
 
 TEMPLATES_DIR = PROJECT_ROOT / "model_repo_templates"
@@ -89,10 +90,6 @@ def _check_variant(cfg: DeploymentConfig, variant: str) -> None:
 
 def _tree_choices(spec, depth: int) -> list[list[int]]:
     return choices_or_chain(spec.choices, depth)
-
-
-def _bool(value: bool) -> str:
-    return "True" if value else "False"
 
 
 def _engine(manifest: dict, key: str) -> str:
@@ -175,15 +172,15 @@ def trtllm_parameters(cfg: DeploymentConfig, llm: LlmSettings, manifest: dict,
         "kv_cache_onboard_blocks": unset,
         # the BLS and the client-side loop slice output_ids assuming the prompt is present (the
         # BLS asks per request, so a target that also serves the ensemble keeps the baseline's)
-        "exclude_input_in_output": _bool(
+        "exclude_input_in_output": triton_bool(
             False if llm.dtm_member and not llm.drafts_itself else t.exclude_input_in_output),
         "cancellation_check_period_ms": "100",
         "stats_check_period_ms": "100",
         "iter_stats_max_iterations": unset,
         "request_stats_max_iterations": unset,
-        "enable_kv_cache_reuse": _bool(True if llm.dtm_member else t.enable_kv_cache_reuse),
+        "enable_kv_cache_reuse": triton_bool(True if llm.dtm_member else t.enable_kv_cache_reuse),
         "normalize_log_probs": "True",
-        "enable_chunked_context": _bool(t.enable_chunked_context),
+        "enable_chunked_context": triton_bool(t.enable_chunked_context),
         # participant_ids only matter with --disable-spawn-processes (docs/gpu-serving.md)
         "gpu_device_ids": device_ids,
         "participant_ids": unset,
@@ -238,7 +235,7 @@ def model_contexts(cfg: DeploymentConfig, manifest: dict, variant: str,
     tokenizer_dir = str(manifest.get("tokenizer_dir") or "")
     if not tokenizer_dir:
         raise StaleInputError("manifest has no tokenizer_dir; re-run `specdeploy build`")
-    tokenizer_code = _bool(cfg.target.trust_remote_code)  # pre/post: AutoTokenizer custom code
+    tokenizer_code = triton_bool(cfg.target.trust_remote_code)  # pre/post: AutoTokenizer custom code
     contexts: dict[str, tuple[str, dict]] = {
         "ensemble": ("ensemble", {**common, "llm_model_name": target.model_name}),
         "preprocessing": ("preprocessing", {
@@ -274,46 +271,10 @@ def model_contexts(cfg: DeploymentConfig, manifest: dict, variant: str,
 # Rendering
 
 
-def _pbstr(value) -> str:
-    if isinstance(value, bool):
-        value = _bool(value)
-    if not isinstance(value, (str, int, float)):
-        str(value)  # a StrictUndefined raises UndefinedError here, naming the missing value
-        raise ValueError(f"parameter value {value!r} is not a string")
-    return json.dumps(str(value), ensure_ascii=False)
-
-
-def jinja_environment(templates_dir: Path):
-    import jinja2  # noqa: PLC0415
-
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir)),
-        undefined=jinja2.StrictUndefined,
-        autoescape=False,
-        keep_trailing_newline=True,
-    )
-    env.filters["pbstr"] = _pbstr
-    env.filters["pystr"] = lambda value: json.dumps(str(value))
-    return env
-
-
-def _render_text(env, templates_dir: Path, template_name: str, context: dict) -> str:
-    import jinja2  # noqa: PLC0415
-
-    try:
-        return env.get_template(template_name).render(**context)
-    except jinja2.TemplateSyntaxError as exc:
-        raise RenderError([f"{templates_dir / template_name}:{exc.lineno}: template syntax error: {exc.message}"]) from None
-    except jinja2.UndefinedError as exc:
-        raise RenderError([f"{templates_dir / template_name}: missing value: {exc.message}"]) from None
-    except (jinja2.TemplateError, ValueError, TypeError) as exc:
-        raise RenderError([f"{templates_dir / template_name}: {exc}"]) from None
-
-
 def render_model(env, templates_dir: Path, template_dir: str, context: dict, model_name: str, dest: Path) -> None:
 
     template_name = f"{template_dir}/config.pbtxt.jinja"
-    text = _render_text(env, templates_dir, template_name, context)
+    text = render_text(env, templates_dir, template_name, context)
     if "${" in text:
         raise RenderError([f"{templates_dir / template_name}: unfilled placeholder '${{...}}' left in the output"])
     model_dir = dest / model_name
@@ -329,7 +290,7 @@ def render_model(env, templates_dir: Path, template_dir: str, context: dict, mod
             target.parent.mkdir(parents=True, exist_ok=True)
             if item.suffix == ".jinja":  # e.g. model.py.jinja → model.py
                 name = str(item.relative_to(templates_dir))
-                target.with_suffix("").write_text(_render_text(env, templates_dir, name, context))
+                target.with_suffix("").write_text(render_text(env, templates_dir, name, context))
             else:
                 shutil.copy2(item, target)
         if (version_dir / "model.py").is_file():
@@ -359,21 +320,11 @@ def render_repository(cfg: DeploymentConfig, manifest: dict, variant: str, dest:
             render_model(env, templates_dir, template_dir, context, model_name, tmp)
         warnings = validate_repository(tmp, backend=cfg.backend)
         _check_runtime_knobs(cfg, tmp)
-        _swap_in(tmp, dest)
+        swap_in(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return warnings
-
-
-def _swap_in(new: Path, dest: Path) -> None:
-    old = None
-    if dest.exists():
-        old = dest.with_name(f".{dest.name}.old-{new.name[-8:]}")
-        dest.rename(old)
-    new.rename(dest)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def render(cfg: DeploymentConfig, templates_dir: Path = TEMPLATES_DIR) -> dict[str, tuple[Path, list[str]]]:

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from pipeline.config import DeploymentConfig, DraftTargetSpec, Eagle3Spec, ModelSpec
+from pipeline.plan.step import Step
 from pipeline.trtllm.llmapi_facts import load_facts
 
 MODELOPT_ENV = "SPECDEPLOY_MODELOPT_ROOT"
@@ -46,7 +47,6 @@ def hf_ptq_argv(cfg: DeploymentConfig, spec: ModelSpec, src: str, out: str) -> l
 
 
 def _model_dir(p, label: str, spec: ModelSpec) -> str:
-    from pipeline.plan.planner import Step  # noqa: PLC0415 - plan imports this module
 
     src = str(Path(spec.checkpoint).expanduser().absolute())
     if spec.quantization.format == "none":

@@ -30,9 +30,11 @@ from typing import Any
 
 import yaml
 
+from pipeline.artefacts.deployment import arms_of
 from pipeline.config import DeploymentConfig
 from pipeline.paths import engine_root, model_repo_dir
 from pipeline.plan.gpu_layout import ArmPlacement
+from pipeline.render.templating import jinja_environment, render_text, swap_in
 from pipeline.trtllm.layout import resolve_trtllm_root
 from pipeline.trtllm.llmapi_args import args_problems, llm_args
 from pipeline.trtllm.llmapi_facts import facts_for, load_facts, triton_llmapi
@@ -47,7 +49,6 @@ def _to_yaml(value: Any) -> str:
 
 
 def jinja_env(templates_dir: Path):
-    from pipeline.render.renderer import jinja_environment  # noqa: PLC0415 - render imports this module
 
     env = jinja_environment(templates_dir)
     env.filters["to_yaml"] = _to_yaml
@@ -121,10 +122,9 @@ def _common(cfg: DeploymentConfig, variant: str) -> dict[str, Any]:
 
 
 def _write(env, templates_dir: Path, template: str, context: dict, dest: Path, executable: bool = False) -> None:
-    from pipeline.render.renderer import _render_text  # noqa: PLC0415
 
     dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(_render_text(env, templates_dir, template, context))
+    dest.write_text(render_text(env, templates_dir, template, context))
     if executable:
         dest.chmod(0o755)
 
@@ -164,12 +164,11 @@ def _render_launchers(cfg, env, templates_dir: Path, args: dict, variant: str, p
 def render_llmapi(cfg: DeploymentConfig, manifest: dict, templates_dir: Path, layout) -> dict[str, tuple[Path, list[str]]]:
     """Render, validate and swap in every arm's repository and launchers; variant → (repo, warnings)."""
     from pipeline.artefacts.deployment import describe_arm, descriptor_path  # noqa: PLC0415
-    from pipeline.render.renderer import _swap_in, variants_for  # noqa: PLC0415
     from pipeline.render.triton_rules import RenderError  # noqa: PLC0415
 
     env = jinja_env(templates_dir)
     out = {}
-    for variant in variants_for(cfg):
+    for variant in arms_of(cfg):
         placement = layout.arms.get(variant) if layout is not None else None
         args = arm_args(cfg, manifest, variant, placement)
         dest = model_repo_dir(cfg, variant)
@@ -180,7 +179,7 @@ def render_llmapi(cfg: DeploymentConfig, manifest: dict, templates_dir: Path, la
             problems = validate_llmapi_repository(cfg, tmp)
             if problems:
                 raise RenderError(problems)
-            _swap_in(tmp, dest)
+            swap_in(tmp, dest)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

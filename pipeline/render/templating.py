@@ -1,0 +1,63 @@
+"""Jinja rendering shared by the engine-runtime and the LLM-API repositories: an environment with
+StrictUndefined (a missing value is an error, never a hole in the file) and the filters the
+templates use, template errors as :class:`~pipeline.render.triton_rules.RenderError`, and the
+rename that swaps a freshly rendered repository in. Reads templates; writes what it is given."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from pipeline.render.triton_rules import RenderError
+
+
+def triton_bool(value: bool) -> str:
+    """How the Triton TensorRT-LLM backend's parameters spell a boolean."""
+    return "True" if value else "False"
+
+
+def _pbstr(value) -> str:
+    if isinstance(value, bool):
+        value = triton_bool(value)
+    if not isinstance(value, (str, int, float)):
+        str(value)  # a StrictUndefined raises UndefinedError here, naming the missing value
+        raise ValueError(f"parameter value {value!r} is not a string")
+    return json.dumps(str(value), ensure_ascii=False)
+
+
+def jinja_environment(templates_dir: Path):
+    import jinja2  # noqa: PLC0415
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir)),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+    )
+    env.filters["pbstr"] = _pbstr
+    env.filters["pystr"] = lambda value: json.dumps(str(value))
+    return env
+
+
+def render_text(env, templates_dir: Path, template_name: str, context: dict) -> str:
+    import jinja2  # noqa: PLC0415
+
+    try:
+        return env.get_template(template_name).render(**context)
+    except jinja2.TemplateSyntaxError as exc:
+        raise RenderError([f"{templates_dir / template_name}:{exc.lineno}: template syntax error: {exc.message}"]) from None
+    except jinja2.UndefinedError as exc:
+        raise RenderError([f"{templates_dir / template_name}: missing value: {exc.message}"]) from None
+    except (jinja2.TemplateError, ValueError, TypeError) as exc:
+        raise RenderError([f"{templates_dir / template_name}: {exc}"]) from None
+
+
+def swap_in(new: Path, dest: Path) -> None:
+    old = None
+    if dest.exists():
+        old = dest.with_name(f".{dest.name}.old-{new.name[-8:]}")
+        dest.rename(old)
+    new.rename(dest)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
