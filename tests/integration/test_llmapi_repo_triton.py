@@ -28,13 +28,13 @@ STANDIN = Path(__file__).resolve().parents[1] / "fixtures" / "llmapi_standin" / 
 @pytest.fixture()
 def rendered(tmp_path, monkeypatch):
     monkeypatch.setattr("pipeline.plan.gpu_layout.query_gpus", lambda nvidia_smi=None: None)
-    monkeypatch.chdir(tmp_path)
     cfg = parse_config({"name": "api-served", "backend": "trtllm", "hardware": "h100-sxm-80gb", "trtllm_version": "1.2.1",
                         "trtllm_runtime": "llm_api", "target": {"checkpoint": "/models/Meta-Llama-3.1-8B-Instruct"},
                         "speculation": {"method": "eagle3", "head_dir": "/models/EAGLE3-LLaMA3.1-Instruct-8B"},
-                        "build": {"max_batch_size": 4, "max_input_len": 128, "max_seq_len": 256}})
+                        "build": {"max_batch_size": 4, "max_input_len": 128, "max_seq_len": 256}}, workdir=tmp_path)
+    plan = make_plan(cfg)
     manifest = {"format": "specdeploy-manifest/1", "name": cfg.name, "config_hash": config_hash(cfg),
-                "engines": make_plan(cfg).engines, "created": "t"}
+                "engines": plan.engines, "tokenizer_dir": plan.tokenizer_dir, "created": "t"}
     (tmp_path / "engines" / cfg.name).mkdir(parents=True)
     (tmp_path / "engines" / cfg.name / "manifest.json").write_text(json.dumps(manifest))
     repo, _ = render(cfg)["speculative"]
