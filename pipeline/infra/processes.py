@@ -171,12 +171,16 @@ def describe(proc: psutil.Process) -> str:
     return f"pid {proc.pid} ({cmdline}), started {started}"
 
 
+# this file as a keeper runs it, in any checkout; and where it lived before the stage layout
+KEEPER_SCRIPTS = (os.path.join("pipeline", "infra", "processes.py"), os.path.join("pipeline", "processes.py"))
+
+
 def kept(proc: psutil.Process) -> bool:
     """``proc`` runs under a keeper (of any checkout): its lifetime is owned by someone."""
     with contextlib.suppress(psutil.Error):
         for parent in proc.parents():
             cmdline = parent.cmdline()
-            if len(cmdline) > 2 and cmdline[1] == "-I" and cmdline[2].endswith(os.path.join("pipeline", "processes.py")):
+            if len(cmdline) > 2 and cmdline[1] == "-I" and cmdline[2].endswith(KEEPER_SCRIPTS):
                 return True
     return False
 

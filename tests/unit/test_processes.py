@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pipeline.infra.processes import describe, free_ports, port_holder, port_in_use, spawn, stop_tree
+from pipeline.infra.processes import describe, free_ports, kept, port_holder, port_in_use, spawn, stop_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 60.0
@@ -139,6 +139,20 @@ def test_a_build_step_ends_when_the_build_is_killed(tmp_path):
         wait_until(lambda: not running(step), f"the step {step} ended with the build")
     finally:
         kill_leftovers(step)
+
+
+def test_a_spawned_command_counts_as_kept_and_a_bare_one_does_not():
+    """What the stale-server check relies on: a server we started is owned, one nobody keeps is not."""
+    owned = spawn([sys.executable, "-c", "import time; time.sleep(300)"])
+    bare = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    try:
+        assert kept(psutil.Process(owned.pid))
+        assert not kept(psutil.Process(bare.pid))
+    finally:
+        owned.stop()
+        bare.kill()
+        bare.wait()
+        kill_leftovers([owned.pid])
 
 
 def test_the_command_dies_with_its_keeper():
