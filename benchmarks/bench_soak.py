@@ -64,7 +64,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -368,10 +367,10 @@ def scrape(metrics_url: str) -> dict[str, dict[str, float]]:
     """{family: {model: value}} for :data:`METRIC_FAMILIES` (``{}`` when unreachable)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    try:
-        with urllib.request.urlopen(metrics_url, timeout=10) as response:  # noqa: S310 - loopback
-            text = response.read().decode("utf-8", errors="replace")
-    except OSError:
+    from pipeline.loadtest.server_metrics import metrics_text
+
+    text = metrics_text(metrics_url, timeout_s=10)
+    if text is None:
         return {}
     out: dict[str, dict[str, float]] = {}
     for family in text_string_to_metric_families(text):
@@ -386,10 +385,10 @@ def engine_gauges(metrics_url: str) -> dict[str, dict[str, float]]:
     """{model: {gauge[/pool or where]: value}} of the engine gauges (``{}`` when unreachable)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    try:
-        with urllib.request.urlopen(metrics_url, timeout=10) as response:  # noqa: S310 - loopback
-            text = response.read().decode("utf-8", errors="replace")
-    except OSError:
+    from pipeline.loadtest.server_metrics import metrics_text
+
+    text = metrics_text(metrics_url, timeout_s=10)
+    if text is None:
         return {}
     out: dict[str, dict[str, float]] = {}
     for family in text_string_to_metric_families(text):
