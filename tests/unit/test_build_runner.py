@@ -334,9 +334,15 @@ def test_subprocess_executor_kills_child_group_on_interrupt(tmp_path: Path) -> N
             time.sleep(0.05)
         _thread.interrupt_main()
 
-    threading.Thread(target=interrupt_when_started, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        SubprocessExecutor(kill_timeout_s=5).run(step, step.argv, log)
+    # interrupt_main() does nothing while SIGINT is ignored, and a CI job started as a background
+    # job of a script inherits SIGINT ignored: Ctrl-C's Python handler is installed explicitly
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=interrupt_when_started, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            SubprocessExecutor(kill_timeout_s=5).run(step, step.argv, log)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     for pid in map(int, pid_file.read_text().split()):
         for _ in range(100):
             try:
