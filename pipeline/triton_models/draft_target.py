@@ -113,7 +113,7 @@ class DraftTarget:
         """Upstream's refusals (model.py / decode.py), and K above the target's max_draft_len, which
         upstream would pass on until the engine asserts."""
         bls, request = self.bls, self.request
-        if not bls.draft_name:
+        if self.needs_draft_model() and not bls.draft_name:
             raise SpecError("cannot perform speculative decoding without draft model")
         if io.get(request, "text_input").reshape(-1).shape[0] > 1:
             raise SpecError("speculative decoding is not supported with batch size > 1")
@@ -125,6 +125,10 @@ class DraftTarget:
                 f"num_draft_tokens {self.num_draft} refused: Number of draft tokens ({self.num_draft}) is larger "
                 f"than maximum number of draft tokens ({limit}) (max_draft_len of {bls.target_name}); "
                 f"send num_draft_tokens <= {limit}")
+
+    def needs_draft_model(self) -> bool:
+        """Whether the drafts come from ``tensorrt_llm_draft`` (the n-gram rounds draft without one)."""
+        return True
 
     def _rounds(self, prompt: list[int]) -> list[int]:
         context = list(prompt)
