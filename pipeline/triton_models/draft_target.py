@@ -175,8 +175,8 @@ class DraftTarget:
     def _fall_back(self, reason: str, detail: str) -> None:
         self.totals.fallback = reason
         pb_utils.Logger.log_warn(
-            f"{self.bls.draft_name} failed ({reason}: {detail}); this request continues with "
-            f"{self.bls.target_name} alone (speculation fallback)")
+            f"{self.bls.draft_name or 'the n-gram lookup'} failed ({reason}: {detail}); this request "
+            f"continues with {self.bls.target_name} alone (speculation fallback)")
 
     def _propose(self, context: list[int], k: int):
         inputs = dict(self.common)
