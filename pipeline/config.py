@@ -367,6 +367,14 @@ class NgramSpec(_Strict):
         "false: each request matches only its own prompt and output.",
         default=True,
     )
+    orchestration: Literal["engine", "bls"] = _desc(
+        "Who drafts. 'engine': the engine itself (the CPU reference engine's proposer; the LLM API's "
+        "speculative_config). 'bls': tensorrt_llm_bls looks the n-grams up and sends them as "
+        "draft_input_ids to a target built with --speculative_decoding_mode draft_tokens_external "
+        "(TensorRT-LLM's V1 n-gram workflow, examples/ngram); required on the engine runtime, which "
+        "has no n-gram decoding mode; clients call tensorrt_llm_bls with num_draft_tokens.",
+        default="engine",
+    )
 
     @field_validator("min_matching_ngram_size")
     @classmethod
@@ -912,6 +920,12 @@ class DeploymentConfig(_Strict):
     def workdir(self) -> Path | None:
         """Where ``engines/`` and ``reports/`` go (``--workdir``); None: the current directory."""
         return self._workdir
+
+
+def ngram_through_bls(cfg: "DeploymentConfig") -> bool:
+    """n-gram drafted by tensorrt_llm_bls and verified as external drafts (orchestration: bls)."""
+    spec = cfg.speculation
+    return isinstance(spec, NgramSpec) and spec.orchestration == "bls"
 
 
 # ----------------------------------------------------------------------------------------------

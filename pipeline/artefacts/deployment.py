@@ -60,33 +60,50 @@ class ArmDeployment(Artefact):
 def _drafts(cfg: "DeploymentConfig", arm: str) -> Drafts:
     if arm == "baseline" or cfg.method == "none":
         return "none"
-    if cfg.method == "draft_target" and not getattr(cfg, "uses_llm_api", False) and cfg.speculation.orchestration != "engine":
+    if _bls_orchestrated(cfg):
         return "bls"  # the LLM API drafts inside its executor
     return "engine"
 
 
 def describe_arm(cfg: "DeploymentConfig", arm: str, manifest: dict | None = None,
                  placement: dict | None = None) -> ArmDeployment:
-    """What ``arm`` of ``cfg`` is. draft_target orchestrated by the BLS: both arms call the BLS
-    (the speculative arm adds num_draft_tokens = K); on the LLM-API runtime both call the llmapi
+    """What ``arm`` of ``cfg`` is. draft_target or ngram orchestrated by the BLS: both arms call the
+    BLS (the speculative arm adds num_draft_tokens = K); on the LLM-API runtime both call the llmapi
     ``tensorrt_llm`` model; every other case calls the ensemble."""
     from pipeline.config import config_hash  # noqa: PLC0415
 
     check_arm(cfg, arm)
     llm_api = getattr(cfg, "uses_llm_api", False)  # the llmapi model takes text in and out itself
-    bls = cfg.method == "draft_target" and not llm_api and cfg.speculation.orchestration != "engine"
-    extra = {"num_draft_tokens": cfg.speculation.num_draft_tokens} if bls and arm == "speculative" else {}
+    bls = _bls_orchestrated(cfg)
+    extra = {"num_draft_tokens": _bls_draft_len(cfg.speculation)} if bls and arm == "speculative" else {}
     speculative = arm == "speculative" and cfg.method != "none"
     manifest = manifest or {}
     return ArmDeployment(
         arm=arm, name=cfg.name, config_hash=config_hash(cfg), backend=cfg.backend, method=cfg.method,
         model_name="tensorrt_llm_bls" if bls else ("tensorrt_llm" if llm_api else "ensemble"), extra_inputs=extra, transports=["grpc", "http"],
         decoupled=cfg.triton.decoupled, drafts=_drafts(cfg, arm), per_request_draft_len=bls and arm == "speculative",
-        num_draft_tokens=getattr(cfg.speculation, "num_draft_tokens", None) if speculative else None,
+        num_draft_tokens=_default_draft_len(cfg.speculation, bls) if speculative else None,
         max_draft_len=_max_draft_len(cfg.speculation) if speculative else None,
-        engine_models=2 if bls else 1, tokenizer_dir=manifest.get("tokenizer_dir"),
+        engine_models=2 if bls and cfg.method == "draft_target" else 1, tokenizer_dir=manifest.get("tokenizer_dir"),
         trtllm_version=manifest.get("trtllm_version"), manifest_created=manifest.get("created"), placement=placement,
     )
+
+
+def _bls_orchestrated(cfg: "DeploymentConfig") -> bool:
+    """tensorrt_llm_bls runs the rounds: draft-target (orchestration bls) on the engine runtime, or
+    n-gram with orchestration bls (drafts looked up in the BLS, verified as external drafts)."""
+    if getattr(cfg, "uses_llm_api", False) or cfg.method not in ("draft_target", "ngram"):
+        return False
+    return cfg.speculation.orchestration == "bls"
+
+
+def _bls_draft_len(spec) -> int:
+    """num_draft_tokens the speculative arm sends the BLS (n-gram: its max_draft_len)."""
+    return spec.num_draft_tokens if spec.method == "draft_target" else spec.max_draft_len
+
+
+def _default_draft_len(spec, bls: bool) -> int | None:
+    return _bls_draft_len(spec) if bls else getattr(spec, "num_draft_tokens", None)
 
 
 def _max_draft_len(spec) -> int | None:

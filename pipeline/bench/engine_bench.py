@@ -101,7 +101,7 @@ def _method_spec(cfg: DeploymentConfig) -> dict:
         return {"method": "eagle", "head_dir": str(resolve_checkpoint(spec.head_dir)),
                 "num_layers": spec.num_layers, "choices": spec.choices}
     if spec.method == "ngram":
-        return {"method": "ngram", **spec.model_dump(exclude={"method"})}
+        return {"method": "ngram", **spec.model_dump(exclude={"method", "orchestration"})}
     raise SpecdeployError(f"{cfg.name}: speculation.method is 'none'; nothing to compare with")
 
 

@@ -32,6 +32,7 @@ from pipeline.config import (
     ModelSpec,
     NgramSpec,
     config_hash,
+    ngram_through_bls,
 )
 from pipeline.errors import ConfigError
 from pipeline.infra.trees import choices_or_chain
@@ -180,6 +181,9 @@ def _plan_reference(p: _Planner) -> str:
         proposer = ["--method", "eagle", "--head-dir", head, "--num-layers", str(spec.num_layers),
                     "--choices", json.dumps(choices, separators=(",", ":"))]
         _reference_engine(p, "speculative", target, proposer + _draft_weights(cfg), spec.engine_max_draft_len, [head])
+    elif ngram_through_bls(cfg):
+        # the BLS drafts: a target that verifies external drafts, as draft-target's
+        _reference_engine(p, "target", target, none, spec.max_draft_len, [])
     elif isinstance(spec, NgramSpec):
         _reference_engine(p, "speculative", target, ngram_args(spec), spec.max_draft_len, [])
     return tokenizer
@@ -264,7 +268,8 @@ def _expect(p: _Planner, role: str, spec: ModelSpec, mode: str, k: int, logits: 
 
 
 def _is_dtm(cfg: DeploymentConfig) -> bool:
-    return isinstance(cfg.speculation, DraftTargetSpec)
+    """The BLS re-sends the whole context every round: draft-target, and n-gram through the BLS."""
+    return isinstance(cfg.speculation, DraftTargetSpec) or ngram_through_bls(cfg)
 
 
 def _trtllm_engine(p: _Planner, v: tc.Version, role: str, ckpt: str, spec: ModelSpec, *, mode: str | None = None,
@@ -364,6 +369,10 @@ def _plan_trtllm(p: _Planner) -> str:
         k, logits = spec.engine_max_draft_len, spec.use_draft_logits
         _trtllm_engine(p, v, "target", target_ckpt, cfg.target, mode="draft_tokens_external", k=k, logits=logits)
         _trtllm_engine(p, v, "draft", draft_ckpt, spec.draft, logits=logits)
+    elif ngram_through_bls(cfg):
+        # TensorRT-LLM's V1 n-gram workflow (examples/ngram/README.md): the target alone, built for
+        # external drafts; the drafts come from the BLS's lookup
+        _trtllm_engine(p, v, "target", target_ckpt, cfg.target, mode="draft_tokens_external", k=spec.max_draft_len)
     elif isinstance(spec, MedusaSpec):
         _trtllm_engine(p, v, "speculative", spec_ckpt, cfg.target, mode="medusa", k=spec.engine_max_draft_len, logits=base_logits,
                        architecture="MedusaForCausalLM", num_medusa_heads=spec.num_heads)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from pipeline.artefacts.deployment import arms_of, check_arm, describe_arm, descriptor_path, load_arm
 from pipeline.artefacts.manifest import MANIFEST_FORMAT  # noqa: F401 - re-exported
-from pipeline.config import DeploymentConfig
+from pipeline.config import DeploymentConfig, ngram_through_bls
 from pipeline.errors import StaleInputError
 from pipeline.infra.trees import brace_choices, choices_or_chain
 from pipeline.paths import PROJECT_ROOT, model_repo_dir
@@ -37,6 +37,7 @@ from pipeline.render.model_code import copy_model_code
 from pipeline.render.monitoring import write_operations_view
 from pipeline.render.templating import jinja_environment, render_text, swap_in, triton_bool
 from pipeline.render.triton_rules import RenderError, config_param, parse_config_file, validate_repository
+from pipeline.triton_models.ngram_params import NgramSettings
 
 TEMPLATES_DIR = PROJECT_ROOT / "model_repo_templates"
 VARIANTS = ("baseline", "speculative")
@@ -122,6 +123,9 @@ def llm_models(cfg: DeploymentConfig, manifest: dict, variant: str) -> list[LlmS
                         dtm_member=True, drafts_itself=True),
             LlmSettings("tensorrt_llm_draft", _engine(manifest, "draft"), False, dtm_member=True),
         ]
+    if ngram_through_bls(cfg):
+        # the BLS drafts; the target verifies external drafts, called like draft-target's target
+        return [LlmSettings("tensorrt_llm", _engine(manifest, "target"), False, dtm_member=True)]
     if method == "draft_target":
         return [
             LlmSettings("tensorrt_llm", _engine(manifest, "target"), False, dtm_member=True),
@@ -212,9 +216,20 @@ def trtllm_parameters(cfg: DeploymentConfig, llm: LlmSettings, manifest: dict,
 def bls_instance_count(cfg: DeploymentConfig, max_batch: int) -> int:
     """Each BLS instance serves one request at a time, so a draft-target deployment gets one per
     batch slot unless ``triton.bls_instance_count`` is set explicitly."""
-    if cfg.method == "draft_target" and "bls_instance_count" not in cfg.triton.model_fields_set:
+    orchestrates = cfg.method == "draft_target" or ngram_through_bls(cfg)
+    if orchestrates and "bls_instance_count" not in cfg.triton.model_fields_set:
         return max(cfg.triton.bls_instance_count, max_batch)
     return cfg.triton.bls_instance_count
+
+
+def bls_ngram_parameters(cfg: DeploymentConfig, variant: str) -> dict[str, str]:
+    """The speculative BLS's n-gram parameters (pipeline/triton_models/ngram_params.py); none for
+    the baseline arm and for every other method."""
+    if variant != "speculative" or not ngram_through_bls(cfg):
+        return {}
+    spec = cfg.speculation
+    return NgramSettings(spec.max_draft_len, spec.max_matching_ngram_size, spec.min_matching_ngram_size,
+                         spec.is_keep_all, spec.is_use_oldest).parameters()
 
 
 def model_contexts(cfg: DeploymentConfig, manifest: dict, variant: str,
@@ -263,6 +278,7 @@ def model_contexts(cfg: DeploymentConfig, manifest: dict, variant: str,
         "accumulate_tokens": "False", "tensorrt_llm_model_name": target.model_name,
         "tensorrt_llm_draft_model_name": draft, "multimodal_encoders_name": "",
         "bls_instance_count": bls_instance_count(cfg, max_batch),
+        "ngram_parameters": bls_ngram_parameters(cfg, variant),
     })
     return contexts
 

@@ -204,8 +204,19 @@ def _check_llm_rules(repo, configs, problems, backend) -> None:
                 continue  # our BLS calls it with exec(decoupled=True) when it is decoupled
             if config.model_transaction_policy.decoupled:
                 problems.append(f"{repo / name / 'config.pbtxt'}: draft-target needs decoupled false (the BLS calls it with exec(decoupled=False))")
+    elif config_param(bls, "speculative_method") == "ngram":
+        _check_ngram_bls_target(repo / target_name / "config.pbtxt", target, problems)
     elif target.model_transaction_policy.decoupled != bls.model_transaction_policy.decoupled:
         problems.append(
             f"{bls_where}: decoupled ({bls.model_transaction_policy.decoupled}) differs from "
             f"{target_name} ({target.model_transaction_policy.decoupled})"
         )
+
+
+def _check_ngram_bls_target(where: Path, target, problems: list[str]) -> None:
+    """The n-gram BLS calls its target each round as draft-target's BLS does (exec(decoupled=False),
+    the whole context re-sent), so the same two settings apply."""
+    if config_param(target, "enable_kv_cache_reuse").lower() not in ("true", "1"):
+        problems.append(f"{where}: n-gram through the BLS needs enable_kv_cache_reuse True on the target")
+    if target.model_transaction_policy.decoupled:
+        problems.append(f"{where}: n-gram through the BLS needs decoupled false (the BLS calls it with exec(decoupled=False))")

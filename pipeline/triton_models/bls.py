@@ -1,5 +1,7 @@
-"""``tensorrt_llm_bls``: pass-through to ``tensorrt_llm`` for non-speculative requests and
-draft-target orchestration over ``tensorrt_llm_draft`` + ``tensorrt_llm`` (docs/triton-contract.md, `tensorrt_llm_bls`).
+"""``tensorrt_llm_bls``: pass-through to ``tensorrt_llm`` for non-speculative requests,
+draft-target orchestration over ``tensorrt_llm_draft`` + ``tensorrt_llm`` (docs/triton-contract.md,
+`tensorrt_llm_bls`), and n-gram drafts looked up here and verified by ``tensorrt_llm`` as external
+drafts (:mod:`.ngram_bls`, docs/ngram.md) when the config's ``speculative_method`` is ``ngram``.
 
 Reads the request's tensors and, once at start-up, the configs of its sibling models in the
 repository (decoupled policy, the postprocessing tokenizer, the target engine's
@@ -12,7 +14,8 @@ so ``[1]`` per response; the other outputs are the target's, passed through (``[
 outputs, ``batch_index`` when the batch is > 1). A batch > 1 is forwarded to a decoupled target
 and answered with one response stream per row, tagged with ``batch_index``.
 
-Speculative requests (``num_draft_tokens`` K > 0) run the rounds of :mod:`.draft_target`;
+Speculative requests (``num_draft_tokens`` K > 0) run the rounds of :mod:`.draft_target` (or of
+:mod:`.ngram_bls`);
 a K above the target engine's ``max_draft_len`` is refused before any model runs. Each instance
 serves one request at a time (concurrent BLS calls from several threads of one stub crash
 tritonserver 2.51); concurrency comes from instances."""
@@ -31,6 +34,7 @@ from pipeline.triton_models import io, request_rules
 from pipeline.triton_models.draft_target import PERF_NAMES, DraftTarget, SpecError
 from pipeline.triton_models.llm import BATCH_NEEDS_DECOUPLED, STREAMING_NEEDS_DECOUPLED, SWITCH_INTERVAL_S
 from pipeline.triton_models.metrics import RequestLatency, SpecDecodeCounters
+from pipeline.triton_models.ngram_bls import NgramDraftTarget, ngram_settings
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 PASSTHROUGH_OUTPUTS = [*PERF_NAMES,
@@ -149,6 +153,7 @@ class TritonPythonModel:
         self.accumulate = io.param_bool(config, "accumulate_tokens", False)
         self.target_name = io.param(config, "tensorrt_llm_model_name", "tensorrt_llm")
         self.draft_name = io.param(config, "tensorrt_llm_draft_model_name", "")
+        self.ngram = ngram_settings(config)  # None: drafts come from the draft model
         repo = Path(args["model_repository"]).parent
         self.target_decoupled = _model_is_decoupled(repo / self.target_name)
         self.draft_decoupled = bool(self.draft_name) and _model_is_decoupled(repo / self.draft_name)
@@ -186,7 +191,8 @@ class TritonPythonModel:
             if streaming and not self.decoupled:
                 raise BlsError(STREAMING_NEEDS_DECOUPLED)
             if num_draft > 0:
-                DraftTarget(self, request, sender, num_draft, streaming).run()
+                rounds = NgramDraftTarget if self.ngram is not None else DraftTarget
+                rounds(self, request, sender, num_draft, streaming).run()
             else:
                 self._forward(request, sender, streaming, batch)
         except (BlsError, SpecError, io.RequestError) as exc:

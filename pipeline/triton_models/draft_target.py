@@ -113,7 +113,7 @@ class DraftTarget:
         """Upstream's refusals (model.py / decode.py), and K above the target's max_draft_len, which
         upstream would pass on until the engine asserts."""
         bls, request = self.bls, self.request
-        if not bls.draft_name:
+        if self.needs_draft_model() and not bls.draft_name:
             raise SpecError("cannot perform speculative decoding without draft model")
         if io.get(request, "text_input").reshape(-1).shape[0] > 1:
             raise SpecError("speculative decoding is not supported with batch size > 1")
@@ -125,6 +125,10 @@ class DraftTarget:
                 f"num_draft_tokens {self.num_draft} refused: Number of draft tokens ({self.num_draft}) is larger "
                 f"than maximum number of draft tokens ({limit}) (max_draft_len of {bls.target_name}); "
                 f"send num_draft_tokens <= {limit}")
+
+    def needs_draft_model(self) -> bool:
+        """Whether the drafts come from ``tensorrt_llm_draft`` (the n-gram rounds draft without one)."""
+        return True
 
     def _rounds(self, prompt: list[int]) -> list[int]:
         context = list(prompt)
@@ -171,8 +175,8 @@ class DraftTarget:
     def _fall_back(self, reason: str, detail: str) -> None:
         self.totals.fallback = reason
         pb_utils.Logger.log_warn(
-            f"{self.bls.draft_name} failed ({reason}: {detail}); this request continues with "
-            f"{self.bls.target_name} alone (speculation fallback)")
+            f"{self.bls.draft_name or 'the n-gram lookup'} failed ({reason}: {detail}); this request "
+            f"continues with {self.bls.target_name} alone (speculation fallback)")
 
     def _propose(self, context: list[int], k: int):
         inputs = dict(self.common)

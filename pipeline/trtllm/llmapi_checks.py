@@ -4,8 +4,8 @@ Reads the validated config, the facts of its ``trtllm_version`` (``pipeline.trtl
 and, through the preflight context, the shapes and directories preflight already resolved; adds
 findings (error / warning / info with the field path and the fix) to that context. Writes nothing.
 Rules: which runtime the version has; which methods each runtime runs (Medusa and EAGLE-1 are
-engine-only, EAGLE-3 / n-gram / MTP are LLM-API-only on trtllm; n-gram also runs on the CPU
-reference engine); the generated LLM arguments and
+engine-only, EAGLE-3 / MTP are LLM-API-only on trtllm, n-gram too except as BLS external drafts; n-gram
+also runs on the CPU reference engine); the generated LLM arguments and
 ``speculative_config`` and the user's pass-through sections against the version's fields and
 types; the quantization ModelOpt can export; MTP's DeepSeek-family target; the EAGLE-3 head's sizes.
 """
@@ -62,7 +62,13 @@ def _check_engine_runtime(ctx, version: tuple[int, ...]) -> None:
                 "(trtllm-build, convert_checkpoint.py, the C++ tensorrtllm backend: NVIDIA/TensorRT-LLM PRs "
                 "#15763, #15907)", "set trtllm_runtime: llm_api, or pin trtllm_version to 1.2.x (e.g. 1.2.1)",
                 "trtllm_version")
-    if cfg.method in LLM_API_ONLY:
+    if cfg.method == "ngram":
+        if cfg.speculation.orchestration != "bls":
+            ctx.add(ERROR, "method", "the engine runtime has no n-gram decoding mode; n-gram runs there only as "
+                    "external drafts from tensorrt_llm_bls (draft_tokens_external, docs/ngram.md)",
+                    "set speculation.orchestration: bls, or trtllm_runtime: llm_api (TensorRT-LLM ≥ 1.2)",
+                    "speculation.orchestration")
+    elif cfg.method in LLM_API_ONLY:
         ctx.add(ERROR, "method", f"method {cfg.method} runs on the LLM API only (PyTorch backend); the engine "
                 "runtime has no such decoding mode", "set trtllm_runtime: llm_api (TensorRT-LLM ≥ 1.2)",
                 "speculation.method")

@@ -9,7 +9,7 @@ these rules need the whole picture.
 
 from __future__ import annotations
 
-from pipeline.config import DeploymentConfig, DraftTargetSpec, EagleSpec, MedusaSpec, ModelSpec
+from pipeline.config import DeploymentConfig, DraftTargetSpec, EagleSpec, MedusaSpec, ModelSpec, NgramSpec
 from pipeline.errors import SpecdeployError
 from pipeline.trtllm import llmapi_checks
 from pipeline.trtllm.commands import paged_context_fmha_survives
@@ -70,6 +70,8 @@ def _paged_fmha_needed_by(cfg: DeploymentConfig) -> str | None:
     """Why this deployment cannot run without paged context FMHA (None: it can)."""
     if cfg.method == "draft_target":
         return "draft-target needs it on both engines (KV-cache reuse)"
+    if cfg.method == "ngram" and cfg.speculation.orchestration == "bls":
+        return "n-gram through the BLS needs it on the target engine (KV-cache reuse of the re-sent context)"
     if cfg.method == "eagle":
         return ("EAGLE needs it: the builder turns it back on and the attention plugin then refuses this KV dtype "
                 "at the first context step")
@@ -114,6 +116,8 @@ def check_method(ctx: CheckContext) -> None:
         _check_eagle(ctx, spec)
     elif isinstance(spec, MedusaSpec):
         _check_medusa(ctx, spec)
+    elif isinstance(spec, NgramSpec) and spec.orchestration == "bls":
+        _check_ngram_bls(ctx, spec)
 
 
 def _check_draft_target(ctx: CheckContext, spec: DraftTargetSpec) -> None:
@@ -138,17 +142,41 @@ def _check_draft_target(ctx: CheckContext, spec: DraftTargetSpec) -> None:
         _check_draft_target_lengths(ctx)
 
 
-def _check_draft_target_lengths(ctx: CheckContext) -> None:
+def _check_ngram_bls(ctx: CheckContext, spec: NgramSpec) -> None:
+    """n-gram drafted by the BLS and verified as external drafts (TensorRT-LLM's V1 n-gram
+    workflow, NVIDIA/TensorRT-LLM examples/ngram/README.md: draft_tokens_external target, KV-cache
+    block reuse, no beam search)."""
+    cfg = ctx.cfg
+    if cfg.uses_llm_api:
+        ctx.add(ERROR, "method", "orchestration 'bls' sends drafts to a trtllm-build engine; the LLM-API runtime "
+                "has no tensorrt_llm_bls and drafts n-grams in its executor (speculative_config)",
+                "set speculation.orchestration: engine, or trtllm_runtime: engine (TensorRT-LLM ≤ 1.2.x)",
+                "speculation.orchestration")
+        return
+    if spec.is_public_pool:
+        ctx.add(ERROR, "method", "the BLS keeps one n-gram pool per request (its instances are separate processes, "
+                "and upstream's V1 pool is per request: examples/ngram/run_dtm_ngram.py); a shared pool is the "
+                "in-engine method's", "set speculation.is_public_pool: false (or orchestration: engine on the "
+                "CPU reference engine)", "speculation.is_public_pool")
+    if cfg.backend == "trtllm" and not cfg.triton.enable_kv_cache_reuse:
+        ctx.add(ERROR, "method", "the external-draft target re-reads the whole context every round and needs "
+                "KV-cache block reuse at runtime (examples/ngram/README.md: --kv_cache_enable_block_reuse)",
+                "set triton.enable_kv_cache_reuse: true", "triton.enable_kv_cache_reuse")
+    if cfg.backend == "trtllm":
+        _check_draft_target_lengths(ctx, "n-gram target")
+
+
+def _check_draft_target_lengths(ctx: CheckContext, what: str = "draft-target") -> None:
     """The BLS sends the whole context (prompt + accepted tokens) to both engines every round, so
     the plan builds them with max_input_len = max_seq_len − 1; one engine step must then hold such
     an input unless chunked context splits it (the executor refuses it otherwise)."""
     b = ctx.cfg.build
     longest = b.max_seq_len - 1
-    ctx.add(INFO, "build", f"draft-target engines are built with max_input_len {longest} (max_seq_len − 1), not "
+    ctx.add(INFO, "build", f"{what} engines are built with max_input_len {longest} (max_seq_len − 1), not "
             f"{b.max_input_len}: every draft and verify call re-sends the whole context", "", "build.max_input_len")
     chunked = bool(getattr(ctx.cfg.triton, "enable_chunked_context", False))
     if b.max_num_tokens < longest and not chunked:
-        ctx.add(ERROR, "build", f"max_num_tokens ({b.max_num_tokens}) is below the longest draft-target context "
+        ctx.add(ERROR, "build", f"max_num_tokens ({b.max_num_tokens}) is below the longest {what} context "
                 f"({longest} = max_seq_len − 1): a request whose prompt plus generated tokens passes "
                 f"{b.max_num_tokens} fails mid-generation", f"raise build.max_num_tokens to ≥ {longest}",
                 "build.max_num_tokens")

@@ -56,6 +56,10 @@ CASES = [
     ("llama31-8b-draft1b-fp8-h100", 1, H100, "shared", 226048,
      {"baseline": ("single", 1, "0", {"tensorrt_llm": ("", "0.382")}),
       "speculative": ("orchestrator", 1, None, {"tensorrt_llm": ("0", "0.382"), "tensorrt_llm_draft": ("0", "0.134")})}),
+    # n-gram through the BLS: the speculative arm is one engine model (the external-draft target)
+    ("llama31-8b-ngram-engine-h100", 1, H100, "shared", 65568,
+     {"baseline": ("single", 1, "0", {"tensorrt_llm": ("", "0.425")}),
+      "speculative": ("single", 1, "0", {"tensorrt_llm": ("", "0.425")})}),
     ("vicuna7b-medusa-fp8-h100", 1, H100, "shared", 16504,
      {"baseline": ("single", 1, "0", {"tensorrt_llm": ("", "0.45")}),
       "speculative": ("single", 1, "0", {"tensorrt_llm": ("", "0.45")})}),

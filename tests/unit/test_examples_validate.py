@@ -22,6 +22,7 @@ GPU_EXAMPLES = [
     "llama31-8b-eagle3-llmapi-h100.yaml",
     "llama31-70b-draft8b-llmapi-h100.yaml",
     "qwen25-coder-7b-ngram-llmapi-h100.yaml",
+    "llama31-8b-ngram-engine-h100.yaml",
 ]
 
 

@@ -98,11 +98,18 @@ def test_medusa_and_eagle1_are_engine_only_with_the_upstream_reference(method, w
     assert "tensorrt_llm/llmapi/llm_args.py" in error.message or "tensorrt-backend-removal" in error.message
 
 
-@pytest.mark.parametrize("method", ["eagle3", "ngram", "mtp"])
+@pytest.mark.parametrize("method", ["eagle3", "mtp"])
 def test_llm_api_methods_refused_on_the_engine_runtime(method):
     found = errors(llm_cfg(method, "1.2.1", runtime="engine"))
     assert "speculation.method" in {f.field for f in found}
     assert any("set trtllm_runtime: llm_api" in f.fix for f in found)
+
+
+def test_in_engine_ngram_refused_on_the_engine_runtime_with_the_bls_route_named():
+    # the engine runtime drafts n-grams only through the BLS (external drafts, docs/ngram.md)
+    found = errors(llm_cfg("ngram", "1.2.1", runtime="engine"))
+    assert "speculation.orchestration" in {f.field for f in found}
+    assert any("orchestration: bls" in f.fix and "trtllm_runtime: llm_api" in f.fix for f in found)
 
 
 @pytest.mark.parametrize("method", ["eagle3", "mtp"])

@@ -31,6 +31,9 @@ METHODS = {
     "draft_target": {"method": "draft_target", "draft": {"checkpoint": "/models/Llama-3.2-1B-Instruct"}, "num_draft_tokens": 4},
     "medusa": {"method": "medusa", "heads_dir": "/models/medusa", "num_heads": 3},
     "eagle": {"method": "eagle", "head_dir": "/models/eagle", "num_layers": 2, "choices": [[0], [1], [0, 0]]},
+    # n-gram drafted by the BLS, verified by the target as external drafts (docs/ngram.md)
+    "ngram_bls": {"method": "ngram", "orchestration": "bls", "max_draft_len": 4, "max_matching_ngram_size": 3,
+                  "is_public_pool": False},
 }
 CASES = [(backend, method) for backend in ("reference", "trtllm") for method in METHODS]
 
@@ -56,7 +59,8 @@ def make_cfg(backend: str, method: str, workdir: Path | None = None, **triton):
 
 def write_manifest(cfg) -> dict:
     keys = {"none": ["baseline"], "draft_target": ["baseline", "target", "draft", "speculative"],
-            "medusa": ["baseline", "speculative"], "eagle": ["baseline", "speculative"]}[cfg.method]
+            "medusa": ["baseline", "speculative"], "eagle": ["baseline", "speculative"],
+            "ngram": ["baseline", "target"]}[cfg.method]
     manifest = {
         "format": "specdeploy-manifest/1", "name": cfg.name, "config_hash": config_hash(cfg),
         "backend": cfg.backend, "method": cfg.method, "trtllm_version": cfg.trtllm_version,
@@ -277,6 +281,31 @@ def test_validator_draft_target_needs_kv_reuse(tmp_path):
           'key: "enable_kv_cache_reuse"\n    value: { string_value: "False" }')
     with pytest.raises(RenderError, match="draft-target needs enable_kv_cache_reuse True on the target"):
         validate_repository(repo)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (('key: "enable_kv_cache_reuse"\n    value: { string_value: "True" }',
+      'key: "enable_kv_cache_reuse"\n    value: { string_value: "False" }'), "needs enable_kv_cache_reuse True"),
+    (("decoupled: false", "decoupled: true"), "needs decoupled false"),
+], ids=["kv-reuse", "decoupled"])
+def test_validator_ngram_bls_target_rules(tmp_path, edit, message):
+    repo = _rendered(tmp_path, "ngram_bls")
+    _edit(repo / "tensorrt_llm" / "config.pbtxt", *edit)
+    with pytest.raises(RenderError, match=f"n-gram through the BLS {message}"):
+        validate_repository(repo)
+
+
+def test_ngram_bls_parameters_only_in_the_speculative_bls(tmp_path):
+    cfg = make_cfg("reference", "ngram_bls", workdir=tmp_path)
+    write_manifest(cfg)
+    results = render(cfg)
+    spec = parse_config_file(results["speculative"][0] / "tensorrt_llm_bls" / "config.pbtxt").parameters
+    assert {k: spec[k].string_value for k in spec if k.startswith("ngram_") or k == "speculative_method"} == {
+        "speculative_method": "ngram", "ngram_max_draft_len": "4", "ngram_max_matching_ngram_size": "3",
+        "ngram_min_matching_ngram_size": "1", "ngram_is_keep_all": "true", "ngram_is_use_oldest": "true"}
+    assert spec["tensorrt_llm_draft_model_name"].string_value == ""
+    base = parse_config_file(results["baseline"][0] / "tensorrt_llm_bls" / "config.pbtxt").parameters
+    assert "speculative_method" not in base
 
 
 def test_rerender_replaces_atomically(tmp_path):

@@ -32,7 +32,8 @@ the step, never of this step's random draws, so a sampled request verifies them 
 draft distributions (``draft_probs`` None → accept with min(1, p(token)), else resample from p
 without that token; :mod:`pipeline.reference.verify`); greedy requests keep the target's argmax.
 Implements the :class:`pipeline.reference.proposers.base.Proposer` protocol (registered as
-``ngram`` in :data:`pipeline.reference.proposers.BUILDERS`). Reads and writes nothing on disk.
+``ngram`` in :data:`pipeline.reference.proposers.BUILDERS`); the pool and the matching are
+:mod:`pipeline.reference.ngram_match` (torch-free, shared with the BLS). Reads and writes nothing on disk.
 """
 
 from __future__ import annotations
@@ -41,36 +42,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pipeline.reference.ngram_match import NgramMatcher, NgramPool
 from pipeline.reference.proposers.base import BuildContext, Proposal
 from pipeline.reference.sequence import SeqState
 
 PUBLIC_POOL_PATTERNS = 1 << 17  # bound of the shared pool (patterns); oldest inserted leave first
-
-
-class NgramPool:
-    """pattern (tuple of 1..max tokens) → its first and its latest occurrence, each as
-    (the token list it occurred in, the index of the token that followed it)."""
-
-    def __init__(self, keep_all: bool, capacity: int | None = None):
-        self.keep_all = keep_all
-        self.capacity = capacity
-        self.entries: dict[tuple[int, ...], list] = {}  # [first_tokens, first_at, last_tokens, last_at]
-
-    def add(self, pattern: tuple[int, ...], tokens: list[int], at: int) -> None:
-        entry = self.entries.get(pattern)
-        if entry is None:
-            self.entries[pattern] = [tokens, at, tokens, at]
-            if self.capacity is not None and len(self.entries) > self.capacity:
-                del self.entries[next(iter(self.entries))]
-        elif self.keep_all:
-            entry[2], entry[3] = tokens, at
-
-    def continuation(self, pattern: tuple[int, ...], oldest: bool, k: int) -> list[int] | None:
-        entry = self.entries.get(pattern)
-        if entry is None:
-            return None
-        tokens, at = (entry[0], entry[1]) if oldest or not self.keep_all else (entry[2], entry[3])
-        return tokens[at : at + k]
 
 
 @dataclass
@@ -88,9 +64,7 @@ class NgramProposer:
                  is_keep_all: bool = True, is_use_oldest: bool = True, is_public_pool: bool = True):
         if max_draft_len < 1:
             raise ValueError(f"max_draft_len must be >= 1, got {max_draft_len}")
-        if not 1 <= min_matching_ngram_size <= max_matching_ngram_size:
-            raise ValueError(f"need 1 <= min_matching_ngram_size ({min_matching_ngram_size}) <= "
-                             f"max_matching_ngram_size ({max_matching_ngram_size})")
+        self.matcher = NgramMatcher(max_matching_ngram_size, min_matching_ngram_size, is_use_oldest)
         self.max_draft_len = max_draft_len
         self.max_n = max_matching_ngram_size
         self.min_n = min_matching_ngram_size
@@ -128,23 +102,10 @@ class NgramProposer:
         return proposals
 
     def _index(self, state: _NgramState, tokens: list[int]) -> None:
-        """Add every pattern that is now followed by a token: for each new position ``at`` (the
-        token after the pattern), the patterns of min..max tokens ending right before it."""
-        for at in range(state.indexed, len(tokens)):
-            for n in range(self.min_n, min(self.max_n, at) + 1):
-                state.pool.add(tuple(tokens[at - n : at]), tokens, at)
-        state.indexed = max(state.indexed, len(tokens))
+        state.indexed = self.matcher.index(state.pool, tokens, state.indexed)
 
     def lookup(self, pool: NgramPool, tokens: list[int], k: int) -> list[int]:
-        """Drafts for ``tokens``: the longest suffix pattern (max..min tokens) found in ``pool``
-        proposes up to ``k`` of the tokens that followed it; [] when none matches."""
-        if k <= 0:
-            return []
-        for n in range(min(self.max_n, len(tokens)), self.min_n - 1, -1):
-            drafts = pool.continuation(tuple(tokens[len(tokens) - n :]), self.use_oldest, k)
-            if drafts:
-                return drafts
-        return []
+        return self.matcher.lookup(pool, tokens, k)
 
 
 def build(spec: dict, ctx: BuildContext) -> NgramProposer:
