@@ -6,6 +6,7 @@ the two CPU endpoints that ends in a report with a verdict."""
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -50,6 +51,69 @@ def sse_events(raw: bytes) -> list:
             payload = line[6:]
             out.append(payload if payload == "[DONE]" else json.loads(payload))
     return out
+
+
+def test_cli_serve_frontend_openai_answers_and_stops_with_nothing_left(serving_workdir, medusa_cfg):
+    """The real `specdeploy serve --frontend openai --foreground` as a user starts it: tritonserver
+    and the frontend come up, /v1/completions answers, Ctrl-C stops both and frees every port."""
+    import os
+    import queue
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    import psutil
+    from test_serve_lifecycle import _alive, wait_gone
+
+    from pipeline.infra.processes import free_ports
+
+    ports = free_ports(4)
+    http, grpc, metrics, openai = ports
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "serve", str(serving_workdir / f"{medusa_cfg.name}.yaml"), "--variant",
+         "speculative", "--frontend", "openai", "--foreground", "--http-port", str(http), "--grpc-port", str(grpc),
+         "--metrics-port", str(metrics), "--openai-port", str(openai), "--workdir", str(serving_workdir)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONPATH": str(root)})
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout] + [lines.put(None)], daemon=True).start()
+    text, family = "", []
+
+    def wait_for(needle: str, timeout: float = 300.0) -> None:
+        nonlocal text
+        deadline = time.monotonic() + timeout
+        while needle not in text:
+            try:
+                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                line = None
+            if line is None:
+                pytest.fail(f"no {needle!r} from `specdeploy serve --frontend openai`:\n{text}")
+            text += line
+
+    try:
+        wait_for(f"http://127.0.0.1:{openai}/v1")
+        family = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+        cmdlines = [" ".join(psutil.Process(p).cmdline()) for p in _alive(family)]
+        assert any("tritonserver" in c for c in cmdlines) and any("openai_frontend" in c for c in cmdlines), cmdlines
+        status, raw = post(f"http://127.0.0.1:{openai}/v1/completions",
+                           {"model": medusa_cfg.name, "prompt": "def add(a, b):", "max_tokens": 8, "temperature": 0})
+        assert status == 200, raw
+        body = json.loads(raw)
+        assert body["choices"][0]["text"] and body["usage"]["completion_tokens"] > 0
+        proc.send_signal(signal.SIGINT)
+        wait_for("stopped", timeout=120)
+        assert proc.wait(timeout=120) == 0, text
+        wait_gone(family, ports)
+        assert "Traceback" not in text, text
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        from pipeline.infra.processes import stop_processes
+
+        stop_processes([psutil.Process(p) for p in _alive(family)], 5)
 
 
 def test_completions_streaming_and_whole_agree_with_usage(frontends, medusa_cfg):
