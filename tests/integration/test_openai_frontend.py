@@ -160,7 +160,8 @@ def test_bad_requests_name_the_field_and_the_frontend_stays_up(frontends, medusa
     assert frontends["baseline"].alive()
 
 
-def test_ab_through_the_frontends_gives_a_report_with_a_verdict(frontends, medusa_cfg, serving_workdir, tmp_path):
+def test_ab_through_the_frontends_gives_a_report_with_a_verdict(frontends, medusa_cfg, medusa_server, serving_workdir,
+                                                                tmp_path):
     from pipeline.loadtest.endpoints_only import run_endpoint_loadtest
     from pipeline.loadtest.provenance import served_tokenizer_dir
 
@@ -168,7 +169,8 @@ def test_ab_through_the_frontends_gives_a_report_with_a_verdict(frontends, medus
     lt = tmp_path / "lt.yaml"
     lt.write_text(yaml.safe_dump({"name": "tiny-openai-ab", "loadtest": {
         "prompts": str(prompts), "concurrency": [1, 2], "duration_s": 5, "warmup_s": 1, "repeats": 1,
-        "max_tokens": 16, "sampling": {"top_k": 1}, "openai_api": "chat"}}))
+        "max_tokens": 16, "sampling": {"top_k": 1}, "openai_api": "chat"},
+        "metrics_speculative": medusa_server.metrics_url}))  # our Triton's counters behind the frontend
     tokenizer = served_tokenizer_dir(medusa_cfg)
     run_dir, _ = run_endpoint_loadtest(lt, endpoint_baseline=frontends["baseline"].url,
                                        endpoint_speculative=frontends["speculative"].url, model=medusa_cfg.name,
@@ -186,3 +188,9 @@ def test_ab_through_the_frontends_gives_a_report_with_a_verdict(frontends, medus
     report = json.loads((run_dir / "report.json").read_text())
     assert report["verdict"] in ("NO-GO", "INCONCLUSIVE")  # one repeat: never GO
     assert all(c["equivalence"]["equivalent"] for c in report["comparisons"])  # same greedy text in both arms
+    # no per-request acceptance on the OpenAI transport: it comes from our counters, named (the tiny
+    # untrained heads may accept nothing: a reported 0 is a figure, unlike "not reported")
+    spec = [r["server_acceptance"] for r in runs if r["arm"] == "speculative"]
+    assert all(d["source"] == "specdeploy" and d["kind"] == "counter delta" and d["draft_tokens"] > 0
+               for d in spec), spec
+    assert report["acceptance_source"] == "specdeploy" and 0 <= report["acceptance_rate"] <= 1
