@@ -106,7 +106,7 @@ def parse_prometheus(text: str) -> dict[str, Any]:
             elif name in _PER_POSITION:
                 pos = sample.labels.get(_PER_POSITION[name], "?")
                 per_position[pos] = per_position.get(pos, 0.0) + value
-            elif name in _GAUGES and family.type == "gauge":
+            elif name in _GAUGES and family.type in ("gauge", "unknown"):  # "unknown": text without # TYPE
                 figure, source = _GAUGES[name]
                 gauges.setdefault(source, {})[figure] = value  # one engine: the last label set read
     if iter_counters and TRTLLM_PROM not in counters:

@@ -7,12 +7,13 @@ user gives.
 Then, for each repeat × concurrency × arm (arms interleaved A B A B), it runs Locust headless
 **as a subprocess** (gevent never enters this process) and writes into RUN_DIR:
 ``run.json`` (provenance), ``runs.json`` (one entry per Locust run: validity, server liveness,
-Prometheus counter deltas, peak server RSS, the exact command), ``raw/<arm>-c<conc>-r<rep>.jsonl``
+the server's acceptance over the run, peak server RSS, the exact command), ``raw/<arm>-c<conc>-r<rep>.jsonl``
 (raw per-request records, merged from each Locust process), ``settings/`` (what each Locust run
-was told), ``metrics/`` (counter scrapes before/after, and their differences) and ``logs/``. At the
-end it calls ``pipeline.report.builder.make_report``. Inputs are checked in
-:mod:`~pipeline.loadtest.inputs`, acceptance read by :mod:`~pipeline.loadtest.acceptance_sources`, memory by :mod:`~pipeline.loadtest.server_metrics`,
-``run.json``'s provenance assembled by :mod:`~pipeline.loadtest.provenance`.
+was told), ``metrics/`` (the servers' acceptance scrapes before/after, and the run's figures) and
+``logs/``. At the end it calls ``pipeline.report.builder.make_report``. Inputs are checked in
+:mod:`~pipeline.loadtest.inputs`, acceptance read by :mod:`~pipeline.loadtest.acceptance_sources`,
+memory and CPU sampled by :mod:`~pipeline.loadtest.server_metrics`, ``run.json``'s provenance
+assembled by :mod:`~pipeline.loadtest.provenance`.
 
 Load bigger than one host: run Locust workers elsewhere with
 ``locust -f loadtests/locustfile.py --worker --master-host H`` (same settings file via

@@ -165,6 +165,12 @@ def test_sglang_gauges_are_a_window_not_a_count():
     assert delta["gauge_window"]["acceptance_rate"] == {"before": 0.2, "after": 0.55}
 
 
+def test_gauges_without_type_lines_are_still_read():
+    text = 'sglang:spec_accept_length{model_name="tiny"} 2.25\nsglang:spec_accept_rate{model_name="tiny"} 0.4\n'
+    delta = acc.run_delta(acc.parse(text), acc.parse(text))
+    assert delta["source"] == "sglang" and delta["acceptance_rate"] == pytest.approx(0.4)
+
+
 def test_a_server_without_acceptance_metrics_is_not_reported_never_zero():
     triton = ('# HELP nv_inference_count Number of inferences performed\n# TYPE nv_inference_count counter\n'
               'nv_inference_count{model="llm",version="1"} 12\n')
