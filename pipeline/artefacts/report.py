@@ -60,6 +60,10 @@ class Report(Artefact):
     crossover_concurrency: Any = None
     recommended_draft_len: dict[str, Any] = Field(default_factory=dict)
     acceptance_rate: float | None = None
+    acceptance_source: str | None = Field(None, description=(
+        "Where acceptance_rate comes from: per-request outputs, a server's metrics (named), or not reported."))
+    acceptance_by_source: list[dict[str, Any]] = Field(default_factory=list, description=(
+        "Per acceptance source over the speculative runs: the runs, kind, rate and mean acceptance length."))
     comparisons: list[dict[str, Any]]
     cells: list[dict[str, Any]]
     runs: list[dict[str, Any]]

@@ -70,6 +70,10 @@ class RunResult(Strict):
     metrics: str
     metrics_delta: dict[str, float | str] | None = Field(None, description=(
         "Acceptance counters over the run, and `source`: whose counters (specdeploy, vllm, not reported)."))
+    server_acceptance: dict[str, Any] | None = Field(None, description=(
+        "The run's acceptance as the server reports it (pipeline/loadtest/acceptance_sources.py): `source`, "
+        "`kind` (counter delta, drained window, gauge window), counts, rate and mean acceptance length "
+        "(None when not given)."))
     server_alive: bool
     valid: bool
     invalid_reasons: list[str] = Field(default_factory=list)

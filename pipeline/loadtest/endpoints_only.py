@@ -44,8 +44,11 @@ class EndpointLoadTestFile(_Strict):
     loadtest: LoadTestSettings = _desc("Load-test settings (as in a deployment config).",
                                        default_factory=lambda: LoadTestSettings(transport="openai"))
     gate: GateSettings = _desc("Rollout gate thresholds.", default_factory=GateSettings)
-    metrics_baseline: str | None = _desc("Prometheus /metrics URL of the baseline server, if any.", default=None)
-    metrics_speculative: str | None = _desc("Prometheus /metrics URL of the speculative server.", default=None)
+    metrics_baseline: str | None = _desc(
+        "Metrics URL of the baseline server (Prometheus text, or trtllm-serve's JSON /metrics), read before and "
+        "after each run for its acceptance (docs/openai-endpoints.md).", default=None)
+    metrics_speculative: str | None = _desc("Metrics URL of the speculative server, as metrics_baseline.",
+                                            default=None)
 
 
 def load_loadtest_file(path: str | Path) -> EndpointLoadTestFile:

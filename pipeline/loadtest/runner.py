@@ -7,12 +7,13 @@ user gives.
 Then, for each repeat × concurrency × arm (arms interleaved A B A B), it runs Locust headless
 **as a subprocess** (gevent never enters this process) and writes into RUN_DIR:
 ``run.json`` (provenance), ``runs.json`` (one entry per Locust run: validity, server liveness,
-Prometheus counter deltas, peak server RSS, the exact command), ``raw/<arm>-c<conc>-r<rep>.jsonl``
+the server's acceptance over the run, peak server RSS, the exact command), ``raw/<arm>-c<conc>-r<rep>.jsonl``
 (raw per-request records, merged from each Locust process), ``settings/`` (what each Locust run
-was told), ``metrics/`` (counter scrapes before/after, and their differences) and ``logs/``. At the
-end it calls ``pipeline.report.builder.make_report``. Inputs are checked in
-:mod:`~pipeline.loadtest.inputs`, counters and memory sampled by :mod:`~pipeline.loadtest.server_metrics`,
-``run.json``'s provenance assembled by :mod:`~pipeline.loadtest.provenance`.
+was told), ``metrics/`` (the servers' acceptance scrapes before/after, and the run's figures) and
+``logs/``. At the end it calls ``pipeline.report.builder.make_report``. Inputs are checked in
+:mod:`~pipeline.loadtest.inputs`, acceptance read by :mod:`~pipeline.loadtest.acceptance_sources`,
+memory and CPU sampled by :mod:`~pipeline.loadtest.server_metrics`, ``run.json``'s provenance
+assembled by :mod:`~pipeline.loadtest.provenance`.
 
 Load bigger than one host: run Locust workers elsewhere with
 ``locust -f loadtests/locustfile.py --worker --master-host H`` (same settings file via
@@ -38,6 +39,7 @@ from pipeline.artefacts.runs import RunInfo, RunResults, RunSettings
 from pipeline.config import DeploymentConfig
 from pipeline.infra.atomic import write_json_atomic
 from pipeline.infra.processes import spawn
+from pipeline.loadtest import acceptance_sources
 from pipeline.loadtest.endpoints import ArmEndpoint, ManagedEndpoints, managed_endpoints, remote_endpoint
 from pipeline.loadtest.inputs import (
     ARMS,
@@ -48,7 +50,7 @@ from pipeline.loadtest.inputs import (
     sends_draft_len,
 )
 from pipeline.loadtest.provenance import run_metadata, served_tokenizer_dir
-from pipeline.loadtest.server_metrics import COUNTERS, CpuSampler, RssSampler, scrape_counters
+from pipeline.loadtest.server_metrics import CpuSampler, RssSampler
 from pipeline.paths import PROJECT_ROOT, reports_root
 from pipeline.serve.cpu_pinning import spawn_on
 
@@ -161,7 +163,7 @@ def execute_run(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run
     argv = locust_command(cfg, spec, duration_s)
     env = {**os.environ, "SPECDEPLOY_LOADTEST_CONFIG": str(settings_path), "OMP_NUM_THREADS": "1",
            "PYTHONUNBUFFERED": "1"}
-    before = scrape_counters(endpoint.metrics_url)
+    before = acceptance_sources.scrape(endpoint.metrics_url)
     log_path = run_dir / "logs" / f"{spec.key}.log"
     timeout_s = duration_s + cfg.loadtest.stop_timeout_s + 90
     started = time.time()
@@ -182,13 +184,14 @@ def execute_run(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run
             proc.stop(LOCUST_STOP_S)
             raise
         client_cpu_s = cpu.stop()
-    after = scrape_counters(endpoint.metrics_url)
+    after = acceptance_sources.scrape(endpoint.metrics_url)
     alive = endpoint.alive() if endpoint.alive else True
     n_records, metas = merge_parts(run_dir, spec.key)
-    delta = ({**{k: after[k] - before[k] for k in COUNTERS}, "source": after["source"]}
-             if before is not None and after is not None else None)
+    acceptance = acceptance_sources.run_delta(before, after)
+    delta = acceptance_sources.legacy_delta(acceptance)
     (run_dir / "metrics" / f"{spec.key}.json").write_text(
-        json.dumps({"before": before, "after": after, "delta": delta}, indent=1), encoding="utf-8")
+        json.dumps({"before": before, "after": after, "delta": delta, "acceptance": acceptance}, indent=1),
+        encoding="utf-8")
     reasons = []
     if not alive:
         reasons.append("server not alive (or the model not ready) after the run")
@@ -203,6 +206,7 @@ def execute_run(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run
         "repeat": spec.repeat, "draft_len": spec.draft_len, "raw": f"raw/{spec.key}.jsonl",
         "workers": f"raw/{spec.key}.workers.json", "settings": f"settings/{spec.key}.json",
         "log": f"logs/{spec.key}.log", "metrics": f"metrics/{spec.key}.json", "metrics_delta": delta,
+        "server_acceptance": acceptance,
         "server_alive": alive, "valid": not reasons, "invalid_reasons": reasons, "locust_exit_code": exit_code,
         "n_records": n_records, "sent": sum(m.get("sent", 0) for m in metas), "peak_rss_mb": rss.peak_mb,
         "started_unix": started, "seconds": time.time() - started, "command": argv,

@@ -26,6 +26,7 @@ from pipeline.artefacts.runs import RunInfo
 from pipeline.config import DeploymentConfig, parse_config
 from pipeline.errors import SpecdeployError
 from pipeline.infra.atomic import write_json_atomic
+from pipeline.report import acceptance
 from pipeline.report.comparison import BootstrapSettings, best_ci, compare_cells, find_crossover
 from pipeline.report.gate import GateResult, evaluate_gate
 from pipeline.report.stats import RunData, cell_summary, load_runs
@@ -128,8 +129,9 @@ def analyze(run_dir: Path, cfg: DeploymentConfig) -> dict[str, Any]:
     primary_comps = [c for c in comparisons if c["primary"]]
     spec_records = [r for (arm, _, dl), rs in groups.items() if arm == "speculative" and dl == primary
                     for run in rs for r in run.measured if r.get("status") == "ok"]
-    drafted = sum(r.get("draft_tokens") or 0 for r in spec_records)
-    accepted = sum(r.get("accepted_tokens") or 0 for r in spec_records)
+    spec_deltas = [run.info.get("server_acceptance") for (arm, _, dl), rs in groups.items()
+                   if arm == "speculative" and dl == primary for run in rs]
+    acceptance_rate, acceptance_source = acceptance.headline(spec_records, spec_deltas)
     all_summaries = [s for cell in cells for s in cell["runs"]]
     return {
         "runs": all_summaries,
@@ -138,7 +140,9 @@ def analyze(run_dir: Path, cfg: DeploymentConfig) -> dict[str, Any]:
         "primary_draft_len": primary,
         "greedy": cfg.loadtest.sampling.greedy,
         "crossover_concurrency": find_crossover([(c["concurrency"], c) for c in primary_comps]),
-        "acceptance_rate": accepted / drafted if drafted else None,
+        "acceptance_rate": acceptance_rate,
+        "acceptance_source": acceptance_source,
+        "acceptance_by_source": acceptance.by_source(all_summaries),
         "recommended_draft_len": recommend_draft_len(comparisons) if meta.get("sweep_draft_len") else {},
         "bootstrap": {"method": boot.method, "n_resamples": boot.n_resamples, "seed": boot.seed,
                       "confidence_level": boot.confidence_level, "unit": "run (replicate)"},
@@ -227,6 +231,8 @@ def build_report_data(run_dir: Path, cfg: DeploymentConfig, analysis: dict, gate
         "crossover_concurrency": analysis["crossover_concurrency"],
         "recommended_draft_len": analysis["recommended_draft_len"],
         "acceptance_rate": analysis["acceptance_rate"],
+        "acceptance_source": analysis["acceptance_source"],
+        "acceptance_by_source": analysis["acceptance_by_source"],
         "comparisons": [_strip_comparison(c) for c in analysis["comparisons"]],
         "cells": [{k: v for k, v in cell.items() if k != "runs"} for cell in analysis["cells"]],
         "runs": [{k: v for k, v in r.items() if k != "throughput_timeline"} for r in analysis["runs"]],

@@ -3,7 +3,8 @@
 Reads the analysis dict built by ``pipeline.report.builder.analyze`` (run summaries, per-cell stats and
 spec-vs-base comparisons per concurrency) and the ``GateSettings`` of the config; returns a
 :class:`GateResult` with every check (rule, scope, pass/fail/inconclusive, value, threshold).
-Any failed check → NO-GO; else any inconclusive check → INCONCLUSIVE; else GO. A run whose
+Any failed check → NO-GO; else any inconclusive check → INCONCLUSIVE; else GO (a check "not
+checked", such as acceptance no one reports, is listed and changes nothing). A run whose
 server died is invalid and makes the verdict NO-GO: such a run can never be a GO; so does a run in
 which speculative requests fell back to target-only after a draft failure (``draft_fallbacks``).
 Exit codes: GO 0, NO-GO 1, INCONCLUSIVE 3 (2 is Click's usage error).
@@ -20,6 +21,7 @@ from pipeline.report.comparison import best_ci
 GO, NO_GO, INCONCLUSIVE = "GO", "NO-GO", "INCONCLUSIVE"
 EXIT_CODES = {GO: 0, NO_GO: 1, INCONCLUSIVE: 3}
 PASS, FAIL, UNSURE = "pass", "fail", "inconclusive"
+NOT_CHECKED = "not checked"  # shown with the checks, no reason for the verdict
 CLIENT_CPU_MAX = 0.9  # Locust's own warning threshold
 
 
@@ -49,7 +51,8 @@ class GateResult:
 
     @property
     def reasons(self) -> list[str]:
-        return [f"[{c.status}] {c.rule} ({c.scope}): {c.detail}" for c in self.checks if c.status != PASS]
+        return [f"[{c.status}] {c.rule} ({c.scope}): {c.detail}" for c in self.checks
+                if c.status not in (PASS, NOT_CHECKED)]
 
     def as_dict(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "exit_code": self.exit_code, "reasons": self.reasons,
@@ -223,16 +226,19 @@ def _peak_throughput_guardrail(level: int, comp: dict, gate: GateSettings, analy
 def _acceptance_checks(analysis: dict, gate: GateSettings, advice: list[str]) -> list[Check]:
     out = []
     rate = analysis.get("acceptance_rate")
+    source = analysis.get("acceptance_source") or "per-request outputs"
     if rate is None:
-        out.append(Check("acceptance_rate", "speculative", PASS, "server returned no acceptance figures (not gated)"))
+        out.append(Check("acceptance_rate", "speculative", NOT_CHECKED,
+                         "acceptance not reported (no per-request figures, no server metrics): not checked"))
         return out
+    rate_detail = "" if source == "per-request outputs" else f" (from {source})"
     if rate < gate.min_acceptance_rate:
         advice.append(f"acceptance rate {rate:.0%} is below {gate.min_acceptance_rate:.0%}: turn speculation off "
                       "or use a better-aligned draft")
-        out.append(Check("acceptance_rate", "speculative", FAIL, f"{rate:.1%} < {gate.min_acceptance_rate:.0%}",
+        out.append(Check("acceptance_rate", "speculative", FAIL, f"{rate:.1%} < {gate.min_acceptance_rate:.0%}{rate_detail}",
                          rate, gate.min_acceptance_rate))
     else:
-        out.append(Check("acceptance_rate", "speculative", PASS, f"{rate:.1%} ≥ {gate.min_acceptance_rate:.0%}",
+        out.append(Check("acceptance_rate", "speculative", PASS, f"{rate:.1%} ≥ {gate.min_acceptance_rate:.0%}{rate_detail}",
                          rate, gate.min_acceptance_rate))
     return out
 

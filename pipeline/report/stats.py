@@ -22,6 +22,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from pipeline.artefacts.runs import RunResults
+from pipeline.report.acceptance import run_source, with_server
 
 PERCENTILES = (50, 90, 95, 99)
 NS_PER_MS = 1e6
@@ -220,6 +221,10 @@ def run_summary(run: RunData, slo_ttft_ms: float, slo_tpot_ms: float) -> dict[st
         "client_cpu_fraction": run.info.get("client_cpu_fraction"),
         "target_rate": run.info.get("target_rate"),
         "metrics_delta": run.info.get("metrics_delta"),
+        "server_acceptance": run.info.get("server_acceptance"),
+        "acceptance_source": run_source(ok, run.info.get("server_acceptance")),
+        "request_acceptance": {"draft_tokens": sum(r.get("draft_tokens") or 0 for r in ok),
+                               "accepted_tokens": sum(r.get("accepted_tokens") or 0 for r in ok)},
         "throughput_timeline": throughput_timeline(run.records),
     }
 
@@ -273,7 +278,8 @@ def cell_summary(runs: list[RunData], slo_ttft_ms: float, slo_tpot_ms: float) ->
         "peak_rss_mb": max((s["peak_rss_mb"] for s in summaries if s["peak_rss_mb"]), default=None),
         "run_variability": run_variability(summaries),
         "data_quality": data_quality(ok),
-        "acceptance": acceptance_summary(ok, [run.info.get("metrics_delta") for run in runs]),
+        "acceptance": with_server(acceptance_summary(ok, [run.info.get("metrics_delta") for run in runs]),
+                                  [run.info.get("server_acceptance") for run in runs]),
         "acceptance_by_category": {
             cat: acceptance_summary([r for r in ok if r.get("category") == cat], [])
             for cat in sorted({r.get("category", "default") for r in ok})

@@ -96,9 +96,12 @@ def triton_argv(cfg: DeploymentConfig, repo: Path) -> list[str]:
 
 
 def serve_options(args: dict[str, Any]) -> dict[str, Any]:
-    """The ``--extra_llm_api_options`` file: every LLM argument the command line does not set."""
+    """The ``--extra_llm_api_options`` file: every LLM argument the command line does not set, and
+    ``enable_iter_perf_stats``: trtllm-serve's iteration stats (JSON ``/metrics``, and the iteration
+    metrics on ``/prometheus/metrics``) stay empty without it (tensorrt_llm/metrics/collector.py,
+    ``log_iteration_stats``); the load test reads acceptance from them."""
     on_cli = set(load_facts()["trtllm_serve"]["cli_llm_args"])
-    return {k: v for k, v in args.items() if k not in on_cli}
+    return {**{k: v for k, v in args.items() if k not in on_cli}, "enable_iter_perf_stats": True}
 
 
 def serve_argv(cfg: DeploymentConfig, args: dict[str, Any], options_path: Path) -> list[str]:

@@ -92,6 +92,14 @@ def test_ab_between_two_openai_endpoints_gives_a_verdict(tmp_path):
     assert all(r["metrics_delta"] is None for r in runs if r["arm"] == "baseline")  # no metrics URL given
     d = spec_runs[0]["metrics_delta"]
     assert d["accepted_tokens"] / d["draft_tokens"] == pytest.approx(2 / 3, abs=0.05)
+    # the same figures as the report reads them: the server named, a counter delta, rate and τ
+    assert all(r["server_acceptance"]["source"] == "vllm" and r["server_acceptance"]["kind"] == "counter delta"
+               for r in spec_runs)
+    assert all(r["server_acceptance"] is None for r in runs if r["arm"] == "baseline")
+    assert spec_runs[0]["server_acceptance"]["acceptance_rate"] == pytest.approx(2 / 3, abs=0.05)
+    assert report["acceptance_source"] == "vllm"  # the OpenAI records carry no per-request acceptance
+    assert report["acceptance_rate"] == pytest.approx(2 / 3, abs=0.05)
+    assert [r["source"] for r in report["acceptance_by_source"]] == ["vllm"]
     # `specdeploy report` re-reads the run directory alone (the config snapshot in run.json)
     proc = subprocess.run([sys.executable, "-m", "pipeline", "report", str(run_dir), "--json"], capture_output=True,
                           text=True, timeout=120, cwd=str(ROOT))

@@ -194,6 +194,22 @@ def test_speculative_arm_carries_the_decoding_config_and_baseline_does_not():
     assert argv[:2] == ["trtllm-serve", TARGET] and argv[-2] == "--extra_llm_api_options"
 
 
+def test_trtllm_serve_options_turn_on_the_stats_acceptance_is_read_from():
+    """trtllm-serve's /prometheus/metrics needs return_perf_metrics and its iteration stats need
+    enable_iter_perf_stats (tensorrt_llm/serve/openai_server.py, tensorrt_llm/metrics/collector.py);
+    both are LLM arguments the facts know, in both arms (the baseline then reports "no drafts")."""
+    from pipeline.trtllm.llmapi_args import args_problems
+
+    cfg = make_cfg("eagle3-1.2")
+    write_manifest(cfg)
+    render(cfg)
+    for arm in ("baseline", "speculative"):
+        options = yaml.safe_load((Path("engines") / cfg.name / f"trtllm-serve/{arm}/extra_llm_api_options.yaml")
+                                 .read_text())
+        assert options["enable_iter_perf_stats"] is True and options["return_perf_metrics"] is True
+        assert args_problems(cfg, {**options, "model": TARGET}) == []
+
+
 def test_user_pass_through_reaches_both_files():
     cfg = make_cfg("ngram-1.4", llm_api={"extra_llm_args": {"disable_overlap_scheduler": True},
                                           "extra_speculative_config": {"is_public_pool": False}})

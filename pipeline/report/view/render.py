@@ -53,6 +53,9 @@ def report_page(data: dict, plots: dict[str, str | None]) -> dict[str, Any]:
         "levels": tables.headline_tables(data),
         "categories": tables.category_table(data),
         "acceptance_cells": tables.acceptance_cells_table(data),
+        "acceptance_sources": tables.acceptance_source_table(data),
+        "acceptance_source": data.get("acceptance_source")
+        or ("per-request outputs" if data.get("acceptance_rate") is not None else "not reported"),
         "gate": tables.gate_tables(data),
         "statistics": tables.statistics_table(data),
         "draft_lengths": tables.draft_length_table(data),

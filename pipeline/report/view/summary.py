@@ -21,7 +21,7 @@ from pipeline.report.view.rounding import fmt_ci, fmt_pct, invert_ci, tidy_text
 
 TITLES = {"GO": "Roll out speculative decoding", "NO-GO": "Do not roll out speculative decoding",
           "INCONCLUSIVE": "Not decided: the evidence is not strong enough"}
-STATUS_ORDER = {"fail": 0, "inconclusive": 1, "pass": 9}
+STATUS_ORDER = {"fail": 0, "inconclusive": 1, "not checked": 3, "pass": 9}
 # Repeats of one cell whose median TPOT differs by more than this (coefficient of variation) widen
 # every CI; the reader should learn that from the summary, not from the variability table.
 NOISY_CV = 0.2

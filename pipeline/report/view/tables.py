@@ -91,6 +91,14 @@ def acceptance_cells_table(data: dict) -> dict:
     return table(["concurrency", "K", "category", "acceptance", "τ", "tokens/chunk"], rows)
 
 
+def acceptance_source_table(data: dict) -> dict:
+    """Acceptance by source: where each speculative run's acceptance comes from, and the figure."""
+    rows = data.get("acceptance_by_source") or []
+    return table(["source", "kind", "runs", "acceptance", "τ"],
+                 ([r["source"], r.get("kind") or MISSING, ", ".join(r["runs"]), fmt_pct(r.get("acceptance_rate")),
+                   fmt_value(r.get("mean_acceptance_length"))] for r in rows))
+
+
 def statistics_table(data: dict) -> dict:
     """Every spec-vs-base comparison (all draft lengths) with the tests behind the headline."""
     taus = {(r["concurrency"], r["speculation_length"]): r for r in data["rows"] if r["arm"] == "speculative"}
