@@ -113,6 +113,8 @@ class RunSettings(Artefact):
     repeat: int
     endpoint: str = Field(description="grpc: host:port; http: http://host:port.")
     model_name: str
+    contract: str = Field("ensemble", description="The model's tensor contract: ensemble, bls or llmapi "
+                                                  "(the arm's deployment descriptor).")
     transport: str
     mode: str
     concurrency: int
