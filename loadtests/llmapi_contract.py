@@ -60,6 +60,8 @@ def llmapi_inputs(settings, prompt_text: str, prompt_index: int) -> dict[str, An
         "streaming": True,
         "sampling_param_max_tokens": int(settings.max_tokens),
         "sampling_param_return_perf_metrics": True,
+        # the model's default is False (helpers.py), SamplingParams' True: say it, as the ensemble does
+        "sampling_param_exclude_input_from_output": True,
         "return_finish_reason": True,
     }
     for key, (name, _triton, numpy) in SAMPLING_INPUTS.items():
