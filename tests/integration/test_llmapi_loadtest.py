@@ -75,9 +75,12 @@ def _locust(tmp: Path, server, transport: str) -> list[dict]:
 def test_locust_llmapi_contract_records(tmp_path, monkeypatch, transport):
     from tokenizers import Tokenizer
 
+    from pipeline.loadtest.endpoints import probe_generate
+
     cfg, repos = _render(tmp_path, monkeypatch)
     server = start_server(repos["speculative"], startup_timeout_s=120)
     try:
+        assert probe_generate(server.http_url, "tensorrt_llm", {}, contract="llmapi")  # the liveness probe speaks it
         records = _locust(tmp_path / "lt", server, transport)
     finally:
         server.stop()
