@@ -33,14 +33,14 @@ TOKENIZER = ROOT / "pipeline" / "demo" / "artifacts" / "tiny-target"
 MAX_TOKENS, STANDIN_DRAFT_LEN = 7, 3
 
 
-def _render(tmp_path: Path, monkeypatch):
+def _render(tmp_path: Path, monkeypatch, **triton):
     monkeypatch.setattr("pipeline.plan.gpu_layout.query_gpus", lambda nvidia_smi=None: None)
     cfg = parse_config({"name": "api-load", "backend": "trtllm", "hardware": "h100-sxm-80gb", "trtllm_version": "1.2.1",
                         "trtllm_runtime": "llm_api", "target": {"checkpoint": "/models/Meta-Llama-3.1-8B-Instruct"},
                         "speculation": {"method": "eagle3", "head_dir": "/models/EAGLE3-LLaMA3.1-Instruct-8B"},
                         "build": {"max_batch_size": 4, "max_input_len": 128, "max_seq_len": 256},
                         "loadtest": {"concurrency": [2], "duration_s": 3, "warmup_s": 0, "repeats": 1,
-                                     "max_tokens": MAX_TOKENS, "stop_timeout_s": 5}}, workdir=tmp_path)
+                                     "max_tokens": MAX_TOKENS, "stop_timeout_s": 5}, "triton": triton}, workdir=tmp_path)
     plan = make_plan(cfg)
     manifest = {"format": "specdeploy-manifest/1", "name": cfg.name, "config_hash": config_hash(cfg),
                 "engines": plan.engines, "tokenizer_dir": plan.tokenizer_dir, "created": "t"}
@@ -96,6 +96,19 @@ def test_locust_llmapi_contract_records(tmp_path, monkeypatch, transport):
         assert (r["draft_tokens"], r["accepted_tokens"]) == (STANDIN_DRAFT_LEN * steps, MAX_TOKENS - steps)
         assert set(r["server_times_ns"]) == {"arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns",
                                              "last_token_time_ns"}
+
+
+def test_model_errors_are_recorded_as_errors(tmp_path, monkeypatch):
+    """Upstream answers a streaming request to a model that is not decoupled with one error
+    response; every record says so."""
+    _, repos = _render(tmp_path, monkeypatch, decoupled=False)
+    server = start_server(repos["speculative"], startup_timeout_s=120)
+    try:
+        records = _locust(tmp_path / "lt", server, "grpc")
+    finally:
+        server.stop()
+    done = [r for r in records if r["status"] != "incomplete_at_stop"]
+    assert done and all(r["status"] == "error" and "only supported in decoupled mode" in r["error"] for r in done)
 
 
 def test_llmapi_loadtest_report_marks_missing_acceptance(tmp_path, monkeypatch):
