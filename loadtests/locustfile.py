@@ -43,6 +43,7 @@ import gevent  # noqa: E402
 from gevent.event import Event  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import llmapi_contract  # noqa: E402
 from openai_user import OpenAIStreamSession  # noqa: E402
 
 from lt_common import (  # noqa: E402
@@ -251,14 +252,17 @@ class GrpcStreamSession:
                 return
             state, done = entry
             text = result.as_numpy("text_output")
-            ntok = result.as_numpy("num_output_tokens")
-            state.add_chunk(now, _first_text(text), None if ntok is None else int(ntok.reshape(-1)[0]))
-            perf = {}
-            for name in ("acceptance_rate",) + PERF_FIELDS_INT + PERF_FIELDS_TIME:
-                value = result.as_numpy(name)
-                if value is not None:
-                    perf[name] = value.reshape(-1)[0].item()
-            state.update_perf(perf)
+            if _Run.settings.contract == "llmapi":
+                _llmapi_chunk(state, now, _first_text(text), lambda name: _first_value(result.as_numpy(name)))
+            else:
+                ntok = result.as_numpy("num_output_tokens")
+                state.add_chunk(now, _first_text(text), None if ntok is None else int(ntok.reshape(-1)[0]))
+                perf = {}
+                for name in ("acceptance_rate",) + PERF_FIELDS_INT + PERF_FIELDS_TIME:
+                    value = result.as_numpy(name)
+                    if value is not None:
+                        perf[name] = value.reshape(-1)[0].item()
+                state.update_perf(perf)
             final = response.parameters.get("triton_final_response")
             if final is not None and final.bool_param:
                 state.status = "ok"
@@ -283,7 +287,7 @@ class GrpcStreamSession:
             self._open()
         done = Event()
         self._waiting[state.request_id] = (state, done)
-        tensors = _grpc_inputs(self._grpcclient, inputs)
+        tensors = _grpc_inputs(self._grpcclient, inputs, _Run.settings.contract)
         state.t_sent = _Run.clock.now()
         self.client.async_stream_infer(
             model_name, tensors, request_id=state.request_id, enable_empty_final_response=True
@@ -301,6 +305,23 @@ class GrpcStreamSession:
         (half-close) hung it as well. Leaving the stream to process exit ends runs cleanly."""
 
 
+def _llmapi_chunk(state: RequestState, now: int, text: str | None, get) -> None:
+    """One response of the llmapi model: its text_output is cumulative (llmapi_contract)."""
+    if state.stream_text is None:
+        state.stream_text = llmapi_contract.CumulativeText(_Run.retokenize)
+        state.osl_source = "retokenized" if state.stream_text.retokenized else None
+    delta, added = state.stream_text.delta(text)
+    state.add_chunk(now, delta, added)
+    state.update_perf(llmapi_contract.perf_values(get))
+
+
+def _first_value(array):
+    if array is None:
+        return None
+    flat = array.reshape(-1)
+    return flat[0] if flat.size else None
+
+
 def _first_text(array) -> str | None:
     if array is None:
         return None
@@ -311,8 +332,11 @@ def _first_text(array) -> str | None:
     return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def _grpc_inputs(grpcclient, inputs: dict) -> list:
+def _grpc_inputs(grpcclient, inputs: dict, contract: str = "ensemble") -> list:
     import numpy as np  # noqa: PLC0415
+
+    if contract == "llmapi":
+        return _llmapi_grpc_inputs(grpcclient, inputs)
 
     dtypes = {"text_input": ("BYTES", object), "max_tokens": ("INT32", np.int32), "stream": ("BOOL", bool),
               "exclude_input_in_output": ("BOOL", bool), "return_perf_metrics": ("BOOL", bool),
@@ -327,6 +351,23 @@ def _grpc_inputs(grpcclient, inputs: dict) -> list:
             data = np.array([[str(value).encode("utf-8")]], dtype=object)
         else:
             data = np.array([[value]], dtype=np_dtype)
+        tensor = grpcclient.InferInput(name, list(data.shape), triton_dtype)
+        tensor.set_data_from_numpy(data)
+        tensors.append(tensor)
+    return tensors
+
+
+def _llmapi_grpc_inputs(grpcclient, inputs: dict) -> list:
+    """The llmapi model takes unbatched tensors (max_batch_size 0): shape [1] each."""
+    import numpy as np  # noqa: PLC0415
+
+    tensors = []
+    for name, value in inputs.items():
+        triton_dtype, np_dtype = llmapi_contract.input_dtype(name) or _infer_dtype(value)
+        if triton_dtype == "BYTES":
+            data = np.array([str(value).encode("utf-8")], dtype=object)
+        else:
+            data = np.array([value], dtype=np.dtype(np_dtype))
         tensor = grpcclient.InferInput(name, list(data.shape), triton_dtype)
         tensor.set_data_from_numpy(data)
         tensors.append(tensor)
@@ -397,9 +438,12 @@ class HttpStreamSession:
                 state.t_last = now
                 response.read()
                 return
-            ntok = event.get("num_output_tokens")
-            state.add_chunk(now, event.get("text_output"), None if ntok is None else int(_scalar(ntok)))
-            state.update_perf({k: _scalar(event.get(k)) for k in ("acceptance_rate",) + PERF_FIELDS_INT + PERF_FIELDS_TIME})
+            if _Run.settings.contract == "llmapi":
+                _llmapi_chunk(state, now, _scalar(event.get("text_output")), lambda name, e=event: _scalar(e.get(name)))
+            else:
+                ntok = event.get("num_output_tokens")
+                state.add_chunk(now, event.get("text_output"), None if ntok is None else int(_scalar(ntok)))
+                state.update_perf({k: _scalar(event.get(k)) for k in ("acceptance_rate",) + PERF_FIELDS_INT + PERF_FIELDS_TIME})
             if time.monotonic() > deadline:
                 raise TimeoutError("request exceeded request_timeout_s")
         state.status = "ok"

@@ -33,6 +33,7 @@ class RunSettings:
     endpoint: str  # grpc: host:port ; http: http://host:port
     model_name: str
     transport: str = "grpc"
+    contract: str = "ensemble"  # ensemble | bls | llmapi (the deployment descriptor's)
     mode: str = "closed"  # closed | open
     concurrency: int = 1
     target_rate: float | None = None  # open loop: requests/s
@@ -104,6 +105,10 @@ class PromptCursor:
 
 def request_inputs(settings: RunSettings, prompt_text: str, prompt_index: int) -> dict[str, Any]:
     """The request shape, identical in both arms except ``extra_inputs`` (e.g. num_draft_tokens)."""
+    if settings.contract == "llmapi":
+        from llmapi_contract import llmapi_inputs  # noqa: PLC0415
+
+        return llmapi_inputs(settings, prompt_text, prompt_index)
     sampling = dict(settings.sampling)
     inputs: dict[str, Any] = {
         "text_input": prompt_text,
@@ -152,6 +157,7 @@ class RequestState:
     error: str | None = None
     finished: bool = False
     osl_source: str | None = None  # set by a transport that knows better than "server"/"chunks"
+    stream_text: Any = None  # llmapi contract: llmapi_contract.CumulativeText of this request
 
     def add_chunk(self, t_ns: int, text: str | None, num_tokens: int | None) -> None:
         """Record one response. ``num_tokens`` is the server's count for this response."""

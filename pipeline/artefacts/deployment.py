@@ -24,6 +24,11 @@ if TYPE_CHECKING:
 
 ARMS = ("baseline", "speculative")
 Drafts = Literal["none", "engine", "bls"]
+# The tensors a client sends and reads: the inflight_batcher_llm ensemble's (text_input, max_tokens,
+# stream, ... → text_output, num_output_tokens, perf outputs), the BLS's (the ensemble's plus
+# num_draft_tokens), or the TensorRT-LLM llmapi model's (text_input, sampling_param_*, streaming →
+# text_output, cumulative while streaming; docs/gpu-llmapi.md).
+Contract = Literal["ensemble", "bls", "llmapi"]
 
 
 class ArmDeployment(Artefact):
@@ -40,6 +45,8 @@ class ArmDeployment(Artefact):
     backend: Literal["reference", "trtllm"]
     method: str = Field(description="The config's speculation.method (its list of methods is the only one).")
     model_name: str = Field(description="The Triton model a client of this arm calls (ensemble or tensorrt_llm_bls).")
+    contract: Contract = Field("ensemble", description="The tensor contract of model_name: ensemble, bls "
+                                                         "(ensemble plus num_draft_tokens) or llmapi.")
     extra_inputs: dict[str, int] = Field(default_factory=dict,
                                          description="Inputs every request to this arm adds (num_draft_tokens for the BLS).")
     transports: list[Literal["grpc", "http"]] = Field(description="Protocols the arm's server answers on.")
@@ -80,7 +87,8 @@ def describe_arm(cfg: "DeploymentConfig", arm: str, manifest: dict | None = None
     manifest = manifest or {}
     return ArmDeployment(
         arm=arm, name=cfg.name, config_hash=config_hash(cfg), backend=cfg.backend, method=cfg.method,
-        model_name="tensorrt_llm_bls" if bls else ("tensorrt_llm" if llm_api else "ensemble"), extra_inputs=extra, transports=["grpc", "http"],
+        model_name="tensorrt_llm_bls" if bls else ("tensorrt_llm" if llm_api else "ensemble"),
+        contract="bls" if bls else ("llmapi" if llm_api else "ensemble"), extra_inputs=extra, transports=["grpc", "http"],
         decoupled=cfg.triton.decoupled, drafts=_drafts(cfg, arm), per_request_draft_len=bls and arm == "speculative",
         num_draft_tokens=_default_draft_len(cfg.speculation, bls) if speculative else None,
         max_draft_len=_max_draft_len(cfg.speculation) if speculative else None,

@@ -73,6 +73,9 @@ class Report(Artefact):
     provenance: dict[str, Any] = Field(description="run.json without the config snapshot.")
     synthetic_data: bool | None = None
     formulas: dict[str, str]
+    acceptance_reported: dict[str, Any] = Field(
+        default_factory=dict, description="Per arm: whether the server reported acceptance figures per request "
+                                          "and on /metrics ('reported' / 'not reported'; pipeline/report/acceptance_reported.py).")
 
 
 class ComparedRun(Strict):

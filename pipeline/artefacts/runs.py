@@ -6,7 +6,7 @@ one Locust run was told). Read by ``report`` (run.json, runs.json) and by the lo
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -117,6 +117,8 @@ class RunSettings(Artefact):
     repeat: int
     endpoint: str = Field(description="grpc: host:port; http: http://host:port.")
     model_name: str
+    contract: Literal["ensemble", "bls", "llmapi"] = Field("ensemble", description="The model's tensor contract: ensemble, bls or llmapi "
+                                                  "(the arm's deployment descriptor).")
     transport: str
     mode: str
     concurrency: int

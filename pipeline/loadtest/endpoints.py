@@ -95,7 +95,7 @@ class ManagedEndpoints:
             arm=arm, url=server.grpc_url if self.cfg.loadtest.transport == "grpc" else server.http_url,
             model_name=target.model_name, extra_inputs=target.extra_inputs,
             metrics_url=server.metrics_url, pid=server.pid,
-            alive=_managed_alive(server, target.model_name, target.extra_inputs),
+            alive=_managed_alive(server, target.model_name, target.extra_inputs, target.contract),
             log_tail=getattr(server, "log_tail", None),
             client_cpus=server.cpu_plan.other_cpus if getattr(server, "cpu_plan", None) else None,
             deployment=target,
@@ -162,22 +162,30 @@ def remote_endpoint(cfg: DeploymentConfig, arm: str, url: str, metrics_url: str 
     def alive() -> bool:
         if not endpoint_alive(url, transport, target.model_name):
             return False
-        return transport != "http" or probe_generate(url, target.model_name, target.extra_inputs)
+        return transport != "http" or probe_generate(url, target.model_name, target.extra_inputs,
+                                                     contract=target.contract)
 
     return ArmEndpoint(arm, url, target.model_name, dict(target.extra_inputs), metrics_url, alive=alive,
                        deployment=target)
 
 
-def _managed_alive(server, model_name: str, extra_inputs: dict[str, Any]) -> Callable[[], bool]:
+def _managed_alive(server, model_name: str, extra_inputs: dict[str, Any], contract: str = "ensemble") -> Callable[[], bool]:
     """The server process runs, the model the client calls is ready AND answers a one-token probe
     (measured: a crashed Python stub leaves tritonserver running with the model still 'ready')."""
     return lambda: (server.alive() and endpoint_alive(server.http_url, "http", model_name)
-                    and probe_generate(server.http_url, model_name, extra_inputs))
+                    and probe_generate(server.http_url, model_name, extra_inputs, contract=contract))
 
 
-def probe_generate(http_url: str, model_name: str, extra_inputs: dict[str, Any], timeout_s: float = 30.0) -> bool:
+def _probe_inputs(contract: str) -> dict[str, Any]:
+    if contract == "llmapi":  # upstream's llmapi model: sampling_param_* names, streaming
+        return {"text_input": "probe", "sampling_param_max_tokens": 1, "streaming": False}
+    return {"text_input": "probe", "max_tokens": 1, "stream": False}
+
+
+def probe_generate(http_url: str, model_name: str, extra_inputs: dict[str, Any], timeout_s: float = 30.0,
+                   contract: str = "ensemble") -> bool:
     """One non-streaming ``/generate`` request for one token; True when it answers without error."""
-    body = json.dumps({"text_input": "probe", "max_tokens": 1, "stream": False, **extra_inputs}).encode()
+    body = json.dumps({**_probe_inputs(contract), **extra_inputs}).encode()
     request = urllib.request.Request(f"{http_url.rstrip('/')}/v2/models/{model_name}/generate", data=body,  # noqa: S310
                                      headers={"Content-Type": "application/json"}, method="POST")
     try:

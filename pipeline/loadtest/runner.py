@@ -127,7 +127,8 @@ def run_settings(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, ru
     sampling = lt.sampling
     return {
         "run_id": run_id, "arm": spec.arm, "repeat": spec.repeat, "endpoint": endpoint.url,
-        "model_name": endpoint.model_name, "transport": lt.transport, "mode": lt.mode,
+        "model_name": endpoint.model_name, "contract": endpoint.deployment.contract if endpoint.deployment else "ensemble",
+        "transport": lt.transport, "mode": lt.mode,
         "concurrency": spec.concurrency, "target_rate": spec.target_rate, "arrival": "poisson",
         "prompts": prompts, "max_tokens": lt.max_tokens,
         "sampling": {"top_k": sampling.top_k, "top_p": sampling.top_p, "temperature": sampling.temperature,

@@ -27,6 +27,7 @@ from pipeline.config import DeploymentConfig, parse_config
 from pipeline.errors import SpecdeployError
 from pipeline.infra.atomic import write_json_atomic
 from pipeline.report import acceptance
+from pipeline.report.acceptance_reported import acceptance_reported
 from pipeline.report.comparison import BootstrapSettings, best_ci, compare_cells, find_crossover
 from pipeline.report.gate import GateResult, evaluate_gate
 from pipeline.report.stats import RunData, cell_summary, load_runs
@@ -244,6 +245,7 @@ def build_report_data(run_dir: Path, cfg: DeploymentConfig, analysis: dict, gate
         "provenance": {k: v for k, v in meta.items() if k not in PROVENANCE_EXCLUDED},
         "synthetic_data": bool(meta.get("dataset", {}).get("synthetic")) if isinstance(meta.get("dataset"), dict) else None,
         "formulas": FORMULAS,
+        "acceptance_reported": acceptance_reported(load_runs(run_dir)),
     }
 
 

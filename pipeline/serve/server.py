@@ -61,6 +61,7 @@ from pipeline.serve.command import (
     repository_paths,
 )
 from pipeline.serve.cpu_pinning import CpuPlan, allowed_cpus, plan_pinning, spawn_on
+from pipeline.serve.llmapi_launch import llmapi_launch
 from pipeline.serve.stale_server import check_no_stale_server
 from pipeline.validate.hardware import get_profile
 
@@ -252,6 +253,8 @@ def _deployment_launch(cfg: DeploymentConfig, deployment: ArmDeployment, repo: P
     placement = _arm_placement(deployment)
     gpus = query_gpus()
     check_host_gpus(cfg, placement, gpus)
+    if deployment.contract == "llmapi":  # the LLM-API runtime: one tritonserver, upstream's Python model
+        return llmapi_launch(cfg, repo, placement, ports, host)
     gpu_count = len(gpus) if gpus else max(placement.gpus) + 1
     argv = gpu_server_argv(repo.resolve(), ports, placement.launch, placement.world_size, host,
                            cfg.triton.exit_timeout_s, gpu_count=gpu_count)
@@ -274,7 +277,7 @@ def start_deployment(cfg: DeploymentConfig, variant: str, *, http_port: int | No
                      host: str | None = None) -> RunningServer:
     """Start the server for one arm. Ports left as None are picked free; ``host`` (default
     ``triton.host``) is the address it binds."""
-    if cfg.uses_llm_api:
+    if cfg.uses_llm_api and cfg.backend != "trtllm":
         repo = model_repo_dir(cfg, variant)
         launcher = repo.with_name(f"{variant}.launch.sh").absolute()
         raise ServeError(f"serving the LLM-API runtime's llmapi repository is not wired into `specdeploy serve` / "

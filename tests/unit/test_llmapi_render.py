@@ -289,7 +289,7 @@ def test_engine_runtime_goldens_untouched_by_the_llm_api_path():
     assert (PROJECT_ROOT / "tests/unit/golden/render/trtllm-none/baseline/tensorrt_llm/config.pbtxt").is_file()
 
 
-def test_serve_points_at_the_launchers_until_the_llmapi_contract_is_wired(capsys):
+def test_serve_of_a_rendered_llmapi_arm_without_tritonserver_prints_the_container_line(capsys, monkeypatch):
     from pipeline.cli import run
     from pipeline.serve.server import ServeError, start_deployment
 
@@ -299,5 +299,7 @@ def test_serve_points_at_the_launchers_until_the_llmapi_contract_is_wired(capsys
     config_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     assert run(["render", str(config_path)]) in (0, None)
     assert "launch: engines/api-ngram-14/model_repo/speculative.launch.sh" in capsys.readouterr().out
-    with pytest.raises(ServeError, match=r"not wired into `specdeploy serve`.*speculative.launch.sh"):
+    monkeypatch.setattr("pipeline.serve.llmapi_launch.shutil.which", lambda name: None)
+    monkeypatch.setattr("pipeline.serve.server.query_gpus", lambda: None)
+    with pytest.raises(ServeError, match=r"(?s)tritonserver is not installed here.*docker run .* sh -c .*exec mpirun"):
         start_deployment(cfg, "speculative")

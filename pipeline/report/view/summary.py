@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.report.acceptance_reported import missing_acceptance_line
 from pipeline.report.view.model import (
     category_acceptance,
     primary_comparisons,
@@ -101,7 +102,7 @@ def headline_sentence(data: dict) -> str:
 def acceptance_line(data: dict) -> str:
     rate = data.get("acceptance_rate")
     if rate is None:
-        return "Acceptance: the server reported no acceptance figures."
+        return missing_acceptance_line(data.get("acceptance_reported") or {})
     floor = (data.get("gate_settings") or {}).get("min_acceptance_rate")
     text = f"Acceptance: {fmt_pct(rate)} of drafted tokens accepted overall"
     text += f" (floor {fmt_pct(floor)})" if floor is not None else ""

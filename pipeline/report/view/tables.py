@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable
 
+from pipeline.report.acceptance_reported import NOT_REPORTED
 from pipeline.report.view.model import category_acceptance, cell, primary_comparisons, ratio_ci, target_levels
 from pipeline.report.view.rounding import MISSING, fmt_ci, fmt_p, fmt_pct, fmt_value, tidy_text
 
@@ -80,13 +81,17 @@ def category_table(data: dict) -> dict:
                            [fmt_value(r["speedup"].get(level)) for level in levels] for r in rows))
 
 
+def _acceptance_text(rate: float | None) -> str:
+    return fmt_pct(rate) if rate is not None else NOT_REPORTED  # a missing figure is never shown as 0
+
+
 def acceptance_cells_table(data: dict) -> dict:
     rows = []
     for c in data["cells"]:
         if c["arm"] != "speculative":
             continue
         for cat, acc in c["acceptance_by_category"].items():
-            rows.append([str(c["concurrency"]), fmt_value(c["draft_len"]), cat, fmt_pct(acc["acceptance_rate"]),
+            rows.append([str(c["concurrency"]), fmt_value(c["draft_len"]), cat, _acceptance_text(acc["acceptance_rate"]),
                          fmt_value(acc["mean_acceptance_length"]), fmt_value(acc["tokens_per_chunk_mean"])])
     return table(["concurrency", "K", "category", "acceptance", "τ", "tokens/chunk"], rows)
 
