@@ -60,20 +60,21 @@ class ArmDeployment(Artefact):
 def _drafts(cfg: "DeploymentConfig", arm: str) -> Drafts:
     if arm == "baseline" or cfg.method == "none":
         return "none"
-    if cfg.method == "draft_target" and not getattr(cfg, "uses_llm_api", False) and cfg.speculation.orchestration != "engine":
-        return "bls"  # the LLM API drafts inside its executor
+    if cfg.method == "draft_target" and not cfg.serves_llmapi and cfg.speculation.orchestration != "engine":
+        return "bls"  # the llmapi model drafts inside its executor (GPU) or its engine (CPU)
     return "engine"
 
 
 def describe_arm(cfg: "DeploymentConfig", arm: str, manifest: dict | None = None,
                  placement: dict | None = None) -> ArmDeployment:
     """What ``arm`` of ``cfg`` is. draft_target orchestrated by the BLS: both arms call the BLS
-    (the speculative arm adds num_draft_tokens = K); on the LLM-API runtime both call the llmapi
-    ``tensorrt_llm`` model; every other case calls the ensemble."""
+    (the speculative arm adds num_draft_tokens = K); on the llmapi layout (the LLM-API runtime, or
+    the CPU engine behind it) both call the llmapi ``tensorrt_llm`` model; every other case calls
+    the ensemble."""
     from pipeline.config import config_hash  # noqa: PLC0415
 
     check_arm(cfg, arm)
-    llm_api = getattr(cfg, "uses_llm_api", False)  # the llmapi model takes text in and out itself
+    llm_api = cfg.serves_llmapi  # the llmapi model takes text in and out itself (GPU or CPU engine)
     bls = cfg.method == "draft_target" and not llm_api and cfg.speculation.orchestration != "engine"
     extra = {"num_draft_tokens": cfg.speculation.num_draft_tokens} if bls and arm == "speculative" else {}
     speculative = arm == "speculative" and cfg.method != "none"
