@@ -177,7 +177,10 @@ class TritonPythonModel:
             if _scalar(inputs, name):
                 raise LlmapiError(message)
         get = lambda name: _scalar(inputs, name)  # noqa: E731
-        llmapi_spec.check_sampling(get)
+        try:
+            llmapi_spec.check_sampling(get)
+        except ValueError as exc:
+            raise LlmapiError(str(exc)) from None
         prompt = self.tokenizer.encode(prompt_text, add_special_tokens=True)
         max_new = int(get("sampling_param_max_tokens") or llmapi_spec.DEFAULT_MAX_TOKENS)
         limit = int(getattr(self.engine, "max_seq_len", 0) or 0)
