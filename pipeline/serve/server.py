@@ -274,7 +274,7 @@ def start_deployment(cfg: DeploymentConfig, variant: str, *, http_port: int | No
                      host: str | None = None) -> RunningServer:
     """Start the server for one arm. Ports left as None are picked free; ``host`` (default
     ``triton.host``) is the address it binds."""
-    if cfg.uses_llm_api:
+    if cfg.uses_llm_api:  # TensorRT-LLM's own llmapi model; the CPU engine's llmapi layout is served below
         repo = model_repo_dir(cfg, variant)
         launcher = repo.with_name(f"{variant}.launch.sh").absolute()
         raise ServeError(f"serving the LLM-API runtime's llmapi repository is not wired into `specdeploy serve` / "

@@ -191,3 +191,14 @@ def test_render_writes_upstreams_llmapi_layout_for_both_arms(tmp_path):
             "tensorrt_llm", "engine" if arm == "speculative" else "none", {})
     spec = yaml.safe_load((out["speculative"][0] / "tensorrt_llm" / "1" / "model.yaml").read_text())["speculative_config"]
     assert spec == {"decoding_type": "Draft_Target", "max_draft_len": 4, "speculative_model": str(tmp_path / "ckpt" / "draft")}
+
+
+def test_the_openai_frontend_is_refused_on_the_llmapi_layout(tmp_path):
+    from pipeline.render.renderer import render
+    from pipeline.serve.openai_serve import FrontendError, start_frontend
+
+    cfg = cpu_cfg(DT, workdir=tmp_path)
+    _built(tmp_path, cfg)
+    render(cfg)
+    with pytest.raises(FrontendError, match="text_input / sampling_param_"):
+        start_frontend(cfg, "speculative", "127.0.0.1:1")
