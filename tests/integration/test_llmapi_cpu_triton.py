@@ -24,7 +24,7 @@ PROMPTS = ["def add(a, b):", "name: tiny\nvalue: 42\nname: tiny\nvalue:", "The q
 MODEL = "tensorrt_llm"
 
 
-def _config(workdir, models, name: str, speculation: dict, llmapi: bool):
+def _config(workdir, models, name: str, speculation: dict, llmapi: bool, decoupled: bool = True):
     from pipeline.build.builder import build
     from pipeline.config import load_config
     from pipeline.render.renderer import render
@@ -32,7 +32,7 @@ def _config(workdir, models, name: str, speculation: dict, llmapi: bool):
     data = {"name": name, "backend": "reference", "hardware": "cpu",
             "target": {"checkpoint": str(models["target"]), "dtype": "float32"}, "speculation": speculation,
             "build": {"max_batch_size": 4, "max_input_len": 128, "max_seq_len": 256},
-            "triton": {"startup_timeout_s": 240}}
+            "triton": {"startup_timeout_s": 240, "decoupled": decoupled}}
     if llmapi:
         data["trtllm_runtime"] = "llm_api"
     path = workdir / f"{name}.yaml"
@@ -56,7 +56,7 @@ def dt_llmapi_cfg(serving_workdir, tiny_models):
 @pytest.fixture(scope="module")
 def ngram_llmapi_cfg(serving_workdir, tiny_models):
     spec = {"method": "ngram", "max_draft_len": 3, "max_matching_ngram_size": 3, "is_public_pool": False}
-    return _config(serving_workdir, tiny_models, "tiny-llmapi-ngram", spec, llmapi=True)
+    return _config(serving_workdir, tiny_models, "tiny-llmapi-ngram", spec, llmapi=True, decoupled=False)
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +136,18 @@ def _stream(url: str, inputs: dict, request_id: str = "r1") -> list[dict]:
                 return responses
     finally:
         client.stop_stream()
+        client.close()
+
+
+def grpc_infer(url: str, model: str, inputs: dict) -> dict:
+    """Unary ModelInfer → {output: numpy}."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        result = client.infer(model, _grpc_inputs(inputs))
+        return {o.name: result.as_numpy(o.name) for o in result.get_response().outputs}
+    finally:
         client.close()
 
 
@@ -241,18 +253,25 @@ def test_llmapi_equals_the_engine_layout_deployment(serving_workdir, tiny_models
         server.stop()
 
 
-def test_ngram_llmapi_equals_target_only(ngram_llmapi_cfg, target_only):
+def test_ngram_llmapi_not_decoupled_equals_target_only(ngram_llmapi_cfg, target_only):
+    """decoupled: false — unary ModelInfer, one response per request; streaming is refused."""
+    from tritonclient.utils import InferenceServerException
+
     from pipeline.serve.server import start_deployment
 
     server = start_deployment(ngram_llmapi_cfg, "speculative")
     try:
         config = json.loads(urllib.request.urlopen(f"{server.http_url}/v2/models/{MODEL}/config", timeout=30).read())  # noqa: S310
-        assert config["max_batch_size"] == 0 and config["model_transaction_policy"]["decoupled"] is True
+        assert config["max_batch_size"] == 0 and not config["model_transaction_policy"].get("decoupled", False)
         drafted = 0
         for prompt in PROMPTS:
-            responses = _stream(server.grpc_url, llmapi_inputs(prompt, sampling_param_exclude_input_from_output=True))
-            assert len(responses) == 1 and _text(responses) == target_only[prompt]  # not streaming: one response
-            drafted += int(responses[0]["total_draft_tokens"][0][0])
-        assert drafted > 0
+            result = grpc_infer(server.grpc_url, MODEL, llmapi_inputs(prompt, sampling_param_exclude_input_from_output=True))
+            assert result["text_output"].shape == (1,) and result["text_output"][0].decode() == target_only[prompt]
+            drafted += int(result["total_draft_tokens"][0])
+        assert drafted > 0  # n-gram drafts from the request's own tokens
+        with pytest.raises(InferenceServerException, match="Streaming is only supported in decoupled mode."):
+            grpc_infer(server.grpc_url, MODEL, llmapi_inputs(PROMPTS[0], streaming=True))
+        assert grpc_infer(server.grpc_url, MODEL, llmapi_inputs(PROMPTS[2], sampling_param_exclude_input_from_output=True))[
+            "text_output"][0].decode() == target_only[PROMPTS[2]]
     finally:
         server.stop()
