@@ -60,7 +60,7 @@ class ArmDeployment(Artefact):
 def _drafts(cfg: "DeploymentConfig", arm: str) -> Drafts:
     if arm == "baseline" or cfg.method == "none":
         return "none"
-    if cfg.method == "draft_target" and not cfg.serves_llmapi and cfg.speculation.orchestration != "engine":
+    if cfg.method == "draft_target" and not getattr(cfg, "serves_llmapi", False) and cfg.speculation.orchestration != "engine":
         return "bls"  # the llmapi model drafts inside its executor (GPU) or its engine (CPU)
     return "engine"
 
@@ -74,7 +74,7 @@ def describe_arm(cfg: "DeploymentConfig", arm: str, manifest: dict | None = None
     from pipeline.config import config_hash  # noqa: PLC0415
 
     check_arm(cfg, arm)
-    llm_api = cfg.serves_llmapi  # the llmapi model takes text in and out itself (GPU or CPU engine)
+    llm_api = getattr(cfg, "serves_llmapi", False)  # the llmapi model takes text in and out itself (GPU or CPU engine)
     bls = cfg.method == "draft_target" and not llm_api and cfg.speculation.orchestration != "engine"
     extra = {"num_draft_tokens": cfg.speculation.num_draft_tokens} if bls and arm == "speculative" else {}
     speculative = arm == "speculative" and cfg.method != "none"

@@ -113,7 +113,7 @@ def _grpc_inputs(inputs: dict):
     return out
 
 
-def _stream(url: str, inputs: dict, request_id: str = "r1") -> list[dict]:
+def _stream(url: str, inputs: dict, request_id: str = "r1", on_first=None) -> list[dict]:
     """gRPC streaming responses of one request, {output: numpy} each (an error raises)."""
     import queue
 
@@ -132,6 +132,8 @@ def _stream(url: str, inputs: dict, request_id: str = "r1") -> list[dict]:
             response = result.get_response()
             if response.outputs:
                 responses.append({o.name: (result.as_numpy(o.name), o.datatype, list(o.shape)) for o in response.outputs})
+                if on_first is not None and len(responses) == 1:
+                    on_first()
             if response.parameters["triton_final_response"].bool_param:
                 return responses
     finally:
@@ -234,6 +236,31 @@ def test_stop_without_request_id_is_refused(dt_llmapi_server):
 
     with pytest.raises(InferenceServerException, match="A request id must be provided for request cancellation"):
         _stream(dt_llmapi_server.grpc_url, {"stop": np.array([True])}, request_id="")
+
+
+def test_stop_cancels_the_request_with_that_id(dt_llmapi_server):
+    import threading
+
+    from tritonclient.utils import InferenceServerException
+
+    long = llmapi_inputs(PROMPTS[0], 200, streaming=True, return_finish_reason=True)
+    uninterrupted = _stream(dt_llmapi_server.grpc_url, long)
+    assert uninterrupted[-1]["finish_reason"][0][0] == b"length"  # long enough to be stopped midway
+    first, outcome = threading.Event(), {}
+
+    def run():
+        try:
+            outcome["responses"] = _stream(dt_llmapi_server.grpc_url, long, request_id="long", on_first=first.set)
+        except InferenceServerException as exc:
+            outcome["error"] = str(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert first.wait(120)
+    with pytest.raises(InferenceServerException, match="Request cancelled by client"):
+        _stream(dt_llmapi_server.grpc_url, {"stop": np.array([True])}, request_id="long")
+    thread.join(120)
+    assert "Request cancelled by client" in outcome.get("error", ""), outcome.keys()
 
 
 def test_llmapi_equals_the_engine_layout_deployment(serving_workdir, tiny_models, dt_llmapi_server):
