@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -122,6 +123,7 @@ class TritonPythonModel:
 
     def finalize(self):
         self.engine.shutdown()
+        shutil.rmtree(self._engine_dir, ignore_errors=True)  # kept until now: a restarted worker re-reads it
 
     def execute(self, requests):
         senders = [r.get_response_sender() if self.decoupled else _Collector() for r in requests]
