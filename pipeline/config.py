@@ -771,7 +771,9 @@ class DeploymentConfig(_Strict):
     trtllm_runtime: TrtllmRuntime | None = _desc(
         "TensorRT-LLM runtime: engine (trtllm-build engines behind the C++ tensorrtllm backend, "
         "≤ 1.2.x) or llm_api (HF/ModelOpt checkpoints run by the LLM API: the Triton llmapi model or "
-        "trtllm-serve, 1.2.x and later). Unset: engine up to 1.2.x, llm_api past it.",
+        "trtllm-serve, 1.2.x and later). Unset: engine up to 1.2.x, llm_api past it. With backend "
+        "reference, llm_api serves the CPU engine behind the same llmapi repository layout "
+        "(methods none, draft_target, ngram; docs/reference-engine.md).",
         default=None,
     )
     trtllm_root: str | None = _desc(
@@ -906,7 +908,17 @@ class DeploymentConfig(_Strict):
 
     @property
     def uses_llm_api(self) -> bool:
+        """TensorRT-LLM's LLM API runs the deployment (GPU: no engine compile, ModelOpt checkpoints)."""
         return self.backend == "trtllm" and self.runtime == "llm_api"
+
+    @property
+    def serves_llmapi(self) -> bool:
+        """The arms are Triton ``llmapi`` repositories (one ``tensorrt_llm`` model, text in and out,
+        ``model.yaml``): TensorRT-LLM's LLM API on GPU, or the CPU reference engine behind the same
+        layout when ``backend: reference`` sets ``trtllm_runtime: llm_api`` explicitly."""
+        if self.backend == "reference":
+            return self.trtllm_runtime == "llm_api"
+        return self.uses_llm_api
 
     @property
     def draft(self) -> ModelSpec | None:

@@ -68,19 +68,20 @@ def _drafts(cfg: "DeploymentConfig", arm: str) -> Drafts:
     if arm == "baseline" or cfg.method == "none":
         return "none"
     if _bls_orchestrated(cfg):
-        return "bls"  # the LLM API drafts inside its executor
+        return "bls"  # the llmapi model drafts inside its executor (GPU) or its engine (CPU)
     return "engine"
 
 
 def describe_arm(cfg: "DeploymentConfig", arm: str, manifest: dict | None = None,
                  placement: dict | None = None) -> ArmDeployment:
     """What ``arm`` of ``cfg`` is. draft_target or ngram orchestrated by the BLS: both arms call the
-    BLS (the speculative arm adds num_draft_tokens = K); on the LLM-API runtime both call the llmapi
-    ``tensorrt_llm`` model; every other case calls the ensemble."""
+    BLS (the speculative arm adds num_draft_tokens = K); on the llmapi layout (the LLM-API runtime, or
+    the CPU engine behind it) both call the llmapi ``tensorrt_llm`` model; every other case calls the
+    ensemble."""
     from pipeline.config import config_hash  # noqa: PLC0415
 
     check_arm(cfg, arm)
-    llm_api = getattr(cfg, "uses_llm_api", False)  # the llmapi model takes text in and out itself
+    llm_api = getattr(cfg, "serves_llmapi", False)  # the llmapi model takes text in and out itself (GPU or CPU engine)
     bls = _bls_orchestrated(cfg)
     extra = {"num_draft_tokens": _bls_draft_len(cfg.speculation)} if bls and arm == "speculative" else {}
     speculative = arm == "speculative" and cfg.method != "none"
@@ -100,7 +101,7 @@ def describe_arm(cfg: "DeploymentConfig", arm: str, manifest: dict | None = None
 def _bls_orchestrated(cfg: "DeploymentConfig") -> bool:
     """tensorrt_llm_bls runs the rounds: draft-target (orchestration bls) on the engine runtime, or
     n-gram with orchestration bls (drafts looked up in the BLS, verified as external drafts)."""
-    if getattr(cfg, "uses_llm_api", False) or cfg.method not in ("draft_target", "ngram"):
+    if getattr(cfg, "serves_llmapi", False) or cfg.method not in ("draft_target", "ngram"):
         return False
     return cfg.speculation.orchestration == "bls"
 

@@ -352,6 +352,10 @@ def render(cfg: DeploymentConfig, templates_dir: Path = TEMPLATES_DIR) -> dict[s
         from pipeline.trtllm.llmapi_render import render_llmapi  # noqa: PLC0415
 
         return render_llmapi(cfg, manifest, templates_dir, layout)
+    if cfg.serves_llmapi:  # the CPU reference engine behind the llmapi layout
+        from pipeline.render.llmapi_cpu import render_reference_llmapi  # noqa: PLC0415
+
+        return render_reference_llmapi(cfg, manifest, templates_dir)
     out = {}
     for variant in variants_for(cfg):
         dest = model_repo_dir(cfg, variant)

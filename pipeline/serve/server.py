@@ -44,7 +44,7 @@ from pipeline.config import DeploymentConfig
 from pipeline.errors import ServeError
 from pipeline.infra.processes import OwnedProcess, free_ports, spawn
 from pipeline.infra.readiness import models_not_ready
-from pipeline.paths import PROJECT_ROOT, logs_dir, model_repo_dir
+from pipeline.paths import PROJECT_ROOT, logs_dir
 from pipeline.plan.gpu_layout import ArmPlacement, GpuInfo, query_gpus
 from pipeline.reference.api import ENGINE_PROCESS_ENV
 from pipeline.serve.command import (
@@ -277,12 +277,6 @@ def start_deployment(cfg: DeploymentConfig, variant: str, *, http_port: int | No
                      host: str | None = None) -> RunningServer:
     """Start the server for one arm. Ports left as None are picked free; ``host`` (default
     ``triton.host``) is the address it binds."""
-    if cfg.uses_llm_api and cfg.backend != "trtllm":
-        repo = model_repo_dir(cfg, variant)
-        launcher = repo.with_name(f"{variant}.launch.sh").absolute()
-        raise ServeError(f"serving the LLM-API runtime's llmapi repository is not wired into `specdeploy serve` / "
-                         f"`loadtest` yet: start it with {launcher} (or trtllm-serve: "
-                         f"{(repo.parent.parent / 'trtllm-serve' / variant / 'launch.sh').absolute()}), see docs/gpu-llmapi.md")
     repo, deployment = load_arm(cfg, variant)
     host = host or cfg.triton.host
     picked = iter(free_ports(3, host))

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import ENGINE_RUNTIME_MAX_VERSION, DraftTargetSpec, Eagle3Spec
+from pipeline.config import ENGINE_RUNTIME_MAX_VERSION, DraftTargetSpec, Eagle3Spec, NgramSpec
 from pipeline.trtllm.llmapi_args import decoding_problems, llm_args
 from pipeline.trtllm.llmapi_facts import (
     DECODING_TYPES,
@@ -29,6 +29,7 @@ from pipeline.trtllm.llmapi_facts import (
 ERROR, WARNING, INFO = "error", "warning", "info"
 LLM_API_ONLY = ("eagle3", "ngram", "mtp")
 REFERENCE_TOO = ("ngram",)  # LLM-API methods the CPU reference engine runs as well (its own proposer)
+REFERENCE_LLMAPI_METHODS = ("none", "draft_target", "ngram")  # what the CPU llmapi model can build from model.yaml
 LLM_API_MIN_VERSION = (1, 2)
 LLM_API_QUANT_FORMATS = ("none", "fp8", "int4_awq")  # ModelOpt hf_ptq exports the project plans
 LLM_API_KV_DTYPES = ("auto", "fp8")
@@ -40,10 +41,9 @@ def check_runtime(ctx) -> None:
     cfg = ctx.cfg
     version = cfg.trtllm_version_tuple[:2]
     if cfg.backend == "reference":
-        if cfg.trtllm_runtime == "llm_api":
-            ctx.add(ERROR, "runtime", "the CPU reference engine serves the engine-runtime repository only; the "
-                    "llmapi layout on CPU is not built yet", "remove trtllm_runtime (or set it to engine)",
-                    "trtllm_runtime")
+        if cfg.serves_llmapi:
+            _check_reference_llmapi(ctx)
+            return
         if cfg.method in LLM_API_ONLY and cfg.method not in REFERENCE_TOO:
             ctx.add(ERROR, "method", f"method {cfg.method} runs on the TensorRT-LLM LLM API only; the CPU reference "
                     "engine lacks it", "use backend trtllm with trtllm_runtime llm_api, or another method",
@@ -53,6 +53,39 @@ def check_runtime(ctx) -> None:
         _check_engine_runtime(ctx, version)
     else:
         _check_llm_api_runtime(ctx, version)
+
+
+def _check_reference_llmapi(ctx) -> None:
+    """``backend: reference`` + ``trtllm_runtime: llm_api``: the CPU engine behind the llmapi layout
+    (``pipeline.triton_models.llmapi``). It reads ``model.yaml`` as upstream's model does, so the
+    config must be one the recorded facts accept, and one the CPU engine can honour."""
+    cfg, spec = ctx.cfg, ctx.cfg.speculation
+    if facts_for(cfg.trtllm_version) is None:
+        ctx.add(ERROR, "version", f"no LLM-API facts are recorded for TensorRT-LLM {cfg.trtllm_version} (recorded: "
+                f"{', '.join(known_versions())}); the llmapi model.yaml could not be checked",
+                "use a recorded release line (e.g. 1.2.1)", "trtllm_version")
+        return
+    if cfg.method not in REFERENCE_LLMAPI_METHODS:
+        why = (f"{cfg.method} is engine-only upstream" if cfg.method in ENGINE_ONLY
+               else f"the CPU reference engine has no {cfg.method} proposer on the llmapi layout yet")
+        ctx.add(ERROR, "method", f"method {cfg.method} cannot run on the CPU llmapi layout: {why}",
+                f"use one of {', '.join(REFERENCE_LLMAPI_METHODS)}, or remove trtllm_runtime", "speculation.method")
+        return
+    if isinstance(spec, DraftTargetSpec) and "orchestration" in spec.model_fields_set and spec.orchestration != "engine":
+        ctx.add(ERROR, "method", "the llmapi layout has no tensorrt_llm_bls: the draft runs inside the "
+                "tensorrt_llm model, as the LLM API's executor drafts", "remove speculation.orchestration",
+                "speculation.orchestration")
+    if isinstance(spec, NgramSpec) and spec.min_matching_ngram_size != 1:
+        ctx.add(ERROR, "method", "NGramDecodingConfig has no min_matching_ngram_size (tensorrt_llm/llmapi/llm_args.py), "
+                "so model.yaml cannot carry it and the CPU llmapi model matches down to one token",
+                "remove speculation.min_matching_ngram_size", "speculation.min_matching_ngram_size")
+    for path in ("extra_llm_args", "extra_speculative_config"):
+        if getattr(cfg.llm_api, path):
+            ctx.add(ERROR, "llm-args", "the CPU reference engine honours no pass-through LLM arguments (it reads "
+                    "model, max_batch_size, max_seq_len and speculative_config from model.yaml)",
+                    f"remove llm_api.{path}", f"llm_api.{path}")
+    _check_method_on_llm_api(ctx, facts_for(cfg.trtllm_version))
+    _check_args(ctx)
 
 
 def _check_engine_runtime(ctx, version: tuple[int, ...]) -> None:

@@ -9,7 +9,8 @@ arm (``baseline``, ``speculative``):
 - ``engines/NAME/model_repo/<arm>/tensorrt_llm/{config.pbtxt,1/model.yaml}`` — upstream's
   ``llmapi`` model layout (TensorRT-LLM ``triton_backend/all_models/llmapi/tensorrt_llm``). Its
   ``1/model.py`` is whatever Python model serves ``model.yaml``: upstream's (copied from this host's
-  TensorRT-LLM when present, else by the launch script on the GPU host), or later a CPU model;
+  TensorRT-LLM when present, else by the launch script on the GPU host); the CPU reference
+  engine behind the same layout is rendered by :mod:`pipeline.render.llmapi_cpu`;
 - ``engines/NAME/model_repo/<arm>.launch.sh`` and ``<arm>.command.json`` — the exact server argv;
 - ``engines/NAME/trtllm-serve/<arm>/{extra_llm_api_options.yaml,launch.sh,command.json}``.
 
@@ -118,13 +119,13 @@ def serve_argv(cfg: DeploymentConfig, args: dict[str, Any], options_path: Path) 
 # Rendering
 
 
-def _common(cfg: DeploymentConfig, variant: str) -> dict[str, Any]:
+def template_context(cfg: DeploymentConfig, variant: str) -> dict[str, Any]:
     facts = facts_for(cfg.trtllm_version)
     return {"config_name": cfg.name, "variant": variant, "trtllm_version": cfg.trtllm_version,
             "facts_line": facts.line if facts else "?"}
 
 
-def _write(env, templates_dir: Path, template: str, context: dict, dest: Path, executable: bool = False) -> None:
+def write_template(env, templates_dir: Path, template: str, context: dict, dest: Path, executable: bool = False) -> None:
 
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(render_text(env, templates_dir, template, context))
@@ -135,12 +136,12 @@ def _write(env, templates_dir: Path, template: str, context: dict, dest: Path, e
 def _render_repo(cfg, env, templates_dir: Path, args: dict, variant: str, placement, tmp: Path) -> None:
     tensors = triton_llmapi()
     gpu_ids = ",".join(str(g) for g in placement.gpus) if placement is not None and placement.launch == "orchestrator" else ""
-    context = {**_common(cfg, variant), "decoupled": "true" if cfg.triton.decoupled else "false",
+    context = {**template_context(cfg, variant), "decoupled": "true" if cfg.triton.decoupled else "false",
                "inputs": tensors["inputs"], "outputs": tensors["outputs"], "gpu_device_ids": gpu_ids,
-               "llm_args": args, "triton_config": {"max_batch_size": 0, "decoupled": cfg.triton.decoupled}}
+               "model_parameters": {}, "llm_args": args, "triton_config": {"max_batch_size": 0, "decoupled": cfg.triton.decoupled}}
     model_dir = tmp / MODEL_NAME
-    _write(env, templates_dir, "llmapi/tensorrt_llm/config.pbtxt.jinja", context, model_dir / "config.pbtxt")
-    _write(env, templates_dir, "llmapi/tensorrt_llm/1/model.yaml.jinja", context, model_dir / "1" / "model.yaml")
+    write_template(env, templates_dir, "llmapi/tensorrt_llm/config.pbtxt.jinja", context, model_dir / "config.pbtxt")
+    write_template(env, templates_dir, "llmapi/tensorrt_llm/1/model.yaml.jinja", context, model_dir / "1" / "model.yaml")
     upstream = Path(upstream_model_dir(cfg))
     for name in UPSTREAM_MODEL_FILES:  # present when rendering on the GPU host itself
         if (upstream / name).is_file():
@@ -151,16 +152,16 @@ def _render_launchers(cfg, env, templates_dir: Path, args: dict, variant: str, p
     repo = model_repo_dir(cfg, variant).absolute()
     visible = ",".join(str(g) for g in placement.gpus) if placement is not None else ""
     argv = triton_argv(cfg, repo)
-    context = {**_common(cfg, variant), "repo": repo, "argv": argv, "cuda_visible_devices": visible,
+    context = {**template_context(cfg, variant), "repo": repo, "argv": argv, "cuda_visible_devices": visible,
                "upstream_model_dir": upstream_model_dir(cfg)}
-    _write(env, templates_dir, "llmapi/launch.sh.jinja", context, repo.with_name(f"{variant}.launch.sh"), True)
+    write_template(env, templates_dir, "llmapi/launch.sh.jinja", context, repo.with_name(f"{variant}.launch.sh"), True)
     repo.with_name(f"{variant}.command.json").write_text(json.dumps({"argv": argv, "cuda_visible_devices": visible}, indent=2) + "\n")
     serve_dir = (engine_root(cfg) / "trtllm-serve" / variant).absolute()
     options = serve_dir / "extra_llm_api_options.yaml"
     serve = serve_argv(cfg, args, options)
-    _write(env, templates_dir, "trtllm_serve/extra_llm_api_options.yaml.jinja",
+    write_template(env, templates_dir, "trtllm_serve/extra_llm_api_options.yaml.jinja",
            {**context, "options": serve_options(args)}, options)
-    _write(env, templates_dir, "trtllm_serve/launch.sh.jinja", {**context, "argv": serve}, serve_dir / "launch.sh", True)
+    write_template(env, templates_dir, "trtllm_serve/launch.sh.jinja", {**context, "argv": serve}, serve_dir / "launch.sh", True)
     (serve_dir / "command.json").write_text(json.dumps({"argv": serve, "cuda_visible_devices": visible}, indent=2) + "\n")
 
 

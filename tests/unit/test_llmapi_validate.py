@@ -125,12 +125,6 @@ def test_ngram_runs_on_the_cpu_reference_engine_too():
     assert "speculation.method" not in fields(cfg)
 
 
-def test_llm_api_runtime_refused_on_the_cpu_reference_engine_for_now():
-    cfg = parse_config({"name": "cpu", "backend": "reference", "hardware": "cpu", "trtllm_runtime": "llm_api",
-                        "target": {"checkpoint": "builtin:tiny-target"}})
-    assert "trtllm_runtime" in fields(cfg)
-
-
 @pytest.mark.parametrize("version", ["1.1.0", "1.5.0", "2.0"])
 def test_version_without_recorded_facts(version):
     (error,) = errors(llm_cfg("ngram", version))

@@ -1,0 +1,335 @@
+"""``tensorrt_llm`` of the llmapi layout on CPU (``backend: "python"``): the reference engine
+(:mod:`pipeline.reference`) answering the contract of TensorRT-LLM's Triton llmapi model
+(``triton_backend/all_models/llmapi/tensorrt_llm/1/{model.py,helpers.py}`` at NVIDIA/TensorRT-LLM
+044a90d / 0df60f9; tensors as its ``config.pbtxt``, recorded in ``pipeline/trtllm/llmapi_facts.yaml``).
+
+Reads ``1/model.yaml`` (``$LLM_CONFIG_PATH`` relative to the model directory, as upstream) through
+:mod:`.llmapi_spec` and the ``reference_engine_dir`` parameter (the built engine's CPU-only
+settings). What a client sees, as upstream:
+
+- inputs: ``text_input`` (STRING, one prompt; a 2-D tensor or a missing one is an error),
+  ``streaming``, ``sampling_param_*`` (scalars: a tensor of another size is "Expected a scalar
+  tensor for tensor NAME"), ``return_finish_reason`` / ``return_stop_reason``, ``stop``;
+- ``text_output``: STRING [1]. Streaming (decoupled only, else "Streaming is only supported in
+  decoupled mode.") sends the text generated so far in every response (the LLM API's
+  ``CompletionOutput.text`` is cumulative), the last one carrying the final flag; otherwise one
+  response with the completion, the prompt's text in front unless
+  ``sampling_param_exclude_input_from_output`` (upstream's default false; streamed text never
+  repeats the prompt, as the engine-layout model's deltas);
+- ``finish_reason`` / ``stop_reason`` as ``str()`` of the LLM API's values (``"None"`` while
+  running); the perf outputs (kv-cache blocks, timings, ``acceptance_rate``,
+  ``total_accepted_draft_tokens``, ``total_draft_tokens``) when the request or ``model.yaml``
+  asks for perf metrics, each [1] in the dtype ``config.pbtxt`` declares (upstream's model.py
+  builds them with ``text_output``'s dtype; we keep to the declared one);
+- errors: ``Error generating request: <reason>`` with a ``text_output`` of ``N/A``;
+  ``stop`` without a request id: "A request id must be provided for request cancellation";
+  a cancelled request ends with "Request cancelled by client" (code CANCELLED).
+
+Not in the CPU engine, refused by name: ``return_cumulative_logprob``, ``best_of`` > 1, penalties.
+``sampling_param_stop`` strings stop on their tokens (the engine's stop words) and are cut from
+the text, as the LLM API's default ``include_stop_str_in_output=False``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+import yaml
+
+from pipeline.reference.api import ENGINE_PROCESS_ENV
+from pipeline.serve.cpu_pinning import engine_cpus_from_env
+from pipeline.triton_models import io, llmapi_spec
+from pipeline.triton_models.metrics import RequestLatency, SpecDecodeCounters
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+SWITCH_INTERVAL_S = 0.0005  # request threads hand chunks on quickly
+CANCEL_CHECK_PERIOD_S = 0.02
+TOKENS_PER_KV_BLOCK = 64  # nominal block size for the kv_cache_* outputs (the CPU engine has none)
+STREAMING_NEEDS_DECOUPLED = "Streaming is only supported in decoupled mode."
+NO_REQUEST_ID = "A request id must be provided for request cancellation"
+CANCELLED = "Request cancelled by client"
+NOT_ON_CPU = {"return_cumulative_logprob": "return_cumulative_logprob is not supported by the CPU reference engine"}
+
+
+class LlmapiError(ValueError):
+    """A request the model answers with ``Error generating request: ...``."""
+
+
+def _scalar(inputs: dict, name: str):
+    value = inputs.get(name)
+    if value is None:
+        return None
+    if value.size != 1:
+        raise LlmapiError(f"Expected a scalar tensor for tensor {name}")
+    item = value.reshape(-1)[0].item()
+    return item.decode("utf-8") if isinstance(item, bytes) else item
+
+
+def _model_yaml(args) -> dict:
+    model_dir = Path(args["model_repository"]) / args["model_version"]
+    path = model_dir / os.environ.get("LLM_CONFIG_PATH", "model.yaml")
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict):
+        raise pb_utils.TritonModelException(f"'{path}' holds no mapping of TRT-LLM engine args")
+    return data
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        from pipeline.artefacts.engine import ENGINE_DESCRIPTOR, EngineDescriptor  # noqa: PLC0415
+        from pipeline.triton_models.tokenizer import TextTokenizer  # noqa: PLC0415
+
+        config = json.loads(args["model_config"])
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        llm_args = _model_yaml(args)
+        llm_args.pop("triton_config", None)
+        base_dir = Path(io.param(config, "reference_engine_dir"))
+        descriptor = llmapi_spec.engine_descriptor(llm_args, EngineDescriptor.load(base_dir / ENGINE_DESCRIPTOR))
+        self.perf_default = bool(llm_args.get("return_perf_metrics", False))
+        self.tokenizer = TextTokenizer(llm_args.get("tokenizer") or llm_args["model"],
+                                       trust_remote_code=bool(llm_args.get("trust_remote_code", False)))
+        self._engine_dir = Path(tempfile.mkdtemp(prefix="specdeploy-llmapi-"))  # the engine model.yaml describes
+        descriptor.write(self._engine_dir / ENGINE_DESCRIPTOR)
+        self.engine = self._start_engine(args["model_name"], args["model_version"])
+        self.counters = SpecDecodeCounters(args["model_name"], args["model_version"])
+        self.latency = RequestLatency(args["model_name"], args["model_version"])
+        self._lock = threading.Lock()
+        self._inflight: dict[str, object] = {}  # triton request id → engine handle
+
+    def _start_engine(self, name: str, version: str):
+        cpus = engine_cpus_from_env(name)
+        if os.environ.get(ENGINE_PROCESS_ENV, "own") == "stub":
+            import torch  # noqa: PLC0415
+
+            from pipeline.reference.engine import load_engine  # noqa: PLC0415
+
+            torch.set_num_threads(1)
+            return load_engine(self._engine_dir, cpus=cpus)
+        from pipeline.reference.worker import EngineProcess  # noqa: PLC0415
+        from pipeline.triton_models.worker_health import WorkerHealthMetrics  # noqa: PLC0415
+
+        return EngineProcess(self._engine_dir, cpus, name=name, on_health=WorkerHealthMetrics(name, version))
+
+    def finalize(self):
+        self.engine.shutdown()
+        shutil.rmtree(self._engine_dir, ignore_errors=True)  # kept until now: a restarted worker re-reads it
+
+    def execute(self, requests):
+        senders = [r.get_response_sender() if self.decoupled else _Collector() for r in requests]
+        drains = []
+        for request, sender in zip(requests, senders):
+            try:
+                drain = self._start(request, sender)
+            except LlmapiError as exc:
+                _send(sender, _error(f"Error generating request: {exc}"), final=True)
+            except Exception as exc:  # noqa: BLE001 - report, keep serving
+                _send(sender, _error(f"Error generating request: {type(exc).__name__}: {exc}"), final=True)
+            else:
+                if drain is not None:
+                    drains.append(drain)
+        if self.decoupled:
+            for drain in drains:
+                threading.Thread(target=drain, daemon=True).start()
+            return None
+        for drain in drains:  # all submitted already: the engine batches them
+            drain()
+        return [sender.wait() for sender in senders]
+
+    # -- intake --------------------------------------------------------------------------------
+
+    def _start(self, request, sender):
+        inputs = io.snapshot(request)
+        user_id = request.request_id()
+        if _scalar(inputs, "stop"):
+            self._stop(user_id, sender)
+            return None
+        options, gen_request = self._parse(inputs, user_id)
+        try:
+            handle = self.engine.submit(gen_request)
+        except ValueError as exc:  # the engine's own limits (DraftTooLongError is one)
+            raise LlmapiError(str(exc)) from None
+        with self._lock:
+            self._inflight[gen_request.request_id] = handle
+        return lambda: self._drain(gen_request, handle, sender, options, time.monotonic_ns())
+
+    def _parse(self, inputs: dict, user_id: str):
+        from pipeline.reference.api import GenerationRequest, SamplingParams  # noqa: PLC0415
+
+        text = inputs.get("text_input")
+        if text is None:
+            raise LlmapiError("text_input is missing from the request")
+        if text.ndim > 1:
+            raise LlmapiError("The current implementation only supports text_input being a 1D tensor.")
+        prompt_text = io.text(text.reshape(-1)[0], "text_input")
+        streaming = bool(_scalar(inputs, "streaming") or False)
+        if streaming and not self.decoupled:
+            raise LlmapiError(STREAMING_NEEDS_DECOUPLED)
+        for name, message in NOT_ON_CPU.items():
+            if _scalar(inputs, name):
+                raise LlmapiError(message)
+        get = lambda name: _scalar(inputs, name)  # noqa: E731
+        try:
+            llmapi_spec.check_sampling(get)
+        except ValueError as exc:
+            raise LlmapiError(str(exc)) from None
+        prompt = self.tokenizer.encode(prompt_text, add_special_tokens=True)
+        max_new = int(get("sampling_param_max_tokens") or llmapi_spec.DEFAULT_MAX_TOKENS)
+        limit = int(getattr(self.engine, "max_seq_len", 0) or 0)
+        if limit and len(prompt) + max_new > limit:
+            raise LlmapiError(f"Prompt length ({len(prompt)}) + requested output tokens ({max_new}) exceeds the "
+                              f"maximum sequence length ({limit})")
+        stops = [s for s in _strings(inputs.get("sampling_param_stop")) if s]
+        options = {
+            "streaming": streaming, "stops": stops, "prompt_ids": list(prompt),
+            "exclude_input": bool(get("sampling_param_exclude_input_from_output") or False),
+            "perf": bool(get("sampling_param_return_perf_metrics") or self.perf_default),
+            "finish_reason": bool(get("return_finish_reason") or False),
+            "stop_reason": bool(get("return_stop_reason") or False),
+        }
+        request_id = f"{user_id or 'llmapi'}-{uuid.uuid4().hex[:8]}"
+        gen_request = GenerationRequest(
+            input_ids=prompt, max_new_tokens=max_new, end_id=self.tokenizer.end_id, pad_id=self.tokenizer.pad_id,
+            stop_words=[self.tokenizer.encode(s, add_special_tokens=False) for s in stops],
+            sampling=SamplingParams(**llmapi_spec.sampling_fields(get)), request_id=request_id)
+        return options, gen_request
+
+    def _stop(self, user_id: str, sender) -> None:
+        if not user_id:
+            _send(sender, _error(NO_REQUEST_ID), final=True)
+            return
+        with self._lock:
+            handles = [h for key, h in self._inflight.items() if key.rpartition("-")[0] == user_id]
+        for handle in handles:
+            handle.cancel()
+        _send(sender, _error(CANCELLED, cancelled=True), final=True)
+
+    # -- responses -----------------------------------------------------------------------------
+
+    def _drain(self, gen_request, handle, sender, options: dict, arrival_ns: int) -> None:
+        generated: list[int] = []
+        stats, first_token_ns = None, 0
+        next_check = time.monotonic() + CANCEL_CHECK_PERIOD_S
+        try:
+            for chunk in handle.chunks():
+                stats = chunk.stats or stats
+                if not chunk.finished and time.monotonic() >= next_check:
+                    next_check = time.monotonic() + CANCEL_CHECK_PERIOD_S
+                    if sender.is_cancelled():
+                        handle.cancel()
+                if chunk.error:
+                    _send(sender, _error(f"Error generating request: {chunk.error}"), final=True)
+                    return
+                generated.extend(chunk.tokens)
+                first_token_ns = first_token_ns or (time.monotonic_ns() if generated else 0)
+                if chunk.finished and chunk.finish_reason == "cancelled":
+                    self.counters.cancelled()
+                    _send(sender, _error(CANCELLED, cancelled=True), final=True)
+                    return
+                if options["streaming"] or chunk.finished:
+                    response = self._response(generated, chunk, stats, options)
+                    _send(sender, response, final=chunk.finished)
+                if chunk.finished:
+                    self.latency.observe(arrival_ns, first_token_ns, time.monotonic_ns(), len(generated))
+                    return
+        except Exception as exc:  # noqa: BLE001 - the request must still end with a final response
+            _send(sender, _error(f"Error generating request: {type(exc).__name__}: {exc}"), final=True)
+        finally:
+            with self._lock:
+                self._inflight.pop(gen_request.request_id, None)
+            if stats is not None:
+                self.counters.add(stats.draft_tokens, stats.accepted_tokens, stats.verify_steps)
+
+    def _response(self, generated: list[int], chunk, stats, options: dict):
+        stop_reason = None
+        if chunk.finished and chunk.finish_reason == "stop_word":
+            completion = self.tokenizer.decode(generated)
+            stop_reason = next((s for s in options["stops"] if completion.endswith(s)), None)
+        ids = generated if options["streaming"] or options["exclude_input"] else options["prompt_ids"] + generated
+        text = self.tokenizer.decode(ids)  # with the prompt: its tokens decoded with the completion's
+        if stop_reason and text.endswith(stop_reason):
+            text = text[: len(text) - len(stop_reason)]
+        outputs = [io.tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_))]
+        if options["finish_reason"]:
+            reason = llmapi_spec.finish_reason(chunk.finish_reason if chunk.finished else None)
+            outputs.append(io.tensor("finish_reason", np.array([reason.encode()], dtype=np.object_)))
+        if options["stop_reason"]:
+            outputs.append(io.tensor("stop_reason", np.array([str(stop_reason).encode()], dtype=np.object_)))
+        if options["perf"] and stats is not None:
+            outputs += perf_tensors(stats)
+        return pb_utils.InferenceResponse(output_tensors=outputs)
+
+
+def perf_tensors(stats) -> list:
+    """The perf outputs of upstream's model, one value each, in config.pbtxt's dtypes."""
+    reused = int(getattr(stats, "kv_cache_reused_tokens", 0))
+    new = int(getattr(stats, "kv_cache_new_tokens", 0))
+    blocks = -(-(reused + new) // TOKENS_PER_KV_BLOCK)
+    reused_blocks = reused // TOKENS_PER_KV_BLOCK
+    values = (
+        ("kv_cache_reused_block", reused_blocks, np.int32),
+        ("kv_cache_missed_block", blocks - reused_blocks, np.int32),
+        ("kv_cache_alloc_new_blocks", -(-new // TOKENS_PER_KV_BLOCK), np.int32),
+        ("kv_cache_alloc_total_blocks", blocks, np.int32),
+        ("kv_cache_hit_rate", reused_blocks / blocks if blocks else 0.0, np.float32),
+        ("arrival_time_ns", stats.arrival_time_ns, np.int64),
+        ("first_scheduled_time_ns", stats.first_scheduled_time_ns, np.int64),
+        ("first_token_time_ns", stats.first_token_time_ns, np.int64),
+        ("last_token_time_ns", stats.last_token_time_ns, np.int64),
+        ("acceptance_rate", stats.acceptance_rate, np.float32),
+        ("total_accepted_draft_tokens", stats.accepted_tokens, np.int32),
+        ("total_draft_tokens", stats.draft_tokens, np.int32),
+    )
+    return [io.tensor(name, np.array([value], dtype=dtype)) for name, value, dtype in values]
+
+
+def _strings(value) -> list[str]:
+    if value is None:
+        return []
+    return [io.text(v, "sampling_param_stop") for v in value.reshape(-1)]
+
+
+def _error(message: str, cancelled: bool = False):
+    """Upstream's error response: the error plus a text_output of "N/A"."""
+    code = getattr(pb_utils.TritonError, "CANCELLED", None) if cancelled else None
+    error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
+    tensor = io.tensor("text_output", np.array([b"N/A"], dtype=np.object_))
+    return pb_utils.InferenceResponse(output_tensors=[tensor], error=error)
+
+
+def _send(sender, response, final: bool) -> None:
+    try:
+        sender.send(response, flags=FINAL if final else 0)
+    except Exception:  # noqa: BLE001 - the client is gone; nothing to tell it
+        pass
+
+
+class _Collector:
+    """Stands in for a response sender in non-decoupled mode: keeps the one final response."""
+
+    def __init__(self):
+        self._done = threading.Event()
+        self._response = None
+
+    def send(self, response=None, flags=0):
+        if response is not None:
+            self._response = response
+        if flags & FINAL:
+            self._done.set()
+
+    def is_cancelled(self) -> bool:
+        return False
+
+    def wait(self):
+        self._done.wait()
+        return self._response if self._response is not None else pb_utils.InferenceResponse(output_tensors=[])

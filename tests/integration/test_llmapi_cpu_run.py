@@ -1,0 +1,38 @@
+"""`specdeploy run` on the CPU llmapi layout (`configs/tiny-cpu-llmapi.yaml`): one subprocess in a
+fresh working directory — real build, render, two tritonservers serving the llmapi `tensorrt_llm`
+model, Locust speaking the llmapi contract (`text_input` [1], `sampling_param_*`, cumulative
+`text_output`), report — ends with a verdict whose requests succeeded in both arms and whose
+acceptance came from the llmapi model's per-request perf outputs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+EXIT_CODES = {"GO": 0, "NO-GO": 1, "INCONCLUSIVE": 3}
+
+
+def test_run_on_the_cpu_llmapi_layout_reaches_a_verdict_with_served_requests(tmp_path):
+    config = ROOT / "configs" / "tiny-cpu-llmapi.yaml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline", "run", str(config), "--concurrency", "1,4", "--duration", "4s",
+         "--repeats", "1"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    reports = sorted((tmp_path / "reports" / "tiny-cpu-llmapi").glob("*/report.json"))
+    assert len(reports) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(reports[0].read_text())
+    assert proc.returncode == EXIT_CODES[report["verdict"]]
+    for raw in sorted((reports[0].parent / "raw").glob("*.jsonl")):
+        records = [json.loads(line) for line in raw.read_text().splitlines() if line.strip()]
+        measured = [r for r in records if r.get("stage") != "warmup"]
+        assert measured and all(r["status"] == "ok" for r in measured), (raw.name, measured[:1])
+        assert all(r["output_text"] for r in measured)
