@@ -36,3 +36,5 @@ def test_run_on_the_cpu_llmapi_layout_reaches_a_verdict_with_served_requests(tmp
         measured = [r for r in records if r.get("stage") != "warmup"]
         assert measured and all(r["status"] == "ok" for r in measured), (raw.name, measured[:1])
         assert all(r["output_text"] for r in measured)
+    assert report["acceptance_rate"] is not None and 0 < report["acceptance_rate"] <= 1, report.get("acceptance_source")
+    assert report["acceptance_source"] == "per-request outputs", report["acceptance_source"]
