@@ -19,7 +19,11 @@ What it records, written as JSON to ``--out`` (default ``benchmarks/results/soak
 - requests: sent, completed, cancelled, errors and timeouts; the error rate excludes the
   cancelled ones; distinct error messages with counts; a per-minute breakdown with latencies;
 - resident memory (psutil) of every process in the server's tree, sampled over time; per
-  process the growth after the warm-up and the fitted slope (``scipy.stats.linregress``);
+  process the growth after the warm-up and the fitted slope (``scipy.stats.linregress``); for
+  ``tritonserver`` itself also anonymous vs file-backed resident memory (``/proc/PID/status``),
+  threads and open files, and the growth per completed request;
+- the allocator the server tree ran on (``--allocator``, ``--malloc-arena-max``; see
+  ``pipeline.serve.command.malloc_env``) and the one actually mapped into ``tritonserver``;
 - leaks: the engine gauges every ``tensorrt_llm`` model publishes
   (``pipeline/triton_models/engine_gauges.py``: KV slots in use per pool, prefix-cache entries
   and their bound, open requests in the model, the worker proxy and the engine) read before the
@@ -43,7 +47,8 @@ Usage (from the project root)::
 
 Other flags: ``--config`` (default ``configs/tiny-cpu-draft-target.yaml``), ``--warmup-minutes``,
 ``--cancel-fraction``, ``--sampled-fraction``, ``--max-tokens``, ``--sample-s``, ``--seed``,
-``--workdir`` (keep the build and the server log).
+``--prompts`` (use only the first N prompts: fewer distinct request shapes), ``--allocator``,
+``--malloc-arena-max``, ``--workdir`` (keep the build and the server log).
 """
 
 from __future__ import annotations
@@ -74,6 +79,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "loadtests"))
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from pipeline.serve.command import MALLOC_CHOICES, MALLOC_ENV  # noqa: E402
 
 DEFAULT_CONFIG = ROOT / "configs" / "tiny-cpu-draft-target.yaml"
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "soak.json"
@@ -300,6 +307,7 @@ class TreeMemory:
         self.labels: dict[int, str] = {}
         self.first_pids: set[int] | None = None
         self.host: list[tuple[float, float, float]] = []  # (t, tree CPU seconds so far, 1-min load average)
+        self.root_detail: list[tuple] = []  # (t, RssAnon MB, RssFile MB, RssShmem MB, threads, open fds)
         self._cpu_s: dict[int, float] = {}
         self.server_exit: float | None = None
         self._stop = threading.Event()
@@ -337,6 +345,8 @@ class TreeMemory:
                     self.labels[proc.pid] = process_label(proc)
                 self.series.setdefault(proc.pid, []).append((now, round(rss_mb, 2)))
         self.host.append((now, round(sum(self._cpu_s.values()), 2), round(os.getloadavg()[0], 2)))
+        with contextlib.suppress(psutil.Error, OSError):
+            self.root_detail.append((now, *rss_kinds_mb(self.pid), root.num_threads(), root.num_fds()))
         if self.first_pids is None:
             self.first_pids = set(self.series)
 
@@ -349,6 +359,28 @@ class TreeMemory:
                 if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
                     alive.add(pid)
         return alive
+
+
+def rss_kinds_mb(pid: int) -> tuple[float, float, float]:
+    """(anonymous, file-backed, shared-memory) resident MB from ``/proc/PID/status``: heap growth
+    shows in the first, mapped libraries and files in the second."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("RssAnon", "RssFile", "RssShmem"):
+            fields[key] = round(int(value.split()[0]) / 1024, 2)
+    return fields.get("RssAnon", 0.0), fields.get("RssFile", 0.0), fields.get("RssShmem", 0.0)
+
+
+def mapped_allocator(pid: int) -> str:
+    """Which allocator ``pid`` has mapped (its ``/proc/PID/maps``): jemalloc, tcmalloc or glibc."""
+    from pipeline.serve.command import MALLOC_LIBRARIES
+
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return "unknown"
+    return next((name for name, lib in MALLOC_LIBRARIES.items() if lib.split(".so")[0] in maps), "glibc")
 
 
 def process_label(proc) -> str:
@@ -518,7 +550,30 @@ def _slope_per_min(points: list[tuple[float, float]]) -> float:
     return float(linregress([t for t, _ in points], [mb for _, mb in points]).slope) * 60
 
 
-def memory_summary(memory: TreeMemory, warmup_s: float, tolerance_mb: float) -> dict:
+def root_detail_summary(memory: TreeMemory, warmup_s: float, done_at: list[float]) -> dict:
+    """``tritonserver``'s anonymous/file-backed RSS, threads and fds after the warm-up, and its
+    RSS growth per completed request (the slope of RSS against requests done by each sample)."""
+    import bisect
+
+    rows = [r for r in memory.root_detail if r[0] >= warmup_s]
+    out: dict = {"columns": ["t_s", "rss_anon_mb", "rss_file_mb", "rss_shmem_mb", "threads", "fds"],
+                 "rows": memory.root_detail}
+    if len(rows) >= 2:
+        out.update({f"{name}_growth": round(rows[-1][i] - rows[0][i], 2)
+                    for i, name in enumerate(out["columns"][1:], 1)})
+    series = [(t, mb) for t, mb in memory.series.get(memory.pid, []) if t >= warmup_s]
+    done_at = sorted(done_at or [])
+    points = [(bisect.bisect_right(done_at, t), mb) for t, mb in series]
+    if len({n for n, _ in points}) >= 2:
+        from scipy.stats import linregress
+
+        fit = linregress([n for n, _ in points], [mb for _, mb in points])
+        out["rss_kb_per_request"] = round(float(fit.slope) * 1024, 3)
+        out["requests_after_warmup"] = points[-1][0] - points[0][0]
+    return out
+
+
+def memory_summary(memory: TreeMemory, warmup_s: float, tolerance_mb: float, done_at: list[float] | None = None) -> dict:
     """Per process: RSS at the first sample after the warm-up and at the last one, the growth and
     the fitted slope over the post-warm-up samples."""
     rows = []
@@ -534,7 +589,8 @@ def memory_summary(memory: TreeMemory, warmup_s: float, tolerance_mb: float) -> 
                        slope_mb_per_min_last_half=round(_slope_per_min(late), 3))
         rows.append(row)
     measured = [r for r in rows if "growth_mb" in r]
-    return {"warmup_s": warmup_s, "sample_interval_s": memory.interval_s, "tolerance_mb": tolerance_mb,
+    return {"tritonserver_detail": root_detail_summary(memory, warmup_s, done_at),
+            "warmup_s": warmup_s, "sample_interval_s": memory.interval_s, "tolerance_mb": tolerance_mb,
             "flat": bool(measured) and all(r["growth_mb"] <= tolerance_mb for r in measured),
             "total_growth_mb": round(sum(r["growth_mb"] for r in measured), 2), "processes": rows,
             "series": {str(pid): series for pid, series in sorted(memory.series.items())},
@@ -572,10 +628,13 @@ def soak(args: argparse.Namespace, cfg) -> dict:
     from pipeline.serve.server import serve_deployment
 
     prompts, dataset = load_prompt_set(cfg)
+    prompts = prompts[: args.prompts] if args.prompts else prompts
     target = client_target(cfg, "speculative")
     batch = cfg.reference.max_batch_size or cfg.build.max_batch_size
     http, grpc, metrics = free_ports(3)
     with serve_deployment(cfg, "speculative", http_port=http, grpc_port=grpc, metrics_port=metrics) as server:
+        allocator = {"requested": args.allocator, "malloc_arena_max": args.malloc_arena_max,
+                     "mapped_in_tritonserver": mapped_allocator(server.pid)}
         load = Load(server.grpc_url, target.model_name, dict(target.extra_inputs), prompts,
                     args.max_tokens or cfg.loadtest.max_tokens, args.streams, 0.0, args.max_requests_per_stream,
                     args.request_timeout_s, args.cancel_fraction, args.sampled_fraction, args.seed)
@@ -600,9 +659,10 @@ def soak(args: argparse.Namespace, cfg) -> dict:
                 "after_probes": wait_gauges_idle(server.metrics_url),
                 "idle_means": "kv_slots_in_use (target, draft) and open_requests (model, proxy, engine) 0; "
                               "prefix_cache_entries ≤ prefix_cache_capacity"}
-        report.update(soak_seconds=round(soak_s, 1), hung_streams=hung,
+        report.update(soak_seconds=round(soak_s, 1), hung_streams=hung, allocator=allocator,
                       requests=request_summary(load.outcomes, t0),
-                      memory=memory_summary(memory, args.warmup_minutes * 60, args.rss_tolerance_mb),
+                      memory=memory_summary(memory, args.warmup_minutes * 60, args.rss_tolerance_mb,
+                                            [o.t_start + o.seconds - memory.t0 for o in load.outcomes]),
                       processes=process_changes(memory, pids_end, alive_during),
                       model=target.model_name, extra_inputs=dict(target.extra_inputs), engine_max_batch_size=batch,
                       dataset={k: dataset[k] for k in ("path", "n_prompts", "categories", "sha256")},
@@ -690,6 +750,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sample-s", type=float, default=5.0, help="memory sampling interval")
     parser.add_argument("--rss-tolerance-mb", type=float, default=10.0, help="growth per process still called flat")
     parser.add_argument("--seed", type=int, default=20)
+    parser.add_argument("--prompts", type=int, help="use only the first N prompts (fewer distinct request shapes)")
+    parser.add_argument("--allocator", choices=MALLOC_CHOICES, help=f"the server's allocator (sets {MALLOC_ENV}; "
+                        "default: what serve picks)")
+    parser.add_argument("--malloc-arena-max", type=int, help="MALLOC_ARENA_MAX for the server tree (glibc's arenas)")
     parser.add_argument("--workdir", type=Path, help="keep the build, the model repository and the server log here")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--note", default="", help="recorded in the JSON (e.g. what else loaded the machine)")
@@ -701,8 +765,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def allocator_env(args: argparse.Namespace) -> dict[str, str]:
+    """The environment ``--allocator`` and ``--malloc-arena-max`` give the server (it inherits ours)."""
+    return {**({MALLOC_ENV: args.allocator} if args.allocator else {}),
+            **({"MALLOC_ARENA_MAX": str(args.malloc_arena_max)} if args.malloc_arena_max else {})}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    os.environ.update(allocator_env(args))  # read by pipeline.serve.command.cpu_server_env
     config, out = args.config.resolve(), args.out.resolve()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the server stops in its context manager
     load_before, t_start = os.getloadavg(), time.time()
