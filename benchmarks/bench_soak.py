@@ -196,6 +196,7 @@ class Load:
     streams: int
     deadline: float
     max_requests: int
+    stream_requests: int  # reopen the stream after this many requests (0: only after a cancel)
     timeout_s: float
     cancel_fraction: float
     sampled_fraction: float
@@ -247,7 +248,7 @@ def stream_worker(load: Load, index: int) -> None:
 
     rng = random.Random(load.seed * 1000 + index)
     cursor = PromptCursor(load.prompts, load.seed, index, load.streams)
-    stream = None
+    stream, on_stream = None, 0
     try:
         for _ in range(load.max_requests):
             if load.stop.is_set() or time.monotonic() >= load.deadline:
@@ -264,11 +265,17 @@ def stream_worker(load: Load, index: int) -> None:
                 outcome = Outcome("error", "sampled" if sampled else "greedy", time.monotonic(), 0.0, error=repr(exc))
             with load.lock:
                 load.outcomes.append(outcome)
-            if outcome.status != "ok" and stream is not None:
+            on_stream += 1
+            if outcome.status == "ok" and stream is not None and on_stream == load.stream_requests:
+                stream.close(cancel=False)
+                stream = None
+            if stream is None:
+                on_stream = 0
+            elif outcome.status != "ok":
                 if not stream.close(cancel=True):
                     with load.lock:
                         load.hung_cancels += 1
-                stream = None
+                stream, on_stream = None, 0
     finally:
         if stream is not None:
             stream.close(cancel=False)
@@ -307,6 +314,7 @@ class TreeMemory:
         self.labels: dict[int, str] = {}
         self.first_pids: set[int] | None = None
         self.host: list[tuple[float, float, float]] = []  # (t, tree CPU seconds so far, 1-min load average)
+        self.load_end: float | None = None  # t of the last sample under load; later ones are idle
         self.root_detail: list[tuple] = []  # (t, RssAnon MB, RssFile MB, RssShmem MB, threads, open fds)
         self._cpu_s: dict[int, float] = {}
         self.server_exit: float | None = None
@@ -555,13 +563,18 @@ def root_detail_summary(memory: TreeMemory, warmup_s: float, done_at: list[float
     RSS growth per completed request (the slope of RSS against requests done by each sample)."""
     import bisect
 
-    rows = [r for r in memory.root_detail if r[0] >= warmup_s]
+    rows = [r for r in memory.root_detail if warmup_s <= r[0] <= (memory.load_end or r[0])]
     out: dict = {"columns": ["t_s", "rss_anon_mb", "rss_file_mb", "rss_shmem_mb", "threads", "fds"],
                  "rows": memory.root_detail}
+    idle = [r for r in memory.root_detail if memory.load_end is not None and r[0] > memory.load_end]
+    if idle and rows:
+        out["rss_anon_mb_after_idle"] = idle[-1][1]
+        out["idle_s"] = round(idle[-1][0] - rows[-1][0], 1)
+        out["rss_anon_mb_given_back_when_idle"] = round(rows[-1][1] - idle[-1][1], 2)
     if len(rows) >= 2:
         out.update({f"{name}_growth": round(rows[-1][i] - rows[0][i], 2)
                     for i, name in enumerate(out["columns"][1:], 1)})
-    series = [(t, mb) for t, mb in memory.series.get(memory.pid, []) if t >= warmup_s]
+    series = [(t, mb) for t, mb in memory.series.get(memory.pid, []) if warmup_s <= t <= (memory.load_end or t)]
     done_at = sorted(done_at or [])
     points = [(bisect.bisect_right(done_at, t), mb) for t, mb in series]
     if len({n for n, _ in points}) >= 2:
@@ -578,9 +591,12 @@ def memory_summary(memory: TreeMemory, warmup_s: float, tolerance_mb: float, don
     the fitted slope over the post-warm-up samples."""
     rows = []
     for pid, series in sorted(memory.series.items()):
-        after = [(t, mb) for t, mb in series if t >= warmup_s]
+        after = [(t, mb) for t, mb in series if warmup_s <= t <= (memory.load_end or t)]
         row = {"pid": pid, "label": memory.labels.get(pid, "?"), "samples": len(series),
                "rss_mb_first": series[0][1], "rss_mb_max": max(mb for _, mb in series)}
+        idle = [mb for t, mb in series if memory.load_end is not None and t > memory.load_end]
+        if idle:
+            row["rss_mb_after_idle"] = idle[-1]
         if len(after) >= 2:
             late = after[len(after) // 2:] if len(after) >= 4 else after  # still growing at the end?
             row.update(rss_mb_after_warmup=after[0][1], rss_mb_end=after[-1][1],
@@ -637,6 +653,7 @@ def soak(args: argparse.Namespace, cfg) -> dict:
                      "mapped_in_tritonserver": mapped_allocator(server.pid)}
         load = Load(server.grpc_url, target.model_name, dict(target.extra_inputs), prompts,
                     args.max_tokens or cfg.loadtest.max_tokens, args.streams, 0.0, args.max_requests_per_stream,
+                    args.stream_requests,
                     args.request_timeout_s, args.cancel_fraction, args.sampled_fraction, args.seed)
         load.datatypes = input_datatypes(load.url, load.model)
         probe_prompts = [p["prompt"] for p in prompts[: max(1, batch)]]
@@ -649,6 +666,11 @@ def soak(args: argparse.Namespace, cfg) -> dict:
             hung = run_load(load, args.request_timeout_s + 30, server.alive)
             soak_s = time.monotonic() - t0
             gauges_drained = wait_gauges_idle(server.metrics_url) if server.alive() else None
+            memory.sample()
+            memory.load_end = round(time.monotonic() - memory.t0, 1)
+            settle_until = time.monotonic() + args.settle_s  # idle: is the growth given back?
+            while time.monotonic() < settle_until and server.alive():
+                time.sleep(min(args.sample_s, max(0.0, settle_until - time.monotonic())))
             memory.sample()
             alive_during = server.alive()
             pids_end = memory.alive_pids()
@@ -750,6 +772,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sample-s", type=float, default=5.0, help="memory sampling interval")
     parser.add_argument("--rss-tolerance-mb", type=float, default=10.0, help="growth per process still called flat")
     parser.add_argument("--seed", type=int, default=20)
+    parser.add_argument("--stream-requests", type=int, default=0,
+                        help="reopen each gRPC stream after this many requests (default 0: only after a cancel)")
+    parser.add_argument("--settle-s", type=float, default=30.0,
+                        help="idle time after the load before the last memory sample (is growth given back?)")
     parser.add_argument("--prompts", type=int, help="use only the first N prompts (fewer distinct request shapes)")
     parser.add_argument("--allocator", choices=MALLOC_CHOICES, help=f"the server's allocator (sets {MALLOC_ENV}; "
                         "default: what serve picks)")
