@@ -208,6 +208,19 @@ class Load:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
+def server_version(url: str) -> str | None:
+    """The serving ``tritonserver``'s version (its server metadata)."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        return client.get_server_metadata(as_json=True).get("version")
+    except Exception:  # noqa: BLE001 - a record, not a check
+        return None
+    finally:
+        client.close()
+
+
 def input_datatypes(url: str, model: str) -> dict[str, str]:
     """{input name: Triton datatype} as the served model declares them (its metadata)."""
     import tritonclient.grpc as grpcclient
@@ -558,10 +571,26 @@ def _slope_per_min(points: list[tuple[float, float]]) -> float:
     return float(linregress([t for t, _ in points], [mb for _, mb in points]).slope) * 60
 
 
-def root_detail_summary(memory: TreeMemory, warmup_s: float, done_at: list[float]) -> dict:
-    """``tritonserver``'s anonymous/file-backed RSS, threads and fds after the warm-up, and its
-    RSS growth per completed request (the slope of RSS against requests done by each sample)."""
+def _kb_per_event(series: list[tuple[float, float]], event_times: list[float]) -> tuple[float, int] | None:
+    """The slope of RSS (MB) against the number of events (requests, cancellations) done by each
+    sample, in KB per event, and the events counted; None with fewer than two distinct counts."""
     import bisect
+
+    from scipy.stats import linregress
+
+    times = sorted(event_times)
+    points = [(bisect.bisect_right(times, t), mb) for t, mb in series]
+    if len({n for n, _ in points}) < 2:
+        return None
+    fit = linregress([n for n, _ in points], [mb for _, mb in points])
+    return round(float(fit.slope) * 1024, 3), points[-1][0] - points[0][0]
+
+
+def root_detail_summary(memory: TreeMemory, warmup_s: float, done_at: list[float],
+                        cancelled_at: list[float] | None = None) -> dict:
+    """``tritonserver``'s anonymous/file-backed RSS, threads and fds after the warm-up, and its
+    RSS growth per request and per cancellation (the slope of RSS against requests, and against
+    cancellations, done by each sample)."""
 
     rows = [r for r in memory.root_detail if warmup_s <= r[0] <= (memory.load_end or r[0])]
     out: dict = {"columns": ["t_s", "rss_anon_mb", "rss_file_mb", "rss_shmem_mb", "threads", "fds"],
@@ -575,18 +604,15 @@ def root_detail_summary(memory: TreeMemory, warmup_s: float, done_at: list[float
         out.update({f"{name}_growth": round(rows[-1][i] - rows[0][i], 2)
                     for i, name in enumerate(out["columns"][1:], 1)})
     series = [(t, mb) for t, mb in memory.series.get(memory.pid, []) if warmup_s <= t <= (memory.load_end or t)]
-    done_at = sorted(done_at or [])
-    points = [(bisect.bisect_right(done_at, t), mb) for t, mb in series]
-    if len({n for n, _ in points}) >= 2:
-        from scipy.stats import linregress
-
-        fit = linregress([n for n, _ in points], [mb for _, mb in points])
-        out["rss_kb_per_request"] = round(float(fit.slope) * 1024, 3)
-        out["requests_after_warmup"] = points[-1][0] - points[0][0]
+    for name, times in (("request", done_at or []), ("cancelled", cancelled_at or [])):
+        fit = _kb_per_event(series, times)
+        if fit is not None:
+            out[f"rss_kb_per_{name}"], out[f"{name}_after_warmup"] = fit
     return out
 
 
-def memory_summary(memory: TreeMemory, warmup_s: float, tolerance_mb: float, done_at: list[float] | None = None) -> dict:
+def memory_summary(memory: TreeMemory, warmup_s: float, tolerance_mb: float, done_at: list[float] | None = None,
+                   cancelled_at: list[float] | None = None) -> dict:
     """Per process: RSS at the first sample after the warm-up and at the last one, the growth and
     the fitted slope over the post-warm-up samples."""
     rows = []
@@ -605,7 +631,7 @@ def memory_summary(memory: TreeMemory, warmup_s: float, tolerance_mb: float, don
                        slope_mb_per_min_last_half=round(_slope_per_min(late), 3))
         rows.append(row)
     measured = [r for r in rows if "growth_mb" in r]
-    return {"tritonserver_detail": root_detail_summary(memory, warmup_s, done_at),
+    return {"tritonserver_detail": root_detail_summary(memory, warmup_s, done_at, cancelled_at),
             "warmup_s": warmup_s, "sample_interval_s": memory.interval_s, "tolerance_mb": tolerance_mb,
             "flat": bool(measured) and all(r["growth_mb"] <= tolerance_mb for r in measured),
             "total_growth_mb": round(sum(r["growth_mb"] for r in measured), 2), "processes": rows,
@@ -650,7 +676,8 @@ def soak(args: argparse.Namespace, cfg) -> dict:
     http, grpc, metrics = free_ports(3)
     with serve_deployment(cfg, "speculative", http_port=http, grpc_port=grpc, metrics_port=metrics) as server:
         allocator = {"requested": args.allocator, "malloc_arena_max": args.malloc_arena_max,
-                     "mapped_in_tritonserver": mapped_allocator(server.pid)}
+                     "mapped_in_tritonserver": mapped_allocator(server.pid),
+                     "tritonserver_version": server_version(server.grpc_url)}
         load = Load(server.grpc_url, target.model_name, dict(target.extra_inputs), prompts,
                     args.max_tokens or cfg.loadtest.max_tokens, args.streams, 0.0, args.max_requests_per_stream,
                     args.stream_requests,
@@ -684,7 +711,9 @@ def soak(args: argparse.Namespace, cfg) -> dict:
         report.update(soak_seconds=round(soak_s, 1), hung_streams=hung, allocator=allocator,
                       requests=request_summary(load.outcomes, t0),
                       memory=memory_summary(memory, args.warmup_minutes * 60, args.rss_tolerance_mb,
-                                            [o.t_start + o.seconds - memory.t0 for o in load.outcomes]),
+                                            [o.t_start + o.seconds - memory.t0 for o in load.outcomes],
+                                            [o.t_start + o.seconds - memory.t0 for o in load.outcomes
+                                             if o.status == "cancelled"]),
                       processes=process_changes(memory, pids_end, alive_during),
                       model=target.model_name, extra_inputs=dict(target.extra_inputs), engine_max_batch_size=batch,
                       dataset={k: dataset[k] for k in ("path", "n_prompts", "categories", "sha256")},
