@@ -678,7 +678,7 @@ def soak(args: argparse.Namespace, cfg) -> dict:
         allocator = {"requested": args.allocator, "malloc_arena_max": args.malloc_arena_max,
                      "mapped_in_tritonserver": mapped_allocator(server.pid),
                      "tritonserver_version": server_version(server.grpc_url)}
-        load = Load(server.grpc_url, target.model_name, dict(target.extra_inputs), prompts,
+        load = Load(server.grpc_url, args.model or target.model_name, dict(target.extra_inputs), prompts,
                     args.max_tokens or cfg.loadtest.max_tokens, args.streams, 0.0, args.max_requests_per_stream,
                     args.stream_requests,
                     args.request_timeout_s, args.cancel_fraction, args.sampled_fraction, args.seed)
@@ -715,7 +715,7 @@ def soak(args: argparse.Namespace, cfg) -> dict:
                                             [o.t_start + o.seconds - memory.t0 for o in load.outcomes
                                              if o.status == "cancelled"]),
                       processes=process_changes(memory, pids_end, alive_during),
-                      model=target.model_name, extra_inputs=dict(target.extra_inputs), engine_max_batch_size=batch,
+                      model=load.model, extra_inputs=dict(target.extra_inputs), engine_max_batch_size=batch,
                       dataset={k: dataset[k] for k in ("path", "n_prompts", "categories", "sha256")},
                       cpu_plan=server.cpu_plan.as_dict() if server.cpu_plan else None)
         if not alive_during:
@@ -805,6 +805,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="reopen each gRPC stream after this many requests (default 0: only after a cancel)")
     parser.add_argument("--settle-s", type=float, default=30.0,
                         help="idle time after the load before the last memory sample (is growth given back?)")
+    parser.add_argument("--model", help="the model the streams call (default: the one the load test calls)")
     parser.add_argument("--prompts", type=int, help="use only the first N prompts (fewer distinct request shapes)")
     parser.add_argument("--allocator", choices=MALLOC_CHOICES, help=f"the server's allocator (sets {MALLOC_ENV}; "
                         "default: what serve picks)")
