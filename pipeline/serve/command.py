@@ -115,29 +115,33 @@ def cpu_server_env(server: CpuServer, base: dict | None = None) -> dict[str, str
 # "Model Control Mode EXPLICIT"); benchmarks/results/triton-rss.json has this project's measurements.
 MALLOC_ENV = "SPECDEPLOY_TRITON_MALLOC"
 MALLOC_LIBRARIES = {"jemalloc": "libjemalloc.so.2", "tcmalloc": "libtcmalloc_minimal.so.4"}
+MALLOC_PACKAGES = {"jemalloc": "libjemalloc2", "tcmalloc": "libtcmalloc-minimal4"}  # Debian's
 MALLOC_CHOICES = ("auto", "glibc", *MALLOC_LIBRARIES)
-DEFAULT_MALLOC = "auto"  # the first of MALLOC_LIBRARIES installed, else glibc's own
+# glibc's own: the preloaded allocators did not change the server's growth under load, and
+# jemalloc starts larger (benchmarks/results/triton-rss.json)
+DEFAULT_MALLOC = "glibc"
 LIBRARY_DIRS = (Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib/aarch64-linux-gnu"), Path("/usr/lib64"),
                 Path("/usr/lib"), Path("/lib/x86_64-linux-gnu"), Path("/lib64"))
 
 
-def find_malloc_library(name: str, dirs: tuple[Path, ...] = LIBRARY_DIRS) -> Path | None:
+def find_malloc_library(name: str, dirs: tuple[Path, ...] | None = None) -> Path | None:
     """The shared object of allocator ``name`` (a key of :data:`MALLOC_LIBRARIES`), or None."""
+    dirs = LIBRARY_DIRS if dirs is None else dirs
     return next((d / MALLOC_LIBRARIES[name] for d in dirs if (d / MALLOC_LIBRARIES[name]).is_file()), None)
 
 
-def malloc_env(choice: str, base: dict, dirs: tuple[Path, ...] = LIBRARY_DIRS) -> dict[str, str]:
+def malloc_env(choice: str, base: dict, dirs: tuple[Path, ...] | None = None) -> dict[str, str]:
     """What ``choice`` adds to the server's environment: ``LD_PRELOAD`` with the allocator first
     (``{}`` for glibc). ``auto`` falls back to glibc when no allocator is installed; naming one that
     is missing is an error."""
+    dirs = LIBRARY_DIRS if dirs is None else dirs
     if choice not in MALLOC_CHOICES:
         raise ServeError(f"{MALLOC_ENV}={choice!r}: expected one of {', '.join(MALLOC_CHOICES)}")
     names = [n for n in MALLOC_LIBRARIES if choice in ("auto", n)]
     found = next(filter(None, (find_malloc_library(n, dirs) for n in names)), None)
     if found is None and choice not in ("auto", "glibc"):
         raise ServeError(f"{MALLOC_ENV}={choice}: {MALLOC_LIBRARIES[choice]} is not installed in "
-                         f"{', '.join(map(str, dirs))} (Debian: apt-get install "
-                         f"{'libjemalloc2' if choice == 'jemalloc' else 'libtcmalloc-minimal4'}), "
+                         f"{', '.join(map(str, dirs))} (Debian: apt-get install {MALLOC_PACKAGES[choice]}), "
                          f"or set {MALLOC_ENV}=glibc")
     if found is None:
         return {}
