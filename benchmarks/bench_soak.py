@@ -47,8 +47,11 @@ Usage (from the project root)::
 
 Other flags: ``--config`` (default ``configs/tiny-cpu-draft-target.yaml``), ``--warmup-minutes``,
 ``--cancel-fraction``, ``--sampled-fraction``, ``--max-tokens``, ``--sample-s``, ``--seed``,
-``--prompts`` (use only the first N prompts: fewer distinct request shapes), ``--allocator``,
-``--malloc-arena-max``, ``--workdir`` (keep the build and the server log).
+``--prompts`` (use only the first N prompts: fewer distinct request shapes), ``--model`` (call
+another model than the load test's), ``--stream-requests`` (reopen each stream after N requests),
+``--settle-s`` (idle time before the last memory sample), ``--allocator``, ``--malloc-arena-max``,
+``--workdir`` (keep the build and the server log). ``benchmarks/results/triton-rss.json`` is a set
+of such runs.
 """
 
 from __future__ import annotations
