@@ -806,7 +806,7 @@ def memory_diagnosis(memory: dict) -> dict:
            "tritonserver_anon_mb_given_back_when_idle": detail.get("rss_anon_mb_given_back_when_idle")}
     if growing == ["tritonserver"]:
         out["note"] = ("only tritonserver grew: it keeps memory per gRPC stream cancelled with a request in "
-                       f"flight (flat without cancellations, the same under jemalloc; {TRITON_RSS_EVIDENCE})")
+                       f"flight (flat without cancellations, the same under jemalloc and tcmalloc; {TRITON_RSS_EVIDENCE})")
     return out
 
 
