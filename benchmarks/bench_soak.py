@@ -19,7 +19,11 @@ What it records, written as JSON to ``--out`` (default ``benchmarks/results/soak
 - requests: sent, completed, cancelled, errors and timeouts; the error rate excludes the
   cancelled ones; distinct error messages with counts; a per-minute breakdown with latencies;
 - resident memory (psutil) of every process in the server's tree, sampled over time; per
-  process the growth after the warm-up and the fitted slope (``scipy.stats.linregress``);
+  process the growth after the warm-up and the fitted slope (``scipy.stats.linregress``); for
+  ``tritonserver`` itself also anonymous vs file-backed resident memory (``/proc/PID/status``),
+  threads and open files, and the growth per completed request;
+- the allocator the server tree ran on (``--allocator``, ``--malloc-arena-max``; see
+  ``pipeline.serve.command.malloc_env``) and the one actually mapped into ``tritonserver``;
 - leaks: the engine gauges every ``tensorrt_llm`` model publishes
   (``pipeline/triton_models/engine_gauges.py``: KV slots in use per pool, prefix-cache entries
   and their bound, open requests in the model, the worker proxy and the engine) read before the
@@ -43,7 +47,11 @@ Usage (from the project root)::
 
 Other flags: ``--config`` (default ``configs/tiny-cpu-draft-target.yaml``), ``--warmup-minutes``,
 ``--cancel-fraction``, ``--sampled-fraction``, ``--max-tokens``, ``--sample-s``, ``--seed``,
-``--workdir`` (keep the build and the server log).
+``--prompts`` (use only the first N prompts: fewer distinct request shapes), ``--model`` (call
+another model than the load test's), ``--stream-requests`` (reopen each stream after N requests),
+``--settle-s`` (idle time before the last memory sample), ``--allocator``, ``--malloc-arena-max``,
+``--workdir`` (keep the build and the server log). ``benchmarks/results/triton-rss.json`` is a set
+of such runs.
 """
 
 from __future__ import annotations
@@ -74,6 +82,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "loadtests"))
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from pipeline.serve.command import MALLOC_CHOICES, MALLOC_ENV  # noqa: E402
 
 DEFAULT_CONFIG = ROOT / "configs" / "tiny-cpu-draft-target.yaml"
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "soak.json"
@@ -189,6 +199,7 @@ class Load:
     streams: int
     deadline: float
     max_requests: int
+    stream_requests: int  # reopen the stream after this many requests (0: only after a cancel)
     timeout_s: float
     cancel_fraction: float
     sampled_fraction: float
@@ -198,6 +209,19 @@ class Load:
     outcomes: list[Outcome] = field(default_factory=list)
     hung_cancels: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def server_version(url: str) -> str | None:
+    """The serving ``tritonserver``'s version (its server metadata)."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        return client.get_server_metadata(as_json=True).get("version")
+    except Exception:  # noqa: BLE001 - a record, not a check
+        return None
+    finally:
+        client.close()
 
 
 def input_datatypes(url: str, model: str) -> dict[str, str]:
@@ -240,7 +264,7 @@ def stream_worker(load: Load, index: int) -> None:
 
     rng = random.Random(load.seed * 1000 + index)
     cursor = PromptCursor(load.prompts, load.seed, index, load.streams)
-    stream = None
+    stream, on_stream = None, 0
     try:
         for _ in range(load.max_requests):
             if load.stop.is_set() or time.monotonic() >= load.deadline:
@@ -257,11 +281,17 @@ def stream_worker(load: Load, index: int) -> None:
                 outcome = Outcome("error", "sampled" if sampled else "greedy", time.monotonic(), 0.0, error=repr(exc))
             with load.lock:
                 load.outcomes.append(outcome)
-            if outcome.status != "ok" and stream is not None:
+            on_stream += 1
+            if outcome.status == "ok" and stream is not None and on_stream == load.stream_requests:
+                stream.close(cancel=False)
+                stream = None
+            if stream is None:
+                on_stream = 0
+            elif outcome.status != "ok":
                 if not stream.close(cancel=True):
                     with load.lock:
                         load.hung_cancels += 1
-                stream = None
+                stream, on_stream = None, 0
     finally:
         if stream is not None:
             stream.close(cancel=False)
@@ -300,6 +330,8 @@ class TreeMemory:
         self.labels: dict[int, str] = {}
         self.first_pids: set[int] | None = None
         self.host: list[tuple[float, float, float]] = []  # (t, tree CPU seconds so far, 1-min load average)
+        self.load_end: float | None = None  # t of the last sample under load; later ones are idle
+        self.root_detail: list[tuple] = []  # (t, RssAnon MB, RssFile MB, RssShmem MB, threads, open fds)
         self._cpu_s: dict[int, float] = {}
         self.server_exit: float | None = None
         self._stop = threading.Event()
@@ -337,6 +369,8 @@ class TreeMemory:
                     self.labels[proc.pid] = process_label(proc)
                 self.series.setdefault(proc.pid, []).append((now, round(rss_mb, 2)))
         self.host.append((now, round(sum(self._cpu_s.values()), 2), round(os.getloadavg()[0], 2)))
+        with contextlib.suppress(psutil.Error, OSError):
+            self.root_detail.append((now, *rss_kinds_mb(self.pid), root.num_threads(), root.num_fds()))
         if self.first_pids is None:
             self.first_pids = set(self.series)
 
@@ -349,6 +383,28 @@ class TreeMemory:
                 if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
                     alive.add(pid)
         return alive
+
+
+def rss_kinds_mb(pid: int) -> tuple[float, float, float]:
+    """(anonymous, file-backed, shared-memory) resident MB from ``/proc/PID/status``: heap growth
+    shows in the first, mapped libraries and files in the second."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("RssAnon", "RssFile", "RssShmem"):
+            fields[key] = round(int(value.split()[0]) / 1024, 2)
+    return fields.get("RssAnon", 0.0), fields.get("RssFile", 0.0), fields.get("RssShmem", 0.0)
+
+
+def mapped_allocator(pid: int) -> str:
+    """Which allocator ``pid`` has mapped (its ``/proc/PID/maps``): jemalloc, tcmalloc or glibc."""
+    from pipeline.serve.command import MALLOC_LIBRARIES
+
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return "unknown"
+    return next((name for name, lib in MALLOC_LIBRARIES.items() if lib.split(".so")[0] in maps), "glibc")
 
 
 def process_label(proc) -> str:
@@ -518,14 +574,58 @@ def _slope_per_min(points: list[tuple[float, float]]) -> float:
     return float(linregress([t for t, _ in points], [mb for _, mb in points]).slope) * 60
 
 
-def memory_summary(memory: TreeMemory, warmup_s: float, tolerance_mb: float) -> dict:
+def _kb_per_event(series: list[tuple[float, float]], event_times: list[float]) -> tuple[float, int] | None:
+    """The slope of RSS (MB) against the number of events (requests, cancellations) done by each
+    sample, in KB per event, and the events counted; None with fewer than two distinct counts."""
+    import bisect
+
+    from scipy.stats import linregress
+
+    times = sorted(event_times)
+    points = [(bisect.bisect_right(times, t), mb) for t, mb in series]
+    if len({n for n, _ in points}) < 2:
+        return None
+    fit = linregress([n for n, _ in points], [mb for _, mb in points])
+    return round(float(fit.slope) * 1024, 3), points[-1][0] - points[0][0]
+
+
+def root_detail_summary(memory: TreeMemory, warmup_s: float, done_at: list[float],
+                        cancelled_at: list[float] | None = None) -> dict:
+    """``tritonserver``'s anonymous/file-backed RSS, threads and fds after the warm-up, and its
+    RSS growth per request and per cancellation (the slope of RSS against requests, and against
+    cancellations, done by each sample)."""
+
+    rows = [r for r in memory.root_detail if warmup_s <= r[0] <= (memory.load_end or r[0])]
+    out: dict = {"columns": ["t_s", "rss_anon_mb", "rss_file_mb", "rss_shmem_mb", "threads", "fds"],
+                 "rows": memory.root_detail}
+    idle = [r for r in memory.root_detail if memory.load_end is not None and r[0] > memory.load_end]
+    if idle and rows:
+        out["rss_anon_mb_after_idle"] = idle[-1][1]
+        out["idle_s"] = round(idle[-1][0] - rows[-1][0], 1)
+        out["rss_anon_mb_given_back_when_idle"] = round(rows[-1][1] - idle[-1][1], 2)
+    if len(rows) >= 2:
+        out.update({f"{name}_growth": round(rows[-1][i] - rows[0][i], 2)
+                    for i, name in enumerate(out["columns"][1:], 1)})
+    series = [(t, mb) for t, mb in memory.series.get(memory.pid, []) if warmup_s <= t <= (memory.load_end or t)]
+    for name, times in (("request", done_at or []), ("cancelled", cancelled_at or [])):
+        fit = _kb_per_event(series, times)
+        if fit is not None:
+            out[f"rss_kb_per_{name}"], out[f"{name}_after_warmup"] = fit
+    return out
+
+
+def memory_summary(memory: TreeMemory, warmup_s: float, tolerance_mb: float, done_at: list[float] | None = None,
+                   cancelled_at: list[float] | None = None) -> dict:
     """Per process: RSS at the first sample after the warm-up and at the last one, the growth and
     the fitted slope over the post-warm-up samples."""
     rows = []
     for pid, series in sorted(memory.series.items()):
-        after = [(t, mb) for t, mb in series if t >= warmup_s]
+        after = [(t, mb) for t, mb in series if warmup_s <= t <= (memory.load_end or t)]
         row = {"pid": pid, "label": memory.labels.get(pid, "?"), "samples": len(series),
                "rss_mb_first": series[0][1], "rss_mb_max": max(mb for _, mb in series)}
+        idle = [mb for t, mb in series if memory.load_end is not None and t > memory.load_end]
+        if idle:
+            row["rss_mb_after_idle"] = idle[-1]
         if len(after) >= 2:
             late = after[len(after) // 2:] if len(after) >= 4 else after  # still growing at the end?
             row.update(rss_mb_after_warmup=after[0][1], rss_mb_end=after[-1][1],
@@ -534,7 +634,8 @@ def memory_summary(memory: TreeMemory, warmup_s: float, tolerance_mb: float) -> 
                        slope_mb_per_min_last_half=round(_slope_per_min(late), 3))
         rows.append(row)
     measured = [r for r in rows if "growth_mb" in r]
-    return {"warmup_s": warmup_s, "sample_interval_s": memory.interval_s, "tolerance_mb": tolerance_mb,
+    return {"tritonserver_detail": root_detail_summary(memory, warmup_s, done_at, cancelled_at),
+            "warmup_s": warmup_s, "sample_interval_s": memory.interval_s, "tolerance_mb": tolerance_mb,
             "flat": bool(measured) and all(r["growth_mb"] <= tolerance_mb for r in measured),
             "total_growth_mb": round(sum(r["growth_mb"] for r in measured), 2), "processes": rows,
             "series": {str(pid): series for pid, series in sorted(memory.series.items())},
@@ -572,12 +673,17 @@ def soak(args: argparse.Namespace, cfg) -> dict:
     from pipeline.serve.server import serve_deployment
 
     prompts, dataset = load_prompt_set(cfg)
+    prompts = prompts[: args.prompts] if args.prompts else prompts
     target = client_target(cfg, "speculative")
     batch = cfg.reference.max_batch_size or cfg.build.max_batch_size
     http, grpc, metrics = free_ports(3)
     with serve_deployment(cfg, "speculative", http_port=http, grpc_port=grpc, metrics_port=metrics) as server:
-        load = Load(server.grpc_url, target.model_name, dict(target.extra_inputs), prompts,
+        allocator = {"requested": args.allocator, "malloc_arena_max": args.malloc_arena_max,
+                     "mapped_in_tritonserver": mapped_allocator(server.pid),
+                     "tritonserver_version": server_version(server.grpc_url)}
+        load = Load(server.grpc_url, args.model or target.model_name, dict(target.extra_inputs), prompts,
                     args.max_tokens or cfg.loadtest.max_tokens, args.streams, 0.0, args.max_requests_per_stream,
+                    args.stream_requests,
                     args.request_timeout_s, args.cancel_fraction, args.sampled_fraction, args.seed)
         load.datatypes = input_datatypes(load.url, load.model)
         probe_prompts = [p["prompt"] for p in prompts[: max(1, batch)]]
@@ -591,6 +697,11 @@ def soak(args: argparse.Namespace, cfg) -> dict:
             soak_s = time.monotonic() - t0
             gauges_drained = wait_gauges_idle(server.metrics_url) if server.alive() else None
             memory.sample()
+            memory.load_end = round(time.monotonic() - memory.t0, 1)
+            settle_until = time.monotonic() + args.settle_s  # idle: is the growth given back?
+            while time.monotonic() < settle_until and server.alive():
+                time.sleep(min(args.sample_s, max(0.0, settle_until - time.monotonic())))
+            memory.sample()
             alive_during = server.alive()
             pids_end = memory.alive_pids()
         report = after_soak(server, load, memory, before, texts_before, probe_prompts, batch, args)
@@ -600,11 +711,14 @@ def soak(args: argparse.Namespace, cfg) -> dict:
                 "after_probes": wait_gauges_idle(server.metrics_url),
                 "idle_means": "kv_slots_in_use (target, draft) and open_requests (model, proxy, engine) 0; "
                               "prefix_cache_entries ≤ prefix_cache_capacity"}
-        report.update(soak_seconds=round(soak_s, 1), hung_streams=hung,
+        report.update(soak_seconds=round(soak_s, 1), hung_streams=hung, allocator=allocator,
                       requests=request_summary(load.outcomes, t0),
-                      memory=memory_summary(memory, args.warmup_minutes * 60, args.rss_tolerance_mb),
+                      memory=memory_summary(memory, args.warmup_minutes * 60, args.rss_tolerance_mb,
+                                            [o.t_start + o.seconds - memory.t0 for o in load.outcomes],
+                                            [o.t_start + o.seconds - memory.t0 for o in load.outcomes
+                                             if o.status == "cancelled"]),
                       processes=process_changes(memory, pids_end, alive_during),
-                      model=target.model_name, extra_inputs=dict(target.extra_inputs), engine_max_batch_size=batch,
+                      model=load.model, extra_inputs=dict(target.extra_inputs), engine_max_batch_size=batch,
                       dataset={k: dataset[k] for k in ("path", "n_prompts", "categories", "sha256")},
                       cpu_plan=server.cpu_plan.as_dict() if server.cpu_plan else None)
         if not alive_during:
@@ -673,7 +787,27 @@ def verdict(report: dict) -> dict:
                                                                                       "after_probes")),
         "greedy_outputs_unchanged": bool(leaks.get("checked")) and leaks["greedy_probe"]["unchanged"],
     }
-    return {**checks, "passed": all(checks.values())}
+    return {**checks, "passed": all(checks.values()), "memory_diagnosis": memory_diagnosis(report["memory"])}
+
+
+TRITON_RSS_EVIDENCE = "benchmarks/results/triton-rss.json"
+
+
+def memory_diagnosis(memory: dict) -> dict:
+    """Which processes grew past the tolerance and, when only ``tritonserver`` did, its growth per
+    cancelled stream. Not a check: ``tritonserver`` keeps memory for every gRPC stream cancelled
+    with a request in flight, whatever the allocator, and does not give it back
+    (:data:`TRITON_RSS_EVIDENCE`), so that growth fails the verdict like any other."""
+    growing = [r["label"] for r in memory["processes"] if r.get("growth_mb", 0) > memory["tolerance_mb"]]
+    detail = memory.get("tritonserver_detail", {})
+    out = {"growing": growing,
+           "tritonserver_kb_per_cancelled": detail.get("rss_kb_per_cancelled"),
+           "tritonserver_kb_per_request": detail.get("rss_kb_per_request"),
+           "tritonserver_anon_mb_given_back_when_idle": detail.get("rss_anon_mb_given_back_when_idle")}
+    if growing == ["tritonserver"]:
+        out["note"] = ("only tritonserver grew: it keeps memory per gRPC stream cancelled with a request in "
+                       f"flight (flat without cancellations, the same under jemalloc and tcmalloc; {TRITON_RSS_EVIDENCE})")
+    return out
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -690,6 +824,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sample-s", type=float, default=5.0, help="memory sampling interval")
     parser.add_argument("--rss-tolerance-mb", type=float, default=10.0, help="growth per process still called flat")
     parser.add_argument("--seed", type=int, default=20)
+    parser.add_argument("--stream-requests", type=int, default=0,
+                        help="reopen each gRPC stream after this many requests (default 0: only after a cancel)")
+    parser.add_argument("--settle-s", type=float, default=30.0,
+                        help="idle time after the load before the last memory sample (is growth given back?)")
+    parser.add_argument("--model", help="the model the streams call (default: the one the load test calls)")
+    parser.add_argument("--prompts", type=int, help="use only the first N prompts (fewer distinct request shapes)")
+    parser.add_argument("--allocator", choices=MALLOC_CHOICES, help=f"the server's allocator (sets {MALLOC_ENV}; "
+                        "default: what serve picks)")
+    parser.add_argument("--malloc-arena-max", type=int, help="MALLOC_ARENA_MAX for the server tree (glibc's arenas)")
     parser.add_argument("--workdir", type=Path, help="keep the build, the model repository and the server log here")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--note", default="", help="recorded in the JSON (e.g. what else loaded the machine)")
@@ -701,8 +844,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def allocator_env(args: argparse.Namespace) -> dict[str, str]:
+    """The environment ``--allocator`` and ``--malloc-arena-max`` give the server (it inherits ours)."""
+    return {**({MALLOC_ENV: args.allocator} if args.allocator else {}),
+            **({"MALLOC_ARENA_MAX": str(args.malloc_arena_max)} if args.malloc_arena_max else {})}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    os.environ.update(allocator_env(args))  # read by pipeline.serve.command.cpu_server_env
     config, out = args.config.resolve(), args.out.resolve()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the server stops in its context manager
     load_before, t_start = os.getloadavg(), time.time()

@@ -4,7 +4,8 @@
   (located by :mod:`pipeline.serve.tritonserver_install`), with the Python-backend stub for the running
   Python placed in ``backends/python/`` (or, if the wheel is read-only, a backend directory of
   symlinks under ``.cache/specdeploy/``), ``PYTHONPATH`` = site-packages + project root, one torch
-  thread per stub, bound to 127.0.0.1.
+  thread per stub, bound to 127.0.0.1. ``SPECDEPLOY_TRITON_MALLOC`` picks the allocator the
+  server tree runs on (:func:`malloc_env`).
 - GPU (backend ``trtllm``): ``tritonserver`` inside the NGC TensorRT-LLM container, as one server,
   leader mode (``mpirun``, one server per rank) or orchestrator mode (upstream's
   ``--multi-model``), and the exact ``docker run`` line that mounts every path the repository
@@ -105,7 +106,53 @@ def cpu_server_env(server: CpuServer, base: dict | None = None) -> dict[str, str
     env["PATH"] = os.pathsep.join(filter(None, [str(Path(sys.executable).parent), env.get("PATH")]))
     env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
                 "RAYON_NUM_THREADS": "1"})
+    env.update(malloc_env(env.get(MALLOC_ENV, DEFAULT_MALLOC), env))
     return env
+
+
+# The allocator the CPU server tree runs on: Triton suggests preloading tcmalloc or jemalloc when
+# its memory grows without a leak (triton-inference-server/server docs/user_guide/model_management.md,
+# "Model Control Mode EXPLICIT"); benchmarks/results/triton-rss.json has this project's measurements.
+MALLOC_ENV = "SPECDEPLOY_TRITON_MALLOC"
+MALLOC_LIBRARIES = {"jemalloc": "libjemalloc.so.2", "tcmalloc": "libtcmalloc_minimal.so.4"}
+MALLOC_PACKAGES = {"jemalloc": "libjemalloc2", "tcmalloc": "libtcmalloc-minimal4"}  # Debian's
+MALLOC_CHOICES = ("auto", "glibc", *MALLOC_LIBRARIES)
+# glibc's own: the preloaded allocators did not change the server's growth under load, and
+# jemalloc starts larger (benchmarks/results/triton-rss.json)
+DEFAULT_MALLOC = "glibc"
+LIBRARY_DIRS = (Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib/aarch64-linux-gnu"), Path("/usr/lib64"),
+                Path("/usr/lib"), Path("/lib/x86_64-linux-gnu"), Path("/lib64"))
+
+
+def find_malloc_library(name: str, dirs: tuple[Path, ...] | None = None) -> Path | None:
+    """The shared object of allocator ``name`` (a key of :data:`MALLOC_LIBRARIES`), or None."""
+    dirs = LIBRARY_DIRS if dirs is None else dirs
+    return next((d / MALLOC_LIBRARIES[name] for d in dirs if (d / MALLOC_LIBRARIES[name]).is_file()), None)
+
+
+def malloc_env(choice: str, base: dict, dirs: tuple[Path, ...] | None = None) -> dict[str, str]:
+    """What ``choice`` adds to the server's environment: ``LD_PRELOAD`` with the allocator first
+    (``{}`` for glibc). ``auto`` falls back to glibc when no allocator is installed; naming one that
+    is missing is an error."""
+    dirs = LIBRARY_DIRS if dirs is None else dirs
+    if choice not in MALLOC_CHOICES:
+        raise ServeError(f"{MALLOC_ENV}={choice!r}: expected one of {', '.join(MALLOC_CHOICES)}")
+    names = [n for n in MALLOC_LIBRARIES if choice in ("auto", n)]
+    found = next(filter(None, (find_malloc_library(n, dirs) for n in names)), None)
+    if found is None and choice not in ("auto", "glibc"):
+        raise ServeError(f"{MALLOC_ENV}={choice}: {MALLOC_LIBRARIES[choice]} is not installed in "
+                         f"{', '.join(map(str, dirs))} (Debian: apt-get install {MALLOC_PACKAGES[choice]}), "
+                         f"or set {MALLOC_ENV}=glibc")
+    if found is None:
+        return {}
+    preload = [str(found), *(p for p in base.get("LD_PRELOAD", "").split(":") if p and p != str(found))]
+    return {"LD_PRELOAD": ":".join(preload)}
+
+
+def malloc_in_env(env: dict) -> str:
+    """Which allocator an environment built by :func:`cpu_server_env` preloads."""
+    first = env.get("LD_PRELOAD", "").split(":")[0]
+    return next((n for n, lib in MALLOC_LIBRARIES.items() if Path(first).name == lib), "glibc")
 
 
 @dataclass(frozen=True)
