@@ -13,8 +13,8 @@ one decoder layer attends over ``cat(input_layernorm(embed(x_{t+1})), hidden_nor
 with ``g`` as its residual; its output ``o`` (pre-norm) is fed back as ``g`` for the next draft
 step (no ``fc`` then), and ``lm_head(norm(o))`` scores a reduced draft vocabulary whose id ``d``
 is target id ``d + d2t[d]``. Trained on the target's distributions only (no feature loss, as
-EAGLE-3), with the training-time-test unroll the EAGLE-1 head uses (pass 2 feeds the head its
-own outputs).
+EAGLE-3), with the training-time-test unroll the EAGLE-1 head uses (pass p feeds the head its own
+outputs of pass p-1), unrolled as deep as the head drafts (``eagle3_unroll``).
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def train_eagle3(recipe, target, pool, progress) -> tuple[Eagle3Head, dict]:
             g = head.fc(aux[rows][:, :-1])  # pair (g_t, x_{t+1}) predicts x_{t+2}
             o = head.step(embed[row_ids[:, 1:]], g)
         loss = _soft_ce(head.draft_logits(o.float()), teacher[:, 1:], draft_ids)
-        for extra in range(1, recipe.eagle_unroll):  # pass p: inputs (own output o_{t+p-1}, x_{t+p})
+        for extra in range(1, recipe.eagle3_unroll):  # pass p: inputs (own output o_{t+p-1}, x_{t+p})
             with train._autocast():
                 o = head.step(embed[row_ids[:, 1 + extra :]], o[:, :-1])
             loss = loss + _soft_ce(head.draft_logits(o.float()), teacher[:, 1 + extra :], draft_ids)

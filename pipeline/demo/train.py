@@ -72,8 +72,11 @@ class Recipe:
     eagle_noise: float = 0.05
     eagle_token_loss: float = 0.1  # weight of the KD term next to the feature loss
     eagle_unroll: int = 2  # passes; 2+ also feed the head its own predicted features, as drafting does
-    eagle3_steps: int = 400
+    eagle3_steps: int = 300
     eagle3_lr: float = 4e-3
+    # passes = the draft depth: with no feature loss the head's own outputs drift from the
+    # target's features, so a depth never unrolled in training is a depth it drafts badly at
+    eagle3_unroll: int = 5
     eagle3_draft_vocab: int = 512  # the draft vocabulary: the pool's most frequent target tokens (d2t)
     pool_corpus_windows: int = 160
     pool_generated: int = 160
