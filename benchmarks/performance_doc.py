@@ -118,6 +118,18 @@ def eagle_training_section(name: str, data: dict) -> str:
     return _table(["recipe", "τ in-domain", "speedup in-domain", "one-step agreement", "same as committed head"], rows)
 
 
+def method_compare_section(name: str, data: dict) -> str:
+    """`specdeploy bench --versus`: two methods on the same target, measured in one run, each
+    against its own interleaved target-only arm."""
+    rows = [[r["method"], r["batch"], r["scope"], r["speedup"], r.get("decode_speedup"), r["acceptance_rate"],
+             r["mean_acceptance_length"], r["tokens_per_s"], r["baseline_tokens_per_s"], r["outputs_match"]]
+            for r in data["summary"]]
+    text = _table(["method", "batch", "prompts", "speedup (E2E)", "decode speedup", "acceptance", "τ", "tok/s",
+                   "baseline tok/s", "greedy outputs equal"], rows)
+    notes = data.get("notes")
+    return text + (f"\n\nNotes: {notes}" if notes else "")
+
+
 def generic_section(name: str, data: dict) -> str:
     """Files without a renderer of their own: their top-level scalars."""
     if not isinstance(data, dict):
@@ -134,6 +146,7 @@ RENDERERS: list[tuple[str, Callable[[str, dict], str]]] = [
     ("soak", soak_section),
     ("eagle-depth", eagle_depth_section),
     ("eagle-training", eagle_training_section),
+    ("eagle3", method_compare_section),
 ]
 
 

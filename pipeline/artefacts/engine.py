@@ -65,6 +65,15 @@ class EagleProposer(_DraftSide):
     choices: Choices | None = None
 
 
+class Eagle3Proposer(_DraftSide):
+    """An EAGLE-3 head on the target's captured hidden states (the layers its config names); a
+    chain of ``max_draft_len`` drafts (pipeline.reference.proposers.eagle3)."""
+
+    method: Literal["eagle3"] = "eagle3"
+    head_dir: Dir
+    max_draft_len: int = Field(3, ge=1, description="Draft tokens per step (speculative_config.max_draft_len).")
+
+
 class NgramProposer(Strict):
     """N-gram (prompt-lookup) drafts read from the sequence's own tokens: no checkpoint, no draft
     weights (pipeline.reference.proposers.ngram; TensorRT-LLM NGramDecodingConfig's fields)."""
@@ -85,7 +94,8 @@ class NgramProposer(Strict):
         return self
 
 
-ProposerSpec = Annotated[Union[NoProposer, DraftTargetProposer, MedusaProposer, EagleProposer, NgramProposer],
+ProposerSpec = Annotated[Union[NoProposer, DraftTargetProposer, MedusaProposer, EagleProposer, Eagle3Proposer,
+                                       NgramProposer],
                          Field(discriminator="method")]
 
 

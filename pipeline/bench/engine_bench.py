@@ -100,6 +100,8 @@ def _method_spec(cfg: DeploymentConfig) -> dict:
     if spec.method == "eagle":
         return {"method": "eagle", "head_dir": str(resolve_checkpoint(spec.head_dir)),
                 "num_layers": spec.num_layers, "choices": spec.choices}
+    if spec.method == "eagle3":
+        return {"method": "eagle3", "head_dir": str(resolve_checkpoint(spec.head_dir)), "max_draft_len": spec.max_draft_len}
     if spec.method == "ngram":
         return {"method": "ngram", **spec.model_dump(exclude={"method", "orchestration"})}
     raise SpecdeployError(f"{cfg.name}: speculation.method is 'none'; nothing to compare with")
@@ -245,12 +247,13 @@ def _int8_dir(target: Path, workdir: Path) -> Path:
 
 def run_bench(config_path: str | Path, prompts_per_category: int = 8, max_tokens: int = 64,
               batches: tuple[int, ...] = (1, 8), peer: str | None = None, int8: bool = False,
-              draft_int8: bool = False, stop_at_eos: bool = False) -> dict:
+              draft_int8: bool = False, stop_at_eos: bool = False, versus: str | Path | None = None) -> dict:
     """``int8``: add rows for an int8 weight-only target (both arms); ``draft_int8``: add rows
     with the draft-side weights quantized at load (target float32) — or, when the config's
     ``reference.draft_weights`` is int8 already, rows with float ones (``+draft_float``). EOS is ignored unless
     ``stop_at_eos`` (every request decodes ``max_tokens``; the tiny models end lines with EOS
-    after a dozen tokens, which would make prefill dominate both arms)."""
+    after a dozen tokens, which would make prefill dominate both arms). ``versus``: another config
+    on the same target whose method gets its own rows in this run (EAGLE-3 against EAGLE-1)."""
     from pipeline.reference.engine import set_threads
 
     cfg = load_config(config_path)
@@ -266,10 +269,14 @@ def run_bench(config_path: str | Path, prompts_per_category: int = 8, max_tokens
                   fast_paths=cfg.reference.fast_paths)
     workdir = tempfile.TemporaryDirectory(prefix="specdeploy-bench-")
     results, scaling = [], None
+    variants = [(cfg.method + suffix, *rest) for suffix, *rest in
+                _variants(cfg, target, spec, int8, draft_int8, Path(workdir.name))]
+    if versus is not None:
+        variants.append(_versus_variant(cfg, target, versus))
     try:
-        for suffix, model_dir, spec_variant in _variants(cfg, target, spec, int8, draft_int8, Path(workdir.name)):
-            found = _bench_variant(cfg, suffix, model_dir, spec_variant, categories, batches, limits, max_tokens,
-                                   stop_at_eos, results)
+        for index, (method, model_dir, spec_variant) in enumerate(variants):
+            found = _bench_variant(method, index == 0, model_dir, spec_variant, categories, batches, limits,
+                                   max_tokens, stop_at_eos, results)
             scaling = found if found is not None else scaling
     finally:
         workdir.cleanup()
@@ -302,8 +309,19 @@ def _variants(cfg, target: Path, spec: dict, int8: bool, draft_int8: bool, workd
     return variants
 
 
-def _bench_variant(cfg, suffix: str, model_dir: Path, spec_variant: dict, categories: dict, batches: tuple[int, ...],
-                   limits: dict, max_tokens: int, stop_at_eos: bool, results: list) -> dict | None:
+def _versus_variant(cfg: DeploymentConfig, target: Path, versus: str | Path) -> tuple[str, Path, dict]:
+    """(rows' method, model dir, proposer spec) of the ``--versus`` config: same target required."""
+    other = load_config(versus)
+    if resolve_checkpoint(other.target.checkpoint) != target:
+        raise SpecdeployError(f"--versus {versus}: target {other.target.checkpoint} is not {cfg.target.checkpoint}")
+    if other.method == cfg.method:
+        raise SpecdeployError(f"--versus {versus}: same method {cfg.method!r}; its rows would mix with the config's")
+    return other.method, target, proposer_spec(other)
+
+
+def _bench_variant(method: str, first: bool, model_dir: Path, spec_variant: dict, categories: dict,
+                   batches: tuple[int, ...], limits: dict, max_tokens: int, stop_at_eos: bool,
+                   results: list) -> dict | None:
     """Baseline and speculative engines of one variant, every batch × category row appended to
     ``results``; returns the baseline's batch scaling for the config's own variant, else None."""
     from pipeline.reference.engine import create_engine
@@ -324,8 +342,8 @@ def _bench_variant(cfg, suffix: str, model_dir: Path, spec_variant: dict, catego
                     prompts = _fill(prompts, 2 * batch)
                     base = run_arm(base_engine, prompts, batch, max_tokens, end_id)
                     fast = run_arm(spec_engine, prompts, batch, max_tokens, end_id)
-                results.append(_row(cfg.method + suffix, batch, category, base, fast))
-        if not suffix and max(batches) > 1:
+                results.append(_row(method, batch, category, base, fast))
+        if first and max(batches) > 1:
             scaling = baseline_scaling(base_engine, _in_domain_sample(categories), max(batches), max_tokens, end_id)
     finally:
         base_engine.shutdown()

@@ -93,6 +93,10 @@ def _method_spec(args: argparse.Namespace) -> dict:
                        "max_matching_ngram_size": args.max_matching_ngram_size,
                        "min_matching_ngram_size": args.min_matching_ngram_size,
                        **{knob: getattr(args, knob) == "true" for knob in NGRAM_FLAGS}})
+    if args.method == "eagle3":
+        head = Path(args.head_dir).resolve()
+        check_checkpoint(head, "eagle")
+        return _given({"method": "eagle3", "head_dir": str(head), "max_draft_len": args.num_draft_tokens})
     choices = json.loads(args.choices)
     if args.method == "medusa":
         heads = Path(args.heads_dir).resolve()

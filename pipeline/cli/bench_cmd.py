@@ -55,6 +55,7 @@ def register(app: typer.Typer) -> None:
         draft_int8: bool = typer.Option(False, "--draft-int8", help="Also measure the other draft-side weights: int8 rows, or float rows when the config's reference.draft_weights is int8."),  # noqa: E501
         stop_at_eos: bool = typer.Option(False, "--stop-at-eos", help="Stop requests at EOS (default: decode --max-tokens)."),
         output: Optional[Path] = typer.Option(None, "--output", help="Also write the JSON report here."),
+        versus: Optional[Path] = typer.Option(None, "--versus", help="Another config on the same target: its method's rows too, in this run (e.g. EAGLE-3 vs EAGLE-1)."),  # noqa: E501
     ) -> None:
         from pipeline.bench.engine_bench import run_bench  # noqa: PLC0415 - imports torch
 
@@ -62,7 +63,7 @@ def register(app: typer.Typer) -> None:
             raise SpecdeployError(f"--peer {peer!r}: only 'hf' is supported")
         report = run_bench(config, prompts_per_category=prompts, max_tokens=max_tokens,
                            batches=tuple(sorted(set(batch))), peer=peer, int8=int8,
-                           draft_int8=draft_int8, stop_at_eos=stop_at_eos)
+                           draft_int8=draft_int8, stop_at_eos=stop_at_eos, versus=versus)
         text = json.dumps(report, indent=2)
         if output is not None:
             output.parent.mkdir(parents=True, exist_ok=True)

@@ -70,7 +70,7 @@ def register(app: typer.Typer) -> None:
     def train_command(
         out: Optional[Path] = typer.Option(None, "--out", help="Output directory (default: the demo cache)."),
         smoke: bool = typer.Option(False, "--smoke", help="A few dozen steps per model (CI): same formats, poor quality."),
-        only: Optional[str] = typer.Option(None, "--only", help="Train one model (tiny-target, tiny-draft, tiny-medusa, tiny-eagle)."),
+        only: Optional[str] = typer.Option(None, "--only", help="Train one model (tiny-target, tiny-draft, tiny-medusa, tiny-eagle, tiny-eagle3)."),
         quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
     ) -> None:
         from pipeline import demo  # noqa: PLC0415

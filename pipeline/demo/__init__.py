@@ -1,4 +1,5 @@
-"""The built-in demo models: ``builtin:tiny-target`` / ``tiny-draft`` / ``tiny-medusa`` / ``tiny-eagle``.
+"""The built-in demo models: ``builtin:tiny-target`` / ``tiny-draft`` / ``tiny-medusa`` / ``tiny-eagle`` /
+``tiny-eagle3``.
 
 Reads the shipped artifacts (``artifacts/<name>/`` + ``artifacts/SHA256SUMS.txt``) or, where a shipped
 directory is missing, a cache (``$SPECDEPLOY_CACHE`` or ``~/.cache/specdeploy/demo``) that is
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from pipeline.errors import SpecdeployError
 
-BUILTIN_NAMES = ("tiny-target", "tiny-draft", "tiny-medusa", "tiny-eagle")
+BUILTIN_NAMES = ("tiny-target", "tiny-draft", "tiny-medusa", "tiny-eagle", "tiny-eagle3")
 ARTIFACTS_DIR = Path(__file__).resolve().parent / "artifacts"
 SUMS_FILE = "SHA256SUMS.txt"  # .txt: shipped as package data (pyproject globs)
 WEIGHT_FILES = {
@@ -25,6 +26,7 @@ WEIGHT_FILES = {
     "tiny-draft": "model.safetensors",
     "tiny-medusa": "medusa_lm_head.safetensors",
     "tiny-eagle": "model.safetensors",
+    "tiny-eagle3": "model.safetensors",
 }
 
 _verified: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) → sha256, per process

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import contextlib
 
-TARGET, DRAFT, MEDUSA, EAGLE = "tiny-target", "tiny-draft", "tiny-medusa", "tiny-eagle"
-MODEL_NAMES = (TARGET, DRAFT, MEDUSA, EAGLE)
+TARGET, DRAFT, MEDUSA, EAGLE, EAGLE3 = "tiny-target", "tiny-draft", "tiny-medusa", "tiny-eagle", "tiny-eagle3"
+MODEL_NAMES = (TARGET, DRAFT, MEDUSA, EAGLE, EAGLE3)
 
 
 def one_thread_torch():

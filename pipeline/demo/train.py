@@ -1,7 +1,8 @@
-"""Deterministic CPU training of the demo models: tokenizer, target, draft, Medusa heads, EAGLE head.
+"""Deterministic CPU training of the demo models: tokenizer, target, draft, Medusa heads, EAGLE-1
+and EAGLE-3 heads (the latter in :mod:`pipeline.demo.eagle3`).
 
 Reads nothing but the generated corpus (``corpus``); writes one checkpoint directory per builtin
-under ``out_dir`` (``tiny-target``, ``tiny-draft``: HF Llama layout; ``tiny-medusa``, ``tiny-eagle``:
+under ``out_dir`` (``tiny-target``, ``tiny-draft``: HF Llama layout; ``tiny-medusa``, ``tiny-eagle``, ``tiny-eagle3``:
 upstream head layouts, see ``heads``), ``SHA256SUMS.txt`` over every file, and ``training_report.json``
 (losses, agreements, a greedy sample per category, seconds per stage). One torch thread, fixed
 seeds, bf16 autocast with fp32 master weights: the same machine type gives bit-identical files.
@@ -25,6 +26,7 @@ from pipeline.demo import corpus, evaluate
 from pipeline.demo.models import (
     DRAFT,
     EAGLE,
+    EAGLE3,
     MEDUSA,
     MODEL_NAMES,
     TARGET,
@@ -70,6 +72,12 @@ class Recipe:
     eagle_noise: float = 0.05
     eagle_token_loss: float = 0.1  # weight of the KD term next to the feature loss
     eagle_unroll: int = 2  # passes; 2+ also feed the head its own predicted features, as drafting does
+    eagle3_steps: int = 300
+    eagle3_lr: float = 4e-3
+    # passes = the draft depth: with no feature loss the head's own outputs drift from the
+    # target's features, so a depth never unrolled in training is a depth it drafts badly at
+    eagle3_unroll: int = 5
+    eagle3_draft_vocab: int = 512  # the draft vocabulary: the pool's most frequent target tokens (d2t)
     pool_corpus_windows: int = 160
     pool_generated: int = 160
     gen_prompt_tokens: int = 16
@@ -81,6 +89,7 @@ class Recipe:
 FULL = Recipe()
 SMOKE = Recipe(
     samples_per_category=40, target_steps=24, warmup=4, draft_steps=12, medusa_steps=12, eagle_steps=12,
+    eagle3_steps=12,
     pool_corpus_windows=16, pool_generated=16, seq_len=64, eval_prompts_per_category=2, eval_new_tokens=8,
 )
 
@@ -496,7 +505,10 @@ def _heads(out_dir: Path, recipe: Recipe, only: str | None, parallel: bool, targ
     if beside is not None:
         report["parallel"] = [EAGLE]
     models, continued = {}, None
-    for name, trainer in ((DRAFT, train_draft), (MEDUSA, train_medusa), (EAGLE, train_eagle)):
+    from pipeline.demo.eagle3 import save_eagle3, train_eagle3
+
+    trainers = ((DRAFT, train_draft), (MEDUSA, train_medusa), (EAGLE, train_eagle), (EAGLE3, train_eagle3))
+    for name, trainer in trainers:
         if only in (None, name) and not (beside is not None and name == EAGLE):
             models[name], report["models"][name] = trainer(recipe, target, pool, progress)
             lap(name.removeprefix("tiny-"))
@@ -506,6 +518,8 @@ def _heads(out_dir: Path, recipe: Recipe, only: str | None, parallel: bool, targ
         save_medusa(models[MEDUSA], out_dir / MEDUSA, recipe)
     if EAGLE in models:
         save_eagle(models[EAGLE], out_dir / EAGLE, out_dir / TARGET)
+    if EAGLE3 in models:
+        save_eagle3(models[EAGLE3], out_dir / EAGLE3, out_dir / TARGET, f"builtin:{TARGET}")
     if beside is not None:
         for _ in progress.steps("eagle (2nd process)", 1):
             report["models"][EAGLE], report["seconds"]["eagle"], continued = beside.join()

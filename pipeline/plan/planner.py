@@ -27,6 +27,7 @@ from pipeline.config import (
     BUILTIN_PREFIX,
     DeploymentConfig,
     DraftTargetSpec,
+    Eagle3Spec,
     EagleSpec,
     MedusaSpec,
     ModelSpec,
@@ -161,7 +162,7 @@ def _plan_reference(p: _Planner) -> str:
         draft = _reference_model(p, "draft", spec.draft, "speculation.draft")
     elif isinstance(spec, MedusaSpec):
         heads = p.source("medusa", spec.heads_dir, "medusa", always_resolve=True)
-    elif isinstance(spec, EagleSpec):
+    elif isinstance(spec, (EagleSpec, Eagle3Spec)):
         head = p.source("eagle", spec.head_dir, "eagle", always_resolve=True)
     _reference_engine(p, "baseline", target, none, 0, [])
     if isinstance(spec, DraftTargetSpec):
@@ -184,6 +185,9 @@ def _plan_reference(p: _Planner) -> str:
     elif ngram_through_bls(cfg):
         # the BLS drafts: a target that verifies external drafts, as draft-target's
         _reference_engine(p, "target", target, none, spec.max_draft_len, [])
+    elif isinstance(spec, Eagle3Spec):  # a chain; model_mode is the LLM API's (one engine either way here)
+        proposer = ["--method", "eagle3", "--head-dir", head, "--num-draft-tokens", str(spec.max_draft_len)]
+        _reference_engine(p, "speculative", target, proposer + _draft_weights(cfg), spec.max_draft_len, [head])
     elif isinstance(spec, NgramSpec):
         _reference_engine(p, "speculative", target, ngram_args(spec), spec.max_draft_len, [])
     return tokenizer

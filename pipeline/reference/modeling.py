@@ -266,13 +266,24 @@ class LlamaModel:
         return KVPool(s.num_layers, slots, max_rows, s.num_kv_heads, s.head_dim, self.dtype)
 
     def forward(self, pool: KVPool, inputs: list[StepInput]) -> torch.Tensor:
+        return self.forward_capture(pool, inputs, ())[0]
+
+    def forward_capture(self, pool: KVPool, inputs: list[StepInput],
+                        capture: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`forward`, and the outputs of decoder layers ``capture`` (residual stream, before
+        any norm) concatenated ``[B, T, len(capture)·H]`` (None when ``capture`` is empty): the
+        EAGLE-3 head's features."""
         step = StepTensors(pool, inputs)
         x = self.embed[step.ids]  # [B, T, H]
         rope = self.rotary.tables(step.positions)
+        taken = {}
         for i, layer in enumerate(self.layers):
             x = layer(x, i, step, rope)
+            if i in capture:
+                taken[i] = x
         advance(inputs)
-        return F.rms_norm(x, (x.shape[-1],), self.norm, self.shape.rms_norm_eps)
+        return (F.rms_norm(x, (x.shape[-1],), self.norm, self.shape.rms_norm_eps),
+                torch.cat([taken[i] for i in capture], -1) if capture else None)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

@@ -5,7 +5,8 @@ One step = propose (each sequence's proposer, batched; a request with ``draft_in
 :class:`~pipeline.reference.proposers.external.ExternalDraftProposer`) → one target forward
 over ``[pending token] + drafts`` per sequence (ragged; causal or tree mask) → verify per
 sequence (:mod:`pipeline.reference.verify`; its glossary names what is emitted) → roll back /
-compact the KV cache → hand the proposer the target's hidden states of the rows kept → emit
+compact the KV cache → hand the proposer the target's hidden states of the rows kept (the final
+ones, or for a proposer with ``capture_layers`` — EAGLE-3 — those decoder layers' outputs) → emit
 tokens, applying end_id, stop words and ``max_new_tokens``. The baseline is this same loop with
 no proposer (zero drafts). Invariant (:mod:`pipeline.reference.sequence`): the target cache
 holds every token of the sequence except the last (the *pending* token), so
@@ -97,7 +98,7 @@ class Scheduler:
         hidden = None
         if todo:
             prefill = StepInput(seq.cache, todo, list(range(reused, reused + len(todo))))
-            hidden = self.target.forward(self.pool, [prefill])[0]  # [n, H]
+            hidden = self._forward([prefill], [seq])[0][0]  # [n, H] (or the captured layers)
         if seq.proposer is not None:
             seq.proposer.start(seq, hidden)
         if seq.request.max_new_tokens == 0:
@@ -144,11 +145,22 @@ class Scheduler:
                 positions = [start + d for d in tree_depths(prop.parents)]
                 tree = _ancestors(prop.parents)
             inputs.append(StepInput(seq.cache, [seq.tokens[-1]] + prop.tokens, positions, tree))
-        hidden = self.target.forward(self.pool, inputs)  # [B, T, H]
+        features, hidden = self._forward(inputs, seqs)  # per sequence [T, H] (or captured) ; [B, T, H]
         logits = self.target.logits(hidden)  # [B, T, vocab]
         for b, (seq, prop) in enumerate(zip(seqs, proposals)):
             width = 1 + len(prop.tokens)
-            self._finish_step(seq, prop, hidden[b, :width], logits[b, :width], inputs[b].positions[0])
+            self._finish_step(seq, prop, features[b][:width], logits[b, :width], inputs[b].positions[0])
+
+    def _forward(self, inputs: list[StepInput], seqs: list[SeqState]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The target forward → (what each sequence's proposer is handed: the final hidden states,
+        or the outputs of the decoder layers its ``capture_layers`` names (EAGLE-3); the final
+        hidden states ``[B, T, H]``)."""
+        wanted = {getattr(s.proposer, "capture_layers", ()) for s in seqs} - {()}
+        capture = next(iter(wanted)) if len(wanted) == 1 else ()  # one capturing proposer per engine
+        hidden, aux = self.target.forward_capture(self.pool, inputs, capture)
+        features = [aux[b] if capture and getattr(s.proposer, "capture_layers", ()) == capture else hidden[b]
+                    for b, s in enumerate(seqs)]
+        return features, hidden
 
     def _masked(self, seq: SeqState, prop: Proposal, logits: torch.Tensor) -> torch.Tensor:
         req = seq.request

@@ -28,7 +28,7 @@ from pipeline.trtllm.llmapi_facts import (
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 LLM_API_ONLY = ("eagle3", "ngram", "mtp")
-REFERENCE_TOO = ("ngram",)  # LLM-API methods the CPU reference engine runs as well (its own proposer)
+REFERENCE_TOO = ("ngram", "eagle3")  # LLM-API methods the CPU reference engine runs as well (its own proposer)
 REFERENCE_LLMAPI_METHODS = ("none", "draft_target", "ngram")  # what the CPU llmapi model can build from model.yaml
 LLM_API_MIN_VERSION = (1, 2)
 LLM_API_QUANT_FORMATS = ("none", "fp8", "int4_awq")  # ModelOpt hf_ptq exports the project plans

@@ -67,6 +67,7 @@ def _resolve(ctx: CheckContext, role: str, path: str, checkpoint: str) -> Path |
 _REFERENCE_FILES = {
     "medusa heads": [("config.json", ("config.json",), ""), ("weights", ("medusa_lm_head.safetensors",), "")],
     "EAGLE head": [("config.json", ("config.json",), ""), ("weights", ("model.safetensors",), "")],
+    "EAGLE-3 head": [("config.json", ("config.json",), ""), ("weights", ("model.safetensors",), "")],
     "model": [("config.json", ("config.json",), ""), ("weights", ("*.safetensors",), ""),
               ("tokenizer", ("tokenizer.json",), "")],
 }

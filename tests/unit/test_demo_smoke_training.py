@@ -26,7 +26,7 @@ def test_two_smoke_runs_are_bit_identical(two_smoke_runs):
     first, second = two_smoke_runs
     sums = (first / "SHA256SUMS.txt").read_text()
     assert sums == (second / "SHA256SUMS.txt").read_text()
-    assert len(sums.splitlines()) == 6 + 6 + 2 + 2  # target, draft, medusa, eagle files
+    assert len(sums.splitlines()) == 6 + 6 + 2 + 2 + 2  # target, draft, medusa, eagle, eagle3 files
 
 
 @pytest.mark.slow

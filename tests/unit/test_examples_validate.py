@@ -66,11 +66,11 @@ def _shipped_demo_models() -> bool:
         from pipeline.demo import ARTIFACTS_DIR
     except ImportError:
         return False
-    return all((ARTIFACTS_DIR / n).is_dir() for n in ("tiny-target", "tiny-draft", "tiny-medusa", "tiny-eagle"))
+    return all((ARTIFACTS_DIR / n).is_dir() for n in ("tiny-target", "tiny-draft", "tiny-medusa", "tiny-eagle", "tiny-eagle3"))
 
 
 @pytest.mark.skipif(not _shipped_demo_models(), reason="demo model artifacts are not shipped in this checkout")
-@pytest.mark.parametrize("name", ["tiny-cpu-draft-target", "tiny-cpu-medusa", "tiny-cpu-eagle"])
+@pytest.mark.parametrize("name", ["tiny-cpu-draft-target", "tiny-cpu-medusa", "tiny-cpu-eagle", "tiny-cpu-eagle3"])
 def test_tiny_cpu_examples_validate_with_their_files(name):
     path = CONFIGS / f"{name}.yaml"
     if not path.is_file():

@@ -112,16 +112,17 @@ def test_in_engine_ngram_refused_on_the_engine_runtime_with_the_bls_route_named(
     assert any("orchestration: bls" in f.fix and "trtllm_runtime: llm_api" in f.fix for f in found)
 
 
-@pytest.mark.parametrize("method", ["eagle3", "mtp"])
+@pytest.mark.parametrize("method", ["mtp"])
 def test_llm_api_methods_refused_on_the_cpu_reference_engine(method):
     cfg = parse_config({"name": "cpu", "backend": "reference", "hardware": "cpu",
                         "target": {"checkpoint": "builtin:tiny-target"}, "speculation": SPECS[method]})
     assert "speculation.method" in fields(cfg)
 
 
-def test_ngram_runs_on_the_cpu_reference_engine_too():
+@pytest.mark.parametrize("method", ["ngram", "eagle3"])
+def test_method_runs_on_the_cpu_reference_engine_too(method):
     cfg = parse_config({"name": "cpu", "backend": "reference", "hardware": "cpu",
-                        "target": {"checkpoint": "builtin:tiny-target"}, "speculation": SPECS["ngram"]})
+                        "target": {"checkpoint": "builtin:tiny-target"}, "speculation": SPECS[method]})
     assert "speculation.method" not in fields(cfg)
 
 

@@ -131,16 +131,23 @@ class FastLlamaModel(LlamaModel):
         super().__init__(*args, **kwargs)
         self.lean: LeanDecodeStep | None = None  # drafting copies (:meth:`use_lean_decode`)
 
-    def forward(self, pool: KVPool, inputs: list[StepInput]) -> torch.Tensor:
+    def forward_capture(self, pool: KVPool, inputs: list[StepInput],
+                        capture: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
         ordered, restore = slot_order(inputs)
         step = FastStepTensors(pool, ordered)
         x = self.embed[step.ids]  # [B, T, H]
         rope = self.rotary.tables(step.positions)
+        taken = {}
         for i, layer in enumerate(self.layers):
             x = layer(x, i, step, rope)
+            if i in capture:
+                taken[i] = x
         advance(inputs)
         hidden = F.rms_norm(x, (x.shape[-1],), self.norm, self.shape.rms_norm_eps)
-        return hidden if restore is None else hidden[restore]
+        aux = torch.cat([taken[i] for i in capture], -1) if capture else None
+        if restore is not None:
+            hidden, aux = hidden[restore], None if aux is None else aux[restore]
+        return hidden, aux
 
     def decode(self, cache: SlotCache, tokens: list[int]) -> torch.Tensor:
         """One sequence, its next ``tokens`` one row at a time through

@@ -4,6 +4,8 @@ batched protocol (:class:`~pipeline.reference.proposers.base.Proposer`):
 - :mod:`~pipeline.reference.proposers.draft_model` — a smaller Llama (draft-target);
 - :mod:`~pipeline.reference.proposers.medusa` — Medusa heads on the target's hidden state;
 - :mod:`~pipeline.reference.proposers.eagle` — the EAGLE-1 head on the target's features;
+- :mod:`~pipeline.reference.proposers.eagle3` — the EAGLE-3 head on the target's low, middle
+  and high hidden states (a chain);
 - :mod:`~pipeline.reference.proposers.ngram` — n-gram (prompt-lookup) drafts from the
   sequence's own tokens, no model;
 - :mod:`~pipeline.reference.proposers.external` — drafts the request brings
@@ -22,13 +24,14 @@ from __future__ import annotations
 
 from typing import Callable
 
-from pipeline.reference.proposers import draft_model, eagle, medusa, ngram
+from pipeline.reference.proposers import draft_model, eagle, eagle3, medusa, ngram
 from pipeline.reference.proposers.base import BuildContext, Proposal, Proposer
 
 BUILDERS: dict[str, Callable[[dict, BuildContext], Proposer]] = {
     "draft_target": draft_model.build,
     "medusa": medusa.build,
     "eagle": eagle.build,
+    "eagle3": eagle3.build,
     "ngram": ngram.build,
 }
 
