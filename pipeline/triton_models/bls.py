@@ -145,6 +145,25 @@ def check_client_inputs(request, batch: int) -> None:
                 raise BlsError(f"{name} must be >= 0, got {value}")
 
 
+def wants_embedding_bias(pre_inputs: dict) -> bool:
+    """Only a request with both bias inputs has a bias: without them the BLS neither asks
+    preprocessing for EMBEDDING_BIAS nor sends ``embedding_bias`` on, whatever came back."""
+    return "EMBEDDING_BIAS_WORDS" in pre_inputs and "EMBEDDING_BIAS_WEIGHTS" in pre_inputs
+
+
+def embedding_bias(pre: dict, batch: int) -> np.ndarray | None:
+    """``embedding_bias`` for the target, FP32 [batch, V] as its config declares; None (the input
+    left out) when preprocessing sent none or an empty one. A bias that is not floating point is
+    no bias preprocessing makes: an error here names it, rather than the target refusing it."""
+    bias = pre.get("EMBEDDING_BIAS")
+    if bias is None or bias.size == 0:
+        return None
+    if not np.issubdtype(bias.dtype, np.floating):
+        raise BlsError(f"preprocessing returned EMBEDDING_BIAS as {bias.dtype} {list(bias.shape)}; "
+                       "tensorrt_llm's embedding_bias is FP32 [batch, vocab]")
+    return bias.reshape(batch, -1).astype(np.float32, copy=False)
+
+
 class TritonPythonModel:
     def initialize(self, args):
         sys.setswitchinterval(SWITCH_INTERVAL_S)
@@ -212,7 +231,9 @@ class TritonPythonModel:
             if value is not None:
                 inputs[step_name] = value.reshape(batch, -1)
         wanted = ["INPUT_ID", "REQUEST_INPUT_LEN", "BAD_WORDS_IDS", "STOP_WORDS_IDS", "OUT_END_ID",
-                  "OUT_PAD_ID", "EMBEDDING_BIAS", "REQUEST_OUTPUT_LEN"]
+                  "OUT_PAD_ID", "REQUEST_OUTPUT_LEN"]
+        if wants_embedding_bias(inputs):
+            wanted.append("EMBEDDING_BIAS")
         (response,) = self.call("preprocessing", inputs, wanted, decoupled=False)
         return response
 
@@ -223,8 +244,9 @@ class TritonPythonModel:
             "stop_words_list": pre["STOP_WORDS_IDS"].reshape(batch, 2, -1),
             "bad_words_list": pre["BAD_WORDS_IDS"].reshape(batch, 2, -1),
         }
-        if pre["EMBEDDING_BIAS"].size:
-            inputs["embedding_bias"] = pre["EMBEDDING_BIAS"].reshape(batch, -1)
+        bias = embedding_bias(pre, batch)
+        if bias is not None:
+            inputs["embedding_bias"] = bias
         for client_name, llm_name in SAMPLING_INPUTS.items():
             value = io.get(request, client_name)
             if value is not None:
@@ -318,7 +340,8 @@ class TritonPythonModel:
         for response in results:
             if response.has_error():
                 raise BlsError(response.error().message())
-            yield {t.name(): t.as_numpy() for t in response.output_tensors()}
+            # copied: the arrays outlive ``response``, whose shared memory the stub may reuse
+            yield {t.name(): np.array(t.as_numpy(), copy=True) for t in response.output_tensors()}
 
     @staticmethod
     def cancelled(sender) -> bool:
