@@ -11,7 +11,8 @@ engine runs and, for draft-target, the draft's). Writes, per arm (``baseline``, 
   dtype, quantized weights, prefix cache, fast paths) the model keeps;
 - ``tensorrt_llm/1/model.yaml`` — the LLM arguments (:func:`pipeline.trtllm.llmapi_args.llm_args`)
   with ``model`` the target checkpoint and, in the speculative arm, ``speculative_config``
-  (``Draft_Target`` with ``speculative_model`` the draft checkpoint, or ``NGram``), checked against
+  (``Draft_Target`` with ``speculative_model`` the draft checkpoint, ``Eagle3`` with it the
+  EAGLE-3 head, or ``NGram``), checked against
   the recorded facts of ``trtllm_version`` like the GPU repository's;
 - ``tensorrt_llm/1/model.py`` + ``_specdeploy/`` — :mod:`pipeline.triton_models.llmapi` and the
   project code it imports, so the repository runs without the checkout;
@@ -67,7 +68,8 @@ def _model_dirs(manifest: dict) -> dict[str, str]:
     if "speculative" in manifest.get("engines", {}):
         _, speculative = _descriptor(manifest, "speculative")
         dirs["speculative"] = str(Path(speculative.model_dir).absolute())
-        draft = getattr(speculative.proposer, "draft_dir", None)
+        # speculative_model: the draft checkpoint, or the EAGLE-3 head
+        draft = getattr(speculative.proposer, "draft_dir", None) or getattr(speculative.proposer, "head_dir", None)
         if draft is not None:
             dirs["draft"] = str(Path(draft).absolute())
     return dirs

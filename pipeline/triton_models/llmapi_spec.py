@@ -6,8 +6,9 @@ unit tests and the model share one definition.
 ``triton_backend/all_models/llmapi/tensorrt_llm/1/model.py``: every key but ``triton_config`` is an
 argument of ``tensorrt_llm.LLM``). The CPU engine takes ``model``, ``max_batch_size``,
 ``max_seq_len`` and ``speculative_config`` from it — ``decoding_type`` picks the proposer:
-``Draft_Target`` (``speculative_model`` is the draft checkpoint, ``max_draft_len`` its K) or
-``NGram`` (``max_draft_len``, ``max_matching_ngram_size``, the pool switches); none for the
+``Draft_Target`` (``speculative_model`` is the draft checkpoint, ``max_draft_len`` its K),
+``Eagle3`` (``speculative_model`` is the EAGLE-3 head, one-model only: ``eagle3_one_model`` false
+is refused) or ``NGram`` (``max_draft_len``, ``max_matching_ngram_size``, the pool switches); none for the
 baseline. GPU-only arguments (KV-cache fraction, CUDA graphs, TP/PP of 1, the overlap scheduler)
 are read and ignored. The settings that have no LLM argument (threads, compute dtype, quantized
 weights, prefix cache, fast paths) come from the reference engine the build wrote for the arm.
@@ -25,6 +26,7 @@ from typing import Any, Callable
 
 from pipeline.artefacts.engine import (
     DraftTargetProposer,
+    Eagle3Proposer,
     EngineDescriptor,
     NgramProposer,
     NoProposer,
@@ -57,12 +59,31 @@ def _proposer(spec: dict[str, Any] | None, base: EngineDescriptor):
         return DraftTargetProposer(draft_dir=str(Path(draft).resolve()), num_draft_tokens=k,
                                    quantization=built.quantization if same else "none",
                                    draft_int8=built.draft_int8 if same else False), k
+    if kind == "Eagle3":
+        return _eagle3(spec, base, k), k
     if kind == "NGram":
         fields = {name: spec[name] for name in NGRAM_FIELDS if spec.get(name) is not None}
         # NGramDecodingConfig has no lower bound on the pattern: every length down to one matches
         return NgramProposer(max_draft_len=k, min_matching_ngram_size=1, **fields), k
     raise SpecError(f"speculative_config.decoding_type {kind!r} is not available on the CPU reference engine "
-                    "(Draft_Target, NGram or no speculative_config)")
+                    "(Draft_Target, Eagle3, NGram or no speculative_config)")
+
+
+def _eagle3(spec: dict[str, Any], base: EngineDescriptor, k: int) -> Eagle3Proposer:
+    head = spec.get("speculative_model")
+    if not head:
+        raise SpecError("speculative_config.speculative_model (the EAGLE-3 head checkpoint) is required for Eagle3")
+    if spec.get("eagle3_one_model") is False:
+        raise SpecError("speculative_config.eagle3_one_model false (a separate draft engine) is not available on "
+                        "the CPU reference engine: it runs the head inside the target's step")
+    for name in ("eagle_choices", "use_dynamic_tree"):
+        if spec.get(name):
+            raise SpecError(f"speculative_config.{name} is not available on the CPU reference engine (EAGLE-3 "
+                            "drafts a chain of max_draft_len tokens)")
+    built = base.proposer if isinstance(base.proposer, Eagle3Proposer) else None
+    same = built is not None and Path(built.head_dir).resolve() == Path(head).resolve()
+    return Eagle3Proposer(head_dir=str(Path(head).resolve()), max_draft_len=k,
+                          draft_int8=built.draft_int8 if same else False)
 
 
 def engine_descriptor(args: dict[str, Any], base: EngineDescriptor) -> EngineDescriptor:

@@ -29,7 +29,7 @@ from pipeline.trtllm.llmapi_facts import (
 ERROR, WARNING, INFO = "error", "warning", "info"
 LLM_API_ONLY = ("eagle3", "ngram", "mtp")
 REFERENCE_TOO = ("ngram", "eagle3")  # LLM-API methods the CPU reference engine runs as well (its own proposer)
-REFERENCE_LLMAPI_METHODS = ("none", "draft_target", "ngram")  # what the CPU llmapi model can build from model.yaml
+REFERENCE_LLMAPI_METHODS = ("none", "draft_target", "ngram", "eagle3")  # what the CPU llmapi model can build from model.yaml
 LLM_API_MIN_VERSION = (1, 2)
 LLM_API_QUANT_FORMATS = ("none", "fp8", "int4_awq")  # ModelOpt hf_ptq exports the project plans
 LLM_API_KV_DTYPES = ("auto", "fp8")
@@ -79,6 +79,10 @@ def _check_reference_llmapi(ctx) -> None:
         ctx.add(ERROR, "method", "NGramDecodingConfig has no min_matching_ngram_size (tensorrt_llm/llmapi/llm_args.py), "
                 "so model.yaml cannot carry it and the CPU llmapi model matches down to one token",
                 "remove speculation.min_matching_ngram_size", "speculation.min_matching_ngram_size")
+    if isinstance(spec, Eagle3Spec) and spec.model_mode != "one_model":
+        ctx.add(ERROR, "method", "the CPU reference engine runs the EAGLE-3 head inside the target's step "
+                "(one-model); it has no separate draft engine", "set speculation.model_mode: one_model",
+                "speculation.model_mode")
     for path in ("extra_llm_args", "extra_speculative_config"):
         if getattr(cfg.llm_api, path):
             ctx.add(ERROR, "llm-args", "the CPU reference engine honours no pass-through LLM arguments (it reads "

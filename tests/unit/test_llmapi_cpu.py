@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.artefacts.engine import DraftTargetProposer, EngineDescriptor, NgramProposer, NoProposer
+from pipeline.artefacts.engine import DraftTargetProposer, Eagle3Proposer, EngineDescriptor, NgramProposer, NoProposer
 from pipeline.config import config_hash, parse_config
 from pipeline.triton_models import llmapi_spec
 from pipeline.validate.preflight import errors_of, run_preflight
 
 DT = {"method": "draft_target", "num_draft_tokens": 4, "draft": {"checkpoint": "builtin:tiny-draft"}}
 NGRAM = {"method": "ngram", "max_draft_len": 3, "max_matching_ngram_size": 3}
+EAGLE3 = {"method": "eagle3", "head_dir": "builtin:tiny-eagle3", "max_draft_len": 3}
 
 
 def cpu_cfg(speculation=None, workdir=None, **top):
@@ -36,7 +37,7 @@ def fields(cfg) -> set[str]:
 # validate
 
 
-@pytest.mark.parametrize("speculation", [None, DT, NGRAM], ids=["none", "draft_target", "ngram"])
+@pytest.mark.parametrize("speculation", [None, DT, NGRAM, EAGLE3], ids=["none", "draft_target", "ngram", "eagle3"])
 def test_methods_the_cpu_llmapi_model_runs_validate(speculation):
     cfg = cpu_cfg(speculation)
     assert cfg.serves_llmapi and not cfg.uses_llm_api
@@ -50,7 +51,7 @@ def test_only_an_explicit_llm_api_puts_the_reference_engine_on_the_llmapi_layout
 
 
 @pytest.mark.parametrize(("speculation", "field", "word"), [
-    ({"method": "eagle3", "head_dir": "/models/eagle3"}, "speculation.method", "no eagle3 proposer"),
+    ({**EAGLE3, "model_mode": "two_model"}, "speculation.model_mode", "one-model"),
     ({"method": "medusa", "heads_dir": "/models/medusa", "num_heads": 3}, "speculation.method", "engine-only"),
     ({"method": "eagle", "head_dir": "/models/eagle", "num_layers": 3}, "speculation.method", "engine-only"),
     ({**DT, "orchestration": "bls"}, "speculation.orchestration", "no tensorrt_llm_bls"),
@@ -109,8 +110,22 @@ def test_ngram_speculative_config_takes_upstreams_defaults(tmp_path):
                                        is_public_pool=False)
 
 
+def test_eagle3_speculative_config_runs_the_head_with_the_built_settings(tmp_path):
+    built = Eagle3Proposer(head_dir=str(tmp_path / "head"), max_draft_len=5, draft_int8=True)
+    spec = {"decoding_type": "Eagle3", "max_draft_len": 2, "speculative_model": str(tmp_path / "head"),
+            "eagle3_one_model": True}
+    d = llmapi_spec.engine_descriptor({"model": str(tmp_path / "target"), "speculative_config": spec}, _base(tmp_path, built))
+    assert d.role == "speculative" and d.max_draft_len == 2
+    assert d.proposer == Eagle3Proposer(head_dir=str((tmp_path / "head").resolve()), max_draft_len=2, draft_int8=True)
+
+
 @pytest.mark.parametrize(("args", "word"), [
-    ({"speculative_config": {"decoding_type": "Eagle3", "max_draft_len": 3}}, "not available on the CPU"),
+    ({"speculative_config": {"decoding_type": "Eagle", "max_draft_len": 3}}, "not available on the CPU"),
+    ({"speculative_config": {"decoding_type": "Eagle3", "max_draft_len": 3}}, "speculative_model"),
+    ({"speculative_config": {"decoding_type": "Eagle3", "max_draft_len": 3, "speculative_model": "/h",
+                             "eagle3_one_model": False}}, "eagle3_one_model"),
+    ({"speculative_config": {"decoding_type": "Eagle3", "max_draft_len": 3, "speculative_model": "/h",
+                             "eagle_choices": [[0], [1]]}}, "eagle_choices"),
     ({"speculative_config": {"decoding_type": "NGram"}}, "max_draft_len"),
     ({"speculative_config": {"decoding_type": "Draft_Target", "max_draft_len": 3}}, "speculative_model"),
     ({"model": "/elsewhere"}, "re-run `specdeploy build`"),
