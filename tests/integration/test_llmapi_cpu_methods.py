@@ -49,8 +49,11 @@ def _ensemble_text(url: str, prompt: str, **sampling) -> str:
     extra = dict(sampling)
     if "seed" in extra:
         extra["seed"] = np.array([[extra["seed"]]], dtype=np.uint64)
-    responses = grpc_stream(url, "ensemble", text_inputs(prompt, MAX_TOKENS, stream=True, **extra))
-    return "".join(r["text_output"].reshape(-1)[0].decode() for r in responses)
+    # not streamed: the completion decoded at once, as the llmapi model's cumulative text (sampled
+    # bytes that are not UTF-8 decode differently when cut into deltas)
+    responses = grpc_stream(url, "ensemble", text_inputs(prompt, MAX_TOKENS, stream=False,
+                                                         exclude_input_in_output=True, **extra))
+    return responses[-1]["text_output"].reshape(-1)[0].decode()
 
 
 def _llmapi_text(url: str, prompt: str, **sampling) -> tuple[str, int]:
