@@ -3,7 +3,8 @@ against the engine-layout deployment's ensemble for the same method, on real tri
 greedy streamed text is equal (none = the baseline arm, draft_target, n-gram), and with the same
 ``sampling_param_temperature/top_k/top_p/seed`` as the ensemble's ``temperature/top_k/top_p/seed``
 the sampled text is equal too, seed by seed — the llmapi model hands the engine the same
-SamplingParams the ensemble does. Servers are module-scoped: one per (layout, method, arm)."""
+SamplingParams the ensemble does — and first tokens sampled over many seeds follow the target's
+exact softmax (chi-square). Servers are module-scoped: one per (layout, method, arm)."""
 
 from __future__ import annotations
 
@@ -88,3 +89,49 @@ def test_sampled_text_equals_the_ensemble_seed_by_seed(servers, sampling):
     a, _ = _llmapi_text(llmapi.grpc_url, PROMPTS[2], seed=11, **sampling)
     b, _ = _llmapi_text(llmapi.grpc_url, PROMPTS[2], seed=12, **sampling)
     assert a != b or len(texts) > 1
+
+
+N_DRAWS = 240
+
+
+def _first_token_probs(target_dir, prompt_ids: list[int], temperature: float):
+    """The target's exact next-token distribution (transformers, float32) at ``temperature``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target_dir, torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt_ids])).logits[0, -1]
+    return torch.softmax(logits.double() / temperature, dim=-1)
+
+
+def test_sampled_first_tokens_follow_the_target_distribution(servers, tiny_models):
+    """One token per request over many seeds: chi-square against the target's softmax, with the
+    tokens binned by their text (the llmapi model returns text; tokens that decode alike share a
+    bin). With speculation the first token passes through the draft's acceptance rule."""
+    import torch
+
+    from pipeline.triton_models.tokenizer import TextTokenizer
+    from tests.reference_fixtures import chi2_pvalue
+
+    method, llmapi, _ = servers
+    tokenizer = TextTokenizer(tiny_models["target"])
+    prompt, temperature = PROMPTS[2], 1.0
+    probs = _first_token_probs(tiny_models["target"], tokenizer.encode(prompt), temperature)
+    texts = [tokenizer.decode([i]) for i in range(probs.numel())]
+    bins = {text: n for n, text in enumerate(dict.fromkeys(texts))}
+    index = torch.tensor([bins[t] for t in texts])
+
+    def binned(p):
+        return torch.zeros(len(bins), dtype=torch.float64).index_add_(0, index, p)
+
+    counts = torch.zeros(len(bins), dtype=torch.float64)
+    for seed in range(N_DRAWS):
+        inputs = llmapi_inputs(prompt, 1, streaming=True, sampling_param_temperature=temperature,
+                               sampling_param_top_p=1.0)
+        inputs["sampling_param_seed"] = np.array([seed], dtype=np.uint64)
+        counts[bins[_text(_stream(llmapi.grpc_url, inputs))]] += 1
+    assert chi2_pvalue(counts, binned(probs)) > 1e-3, method
+    # the check can fail: the same draws against the distribution at another temperature
+    colder = _first_token_probs(tiny_models["target"], tokenizer.encode(prompt), 0.3)
+    assert chi2_pvalue(counts, binned(colder)) < 1e-3
