@@ -160,6 +160,7 @@ def test_serve_and_loadtest_work_from_the_descriptor_alone(tmp_path, monkeypatch
     the config would give is what serve's CPU plan and loadtest's endpoint follow."""
     from pipeline.loadtest.endpoints import ArmEndpoint
     from pipeline.loadtest.runner import RunSpec, run_settings
+    from pipeline.serve.cpu_pinning import allowed_cpus, plan_pinning
     from pipeline.serve.server import deployment_cpu_plan
 
     cfg = _cfg()
@@ -174,8 +175,11 @@ def test_serve_and_loadtest_work_from_the_descriptor_alone(tmp_path, monkeypatch
     settings = run_settings(cfg, RunSpec("speculative", 1, 0, 2), endpoint, tmp_path, "r", [], 2.0, 0.2, None)
     assert settings["model_name"] == "recorded_model"
     assert settings["extra_inputs"] == {"num_draft_tokens": 3}  # per-request K off: the sweep's 2 not sent
+    # serve pins by the repository's engine models and the descriptor's count, not the config's
     plan, note = deployment_cpu_plan(cfg, repo, loaded.engine_models)
-    assert note or plan is not None
+    assert (plan, note) == plan_pinning(cfg.reference.cpu_pinning, ["tensorrt_llm"], cfg.reference.threads,
+                                        allowed_cpus(), loaded.engine_models)
+    assert note not in ("GPU backend", "no reference engine model in the repository")
 
 
 def test_repository_rendered_without_a_descriptor_schema_says_re_run_render(tmp_path, monkeypatch):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 
 import pytest
 
@@ -20,9 +22,29 @@ def test_atomic_write_replaces_whole_or_not_at_all(tmp_path):
     assert sorted(p.name for p in path.parent.iterdir()) == ["a.json"]  # no temporary left behind
 
 
+def _git(cwd, *args: str) -> str:
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t", "PATH": os.environ["PATH"], "HOME": str(cwd)}
+    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def test_git_sha_is_the_checkout_head(tmp_path):
+    """A checkout of known history: the recorded sha is its HEAD, and a directory with no git
+    history records none (provenance then says so instead of inventing one)."""
+    repo, plain = tmp_path / "repo", tmp_path / "plain"
+    repo.mkdir()
+    plain.mkdir()
+    _git(repo, "init", "-q")
+    (repo / "f").write_text("x")
+    _git(repo, "add", "f")
+    _git(repo, "commit", "-q", "-m", "one")
+    head = _git(repo, "rev-parse", "HEAD")
+    assert re.fullmatch(r"[0-9a-f]{40}", head)
+    assert provenance.git_sha(repo) == head
+    assert provenance.git_sha(plain) is None
+
+
 def test_provenance():
-    sha = provenance.git_sha()
-    assert sha is None or re.fullmatch(r"[0-9a-f]{40}", sha)
     assert provenance.git_sha(provenance.PROJECT_ROOT / "no-such-dir") is None
     assert provenance.package_version("no-such-distribution-xyz", "pydantic") is not None
     assert provenance.package_version("no-such-distribution-xyz") is None

@@ -211,8 +211,8 @@ def test_trtllm_root_option(tmp_path, monkeypatch):
 
 def test_trtllm_root_precedence_and_image_detection(tmp_path):
     image = tmp_path / "container"
-    assert resolve_trtllm_root(environ={}, prefix=image) == resolve_trtllm_root(environ={}, prefix=image)
-    assert resolve_trtllm_root(environ={}, prefix=image).source == "default"  # no examples/: still /app, reported
+    default = resolve_trtllm_root(environ={}, prefix=image)
+    assert (default.path, default.source) == (str(image / "app"), "default")  # no examples/: still /app, reported
     (image / "app" / "examples").mkdir(parents=True)
     found = resolve_trtllm_root(environ={}, prefix=image)
     assert (found.path, found.source) == (str(image / "app"), "ngc-image")
