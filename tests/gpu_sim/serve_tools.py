@@ -291,9 +291,35 @@ def check_python_model(name: str, model_dir: Path, params: dict) -> None:
             rel = Path(*node.module.split(".")).with_suffix(".py")
             if not any(exists(root / rel) for root in roots):
                 raise RuntimeError(f"{name}: model.py cannot import {node.module}")
+    check_llmapi_startup(name, model_dir, tree)
     tokenizer = params.get("tokenizer_dir")
     if tokenizer and name in ("preprocessing", "postprocessing") and not exists(Path(tokenizer)):
         raise RuntimeError(f"{name}: tokenizer_dir {tokenizer} does not exist")
+
+
+# Start-up of TensorRT-LLM's llmapi model (triton_backend/all_models/llmapi/tensorrt_llm/1/model.py,
+# v1.2.1): it imports its helpers from beside it (``from helpers import ...``) and, at load, reads
+# ``triton_config`` (decoupled, max_batch_size) from the YAML named by LLM_CONFIG_PATH, default
+# model.yaml, in the model's version directory; a missing file is an assertion at load.
+LLMAPI_TRITON_KEYS = ("decoupled", "max_batch_size")
+
+
+def check_llmapi_startup(name: str, model_dir: Path, tree: ast.AST) -> None:
+    imports = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    if "helpers" in imports and not exists(model_dir / "1" / "helpers.py"):
+        raise RuntimeError(f"{name}: model.py imports helpers, and 1/helpers.py is not there")
+    literals = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    if "model.yaml" not in literals:
+        return
+    config_file = model_dir / "1" / os.environ.get("LLM_CONFIG_PATH", "model.yaml")
+    if not exists(config_file):
+        raise RuntimeError(f"{name}: '{config_file.name}' containing TRT-LLM engine args not found")
+    import yaml
+
+    triton_config = (yaml.safe_load(config_file.read_text()) or {}).get("triton_config") or {}
+    missing = [key for key in LLMAPI_TRITON_KEYS if key not in triton_config]
+    if missing:
+        raise RuntimeError(f"{name}: {config_file.name} triton_config lacks {missing}")
 
 
 def engine_facts(engine: Path) -> dict:

@@ -5,8 +5,11 @@ TensorRT-LLM's example scripts and `trtllm-build` (tests/gpu_sim/build_tools.py)
 upstream flags, read the files the upstream scripts read and write what they write. The
 checkpoints (tests/gpu_sim/checkpoints.py) are shaped like the downloads each config names. The
 whole project runs for real: the CLI, preflight, the planner, the step runner and its post-step
-checks. Each test asserts the exact argv of every step (tests/gpu_sim/golden/, regenerated with
-UPDATE_GOLDEN=1 and reviewed), that it equals what `specdeploy plan` prints, and the outcome.
+checks. What only this simulation shows: every step the runner executes is exactly the planned one
+(the planned argv themselves are pinned once, by tests/unit/golden/plan/), each passes the stand-in's
+transcription of upstream's argument parser, each reads what the step before it wrote, and the
+manifest and engines come out as the image's release writes them. A build the shipped configs do not
+plan (FP8 EAGLE below) keeps its own golden in tests/gpu_sim/golden/.
 """
 
 from __future__ import annotations
@@ -112,7 +115,6 @@ def test_build_runs_every_step_against_the_image(name, image, tmp_path, monkeypa
                 + e["argv"] for e in entries]
     assert recorded == _planned(path, tmp_path)
     assert all(e["env"]["SPECDEPLOY_TRTLLM_ROOT"] == str(image.app) for e in entries)
-    _check_golden(name, _normalised(entries, tmp_path))
     manifest = json.loads((tmp_path / "engines" / load_config(path).name / "manifest.json").read_text())
     assert manifest["trtllm_root"] == str(image.app) and manifest["versions"]["tensorrt_llm"] == "1.2.1"
     for engine in manifest["engines"].values():
