@@ -107,6 +107,10 @@ def main() -> int:
         "results": results,
     }
     RESULT.parent.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(ROOT))
+    from pipeline.infra.provenance import result_provenance
+
+    report["provenance"] = result_provenance()
     RESULT.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: report[k] for k in ("worst_median_s", "worst_cpu_median_s", "pass", "pass_cpu_time")}, indent=2))
     return 0 if report["all_pass"] else 1

@@ -20,6 +20,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from pipeline.infra.provenance import result_provenance  # noqa: E402 - after the path set-up above
+
 CONFIG = ROOT / "configs" / "tiny-cpu-eagle.yaml"
 
 
@@ -57,7 +59,7 @@ def main() -> None:
                 "specdeploy bench batch 1, greedy, in-domain summary; depths take turns each round",
         "config": str(CONFIG.relative_to(ROOT)), "rounds": args.rounds, "prompts_per_category": args.prompts,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "mean_speedup": summary, "runs": runs,
+        "mean_speedup": summary, "runs": runs, "provenance": result_provenance(),
     }, indent=2) + "\n", encoding="utf-8")
     print(f"mean speedup per depth: {summary}; wrote {args.output}", file=sys.stderr)
 

@@ -26,6 +26,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from pipeline.infra.provenance import result_provenance  # noqa: E402 - after the path set-up above
 
 VARIANTS = {  # explicit EAGLE fields, so a name means the same whatever the recipe's defaults
     "one_pass": {"eagle_unroll": 1},
@@ -103,6 +104,7 @@ def main() -> None:
         "prompts_per_category": args.prompts,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "variants": results,
+        "provenance": result_provenance(),
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from pipeline.infra.provenance import result_provenance  # noqa: E402 - after the path set-up above
 
 CONFIGS = ("tiny-cpu-draft-target", "tiny-cpu-medusa", "tiny-cpu-eagle")
 
@@ -49,6 +50,7 @@ def main() -> None:
             print(f"{name}: baseline batch {scaling['batch']} / batch 1, side by side: {scaling['ratio']:.2f}x "
                   f"(rounds {scaling['per_round']})", file=sys.stderr)
     args.output.parent.mkdir(parents=True, exist_ok=True)
+    reports["provenance"] = result_provenance()
     args.output.write_text(json.dumps(reports, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {args.output}", file=sys.stderr)
 

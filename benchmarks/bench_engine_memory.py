@@ -352,6 +352,10 @@ def parent_main(args) -> None:
     out["speed"] = _speed_summary(speed)
     out["host"]["loadavg_after"] = os.getloadavg()
     out["notes"] = args.note
+    sys.path.insert(0, str(ROOT))
+    from pipeline.infra.provenance import result_provenance
+
+    out["provenance"] = result_provenance()
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {args.out}")
 

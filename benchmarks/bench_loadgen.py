@@ -27,6 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pipeline.infra.provenance import result_provenance  # noqa: E402 - after the path set-up above
 from pipeline.report.stats import achieved_concurrency, measured_window  # noqa: E402
 
 TTFT_MS, TPOT_MS, MAX_TOKENS = 200.0, 10.0, 32
@@ -123,6 +124,7 @@ def main() -> None:
         "server": {"ttft_ms": TTFT_MS, "tpot_ms": TPOT_MS, "tokens_per_chunk": 1, "max_tokens": MAX_TOKENS},
         "bound": "|median error| <= max(2% of expected, 1 ms) for TTFT and TPOT", "target_chunks_per_s": 500,
         "points": points, "pass": any(p["meets_target"] for p in points),
+        "provenance": result_provenance(),
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

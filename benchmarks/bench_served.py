@@ -32,6 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
+from pipeline.infra.provenance import result_provenance  # noqa: E402 - after the path set-up above
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 PROMPTS = [
@@ -243,6 +245,7 @@ def main() -> None:
                 "core count makes single runs noisy (repeat the run, look at the spread)",
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "methods": results,
+        "provenance": result_provenance(),
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

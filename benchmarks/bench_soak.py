@@ -50,8 +50,7 @@ Other flags: ``--config`` (default ``configs/tiny-cpu-draft-target.yaml``), ``--
 ``--prompts`` (use only the first N prompts: fewer distinct request shapes), ``--model`` (call
 another model than the load test's), ``--stream-requests`` (reopen each stream after N requests),
 ``--settle-s`` (idle time before the last memory sample), ``--allocator``, ``--malloc-arena-max``,
-``--workdir`` (keep the build and the server log). ``benchmarks/results/triton-rss.json`` is a set
-of such runs.
+``--workdir`` (keep the build and the server log).
 """
 
 from __future__ import annotations
@@ -83,6 +82,7 @@ sys.path.insert(0, str(ROOT / "loadtests"))
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from pipeline.infra.provenance import result_provenance  # noqa: E402 - after the path set-up above
 from pipeline.serve.command import MALLOC_CHOICES, MALLOC_ENV  # noqa: E402
 
 DEFAULT_CONFIG = ROOT / "configs" / "tiny-cpu-draft-target.yaml"
@@ -790,14 +790,11 @@ def verdict(report: dict) -> dict:
     return {**checks, "passed": all(checks.values()), "memory_diagnosis": memory_diagnosis(report["memory"])}
 
 
-TRITON_RSS_EVIDENCE = "benchmarks/results/triton-rss.json"
-
-
 def memory_diagnosis(memory: dict) -> dict:
     """Which processes grew past the tolerance and, when only ``tritonserver`` did, its growth per
     cancelled stream. Not a check: ``tritonserver`` keeps memory for every gRPC stream cancelled
-    with a request in flight, whatever the allocator, and does not give it back
-    (:data:`TRITON_RSS_EVIDENCE`), so that growth fails the verdict like any other."""
+    with a request in flight and does not give it back (docs/operations.md, "Memory of the CPU
+    tritonserver"), so that growth fails the verdict like any other."""
     growing = [r["label"] for r in memory["processes"] if r.get("growth_mb", 0) > memory["tolerance_mb"]]
     detail = memory.get("tritonserver_detail", {})
     out = {"growing": growing,
@@ -806,7 +803,7 @@ def memory_diagnosis(memory: dict) -> dict:
            "tritonserver_anon_mb_given_back_when_idle": detail.get("rss_anon_mb_given_back_when_idle")}
     if growing == ["tritonserver"]:
         out["note"] = ("only tritonserver grew: it keeps memory per gRPC stream cancelled with a request in "
-                       f"flight (flat without cancellations, the same under jemalloc and tcmalloc; {TRITON_RSS_EVIDENCE})")
+                       "flight (docs/operations.md, 'Memory of the CPU tritonserver')")
     return out
 
 
@@ -871,6 +868,7 @@ def main(argv: list[str] | None = None) -> int:
                        "python": platform.python_version(), "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
               "notes": args.note, **report}
     report["verdict"] = verdict(report)
+    report["provenance"] = result_provenance()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     print_summary(report, out)

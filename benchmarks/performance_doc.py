@@ -47,19 +47,34 @@ def _table(head: list[str], rows: list[list]) -> str:
 
 
 def _created(data: dict) -> str:
-    stamp = data.get("created") or data.get("created_unix")
+    prov = data.get("provenance") if isinstance(data, dict) else None
+    stamp = (prov or {}).get("date") or data.get("created") or data.get("created_unix")
     return f" (measured {stamp})" if isinstance(stamp, str) else ""
+
+
+def _provenance_line(data: dict) -> str:
+    """How the file was made: the command and the commit, as the file records them."""
+    prov = data.get("provenance") if isinstance(data, dict) else None
+    if not prov:
+        return ""
+    command = f"`{prov['command']}`" if prov.get("command") else f"{prov.get('script')} (command not recorded)"
+    commit = (prov.get("commit") or "?")[:10]
+    where = "at" if prov.get("commit_of", "").startswith("the checkout") else "added in"
+    return f"Made by {command} {where} {commit}."
 
 
 def engine_section(name: str, data: dict) -> str:
     """`specdeploy bench` per config: end-to-end and decode-only speedups, acceptance, τ."""
     rows = []
     for config, report in data.items():
+        if config == "provenance":
+            continue
         for row in report.get("summary", []):
             rows.append([config, report.get("draft_weights", "—"), row["batch"], row["scope"], row["speedup"],
                          row.get("decode_speedup"), row["acceptance_rate"], row["mean_acceptance_length"],
                          row["baseline_tokens_per_s"], row["outputs_match"]])
-    scaling = [[config, r["baseline_scaling"]["ratio"]] for config, r in data.items() if "baseline_scaling" in r]
+    scaling = [[config, r["baseline_scaling"]["ratio"]] for config, r in data.items()
+               if config != "provenance" and "baseline_scaling" in r]
     text = _table(["config", "draft weights", "batch", "prompts", "speedup (E2E)", "decode speedup",
                    "acceptance", "τ", "baseline tok/s", "greedy outputs equal"], rows)
     if scaling:
@@ -171,7 +186,7 @@ def render_page(results: Path = RESULTS) -> str:
             body = render(path.stem, data)
         doc = (render.__doc__ or "").strip().splitlines()
         intro = what or (doc[0] if doc else "")
-        parts.append("\n\n".join(x for x in (title, intro, body) if x))
+        parts.append("\n\n".join(x for x in (title, intro, _provenance_line(data), body) if x))
     return "\n\n".join(parts).rstrip() + "\n"
 
 

@@ -64,6 +64,10 @@ def register(app: typer.Typer) -> None:
         report = run_bench(config, prompts_per_category=prompts, max_tokens=max_tokens,
                            batches=tuple(sorted(set(batch))), peer=peer, int8=int8,
                            draft_int8=draft_int8, stop_at_eos=stop_at_eos, versus=versus)
+        if output is not None:
+            from pipeline.infra.provenance import result_provenance  # noqa: PLC0415 - only a written result needs it
+
+            report = {**report, "provenance": result_provenance()}
         text = json.dumps(report, indent=2)
         if output is not None:
             output.parent.mkdir(parents=True, exist_ok=True)

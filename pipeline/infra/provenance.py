@@ -39,3 +39,34 @@ def versions(dists: tuple[str, ...]) -> dict[str, str | None]:
     out: dict[str, str | None] = {"python": platform.python_version()}
     out.update({dist: package_version(dist) for dist in dists})
     return out
+
+
+def result_provenance(argv: list[str] | None = None, root: Path = PROJECT_ROOT) -> dict:
+    """The ``provenance`` block every benchmark result records: the command that wrote it, the
+    checkout it ran on (HEAD and whether the tree had changes), when, and on what machine. A
+    result file without it cannot be reproduced (tests/unit/test_benchmark_results.py)."""
+    import datetime as dt  # noqa: PLC0415 - only result writers need it
+    import os  # noqa: PLC0415 - only result writers need it
+    import shlex  # noqa: PLC0415 - only result writers need it
+    import sys  # noqa: PLC0415 - only result writers need it
+
+    argv = list(sys.argv if argv is None else argv)
+    status = _git(root, "status", "--porcelain", "--untracked-files=no")
+    return {
+        "command": shlex.join(argv),
+        "commit": git_sha(root),
+        "commit_of": "the checkout the command ran in",
+        "tree_dirty": None if status is None else bool(status.strip()),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"platform": platform.platform(), "processor": platform.machine(),
+                    "python": platform.python_version(), "cpus": os.cpu_count(),
+                    "load_average": [round(x, 2) for x in os.getloadavg()]},
+    }
+
+
+def _git(root: Path, *args: str) -> str | None:
+    try:
+        result = subprocess.run(["git", *args], cwd=str(root), capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return result.stdout if result.returncode == 0 else None

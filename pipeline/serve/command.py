@@ -112,13 +112,13 @@ def cpu_server_env(server: CpuServer, base: dict | None = None) -> dict[str, str
 
 # The allocator the CPU server tree runs on: Triton suggests preloading tcmalloc or jemalloc when
 # its memory grows without a leak (triton-inference-server/server docs/user_guide/model_management.md,
-# "Model Control Mode EXPLICIT"); benchmarks/results/triton-rss.json has this project's measurements.
+# "Model Control Mode EXPLICIT"); docs/operations.md says what this project saw with each.
 MALLOC_ENV = "SPECDEPLOY_TRITON_MALLOC"
 MALLOC_LIBRARIES = {"jemalloc": "libjemalloc.so.2", "tcmalloc": "libtcmalloc_minimal.so.4"}
 MALLOC_PACKAGES = {"jemalloc": "libjemalloc2", "tcmalloc": "libtcmalloc-minimal4"}  # Debian's
 MALLOC_CHOICES = ("auto", "glibc", *MALLOC_LIBRARIES)
-# glibc's own: the preloaded allocators did not change the server's growth under load, and
-# jemalloc starts larger (benchmarks/results/triton-rss.json)
+# glibc's own: the preloaded allocators did not change the server's growth under load
+# (docs/operations.md, "Memory of the CPU tritonserver")
 DEFAULT_MALLOC = "glibc"
 LIBRARY_DIRS = (Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib/aarch64-linux-gnu"), Path("/usr/lib64"),
                 Path("/usr/lib"), Path("/lib/x86_64-linux-gnu"), Path("/lib64"))

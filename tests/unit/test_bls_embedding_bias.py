@@ -1,8 +1,8 @@
 """The BLS's ``embedding_bias`` (pipeline/triton_models/bls.py), in process with a stand-in for
 ``triton_python_backend_utils``: the tensor the target receives is FP32 [B, V] as its config
 declares, and absent when the request sends no bias, whatever preprocessing's EMBEDDING_BIAS
-holds. The soak (benchmarks/results/triton-rss.json, run bls-cancel50) saw one target call fail
-with an INT32 ``embedding_bias`` from a request that sent no bias words."""
+holds. A soak through the BLS with half the streams cancelled saw one target call fail with an
+INT32 ``embedding_bias`` from a request that sent no bias words (docs/operations.md)."""
 
 from __future__ import annotations
 
