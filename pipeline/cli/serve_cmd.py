@@ -43,6 +43,8 @@ def register(app: typer.Typer) -> None:
             from pipeline.errors import SpecdeployError  # noqa: PLC0415
 
             raise SpecdeployError(f"--frontend must be 'triton' or 'openai', got {frontend!r}")
+        if host is not None:
+            _check_host(host)  # argument errors first, before the live preflight's seconds
         _live_gate(config, workdir, skip_live)
         if frontend == "openai":
             return _serve_openai(config, variant, http_port, grpc_port, metrics_port, foreground, host, openai_port, workdir)

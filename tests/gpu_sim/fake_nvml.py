@@ -54,3 +54,11 @@ def nvmlDeviceGetMemoryInfo(handle: int) -> SimpleNamespace:
 def nvmlDeviceGetMigMode(handle: int) -> tuple[int, int]:
     mig = int(_gpus()[3])
     return mig, mig
+
+
+def nvmlDeviceGetCudaComputeCapability(handle: int) -> tuple[int, int]:
+    return (8, 0) if "A100" in _gpus()[2] else (9, 0)
+
+
+def nvmlSystemGetDriverVersion() -> str:
+    return "580.00 (stand-in)"
