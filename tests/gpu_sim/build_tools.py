@@ -20,6 +20,11 @@ upstream sources (NVIDIA/TensorRT-LLM 1.x) do at their interface:
 - every call but a bare ``--help`` (the live preflight reading the parser) appends
   ``{"tool", "argv", "env"}`` to the JSONL log named by ``$GPU_SIM_LOG``.
 
+The stand-in parsers of ``quantize.py`` and ``trtllm-build`` declare only flags the upstream
+scripts declare, with choices upstream accepts: tests/gpu_sim/test_upstream_flags.py checks them
+against tests/gpu_sim/upstream_flags.json (upstream file + revision per script; written by
+scripts/upstream_flags.py from a checkout). The converters' parsers are not recorded there yet.
+
 Knobs (environment): ``GPU_SIM_SM`` (the simulated GPU's SM version, default 90),
 ``GPU_SIM_FORCE_KV_CACHE_QUANT_ALGO`` (quantize.py writes this KV algorithm, as a ModelOpt export
 that defaults it would), ``GPU_SIM_TRTLLM_VERSION`` (default 1.2.1).
