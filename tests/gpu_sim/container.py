@@ -13,8 +13,9 @@ What the image holds, per tensorrtllm_backend@r26.04 ``dockerfile/Dockerfile.tri
 - ``<root>/site-packages``: a ``tensorrt_llm`` package and dist-info reporting the version, with
   ``llmapi/llm_args.py`` from :mod:`trtllm_llm_args` (the LLM-args classes the live preflight loads
   ``model.yaml`` into), and a ``pynvml`` stand-in (:mod:`fake_nvml`) reporting the simulated GPUs;
-- ``<root>/opt/tritonserver``: ``bin/tritonserver`` answering ``--version`` and the
-  ``backends/{tensorrtllm,python}`` directories the image has.
+- ``<root>/opt/tritonserver``: ``bin/tritonserver`` and the ``backends/{tensorrtllm,python}``
+  directories the image has; :meth:`FakeContainer.environ` sets ``NVIDIA_TRITON_SERVER_VERSION``
+  as the image does.
 
 Every stand-in appends one JSON line per call to :attr:`FakeContainer.log`. Reads nothing of the
 host but the interpreter path; writes only under the given directory.
@@ -145,8 +146,8 @@ def _install_wheel(box: FakeContainer) -> None:
 
 
 _TRITONSERVER = """#!/bin/sh
-if [ "$1" = "--version" ]; then echo "tritonserver (stand-in for NGC {tag}-trtllm-python-py3)"; exit 0; fi
-echo "stand-in tritonserver: only --version" >&2; exit 1
+echo "stand-in for the tritonserver of NGC {tag}-trtllm-python-py3: the live preflight does not run it" >&2
+exit 1
 """
 
 

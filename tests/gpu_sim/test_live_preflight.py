@@ -4,7 +4,7 @@ simulated NGC 26.04 container, and against deliberately wrong ones that each che
 The container (tests/gpu_sim/container.py) holds what the live checks read: a ``tensorrt_llm``
 package reporting its version with LLM-args classes (tests/gpu_sim/trtllm_llm_args.py), the example
 scripts and ``trtllm-build`` whose argparse parsers are the stand-ins' (tests/gpu_sim/build_tools.py,
-tied to upstream's flags by test_upstream_flags.py), ``tritonserver --version``, the backend
+tied to upstream's flags by test_upstream_flags.py), ``tritonserver`` with the image's ``NVIDIA_TRITON_SERVER_VERSION``, the backend
 directories and an NVML stand-in (tests/gpu_sim/fake_nvml.py). Every negative case changes one
 thing and asserts the one failing row, its fix and, where a recorded fact is contradicted, that
 the output names it.
@@ -70,7 +70,7 @@ def test_a_matching_container_passes_every_check(box, tmp_path, name):
     checks = run_live_preflight(config(name, tmp_path))
     assert failures(checks) == [], [c.line() for c in failures(checks)]
     verdicts = {c.check: c.verdict for c in checks}
-    assert verdicts["tensorrt_llm version"] == PASS and verdicts["tritonserver version"] == PASS
+    assert verdicts["tensorrt_llm version"] == PASS and verdicts["tritonserver"] == PASS
     assert verdicts["backend python"] == PASS and {"GPU count", "GPU model", "GPU memory", "GPU MIG mode"} <= set(verdicts)
     if name == ENGINE:
         assert verdicts["backend tensorrtllm"] == PASS
@@ -194,7 +194,14 @@ def test_a_triton_of_another_release(box, tmp_path, monkeypatch):
     box()
     monkeypatch.setenv("NVIDIA_TRITON_SERVER_VERSION", "25.12")
     failed = only_failure(run_live_preflight(config(ENGINE, tmp_path)))
-    assert failed.check == "tritonserver version" and "NVIDIA_TRITON_SERVER_VERSION=25.12" in failed.found
+    assert failed.check == "tritonserver" and "NVIDIA_TRITON_SERVER_VERSION=25.12" in failed.found
+
+
+def test_no_tritonserver(box, tmp_path, monkeypatch):
+    box()
+    monkeypatch.setenv("SPECDEPLOY_TRITONSERVER", str(tmp_path / "nowhere" / "tritonserver"))
+    failed = only_failure(run_live_preflight(config(ENGINE, tmp_path)))
+    assert failed.check == "tritonserver" and failed.found.startswith("no tritonserver")
 
 
 def test_a_missing_backend(box, tmp_path):
