@@ -257,3 +257,14 @@ def test_help_parsing_reads_argparse_output():
     assert spec.options == {"-h": (), "--help": (), "--a": None, "--b": ("p", "q"), "--c": ()}
     flags = planned_flags(["python3", "s.py", "--a", "1", "--b", "r", "--c", "--d", "--c", "v"])
     assert flag_problems(spec, flags) == ["--b r: not one of {p,q}", "--d is not an option", "--c takes no value, got 'v'"]
+
+
+def test_a_package_the_installed_tensorrt_llm_pins_differently(box, tmp_path):
+    """The served models' packages are checked against what the installed TensorRT-LLM requires
+    (its dist-info), as a pip install that replaced the image's transformers would leave them."""
+    image = box()
+    metadata = image.site_dir / f"tensorrt_llm-{image.version}.dist-info" / "METADATA"
+    metadata.write_text(metadata.read_text() + "Requires-Dist: transformers<4.99\nRequires-Dist: numpy<3\n")
+    failed = only_failure(run_live_preflight(config(ENGINE, tmp_path)))
+    assert failed.check == "package transformers" and "tensorrt_llm needs transformers<4.99" in failed.fix
+    assert "tensorrt_llm: <4.99" in failed.expected
