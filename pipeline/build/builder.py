@@ -338,6 +338,9 @@ def _versions(cfg: DeploymentConfig) -> dict[str, str | None]:
     if cfg.backend == "trtllm":
         found["tensorrt_llm_pinned"] = cfg.trtllm_version
         found["tensorrt_llm"] = package_version("tensorrt_llm", "tensorrt-llm")
+        from pipeline.validate.live.gate import provenance_line  # noqa: PLC0415 - trtllm builds only
+
+        found["live_preflight"] = provenance_line(cfg)
     else:
         found["torch"] = package_version("torch")
     return found

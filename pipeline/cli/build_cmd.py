@@ -1,7 +1,8 @@
 """`specdeploy build`: run the build plan — resolve/quantize/convert, compile engines — and write
 engines/NAME/manifest.json. Steps whose argv and inputs are unchanged are skipped (cache);
 ``--force`` rebuilds everything, ``--dry-run`` lists what would run. Preflight (the checks of
-``specdeploy validate``) runs first unless ``--skip-preflight``."""
+``specdeploy validate``) runs first unless ``--skip-preflight``; on ``backend: trtllm`` the live
+preflight (``validate --live``) too, unless ``--skip-live`` (recorded in the manifest's provenance)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ def register(app: typer.Typer) -> None:
             "$SPECDEPLOY_TRTLLM_ROOT, then /app in the NGC image)."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress display on stderr."),
         skip_preflight: bool = typer.Option(False, "--skip-preflight", help="Build without running preflight first."),
+        skip_live: bool = typer.Option(False, "--skip-live", help="trtllm: build without the live preflight "
+                                       "(installed TensorRT-LLM, scripts, GPUs); recorded in the provenance."),
         workdir: Optional[Path] = workdir_option(),
     ) -> None:
         from rich.console import Console  # noqa: PLC0415
@@ -49,6 +52,9 @@ def register(app: typer.Typer) -> None:
 
             builder.require_trtllm(cfg)  # before preflight: stop at once without TensorRT-LLM
             builder.require_scripts(make_plan(cfg, trtllm_root), cfg)  # and without the example scripts
+            from pipeline.validate.live.gate import require_live  # noqa: PLC0415
+
+            require_live(cfg, skip=skip_live, stage="build", trtllm_root=trtllm_root, console=console)
         if not skip_preflight:
             from pipeline.validate.preflight import raise_on_errors, run_preflight  # noqa: PLC0415
 

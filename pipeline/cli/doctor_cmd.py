@@ -1,9 +1,11 @@
-"""`specdeploy doctor`: what this machine can run.
+"""`specdeploy doctor [CONFIG]`: what this machine can run; with CONFIG, the live preflight.
 
 Reads installed package metadata (never imports torch or TensorRT-LLM), the tritonserver install
 (``pipeline.serve.tritonserver_install.find_tritonserver``) and GPUs through NVML (``pynvml`` when
-importable). Prints a table, or JSON with ``--json``; writes nothing. Always exits 0: missing
-pieces are reported, not raised.
+importable). Prints a table, or JSON with ``--json``; writes nothing. Without CONFIG it always
+exits 0: missing pieces are reported, not raised. With CONFIG it runs the live preflight of that
+config (:mod:`pipeline.validate.live`, the same checks as ``validate CONFIG --live``) after the
+table and exits 1 when a check fails.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import platform
 import sys
 from importlib import metadata
+from typing import Optional
 
 import typer
 
@@ -31,14 +34,37 @@ NOT_INSTALLED = "not installed"
 def register(app: typer.Typer) -> None:
     @app.command("doctor", help="Show versions, where tritonserver comes from, and GPUs.")
     def doctor_command(
+        config: Optional[str] = typer.Argument(None, help="A deployment config: also run its live preflight."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+        trtllm_root: Optional[str] = typer.Option(None, "--trtllm-root", help="Directory holding TensorRT-LLM's "
+                                                  "examples/ (as for validate)."),
     ) -> int:
         report = collect()
+        if config is not None:
+            return _doctor_config(config, report, as_json, trtllm_root)
         if as_json:
             print(json.dumps(report, indent=2))
         else:
             _print(report)
         return 0
+
+
+def _doctor_config(config: str, report: dict, as_json: bool, trtllm_root: str | None) -> int:
+    from pipeline.config import load_config  # noqa: PLC0415
+    from pipeline.errors import PreflightError  # noqa: PLC0415
+    from pipeline.validate.live import failures, run_live_preflight  # noqa: PLC0415
+    from pipeline.validate.live.table import print_checks  # noqa: PLC0415
+
+    cfg = load_config(config)
+    checks = run_live_preflight(cfg, trtllm_root)
+    if as_json:
+        print(json.dumps({**report, "live": [c.to_dict() for c in checks]}, indent=2))
+    else:
+        _print(report)
+        print_checks(cfg, checks)
+    if failures(checks):
+        raise PreflightError([f"live preflight: {c.line()}" for c in failures(checks)])
+    return 0
 
 
 def package_version(names: tuple[str, ...]) -> str:

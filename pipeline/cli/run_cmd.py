@@ -39,12 +39,18 @@ def register(app: typer.Typer) -> None:
         concurrency: Optional[str] = typer.Option(None, "--concurrency", help="Override the concurrency levels, e.g. 1,4,16."),
         duration: Optional[str] = typer.Option(None, "--duration", help="Override the duration of each cell, e.g. 20s."),
         repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Override the repeats per cell."),
+        skip_live: bool = typer.Option(False, "--skip-live", help="trtllm: run without the live preflight "
+                                       "(installed TensorRT-LLM, scripts, GPUs); recorded in the provenance."),
         workdir: Optional[Path] = workdir_option(),
     ) -> int:
+        from rich.console import Console  # noqa: PLC0415
+
         from pipeline.config import load_config  # noqa: PLC0415
         from pipeline.run import run_pipeline  # noqa: PLC0415
+        from pipeline.validate.live.gate import require_live  # noqa: PLC0415
 
         cfg = load_config(config, workdir)
+        require_live(cfg, skip=skip_live, stage="run", console=Console())
         overrides = {k: v for k, v in {"concurrency": _int_list(concurrency), "duration": duration,
                                         "repeats": repeats}.items() if v is not None}
         report = run_pipeline(cfg, new_run=new_run, loadtest_overrides=overrides)

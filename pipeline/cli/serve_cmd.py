@@ -36,14 +36,29 @@ def register(app: typer.Typer) -> None:
                                      "(also an OpenAI-compatible /v1 frontend, docs/openai-endpoints.md)."),
         openai_port: Optional[int] = typer.Option(None, "--openai-port", help="--frontend openai: its port "
                                                   "(default triton.http_port + 10)."),
+        skip_live: bool = typer.Option(False, "--skip-live", help="trtllm: serve without the live preflight "
+                                       "(installed TensorRT-LLM, Triton, GPUs); recorded in the provenance."),
     ) -> int:
         if frontend not in ("triton", "openai"):
             from pipeline.errors import SpecdeployError  # noqa: PLC0415
 
             raise SpecdeployError(f"--frontend must be 'triton' or 'openai', got {frontend!r}")
+        if host is not None:
+            _check_host(host)  # argument errors first, before the live preflight's seconds
+        _live_gate(config, workdir, skip_live)
         if frontend == "openai":
             return _serve_openai(config, variant, http_port, grpc_port, metrics_port, foreground, host, openai_port, workdir)
         return serve(config, variant, http_port, grpc_port, metrics_port, foreground, host, workdir)
+
+
+def _live_gate(config: str, workdir: Path | None, skip_live: bool) -> None:
+    """backend trtllm: the live preflight before a server starts (``--skip-live``: recorded, skipped)."""
+    from rich.console import Console  # noqa: PLC0415
+
+    from pipeline.config import load_config  # noqa: PLC0415
+    from pipeline.validate.live.gate import require_live  # noqa: PLC0415
+
+    require_live(load_config(config, workdir), skip=skip_live, stage="serve", console=Console())
 
 
 def _serve_openai(config, variant, http_port, grpc_port, metrics_port, foreground, host, openai_port, workdir) -> int:

@@ -1,10 +1,12 @@
-"""`specdeploy validate CONFIG [--offline] [--json]`: load the config and run preflight.
+"""`specdeploy validate CONFIG [--offline] [--live] [--json]`: load the config and run preflight.
 
 Reads the config YAML and (unless ``--offline``) the checkpoint directories it names and the
 TensorRT-LLM example scripts the build plan runs (under ``--trtllm-root``, the config's
 ``trtllm_root``, ``$SPECDEPLOY_TRTLLM_ROOT`` or the NGC image's ``/app``); prints the
 findings as a table (or JSON with ``--json``) plus the per-GPU memory estimate, and exits 0 when
 there are no errors, 1 otherwise (config errors: one ``field.path: message`` line each).
+``--live`` adds the live preflight (:mod:`pipeline.validate.live`): the installed TensorRT-LLM,
+Triton, scripts' parsers, LLM-args classes, packages and GPUs, one table; any failure exits 1.
 """
 
 from __future__ import annotations
@@ -26,16 +28,21 @@ def register(app: typer.Typer) -> None:
         trtllm_root: Optional[str] = typer.Option(
             None, "--trtllm-root", help="Directory holding TensorRT-LLM's examples/ (default: config trtllm_root, "
             "$SPECDEPLOY_TRTLLM_ROOT, then /app in the NGC image)."),
+        live: bool = typer.Option(False, "--live", help="Also check the installed TensorRT-LLM, Triton, scripts, "
+                                  "LLM-args classes, packages and GPUs (run it inside the container)."),
     ) -> int:
-        return validate(config, offline=offline, as_json=as_json, trtllm_root=trtllm_root)
+        return validate(config, offline=offline, as_json=as_json, trtllm_root=trtllm_root, live=live)
 
 
-def validate(config: str, offline: bool = False, as_json: bool = False, trtllm_root: str | None = None) -> int:
+def validate(config: str, offline: bool = False, as_json: bool = False, trtllm_root: str | None = None,
+             live: bool = False) -> int:
     from pipeline.config import load_config  # noqa: PLC0415
     from pipeline.validate.preflight import errors_of, memory_estimate_of, raise_on_errors, run_preflight  # noqa: PLC0415
 
     cfg = load_config(config)
     findings = run_preflight(cfg, offline=offline, trtllm_root=trtllm_root)
+    if live:
+        return _validate_live(cfg, findings, as_json, trtllm_root)
     if as_json:
         payload = {
             "config": config,
@@ -99,3 +106,24 @@ def _memory_table(estimate: dict):
     table.add_row(f"[{style}]headroom[/]", f"[{style}]{estimate['headroom_gib']:.2f}[/]",
                   f"runtime KV pool ≈ {estimate['kv_pool_gib']:.2f} GiB")
     return table
+
+
+def _validate_live(cfg, findings, as_json: bool, trtllm_root: str | None) -> int:
+    """Preflight findings and the live checks; PreflightError naming every error and failure."""
+    from pipeline.errors import PreflightError  # noqa: PLC0415
+    from pipeline.validate.live import failures, run_live_preflight  # noqa: PLC0415
+    from pipeline.validate.live.table import print_checks  # noqa: PLC0415
+    from pipeline.validate.preflight import errors_of  # noqa: PLC0415
+
+    checks = run_live_preflight(cfg, trtllm_root)
+    if as_json:
+        print(json.dumps({"config": cfg.name, "ok": not errors_of(findings) and not failures(checks),
+                          "findings": [f.to_dict() for f in findings], "live": [c.to_dict() for c in checks]},
+                         indent=2, ensure_ascii=False))
+    else:
+        _print_report(cfg, findings, offline=False)
+        print_checks(cfg, checks, _console())
+    problems = [f.line() for f in errors_of(findings)] + [f"live preflight: {c.line()}" for c in failures(checks)]
+    if problems:
+        raise PreflightError(problems)
+    return 0

@@ -34,6 +34,7 @@ from pipeline.validate.method_rules import (
     check_scripts,
     check_shapes,
 )
+from pipeline.validate.version_rules import check_versions
 
 # ----------------------------------------------------------------------------------------------
 # Entry points
@@ -202,6 +203,7 @@ def _check_cpu_ids(ctx: CheckContext) -> None:
 
 
 _CHECKS: list[Callable[[CheckContext], None]] = [
+    check_versions,
     _check_backend,
     _check_draft_weights,
     check_quantization,

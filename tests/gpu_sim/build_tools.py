@@ -17,7 +17,13 @@ upstream sources (NVIDIA/TensorRT-LLM 1.x) do at their interface:
   (max_seq_len grows by max_draft_len, EAGLE also by num_eagle_layers; max_draft_len from the
   checkpoint when 0; max_num_tokens ≥ max_batch_size × (max_draft_len + 1); paged context FMHA
   switched off for FP8 KV without FP8 context FMHA and for INT8 KV, forced on for EAGLE);
-- every call appends ``{"tool", "argv", "env"}`` to the JSONL log named by ``$GPU_SIM_LOG``.
+- every call but a bare ``--help`` (the live preflight reading the parser) appends
+  ``{"tool", "argv", "env"}`` to the JSONL log named by ``$GPU_SIM_LOG``.
+
+The stand-in parsers of ``quantize.py`` and ``trtllm-build`` declare only flags the upstream
+scripts declare, with choices upstream accepts: tests/gpu_sim/test_upstream_flags.py checks them
+against tests/gpu_sim/upstream_flags.json (upstream file + revision per script; written by
+scripts/upstream_flags.py from a checkout). The converters' parsers are not recorded there yet.
 
 Knobs (environment): ``GPU_SIM_SM`` (the simulated GPU's SM version, default 90),
 ``GPU_SIM_FORCE_KV_CACHE_QUANT_ALGO`` (quantize.py writes this KV algorithm, as a ModelOpt export
@@ -397,7 +403,8 @@ TOOLS = {
 
 
 def main(tool: str, argv: list[str]) -> int:
-    record(tool, argv)
+    if argv != ["--help"]:  # the live preflight reads every parser's help: not a step of the build
+        record(tool, argv)
     try:
         TOOLS[tool](argv)
     except ToolFailure as exc:

@@ -10,7 +10,12 @@ What the image holds, per tensorrtllm_backend@r26.04 ``dockerfile/Dockerfile.tri
 - ``<root>/usr/local/bin``: ``trtllm-build`` and ``python3`` (the image's interpreter; here the
   test interpreter, which has torch, as the image's has); the serve side adds ``mpirun``,
   ``tritonserver`` and ``nvidia-smi`` with :meth:`FakeContainer.install_command`;
-- ``<root>/site-packages``: a ``tensorrt_llm`` package and dist-info reporting the version.
+- ``<root>/site-packages``: a ``tensorrt_llm`` package and dist-info reporting the version, with
+  ``llmapi/llm_args.py`` from :mod:`trtllm_llm_args` (the LLM-args classes the live preflight loads
+  ``model.yaml`` into), and a ``pynvml`` stand-in (:mod:`fake_nvml`) reporting the simulated GPUs;
+- ``<root>/opt/tritonserver``: ``bin/tritonserver`` and the ``backends/{tensorrtllm,python}``
+  directories the image has; :meth:`FakeContainer.environ` sets ``NVIDIA_TRITON_SERVER_VERSION``
+  as the image does.
 
 Every stand-in appends one JSON line per call to :attr:`FakeContainer.log`. Reads nothing of the
 host but the interpreter path; writes only under the given directory.
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import sys
 from dataclasses import dataclass
@@ -51,6 +57,7 @@ sys.exit(main({tool!r}, sys.argv[1:]))
 class FakeContainer:
     root: Path  # stands for the container's /
     version: str = "1.2.1"
+    triton_tag: str = "26.04"
 
     @property
     def app(self) -> Path:
@@ -89,10 +96,19 @@ class FakeContainer:
     def tool_launcher(self, tool: str, what: str) -> str:
         return _SCRIPT.format(version=self.version, what=what, gpu_sim=str(GPU_SIM_DIR), tool=tool)
 
+    @property
+    def backends(self) -> Path:
+        return self.root / "opt" / "tritonserver" / "backends"
+
     def environ(self) -> dict[str, str]:
-        """Variables a test sets so ``specdeploy`` on this host sees the image's tools."""
+        """Variables a test sets so ``specdeploy`` on this host sees the image's tools (the child
+        interpreters of the live preflight find ``tensorrt_llm`` through PYTHONPATH, as the image's
+        interpreter finds it in its site-packages)."""
         return {"PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "GPU_SIM_LOG": str(self.log),
-                "GPU_SIM_TRTLLM_VERSION": self.version}
+                "GPU_SIM_TRTLLM_VERSION": self.version, "PYTHONPATH": str(self.site_dir),
+                "SPECDEPLOY_TRITON_BACKENDS": str(self.backends), "SPECDEPLOY_TRITONSERVER":
+                str(self.root / "opt" / "tritonserver" / "bin" / "tritonserver"),
+                "NVIDIA_TRITON_SERVER_VERSION": self.triton_tag}
 
     def apply(self, monkeypatch, *, examples_root_env: bool = True) -> None:
         """Enter the container for the rest of a test: PATH, the tensorrt_llm package, the log and
@@ -123,6 +139,26 @@ def _install_wheel(box: FakeContainer) -> None:
     dist = box.site_dir / f"tensorrt_llm-{box.version}.dist-info"
     dist.mkdir(exist_ok=True)
     (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: tensorrt_llm\nVersion: {box.version}\n")
+    (package / "llmapi").mkdir(exist_ok=True)
+    (package / "llmapi" / "__init__.py").write_text("")
+    shutil.copyfile(GPU_SIM_DIR / "trtllm_llm_args.py", package / "llmapi" / "llm_args.py")
+    shutil.copyfile(GPU_SIM_DIR / "fake_nvml.py", box.site_dir / "pynvml.py")
+
+
+_TRITONSERVER = """#!/bin/sh
+echo "stand-in for the tritonserver of NGC {tag}-trtllm-python-py3: the live preflight does not run it" >&2
+exit 1
+"""
+
+
+def _install_triton(box: FakeContainer) -> None:
+    for backend, library in (("tensorrtllm", "libtriton_tensorrtllm.so"), ("python", "libtriton_python.so")):
+        (box.backends / backend).mkdir(parents=True, exist_ok=True)
+        (box.backends / backend / library).write_bytes(b"stand-in\n")
+    binary = box.root / "opt" / "tritonserver" / "bin" / "tritonserver"
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    binary.write_text(_TRITONSERVER.format(tag=box.triton_tag), encoding="utf-8")
+    binary.chmod(binary.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
 def make_container(base: Path, *, omit: tuple[str, ...] = (), version: str = "1.2.1") -> FakeContainer:
@@ -133,6 +169,7 @@ def make_container(base: Path, *, omit: tuple[str, ...] = (), version: str = "1.
         (box.app / name).mkdir(parents=True, exist_ok=True)
     _install_examples(box, omit)
     _install_wheel(box)
+    _install_triton(box)
     box.install_command("trtllm-build", f"#!{sys.executable}\n" + box.tool_launcher("trtllm-build", "trtllm-build")
                         .split("\n", 1)[1])
     box.install_command("python3", f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')

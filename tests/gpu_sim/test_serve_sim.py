@@ -288,7 +288,9 @@ def test_serve_cli_binds_the_requested_host(gpu_host, capsys):
     config_file = host.root / "work" / "c.yaml"
     config_file.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     http, grpc, metrics = free_ports(3, "0.0.0.0")
-    args = ["serve", str(config_file), "--variant", "baseline", "--host", "0.0.0.0",
+    # this host simulates the serve side only (no tensorrt_llm, NVML): the live preflight is skipped,
+    # which the record says (tests/gpu_sim/test_live_preflight.py runs it in a full container)
+    args = ["serve", str(config_file), "--variant", "baseline", "--host", "0.0.0.0", "--skip-live",
             "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
     assert run(args) == 0
     pid = int((host.root / "work" / "engines" / cfg.name / "logs" / "serve-baseline.pid").read_text())
