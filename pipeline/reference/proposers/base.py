@@ -63,6 +63,11 @@ class Proposer(Protocol):
         """The sequence left: free what :meth:`start` took."""
 
 
+# Optional: ``observe(seq, proposal, logits)`` — ``logits [1 + len(proposal.tokens), vocab]``,
+# the target's logits of every step row, handed over before verification (the lookahead
+# proposer's Jacobi window learns from the rows that are never accepted too).
+
+
 def stack_probs(rows: list[torch.Tensor | None]) -> torch.Tensor | None:
     return None if not rows or rows[0] is None else torch.stack(rows)
 
