@@ -6,6 +6,7 @@ distribution (chi-square), and a broken residual is detected (negative control).
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -152,6 +153,27 @@ def test_engine_dir_with_a_lookahead_descriptor_loads(ckpt, tmp_path):
         engine.shutdown()
     with pytest.raises((ArtefactError, ValueError)):
         create_engine(ckpt["target"], role="speculative", proposer=_spec(0, 3, 2))
+
+
+def test_build_step_writes_a_lookahead_engine_that_loads(ckpt, tmp_path):
+    from pipeline.build import reference_step
+
+    common = ["engine", "--role", "speculative", "--model-dir", str(ckpt["target"]), "--method", "lookahead",
+              "--max-batch-size", "2", "--max-seq-len", "128", "--max-input-len", "64", "--compute-dtype", "float64"]
+    assert reference_step.main([*common, "--out", str(tmp_path / "sized"), "--max-window-size", "3",
+                                "--max-ngram-size", "4", "--max-verification-set-size", "2", "--draft-weights", "int8"]) == 0
+    assert reference_step.main([*common, "--out", str(tmp_path / "defaults")]) == 0
+    sized = json.loads((tmp_path / "sized" / "engine.json").read_text())["proposer"]
+    defaults = json.loads((tmp_path / "defaults" / "engine.json").read_text())["proposer"]
+    assert sized == _spec(3, 4, 2)  # no draft weights: --draft-weights int8 adds nothing
+    assert defaults == _spec(4, 3, 4)  # upstream's defaults
+    engine = load_engine(tmp_path / "sized")
+    try:
+        assert engine.max_draft_len == lookahead_max_draft_len(3, 4, 2)
+        assert engine.generate(GenerationRequest(PROMPTS[1], 6)).output_ids
+    finally:
+        engine.shutdown()
+    assert reference_step.main([*common, "--out", str(tmp_path / "bad"), "--max-ngram-size", "1"]) != 0
 
 
 def test_seeded_sampled_output_repeats(ckpt):
