@@ -12,6 +12,7 @@ from pydantic import BeforeValidator, Field, model_serializer, model_validator
 
 from pipeline.artefacts.base import Artefact, Strict
 from pipeline.artefacts.names import ENGINE_DESCRIPTOR, ENGINE_FORMAT  # noqa: F401 - ENGINE_DESCRIPTOR re-exported
+from pipeline.reference.draft_len import check_lookahead_sizes  # torch-free: upstream's legality rule, once
 
 Role = Literal["baseline", "target", "draft", "speculative"]
 Quantization = Literal["none", "int8_wo"]
@@ -94,8 +95,24 @@ class NgramProposer(Strict):
         return self
 
 
+class LookaheadProposer(Strict):
+    """Lookahead decoding: a Jacobi window and an n-gram pool, no checkpoint
+    (pipeline.reference.proposers.lookahead; TensorRT-LLM LookaheadDecodingConfig's fields,
+    defaults and legality rules)."""
+
+    method: Literal["lookahead"] = "lookahead"
+    max_window_size: int = Field(4, ge=1, description="W: Jacobi window columns (n-grams made per step).")
+    max_ngram_size: int = Field(3, ge=1, description="N: tokens per n-gram (a guess drafts N - 1).")
+    max_verification_set_size: int = Field(4, ge=0, description="G: pooled n-grams verified per step.")
+
+    @model_validator(mode="after")
+    def _legal(self):
+        check_lookahead_sizes(self.max_window_size, self.max_ngram_size, self.max_verification_set_size)
+        return self
+
+
 ProposerSpec = Annotated[Union[NoProposer, DraftTargetProposer, MedusaProposer, EagleProposer, Eagle3Proposer,
-                                       NgramProposer],
+                                       NgramProposer, LookaheadProposer],
                          Field(discriminator="method")]
 
 

@@ -35,6 +35,7 @@ REQUIRED_FILES = {
     "eagle": [("config.json",), ("model.safetensors",)],
 }
 NGRAM_FLAGS = ("is_keep_all", "is_use_oldest", "is_public_pool")  # n-gram pool switches (true/false)
+LOOKAHEAD_SIZES = ("max_window_size", "max_ngram_size", "max_verification_set_size")  # W, N, G (upstream's names)
 
 
 class StepError(Exception):
@@ -75,7 +76,7 @@ def cmd_quantize(args: argparse.Namespace) -> None:
 
 def _proposer(args: argparse.Namespace) -> dict:
     found = _method_spec(args)
-    if args.draft_weights == "int8" and found["method"] not in ("none", "ngram"):  # ngram: no draft weights
+    if args.draft_weights == "int8" and found["method"] not in ("none", "ngram", "lookahead"):  # no draft weights
         found["draft_int8"] = True  # the engine quantizes the draft-side weights at load
     return found
 
@@ -93,6 +94,8 @@ def _method_spec(args: argparse.Namespace) -> dict:
                        "max_matching_ngram_size": args.max_matching_ngram_size,
                        "min_matching_ngram_size": args.min_matching_ngram_size,
                        **{knob: getattr(args, knob) == "true" for knob in NGRAM_FLAGS}})
+    if args.method == "lookahead":
+        return _given({"method": "lookahead", **{size: getattr(args, size) for size in LOOKAHEAD_SIZES}})
     if args.method == "eagle3":
         head = Path(args.head_dir).resolve()
         check_checkpoint(head, "eagle")
@@ -157,6 +160,8 @@ def _engine_flags(engine: argparse.ArgumentParser) -> None:
     for knob in NGRAM_FLAGS:
         default = "true" if spec.proposer_default(spec.NgramProposer, knob) else "false"
         engine.add_argument(f"--{knob.replace('_', '-')}", choices=["true", "false"], default=default)
+    for size in LOOKAHEAD_SIZES:  # left out: the descriptor's default (upstream's)
+        engine.add_argument(f"--{size.replace('_', '-')}", type=int)
     engine.add_argument("--draft-weights", choices=["float", "int8"], default="float")
     engine.add_argument("--max-draft-len", type=int, default=spec.default("max_draft_len"))
     engine.add_argument("--max-batch-size", type=int, required=True)

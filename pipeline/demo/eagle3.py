@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.demo.heads import _Mlp, _rotate_half, rotary_cos_sin, write_json
+from pipeline.demo.head_training import autocast, pool_batches, tail_mean, train_loop, unrolled_loss
+from pipeline.demo.heads import Mlp, rotary_cos_sin, rotate_half, write_json
 
 EAGLE3_WEIGHTS = "model.safetensors"
 # outputs of decoder layers 1, 2 and 4 of the 6-layer target. TensorRT-LLM's default
@@ -64,8 +65,8 @@ class _Attention(nn.Module):
 
         q, k, v = split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x))
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, self.heads * self.head_dim))
 
@@ -77,7 +78,7 @@ class _MidLayer(nn.Module):
         self.hidden_norm = _RMSNorm(hidden, eps)
         self.self_attn = _Attention(hidden, heads)
         self.post_attention_layernorm = _RMSNorm(hidden, eps)
-        self.mlp = _Mlp(hidden, intermediate)
+        self.mlp = Mlp(hidden, intermediate)
 
     def forward(self, embeds, g, cos, sin):
         x = g + self.self_attn(torch.cat([self.input_layernorm(embeds), self.hidden_norm(g)], -1), cos, sin)
@@ -133,7 +134,6 @@ def _soft_ce(draft_logits: torch.Tensor, teacher_logits: torch.Tensor, draft_ids
 
 
 def train_eagle3(recipe, target, pool, progress) -> tuple[Eagle3Head, dict]:
-    from pipeline.demo import train
     from pipeline.demo.models import lm_logits
 
     torch.manual_seed(recipe.seed + 9)
@@ -147,28 +147,32 @@ def train_eagle3(recipe, target, pool, progress) -> tuple[Eagle3Head, dict]:
             nn.init.normal_(module.weight, std=0.02)
     head.lm_head.weight.data.copy_(embed[draft_ids])  # start from the target's (tied) LM head rows
     params = list(head.parameters())
-    optimizer = train._optimizer(params, recipe.eagle3_lr, 0.0)
-    losses = []
-    batches = train._pool_batches((torch.arange(len(ids)), feats, is_generated), recipe.batch, recipe.eagle3_steps,
-                                  recipe.seed + 10)
-    label = "eagle3 (1 layer, 3 taps)"
-    for step, ((rows, row_feats), info) in enumerate(zip(batches, progress.steps(label, recipe.eagle3_steps))):
+
+    def loss_of(batch):
+        rows, row_feats = batch
         row_ids = ids[rows]
         teacher = lm_logits(row_feats, embed)  # [batch, L, V]: position t predicts t+1
-        with train._autocast():
-            g = head.fc(aux[rows][:, :-1])  # pair (g_t, x_{t+1}) predicts x_{t+2}
-            o = head.step(embed[row_ids[:, 1:]], g)
-        loss = _soft_ce(head.draft_logits(o.float()), teacher[:, 1:], draft_ids)
-        for extra in range(1, recipe.eagle3_unroll):  # pass p: inputs (own output o_{t+p-1}, x_{t+p})
-            with train._autocast():
+
+        def first():
+            with autocast():
+                g = head.fc(aux[rows][:, :-1])  # pair (g_t, x_{t+1}) predicts x_{t+2}
+                o = head.step(embed[row_ids[:, 1:]], g)
+            return o, _soft_ce(head.draft_logits(o.float()), teacher[:, 1:], draft_ids)
+
+        def again(extra, o):  # pass p: inputs (own output o_{t+p-1}, x_{t+p})
+            with autocast():
                 o = head.step(embed[row_ids[:, 1 + extra :]], o[:, :-1])
-            loss = loss + _soft_ce(head.draft_logits(o.float()), teacher[:, 1 + extra :], draft_ids)
-        train._step(optimizer, params, loss, train.lr_at(step, recipe.eagle3_steps, recipe.eagle3_lr, recipe.warmup))
-        losses.append(loss.item())
-        info(f"loss {loss.item():.3f}")
+            return o, _soft_ce(head.draft_logits(o.float()), teacher[:, 1 + extra :], draft_ids)
+
+        return unrolled_loss(recipe.eagle3_unroll, first, again)
+
+    batches = pool_batches((torch.arange(len(ids)), feats, is_generated), recipe.batch, recipe.eagle3_steps,
+                           recipe.seed + 10)
+    losses = train_loop(params, recipe.eagle3_lr, 0.0, recipe.warmup, recipe.eagle3_steps, batches,
+                        "eagle3 (1 layer, 3 taps)", progress, loss_of)
     head.eval()
     return head, {"params": sum(p.numel() for p in head.parameters()), "draft_vocab_size": len(draft_ids),
-                  "aux_layers": list(AUX_LAYERS), "final_loss": train._tail_mean(losses)}
+                  "aux_layers": list(AUX_LAYERS), "final_loss": tail_mean(losses)}
 
 
 def eagle3_config(target_config: dict, draft_vocab_size: int, base: str) -> dict:

@@ -75,7 +75,7 @@ def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tupl
     return emb.cos(), emb.sin()
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
@@ -97,13 +97,13 @@ class _Attention(nn.Module):
 
         q, k, v = split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x))
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, hidden))
 
 
-class _Mlp(nn.Module):
+class Mlp(nn.Module):
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
@@ -121,7 +121,7 @@ class _EagleLayer(nn.Module):
         super().__init__()
         self.self_attn = _Attention(hidden, heads)
         self.post_attention_layernorm = _RMSNorm(hidden, eps)
-        self.mlp = _Mlp(hidden, intermediate)
+        self.mlp = Mlp(hidden, intermediate)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(x, cos, sin)

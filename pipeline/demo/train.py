@@ -6,7 +6,8 @@ under ``out_dir`` (``tiny-target``, ``tiny-draft``: HF Llama layout; ``tiny-medu
 upstream head layouts, see ``heads``), ``SHA256SUMS.txt`` over every file, and ``training_report.json``
 (losses, agreements, a greedy sample per category, seconds per stage). One torch thread, fixed
 seeds, bf16 autocast with fp32 master weights: the same machine type gives bit-identical files.
-Recipe (the usual small-LM one): AdamW β=(0.9, 0.95), wd 0.1, warm-up then cosine
+Recipe (the usual small-LM one, and the one training loop every model here goes through:
+:mod:`pipeline.demo.head_training`): AdamW β=(0.9, 0.95), wd 0.1, warm-up then cosine
 to 10 %, grad-clip 1.0; the draft/heads learn from the target's distributions (KD) on half corpus
 windows, half target-generated (on-policy) sequences.
 """
@@ -14,7 +15,6 @@ windows, half target-generated (on-policy) sequences.
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import time
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from pipeline.demo import corpus, evaluate
+from pipeline.demo.head_training import autocast, pool_batches, tail_mean, train_loop, unrolled_loss
 from pipeline.demo.models import (
     DRAFT,
     EAGLE,
@@ -137,34 +138,6 @@ class Progress:
             info()
 
 
-def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
-    """Linear warm-up, then cosine from ``peak`` down to 10 % of it."""
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return peak * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
-
-
-def _optimizer(params, lr: float, weight_decay: float):
-    torch = _torch()
-    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
-
-
-def _step(optimizer, params, loss, lr: float) -> None:
-    torch = _torch()
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(params, 1.0)
-    optimizer.step()
-
-
-def _autocast():
-    torch = _torch()
-    return torch.autocast("cpu", dtype=torch.bfloat16)
-
-
 # ------------------------------------------------------------------------------------------------
 # data
 
@@ -224,24 +197,18 @@ def train_target(recipe: Recipe, data: Data, progress: Progress) -> tuple[object
     torch.manual_seed(recipe.seed)
     model = LlamaForCausalLM(llama_config(recipe, recipe.layers)).train()
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = _optimizer(params, recipe.target_lr, 0.1)
     generator = torch.Generator().manual_seed(recipe.seed)
-    losses = []
-    for step, info in enumerate(progress.steps("target (6 layers)", recipe.target_steps)):
-        batch = _windows(data.train_ids, recipe.batch, recipe.seq_len + 1, generator)
-        with _autocast():
+    batches = (_windows(data.train_ids, recipe.batch, recipe.seq_len + 1, generator) for _ in range(recipe.target_steps))
+
+    def loss_of(batch):
+        with autocast():
             logits = model(input_ids=batch[:, :-1]).logits
-        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, recipe.vocab_size), batch[:, 1:].reshape(-1))
-        _step(optimizer, params, loss, lr_at(step, recipe.target_steps, recipe.target_lr, recipe.warmup))
-        losses.append(loss.item())
-        info(f"loss {loss.item():.3f}")
+        return torch.nn.functional.cross_entropy(logits.float().reshape(-1, recipe.vocab_size), batch[:, 1:].reshape(-1))
+
+    losses = train_loop(params, recipe.target_lr, 0.1, recipe.warmup, recipe.target_steps, batches,
+                        "target (6 layers)", progress, loss_of)
     model.eval()
-    return model, {"params": sum(p.numel() for p in model.parameters()), "final_train_loss": _tail_mean(losses)}
-
-
-def _tail_mean(values: list[float], n: int = 20) -> float:
-    tail = values[-n:]
-    return round(sum(tail) / len(tail), 4)
+    return model, {"params": sum(p.numel() for p in model.parameters()), "final_train_loss": tail_mean(losses)}
 
 
 def build_pool(recipe: Recipe, target, data: Data, progress: Progress):
@@ -271,20 +238,6 @@ def build_pool(recipe: Recipe, target, data: Data, progress: Progress):
     return ids, torch.cat(feats), is_generated
 
 
-def _pool_batches(pool, batch: int, steps: int, seed: int):
-    """Each batch: half corpus windows, half generated sequences (indices into the pool)."""
-    torch = _torch()
-    ids, feats, is_generated = pool
-    generator = torch.Generator().manual_seed(seed)
-    corpus_idx = torch.nonzero(~is_generated).flatten()
-    gen_idx = torch.nonzero(is_generated).flatten()
-    for _ in range(steps):
-        pick_c = corpus_idx[torch.randint(0, len(corpus_idx), (batch // 2,), generator=generator)]
-        pick_g = gen_idx[torch.randint(0, len(gen_idx), (batch - batch // 2,), generator=generator)]
-        pick = torch.cat([pick_c, pick_g])
-        yield ids[pick], feats[pick]
-
-
 def kd_loss(student_logits, teacher_logits):
     """Forward KL(teacher ‖ student) per position, averaged over positions."""
     torch = _torch()
@@ -304,19 +257,19 @@ def train_draft(recipe: Recipe, target, pool, progress: Progress) -> tuple[objec
     draft.model.layers[0].load_state_dict(target.model.layers[0].state_dict())
     draft.train()
     params = [p for p in draft.parameters() if p.requires_grad]
-    optimizer = _optimizer(params, recipe.draft_lr, 0.1)
     embed = target.model.embed_tokens.weight.detach()
-    losses = []
-    batches = _pool_batches(pool, recipe.batch, recipe.draft_steps, recipe.seed + 3)
-    for step, ((ids, feats), info) in enumerate(zip(batches, progress.steps("draft (1 layer, KD)", recipe.draft_steps))):
-        with _autocast():
+
+    def loss_of(batch):
+        ids, feats = batch
+        with autocast():
             logits = draft(input_ids=ids).logits
-        loss = kd_loss(logits, lm_logits(feats, embed))
-        _step(optimizer, params, loss, lr_at(step, recipe.draft_steps, recipe.draft_lr, recipe.warmup))
-        losses.append(loss.item())
-        info(f"KL {loss.item():.3f}")
+        return kd_loss(logits, lm_logits(feats, embed))
+
+    losses = train_loop(params, recipe.draft_lr, 0.1, recipe.warmup, recipe.draft_steps,
+                        pool_batches(pool, recipe.batch, recipe.draft_steps, recipe.seed + 3),
+                        "draft (1 layer, KD)", progress, loss_of, metric="KL")
     draft.eval()
-    return draft, {"params": sum(p.numel() for p in draft.parameters()), "final_kl": _tail_mean(losses)}
+    return draft, {"params": sum(p.numel() for p in draft.parameters()), "final_kl": tail_mean(losses)}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -333,22 +286,23 @@ def train_medusa(recipe: Recipe, target, pool, progress: Progress) -> tuple[obje
     for head in heads.heads:
         head[1].weight.data.copy_(embed)
     params = list(heads.parameters())
-    optimizer = _optimizer(params, recipe.medusa_lr, 0.0)
-    losses = []
-    batches = _pool_batches(pool, recipe.batch, recipe.medusa_steps, recipe.seed + 5)
-    for step, ((_, feats), info) in enumerate(zip(batches, progress.steps(f"medusa ({recipe.medusa_heads} heads, KD)", recipe.medusa_steps))):
+
+    def loss_of(batch):
+        _, feats = batch
         teacher = lm_logits(feats, embed)  # [batch, L, V]: position t predicts t+1
-        with _autocast():
+        with autocast():
             head_logits = heads(feats)  # [heads, batch, L, V]
         loss = 0.0
         for i in range(recipe.medusa_heads):
             # head i at position t predicts token t+2+i = the teacher's prediction at t+1+i
             loss = loss + (0.8**i) * kd_loss(head_logits[i, :, : -(1 + i)], teacher[:, 1 + i :])
-        _step(optimizer, params, loss, lr_at(step, recipe.medusa_steps, recipe.medusa_lr, recipe.warmup))
-        losses.append(loss.item())
-        info(f"loss {loss.item():.3f}")
+        return loss
+
+    losses = train_loop(params, recipe.medusa_lr, 0.0, recipe.warmup, recipe.medusa_steps,
+                        pool_batches(pool, recipe.batch, recipe.medusa_steps, recipe.seed + 5),
+                        f"medusa ({recipe.medusa_heads} heads, KD)", progress, loss_of)
     heads.eval()
-    return heads, {"params": sum(p.numel() for p in heads.parameters()), "final_loss": _tail_mean(losses)}
+    return heads, {"params": sum(p.numel() for p in heads.parameters()), "final_loss": tail_mean(losses)}
 
 
 def _eagle_loss(recipe: Recipe, predicted, target_next, embed):
@@ -375,25 +329,30 @@ def train_eagle(recipe: Recipe, target, pool, progress: Progress) -> tuple[objec
     head.embed_tokens.weight.data.copy_(embed)
     head.embed_tokens.weight.requires_grad_(False)  # frozen copy of the target's, as upstream
     params = [p for p in head.parameters() if p.requires_grad]
-    optimizer = _optimizer(params, recipe.eagle_lr, 0.0)
     noise_gen = torch.Generator().manual_seed(recipe.seed + 7)
-    losses = []
-    batches = _pool_batches(pool, recipe.batch, recipe.eagle_steps, recipe.seed + 8)
-    for step, ((ids, feats), info) in enumerate(zip(batches, progress.steps("eagle (1 layer)", recipe.eagle_steps))):
+
+    def loss_of(batch):
+        ids, feats = batch
         noisy = feats[:, :-1] + torch.randn(feats[:, :-1].shape, generator=noise_gen) * recipe.eagle_noise
-        with _autocast():
-            h = head(ids[:, 1:], noisy)  # [batch, L-1, H] ≈ f_{t+1}
-        loss = _eagle_loss(recipe, h.float(), feats[:, 1:], embed)
-        for extra in range(1, recipe.eagle_unroll):  # pass p: inputs (predicted f_{t+p-1}, x_{t+p})
-            with _autocast():
+
+        def first():
+            with autocast():
+                h = head(ids[:, 1:], noisy)  # [batch, L-1, H] ≈ f_{t+1}
+            return h, _eagle_loss(recipe, h.float(), feats[:, 1:], embed)
+
+        def again(extra, h):  # pass p: inputs (predicted f_{t+p-1}, x_{t+p})
+            with autocast():
                 h = head(ids[:, 1 + extra :], h[:, :-1].to(noisy.dtype))
-            loss = loss + _eagle_loss(recipe, h.float(), feats[:, 1 + extra :], embed)
-        _step(optimizer, params, loss, lr_at(step, recipe.eagle_steps, recipe.eagle_lr, recipe.warmup))
-        losses.append(loss.item())
-        info(f"loss {loss.item():.3f}")
+            return h, _eagle_loss(recipe, h.float(), feats[:, 1 + extra :], embed)
+
+        return unrolled_loss(recipe.eagle_unroll, first, again)
+
+    losses = train_loop(params, recipe.eagle_lr, 0.0, recipe.warmup, recipe.eagle_steps,
+                        pool_batches(pool, recipe.batch, recipe.eagle_steps, recipe.seed + 8),
+                        "eagle (1 layer)", progress, loss_of)
     head.eval()
     trainable = sum(p.numel() for p in params)
-    return head, {"params": sum(p.numel() for p in head.parameters()), "trainable_params": trainable, "final_loss": _tail_mean(losses)}
+    return head, {"params": sum(p.numel() for p in head.parameters()), "trainable_params": trainable, "final_loss": tail_mean(losses)}
 
 
 # ------------------------------------------------------------------------------------------------

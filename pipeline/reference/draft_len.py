@@ -16,6 +16,8 @@ step and TensorRT-LLM use, so a descriptor reads like the upstream build it stan
 - draft-target: ``num_draft_tokens`` (the same name; TensorRT-LLM's draft-target examples too);
 - Medusa: ``num_heads`` (``--num_medusa_heads``): one head per chain position;
 - EAGLE: ``num_layers`` (``--num_eagle_layers``): the draft *depth*, not the head's layer count;
+- lookahead: ``max_window_size`` W, ``max_ngram_size`` N, ``max_verification_set_size`` G
+  (``LookaheadDecodingConfig``): ``max_draft_len`` as upstream computes it from the three;
 - trees: ``choices`` (``medusa_choices`` / ``eagle_choices``): node count and deepest path;
 - external drafts: the length of the request's ``draft_input_ids``.
 
@@ -26,6 +28,7 @@ Outside the engine the report's ``speculation_length`` and the load test's ``dra
 from __future__ import annotations
 
 DEFAULT_CHAIN = 4  # a spec without its length field (create_engine in tests) drafts this many
+DEFAULT_WINDOW, DEFAULT_NGRAM, DEFAULT_VERIFICATION_SET = 4, 3, 4  # upstream's kDefaultLookaheadDecoding*
 
 
 def draft_model_chain(spec: dict) -> int:
@@ -52,3 +55,21 @@ def engine_max_draft_len(descriptor: dict, role: str, proposer_max: int | None) 
     if proposer_max is None:
         return 0
     return max(asked or proposer_max, proposer_max)
+
+
+def check_lookahead_sizes(max_window_size: int, max_ngram_size: int, max_verification_set_size: int) -> None:
+    """Upstream's ``LookaheadDecodingConfig::isLegal``, with a message naming the rule."""
+    w, n, g = max_window_size, max_ngram_size, max_verification_set_size
+    if n < 1 or w < 1 or g < 0:
+        raise ValueError(f"lookahead needs max_ngram_size >= 1, max_window_size >= 1, "
+                         f"max_verification_set_size >= 0 (got W={w}, N={n}, G={g})")
+    if n == 1 and (w != 1 or g != 0):
+        raise ValueError(f"max_ngram_size 1 allows only max_window_size 1 and max_verification_set_size 0 "
+                         f"(got W={w}, G={g})")
+
+
+def lookahead_max_draft_len(max_window_size: int, max_ngram_size: int, max_verification_set_size: int) -> int:
+    """Draft tokens one step may carry: the window (its first column starts at the pending token)
+    plus the guesses (upstream's ``calculateSpeculativeResourceTuple``)."""
+    w, n, g = max_window_size, max_ngram_size, max_verification_set_size
+    return (0 if n == 1 else n - 2) + (w - 1 + g) * (n - 1)

@@ -6,7 +6,8 @@ One step = propose (each sequence's proposer, batched; a request with ``draft_in
 over ``[pending token] + drafts`` per sequence (ragged; causal or tree mask) → verify per
 sequence (:mod:`pipeline.reference.verify`; its glossary names what is emitted) → roll back /
 compact the KV cache → hand the proposer the target's hidden states of the rows kept (the final
-ones, or for a proposer with ``capture_layers`` — EAGLE-3 — those decoder layers' outputs) → emit
+ones, or for a proposer with ``capture_layers`` — EAGLE-3 — those decoder layers' outputs; a
+proposer with ``observe`` — lookahead — also gets the step's target logits) → emit
 tokens, applying end_id, stop words and ``max_new_tokens``. The baseline is this same loop with
 no proposer (zero drafts). Invariant (:mod:`pipeline.reference.sequence`): the target cache
 holds every token of the sequence except the last (the *pending* token), so
@@ -26,7 +27,13 @@ from pipeline.reference.proposers.base import Proposal, Proposer, tree_depths
 from pipeline.reference.proposers.external import ExternalDraftProposer
 from pipeline.reference.sampling import mask_position, to_probs
 from pipeline.reference.sequence import SeqState
-from pipeline.reference.verify import VerifyResult, verify_greedy_chain, verify_greedy_tree, verify_sampled_chain
+from pipeline.reference.verify import (
+    VerifyResult,
+    verify_greedy_chain,
+    verify_greedy_tree,
+    verify_sampled_chain,
+    verify_sampled_tree,
+)
 
 
 def _ancestors(parents: list[int]) -> torch.Tensor:
@@ -184,6 +191,10 @@ class Scheduler:
             return verify_greedy_chain(logits, prop.tokens)
         target_probs = to_probs(logits, seq.params)  # [K+1, vocab]
         draft_probs = prop.draft_probs
+        if prop.parents is not None:  # a sampled tree: deterministic drafts only (the lookahead proposer's)
+            if draft_probs is not None:
+                raise ValueError("a sampled draft tree needs deterministic drafts (draft_probs None)")
+            return verify_sampled_tree(target_probs, prop.tokens, prop.parents, seq.generator)
         if draft_probs is None:  # deterministic drafts: one-hot
             draft_probs = torch.nn.functional.one_hot(
                 torch.tensor(prop.tokens, dtype=torch.long), logits.shape[-1]).to(target_probs.dtype)
@@ -191,6 +202,9 @@ class Scheduler:
 
     def _finish_step(self, seq: SeqState, prop: Proposal, hidden: torch.Tensor, logits: torch.Tensor,
                      start: int) -> None:
+        observe = getattr(seq.proposer, "observe", None)
+        if observe is not None and prop.tokens:  # a proposer that learns from the step's logits (lookahead)
+            observe(seq, prop, logits)
         logits = self._masked(seq, prop, logits)
         result = self._verify(seq, prop, logits)
         a = len(result.accepted)

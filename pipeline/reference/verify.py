@@ -13,9 +13,10 @@ Glossary (the names the whole engine uses):
 - one verify step emits the accepted tokens plus one: the correction or the bonus
   (:class:`VerifyResult`); ``p`` is the target's distribution, ``q`` the draft's.
 
-Trees are verified greedily only; sampled requests are given a chain by the proposers (documented
-in :mod:`pipeline.reference.proposers`). Randomness only from the request's ``torch.Generator``.
-Reads and writes nothing.
+Sampled trees are verified only when every node is a deterministic draft (one-hot ``q``, the
+lookahead proposer's): :func:`verify_sampled_tree`. Proposers whose drafts are sampled from a
+distribution give sampled requests a chain (documented in :mod:`pipeline.reference.proposers`).
+Randomness only from the request's ``torch.Generator``. Reads and writes nothing.
 """
 
 from __future__ import annotations
@@ -80,6 +81,36 @@ def verify_sampled_chain(target_probs: torch.Tensor, draft_probs: torch.Tensor, 
             continue
         return VerifyResult(list(range(1, i + 1)), sample(residual_fn(target_probs[i], draft_probs[i]), generator))
     return VerifyResult(list(range(1, len(drafts) + 1)), sample(target_probs[len(drafts)], generator))
+
+
+def verify_sampled_tree(target_probs: torch.Tensor, tokens: list[int], parents: list[int],
+                        generator: torch.Generator, residual_fn=None) -> VerifyResult:
+    """A tree of deterministic drafts (each node's draft distribution one-hot at its token).
+    ``target_probs [N+1, vocab]``, row 0 = pending, row i+1 = node i. At each row its children
+    are tried in order, each with the chain's rule — accept with min(1, p/q), q = 1 — against
+    the residual norm(max(0, p − q)) that the siblings rejected before it left (SpecInfer's
+    multi-draft rule, arXiv 2305.09781, for one-hot drafts); no child accepted → a draw from that
+    residual (the correction token); a leaf accepted → the bonus token from its row. On a chain
+    this draws exactly as :func:`verify_sampled_chain` with one-hot ``draft_probs``."""
+    residual_fn = residual_fn or residual
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(parents):
+        children.setdefault(parent, []).append(i + 1)
+    path, current = [], 0
+    while True:
+        probs = target_probs[current]  # [vocab]
+        accepted = None
+        for child in children.get(current, []):
+            token = tokens[child - 1]
+            u = float(torch.rand((), generator=generator, dtype=torch.float64))
+            if u < min(1.0, float(probs[token])):
+                accepted = child
+                break
+            probs = residual_fn(probs, torch.nn.functional.one_hot(torch.tensor(token), probs.shape[-1]).to(probs.dtype))
+        if accepted is None:
+            return VerifyResult(path, sample(probs, generator))
+        path.append(accepted)
+        current = accepted
 
 
 def one_step_distribution(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:

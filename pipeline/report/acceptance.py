@@ -10,17 +10,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.loadtest.acceptance_sources import NOT_REPORTED  # the one spelling, where the sources are read
+
 PER_REQUEST = "per-request outputs"
-NOT_REPORTED = "not reported"
+
+
+def server_reported(delta: dict | None) -> bool:
+    """Whether a server's metrics over one run reported acceptance: a named source that gives a
+    rate, a mean acceptance length or a nonzero draft / verify-step count. The one test, for both
+    ``runs.json`` figures: ``server_acceptance`` (:func:`pipeline.loadtest.acceptance_sources.run_delta`)
+    and the older counters-only ``metrics_delta`` (``legacy_delta``)."""
+    if not delta or delta.get("source") in (None, NOT_REPORTED):
+        return False
+    return (delta.get("acceptance_rate") is not None or delta.get("mean_acceptance_length") is not None
+            or bool(delta.get("draft_tokens")) or bool(delta.get("verify_steps")))
 
 
 def _server(delta: dict | None) -> dict | None:
-    """A server delta that gives a rate or a mean acceptance length, else None."""
-    if not delta or delta.get("source") in (None, NOT_REPORTED):
-        return None
-    if delta.get("acceptance_rate") is None and delta.get("mean_acceptance_length") is None:
-        return None
-    return delta
+    return delta if server_reported(delta) else None
 
 
 def run_source(records: list[dict], delta: dict | None) -> str:

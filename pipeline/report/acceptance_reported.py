@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-NOT_REPORTED = "not reported"
+from pipeline.report.acceptance import NOT_REPORTED, server_reported
+
 REPORTED = "reported"
 
 
 def _metrics_state(deltas: list[dict | None]) -> tuple[str, str | None]:
-    found = [d for d in deltas if d and (d.get("draft_tokens") or d.get("verify_steps"))]
+    found = [d for d in deltas if server_reported(d)]
     if not found:
         return NOT_REPORTED, None
     return REPORTED, next((d.get("source") for d in found if d.get("source")), None)

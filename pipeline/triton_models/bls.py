@@ -31,8 +31,9 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from pipeline.triton_models import io, request_rules
+from pipeline.triton_models.cpu_engine_model import SWITCH_INTERVAL_S
 from pipeline.triton_models.draft_target import PERF_NAMES, DraftTarget, SpecError
-from pipeline.triton_models.llm import BATCH_NEEDS_DECOUPLED, STREAMING_NEEDS_DECOUPLED, SWITCH_INTERVAL_S
+from pipeline.triton_models.llm import BATCH_NEEDS_DECOUPLED, STREAMING_NEEDS_DECOUPLED
 from pipeline.triton_models.metrics import RequestLatency, SpecDecodeCounters
 from pipeline.triton_models.ngram_bls import NgramDraftTarget, ngram_settings
 

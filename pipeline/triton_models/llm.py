@@ -1,4 +1,6 @@
-"""``tensorrt_llm`` on CPU (``backend: "python"``): adapts Triton tensors to the reference engine
+"""``tensorrt_llm`` on CPU (``backend: "python"``), the inflight-batcher contract adapter
+(:class:`InflightBatcherModel`) over :class:`~pipeline.triton_models.cpu_engine_model.CpuEngineModel`
+(engine start-up, the ``execute`` loop, the drain, the perf KV arithmetic): adapts Triton tensors to the reference engine
 (``pipeline.reference``) and reproduces the `tensorrt_llm` contract (docs/triton-contract.md) — prompt in ``output_ids`` unless excluded,
 streaming deltas (decoupled only), end token excluded, ``draft_input_ids`` → accepted + 1 in one
 step, the ten perf-metric outputs, ``num_input_tokens``/``num_output_tokens`` (the count in that
@@ -26,9 +28,7 @@ tritonserver 2.51 intermittently (SIGSEGV) when the caller was a BLS model, so w
 from __future__ import annotations
 
 import json
-import os
 import queue
-import sys
 import threading
 import time
 import uuid
@@ -38,17 +38,16 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from pipeline.reference.api import ENGINE_PROCESS_ENV, Chunk
-from pipeline.serve.cpu_pinning import engine_cpus_from_env
+from pipeline.reference.api import Chunk
 from pipeline.triton_models import io, request_rules
+from pipeline.triton_models.cpu_engine_model import (
+    CANCEL_CHECK_PERIOD_S,
+    CpuEngineModel,
+    kv_blocks,
+    send_quietly,
+)
 from pipeline.triton_models.engine_gauges import EngineGauges, period_from_env, start_publisher
-from pipeline.triton_models.metrics import RequestLatency, SpecDecodeCounters
 
-FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-# request threads hand chunks on quickly (the default 5 ms GIL switch interval adds latency per chunk)
-SWITCH_INTERVAL_S = 0.0005
-CANCEL_CHECK_PERIOD_S = 0.02  # how often a request thread asks Triton whether its client cancelled
-TOKENS_PER_KV_BLOCK = 64  # nominal block size for the kv_cache_* perf outputs (CPU engine has none)
 STREAMING_NEEDS_DECOUPLED = "Streaming is only supported if model is deployed using decoupled mode."
 BATCH_NEEDS_DECOUPLED = (
     "Batch size > 1 requires the tensorrt_llm backend to be using decoupled transaction policy"
@@ -88,20 +87,15 @@ def _row_inputs(inputs: dict, row: int, batch: int) -> dict:
     return {k: v[row: row + 1] if v.ndim and v.shape[0] == batch else v for k, v in inputs.items()}
 
 
-def _blocks(tokens: int) -> int:
-    return -(-int(tokens) // TOKENS_PER_KV_BLOCK)
-
-
 def perf_tensors(stats) -> list:
     def one(name, value, dtype):
         return io.tensor(name, np.array([[value]], dtype=dtype))
 
-    reused = getattr(stats, "kv_cache_reused_tokens", 0)
-    new = getattr(stats, "kv_cache_new_tokens", 0)
+    blocks = kv_blocks(stats)
     return [
-        one("kv_cache_alloc_new_blocks", _blocks(new), np.int32),
-        one("kv_cache_reused_blocks", int(reused) // TOKENS_PER_KV_BLOCK, np.int32),
-        one("kv_cache_alloc_total_blocks", _blocks(new + reused), np.int32),
+        one("kv_cache_alloc_new_blocks", blocks.new, np.int32),
+        one("kv_cache_reused_blocks", blocks.reused, np.int32),
+        one("kv_cache_alloc_total_blocks", blocks.total, np.int32),
         one("arrival_time_ns", stats.arrival_time_ns, np.int64),
         one("first_scheduled_time_ns", stats.first_scheduled_time_ns, np.int64),
         one("first_token_time_ns", stats.first_token_time_ns, np.int64),
@@ -112,86 +106,21 @@ def perf_tensors(stats) -> list:
     ]
 
 
-class _Collector:
-    """Stands in for a response sender in non-decoupled mode: keeps the one final response."""
+class InflightBatcherModel(CpuEngineModel):
+    """The inflight-batcher contract (tensorrtllm_backend's ``tensorrt_llm`` model) on the CPU engine."""
 
-    def __init__(self):
-        self._done = threading.Event()
-        self._response = None
+    REQUEST_ERRORS = (io.RequestError,)
 
-    def send(self, response=None, flags=0):
-        if response is not None:
-            self._response = response
-        if flags & FINAL:
-            self._done.set()
-
-    def is_cancelled(self) -> bool:
-        return False
-
-    def wait(self):
-        self._done.wait()
-        return self._response if self._response is not None else pb_utils.InferenceResponse(output_tensors=[])
-
-
-class TritonPythonModel:
     def initialize(self, args):
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
-        import torch  # noqa: PLC0415
-
-        torch.set_num_threads(1)
-        try:
-            torch.set_num_interop_threads(1)
-        except RuntimeError:
-            pass
-        from pipeline.reference.engine import load_engine  # noqa: PLC0415
-
         config = json.loads(args["model_config"])
-        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.exclude_default = io.param_bool(config, "exclude_input_in_output", False)
-        # serve's CPU plan: this model's decode thread on cores of its own (pipeline.serve.cpu_pinning)
-        cpus = engine_cpus_from_env(args["model_name"])
-        engine_dir = Path(io.param(config, "gpt_model_path"))
-        if os.environ.get(ENGINE_PROCESS_ENV, "own") == "stub":
-            self.engine = load_engine(engine_dir, cpus=cpus)
-        else:  # its own interpreter: no lock shared with the threads that send responses
-            from pipeline.reference.worker import EngineProcess  # noqa: PLC0415
-            from pipeline.triton_models.worker_health import WorkerHealthMetrics  # noqa: PLC0415
-
-            self.engine = EngineProcess(engine_dir, cpus, name=args["model_name"],  # restarted if it dies
-                                        on_health=WorkerHealthMetrics(args["model_name"], args["model_version"]))
-        self.counters = SpecDecodeCounters(args["model_name"], args["model_version"])
-        self.latency = RequestLatency(args["model_name"], args["model_version"])
-        self._lock = threading.Lock()
-        self._inflight: dict[str, tuple[object, object]] = {}  # id → (response sender, handle)
+        self._start_serving(config, Path(io.param(config, "gpt_model_path")), args["model_name"], args["model_version"])
         self._gauges_stop = threading.Event()  # slots, prefix entries, open requests on /metrics
         start_publisher(EngineGauges(args["model_name"], args["model_version"]), self._engine_stats,
                         self._gauges_stop, period_from_env())
 
-    def execute(self, requests):
-        # Decoupled: one response sender per request, fed by the request's thread; execute
-        # returns at once. Non-decoupled: the requests of this call are submitted together (the
-        # engine batches them) and their single responses are returned. (Sending a
-        # non-decoupled response from another thread after execute returned crashed
-        # tritonserver 2.51 intermittently when the caller was a BLS model.)
-        senders = [request.get_response_sender() if self.decoupled else _Collector() for request in requests]
-        drains = []
-        for request, sender in zip(requests, senders):
-            try:
-                drain = self._start(request, sender)
-            except io.RequestError as exc:
-                self._send(sender, io.error_response(str(exc)), final=True)
-            except Exception as exc:  # noqa: BLE001 - report, keep serving
-                self._send(sender, io.error_response(f"{type(exc).__name__}: {exc}"), final=True)
-            else:
-                if drain is not None:
-                    drains.append(drain)
-        if self.decoupled:
-            for drain in drains:
-                threading.Thread(target=drain, daemon=True).start()
-            return None
-        for drain in drains:  # all submitted already: the engine generates them as one batch
-            drain()
-        return [sender.wait() for sender in senders]
+    def _error_response(self, message: str):
+        return io.error_response(message)
 
     def finalize(self):
         self._gauges_stop.set()
@@ -211,7 +140,7 @@ class TritonPythonModel:
         """Submit one request; return the function that drains its chunks into ``sender``."""
         if io.flag(request, "stop"):
             self._cancel_by_id(request.request_id())
-            self._send(sender, pb_utils.InferenceResponse(output_tensors=[]), final=True)
+            send_quietly(sender, pb_utils.InferenceResponse(output_tensors=[]), final=True)
             return None
         inputs = io.snapshot(request)
         ids = inputs.get("input_ids")
@@ -349,44 +278,17 @@ class TritonPythonModel:
     # -- responses -----------------------------------------------------------------------------
 
     def _drain(self, key, handle, sender, prompt, options: ResponseOptions, arrival_ns: int = 0) -> None:
-        generated: list[int] = []
-        stats = None
-        first_token_ns = 0
-        next_check = time.monotonic() + CANCEL_CHECK_PERIOD_S
-        try:
-            for chunk in handle.chunks():
-                stats = chunk.stats or stats
-                if not chunk.finished and time.monotonic() >= next_check:
-                    # only this thread talks to the sender (concurrent IPC on one sender is unsafe)
-                    next_check = time.monotonic() + CANCEL_CHECK_PERIOD_S
-                    if sender.is_cancelled():
-                        handle.cancel()
-                if chunk.error:
-                    self._send(sender, io.error_response(chunk.error), final=True)
-                    return
-                generated.extend(chunk.tokens)
-                first_token_ns = first_token_ns or (time.monotonic_ns() if generated else 0)
-                if options.streaming:
-                    response = chunk.payload  # built in the engine thread (see _streamed_response)
-                    if response is None:
-                        response = self._response(chunk.tokens, len(chunk.tokens), prompt, stats, options)
-                    self._send(sender, response, final=chunk.finished)
-                elif chunk.finished:
-                    ids = generated if options.exclude_input else list(prompt) + generated
-                    self._send(sender, self._response(ids, len(generated), prompt, stats, options), final=True)
-                if chunk.finished:
-                    if chunk.finish_reason == "cancelled":
-                        self.counters.cancelled()
-                    else:
-                        self.latency.observe(arrival_ns, first_token_ns, time.monotonic_ns(), len(generated))
-                    return
-        except Exception as exc:  # noqa: BLE001 - the request must still end with a final response
-            self._send(sender, io.error_response(f"{type(exc).__name__}: {exc}"), final=True)
-        finally:
-            with self._lock:
-                self._inflight.pop(key, None)
-            if stats is not None:
-                self.counters.add(stats.draft_tokens, stats.accepted_tokens, stats.verify_steps)
+        def respond(chunk, generated, stats) -> None:
+            if options.streaming:
+                response = chunk.payload  # built in the engine thread (see _streamed_response)
+                if response is None:
+                    response = self._response(chunk.tokens, len(chunk.tokens), prompt, stats, options)
+                send_quietly(sender, response, final=chunk.finished)
+            elif chunk.finished:
+                ids = generated if options.exclude_input else list(prompt) + generated
+                send_quietly(sender, self._response(ids, len(generated), prompt, stats, options), final=True)
+
+        super()._drain(key, handle, sender, arrival_ns, respond)
 
     def _drain_rows(self, rows, handles, sender) -> None:
         """Batch > 1 (decoupled only, docs/triton-contract.md): each row streams its own responses tagged
@@ -428,7 +330,7 @@ class TritonPythonModel:
             else:
                 generated[row].extend(chunk.tokens)
                 continue
-            self._send(sender, response, final=remaining == 0)
+            send_quietly(sender, response, final=remaining == 0)
             if chunk.finished:
                 if chunk.finish_reason == "cancelled":
                     self.counters.cancelled()
@@ -452,13 +354,6 @@ class TritonPythonModel:
             outputs.append(io.tensor("batch_index", np.array([[batch_index]], dtype=np.int32)))
         return pb_utils.InferenceResponse(output_tensors=outputs)
 
-    @staticmethod
-    def _send(sender, response, final: bool) -> None:
-        try:
-            sender.send(response, flags=FINAL if final else 0)
-        except Exception:  # noqa: BLE001 - the client is gone (cancelled); nothing to tell it
-            pass
-
     # -- cancellation --------------------------------------------------------------------------
 
     def _cancel_by_id(self, request_id: str) -> None:
@@ -466,3 +361,6 @@ class TritonPythonModel:
             entries = [(k, h) for k, (_, h) in self._inflight.items() if k == request_id or k.startswith(f"{request_id}-")]
         for _, handle in entries:
             handle.cancel()
+
+
+TritonPythonModel = InflightBatcherModel  # the name the stub's model.py imports

@@ -1,4 +1,6 @@
-"""``tensorrt_llm`` of the llmapi layout on CPU (``backend: "python"``): the reference engine
+"""``tensorrt_llm`` of the llmapi layout on CPU (``backend: "python"``), the llmapi contract
+adapter (:class:`LlmapiModel`) over :class:`~pipeline.triton_models.cpu_engine_model.CpuEngineModel`
+(engine start-up, the ``execute`` loop, the drain, the perf KV arithmetic): the reference engine
 (:mod:`pipeline.reference`) answering the contract of TensorRT-LLM's Triton llmapi model
 (``triton_backend/all_models/llmapi/tensorrt_llm/1/{model.py,helpers.py}`` at NVIDIA/TensorRT-LLM
 044a90d / 0df60f9; tensors as its ``config.pbtxt``, recorded in ``pipeline/trtllm/llmapi_facts.yaml``).
@@ -35,9 +37,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -46,15 +46,9 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 import yaml
 
-from pipeline.reference.api import ENGINE_PROCESS_ENV
-from pipeline.serve.cpu_pinning import engine_cpus_from_env
 from pipeline.triton_models import io, llmapi_spec
-from pipeline.triton_models.metrics import RequestLatency, SpecDecodeCounters
+from pipeline.triton_models.cpu_engine_model import CpuEngineModel, kv_blocks, send_quietly
 
-FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-SWITCH_INTERVAL_S = 0.0005  # request threads hand chunks on quickly
-CANCEL_CHECK_PERIOD_S = 0.02
-TOKENS_PER_KV_BLOCK = 64  # nominal block size for the kv_cache_* outputs (the CPU engine has none)
 STREAMING_NEEDS_DECOUPLED = "Streaming is only supported in decoupled mode."
 NO_REQUEST_ID = "A request id must be provided for request cancellation"
 CANCELLED = "Request cancelled by client"
@@ -84,14 +78,16 @@ def _model_yaml(args) -> dict:
     return data
 
 
-class TritonPythonModel:
+class LlmapiModel(CpuEngineModel):
+    """The llmapi contract (TensorRT-LLM's Triton llmapi ``tensorrt_llm`` model) on the CPU engine."""
+
+    REQUEST_ERRORS = (LlmapiError,)
+
     def initialize(self, args):
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
         from pipeline.artefacts.engine import ENGINE_DESCRIPTOR, EngineDescriptor  # noqa: PLC0415
         from pipeline.triton_models.tokenizer import TextTokenizer  # noqa: PLC0415
 
         config = json.loads(args["model_config"])
-        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         llm_args = _model_yaml(args)
         llm_args.pop("triton_config", None)
         base_dir = Path(io.param(config, "reference_engine_dir"))
@@ -101,50 +97,14 @@ class TritonPythonModel:
                                        trust_remote_code=bool(llm_args.get("trust_remote_code", False)))
         self._engine_dir = Path(tempfile.mkdtemp(prefix="specdeploy-llmapi-"))  # the engine model.yaml describes
         descriptor.write(self._engine_dir / ENGINE_DESCRIPTOR)
-        self.engine = self._start_engine(args["model_name"], args["model_version"])
-        self.counters = SpecDecodeCounters(args["model_name"], args["model_version"])
-        self.latency = RequestLatency(args["model_name"], args["model_version"])
-        self._lock = threading.Lock()
-        self._inflight: dict[str, object] = {}  # triton request id → engine handle
-
-    def _start_engine(self, name: str, version: str):
-        cpus = engine_cpus_from_env(name)
-        if os.environ.get(ENGINE_PROCESS_ENV, "own") == "stub":
-            import torch  # noqa: PLC0415
-
-            from pipeline.reference.engine import load_engine  # noqa: PLC0415
-
-            torch.set_num_threads(1)
-            return load_engine(self._engine_dir, cpus=cpus)
-        from pipeline.reference.worker import EngineProcess  # noqa: PLC0415
-        from pipeline.triton_models.worker_health import WorkerHealthMetrics  # noqa: PLC0415
-
-        return EngineProcess(self._engine_dir, cpus, name=name, on_health=WorkerHealthMetrics(name, version))
+        self._start_serving(config, self._engine_dir, args["model_name"], args["model_version"])
 
     def finalize(self):
         self.engine.shutdown()
         shutil.rmtree(self._engine_dir, ignore_errors=True)  # kept until now: a restarted worker re-reads it
 
-    def execute(self, requests):
-        senders = [r.get_response_sender() if self.decoupled else _Collector() for r in requests]
-        drains = []
-        for request, sender in zip(requests, senders):
-            try:
-                drain = self._start(request, sender)
-            except LlmapiError as exc:
-                _send(sender, _error(f"Error generating request: {exc}"), final=True)
-            except Exception as exc:  # noqa: BLE001 - report, keep serving
-                _send(sender, _error(f"Error generating request: {type(exc).__name__}: {exc}"), final=True)
-            else:
-                if drain is not None:
-                    drains.append(drain)
-        if self.decoupled:
-            for drain in drains:
-                threading.Thread(target=drain, daemon=True).start()
-            return None
-        for drain in drains:  # all submitted already: the engine batches them
-            drain()
-        return [sender.wait() for sender in senders]
+    def _error_response(self, message: str):
+        return _error(f"Error generating request: {message}")
 
     # -- intake --------------------------------------------------------------------------------
 
@@ -206,49 +166,24 @@ class TritonPythonModel:
 
     def _stop(self, user_id: str, sender) -> None:
         if not user_id:
-            _send(sender, _error(NO_REQUEST_ID), final=True)
+            send_quietly(sender, _error(NO_REQUEST_ID), final=True)
             return
         with self._lock:
             handles = [h for key, h in self._inflight.items() if key.rpartition("-")[0] == user_id]
         for handle in handles:
             handle.cancel()
-        _send(sender, _error(CANCELLED, cancelled=True), final=True)
+        send_quietly(sender, _error(CANCELLED, cancelled=True), final=True)
 
     # -- responses -----------------------------------------------------------------------------
 
     def _drain(self, gen_request, handle, sender, options: dict, arrival_ns: int) -> None:
-        generated: list[int] = []
-        stats, first_token_ns = None, 0
-        next_check = time.monotonic() + CANCEL_CHECK_PERIOD_S
-        try:
-            for chunk in handle.chunks():
-                stats = chunk.stats or stats
-                if not chunk.finished and time.monotonic() >= next_check:
-                    next_check = time.monotonic() + CANCEL_CHECK_PERIOD_S
-                    if sender.is_cancelled():
-                        handle.cancel()
-                if chunk.error:
-                    _send(sender, _error(f"Error generating request: {chunk.error}"), final=True)
-                    return
-                generated.extend(chunk.tokens)
-                first_token_ns = first_token_ns or (time.monotonic_ns() if generated else 0)
-                if chunk.finished and chunk.finish_reason == "cancelled":
-                    self.counters.cancelled()
-                    _send(sender, _error(CANCELLED, cancelled=True), final=True)
-                    return
-                if options["streaming"] or chunk.finished:
-                    response = self._response(generated, chunk, stats, options)
-                    _send(sender, response, final=chunk.finished)
-                if chunk.finished:
-                    self.latency.observe(arrival_ns, first_token_ns, time.monotonic_ns(), len(generated))
-                    return
-        except Exception as exc:  # noqa: BLE001 - the request must still end with a final response
-            _send(sender, _error(f"Error generating request: {type(exc).__name__}: {exc}"), final=True)
-        finally:
-            with self._lock:
-                self._inflight.pop(gen_request.request_id, None)
-            if stats is not None:
-                self.counters.add(stats.draft_tokens, stats.accepted_tokens, stats.verify_steps)
+        def respond(chunk, generated, stats) -> None:
+            if chunk.finished and chunk.finish_reason == "cancelled":
+                send_quietly(sender, _error(CANCELLED, cancelled=True), final=True)
+            elif options["streaming"] or chunk.finished:
+                send_quietly(sender, self._response(generated, chunk, stats, options), final=chunk.finished)
+
+        super()._drain(gen_request.request_id, handle, sender, arrival_ns, respond)
 
     def _response(self, generated: list[int], chunk, stats, options: dict):
         stop_reason = None
@@ -272,16 +207,13 @@ class TritonPythonModel:
 
 def perf_tensors(stats) -> list:
     """The perf outputs of upstream's model, one value each, in config.pbtxt's dtypes."""
-    reused = int(getattr(stats, "kv_cache_reused_tokens", 0))
-    new = int(getattr(stats, "kv_cache_new_tokens", 0))
-    blocks = -(-(reused + new) // TOKENS_PER_KV_BLOCK)
-    reused_blocks = reused // TOKENS_PER_KV_BLOCK
+    blocks = kv_blocks(stats)
     values = (
-        ("kv_cache_reused_block", reused_blocks, np.int32),
-        ("kv_cache_missed_block", blocks - reused_blocks, np.int32),
-        ("kv_cache_alloc_new_blocks", -(-new // TOKENS_PER_KV_BLOCK), np.int32),
-        ("kv_cache_alloc_total_blocks", blocks, np.int32),
-        ("kv_cache_hit_rate", reused_blocks / blocks if blocks else 0.0, np.float32),
+        ("kv_cache_reused_block", blocks.reused, np.int32),
+        ("kv_cache_missed_block", blocks.total - blocks.reused, np.int32),
+        ("kv_cache_alloc_new_blocks", blocks.new, np.int32),
+        ("kv_cache_alloc_total_blocks", blocks.total, np.int32),
+        ("kv_cache_hit_rate", blocks.reused / blocks.total if blocks.total else 0.0, np.float32),
         ("arrival_time_ns", stats.arrival_time_ns, np.int64),
         ("first_scheduled_time_ns", stats.first_scheduled_time_ns, np.int64),
         ("first_token_time_ns", stats.first_token_time_ns, np.int64),
@@ -307,29 +239,4 @@ def _error(message: str, cancelled: bool = False):
     return pb_utils.InferenceResponse(output_tensors=[tensor], error=error)
 
 
-def _send(sender, response, final: bool) -> None:
-    try:
-        sender.send(response, flags=FINAL if final else 0)
-    except Exception:  # noqa: BLE001 - the client is gone; nothing to tell it
-        pass
-
-
-class _Collector:
-    """Stands in for a response sender in non-decoupled mode: keeps the one final response."""
-
-    def __init__(self):
-        self._done = threading.Event()
-        self._response = None
-
-    def send(self, response=None, flags=0):
-        if response is not None:
-            self._response = response
-        if flags & FINAL:
-            self._done.set()
-
-    def is_cancelled(self) -> bool:
-        return False
-
-    def wait(self):
-        self._done.wait()
-        return self._response if self._response is not None else pb_utils.InferenceResponse(output_tensors=[])
+TritonPythonModel = LlmapiModel  # the name the stub's model.py imports

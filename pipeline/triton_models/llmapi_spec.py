@@ -8,8 +8,9 @@ argument of ``tensorrt_llm.LLM``). The CPU engine takes ``model``, ``max_batch_s
 ``max_seq_len`` and ``speculative_config`` from it — ``decoding_type`` picks the proposer:
 ``Draft_Target`` (``speculative_model`` is the draft checkpoint, ``max_draft_len`` its K),
 ``Eagle3`` (``speculative_model`` is the EAGLE-3 head, one-model only: ``eagle3_one_model`` false
-is refused) or ``NGram`` (``max_draft_len``, ``max_matching_ngram_size``, the pool switches); none for the
-baseline. GPU-only arguments (KV-cache fraction, CUDA graphs, TP/PP of 1, the overlap scheduler)
+is refused), ``NGram`` (``max_draft_len``, ``max_matching_ngram_size``, the pool switches) or
+``Lookahead`` (``max_window_size``, ``max_ngram_size``, ``max_verification_set_size``; the draft
+length follows from them as upstream computes it); none for the baseline. GPU-only arguments (KV-cache fraction, CUDA graphs, TP/PP of 1, the overlap scheduler)
 are read and ignored. The settings that have no LLM argument (threads, compute dtype, quantized
 weights, prefix cache, fast paths) come from the reference engine the build wrote for the arm.
 
@@ -28,14 +29,17 @@ from pipeline.artefacts.engine import (
     DraftTargetProposer,
     Eagle3Proposer,
     EngineDescriptor,
+    LookaheadProposer,
     NgramProposer,
     NoProposer,
 )
+from pipeline.reference.draft_len import lookahead_max_draft_len
 
 GPU_ONLY_ARGS = ("tensor_parallel_size", "pipeline_parallel_size", "kv_cache_config", "cuda_graph_config",
                  "disable_overlap_scheduler", "enable_chunked_prefill", "max_num_tokens", "max_beam_width",
                  "trust_remote_code", "return_perf_metrics", "tokenizer")
 NGRAM_FIELDS = ("max_matching_ngram_size", "is_keep_all", "is_use_oldest", "is_public_pool")
+LOOKAHEAD_FIELDS = ("max_window_size", "max_ngram_size", "max_verification_set_size")  # LookaheadDecodingConfig
 DEFAULT_MAX_TOKENS = 32  # tensorrt_llm SamplingParams.max_tokens default
 
 
@@ -47,6 +51,8 @@ def _proposer(spec: dict[str, Any] | None, base: EngineDescriptor):
     if not spec:
         return NoProposer(), 0
     kind = spec.get("decoding_type")
+    if kind == "Lookahead":  # its max_draft_len follows from the three sizes (calculate_speculative_resource)
+        return _lookahead(spec)
     k = spec.get("max_draft_len")
     if not isinstance(k, int) or k < 1:
         raise SpecError(f"speculative_config.max_draft_len must be an integer >= 1, got {k!r}")
@@ -67,6 +73,20 @@ def _proposer(spec: dict[str, Any] | None, base: EngineDescriptor):
         return NgramProposer(max_draft_len=k, min_matching_ngram_size=1, **fields), k
     raise SpecError(f"speculative_config.decoding_type {kind!r} is not available on the CPU reference engine "
                     "(Draft_Target, Eagle3, NGram or no speculative_config)")
+
+
+def _lookahead(spec: dict[str, Any]) -> tuple[LookaheadProposer, int]:
+    """``LookaheadDecodingConfig``: the three sizes, each a positive int (the LLM API's rule),
+    upstream's defaults where absent."""
+    sizes = {name: spec.get(name, LookaheadProposer.model_fields[name].default) for name in LOOKAHEAD_FIELDS}
+    for name, value in sizes.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise SpecError(f"speculative_config.{name} must be a positive integer, got {value!r}")
+    try:
+        proposer = LookaheadProposer(**sizes)
+    except ValueError as exc:
+        raise SpecError(f"speculative_config: {exc}") from None
+    return proposer, lookahead_max_draft_len(*sizes.values())
 
 
 def _eagle3(spec: dict[str, Any], base: EngineDescriptor, k: int) -> Eagle3Proposer:

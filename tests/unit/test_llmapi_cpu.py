@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.artefacts.engine import DraftTargetProposer, Eagle3Proposer, EngineDescriptor, NgramProposer, NoProposer
+from pipeline.artefacts.engine import (
+    DraftTargetProposer,
+    Eagle3Proposer,
+    EngineDescriptor,
+    LookaheadProposer,
+    NgramProposer,
+    NoProposer,
+)
 from pipeline.config import config_hash, parse_config
 from pipeline.triton_models import llmapi_spec
 from pipeline.validate.preflight import errors_of, run_preflight
@@ -110,6 +117,13 @@ def test_ngram_speculative_config_takes_upstreams_defaults(tmp_path):
                                        is_public_pool=False)
 
 
+def test_lookahead_speculative_config_takes_upstreams_sizes_and_draft_length(tmp_path):
+    spec = {"decoding_type": "Lookahead", "max_window_size": 3, "max_ngram_size": 4}
+    d = llmapi_spec.engine_descriptor({"model": str(tmp_path / "target"), "speculative_config": spec}, _base(tmp_path))
+    assert d.proposer == LookaheadProposer(max_window_size=3, max_ngram_size=4, max_verification_set_size=4)
+    assert d.role == "speculative" and d.max_draft_len == 2 + (3 - 1 + 4) * 3  # calculate_speculative_resource
+
+
 def test_eagle3_speculative_config_runs_the_head_with_the_built_settings(tmp_path):
     built = Eagle3Proposer(head_dir=str(tmp_path / "head"), max_draft_len=5, draft_int8=True)
     spec = {"decoding_type": "Eagle3", "max_draft_len": 2, "speculative_model": str(tmp_path / "head"),
@@ -127,6 +141,8 @@ def test_eagle3_speculative_config_runs_the_head_with_the_built_settings(tmp_pat
     ({"speculative_config": {"decoding_type": "Eagle3", "max_draft_len": 3, "speculative_model": "/h",
                              "eagle_choices": [[0], [1]]}}, "eagle_choices"),
     ({"speculative_config": {"decoding_type": "NGram"}}, "max_draft_len"),
+    ({"speculative_config": {"decoding_type": "Lookahead", "max_verification_set_size": 0}}, "positive"),
+    ({"speculative_config": {"decoding_type": "Lookahead", "max_ngram_size": 1}}, "max_ngram_size 1"),
     ({"speculative_config": {"decoding_type": "Draft_Target", "max_draft_len": 3}}, "speculative_model"),
     ({"model": "/elsewhere"}, "re-run `specdeploy build`"),
 ])

@@ -119,3 +119,24 @@ def test_headline_prefers_requests_then_server():
     assert acceptance.headline(records, [VLLM]) == (0.5, "per-request outputs")
     assert acceptance.headline([{"draft_tokens": None}], [VLLM, None]) == (pytest.approx(0.6), "vllm")
     assert acceptance.headline([], [NOT_REPORTED, None]) == (None, "not reported")
+
+
+def test_one_test_decides_whether_a_server_reported_acceptance():
+    """``acceptance.server_reported`` is the one test, for both runs.json shapes (run_delta's
+    server_acceptance and the older counters-only metrics_delta), and the per-arm table
+    (acceptance_reported) answers with it; "not reported" has one spelling."""
+    from pipeline.report import acceptance_reported
+    from pipeline.report.stats import RunData
+
+    sglang = acc.run_delta(acc.parse(sglang_text(2.0, 0.5)), acc.parse(sglang_text(2.5, 0.6)))
+    assert acceptance.server_reported(VLLM) and acceptance.server_reported(acc.legacy_delta(VLLM))
+    assert acceptance.server_reported(sglang)  # gauges only: a rate and a length, no counts
+    assert not acceptance.server_reported(NOT_REPORTED) and not acceptance.server_reported(acc.legacy_delta(NOT_REPORTED))
+    assert not acceptance.server_reported(None) and not acceptance.server_reported({"draft_tokens": 0.0, "source": "vllm"})
+    assert acceptance.NOT_REPORTED is acc.NOT_REPORTED is acceptance_reported.NOT_REPORTED
+    ok = {"status": "ok", "draft_tokens": None}
+    runs = [RunData(info={"arm": "speculative", "metrics_delta": acc.legacy_delta(VLLM)}, records=[ok]),
+            RunData(info={"arm": "baseline", "metrics_delta": acc.legacy_delta(NOT_REPORTED)}, records=[ok])]
+    table = acceptance_reported.acceptance_reported(runs)
+    assert (table["speculative"]["metrics"], table["speculative"]["metrics_source"]) == ("reported", "vllm")
+    assert table["baseline"]["metrics"] == "not reported"

@@ -8,12 +8,14 @@ batched protocol (:class:`~pipeline.reference.proposers.base.Proposer`):
   and high hidden states (a chain);
 - :mod:`~pipeline.reference.proposers.ngram` — n-gram (prompt-lookup) drafts from the
   sequence's own tokens, no model;
+- :mod:`~pipeline.reference.proposers.lookahead` — lookahead decoding: a Jacobi window and an
+  n-gram pool, no model; one tree of deterministic drafts, verified greedy or sampled;
 - :mod:`~pipeline.reference.proposers.external` — drafts the request brings
   (``draft_input_ids``), one verification step.
 
 Trees (Medusa/EAGLE ``choices``) are for greedy requests only; a sampled request gets the chain
 (lossless rejection sampling needs the distribution each draft came from; multi-draft
-SpecInfer-style tree sampling is not implemented).
+SpecInfer-style tree sampling is implemented for deterministic drafts only, the lookahead tree).
 
 A new method is a module with a class implementing the protocol and a
 ``build(spec, ctx: BuildContext) -> Proposer``, registered in :data:`BUILDERS` under the
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from pipeline.reference.proposers import draft_model, eagle, eagle3, medusa, ngram
+from pipeline.reference.proposers import draft_model, eagle, eagle3, lookahead, medusa, ngram
 from pipeline.reference.proposers.base import BuildContext, Proposal, Proposer
 
 BUILDERS: dict[str, Callable[[dict, BuildContext], Proposer]] = {
@@ -33,6 +35,7 @@ BUILDERS: dict[str, Callable[[dict, BuildContext], Proposer]] = {
     "eagle": eagle.build,
     "eagle3": eagle3.build,
     "ngram": ngram.build,
+    "lookahead": lookahead.build,
 }
 
 __all__ = ["BUILDERS", "BuildContext", "Proposal", "Proposer"]

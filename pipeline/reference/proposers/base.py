@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
-from pipeline.reference.modeling import LlamaModel, ModelTypes
+from pipeline.reference.modeling import LlamaModel, ModelTypes, StepInput
+from pipeline.reference.sampling import choose
 from pipeline.reference.sequence import SeqState
 
 
@@ -63,8 +64,60 @@ class Proposer(Protocol):
         """The sequence left: free what :meth:`start` took."""
 
 
+# Optional: ``observe(seq, proposal, logits)`` — ``logits [1 + len(proposal.tokens), vocab]``,
+# the target's logits of every step row, handed over before verification (the lookahead
+# proposer's Jacobi window learns from the rows that are never accepted too).
+
+
 def stack_probs(rows: list[torch.Tensor | None]) -> torch.Tensor | None:
     return None if not rows or rows[0] is None else torch.stack(rows)
+
+
+def draft_chains(seqs: list[SeqState], rows: list[int], lengths: list[int], proposals: list[Proposal],
+                 logits: torch.Tensor, advance: Callable[[list[int], list[int]], torch.Tensor]) -> None:
+    """The draft-chain loop of every head-based proposer (EAGLE, EAGLE-3, Medusa): ``seqs[rows[b]]``
+    drafts ``lengths[b]`` tokens into ``proposals[rows[b]]``, batched step by step. ``logits
+    [len(rows), vocab]`` are the first step's; at each step every live row takes a token with
+    :func:`~pipeline.reference.sampling.choose` (argmax, or a draw from its own generator and the
+    distribution it came from), and rows with tokens still to draft go on: ``advance(keep,
+    live)`` gets their positions in the step just drafted and their ``seqs`` indices (the new
+    token is ``proposals[i].tokens[-1]``) and returns the next step's logits ``[len(keep), vocab]``.
+    Sets each proposal's ``draft_probs`` (None when greedy)."""
+    probs: list[list[torch.Tensor | None]] = [[] for _ in rows]
+    live = list(range(len(rows)))  # positions in rows of the sequences still drafting
+    step = 0
+    while True:
+        for j, b in enumerate(live):
+            seq = seqs[rows[b]]
+            token, dist = choose(logits[j], seq.params, seq.generator)
+            proposals[rows[b]].tokens.append(token)
+            probs[b].append(dist)
+        step += 1
+        keep = [j for j, b in enumerate(live) if lengths[b] > step]
+        if not keep:
+            break
+        live = [live[j] for j in keep]
+        logits = advance(keep, [rows[b] for b in live])
+    for b, i in enumerate(rows):
+        proposals[i].draft_probs = stack_probs(probs[b])
+
+
+def feature_chains(head, pool, seqs: list[SeqState], rows: list[int], lengths: list[int], last: torch.Tensor,
+                   proposals: list[Proposal]) -> None:
+    """:func:`draft_chains` for a head that drafts from its own predicted feature (EAGLE, EAGLE-3):
+    ``last [len(rows), H]`` is each row's feature after its real tokens; a step is
+    ``head.logits(feature)``, then one ``head.forward`` row per live sequence over its draft KV
+    cache (``seqs[i].proposer_state.cache``), fed the token just drafted and the feature it came from."""
+
+    def advance(keep: list[int], live: list[int]) -> torch.Tensor:
+        nonlocal last
+        last = last[keep]
+        inputs = [StepInput(seqs[i].proposer_state.cache, [proposals[i].tokens[-1]],
+                            [seqs[i].proposer_state.cache.length]) for i in live]
+        last = head.forward(pool, inputs, last.unsqueeze(1))[:, 0]  # [len(live), H]
+        return head.logits(last)
+
+    draft_chains(seqs, rows, lengths, proposals, head.logits(last), advance)
 
 
 def sort_choices(choices: list[list[int]]) -> list[list[int]]:

@@ -22,12 +22,12 @@ from pipeline.reference.modeling import EagleHead, StepInput
 from pipeline.reference.proposers.base import (
     BuildContext,
     Proposal,
+    draft_chains,
+    feature_chains,
     sort_choices,
-    stack_probs,
     tree_proposal,
     validate_choices,
 )
-from pipeline.reference.sampling import choose
 from pipeline.reference.sequence import SeqState
 
 
@@ -101,7 +101,9 @@ class EagleProposer:
             else:
                 chain.append(b)
         if chain:
-            self._chains(seqs, num_draft_tokens, [rows[b] for b in chain], last[chain], proposals)
+            chain_rows = [rows[b] for b in chain]
+            feature_chains(self.head, self.pool, seqs, chain_rows,
+                           [min(num_draft_tokens[i], self.depth) for i in chain_rows], last[chain], proposals)
         for i in rows:
             seqs[i].proposer_state.cache.rollback(real[i])
 
@@ -120,40 +122,16 @@ class EagleProposer:
         if self._uses_tree(seq, num_draft_tokens):
             proposal = self._tree(seq, last[0])
         else:
-            tokens, dists = [], []
-            for i in range(chain):
-                if i:
-                    last = self.head.extend(cache, tokens[-1:], last)
-                token, dist = choose(self.head.draft_logits(last)[0], seq.params, seq.generator)
-                tokens.append(token)
-                dists.append(dist)
-            proposal = Proposal(tokens, None, stack_probs(dists))
+            proposal = Proposal()
+
+            def advance(keep: list[int], live: list[int]) -> torch.Tensor:
+                nonlocal last
+                last = self.head.extend(cache, proposal.tokens[-1:], last)  # [1, H]
+                return self.head.draft_logits(last)
+
+            draft_chains([seq], [0], [chain], [proposal], self.head.draft_logits(last), advance)
         cache.rollback(real)
         return proposal
-
-    def _chains(self, seqs: list[SeqState], num_draft_tokens: list[int], rows: list[int], last: torch.Tensor,
-                proposals: list[Proposal]) -> None:
-        probs: dict[int, list] = {i: [] for i in rows}
-        step = 0
-        while True:
-            logits = self.head.logits(last)  # [B, vocab]
-            for b, i in enumerate(rows):
-                token, dist = choose(logits[b], seqs[i].params, seqs[i].generator)
-                proposals[i].tokens.append(token)
-                probs[i].append(dist)
-            step += 1
-            keep = [b for b, i in enumerate(rows) if min(num_draft_tokens[i], self.depth) > step]
-            if not keep:
-                break
-            last = last[keep]
-            rows = [rows[b] for b in keep]
-            inputs = []
-            for i in rows:
-                cache = seqs[i].proposer_state.cache
-                inputs.append(StepInput(cache, [proposals[i].tokens[-1]], [cache.length]))
-            last = self.head.forward(self.pool, inputs, last.unsqueeze(1))[:, 0]
-        for i, rows_probs in probs.items():
-            proposals[i].draft_probs = stack_probs(rows_probs)
 
     def _tree(self, seq: SeqState, root: torch.Tensor) -> Proposal:
         cache = seq.proposer_state.cache

@@ -17,8 +17,7 @@ import torch
 from pipeline.reference.eagle3_model import Eagle3Head
 from pipeline.reference.kv_cache import SlotCache
 from pipeline.reference.modeling import StepInput
-from pipeline.reference.proposers.base import BuildContext, Proposal, stack_probs
-from pipeline.reference.sampling import choose
+from pipeline.reference.proposers.base import BuildContext, Proposal, feature_chains
 from pipeline.reference.sequence import SeqState
 
 
@@ -67,32 +66,12 @@ class Eagle3Proposer:
         g = torch.stack([torch.nn.functional.pad(f, (0, 0, 0, width - f.shape[0])) for f in fused])
         out = self.head.forward(self.pool, inputs, g)  # [B, T, H]
         last = torch.stack([out[b, len(x.tokens) - 1] for b, x in enumerate(inputs)])  # [B, H]
-        self._chains(seqs, num_draft_tokens, rows, last, proposals)
+        # the head's own output is the next step's g (no fc)
+        feature_chains(self.head, self.pool, seqs, rows, [min(num_draft_tokens[i], self.depth) for i in rows],
+                       last, proposals)
         for i in rows:
             seqs[i].proposer_state.cache.rollback(real[i])
         return proposals
-
-    def _chains(self, seqs: list[SeqState], num_draft_tokens: list[int], rows: list[int], last: torch.Tensor,
-                proposals: list[Proposal]) -> None:
-        """Draft step by step; the head's own output is the next step's ``g`` (no fc)."""
-        probs: dict[int, list] = {i: [] for i in rows}
-        step = 0
-        while True:
-            logits = self.head.logits(last)  # [B, vocab]
-            for b, i in enumerate(rows):
-                token, dist = choose(logits[b], seqs[i].params, seqs[i].generator)
-                proposals[i].tokens.append(token)
-                probs[i].append(dist)
-            step += 1
-            keep = [b for b, i in enumerate(rows) if min(num_draft_tokens[i], self.depth) > step]
-            if not keep:
-                break
-            last, rows = last[keep], [rows[b] for b in keep]
-            inputs = [StepInput(seqs[i].proposer_state.cache, [proposals[i].tokens[-1]],
-                                [seqs[i].proposer_state.cache.length]) for i in rows]
-            last = self.head.forward(self.pool, inputs, last.unsqueeze(1))[:, 0]
-        for i, row_probs in probs.items():
-            proposals[i].draft_probs = stack_probs(row_probs)
 
 
 def build(spec: dict, ctx: BuildContext) -> Eagle3Proposer:

@@ -16,12 +16,11 @@ from pipeline.reference.modeling import MedusaHeads
 from pipeline.reference.proposers.base import (
     BuildContext,
     Proposal,
+    draft_chains,
     sort_choices,
-    stack_probs,
     tree_proposal,
     validate_choices,
 )
-from pipeline.reference.sampling import choose
 from pipeline.reference.sequence import SeqState
 
 
@@ -57,21 +56,29 @@ class MedusaProposer:
         if not rows:
             return proposals
         logits = self.heads.logits(torch.stack([seqs[i].proposer_state.last_hidden for i in rows]))  # [B, heads, vocab]
+        chain = []
         for b, i in enumerate(rows):
-            seq = seqs[i]
-            if self.choices and seq.params.greedy and num_draft_tokens[i] >= len(self.choices):
+            if self.choices and seqs[i].params.greedy and num_draft_tokens[i] >= len(self.choices):
                 proposals[i] = self._tree(logits[b])
             else:
-                proposals[i] = self._chain(logits[b], min(num_draft_tokens[i], self.num_heads), seq)
+                chain.append(b)
+        if chain:
+            self._chains(seqs, [rows[b] for b in chain], num_draft_tokens, logits[chain], proposals)
         return proposals
 
-    def _chain(self, head_logits: torch.Tensor, num_draft_tokens: int, seq: SeqState) -> Proposal:
-        tokens, dists = [], []
-        for d in range(num_draft_tokens):
-            token, dist = choose(head_logits[d], seq.params, seq.generator)
-            tokens.append(token)
-            dists.append(dist)
-        return Proposal(tokens, None, stack_probs(dists))
+    def _chains(self, seqs: list[SeqState], rows: list[int], num_draft_tokens: list[int], head_logits: torch.Tensor,
+                proposals: list[Proposal]) -> None:
+        """``head_logits [len(rows), heads, vocab]``: head d drafts position d, no forward between."""
+        depth = 0
+
+        def advance(keep: list[int], live: list[int]) -> torch.Tensor:
+            nonlocal depth, head_logits
+            depth += 1
+            head_logits = head_logits[keep]
+            return head_logits[:, depth]
+
+        draft_chains(seqs, rows, [min(num_draft_tokens[i], self.num_heads) for i in rows], proposals,
+                     head_logits[:, 0], advance)
 
     def _tree(self, head_logits: torch.Tensor) -> Proposal:
         width = max(c[-1] for c in self.choices) + 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
+from pipeline.report.acceptance import NOT_REPORTED, PER_REQUEST
 from pipeline.report.view import tables
 from pipeline.report.view.summary import decision
 
@@ -55,7 +56,7 @@ def report_page(data: dict, plots: dict[str, str | None]) -> dict[str, Any]:
         "acceptance_cells": tables.acceptance_cells_table(data),
         "acceptance_sources": tables.acceptance_source_table(data),
         "acceptance_source": data.get("acceptance_source")
-        or ("per-request outputs" if data.get("acceptance_rate") is not None else "not reported"),
+        or (PER_REQUEST if data.get("acceptance_rate") is not None else NOT_REPORTED),
         "gate": tables.gate_tables(data),
         "statistics": tables.statistics_table(data),
         "draft_lengths": tables.draft_length_table(data),
