@@ -38,9 +38,10 @@ def openai_body(inputs: dict[str, Any], model_name: str, api: str, send_top_k: b
     """The OpenAI request for one Triton-shaped ``inputs`` dict (same sampling in both arms).
 
     Triton's ``top_p: 0`` means "off", which OpenAI spells by leaving it out; ``top_k: 0`` likewise.
-    ``top_k`` is not an OpenAI field and a strict server refuses it: ``send_top_k`` True sends it,
-    False never, None (the default) only when it is not greedy's ``top_k: 1`` under temperature 0
-    (which the API spells as temperature 0 alone)."""
+    ``top_k`` is not an OpenAI field and a strict server refuses it. ``send_top_k`` True sends it as
+    given (vLLM, SGLang, trtllm-serve take it); False and None (the default) spell greedy (``top_k:
+    1``) the API's way, temperature 0, and send no ``top_k``; None sends any other ``top_k`` (one the
+    config set on purpose), False never."""
     body: dict[str, Any] = {"model": model_name, "stream": True, "stream_options": {"include_usage": True},
                             "max_tokens": int(inputs["max_tokens"])}
     if api == "chat":
@@ -52,7 +53,11 @@ def openai_body(inputs: dict[str, Any], model_name: str, api: str, send_top_k: b
     if inputs.get("top_p"):
         body["top_p"] = float(inputs["top_p"])
     top_k = int(inputs.get("top_k") or 0)
-    if top_k and (send_top_k or (send_top_k is None and not (top_k == 1 and body.get("temperature") == 0))):
+    if top_k and send_top_k:
+        body["top_k"] = top_k
+    elif top_k == 1:
+        body["temperature"] = 0.0  # greedy, as the OpenAI API asks for it
+    elif top_k and send_top_k is None:
         body["top_k"] = top_k
     if "seed" in inputs:
         body["seed"] = int(inputs["seed"])
