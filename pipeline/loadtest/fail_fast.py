@@ -25,8 +25,8 @@ _FIXES: list[tuple[Any, str]] = [
      "the server refuses a field of the request: if it names top_k, set loadtest.openai_top_k: false (or send "
      "temperature 0 for greedy); other fields come from extra_inputs. Which servers take which fields: "
      "docs/openai-endpoints.md"),
-    (lambda text, status: "model" in text and (status == 404 or re.search(
-        r"not found|does not exist|pinned|unknown model|not served|no model", text) is not None),
+    (lambda text, status: "pinned to" in text or ("model" in text and (status == 404 or re.search(
+        r"not found|does not exist|unknown model|not served|no model", text) is not None)),
      "wrong model name: pass the name the server lists at GET /v1/models (--model, or --model-baseline / "
      "--model-speculative when the two servers name it differently)"),
     (lambda text, status: status in (404, 405),

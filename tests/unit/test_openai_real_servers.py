@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "loadtests"))
 
 from openai_user import chunk_parts, openai_body  # noqa: E402
-from test_loadtest_fake_server import PROMPTS, FakeServer, close_to  # noqa: E402
+from test_loadtest_fake_server import PROMPTS, FakeServer  # noqa: E402
 from test_loadtest_openai import run_openai_locust  # noqa: E402
 
 from lt_common import RequestState, RunSettings, build_record, request_inputs  # noqa: E402
@@ -106,12 +106,13 @@ def test_reasoning_stream_times_ttft_on_the_first_thought(tmp_path, style):
         assert r["reasoning_text"] == "think" * 5 and r["output_text"] == " tok" * 11
         assert r["osl"] == 16 and r["osl_source"] == "server"  # usage counts the reasoning tokens
         assert r["osl_retok"] is not None and r["osl_retok"] > 11  # the cross-check counts both texts
-    ttft = np.median([(r["t_first_token"] - r["t_sent"]) / 1e6 for r in ok])
+        assert r["n_chunks"] == 16 and r["t_first_token"] == r["chunk_times"][0]  # the first thought
+        assert r["t_first_answer"] == r["chunk_times"][5]  # the first answer token, after 5 thoughts
+    # a sleep-timed server is only ever late: lower bounds tell the definitions apart on a loaded machine
     thinking = np.median([(r["t_first_answer"] - r["t_first_token"]) / 1e6 for r in ok])
     tpot = np.median([(r["t_last"] - r["t_first_token"]) / 1e6 / (r["osl"] - 1) for r in ok])
-    assert close_to(ttft, 300.0), ttft  # the first thought, not the first answer token (≈ 500 ms)
-    assert close_to(thinking, 5 * 40.0, early=0.2), thinking
-    assert close_to(tpot, 40.0, early=0.2), tpot  # over the interval the usage count belongs to
+    assert thinking >= 5 * 40.0 * 0.8, thinking
+    assert tpot >= 40.0 * 0.8, tpot  # from the first answer instead: 10 gaps / 15 tokens ≈ 27 ms
 
 
 # ------------------------------------------------------------------------------------------------
@@ -121,7 +122,7 @@ def test_reasoning_stream_times_ttft_on_the_first_thought(tmp_path, style):
 def test_temperature_zero_is_greedy_on_every_transport():
     from pipeline.config import Sampling
 
-    assert Sampling(temperature=0, top_k=0).greedy and not Sampling(temperature=0.7, top_k=0).greedy
+    assert Sampling(temperature=0, top_k=40, top_p=0.9).greedy and not Sampling(temperature=0.7, top_k=40).greedy
     with pytest.raises(ValueError):
         Sampling(temperature=-0.1)
     for transport in ("grpc", "http"):
@@ -155,7 +156,9 @@ def test_top_k_is_sent_only_when_asked_for(top_k, send, expect_top_k, expect_tem
 @pytest.mark.parametrize(("error", "status", "fix"), [
     ("HTTP 422: {\"detail\":\"Unexpected fields in the request: {'top_k'}\"}", 422, "openai_top_k: false"),
     ('HTTP 404: {"message":"The model `x` does not exist."}', 404, "wrong model name"),
-    ("HTTP 400: Server is pinned to 'a'; requested 'b' model", 400, "wrong model name"),
+    ('HTTP 400: {"detail":"Server is pinned to \'/tmp/m\'; requested \'wrong\'."}', 400, "wrong model name"),
+    ('HTTP 400: {"detail":"Cannot use chat template functions because tokenizer.chat_template is not set"}', 400,
+     "openai_api: completions"),
     ("HTTP 404: {\"detail\":\"Not Found\"}", 404, "wrong path"),
     ("ConnectionRefusedError: [Errno 111] Connection refused", None, "not up"),
     ("HTTP 500: boom", 500, "its log"),
@@ -198,7 +201,11 @@ def test_a_server_that_refuses_every_request_stops_the_run_with_its_words(tmp_pa
     stopped = runs[0]["stopped_early"]
     assert stopped["errors"] == stopped["finished"] >= 4 and not runs[0]["valid"]
     records = [json.loads(line) for line in (tmp_path / "run" / runs[0]["raw"]).read_text().splitlines()]
-    assert records and all(r["status"] == "error" and r["http_status"] == 422 for r in records)  # kept
+    finished = [r for r in records if r["status"] != "incomplete_at_stop"]  # in flight at the stop: kept too
+    assert len(finished) == stopped["finished"] and all(r["status"] == "error" and r["http_status"] == 422
+                                                        for r in finished)
+    assert sum(json.loads(m.read_text())["sent"] for m in (tmp_path / "run" / "raw" / "parts").glob("*.meta.json")) \
+        == len(records)  # nothing lost
     assert json.loads((tmp_path / "run" / "run.json").read_text())["stopped_early"]["arm"] == "baseline"
     assert not (tmp_path / "run" / "report.json").exists()
 
