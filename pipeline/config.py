@@ -592,9 +592,9 @@ class LoadTestSettings(_Strict):
         default="completions",
     )
     openai_top_k: bool | None = _desc(
-        "Transport openai: send sampling.top_k. Unset: only when it is not greedy's top_k 1 at temperature 0; "
-        "true: always (vLLM, SGLang, trtllm-serve take it); false: never (strict servers refuse the field; "
-        "docs/openai-endpoints.md).", default=None,
+        "Transport openai: send sampling.top_k. Unset: greedy (top_k 1) goes as temperature 0 without top_k, any "
+        "other top_k is sent; true: always sent (vLLM, SGLang, trtllm-serve take it); false: never (strict servers "
+        "refuse the field; docs/openai-endpoints.md).", default=None,
     )
     fail_fast_error_rate: Annotated[float, Field(ge=0, lt=1)] | None = _desc(
         "Stop the load test before the sweep goes on when more than this fraction of the requests sent in a "
