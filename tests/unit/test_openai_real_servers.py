@@ -342,3 +342,28 @@ def test_sglang_ranks_without_a_weight_are_averaged_and_one_rank_is_itself():
     assert plain["rank_aggregation"].startswith("mean over ranks")
     one = parse('sglang:spec_accept_length{model_name="m"} 3.5\n')
     assert one["gauges"]["mean_acceptance_length"] == 3.5 and one["rank_aggregation"] == "one label set"
+
+
+@pytest.mark.slow  # a whole report (bootstrap, plots)
+def test_report_shows_first_answer_beside_ttft_for_reasoning_runs(tmp_path):
+    import shutil
+
+    from pipeline.report.builder import make_report, validate_report_json
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "run_small", run_dir)
+    for path in (run_dir / "raw").glob("speculative-*.jsonl"):  # the same records, as a reasoning model's
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        for r in records:
+            if r.get("t_first_token") is not None:
+                r["reasoning_text"], r["t_first_answer"] = "thinking", r["t_first_token"] + 7_000_000
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    make_report(run_dir)
+    data = json.loads((run_dir / "report.json").read_text())
+    assert validate_report_json(data) == []
+    spec = next(c for c in data["cells"] if c["arm"] == "speculative" and c["concurrency"] == 1)
+    base = next(c for c in data["cells"] if c["arm"] == "baseline" and c["concurrency"] == 1)
+    assert spec["reasoning_requests"] == spec["n_ok"] and base["reasoning_requests"] == 0
+    assert spec["first_answer_ms"]["p50"] == pytest.approx(spec["ttft_ms"]["p50"] + 7.0, abs=0.5)
+    assert base["first_answer_ms"]["p50"] == pytest.approx(base["ttft_ms"]["p50"])
+    assert "first answer p50 (ms)" in (run_dir / "report.md").read_text()
