@@ -289,7 +289,8 @@ def run_loadtest(
             if not result["server_alive"] or result["stopped_early"]:
                 break  # a dead server invalidates the rest; the report can never be GO
         meta["endpoints"] = _endpoints_provenance(endpoints)  # restarts and reported KV capacity
-    stopped = next((r for r in results if r["stopped_early"]), None)
+    # a server that died is the dead-server case (a report, never a GO); one that answers with errors stops here
+    stopped = next((r for r in results if r["stopped_early"] and r["server_alive"]), None)
     if stopped:
         meta["stopped_early"] = {"run": stopped["key"], "arm": stopped["arm"], **stopped["stopped_early"]}
     _write_json(run_dir / "run.json", RunInfo.checked(meta))
