@@ -12,6 +12,14 @@ chunks (``choices[0].text`` / ``delta.content``, ``finish_reason`` on the last),
 chunk when ``stream_options.include_usage`` is asked for (``--no-usage`` never sends one), then
 ``data: [DONE]``. ``GET /metrics`` exports, in OpenAI mode, vLLM's speculative-decoding counters
 for what it streamed (one draft of k tokens per chunk after the first, chunk size − 1 accepted).
+``GET /v1/models`` lists ``--served-model`` (default ``fake``). A strict or broken server, for the
+fail-fast checks: ``--refuse-every N`` answers every N-th OpenAI request (1 = all) with
+``--refuse-status`` and ``--refuse-body`` verbatim (default: transformers serve's 422 for ``top_k``).
+A reasoning model: ``--reasoning-tokens R --reasoning-style S`` streams R reasoning tokens first, as
+chat deltas shaped like server S's (``reasoning_content``: SGLang, trtllm-serve, older vLLM;
+``reasoning``: vLLM since the rename), counted in ``usage`` as upstream's servers count them.
+A broken stream: ``--bad-stream malformed`` sends a data line that is not JSON after the first
+chunk; ``--bad-stream no-finish`` never sends a ``finish_reason`` nor ``usage``, then ``[DONE]``.
 Run: ``python loadtests/fake_server.py --port 0`` prints ``PORT <n>`` once listening.
 """
 
@@ -30,7 +38,13 @@ _OPENAI_PATHS = {"/v1/completions": "completions", "/v1/chat/completions": "chat
 class FakeStreamServer:
     def __init__(self, ttft_ms: float, tpot_ms: float, tokens_per_chunk: int, max_tokens_cap: int,
                  stall_at_s: float | None = None, stall_s: float = 0.0, accept_rate: float = 0.75,
-                 usage: bool = True):
+                 usage: bool = True, served_model: str = "fake", refuse_every: int = 0, refuse_status: int = 422,
+                 refuse_body: str = "", reasoning_tokens: int = 0, reasoning_style: str = "reasoning_content"):
+        self.served_model, self.refuse_every, self.refuse_status = served_model, refuse_every, refuse_status
+        self.refuse_body = refuse_body.encode()
+        self.reasoning_tokens, self.reasoning_style = reasoning_tokens, reasoning_style
+        self.openai_requests = 0
+        self.bad_stream: str | None = None
         self.ttft = ttft_ms / 1000.0
         self.tpot = tpot_ms / 1000.0
         self.k = max(1, tokens_per_chunk)
@@ -78,8 +92,13 @@ class FakeStreamServer:
                                  % (len(text), text))
                     await writer.drain()
                     continue
-                if method == "GET" and (path.startswith("/v2/health") or path.endswith("/ready")
-                                        or path in ("/health", "/v1/models")):
+                if method == "GET" and path == "/v1/models":
+                    listing = json.dumps({"object": "list", "data": [{"id": self.served_model, "object": "model"}]})
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                                 % (len(listing), listing.encode()))
+                    await writer.drain()
+                    continue
+                if method == "GET" and (path.startswith("/v2/health") or path.endswith("/ready") or path == "/health"):
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
                     await writer.drain()
                     continue
@@ -90,6 +109,12 @@ class FakeStreamServer:
                     await writer.drain()
                     continue
                 if method == "POST" and path in _OPENAI_PATHS:
+                    self.openai_requests += 1
+                    if self.refuse_every and self.openai_requests % self.refuse_every == 0:
+                        writer.write(b"HTTP/1.1 %d Refused\r\nContent-Type: application/json\r\nContent-Length: %d"
+                                     b"\r\n\r\n%s" % (self.refuse_status, len(self.refuse_body), self.refuse_body))
+                        await writer.drain()
+                        continue
                     await self._stream(writer, json.loads(body or b"{}"), _OPENAI_PATHS[path])
                     continue
                 match = _PATH.match(path)
@@ -110,13 +135,19 @@ class FakeStreamServer:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
         await writer.drain()
         plan = self._chunk_plan(int(request.get("max_tokens", 16)))
+        thinking = min(self.reasoning_tokens, len(plan) - 1) if api == "chat" else 0  # chunks of reasoning
         deadline = t_arrival + self.ttft
         drafted = accepted = 0
         for i, ntok in enumerate(plan):
             await self._sleep_until(deadline)
             last = i == len(plan) - 1
+            if api is not None and self.bad_stream == "malformed" and i == 1:
+                writer.write(b"%x\r\n%s\r\n" % (len(b"data: {not json\n\n"), b"data: {not json\n\n"))
+                break
             if api is not None:
-                event = _openai_chunk(api, " tok" * ntok, "length" if last else None)
+                reasoning = ("think" * ntok) if i < thinking else None
+                finish = "length" if last and self.bad_stream != "no-finish" else None
+                event = _openai_chunk(api, None if reasoning else " tok" * ntok, finish, reasoning, self.reasoning_style)
             else:
                 event = {"model_name": "fake", "model_version": "1", "text_output": " tok" * ntok, "num_output_tokens": ntok}
             if i > 0:
@@ -135,7 +166,7 @@ class FakeStreamServer:
             if i + 1 < len(plan):
                 deadline += self.tpot * plan[i + 1]
         if api is not None:
-            if self.usage and (request.get("stream_options") or {}).get("include_usage"):
+            if self.usage and self.bad_stream is None and (request.get("stream_options") or {}).get("include_usage"):
                 _write_event(writer, {"id": "fake", "object": "text_completion", "choices": [],
                                       "usage": {"prompt_tokens": 1, "completion_tokens": sum(plan),
                                                 "total_tokens": 1 + sum(plan)}})
@@ -145,9 +176,15 @@ class FakeStreamServer:
         self.served += 1
 
 
-def _openai_chunk(api: str, text: str, finish_reason: str | None) -> dict:
-    choice = ({"index": 0, "delta": {"content": text}, "finish_reason": finish_reason} if api == "chat"
-              else {"index": 0, "text": text, "finish_reason": finish_reason})
+def _openai_chunk(api: str, text: str | None, finish_reason: str | None, reasoning: str | None = None,
+                  style: str = "reasoning_content") -> dict:
+    if api == "chat":  # upstream's DeltaMessage: the reasoning field set, content null, or the other way round
+        delta = {"content": text, style: reasoning} if reasoning else {"content": text}
+        if reasoning and style == "both":  # trtllm-serve's DeltaMessage has both fields
+            delta = {"content": None, "reasoning_content": reasoning, "reasoning": None}
+        choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": finish_reason}
     return {"id": "fake", "object": "chat.completion.chunk" if api == "chat" else "text_completion",
             "model": "fake", "choices": [choice]}
 
@@ -161,7 +198,11 @@ def _write_event(writer: asyncio.StreamWriter, event: dict | str) -> None:
 
 async def serve(args: argparse.Namespace) -> None:
     fake = FakeStreamServer(args.ttft_ms, args.tpot_ms, args.tokens_per_chunk, args.max_tokens_cap,
-                            args.stall_at_s, args.stall_s, usage=not args.no_usage)
+                            args.stall_at_s, args.stall_s, usage=not args.no_usage, served_model=args.served_model,
+                            refuse_every=args.refuse_every, refuse_status=args.refuse_status,
+                            refuse_body=args.refuse_body, reasoning_tokens=args.reasoning_tokens,
+                            reasoning_style=args.reasoning_style)
+    fake.bad_stream = args.bad_stream
     server = await asyncio.start_server(fake.handle, "127.0.0.1", args.port, backlog=1024)
     port = server.sockets[0].getsockname()[1]
     print(f"PORT {port}", flush=True)
@@ -179,6 +220,14 @@ def main() -> None:
     parser.add_argument("--stall-at-s", type=float, default=None)
     parser.add_argument("--stall-s", type=float, default=0.0)
     parser.add_argument("--no-usage", action="store_true", help="OpenAI mode: never send a usage chunk")
+    parser.add_argument("--served-model", default="fake", help="OpenAI mode: the name GET /v1/models lists")
+    parser.add_argument("--refuse-every", type=int, default=0, help="OpenAI mode: refuse every N-th request")
+    parser.add_argument("--refuse-status", type=int, default=422)
+    parser.add_argument("--refuse-body", default=json.dumps({"detail": "Unexpected fields in the request: {'top_k'}"}))
+    parser.add_argument("--reasoning-tokens", type=int, default=0, help="chat: chunks of reasoning before the answer")
+    parser.add_argument("--bad-stream", choices=("malformed", "no-finish"), default=None)
+    parser.add_argument("--reasoning-style", default="reasoning_content",
+                        choices=("reasoning_content", "reasoning", "both"))
     try:
         asyncio.run(serve(parser.parse_args()))
     except KeyboardInterrupt:

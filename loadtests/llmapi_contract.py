@@ -71,6 +71,9 @@ def llmapi_inputs(settings, prompt_text: str, prompt_index: int) -> dict[str, An
         if key == "seed":
             value = int(value) + prompt_index
         inputs[name] = float(value) if numpy == "float32" else int(value)
+    if inputs.get(SAMPLING_INPUTS["temperature"][0]) == 0:  # greedy as TensorRT-LLM reads it: top_k 1
+        inputs[SAMPLING_INPUTS["top_k"][0]] = 1
+        inputs.pop(SAMPLING_INPUTS["temperature"][0])
     inputs.update(settings.extra_inputs)
     return inputs
 

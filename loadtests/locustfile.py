@@ -16,6 +16,11 @@ User classes (pick one on the locust command line):
     requests at precomputed Poisson (or fixed) times, each in its own greenlet; latency is also
     counted from the intended send time ``t_scheduled`` (no coordinated omission).
 Requests still in flight when the run stops are written with status ``incomplete_at_stop``.
+
+Fail fast: when, among the requests sent in the first ``fail_fast_window_s`` seconds, errors pass
+``fail_fast_error_rate`` of those finished (at least ``FAIL_FAST_MIN_REQUESTS``), the process writes
+``<output_prefix>.<pid>.abort.json`` (the first error verbatim, its HTTP status, the counts) and
+quits: the orchestrator then stops the sweep instead of loading a server that refuses everything.
 """
 
 from __future__ import annotations
@@ -79,6 +84,9 @@ class _Run:
     counts = {"sent": 0, "written": 0}
     t_stop_signal: int | None = None
     retokenize = None
+    early = {"finished": 0, "errors": 0}  # requests sent inside the fail-fast window
+    first_error: dict | None = None
+    aborted = False
 
     @classmethod
     def ensure(cls, environment) -> None:
@@ -93,6 +101,8 @@ class _Run:
         cls.inflight = {}
         cls.counts = {"sent": 0, "written": 0}
         cls.retokenize = _make_retokenizer(cls.settings.tokenizer_dir)
+        cls.early = {"finished": 0, "errors": 0}
+        cls.first_error, cls.aborted = None, False
 
     @classmethod
     def begin(cls, prompt_index: int, prompt: dict, t_scheduled: int | None) -> RequestState:
@@ -118,6 +128,30 @@ class _Run:
         cls.writer.write(record)
         cls.counts["written"] += 1
         _fire_events(environment, record)
+        cls.watch_failures(record, environment)
+
+    @classmethod
+    def watch_failures(cls, record: dict, environment) -> None:
+        """Fail fast (see the module docstring): count the window's outcomes, quit past the bound."""
+        failed = record["status"] in ("error", "timeout")
+        if failed and cls.first_error is None:
+            cls.first_error = {"error": record["error"], "http_status": record.get("http_status"),
+                               "status": record["status"], "request_id": record["request_id"]}
+        settings = cls.settings
+        if cls.aborted or settings.fail_fast_error_rate is None:
+            return
+        if (record["t_sent"] or 0) > settings.fail_fast_window_s * 1e9:
+            return
+        cls.early["finished"] += 1
+        cls.early["errors"] += int(failed)
+        finished, errors = cls.early["finished"], cls.early["errors"]
+        if finished >= FAIL_FAST_MIN_REQUESTS and errors / finished > settings.fail_fast_error_rate:
+            cls.aborted = True
+            abort = {"pid": os.getpid(), "first_error": cls.first_error, "finished": finished, "errors": errors,
+                     "window_s": settings.fail_fast_window_s, "bound": settings.fail_fast_error_rate,
+                     "t_abort": cls.clock.now()}
+            Path(f"{settings.output_prefix}.{os.getpid()}.abort.json").write_text(json.dumps(abort), encoding="utf-8")
+            gevent.spawn(environment.runner.quit)  # not from this user's greenlet: quit stops the users
 
     @classmethod
     def flush_inflight(cls, environment) -> None:
@@ -409,7 +443,7 @@ class HttpStreamSession:
                          headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
             response = conn.getresponse()
             if response.status != 200:
-                state.status = "error"
+                state.status, state.http_status = "error", int(response.status)
                 state.error = f"HTTP {response.status}: {response.read()[:500].decode('utf-8', 'replace')}"
                 state.t_last = _Run.clock.now()
                 return
@@ -470,6 +504,7 @@ def _new_session(settings: RunSettings):
 
 
 ERROR_BACKOFF_S = 0.05  # a failing server must not turn a closed-loop user into a busy loop
+FAIL_FAST_MIN_REQUESTS = 4  # fewer finished requests say too little to stop a run on
 
 
 def _do_request(environment, session, t_scheduled: int | None = None) -> RequestState:

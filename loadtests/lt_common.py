@@ -52,7 +52,9 @@ class RunSettings:
     draft_len: int | None = None
     tokenizer_dir: str | None = None  # optional re-tokenized OSL cross-check
     openai_api: str = "completions"  # transport openai: completions | chat
-    openai_top_k: bool = True  # transport openai: send top_k (vLLM, SGLang, trtllm-serve take it; OpenAI does not)
+    openai_top_k: bool | None = None  # transport openai: send top_k; None = only when sampling sets it (not greedy)
+    fail_fast_error_rate: float | None = 0.5  # stop the run when errors / finished pass this in the first window
+    fail_fast_window_s: float = 5.0  # seconds from the run's start the fail-fast check covers
 
     @classmethod
     def from_file(cls, path: str | Path) -> "RunSettings":
@@ -124,6 +126,10 @@ def request_inputs(settings: RunSettings, prompt_text: str, prompt_index: int) -
         inputs["top_p"] = float(sampling["top_p"])
     if "temperature" in sampling:
         inputs["temperature"] = float(sampling["temperature"])
+        if inputs["temperature"] == 0 and settings.transport != "openai":
+            # greedy as TensorRT-LLM's samplers read it (top_k 1); a temperature of 0 is not sent to Triton
+            inputs["top_k"] = 1
+            inputs.pop("temperature")
     if "seed" in sampling:
         inputs["seed"] = int(sampling["seed"]) + prompt_index  # same prompt → same seed in both arms
     inputs.update(settings.extra_inputs)
@@ -155,22 +161,30 @@ class RequestState:
     t_last: int | None = None
     status: str = "pending"
     error: str | None = None
+    http_status: int | None = None  # the server's status line when it refused the request
     finished: bool = False
     osl_source: str | None = None  # set by a transport that knows better than "server"/"chunks"
     stream_text: Any = None  # llmapi contract: llmapi_contract.CumulativeText of this request
+    reasoning_parts: list[str] = field(default_factory=list)  # a reasoning model's thinking, kept apart
+    t_first_answer: int | None = None  # first answer (non-reasoning) text; t_first_token counts both
 
-    def add_chunk(self, t_ns: int, text: str | None, num_tokens: int | None) -> None:
-        """Record one response. ``num_tokens`` is the server's count for this response."""
-        text = text or ""
+    def add_chunk(self, t_ns: int, text: str | None, num_tokens: int | None, reasoning: str | None = None) -> None:
+        """Record one response. ``num_tokens`` is the server's count for this response; ``reasoning`` is
+        the reasoning text it carries (an output token like any other, kept out of the answer text)."""
+        text, reasoning = text or "", reasoning or ""
         if num_tokens is None:
-            ntok = 1 if text else 0  # no server count: one chunk ≈ ≥1 token, flagged via osl_source
+            ntok = 1 if (text or reasoning) else 0  # no server count: one chunk ≈ ≥1 token, flagged via osl_source
         else:
             ntok = int(num_tokens)
             self.osl_server = (self.osl_server or 0) + ntok
-        if ntok > 0 or text:
+        if ntok > 0 or text or reasoning:
             self.chunk_times.append(t_ns)
             self.chunk_tokens.append(ntok)
             self.text_parts.append(text)
+            if reasoning:
+                self.reasoning_parts.append(reasoning)
+            if text and self.t_first_answer is None:
+                self.t_first_answer = t_ns
         else:
             self.empty_chunks += 1
         self.t_last = t_ns
@@ -195,6 +209,7 @@ class Clock:
 def build_record(settings: RunSettings, state: RequestState, *, worker_pid: int, retokenize=None) -> dict[str, Any]:
     """The raw per-request record (schema: pipeline/artefacts/records.py)."""
     text = "".join(state.text_parts)
+    reasoning = "".join(state.reasoning_parts)
     osl = state.osl_server if state.osl_server is not None else sum(state.chunk_tokens)
     t_first = state.chunk_times[0] if state.chunk_times else None
     warm_ref = state.t_scheduled if state.t_scheduled is not None else state.t_sent
@@ -218,6 +233,7 @@ def build_record(settings: RunSettings, state: RequestState, *, worker_pid: int,
         "t_scheduled": state.t_scheduled,
         "t_sent": state.t_sent,
         "t_first_token": t_first,
+        "t_first_answer": state.t_first_answer if reasoning else t_first,
         "t_last": state.t_last if state.chunk_times or state.t_last else None,
         "chunk_times": state.chunk_times,
         "tokens_per_chunk": state.chunk_tokens,
@@ -230,7 +246,9 @@ def build_record(settings: RunSettings, state: RequestState, *, worker_pid: int,
         "prompt_echoed": bool(text) and text.startswith(state.prompt_text) and len(state.prompt_text) > 0,
         "hit_max_tokens": osl >= settings.max_tokens,
         "output_text": text,
-        "output_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+        "reasoning_text": reasoning or None,
+        # greedy-equivalence compares the whole output: reasoning, a NUL, the answer (the answer alone without one)
+        "output_sha256": hashlib.sha256((f"{reasoning}\0{text}" if reasoning else text).encode("utf-8")).hexdigest(),
         "draft_tokens": state.perf.get("total_draft_tokens"),
         "accepted_tokens": state.perf.get("total_accepted_draft_tokens"),
         "acceptance_rate": state.perf.get("acceptance_rate"),
@@ -238,10 +256,11 @@ def build_record(settings: RunSettings, state: RequestState, *, worker_pid: int,
         "server_times_ns": {k: state.perf[k] for k in PERF_FIELDS_TIME if k in state.perf},
         "status": state.status,
         "error": state.error,
+        "http_status": state.http_status,
     }
-    if retokenize is not None and text:
-        try:
-            record["osl_retok"] = int(retokenize(text))
+    if retokenize is not None and (text or reasoning):
+        try:  # both parts: the server's usage counts reasoning tokens as completion tokens
+            record["osl_retok"] = int(retokenize(text) if text else 0) + int(retokenize(reasoning) if reasoning else 0)
         except Exception:  # noqa: BLE001 - a cross-check must never fail a request
             record["osl_retok"] = None
     return record

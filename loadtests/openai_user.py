@@ -2,11 +2,18 @@
 
 Imported by ``locustfile.py`` (after gevent's monkey-patching); reads nothing itself. A session
 turns the Triton-shaped request of ``lt_common.request_inputs`` into an OpenAI request body (the
-prompt or one user message, ``max_tokens``, ``temperature``, ``top_p``, ``top_k`` where the server
-takes it, ``seed``, ``stream_options.include_usage``) and fills a ``RequestState`` chunk by chunk,
-timed when each SSE event is read, never at headers. Output length comes from the final ``usage``
-event (``osl_source: server``); a server that sends none is re-tokenized with the configured
-tokenizer (``retokenized``) or, without one, counted one token per chunk (``chunks``).
+prompt or one user message, ``max_tokens``, ``temperature`` (0 is the API's greedy), ``top_p``,
+``top_k`` only where asked for, ``seed``, ``stream_options.include_usage``) and fills a
+``RequestState`` chunk by chunk, timed when each SSE event is read, never at headers.
+
+Reasoning models: vLLM, SGLang and trtllm-serve stream the thinking before the answer as
+``delta.reasoning_content`` (vLLM since its rename: ``delta.reasoning``; trtllm-serve has both
+fields). Those deltas are output tokens: the first of them is the first token (TTFT), the first
+answer text is recorded beside it (``t_first_answer``), and the two texts are kept apart. Output
+length comes from the final ``usage`` event, which counts both (``osl_source: server``); a server
+that sends none is re-tokenized with the configured tokenizer (both texts, ``retokenized``) or,
+without one, counted one token per chunk (``chunks``). A refusal keeps the server's HTTP status
+and body on the request (``http_status``, ``error``).
 
 One keep-alive HTTP/1.1 connection per session over ``geventhttpclient`` (Locust's own fast
 client, so no extra dependency and cooperative under gevent).
@@ -27,10 +34,14 @@ _TRITON_ONLY = {"text_input", "stream", "exclude_input_in_output", "return_perf_
                 "max_tokens", "temperature", "top_p", "top_k", "seed"}
 
 
-def openai_body(inputs: dict[str, Any], model_name: str, api: str, send_top_k: bool = True) -> dict[str, Any]:
+def openai_body(inputs: dict[str, Any], model_name: str, api: str, send_top_k: bool | None = None) -> dict[str, Any]:
     """The OpenAI request for one Triton-shaped ``inputs`` dict (same sampling in both arms).
 
-    Triton's ``top_p: 0`` means "off", which OpenAI spells by leaving it out; ``top_k: 0`` likewise."""
+    Triton's ``top_p: 0`` means "off", which OpenAI spells by leaving it out; ``top_k: 0`` likewise.
+    ``top_k`` is not an OpenAI field and a strict server refuses it. ``send_top_k`` True sends it as
+    given (vLLM, SGLang, trtllm-serve take it); False and None (the default) spell greedy (``top_k:
+    1``) the API's way, temperature 0, and send no ``top_k``; None sends any other ``top_k`` (one the
+    config set on purpose), False never."""
     body: dict[str, Any] = {"model": model_name, "stream": True, "stream_options": {"include_usage": True},
                             "max_tokens": int(inputs["max_tokens"])}
     if api == "chat":
@@ -41,28 +52,47 @@ def openai_body(inputs: dict[str, Any], model_name: str, api: str, send_top_k: b
         body["temperature"] = float(inputs["temperature"])
     if inputs.get("top_p"):
         body["top_p"] = float(inputs["top_p"])
-    if send_top_k and inputs.get("top_k"):
-        body["top_k"] = int(inputs["top_k"])
+    top_k = int(inputs.get("top_k") or 0)
+    if top_k and send_top_k:
+        body["top_k"] = top_k
+    elif top_k == 1:
+        body["temperature"] = 0.0  # greedy, as the OpenAI API asks for it
+    elif top_k and send_top_k is None:
+        body["top_k"] = top_k
     if "seed" in inputs:
         body["seed"] = int(inputs["seed"])
     body.update({k: v for k, v in inputs.items() if k not in _TRITON_ONLY})  # extra inputs go as given
     return body
 
 
-def chunk_text(event: dict[str, Any], api: str) -> tuple[str | None, str | None]:
-    """(text, finish_reason) of one streamed event's first choice; (None, None) when it has none."""
+REASONING_FIELDS = ("reasoning_content", "reasoning")  # SGLang/trtllm-serve/older vLLM; vLLM now, trtllm GPT-OSS
+
+
+def chunk_parts(event: dict[str, Any], api: str) -> tuple[str | None, str | None, str | None]:
+    """(answer text, reasoning text, finish_reason) of one streamed event's first choice.
+
+    Chat: ``delta.content`` and ``delta.reasoning_content`` / ``delta.reasoning``; completions:
+    ``text`` (and the same reasoning fields on the choice, should a server put them there)."""
     choices = event.get("choices") or []
     if not choices:
-        return None, None
+        return None, None, None
     choice = choices[0]
-    text = (choice.get("delta") or {}).get("content") if api == "chat" else choice.get("text")
-    return text, choice.get("finish_reason")
+    holder = (choice.get("delta") or {}) if api == "chat" else choice
+    text = holder.get("content") if api == "chat" else holder.get("text")
+    reasoning = next((holder[f] for f in REASONING_FIELDS if isinstance(holder.get(f), str) and holder[f]), None)
+    return text, reasoning, choice.get("finish_reason")
+
+
+def chunk_text(event: dict[str, Any], api: str) -> tuple[str | None, str | None]:
+    """(answer text, finish_reason) of one streamed event's first choice; (None, None) when it has none."""
+    text, _, reason = chunk_parts(event, api)
+    return text, reason
 
 
 class OpenAIStreamSession:
     """One keep-alive connection to an OpenAI-compatible server; one request at a time."""
 
-    def __init__(self, base_url: str, now: Callable[[], int], api: str = "completions", send_top_k: bool = True,
+    def __init__(self, base_url: str, now: Callable[[], int], api: str = "completions", send_top_k: bool | None = None,
                  retokenize: Callable[[str], int] | None = None):
         if api not in API_PATHS:
             raise ValueError(f"openai_api: expected one of {sorted(API_PATHS)}, got '{api}'")
@@ -90,8 +120,8 @@ class OpenAIStreamSession:
             response = client.post(self.prefix + API_PATHS[self.api], body=body,
                                    headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
             if response.status_code != 200:
-                state.status, state.t_last = "error", self.now()
-                state.error = f"HTTP {response.status_code}: {response.read()[:500].decode('utf-8', 'replace')}"
+                state.status, state.t_last, state.http_status = "error", self.now(), int(response.status_code)
+                state.error = f"HTTP {response.status_code}: {response.read()[:2000].decode('utf-8', 'replace')}"
                 return
             self._read_events(state, response, deadline)
             if state.status != "ok":
@@ -122,13 +152,22 @@ class OpenAIStreamSession:
             if not payload:
                 continue
             now = self.now()
-            event = json.loads(payload)
+            try:
+                event = json.loads(payload)
+            except ValueError:
+                state.status, state.t_last = "error", now
+                state.error = f"malformed SSE line from the server: {payload[:300].decode('utf-8', 'replace')!r}"
+                return
+            if not isinstance(event, dict):
+                state.status, state.t_last = "error", now
+                state.error = f"SSE data is not a JSON object: {payload[:300].decode('utf-8', 'replace')!r}"
+                return
             if "error" in event:
                 state.status, state.t_last = "error", now
-                state.error = str(event["error"])
+                state.error = f"error event from the server: {json.dumps(event['error'])[:2000]}"
                 return
-            text, reason = chunk_text(event, self.api)
-            state.add_chunk(now, text, None)
+            text, reasoning, reason = chunk_parts(event, self.api)
+            state.add_chunk(now, text, None, reasoning)
             finish = reason or finish
             usage = event.get("usage") or usage
             if time.monotonic() > deadline:
@@ -144,8 +183,10 @@ class OpenAIStreamSession:
     def _count_tokens(self, state: RequestState, usage: dict | None) -> None:
         if usage and usage.get("completion_tokens") is not None:
             state.osl_server, state.osl_source = int(usage["completion_tokens"]), "server"
-        elif self.retokenize is not None and state.text_parts:
-            state.osl_server, state.osl_source = int(self.retokenize("".join(state.text_parts))), "retokenized"
+        elif self.retokenize is not None and (state.text_parts or state.reasoning_parts):
+            parts = ("".join(state.text_parts), "".join(state.reasoning_parts))
+            state.osl_server = sum(int(self.retokenize(part)) for part in parts if part)
+            state.osl_source = "retokenized"
         else:
             state.osl_source = "chunks"
 

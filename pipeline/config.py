@@ -567,16 +567,18 @@ class TritonSettings(_Strict):
 
 
 class Sampling(_Strict):
-    """Sampling sent identically to both arms. top_k=1 (the default) is greedy."""
+    """Sampling sent identically to both arms. top_k=1 (the default) is greedy, and so is temperature 0."""
 
-    temperature: Annotated[float, Field(gt=0, le=10)] = _desc("Sampling temperature.", default=1.0)
+    temperature: Annotated[float, Field(ge=0, le=10)] = _desc(
+        "Sampling temperature; 0 is greedy (Triton: sent as top_k 1; OpenAI-compatible servers: temperature 0).",
+        default=1.0)
     top_k: Annotated[int, Field(ge=0)] = _desc("Top-k (1 = greedy).", default=1)
     top_p: Annotated[float, Field(ge=0, le=1)] = _desc("Top-p (0 = off).", default=0.0)
     seed: Annotated[int, Field(ge=0)] = _desc("Per-request random seed base.", default=0)
 
     @property
     def greedy(self) -> bool:
-        return self.top_k == 1 or (self.top_k == 0 and self.top_p <= 0)
+        return self.top_k == 1 or self.temperature == 0 or (self.top_k == 0 and self.top_p <= 0)
 
 
 class LoadTestSettings(_Strict):
@@ -589,9 +591,17 @@ class LoadTestSettings(_Strict):
         "Transport openai: /v1/completions (the prompt as text) or /v1/chat/completions (one user message).",
         default="completions",
     )
-    openai_top_k: bool = _desc(
-        "Transport openai: send sampling.top_k (vLLM, SGLang and trtllm-serve take it; OpenAI's own API does not).",
-        default=True,
+    openai_top_k: bool | None = _desc(
+        "Transport openai: send sampling.top_k. Unset: greedy (top_k 1) goes as temperature 0 without top_k, any "
+        "other top_k is sent; true: always sent (vLLM, SGLang, trtllm-serve take it); false: never (strict servers "
+        "refuse the field; docs/openai-endpoints.md).", default=None,
+    )
+    fail_fast_error_rate: Annotated[float, Field(ge=0, lt=1)] | None = _desc(
+        "Stop the load test before the sweep goes on when more than this fraction of the requests sent in a "
+        "run's first fail_fast_window_s seconds fail (null: never stop early).", default=0.5,
+    )
+    fail_fast_window_s: Annotated[float, Field(gt=0)] = _desc(
+        "Seconds from a run's start that fail_fast_error_rate watches.", default=10.0,
     )
     mode: Literal["closed", "open"] = _desc("Closed loop (fixed users) or open loop (request rate).", default="closed")
     concurrency: list[Annotated[int, Field(ge=1, le=4096)]] = _desc(

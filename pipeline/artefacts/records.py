@@ -58,7 +58,10 @@ class RawRecord(Artefact):
     server_times_ns: dict[str, int | float]
     status: str
     error: str | None
-
+    # reasoning models (transport openai): the first answer token after the reasoning, and the reasoning text
+    t_first_answer: int | None = None
+    reasoning_text: str | None = None
+    http_status: int | None = None  # the server's HTTP status when it refused the request
 
 # the hot-path form: the same keys, no validation (``schema`` is a keyword-free TypedDict key)
 RawRecordDict = TypedDict("RawRecordDict", {

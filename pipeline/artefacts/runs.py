@@ -88,6 +88,9 @@ class RunResult(Strict):
     client_cpus: list[int] | None = None
     client_cpu_fraction: float | None = None
     server_log_tail: str | None = None
+    stopped_early: dict[str, Any] | None = Field(None, description=(
+        "The run's Locust stopped itself (pipeline/loadtest/fail_fast.py): the first error verbatim, its HTTP "
+        "status, the counts in the window, the likely fix."))
 
 
 class RunResults(Artefact):
@@ -139,3 +142,5 @@ class RunSettings(Artefact):
     tokenizer_dir: str | None = None
     openai_api: str | None = Field(None, description="transport openai: completions or chat.")
     openai_top_k: int | None = None
+    fail_fast_error_rate: float | None = None
+    fail_fast_window_s: float = 10.0

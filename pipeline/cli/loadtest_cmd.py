@@ -3,7 +3,8 @@
 Reads the config, starts both arms' servers (or uses ``--endpoint-*``), runs Locust headless as a
 subprocess per arm × concurrency × repeat (interleaved), writes RUN_DIR (raw records, runs.json,
 run.json, metrics) and then the report; exits with the verdict's code (0 GO, 1 NO-GO,
-3 INCONCLUSIVE; 2 stays the usage error).
+3 INCONCLUSIVE; 2 stays the usage error), or 4 when it stopped early because the requests failed
+from the start (pipeline/loadtest/fail_fast.py: the first error verbatim and a likely fix).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def _int_list(value: Optional[str], option: str) -> Optional[list[int]]:
 
 def register(app: typer.Typer) -> None:
     @app.command("loadtest", help="Load-test speculative vs baseline under a concurrency sweep (Locust); "
-                                  "exit code = verdict (0 GO, 1 NO-GO, 3 INCONCLUSIVE).")
+                                  "exit code = verdict (0 GO, 1 NO-GO, 3 INCONCLUSIVE); 4 = stopped early, "
+                                  "requests failing from the start.")
     def loadtest_command(
         config: Optional[str] = typer.Argument(None, help="Deployment config YAML (or --loadtest-file)."),
         out: Optional[str] = typer.Option(None, "--out", help="Run directory (default reports/NAME/<UTC timestamp>/)."),
@@ -53,7 +55,13 @@ def register(app: typer.Typer) -> None:
             None, "--loadtest-file", help="Endpoints only: a load-test file (name, loadtest, gate) instead of a "
             "deployment config; needs --endpoint-* and --model (docs/openai-endpoints.md)."),
         transport: str = typer.Option("openai", "--transport", help="With --loadtest-file: openai | http | grpc."),
-        model: Optional[str] = typer.Option(None, "--model", help="With --loadtest-file: the served model name."),
+        model: Optional[str] = typer.Option(None, "--model", help="With --loadtest-file: the served model name "
+                                            "(both arms)."),
+        model_baseline: Optional[str] = typer.Option(
+            None, "--model-baseline", help="With --loadtest-file: the baseline server's model name (default --model)."),
+        model_speculative: Optional[str] = typer.Option(
+            None, "--model-speculative", help="With --loadtest-file: the speculative server's model name "
+            "(default --model)."),
         tokenizer: Optional[str] = typer.Option(
             None, "--tokenizer", help="With --loadtest-file: tokenizer directory (re-tokenized lengths when a "
             "server sends no usage)."),
@@ -70,7 +78,8 @@ def register(app: typer.Typer) -> None:
             endpoint_speculative = endpoint if arm == "speculative" else endpoint_speculative
         if loadtest_file or config is None:
             return _endpoints_only(config, loadtest_file, out, concurrency, duration, repeats, endpoint_baseline,
-                                   endpoint_speculative, arm, no_progress, transport, model, tokenizer)
+                                   endpoint_speculative, arm, no_progress, transport, model, tokenizer,
+                                   model_baseline, model_speculative)
         cfg = load_config(config, workdir)
         run_dir = run_loadtest(
             cfg, out_dir=out, concurrency=_int_list(concurrency, "--concurrency"), duration=duration,
@@ -84,7 +93,8 @@ def register(app: typer.Typer) -> None:
 
 
 def _endpoints_only(config, loadtest_file, out, concurrency, duration, repeats, endpoint_baseline,
-                    endpoint_speculative, arm, no_progress, transport, model, tokenizer) -> int:
+                    endpoint_speculative, arm, no_progress, transport, model, tokenizer,
+                    model_baseline=None, model_speculative=None) -> int:
     from pipeline.errors import SpecdeployError  # noqa: PLC0415
     from pipeline.loadtest.endpoints_only import run_endpoint_loadtest  # noqa: PLC0415
     from pipeline.report.builder import make_report  # noqa: PLC0415
@@ -97,6 +107,7 @@ def _endpoints_only(config, loadtest_file, out, concurrency, duration, repeats, 
         raise SpecdeployError("--loadtest-file: pass --endpoint-baseline and --endpoint-speculative (or one with --arm)")
     run_dir, cfg = run_endpoint_loadtest(
         loadtest_file, endpoint_baseline=endpoint_baseline, endpoint_speculative=endpoint_speculative, model=model,
+        model_baseline=model_baseline, model_speculative=model_speculative,
         transport=transport, tokenizer=tokenizer, out_dir=out, concurrency=_int_list(concurrency, "--concurrency"),
         duration=duration, repeats=repeats, arm=arm, progress=not no_progress, report=False)
     report = make_report(run_dir, cfg)

@@ -27,7 +27,12 @@ Where the names and shapes come from (upstream wins over any note here):
   after a run therefore holds that run's iterations only (the read before emptied the queue).
 - SGLang: ``python/sglang/srt/metrics/collector.py`` (``SchedulerMetricsCollector``): gauges
   ``sglang:spec_accept_length`` and ``sglang:spec_accept_rate`` (the last logging interval), no
-  counters; needs ``--enable-metrics``.
+  counters; needs ``--enable-metrics``. Each scheduler process sets them under its own labels
+  (``dp_rank`` with data parallelism, ``tp_rank``/``pp_rank`` and others as the release has them;
+  ``multiprocess_mode="mostrecent"``), beside ``sglang:num_running_reqs`` with the same labels. The
+  ranks are kept (``per_rank``, with their labels) and aggregated as the gauges mean: a mean over
+  verify steps, so weighted by each rank's running requests (its sequences per step) where that gauge
+  is exported, a plain mean over ranks where it is not (``rank_aggregation`` says which).
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ _GAUGES: dict[str, tuple[str, str]] = {
     "sglang:spec_accept_length": ("mean_acceptance_length", SGLANG),
     "sglang:spec_accept_rate": ("acceptance_rate", SGLANG),
 }
+_SGLANG_RANK_WEIGHT = "sglang:num_running_reqs"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -93,6 +99,7 @@ def parse_prometheus(text: str) -> dict[str, Any]:
     iter_counters: dict[str, float] = {}
     gauges: dict[str, dict[str, float]] = {}
     per_position: dict[str, float] = {}
+    sglang_ranks: dict[tuple, dict[str, Any]] = {}  # label set -> {"labels", figures, "weight"}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             name, value = sample.name, float(sample.value)
@@ -108,12 +115,46 @@ def parse_prometheus(text: str) -> dict[str, Any]:
                 per_position[pos] = per_position.get(pos, 0.0) + value
             elif name in _GAUGES and family.type in ("gauge", "unknown"):  # "unknown": text without # TYPE
                 figure, source = _GAUGES[name]
-                gauges.setdefault(source, {})[figure] = value  # one engine: the last label set read
+                if source == SGLANG:
+                    _rank(sglang_ranks, sample.labels)[figure] = value
+                else:
+                    gauges.setdefault(source, {})[figure] = value  # one engine: the last label set read
+            elif name == _SGLANG_RANK_WEIGHT and family.type in ("gauge", "unknown"):
+                _rank(sglang_ranks, sample.labels)["weight"] = value
+    ranks = [r for r in sglang_ranks.values() if any(f in r for f, _ in _GAUGES.values())]
+    if ranks:
+        gauges[SGLANG], aggregation = aggregate_ranks(ranks)
     if iter_counters and TRTLLM_PROM not in counters:
         counters[TRTLLM_PROM] = iter_counters
     source = next((s for s in (SPECDEPLOY, VLLM, TRTLLM_PROM, SGLANG) if s in counters or s in gauges), NOT_REPORTED)
-    return {"source": source, "counters": counters.get(source, {}), "gauges": gauges.get(source, {}),
-            "per_position": per_position if source == VLLM else {}}
+    out = {"source": source, "counters": counters.get(source, {}), "gauges": gauges.get(source, {}),
+           "per_position": per_position if source == VLLM else {}}
+    if source == SGLANG:
+        out["per_rank"], out["rank_aggregation"] = ranks, aggregation
+    return out
+
+
+def _rank(ranks: dict[tuple, dict[str, Any]], labels: dict[str, str]) -> dict[str, Any]:
+    key = tuple(sorted(labels.items()))
+    return ranks.setdefault(key, {"labels": dict(labels)})
+
+
+def aggregate_ranks(ranks: list[dict[str, Any]]) -> tuple[dict[str, float], str]:
+    """SGLang's per-rank gauges as one figure each: weighted by running requests where every rank
+    exports a positive count, else the plain mean; and which of the two (or one rank) it was."""
+    figures = sorted({f for r in ranks for f in r if f not in ("labels", "weight")})
+    weights = [r.get("weight") for r in ranks]
+    weighted = len(ranks) > 1 and all(w is not None for w in weights) and sum(weights) > 0
+    out = {}
+    for figure in figures:
+        pairs = [(r[figure], r.get("weight") or 0.0) for r in ranks if figure in r]
+        if weighted and sum(w for _, w in pairs) > 0:
+            out[figure] = sum(v * w for v, w in pairs) / sum(w for _, w in pairs)
+        else:
+            out[figure] = sum(v for v, _ in pairs) / len(pairs)
+    how = ("one label set" if len(ranks) == 1 else
+           f"weighted by {_SGLANG_RANK_WEIGHT}" if weighted else "mean over ranks (no running-request weight)")
+    return out, how
 
 
 def parse_iteration_stats(stats: Any) -> dict[str, Any]:
@@ -176,6 +217,8 @@ def run_delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> di
         for figure, value in gauges.items():
             if out.get(figure) is None:
                 out[figure] = value
+    if after.get("per_rank"):
+        out["per_rank"], out["rank_aggregation"] = after["per_rank"], after.get("rank_aggregation")
     return out
 
 

@@ -8,10 +8,16 @@ sections of a deployment config, free-text provenance) and the tokenizer directo
 deployment config the load tester and the report take (``speculation.method: none``: nothing is
 built or served here) and hands both arms to :func:`pipeline.loadtest.runner.run_loadtest` as given
 endpoints; RUN_DIR is then what ``specdeploy report`` reads, as for a served deployment.
+
+Each arm has its own model name (two servers need not name one model alike: a server that names it
+by its path, a ``--served-model-name`` on one arm). Before any load, each OpenAI-compatible arm's
+``GET /v1/models`` is read: a server that does not answer, or does not list the arm's name, stops
+the load test there with the names it does list.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Annotated, Any
@@ -82,9 +88,10 @@ def deployment_config(lt: EndpointLoadTestFile, model: str, transport: str, sour
     return cfg
 
 
-def given_endpoints(transport: str, model: str, urls: dict[str, str | None],
+def given_endpoints(transport: str, model: str | dict[str, str], urls: dict[str, str | None],
                     metrics: dict[str, str | None]) -> dict[str, ArmEndpoint]:
-    """One :class:`ArmEndpoint` per arm with a URL; alive = the server still answers after a run."""
+    """One :class:`ArmEndpoint` per arm with a URL; alive = the server still answers after a run.
+    ``model``: one name for both arms, or one per arm."""
     out = {}
     for arm, url in urls.items():
         if not url:
@@ -93,8 +100,52 @@ def given_endpoints(transport: str, model: str, urls: dict[str, str | None],
             url = "http://" + url
         if transport == "grpc":
             url = re.sub(r"^(grpc|http)s?://", "", url)
-        out[arm] = ArmEndpoint(arm, url.rstrip("/"), model, {}, metrics.get(arm), alive=_alive(transport, url, model))
+        name = model[arm] if isinstance(model, dict) else model
+        out[arm] = ArmEndpoint(arm, url.rstrip("/"), name, {}, metrics.get(arm), alive=_alive(transport, url, name))
     return out
+
+
+def arm_models(model: str | None, model_baseline: str | None, model_speculative: str | None,
+               urls: dict[str, str | None]) -> dict[str, str]:
+    """The model name each arm with a URL sends: its own option, else ``--model``."""
+    given = {"baseline": model_baseline or model, "speculative": model_speculative or model}
+    missing = [arm for arm, url in urls.items() if url and not given[arm]]
+    if missing:
+        raise SpecdeployError(f"--model-{missing[0]} (or --model for both arms): the model name the {missing[0]} "
+                              "server serves is needed with --loadtest-file (GET /v1/models lists it)")
+    return {arm: name for arm, name in given.items() if urls.get(arm) and name}
+
+
+def listed_models(url: str, timeout_s: float = 10.0) -> list[str]:
+    """The model ids ``GET /v1/models`` lists; SpecdeployError (the server's words) when it does not answer."""
+    import urllib.error  # noqa: PLC0415
+    import urllib.request  # noqa: PLC0415
+
+    base = url.rstrip("/").removesuffix("/v1")
+    try:
+        with urllib.request.urlopen(base + "/v1/models", timeout=timeout_s) as resp:  # noqa: S310 - user URL
+            payload = json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        body = exc.read()[:500].decode("utf-8", "replace")
+        raise SpecdeployError(f"{base}/v1/models answered HTTP {exc.code}: {body} (is {base} the base URL of an "
+                              "OpenAI-compatible server?)") from None
+    except (OSError, ValueError) as exc:
+        raise SpecdeployError(f"{base}/v1/models: {type(exc).__name__}: {exc} (is the server up at {base}?)") from None
+    data = payload.get("data") if isinstance(payload, dict) else None
+    return [str(item.get("id")) for item in data or [] if isinstance(item, dict) and item.get("id") is not None]
+
+
+def check_models_listed(endpoints: dict[str, ArmEndpoint]) -> dict[str, list[str]]:
+    """Every arm's model name is one its server lists; returns what each listed (run.json records it)."""
+    listed = {}
+    for arm, endpoint in endpoints.items():
+        listed[arm] = listed_models(endpoint.url)
+        if endpoint.model_name not in listed[arm]:
+            names = ", ".join(repr(n) for n in listed[arm]) or "none"
+            raise SpecdeployError(f"{arm}: the server at {endpoint.url} does not list the model "
+                                  f"'{endpoint.model_name}' at GET /v1/models; it lists {names} (pass one with "
+                                  f"--model-{arm}, or --model for both arms)")
+    return listed
 
 
 def _alive(transport: str, url: str, model: str):
@@ -116,24 +167,28 @@ def openai_alive(url: str, timeout_s: float = 5.0) -> bool:
 
 
 def run_endpoint_loadtest(lt_path: str | Path, *, endpoint_baseline: str | None, endpoint_speculative: str | None,
-                          model: str, transport: str = "openai", tokenizer: str | None = None,
+                          model: str | None, transport: str = "openai", tokenizer: str | None = None,
+                          model_baseline: str | None = None, model_speculative: str | None = None,
                           **options: Any) -> tuple[Path, DeploymentConfig]:
     """Load-test two given endpoints (or one, with ``arm``); returns (RUN_DIR, the config snapshot)."""
     from pipeline.loadtest.runner import run_loadtest  # noqa: PLC0415
 
     if transport not in TRANSPORTS:
         raise SpecdeployError(f"--transport: expected one of {TRANSPORTS}, got '{transport}'")
-    if not model:
-        raise SpecdeployError("--model: the model name both servers serve is needed with --loadtest-file")
+    urls = {"baseline": endpoint_baseline, "speculative": endpoint_speculative}
+    if options.get("arm"):
+        urls = {arm: url for arm, url in urls.items() if arm == options["arm"]}
+    models = arm_models(model, model_baseline, model_speculative, urls)
     if tokenizer and not (Path(tokenizer) / "tokenizer.json").is_file():
         raise SpecdeployError(f"--tokenizer: {tokenizer} holds no tokenizer.json")
     lt = load_loadtest_file(lt_path)
-    cfg = deployment_config(lt, model, transport, Path(lt_path))
-    urls = {"baseline": endpoint_baseline, "speculative": endpoint_speculative}
-    endpoints = given_endpoints(transport, model, urls,
+    cfg = deployment_config(lt, models.get("baseline") or next(iter(models.values())), transport, Path(lt_path))
+    endpoints = given_endpoints(transport, models, urls,
                                 {"baseline": lt.metrics_baseline, "speculative": lt.metrics_speculative})
+    listed = check_models_listed(endpoints) if transport == "openai" else None  # before any load
     run_dir = run_loadtest(cfg, endpoint_baseline=endpoint_baseline, endpoint_speculative=endpoint_speculative,
                            given_endpoints=endpoints, tokenizer_dir=tokenizer,
                            meta_extra={"hardware": {"declared": lt.hardware, "servers": "given endpoints"},
-                                       "loadtest_file": str(Path(lt_path).resolve())}, **options)
+                                       "loadtest_file": str(Path(lt_path).resolve()),
+                                       "models": models, "models_listed": listed}, **options)
     return run_dir, cfg

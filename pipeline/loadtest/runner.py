@@ -39,7 +39,7 @@ from pipeline.artefacts.runs import RunInfo, RunResults, RunSettings
 from pipeline.config import DeploymentConfig
 from pipeline.infra.atomic import write_json_atomic
 from pipeline.infra.processes import spawn
-from pipeline.loadtest import acceptance_sources
+from pipeline.loadtest import acceptance_sources, fail_fast
 from pipeline.loadtest.endpoints import ArmEndpoint, ManagedEndpoints, managed_endpoints, remote_endpoint
 from pipeline.loadtest.inputs import (
     ARMS,
@@ -137,6 +137,7 @@ def run_settings(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, ru
         "warmup_s": warmup_s, "duration_s": duration_s, "request_timeout_s": max(60.0, lt.stop_timeout_s * 4),
         "stop_timeout_s": lt.stop_timeout_s, "num_workers": lt.processes, "draft_len": spec.draft_len,
         "tokenizer_dir": tokenizer_dir, "openai_api": lt.openai_api, "openai_top_k": lt.openai_top_k,
+        "fail_fast_error_rate": lt.fail_fast_error_rate, "fail_fast_window_s": lt.fail_fast_window_s,
     }
 
 
@@ -202,6 +203,9 @@ def execute_run(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run
         reasons.append(f"locust exited with {exit_code}")
     if n_records == 0:
         reasons.append("no raw records")
+    stopped = fail_fast.read_abort(run_dir, spec.key)
+    if stopped:
+        reasons.append(f"stopped early: {stopped['errors']} of the first {stopped['finished']} requests failed")
     return {
         "key": spec.key, "arm": spec.arm, "concurrency": spec.concurrency, "target_rate": spec.target_rate,
         "repeat": spec.repeat, "draft_len": spec.draft_len, "raw": f"raw/{spec.key}.jsonl",
@@ -214,6 +218,7 @@ def execute_run(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run
         "client_cpu_s": client_cpu_s, "client_cpus": list(endpoint.client_cpus) if endpoint.client_cpus else None,
         "client_cpu_fraction": client_cpu_s / max(1e-9, (time.time() - started) * cfg.loadtest.processes),
         "server_log_tail": endpoint.log_tail(30) if (not alive and endpoint.log_tail) else None,
+        "stopped_early": stopped,
     }
 
 
@@ -281,10 +286,16 @@ def run_loadtest(
             results.append(result)
             meta["commands"].append(" ".join(result["command"]))
             _write_json(run_dir / "runs.json", RunResults.checked({"runs": results}))
-            if not result["server_alive"]:
+            if not result["server_alive"] or result["stopped_early"]:
                 break  # a dead server invalidates the rest; the report can never be GO
         meta["endpoints"] = _endpoints_provenance(endpoints)  # restarts and reported KV capacity
+    # a server that died is the dead-server case (a report, never a GO); one that answers with errors stops here
+    stopped = next((r for r in results if r["stopped_early"] and r["server_alive"]), None)
+    if stopped:
+        meta["stopped_early"] = {"run": stopped["key"], "arm": stopped["arm"], **stopped["stopped_early"]}
     _write_json(run_dir / "run.json", RunInfo.checked(meta))
+    if stopped:  # nothing can succeed: no report, a distinct exit code, the server's words
+        raise fail_fast.LoadTestStopped(stopped["arm"], stopped["key"], stopped["stopped_early"], run_dir)
     if report:
         from pipeline.report.builder import make_report  # noqa: PLC0415
 

@@ -5,7 +5,9 @@ Reads the raw JSONL records the Locust users write (``RUN_DIR/raw/*.jsonl``, sch
 unit of replication), per-cell pooled distributions (arm × concurrency [× draft length]),
 per-category acceptance; the spec-vs-base comparisons the gate reads are in
 :mod:`pipeline.report.comparison`. Never reads Locust's
-bucketed statistics. Formulas (docs/report.md): TTFT = t_first_token − t_sent;
+bucketed statistics. Formulas (docs/report.md): TTFT = t_first_token − t_sent (the first token of
+any kind: a reasoning model's thinking counts); first answer = t_first_answer − t_sent (the first
+answer token after the reasoning; equal to TTFT for other models);
 E2E = t_last − t_sent; TPOT = (E2E − TTFT)/(OSL − 1) for OSL > 1; inter-chunk latency = gaps
 between non-empty chunks (a chunk may carry several tokens); throughput denominator = first
 send → last response of the measured window.
@@ -37,6 +39,15 @@ def ttft_ms(rec: dict) -> float | None:
     if rec.get("t_first_token") is None:
         return None
     return (rec["t_first_token"] - rec["t_sent"]) / NS_PER_MS
+
+
+def first_answer_ms(rec: dict) -> float | None:
+    """Time to the first answer token; a record without ``t_first_answer`` (older records, a
+    stream with reasoning only) falls back to its TTFT when it carries no reasoning."""
+    t = rec.get("t_first_answer")
+    if t is None and not rec.get("reasoning_text"):
+        t = rec.get("t_first_token")
+    return None if t is None else (t - rec["t_sent"]) / NS_PER_MS
 
 
 def e2e_ms(rec: dict, *, from_scheduled: bool = False) -> float | None:
@@ -261,6 +272,8 @@ def cell_summary(runs: list[RunData], slo_ttft_ms: float, slo_tpot_ms: float) ->
         "n_runs": len(runs),
         "n_ok": len(ok),
         "ttft_ms": percentiles(ttft_ms(r) for r in ok),
+        "first_answer_ms": percentiles(first_answer_ms(r) for r in ok),
+        "reasoning_requests": sum(bool(r.get("reasoning_text")) for r in ok),
         "tpot_ms": percentiles(tpot_ms(r) for r in ok),
         "e2e_ms": percentiles(e2e_ms(r) for r in ok),
         "e2e_from_scheduled_ms": percentiles(e2e_ms(r, from_scheduled=True) for r in ok),

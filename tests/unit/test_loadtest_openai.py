@@ -38,9 +38,11 @@ def _settings(**kw) -> RunSettings:
 def test_body_maps_sampling_for_completions_and_chat():
     settings = _settings(max_tokens=32, sampling={"top_k": 1, "top_p": 0.0, "temperature": 0.7, "seed": 10})
     inputs = request_inputs(settings, "hello", prompt_index=3)
-    body = openai_body(inputs, "tiny", "completions")
+    body = openai_body(inputs, "tiny", "completions", send_top_k=True)
     assert body == {"model": "tiny", "stream": True, "stream_options": {"include_usage": True}, "max_tokens": 32,
                     "prompt": "hello", "temperature": pytest.approx(0.7), "top_k": 1, "seed": 13}
+    greedy = openai_body(inputs, "tiny", "completions")  # the default: greedy as the OpenAI API spells it
+    assert greedy["temperature"] == 0.0 and "top_k" not in greedy
     chat = openai_body(inputs, "tiny", "chat", send_top_k=False)
     assert chat["messages"] == [{"role": "user", "content": "hello"}] and "prompt" not in chat
     assert "top_k" not in chat and "top_p" not in chat  # OpenAI proper takes no top_k; top_p 0 = off

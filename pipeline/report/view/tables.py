@@ -66,6 +66,10 @@ def headline_tables(data: dict) -> list[dict[str, Any]]:
             ci = ratio_ci(comp, ratio_name)
             rows.append([f"{label} ({unit})" if unit else label, fmt_value(_stat(base, stat, q)), fmt_value(_stat(spec, stat, q)), ratio_text(ci)])
             classes.append(["", "", "", side_class(ci, lower)])
+        if any((c or {}).get("reasoning_requests") for c in (base, spec)):  # reasoning model: answer after thinking
+            rows.append(["first answer p50 (ms)", fmt_value(_stat(base, "first_answer_ms", "p50")),
+                         fmt_value(_stat(spec, "first_answer_ms", "p50")), MISSING])
+            classes.append(["", "", "", ""])
         tags = [t for t, on in (("gated", level in targets), ("past crossover", crossover is not None and level >= crossover)) if on]
         out.append({"concurrency": level, "tags": tags,
                     "table": table(["metric", "baseline", "speculative", "spec/base [95% CI]"], rows, classes),
