@@ -81,7 +81,7 @@ def describe_arm(cfg: "DeploymentConfig", arm: str, manifest: dict | None = None
     from pipeline.config import config_hash  # noqa: PLC0415
 
     check_arm(cfg, arm)
-    llm_api = getattr(cfg, "serves_llmapi", False)  # the llmapi model takes text in and out itself (GPU or CPU engine)
+    llm_api = getattr(cfg, "llmapi_layout", False)  # the llmapi model takes text in and out itself (GPU or CPU engine)
     bls = _bls_orchestrated(cfg)
     extra = {"num_draft_tokens": _bls_draft_len(cfg.speculation)} if bls and arm == "speculative" else {}
     speculative = arm == "speculative" and cfg.method != "none"
@@ -101,7 +101,7 @@ def describe_arm(cfg: "DeploymentConfig", arm: str, manifest: dict | None = None
 def _bls_orchestrated(cfg: "DeploymentConfig") -> bool:
     """tensorrt_llm_bls runs the rounds: draft-target (orchestration bls) on the engine runtime, or
     n-gram with orchestration bls (drafts looked up in the BLS, verified as external drafts)."""
-    if getattr(cfg, "serves_llmapi", False) or cfg.method not in ("draft_target", "ngram"):
+    if getattr(cfg, "llmapi_layout", False) or cfg.method not in ("draft_target", "ngram"):
         return False
     return cfg.speculation.orchestration == "bls"
 

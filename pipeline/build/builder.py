@@ -380,7 +380,7 @@ def require_trtllm(cfg: DeploymentConfig) -> None:
 def require_scripts(plan: BuildPlan, cfg: DeploymentConfig) -> None:
     """Raise :class:`BuildError` before any step runs when a TensorRT-LLM script the plan runs is
     missing under the resolved examples root, naming each one and how to get them."""
-    if cfg.uses_llm_api:
+    if cfg.runs_llm_api:
         from pipeline.trtllm.llmapi_plan import missing_modelopt_scripts  # noqa: PLC0415
 
         problems = missing_modelopt_scripts(plan)
@@ -432,7 +432,7 @@ def build(
     plan = make_plan(cfg, trtllm_root)
     if executor is None:
         if cfg.backend == "trtllm":
-            if not cfg.uses_llm_api:  # the LLM-API plan runs no TensorRT-LLM command, only ModelOpt
+            if not cfg.runs_llm_api:  # the LLM-API plan runs no TensorRT-LLM command, only ModelOpt
                 require_trtllm(cfg)
             require_scripts(plan, cfg)
         executor = SubprocessExecutor()

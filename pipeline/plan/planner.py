@@ -404,7 +404,7 @@ def make_plan(cfg: DeploymentConfig, trtllm_root: str | None = None) -> BuildPla
     planner = _Planner(cfg, trtllm_root)
     if cfg.backend == "reference":
         tokenizer = _plan_reference(planner)
-    elif cfg.uses_llm_api:
+    elif cfg.runs_llm_api:
         tokenizer = plan_llm_api(planner)
     else:
         tokenizer = _plan_trtllm(planner)

@@ -348,11 +348,11 @@ def render(cfg: DeploymentConfig, templates_dir: Path = TEMPLATES_DIR) -> dict[s
     Returns variant → (repository dir, warnings)."""
     manifest = load_manifest(cfg)
     layout = arm_layout(cfg)
-    if cfg.uses_llm_api:
+    if cfg.runs_llm_api:
         from pipeline.trtllm.llmapi_render import render_llmapi  # noqa: PLC0415
 
         return render_llmapi(cfg, manifest, templates_dir, layout)
-    if cfg.serves_llmapi:  # the CPU reference engine behind the llmapi layout
+    if cfg.llmapi_layout:  # the CPU reference engine behind the llmapi layout
         from pipeline.render.llmapi_cpu import render_reference_llmapi  # noqa: PLC0415
 
         return render_reference_llmapi(cfg, manifest, templates_dir)

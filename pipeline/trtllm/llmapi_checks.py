@@ -41,7 +41,7 @@ def check_runtime(ctx) -> None:
     cfg = ctx.cfg
     version = cfg.trtllm_version_tuple[:2]
     if cfg.backend == "reference":
-        if cfg.serves_llmapi:
+        if cfg.llmapi_layout:
             _check_reference_llmapi(ctx)
             return
         if cfg.method in LLM_API_ONLY and cfg.method not in REFERENCE_TOO:
@@ -194,7 +194,7 @@ def check_quantization(ctx) -> None:
     """ModelOpt (examples/llm_ptq/hf_ptq.py) exports the formats the plan quantizes to; the
     LLM API reads the result (hf_quant_config.json) as it is."""
     cfg = ctx.cfg
-    if not cfg.uses_llm_api:
+    if not cfg.runs_llm_api:
         return
     models = [("target", cfg.target)] + ([("speculation.draft", cfg.draft)] if cfg.draft is not None else [])
     for path, spec in models:

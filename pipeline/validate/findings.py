@@ -13,8 +13,7 @@ from typing import Any
 from pipeline.config import DeploymentConfig, DraftTargetSpec, Eagle3Spec, EagleSpec, MedusaSpec, ModelSpec
 from pipeline.validate.hardware import HardwareProfile
 from pipeline.validate.model_shapes import ModelShape
-
-ERROR, WARNING, INFO = "error", "warning", "info"
+from pipeline.validate.severity import ERROR, INFO, WARNING  # noqa: F401 - re-exported: every check imports them from here
 
 
 @dataclass

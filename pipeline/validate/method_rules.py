@@ -53,7 +53,7 @@ def _check_model_quantization(ctx: CheckContext, path: str, spec: ModelSpec) -> 
     if q.kv_cache_dtype not in profile.kv_cache_dtypes:
         ctx.add(ERROR, "kv-dtype", f"KV-cache dtype {q.kv_cache_dtype} is not available on {profile.display_name}",
                 f"use one of: {', '.join(profile.kv_cache_dtypes)}", f"{path}.quantization.kv_cache_dtype")
-    elif profile.is_gpu and not cfg.uses_llm_api and not _paged_context_fmha_survives(spec, profile):
+    elif profile.is_gpu and not cfg.runs_llm_api and not _paged_context_fmha_survives(spec, profile):
         _report_paged_fmha_loss(ctx, path, spec)
     if q.format in ("int4_awq", "w4a8_awq") and q.calibration_size > 32:
         ctx.add(INFO, "calibration", f"AWQ caps calibration_size at 32 (configured {q.calibration_size})",
@@ -129,7 +129,7 @@ def _check_draft_target(ctx: CheckContext, spec: DraftTargetSpec) -> None:
         ctx.add(WARNING, "method", "gather_generation_logits without use_draft_logits costs memory for nothing",
                 "set build.gather_generation_logits: false or speculation.use_draft_logits: true",
                 "build.gather_generation_logits")
-    if cfg.uses_llm_api:
+    if cfg.runs_llm_api:
         return  # no BLS and no engines: the LLM API drafts inside its executor
     if cfg.backend == "trtllm" and not cfg.triton.enable_kv_cache_reuse:
         ctx.add(ERROR, "method", "the draft-target target engine requires KV-cache reuse at runtime",
@@ -147,7 +147,7 @@ def _check_ngram_bls(ctx: CheckContext, spec: NgramSpec) -> None:
     workflow, NVIDIA/TensorRT-LLM examples/ngram/README.md: draft_tokens_external target, KV-cache
     block reuse, no beam search)."""
     cfg = ctx.cfg
-    if cfg.uses_llm_api:
+    if cfg.runs_llm_api:
         ctx.add(ERROR, "method", "orchestration 'bls' sends drafts to a trtllm-build engine; the LLM-API runtime "
                 "has no tensorrt_llm_bls and drafts n-grams in its executor (speculative_config)",
                 "set speculation.orchestration: engine, or trtllm_runtime: engine (TensorRT-LLM ≤ 1.2.x)",
@@ -248,7 +248,7 @@ def check_scripts(ctx: CheckContext) -> None:
         plan = make_plan(cfg, ctx.trtllm_root)
     except SpecdeployError:
         return  # the config problem is reported by the checks that own it
-    if cfg.uses_llm_api:
+    if cfg.runs_llm_api:
         from pipeline.trtllm.llmapi_plan import missing_modelopt_scripts  # noqa: PLC0415
 
         for message, fix in missing_modelopt_scripts(plan):

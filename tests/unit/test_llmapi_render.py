@@ -285,7 +285,7 @@ def test_engine_runtime_goldens_untouched_by_the_llm_api_path():
     """The engine runtime still renders the inflight_batcher_llm layout (its goldens are checked in
     test_render.py); here: a 1.2.1 config without trtllm_runtime stays on it."""
     cfg = parse_config({"name": "engine", "trtllm_version": "1.2.1", "target": {"checkpoint": TARGET}})
-    assert cfg.runtime == "engine" and not cfg.uses_llm_api
+    assert cfg.runtime == "engine" and not cfg.runs_llm_api
     assert (PROJECT_ROOT / "tests/unit/golden/render/trtllm-none/baseline/tensorrt_llm/config.pbtxt").is_file()
 
 
