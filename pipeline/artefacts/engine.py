@@ -94,8 +94,18 @@ class NgramProposer(Strict):
         return self
 
 
+class LookaheadProposer(Strict):
+    """Lookahead decoding (pipeline.reference.proposers.lookahead): a Jacobi window and an n-gram pool
+    from the sequence's own tokens, no checkpoint; TensorRT-LLM LookaheadDecodingConfig's fields."""
+
+    method: Literal["lookahead"] = "lookahead"
+    max_window_size: int = Field(4, ge=1, description="W: Jacobi window positions.")
+    max_ngram_size: int = Field(3, ge=1, description="N: tokens per n-gram.")
+    max_verification_set_size: int = Field(4, ge=1, description="G: pooled n-grams verified per step.")
+
+
 ProposerSpec = Annotated[Union[NoProposer, DraftTargetProposer, MedusaProposer, EagleProposer, Eagle3Proposer,
-                                       NgramProposer],
+                                       NgramProposer, LookaheadProposer],
                          Field(discriminator="method")]
 
 

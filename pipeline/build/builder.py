@@ -40,6 +40,7 @@ from pipeline.errors import BuildError, StaleInputError
 from pipeline.infra.atomic import write_json_atomic
 from pipeline.infra.processes import spawn
 from pipeline.infra.provenance import git_sha, package_version, versions
+from pipeline.methods import get_method
 from pipeline.paths import PROJECT_ROOT, engine_root, manifest_path
 from pipeline.plan.planner import BuildPlan, Step, make_plan
 from pipeline.trtllm.checkpoint_config import validate_checkpoint_dir
@@ -396,7 +397,7 @@ def require_scripts(plan: BuildPlan, cfg: DeploymentConfig) -> None:
 
 
 def _check_engine_pair(plan: BuildPlan) -> None:
-    if plan.backend != "trtllm" or plan.method != "draft_target" or "target" not in plan.engines:
+    if plan.backend != "trtllm" or not get_method(plan.method).draft_model or "target" not in plan.engines:
         return  # the LLM-API runtime builds no engines (its draft and target are checkpoints)
     problems = draft_target_pair_problems(Path(plan.engines["target"]), Path(plan.engines["draft"]))
     if problems:

@@ -14,7 +14,7 @@ from pipeline.methods.base import ENGINE, LLM_API, REFERENCE, Method
 
 METHODS: dict[str, Method] = {m.METHOD.name: m.METHOD for m in (none, draft_target, medusa, eagle, eagle3, ngram, mtp, lookahead)}
 
-__all__ = ["ENGINE", "LLM_API", "METHODS", "REFERENCE", "Method", "get_method", "method_for_engine_mode"]
+__all__ = ["ENGINE", "LLM_API", "METHODS", "REFERENCE", "Method", "get_method", "method_for_engine_mode", "method_for_proposer"]
 
 
 def get_method(name: str) -> Method:
@@ -23,6 +23,11 @@ def get_method(name: str) -> Method:
         return METHODS[name]
     except KeyError:
         raise KeyError(f"unknown speculation method {name!r}; valid: {', '.join(METHODS)}") from None
+
+
+def method_for_proposer(proposer: str) -> Method:
+    """The method whose CPU reference proposer is registered as ``proposer``."""
+    return next(m for m in METHODS.values() if (m.proposer or m.name) == proposer)
 
 
 def method_for_engine_mode(mode: str) -> Method | None:

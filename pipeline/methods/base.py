@@ -38,6 +38,7 @@ class Method:
     runtimes: ClassVar[frozenset[str]] = frozenset()  # where it runs: ENGINE, LLM_API, REFERENCE
     proposer: ClassVar[str | None] = None  # pipeline.reference.proposers registry name
     engine_mode: ClassVar[str | None] = None  # trtllm-build --speculative_decoding_mode of its engine
+    engine_from_target: ClassVar[bool] = False  # that engine is the target's own checkpoint (no heads, no draft)
     triton_decoding_mode: ClassVar[str] = ""  # tensorrt_llm decoding_mode parameter ("" = upstream's default)
     required_triton_parameters: ClassVar[tuple[str, ...]] = ()  # tensorrt_llm parameters its decoding_mode needs
     llmapi_decoding_type: ClassVar[str | None] = None  # speculative_config.decoding_type on the LLM API
@@ -58,6 +59,11 @@ class Method:
         """The engine's draft capacity (``--max_draft_len``; 0: none)."""
         value = getattr(spec, "engine_max_draft_len", None)
         return value if value is not None else getattr(spec, "max_draft_len", 0) or 0
+
+    def memory_draft_len(self, spec: Any) -> tuple[int, int]:
+        """(extra KV positions per sequence, draft tokens per step) the memory estimate adds."""
+        k = self.engine_max_draft_len(spec)
+        return k, k
 
     # -- Triton orchestration ------------------------------------------------------------------
     def renders_bls(self, spec: Any) -> bool:
@@ -101,5 +107,6 @@ class Method:
 
     # -- CPU reference engine ------------------------------------------------------------------
     def proposer_fields(self, spec: Any) -> dict[str, Any]:
-        """``engine.json`` ``proposer`` fields (beside ``method``) that need no checkpoint path."""
+        """``engine.json`` ``proposer`` fields (beside ``method``) but the checkpoint directories
+        (``draft_dir``, ``head_field``), which the caller resolves."""
         return {}

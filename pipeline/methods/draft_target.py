@@ -65,7 +65,7 @@ class DraftTargetSpec(Section):
 class DraftTargetMethod(Method):
     name = "draft_target"
     section = DraftTargetSpec
-    title = "draft-target (a draft model proposes K tokens)"
+    title = "draft-target"
     runtimes = frozenset({ENGINE, LLM_API, REFERENCE})
     proposer = "draft_target"
     engine_mode = "draft_tokens_external"
@@ -121,6 +121,9 @@ class DraftTargetMethod(Method):
                     "hardware")
         if cfg.backend == "trtllm":
             check_bls_context_lengths(ctx)
+
+    def proposer_fields(self, spec: DraftTargetSpec) -> dict[str, Any]:
+        return {"num_draft_tokens": spec.num_draft_tokens}
 
     def speculative_config(self, cfg: DeploymentConfig, spec: DraftTargetSpec, engines: dict[str, str]) -> dict[str, Any]:
         return {"max_draft_len": spec.engine_max_draft_len, "speculative_model": engines["draft"]}

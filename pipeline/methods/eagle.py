@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from pipeline.config.base import (
+    ModelSpec,
     Section,
     TreeChoices,
     TreeDrafts,
@@ -22,6 +23,7 @@ from pipeline.config.base import (
 )
 from pipeline.infra.trees import brace_choices
 from pipeline.methods.base import ENGINE, REFERENCE, Method
+from pipeline.trtllm.commands import KV_CACHE_QUANT_ALGO
 from pipeline.validate.severity import ERROR
 
 if TYPE_CHECKING:
@@ -90,10 +92,17 @@ class EagleSpec(TreeDrafts, Section):
 EAGLE_MAX_BATCH_SIZE = 512
 
 
+def fp8_route(target: ModelSpec) -> bool:
+    """A quantized target takes EAGLE's FP8 route: examples/eagle/quantize.py (base + head in one
+    ModelOpt checkpoint), then convert_checkpoint.py without the head directory."""
+    q = target.quantization
+    return q.format != "none" or q.kv_cache_dtype in KV_CACHE_QUANT_ALGO
+
+
 class EagleMethod(Method):
     name = "eagle"
     section = EagleSpec
-    title = "EAGLE-1 head (static tree)"
+    title = "EAGLE"
     runtimes = frozenset({ENGINE, REFERENCE})
     proposer = "eagle"
     engine_mode = "eagle"
@@ -105,6 +114,9 @@ class EagleMethod(Method):
 
     def primary_draft_len(self, spec: EagleSpec) -> int:
         return spec.engine_max_draft_len
+
+    def memory_draft_len(self, spec: EagleSpec) -> tuple[int, int]:
+        return spec.engine_max_draft_len + spec.num_layers, spec.engine_max_draft_len  # + the EAGLE layers' KV
 
     def paged_fmha_needed_by(self, cfg: DeploymentConfig) -> str | None:
         return ("EAGLE needs it: the builder turns it back on and the attention plugin then refuses this KV dtype "
@@ -140,7 +152,7 @@ class EagleMethod(Method):
                     "use a LLaMA-family target or another method", "target.checkpoint")
 
     def proposer_fields(self, spec: EagleSpec) -> dict[str, Any]:
-        return {"num_layers": spec.num_layers, "choices": spec.tree}
+        return {"num_layers": spec.num_layers, "choices": spec.choices}  # None: the proposer's chain
 
 
 METHOD = EagleMethod()

@@ -38,7 +38,7 @@ class Eagle3Spec(Section):
 class Eagle3Method(Method):
     name = "eagle3"
     section = Eagle3Spec
-    title = "EAGLE-3 drafter"
+    title = "EAGLE-3"
     runtimes = frozenset({LLM_API, REFERENCE})
     proposer = "eagle3"
     llmapi_decoding_type = "Eagle3"

@@ -76,10 +76,11 @@ class LookaheadSpec(Section):
 class LookaheadMethod(Method):
     name = "lookahead"
     section = LookaheadSpec
-    title = "lookahead decoding (Jacobi window + n-gram pool), no draft model"
+    title = "lookahead decoding"
     runtimes = frozenset({ENGINE, REFERENCE})
     proposer = "lookahead"
     engine_mode = "lookahead_decoding"
+    engine_from_target = True
     triton_decoding_mode = "lookahead"
     required_triton_parameters = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
     engine_only_decoding_type = "Lookahead"

@@ -62,7 +62,7 @@ class MedusaSpec(TreeDrafts, Section):
 class MedusaMethod(Method):
     name = "medusa"
     section = MedusaSpec
-    title = "Medusa heads (static tree)"
+    title = "Medusa"
     runtimes = frozenset({ENGINE, REFERENCE})
     proposer = "medusa"
     engine_mode = "medusa"
@@ -91,7 +91,7 @@ class MedusaMethod(Method):
                     "load-test the concurrency you deploy at", "build.max_batch_size")
 
     def proposer_fields(self, spec: MedusaSpec) -> dict[str, Any]:
-        return {"num_heads": spec.num_heads, "choices": spec.tree}
+        return {"num_heads": spec.num_heads, "choices": spec.choices}  # None: the proposer's chain
 
 
 METHOD = MedusaMethod()

@@ -32,7 +32,7 @@ class MtpSpec(Section):
 class MtpMethod(Method):
     name = "mtp"
     section = MtpSpec
-    title = "MTP layers of the target"
+    title = "MTP"
     runtimes = frozenset({LLM_API})
     llmapi_decoding_type = "MTP"
 

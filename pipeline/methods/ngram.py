@@ -88,7 +88,7 @@ def ngram_through_bls(cfg: DeploymentConfig) -> bool:
 class NgramMethod(Method):
     name = "ngram"
     section = NgramSpec
-    title = "n-gram (prompt lookup), no draft model"
+    title = "n-gram"
     runtimes = frozenset({ENGINE, LLM_API, REFERENCE})  # ENGINE: through the BLS only
     proposer = "ngram"
     engine_mode = "draft_tokens_external"  # the target of the BLS flow
@@ -148,6 +148,9 @@ class NgramMethod(Method):
                     "external drafts from tensorrt_llm_bls (draft_tokens_external, docs/ngram.md)",
                     "set speculation.orchestration: bls, or trtllm_runtime: llm_api (TensorRT-LLM ≥ 1.2)",
                     "speculation.orchestration")
+
+    def proposer_fields(self, spec: NgramSpec) -> dict[str, Any]:
+        return spec.model_dump(exclude={"method", "orchestration"})
 
     def speculative_config(self, cfg: DeploymentConfig, spec: NgramSpec, engines: dict[str, str]) -> dict[str, Any]:
         out: dict[str, Any] = {"max_draft_len": spec.max_draft_len, "max_matching_ngram_size": spec.max_matching_ngram_size}

@@ -19,7 +19,7 @@ class NoSpeculation(Section):
 class NoneMethod(Method):
     name = "none"
     section = NoSpeculation
-    title = "no speculation (baseline only)"
+    title = "no speculation"
     speculative = False
     runtimes = frozenset({ENGINE, LLM_API, REFERENCE})
 

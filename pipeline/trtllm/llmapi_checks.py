@@ -16,20 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import ENGINE_RUNTIME_MAX_VERSION, DraftTargetSpec, Eagle3Spec, NgramSpec
+from pipeline.methods import ENGINE, LLM_API, METHODS, REFERENCE
 from pipeline.trtllm.llmapi_args import decoding_problems, llm_args
 from pipeline.trtllm.llmapi_facts import (
-    DECODING_TYPES,
-    ENGINE_ONLY,
     facts_for,
     field_problems,
     known_versions,
     load_facts,
 )
+from pipeline.validate.severity import ERROR, INFO
 
-ERROR, WARNING, INFO = "error", "warning", "info"
-LLM_API_ONLY = ("eagle3", "ngram", "mtp")
-REFERENCE_TOO = ("ngram", "eagle3")  # LLM-API methods the CPU reference engine runs as well (its own proposer)
-REFERENCE_LLMAPI_METHODS = ("none", "draft_target", "ngram", "eagle3")  # what the CPU llmapi model can build from model.yaml
+# what the CPU llmapi model can build from model.yaml: the methods of both the LLM API and the CPU engine
+REFERENCE_LLMAPI_METHODS = tuple(name for name, m in METHODS.items() if {LLM_API, REFERENCE} <= m.runtimes)
 LLM_API_MIN_VERSION = (1, 2)
 LLM_API_QUANT_FORMATS = ("none", "fp8", "int4_awq")  # ModelOpt hf_ptq exports the project plans
 LLM_API_KV_DTYPES = ("auto", "fp8")
@@ -44,7 +42,7 @@ def check_runtime(ctx) -> None:
         if cfg.llmapi_layout:
             _check_reference_llmapi(ctx)
             return
-        if cfg.method in LLM_API_ONLY and cfg.method not in REFERENCE_TOO:
+        if REFERENCE not in cfg.method_info.runtimes:
             ctx.add(ERROR, "method", f"method {cfg.method} runs on the TensorRT-LLM LLM API only; the CPU reference "
                     "engine lacks it", "use backend trtllm with trtllm_runtime llm_api, or another method",
                     "speculation.method")
@@ -66,7 +64,7 @@ def _check_reference_llmapi(ctx) -> None:
                 "use a recorded release line (e.g. 1.2.1)", "trtllm_version")
         return
     if cfg.method not in REFERENCE_LLMAPI_METHODS:
-        why = (f"{cfg.method} is engine-only upstream" if cfg.method in ENGINE_ONLY
+        why = (f"{cfg.method} is engine-only upstream" if cfg.method_info.engine_only_decoding_type
                else f"the CPU reference engine has no {cfg.method} proposer on the llmapi layout yet")
         ctx.add(ERROR, "method", f"method {cfg.method} cannot run on the CPU llmapi layout: {why}",
                 f"use one of {', '.join(REFERENCE_LLMAPI_METHODS)}, or remove trtllm_runtime", "speculation.method")
@@ -99,13 +97,9 @@ def _check_engine_runtime(ctx, version: tuple[int, ...]) -> None:
                 "(trtllm-build, convert_checkpoint.py, the C++ tensorrtllm backend: NVIDIA/TensorRT-LLM PRs "
                 "#15763, #15907)", "set trtllm_runtime: llm_api, or pin trtllm_version to 1.2.x (e.g. 1.2.1)",
                 "trtllm_version")
-    if cfg.method == "ngram":
-        if cfg.speculation.orchestration != "bls":
-            ctx.add(ERROR, "method", "the engine runtime has no n-gram decoding mode; n-gram runs there only as "
-                    "external drafts from tensorrt_llm_bls (draft_tokens_external, docs/ngram.md)",
-                    "set speculation.orchestration: bls, or trtllm_runtime: llm_api (TensorRT-LLM ≥ 1.2)",
-                    "speculation.orchestration")
-    elif cfg.method in LLM_API_ONLY:
+    if ENGINE in cfg.method_info.runtimes:
+        cfg.method_info.check_engine_runtime(ctx)
+    else:
         ctx.add(ERROR, "method", f"method {cfg.method} runs on the LLM API only (PyTorch backend); the engine "
                 "runtime has no such decoding mode", "set trtllm_runtime: llm_api (TensorRT-LLM ≥ 1.2)",
                 "speculation.method")
@@ -120,14 +114,16 @@ def _check_llm_api_runtime(ctx, version: tuple[int, ...]) -> None:
                 "use a recorded release line, or add its section to pipeline/trtllm/llmapi_facts.yaml from "
                 "tensorrt_llm/llmapi/llm_args.py at that tag", "trtllm_version")
         return
-    if cfg.method in ENGINE_ONLY:
-        decoding = ENGINE_ONLY[cfg.method]
-        ctx.add(ERROR, "method", f"method {cfg.method} is engine-only: {facts.engine_only_reason(decoding)}",
+    method = cfg.method_info
+    if method.engine_only_decoding_type:
+        reason = method.engine_only_reason or facts.engine_only_reason(method.engine_only_decoding_type)
+        ctx.add(ERROR, "method", f"method {cfg.method} is engine-only: {reason}",
                 "use eagle3 (an EAGLE-3 draft checkpoint) on llm_api, or trtllm_runtime: engine with "
                 "trtllm_version 1.2.x", "speculation.method")
         return
-    if cfg.method in DECODING_TYPES and facts.decoding_type(DECODING_TYPES[cfg.method]) is None:
-        ctx.add(ERROR, "method", f"TensorRT-LLM {facts.line} has no {DECODING_TYPES[cfg.method]} decoding_type "
+    decoding = method.llmapi_decoding_type
+    if decoding and facts.decoding_type(decoding) is None:
+        ctx.add(ERROR, "method", f"TensorRT-LLM {facts.line} has no {decoding} decoding_type "
                 f"({facts.citation()})", "pick a method this version has", "speculation.method")
         return
     _check_method_on_llm_api(ctx, facts)
@@ -160,7 +156,7 @@ def _check_args(ctx) -> None:
     problems = field_problems(cfg.llm_api.extra_llm_args, facts.llm_args, "llm_api.extra_llm_args", where)
     for problem in problems:
         _add_path_problem(ctx, problem, "the LLM accepts only these arguments")
-    variant = "speculative" if cfg.method != "none" else "baseline"
+    variant = "speculative" if cfg.speculative else "baseline"
     args = llm_args(cfg, _PLACEHOLDER_DIRS, variant)
     spec = args.get("speculative_config")
     extra_spec = cfg.llm_api.extra_speculative_config
@@ -210,8 +206,6 @@ def check_quantization(ctx) -> None:
 
 def check_mtp_target(ctx, target_dir: Path | None, target_config: dict | None, shape) -> None:
     """MTP runs the target's own next-n layers: DeepSeek-V3-family checkpoints only."""
-    if ctx.cfg.method != "mtp":
-        return
     allowed = load_facts()["mtp_targets"]
     if target_config is not None:
         model_type = target_config.get("model_type")

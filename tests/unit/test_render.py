@@ -14,10 +14,10 @@ import pytest
 
 from pipeline.config import config_hash, parse_config
 from pipeline.errors import StaleInputError
+from pipeline.infra.trees import brace_choices
 from pipeline.paths import PROJECT_ROOT, manifest_path
 from pipeline.render.renderer import (
     TEMPLATES_DIR,
-    brace_choices,
     client_target,
     load_manifest,
     render,
