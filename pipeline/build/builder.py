@@ -382,7 +382,7 @@ def require_scripts(plan: BuildPlan, cfg: DeploymentConfig) -> None:
     """Raise :class:`BuildError` before any step runs when a TensorRT-LLM script the plan runs is
     missing under the resolved examples root, naming each one and how to get them."""
     if cfg.runs_llm_api:
-        from pipeline.trtllm.llmapi_plan import missing_modelopt_scripts  # noqa: PLC0415
+        from pipeline.plan.llmapi import missing_modelopt_scripts  # noqa: PLC0415
 
         problems = missing_modelopt_scripts(plan)
         if problems:

@@ -12,6 +12,7 @@ from pydantic import Field
 
 from pipeline.config.base import Section, described
 from pipeline.methods.base import LLM_API, REFERENCE, Method
+from pipeline.trtllm.llmapi_facts import facts_for
 
 if TYPE_CHECKING:
     from pipeline.config import DeploymentConfig
@@ -58,8 +59,6 @@ class Eagle3Method(Method):
 
 
 def _has_one_model_flag(cfg: DeploymentConfig) -> bool:
-    from pipeline.trtllm.llmapi_facts import facts_for  # noqa: PLC0415 - the facts file loads on first use only
-
     facts = facts_for(cfg.trtllm_version)
     eagle3 = facts.decoding_type("Eagle3") if facts else None
     return bool(eagle3 and "eagle3_one_model" in eagle3["fields"])

@@ -39,12 +39,12 @@ from pipeline.errors import ConfigError
 from pipeline.infra.trees import choices_or_chain
 from pipeline.methods.eagle import EAGLE_MAX_BATCH_SIZE
 from pipeline.paths import engine_root
+from pipeline.plan.llmapi import plan_llm_api
 from pipeline.plan.step import Step
 from pipeline.trtllm import commands as tc
 from pipeline.trtllm.checkpoint_config import ExpectedCheckpoint
 from pipeline.trtllm.engine_config import ExpectedEngine
 from pipeline.trtllm.layout import TrtllmRoot, resolve_trtllm_root
-from pipeline.trtllm.llmapi_plan import plan_llm_api
 
 BUILD_STEP_MODULE = "pipeline.build.reference_step"
 REFERENCE_QUANT_FORMATS = ("none", "int8_wo")

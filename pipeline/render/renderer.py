@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from pipeline.paths import PROJECT_ROOT, model_repo_dir
 from pipeline.plan.gpu_layout import ArmLayout, ArmPlacement, LayoutError, deployment_layout
 from pipeline.render.model_code import copy_model_code
 from pipeline.render.monitoring import write_operations_view
-from pipeline.render.templating import jinja_environment, render_text, swap_in, triton_bool
+from pipeline.render.templating import jinja_environment, render_atomically, render_text, triton_bool
 from pipeline.render.triton_rules import RenderError, config_param, parse_config_file, validate_repository
 from pipeline.triton_models.ngram_params import NgramSettings
 
@@ -320,19 +319,15 @@ def render_repository(cfg: DeploymentConfig, manifest: dict, variant: str, dest:
     layout = layout or arm_layout(cfg)
     contexts = model_contexts(cfg, manifest, variant, layout.arms[variant])
     env = jinja_environment(templates_dir)
-    dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
-    try:
+
+    def fill(tmp: Path) -> list[str]:
         for model_name, (template_dir, context) in contexts.items():
             render_model(env, templates_dir, template_dir, context, model_name, tmp)
         warnings = validate_repository(tmp, backend=cfg.backend)
         _check_runtime_knobs(cfg, tmp)
-        swap_in(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return warnings
+        return warnings
+
+    return render_atomically(Path(dest), fill)
 
 
 def render(cfg: DeploymentConfig, templates_dir: Path = TEMPLATES_DIR) -> dict[str, tuple[Path, list[str]]]:
@@ -341,7 +336,7 @@ def render(cfg: DeploymentConfig, templates_dir: Path = TEMPLATES_DIR) -> dict[s
     manifest = load_manifest(cfg)
     layout = arm_layout(cfg)
     if cfg.runs_llm_api:
-        from pipeline.trtllm.llmapi_render import render_llmapi  # noqa: PLC0415
+        from pipeline.render.llmapi import render_llmapi  # noqa: PLC0415
 
         return render_llmapi(cfg, manifest, templates_dir, layout)
     if cfg.llmapi_layout:  # the CPU reference engine behind the llmapi layout

@@ -12,7 +12,6 @@ types; the quantization ModelOpt can export; MTP's DeepSeek-family target; the E
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from pipeline.config import ENGINE_RUNTIME_MAX_VERSION, DraftTargetSpec, Eagle3Spec, NgramSpec
@@ -22,9 +21,8 @@ from pipeline.trtllm.llmapi_facts import (
     facts_for,
     field_problems,
     known_versions,
-    load_facts,
 )
-from pipeline.validate.severity import ERROR, INFO
+from pipeline.validate.severity import ERROR
 
 # what the CPU llmapi model can build from model.yaml: the methods of both the LLM API and the CPU engine
 REFERENCE_LLMAPI_METHODS = tuple(name for name, m in METHODS.items() if {LLM_API, REFERENCE} <= m.runtimes)
@@ -202,28 +200,6 @@ def check_quantization(ctx) -> None:
         if q.kv_cache_dtype not in LLM_API_KV_DTYPES:
             ctx.add(ERROR, "kv-dtype", f"KV-cache dtype {q.kv_cache_dtype} is not planned on the LLM-API runtime",
                     "use auto or fp8", f"{path}.quantization.kv_cache_dtype")
-
-
-def check_mtp_target(ctx, target_dir: Path | None, target_config: dict | None, shape) -> None:
-    """MTP runs the target's own next-n layers: DeepSeek-V3-family checkpoints only."""
-    allowed = load_facts()["mtp_targets"]
-    if target_config is not None:
-        model_type = target_config.get("model_type")
-        arch = (target_config.get("architectures") or [None])[0]
-        seen = f"model_type {model_type!r}, architecture {arch!r}"
-    elif shape is not None:
-        model_type, arch, seen = None, shape.architecture, f"architecture {shape.architecture!r} ({shape.source})"
-    else:
-        ctx.add(INFO, "method", "MTP target family not checked: no config.json here and not a known model", "",
-                "target.checkpoint")
-        return
-    if model_type not in allowed["model_types"] and arch not in allowed["architectures"]:
-        ctx.add(ERROR, "method", f"MTP needs a DeepSeek-family target with MTP layers, got {seen} "
-                f"({allowed['source']})", "use a DeepSeek-V3/R1 checkpoint, or eagle3 / draft_target / ngram",
-                "target.checkpoint")
-    elif target_config is not None and int(target_config.get("num_nextn_predict_layers") or 0) < 1:
-        ctx.add(ERROR, "method", f"{target_dir}/config.json has no num_nextn_predict_layers: the checkpoint ships "
-                "no MTP layers", "use the full DeepSeek checkpoint (its MTP layers included)", "target.checkpoint")
 
 
 def check_eagle3_head(ctx, head_config: dict[str, Any], target) -> None:

@@ -146,7 +146,7 @@ def check_scripts(ctx: CheckContext) -> None:
     except SpecdeployError:
         return  # the config problem is reported by the checks that own it
     if cfg.runs_llm_api:
-        from pipeline.trtllm.llmapi_plan import missing_modelopt_scripts  # noqa: PLC0415
+        from pipeline.plan.llmapi import missing_modelopt_scripts  # noqa: PLC0415
 
         for message, fix in missing_modelopt_scripts(plan):
             ctx.add(ERROR, "scripts", message, fix, "llm_api.modelopt_root")

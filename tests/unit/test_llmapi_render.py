@@ -17,11 +17,11 @@ import yaml
 from pipeline.build.builder import build
 from pipeline.config import config_hash, parse_config
 from pipeline.paths import PROJECT_ROOT
+from pipeline.plan.llmapi import MODELOPT_ENV
 from pipeline.plan.planner import make_plan
+from pipeline.render.llmapi import validate_llmapi_repository
 from pipeline.render.renderer import TEMPLATES_DIR, client_target, render
 from pipeline.render.triton_rules import RenderError
-from pipeline.trtllm.llmapi_plan import MODELOPT_ENV
-from pipeline.trtllm.llmapi_render import validate_llmapi_repository
 
 GOLDEN = Path(__file__).parent / "golden" / "render"
 TARGET = "/models/Meta-Llama-3.1-8B-Instruct"
