@@ -92,8 +92,8 @@ def proposer_spec(cfg: DeploymentConfig) -> dict:
 def _method_spec(cfg: DeploymentConfig) -> dict:
     spec, method = cfg.speculation, cfg.method_info
     if method.proposer is None:
-        raise SpecdeployError(f"{cfg.name}: speculation.method is {cfg.method!r}; the CPU engine has no proposer "
-                              "to compare with")
+        raise SpecdeployError(f"{cfg.name}: speculation.method is {cfg.method!r}; nothing to compare with "
+                              "(the CPU engine has no proposer for it)")
     fields = {"method": method.proposer, **method.proposer_fields(spec)}
     if cfg.draft is not None:
         fields["draft_dir"] = str(resolve_checkpoint(cfg.draft.checkpoint))
