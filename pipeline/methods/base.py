@@ -93,6 +93,13 @@ class Method:
     def check_shapes(self, ctx: CheckContext) -> None:
         """Preflight rules that need the models' shapes (``ctx.shapes``, ``ctx.dirs``)."""
 
+    def check_llm_api(self, ctx: CheckContext, facts: Any) -> None:
+        """Rules of the LLM-API runtime (and the CPU llmapi layout) against the release's recorded
+        facts (:class:`pipeline.trtllm.llmapi_facts.VersionFacts`)."""
+
+    def check_cpu_llmapi_layout(self, ctx: CheckContext) -> None:
+        """Rules of the CPU engine behind the llmapi layout (``backend: reference``, ``trtllm_runtime: llm_api``)."""
+
     def check_engine_runtime(self, ctx: CheckContext) -> None:
         """Rules of the engine runtime for a method that runs there (``ENGINE in runtimes``)."""
 

@@ -125,6 +125,23 @@ class DraftTargetMethod(Method):
     def proposer_fields(self, spec: DraftTargetSpec) -> dict[str, Any]:
         return {"num_draft_tokens": spec.num_draft_tokens}
 
+    def check_llm_api(self, ctx: CheckContext, facts: Any) -> None:
+        if ctx.cfg.speculation.use_draft_logits:
+            ctx.add(ERROR, "method", "use_draft_logits is an engine-runtime (fast logits) setting; "
+                    "DraftTargetDecodingConfig has no such field", "set speculation.use_draft_logits: false",
+                    "speculation.use_draft_logits")
+        if ctx.cfg.loadtest.sweep_draft_len:
+            ctx.add(ERROR, "method", "the LLM API fixes the draft length per server (speculative_config.max_draft_len); "
+                    "there is no per-request num_draft_tokens to sweep", "remove loadtest.sweep_draft_len, or render "
+                    "one config per draft length", "loadtest.sweep_draft_len")
+
+    def check_cpu_llmapi_layout(self, ctx: CheckContext) -> None:
+        spec = ctx.cfg.speculation
+        if "orchestration" in spec.model_fields_set and spec.orchestration != "engine":
+            ctx.add(ERROR, "method", "the llmapi layout has no tensorrt_llm_bls: the draft runs inside the "
+                    "tensorrt_llm model, as the LLM API's executor drafts", "remove speculation.orchestration",
+                    "speculation.orchestration")
+
     def speculative_config(self, cfg: DeploymentConfig, spec: DraftTargetSpec, engines: dict[str, str]) -> dict[str, Any]:
         return {"max_draft_len": spec.engine_max_draft_len, "speculative_model": engines["draft"]}
 

@@ -13,9 +13,11 @@ from pydantic import Field
 from pipeline.config.base import Section, described
 from pipeline.methods.base import LLM_API, REFERENCE, Method
 from pipeline.trtllm.llmapi_facts import facts_for
+from pipeline.validate.severity import ERROR
 
 if TYPE_CHECKING:
     from pipeline.config import DeploymentConfig
+    from pipeline.validate.findings import CheckContext
 
 
 class Eagle3Spec(Section):
@@ -44,6 +46,18 @@ class Eagle3Method(Method):
     proposer = "eagle3"
     llmapi_decoding_type = "Eagle3"
     head_field, head_role = "head_dir", "EAGLE-3 head"
+
+    def check_llm_api(self, ctx: CheckContext, facts: Any) -> None:
+        if ctx.cfg.speculation.model_mode not in facts.eagle3_modes:
+            ctx.add(ERROR, "method", f"TensorRT-LLM {facts.line} runs EAGLE-3 as {' / '.join(facts.eagle3_modes)} "
+                    f"only (Eagle3DecodingConfig has no eagle3_one_model field; {facts.citation()})",
+                    "set speculation.model_mode: one_model", "speculation.model_mode")
+
+    def check_cpu_llmapi_layout(self, ctx: CheckContext) -> None:
+        if ctx.cfg.speculation.model_mode != "one_model":
+            ctx.add(ERROR, "method", "the CPU reference engine runs the EAGLE-3 head inside the target's step "
+                    "(one-model); it has no separate draft engine", "set speculation.model_mode: one_model",
+                    "speculation.model_mode")
 
     def speculative_config(self, cfg: DeploymentConfig, spec: Eagle3Spec, engines: dict[str, str]) -> dict[str, Any]:
         out: dict[str, Any] = {"max_draft_len": spec.max_draft_len, "speculative_model": engines["draft"]}

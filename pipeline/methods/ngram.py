@@ -142,6 +142,12 @@ class NgramMethod(Method):
         if cfg.backend == "trtllm":
             check_bls_context_lengths(ctx, "n-gram target")
 
+    def check_cpu_llmapi_layout(self, ctx: CheckContext) -> None:
+        if ctx.cfg.speculation.min_matching_ngram_size != 1:
+            ctx.add(ERROR, "method", "NGramDecodingConfig has no min_matching_ngram_size (tensorrt_llm/llmapi/"
+                    "llm_args.py), so model.yaml cannot carry it and the CPU llmapi model matches down to one token",
+                    "remove speculation.min_matching_ngram_size", "speculation.min_matching_ngram_size")
+
     def check_engine_runtime(self, ctx: CheckContext) -> None:
         if ctx.cfg.speculation.orchestration != "bls":
             ctx.add(ERROR, "method", "the engine runtime has no n-gram decoding mode; n-gram runs there only as "

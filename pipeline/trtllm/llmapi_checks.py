@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.config import ENGINE_RUNTIME_MAX_VERSION, DraftTargetSpec, Eagle3Spec, NgramSpec
+from pipeline.config import ENGINE_RUNTIME_MAX_VERSION
 from pipeline.methods import ENGINE, LLM_API, METHODS, REFERENCE
 from pipeline.trtllm.llmapi_args import decoding_problems, llm_args
 from pipeline.trtllm.llmapi_facts import (
@@ -55,7 +55,7 @@ def _check_reference_llmapi(ctx) -> None:
     """``backend: reference`` + ``trtllm_runtime: llm_api``: the CPU engine behind the llmapi layout
     (``pipeline.triton_models.llmapi``). It reads ``model.yaml`` as upstream's model does, so the
     config must be one the recorded facts accept, and one the CPU engine can honour."""
-    cfg, spec = ctx.cfg, ctx.cfg.speculation
+    cfg = ctx.cfg
     if facts_for(cfg.trtllm_version) is None:
         ctx.add(ERROR, "version", f"no LLM-API facts are recorded for TensorRT-LLM {cfg.trtllm_version} (recorded: "
                 f"{', '.join(known_versions())}); the llmapi model.yaml could not be checked",
@@ -67,18 +67,7 @@ def _check_reference_llmapi(ctx) -> None:
         ctx.add(ERROR, "method", f"method {cfg.method} cannot run on the CPU llmapi layout: {why}",
                 f"use one of {', '.join(REFERENCE_LLMAPI_METHODS)}, or remove trtllm_runtime", "speculation.method")
         return
-    if isinstance(spec, DraftTargetSpec) and "orchestration" in spec.model_fields_set and spec.orchestration != "engine":
-        ctx.add(ERROR, "method", "the llmapi layout has no tensorrt_llm_bls: the draft runs inside the "
-                "tensorrt_llm model, as the LLM API's executor drafts", "remove speculation.orchestration",
-                "speculation.orchestration")
-    if isinstance(spec, NgramSpec) and spec.min_matching_ngram_size != 1:
-        ctx.add(ERROR, "method", "NGramDecodingConfig has no min_matching_ngram_size (tensorrt_llm/llmapi/llm_args.py), "
-                "so model.yaml cannot carry it and the CPU llmapi model matches down to one token",
-                "remove speculation.min_matching_ngram_size", "speculation.min_matching_ngram_size")
-    if isinstance(spec, Eagle3Spec) and spec.model_mode != "one_model":
-        ctx.add(ERROR, "method", "the CPU reference engine runs the EAGLE-3 head inside the target's step "
-                "(one-model); it has no separate draft engine", "set speculation.model_mode: one_model",
-                "speculation.model_mode")
+    cfg.method_info.check_cpu_llmapi_layout(ctx)
     for path in ("extra_llm_args", "extra_speculative_config"):
         if getattr(cfg.llm_api, path):
             ctx.add(ERROR, "llm-args", "the CPU reference engine honours no pass-through LLM arguments (it reads "
@@ -129,20 +118,7 @@ def _check_llm_api_runtime(ctx, version: tuple[int, ...]) -> None:
 
 
 def _check_method_on_llm_api(ctx, facts) -> None:
-    cfg, spec = ctx.cfg, ctx.cfg.speculation
-    if isinstance(spec, Eagle3Spec) and spec.model_mode not in facts.eagle3_modes:
-        ctx.add(ERROR, "method", f"TensorRT-LLM {facts.line} runs EAGLE-3 as {' / '.join(facts.eagle3_modes)} only "
-                f"(Eagle3DecodingConfig has no eagle3_one_model field; {facts.citation()})",
-                "set speculation.model_mode: one_model", "speculation.model_mode")
-    if isinstance(spec, DraftTargetSpec):
-        if spec.use_draft_logits:
-            ctx.add(ERROR, "method", "use_draft_logits is an engine-runtime (fast logits) setting; "
-                    "DraftTargetDecodingConfig has no such field", "set speculation.use_draft_logits: false",
-                    "speculation.use_draft_logits")
-        if cfg.loadtest.sweep_draft_len:
-            ctx.add(ERROR, "method", "the LLM API fixes the draft length per server (speculative_config.max_draft_len); "
-                    "there is no per-request num_draft_tokens to sweep", "remove loadtest.sweep_draft_len, or render "
-                    "one config per draft length", "loadtest.sweep_draft_len")
+    ctx.cfg.method_info.check_llm_api(ctx, facts)
 
 
 def _check_args(ctx) -> None:
