@@ -77,7 +77,7 @@ def cmd_quantize(args: argparse.Namespace) -> None:
 def _proposer(args: argparse.Namespace) -> dict:
     found = _method_spec(args)
     method = method_for_proposer(found["method"])
-    if args.draft_weights == "int8" and (method.draft_model or method.head_field):  # n-gram, lookahead: no draft weights
+    if args.draft_weights == "int8" and (method.draft_model or method.head_field):  # checkpoint-free methods have no draft weights
         found["draft_int8"] = True  # the engine quantizes the draft-side weights at load
     return found
 

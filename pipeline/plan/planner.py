@@ -387,7 +387,7 @@ def _plan_trtllm(p: _Planner) -> str:
     elif isinstance(spec, EagleSpec):
         _trtllm_engine(p, v, "speculative", spec_ckpt, cfg.target, mode="eagle", k=spec.engine_max_draft_len, logits=base_logits,
                        architecture="EagleForCausalLM", num_eagle_layers=spec.num_layers)
-    elif method.engine_from_target:  # the target's own checkpoint built in the method's mode (lookahead)
+    elif method.engine_from_target:  # the target's own checkpoint, built in the method's mode
         _trtllm_engine(p, v, "speculative", target_ckpt, cfg.target, mode=method.engine_mode,
                        k=method.engine_max_draft_len(spec), logits=base_logits)
     return tokenizer

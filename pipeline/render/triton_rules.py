@@ -141,7 +141,7 @@ def _reference_descriptor(engine_dir: str) -> dict | None:
     return json.loads(descriptor.read_text()) if descriptor.is_file() else None
 
 
-# tensorrt_llm decoding_mode → the method served with it (medusa, eagle, lookahead)
+# tensorrt_llm decoding_mode → the method served with it (every method whose engine has its own mode)
 _DECODING_MODES = {m.triton_decoding_mode: m for m in METHODS.values() if m.triton_decoding_mode}
 
 
