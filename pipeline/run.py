@@ -63,7 +63,7 @@ def _is_complete(run_dir: Path, want_hash: str) -> bool:
     if meta.get("config_hash") != want_hash or not (run_dir / "report.json").is_file():
         return False
     cfg = DeploymentConfig.model_validate(meta["config"])
-    arms = ("baseline",) if cfg.method == "none" else ("baseline", "speculative")
+    arms = ("baseline", "speculative") if cfg.speculative else ("baseline",)
     planned = plan_runs(cfg, arms, meta["concurrency"], meta["repeats"], meta.get("sweep_draft_len") or [])
     return len(runs) >= len(planned) and all(r.get("server_alive", False) for r in runs)
 

@@ -65,7 +65,7 @@ class ArmDeployment(Artefact):
 
 
 def _drafts(cfg: "DeploymentConfig", arm: str) -> Drafts:
-    if arm == "baseline" or cfg.method == "none":
+    if arm == "baseline" or not cfg.speculative:
         return "none"
     if _bls_orchestrated(cfg):
         return "bls"  # the llmapi model drafts inside its executor (GPU) or its engine (CPU)
@@ -81,19 +81,19 @@ def describe_arm(cfg: "DeploymentConfig", arm: str, manifest: dict | None = None
     from pipeline.config import config_hash  # noqa: PLC0415
 
     check_arm(cfg, arm)
-    llm_api = getattr(cfg, "serves_llmapi", False)  # the llmapi model takes text in and out itself (GPU or CPU engine)
+    llm_api = getattr(cfg, "llmapi_layout", False)  # the llmapi model takes text in and out itself (GPU or CPU engine)
     bls = _bls_orchestrated(cfg)
-    extra = {"num_draft_tokens": _bls_draft_len(cfg.speculation)} if bls and arm == "speculative" else {}
-    speculative = arm == "speculative" and cfg.method != "none"
+    extra = {"num_draft_tokens": _bls_draft_len(cfg)} if bls and arm == "speculative" else {}
+    speculative = arm == "speculative" and cfg.speculative
     manifest = manifest or {}
     return ArmDeployment(
         arm=arm, name=cfg.name, config_hash=config_hash(cfg), backend=cfg.backend, method=cfg.method,
         model_name="tensorrt_llm_bls" if bls else ("tensorrt_llm" if llm_api else "ensemble"),
         contract="bls" if bls else ("llmapi" if llm_api else "ensemble"), extra_inputs=extra, transports=["grpc", "http"],
         decoupled=cfg.triton.decoupled, drafts=_drafts(cfg, arm), per_request_draft_len=bls and arm == "speculative",
-        num_draft_tokens=_default_draft_len(cfg.speculation, bls) if speculative else None,
+        num_draft_tokens=_default_draft_len(cfg, bls) if speculative else None,
         max_draft_len=_max_draft_len(cfg.speculation) if speculative else None,
-        engine_models=2 if bls and cfg.method == "draft_target" else 1, tokenizer_dir=manifest.get("tokenizer_dir"),
+        engine_models=2 if bls and cfg.method_info.draft_model else 1, tokenizer_dir=manifest.get("tokenizer_dir"),
         trtllm_version=manifest.get("trtllm_version"), manifest_created=manifest.get("created"), placement=placement,
     )
 
@@ -101,18 +101,18 @@ def describe_arm(cfg: "DeploymentConfig", arm: str, manifest: dict | None = None
 def _bls_orchestrated(cfg: "DeploymentConfig") -> bool:
     """tensorrt_llm_bls runs the rounds: draft-target (orchestration bls) on the engine runtime, or
     n-gram with orchestration bls (drafts looked up in the BLS, verified as external drafts)."""
-    if getattr(cfg, "serves_llmapi", False) or cfg.method not in ("draft_target", "ngram"):
+    if getattr(cfg, "llmapi_layout", False):
         return False
-    return cfg.speculation.orchestration == "bls"
+    return cfg.method_info.bls_orchestrated(cfg.speculation)
 
 
-def _bls_draft_len(spec) -> int:
-    """num_draft_tokens the speculative arm sends the BLS (n-gram: its max_draft_len)."""
-    return spec.num_draft_tokens if spec.method == "draft_target" else spec.max_draft_len
+def _bls_draft_len(cfg: "DeploymentConfig") -> int:
+    """num_draft_tokens the speculative arm sends the BLS (draft-target: K; n-gram: its max_draft_len)."""
+    return cfg.method_info.primary_draft_len(cfg.speculation)
 
 
-def _default_draft_len(spec, bls: bool) -> int | None:
-    return _bls_draft_len(spec) if bls else getattr(spec, "num_draft_tokens", None)
+def _default_draft_len(cfg: "DeploymentConfig", bls: bool) -> int | None:
+    return _bls_draft_len(cfg) if bls else getattr(cfg.speculation, "num_draft_tokens", None)
 
 
 def _max_draft_len(spec) -> int | None:
@@ -122,7 +122,7 @@ def _max_draft_len(spec) -> int | None:
 
 
 def arms_of(cfg: "DeploymentConfig") -> tuple[str, ...]:
-    return ("baseline",) if cfg.method == "none" else ARMS
+    return ARMS if cfg.speculative else ("baseline",)
 
 
 def check_arm(cfg: "DeploymentConfig", arm: str) -> None:

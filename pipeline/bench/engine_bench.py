@@ -90,21 +90,16 @@ def proposer_spec(cfg: DeploymentConfig) -> dict:
 
 
 def _method_spec(cfg: DeploymentConfig) -> dict:
-    spec = cfg.speculation
-    if spec.method == "draft_target":
-        return {"method": "draft_target", "draft_dir": str(resolve_checkpoint(spec.draft.checkpoint)),
-                "num_draft_tokens": spec.num_draft_tokens}
-    if spec.method == "medusa":
-        return {"method": "medusa", "heads_dir": str(resolve_checkpoint(spec.heads_dir)),
-                "num_heads": spec.num_heads, "choices": spec.choices}
-    if spec.method == "eagle":
-        return {"method": "eagle", "head_dir": str(resolve_checkpoint(spec.head_dir)),
-                "num_layers": spec.num_layers, "choices": spec.choices}
-    if spec.method == "eagle3":
-        return {"method": "eagle3", "head_dir": str(resolve_checkpoint(spec.head_dir)), "max_draft_len": spec.max_draft_len}
-    if spec.method == "ngram":
-        return {"method": "ngram", **spec.model_dump(exclude={"method", "orchestration"})}
-    raise SpecdeployError(f"{cfg.name}: speculation.method is 'none'; nothing to compare with")
+    spec, method = cfg.speculation, cfg.method_info
+    if method.proposer is None:
+        raise SpecdeployError(f"{cfg.name}: speculation.method is {cfg.method!r}; nothing to compare with "
+                              "(the CPU engine has no proposer for it)")
+    fields = {"method": method.proposer, **method.proposer_fields(spec)}
+    if cfg.draft is not None:
+        fields["draft_dir"] = str(resolve_checkpoint(cfg.draft.checkpoint))
+    if method.head_field:
+        fields[method.head_field] = str(resolve_checkpoint(getattr(spec, method.head_field)))
+    return fields
 
 
 def load_prompts(cfg: DeploymentConfig, per_category: int) -> dict[str, list[str]]:

@@ -40,6 +40,7 @@ from pipeline.errors import BuildError, StaleInputError
 from pipeline.infra.atomic import write_json_atomic
 from pipeline.infra.processes import spawn
 from pipeline.infra.provenance import git_sha, package_version, versions
+from pipeline.methods import get_method
 from pipeline.paths import PROJECT_ROOT, engine_root, manifest_path
 from pipeline.plan.planner import BuildPlan, Step, make_plan
 from pipeline.trtllm.checkpoint_config import validate_checkpoint_dir
@@ -383,8 +384,8 @@ def require_trtllm(cfg: DeploymentConfig) -> None:
 def require_scripts(plan: BuildPlan, cfg: DeploymentConfig) -> None:
     """Raise :class:`BuildError` before any step runs when a TensorRT-LLM script the plan runs is
     missing under the resolved examples root, naming each one and how to get them."""
-    if cfg.uses_llm_api:
-        from pipeline.trtllm.llmapi_plan import missing_modelopt_scripts  # noqa: PLC0415
+    if cfg.runs_llm_api:
+        from pipeline.plan.llmapi import missing_modelopt_scripts  # noqa: PLC0415
 
         problems = missing_modelopt_scripts(plan)
         if problems:
@@ -399,7 +400,7 @@ def require_scripts(plan: BuildPlan, cfg: DeploymentConfig) -> None:
 
 
 def _check_engine_pair(plan: BuildPlan) -> None:
-    if plan.backend != "trtllm" or plan.method != "draft_target" or "target" not in plan.engines:
+    if plan.backend != "trtllm" or not get_method(plan.method).draft_model or "target" not in plan.engines:
         return  # the LLM-API runtime builds no engines (its draft and target are checkpoints)
     problems = draft_target_pair_problems(Path(plan.engines["target"]), Path(plan.engines["draft"]))
     if problems:
@@ -435,7 +436,7 @@ def build(
     plan = make_plan(cfg, trtllm_root)
     if executor is None:
         if cfg.backend == "trtllm":
-            if not cfg.uses_llm_api:  # the LLM-API plan runs no TensorRT-LLM command, only ModelOpt
+            if not cfg.runs_llm_api:  # the LLM-API plan runs no TensorRT-LLM command, only ModelOpt
                 require_trtllm(cfg)
             require_scripts(plan, cfg)
         executor = SubprocessExecutor()

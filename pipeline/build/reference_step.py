@@ -28,6 +28,7 @@ from pipeline.artefacts import engine as spec
 from pipeline.artefacts.base import problem_lines
 from pipeline.artefacts.engine import ENGINE_DESCRIPTOR, EngineDescriptor
 from pipeline.errors import SpecdeployError
+from pipeline.methods import method_for_proposer
 
 REQUIRED_FILES = {
     "llama": [("config.json",), ("model.safetensors", "model.safetensors.index.json")],
@@ -35,7 +36,6 @@ REQUIRED_FILES = {
     "eagle": [("config.json",), ("model.safetensors",)],
 }
 NGRAM_FLAGS = ("is_keep_all", "is_use_oldest", "is_public_pool")  # n-gram pool switches (true/false)
-LOOKAHEAD_SIZES = ("max_window_size", "max_ngram_size", "max_verification_set_size")  # W, N, G (upstream's names)
 
 
 class StepError(Exception):
@@ -76,38 +76,55 @@ def cmd_quantize(args: argparse.Namespace) -> None:
 
 def _proposer(args: argparse.Namespace) -> dict:
     found = _method_spec(args)
-    if args.draft_weights == "int8" and found["method"] not in ("none", "ngram", "lookahead"):  # no draft weights
+    method = method_for_proposer(found["method"])
+    if args.draft_weights == "int8" and (method.draft_model or method.head_field):  # checkpoint-free methods have no draft weights
         found["draft_int8"] = True  # the engine quantizes the draft-side weights at load
     return found
 
 
 def _method_spec(args: argparse.Namespace) -> dict:
-    if args.method == "none":
-        return {"method": "none"}
-    if args.method == "draft_target":
-        draft = Path(args.draft_dir).resolve()
-        check_checkpoint(draft, "llama")
-        return _given({"method": "draft_target", "draft_dir": str(draft), "quantization": args.draft_quantization,
-                       "num_draft_tokens": args.num_draft_tokens})
-    if args.method == "ngram":
-        return _given({"method": "ngram", "max_draft_len": args.num_draft_tokens,
-                       "max_matching_ngram_size": args.max_matching_ngram_size,
-                       "min_matching_ngram_size": args.min_matching_ngram_size,
-                       **{knob: getattr(args, knob) == "true" for knob in NGRAM_FLAGS}})
-    if args.method == "lookahead":
-        return _given({"method": "lookahead", **{size: getattr(args, size) for size in LOOKAHEAD_SIZES}})
-    if args.method == "eagle3":
-        head = Path(args.head_dir).resolve()
-        check_checkpoint(head, "eagle")
-        return _given({"method": "eagle3", "head_dir": str(head), "max_draft_len": args.num_draft_tokens})
-    choices = json.loads(args.choices)
-    if args.method == "medusa":
-        heads = Path(args.heads_dir).resolve()
-        check_checkpoint(heads, "medusa")
-        return _given({"method": "medusa", "heads_dir": str(heads), "num_heads": args.num_heads, "choices": choices})
+    if args.proposer_fields:  # a method without checkpoints gives its proposer's fields as they are
+        return {"method": args.method, **json.loads(args.proposer_fields)}
+    return _PROPOSER_FROM_FLAGS[args.method](args)
+
+
+def _draft_target(args: argparse.Namespace) -> dict:
+    draft = Path(args.draft_dir).resolve()
+    check_checkpoint(draft, "llama")
+    return _given({"method": "draft_target", "draft_dir": str(draft), "quantization": args.draft_quantization,
+                   "num_draft_tokens": args.num_draft_tokens})
+
+
+def _ngram(args: argparse.Namespace) -> dict:
+    return _given({"method": "ngram", "max_draft_len": args.num_draft_tokens,
+                   "max_matching_ngram_size": args.max_matching_ngram_size,
+                   "min_matching_ngram_size": args.min_matching_ngram_size,
+                   **{knob: getattr(args, knob) == "true" for knob in NGRAM_FLAGS}})
+
+
+def _eagle3(args: argparse.Namespace) -> dict:
     head = Path(args.head_dir).resolve()
     check_checkpoint(head, "eagle")
-    return _given({"method": "eagle", "head_dir": str(head), "num_layers": args.num_layers, "choices": choices})
+    return _given({"method": "eagle3", "head_dir": str(head), "max_draft_len": args.num_draft_tokens})
+
+
+def _medusa(args: argparse.Namespace) -> dict:
+    heads = Path(args.heads_dir).resolve()
+    check_checkpoint(heads, "medusa")
+    return _given({"method": "medusa", "heads_dir": str(heads), "num_heads": args.num_heads,
+                   "choices": json.loads(args.choices)})
+
+
+def _eagle(args: argparse.Namespace) -> dict:
+    head = Path(args.head_dir).resolve()
+    check_checkpoint(head, "eagle")
+    return _given({"method": "eagle", "head_dir": str(head), "num_layers": args.num_layers,
+                   "choices": json.loads(args.choices)})
+
+
+# proposer name → its engine.json fields from this step's flags (the planner writes those flags)
+_PROPOSER_FROM_FLAGS = {"none": lambda args: {"method": "none"}, "draft_target": _draft_target, "ngram": _ngram,
+                        "eagle3": _eagle3, "medusa": _medusa, "eagle": _eagle}
 
 
 def _given(fields: dict) -> dict:
@@ -160,8 +177,7 @@ def _engine_flags(engine: argparse.ArgumentParser) -> None:
     for knob in NGRAM_FLAGS:
         default = "true" if spec.proposer_default(spec.NgramProposer, knob) else "false"
         engine.add_argument(f"--{knob.replace('_', '-')}", choices=["true", "false"], default=default)
-    for size in LOOKAHEAD_SIZES:  # left out: the descriptor's default (upstream's)
-        engine.add_argument(f"--{size.replace('_', '-')}", type=int)
+    engine.add_argument("--proposer-fields", default="", help="JSON of the proposer's fields (checkpoint-free methods)")
     engine.add_argument("--draft-weights", choices=["float", "int8"], default="float")
     engine.add_argument("--max-draft-len", type=int, default=spec.default("max_draft_len"))
     engine.add_argument("--max-batch-size", type=int, required=True)

@@ -38,7 +38,7 @@ def render(config: str, workdir: Path | None = None) -> int:
         extra = "".join(f" {k}={v}" for k, v in target.extra_inputs.items())
         print(f"{variant:12s} {repo}  models: {', '.join(repository_models(repo))}")
         print(f"{'':12s} load tests call {target.model_name}{extra}")
-        if cfg.uses_llm_api:
+        if cfg.runs_llm_api:
             serve_dir = repo.parent.parent / "trtllm-serve" / variant
             print(f"{'':12s} launch: {repo.with_name(variant + '.launch.sh')}  (trtllm-serve: {serve_dir / 'launch.sh'})")
         rules, dashboard = operations_paths(repo)

@@ -103,28 +103,25 @@ def _prompt_row(file: Path, n: int, line: str) -> dict[str, str]:
 
 
 def primary_draft_len(cfg: DeploymentConfig) -> int | None:
-    if cfg.method == "draft_target":
-        return cfg.speculation.num_draft_tokens
-    if cfg.method in ("medusa", "eagle", "ngram"):
-        return cfg.speculation.engine_max_draft_len
-    return None
+    return cfg.method_info.primary_draft_len(cfg.speculation)
 
 
 def sends_draft_len(cfg: DeploymentConfig) -> bool:
     """Draft-target orchestrated by the BLS takes K per request (``num_draft_tokens``); drafting
     in the engine fixes K in the engine, and the ensemble has no such input."""
-    return cfg.method != "none" and describe_arm(cfg, "speculative").per_request_draft_len
+    return cfg.speculative and describe_arm(cfg, "speculative").per_request_draft_len
 
 
 def check_sweep(cfg: DeploymentConfig, sweep: list[int]) -> None:
     if not sweep:
         return
-    if cfg.method == "draft_target" and describe_arm(cfg, "speculative").drafts == "engine":
+    method = cfg.method_info
+    if method.per_request_draft_len and describe_arm(cfg, "speculative").drafts == "engine":
         raise LoadTestError(
             "--sweep-draft-len: speculation.orchestration 'engine' fixes num_draft_tokens in the engine; "
             "per-request draft lengths need orchestration 'bls'"
         )
-    if cfg.method != "draft_target":
+    if not method.per_request_draft_len:
         raise LoadTestError(
             f"--sweep-draft-len: method '{cfg.method}' fixes its draft length when the engine is built "
             "(Medusa heads / EAGLE tree, max_draft_len); build one deployment per length and load-test "

@@ -308,7 +308,7 @@ def _arms_to_run(cfg: DeploymentConfig, arm: str | None, endpoint_baseline: str 
     if arm is not None and arm not in ARMS:
         raise LoadTestError(f"--arm: expected one of {ARMS}, got '{arm}'")
     arms: tuple[str, ...] = (arm,) if arm else ARMS
-    if cfg.method == "none" and "speculative" in arms and not (endpoint_speculative or arm):
+    if not cfg.speculative and "speculative" in arms and not (endpoint_speculative or arm):
         raise LoadTestError("speculation.method is 'none': there is no speculative arm to compare")
     if endpoint_baseline or endpoint_speculative:
         missing = [a for a in arms if not {"baseline": endpoint_baseline, "speculative": endpoint_speculative}[a]]

@@ -150,7 +150,7 @@ def host_gpus(cfg: DeploymentConfig, detected: list[GpuInfo] | None) -> tuple[tu
         return tuple(cfg.triton.gpus), "triton.gpus"
     if detected:
         return tuple(g.index for g in detected), "nvidia-smi"
-    arms = ARMS if cfg.method != "none" else ("baseline",)
+    arms = ARMS if cfg.speculative else ("baseline",)
     return tuple(range(max(arm_gpu_need(cfg, a) for a in arms))), "no nvidia-smi: the fewest the deployment needs"
 
 
@@ -197,7 +197,7 @@ def _memories(cfg: DeploymentConfig, profile: HardwareProfile, shapes, arm: str)
     if target is None or (cfg.draft is not None and draft is None):
         return {}
     if arm == "baseline":
-        executor = baseline_executor(cfg, profile, target, prefix="" if cfg.method == "none" else "baseline ")
+        executor = baseline_executor(cfg, profile, target, prefix="baseline " if cfg.speculative else "")
         return {"tensorrt_llm": executor}
     return {e.model_name: e for e in speculative_executors(cfg, profile, target, draft)}
 
@@ -397,7 +397,7 @@ def _placements(cfg: DeploymentConfig, scopes: list[list[_Slot]], fractions: dic
 def plan_layout(cfg: DeploymentConfig, profile: HardwareProfile, shapes, gpus: tuple[int, ...],
                 gpus_source: str = "triton.gpus") -> ArmLayout:
     """Place the arms (LayoutError when they cannot be)."""
-    arms = ARMS if cfg.method != "none" else ("baseline",)
+    arms = ARMS if cfg.speculative else ("baseline",)
     fraction = cfg.triton.kv_cache_free_gpu_mem_fraction
     if cfg.backend == "reference":
         scopes = [[_Slot(a, name, (), None) for a in arms for name, _ in _arm_models(cfg, a)]]
@@ -426,10 +426,10 @@ def validate_estimate(cfg: DeploymentConfig, profile: HardwareProfile, target: M
     arms when they share it), the layout, and why the arms cannot be placed (None when they can)."""
     shapes = (target, draft)
     if cfg.backend == "reference" or not profile.is_gpu:
-        executors = [baseline_executor(cfg, profile, target, prefix="" if cfg.method == "none" else "baseline ")]
-        if cfg.method != "none":
+        executors = [baseline_executor(cfg, profile, target, prefix="baseline " if cfg.speculative else "")]
+        if cfg.speculative:
             executors += speculative_executors(cfg, profile, target, draft)
-        return gpu_estimate(cfg, profile, executors, None, "host memory: both arms" if cfg.method != "none" else ""), None, None
+        return gpu_estimate(cfg, profile, executors, None, "host memory: both arms" if cfg.speculative else ""), None, None
     try:
         gpus = query_gpus() if detected is False else detected
         ids, source = host_gpus(cfg, gpus)

@@ -37,17 +37,17 @@ from pipeline.config import (
 )
 from pipeline.errors import ConfigError
 from pipeline.infra.trees import choices_or_chain
+from pipeline.methods.eagle import EAGLE_MAX_BATCH_SIZE
 from pipeline.paths import engine_root
+from pipeline.plan.llmapi import plan_llm_api
 from pipeline.plan.step import Step
 from pipeline.trtllm import commands as tc
 from pipeline.trtllm.checkpoint_config import ExpectedCheckpoint
 from pipeline.trtllm.engine_config import ExpectedEngine
 from pipeline.trtllm.layout import TrtllmRoot, resolve_trtllm_root
-from pipeline.trtllm.llmapi_plan import plan_llm_api
 
 BUILD_STEP_MODULE = "pipeline.build.reference_step"
 REFERENCE_QUANT_FORMATS = ("none", "int8_wo")
-EAGLE_MAX_BATCH_SIZE = 512
 
 
 @dataclass
@@ -154,7 +154,7 @@ def _reference_engine(p: _Planner, role: str, model: tuple[str, str], proposer: 
 
 
 def _plan_reference(p: _Planner) -> str:
-    cfg, spec = p.cfg, p.cfg.speculation
+    cfg, spec, method = p.cfg, p.cfg.speculation, p.cfg.method_info
     target = _reference_model(p, "target", cfg.target, "target")
     tokenizer = p.path("checkpoints", "target-hf")
     none = ["--method", "none"]
@@ -190,6 +190,10 @@ def _plan_reference(p: _Planner) -> str:
         _reference_engine(p, "speculative", target, proposer + _draft_weights(cfg), spec.max_draft_len, [head])
     elif isinstance(spec, NgramSpec):
         _reference_engine(p, "speculative", target, ngram_args(spec), spec.max_draft_len, [])
+    elif method.proposer:  # a checkpoint-free method: its proposer's fields as the method gives them
+        proposer = ["--method", method.proposer, "--proposer-fields",
+                    json.dumps(method.proposer_fields(spec), separators=(",", ":"), sort_keys=True)]
+        _reference_engine(p, "speculative", target, proposer, method.engine_max_draft_len(spec), [])
     return tokenizer
 
 
@@ -357,7 +361,7 @@ def _eagle_checkpoint(p: _Planner, v: tc.Version, spec: EagleSpec, base: str) ->
 
 
 def _plan_trtllm(p: _Planner) -> str:
-    cfg, spec = p.cfg, p.cfg.speculation
+    cfg, spec, method = p.cfg, p.cfg.speculation, p.cfg.method_info
     v = tc.Version.parse(cfg.trtllm_version)
     tokenizer, target_ckpt = _trtllm_checkpoint(p, v, "target", cfg.target)
     base_logits = cfg.build.gather_generation_logits
@@ -383,6 +387,9 @@ def _plan_trtllm(p: _Planner) -> str:
     elif isinstance(spec, EagleSpec):
         _trtllm_engine(p, v, "speculative", spec_ckpt, cfg.target, mode="eagle", k=spec.engine_max_draft_len, logits=base_logits,
                        architecture="EagleForCausalLM", num_eagle_layers=spec.num_layers)
+    elif method.engine_from_target:  # the target's own checkpoint, built in the method's mode
+        _trtllm_engine(p, v, "speculative", target_ckpt, cfg.target, mode=method.engine_mode,
+                       k=method.engine_max_draft_len(spec), logits=base_logits)
     return tokenizer
 
 
@@ -404,12 +411,12 @@ def make_plan(cfg: DeploymentConfig, trtllm_root: str | None = None) -> BuildPla
     planner = _Planner(cfg, trtllm_root)
     if cfg.backend == "reference":
         tokenizer = _plan_reference(planner)
-    elif cfg.uses_llm_api:
+    elif cfg.runs_llm_api:
         tokenizer = plan_llm_api(planner)
     else:
         tokenizer = _plan_trtllm(planner)
     spec = cfg.speculation
-    max_draft_len = getattr(spec, "engine_max_draft_len", getattr(spec, "max_draft_len", 0))
+    max_draft_len = cfg.method_info.engine_max_draft_len(spec)
     return BuildPlan(
         name=cfg.name,
         backend=cfg.backend,

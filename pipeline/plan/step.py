@@ -1,5 +1,5 @@
 """One command of a build plan: what ``plan`` prints and ``build`` runs. Its own module so the
-planners of both TensorRT-LLM runtimes (``pipeline.plan.planner``, ``pipeline.trtllm.llmapi_plan``)
+planners of both TensorRT-LLM runtimes (``pipeline.plan.planner``, ``pipeline.plan.llmapi``)
 can make steps without importing each other. Reads and writes nothing."""
 
 from __future__ import annotations

@@ -38,6 +38,8 @@ from pipeline.reference.scheduler import Scheduler
 from pipeline.reference.sequence import SeqState, make_generator
 from pipeline.serve.cpu_pinning import pin_this_thread
 
+NO_PROPOSER = "none"  # engine.json proposer.method of an engine that drafts nothing
+
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
@@ -256,8 +258,8 @@ def _build_proposer(spec: dict, ctx: BuildContext) -> Proposer | None:
     """The proposer ``spec["method"]`` names (:data:`pipeline.reference.proposers.BUILDERS`).
     ``spec["draft_int8"]``: quantize the draft-side weights (draft model, heads) to int8 at load —
     cheaper draft steps, output unchanged (only acceptance may move)."""
-    method = spec.get("method", "none")
-    if method == "none":
+    method = spec.get("method", NO_PROPOSER)
+    if method == NO_PROPOSER:
         return None
     if method not in BUILDERS:
         raise SpecdeployError(f"unknown proposer method {method!r}")

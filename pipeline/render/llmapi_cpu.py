@@ -19,13 +19,11 @@ engine runs and, for draft-target, the draft's). Writes, per arm (``baseline``, 
 - the arm's deployment descriptor and its alert rules / dashboard.
 
 Each repository is rendered into a temporary sibling, validated
-(:func:`pipeline.trtllm.llmapi_render.validate_llmapi_repository`) and only then swapped in.
+(:func:`pipeline.render.llmapi.validate_llmapi_repository`) and only then swapped in.
 """
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -34,19 +32,19 @@ from pipeline.artefacts.engine import ENGINE_DESCRIPTOR, EngineDescriptor
 from pipeline.config import DeploymentConfig
 from pipeline.errors import StaleInputError
 from pipeline.paths import model_repo_dir
-from pipeline.render.model_code import copy_model_code
-from pipeline.render.monitoring import write_operations_view
-from pipeline.render.templating import render_text, swap_in
-from pipeline.render.triton_rules import RenderError
-from pipeline.trtllm.llmapi_args import llm_args
-from pipeline.trtllm.llmapi_facts import triton_llmapi
-from pipeline.trtllm.llmapi_render import (
+from pipeline.render.llmapi import (
     MODEL_NAME,
     jinja_env,
     template_context,
     validate_llmapi_repository,
     write_template,
 )
+from pipeline.render.model_code import copy_model_code
+from pipeline.render.monitoring import write_operations_view
+from pipeline.render.templating import render_atomically, render_text
+from pipeline.render.triton_rules import RenderError
+from pipeline.trtllm.llmapi_args import llm_args
+from pipeline.trtllm.llmapi_facts import triton_llmapi
 
 MODEL_TEMPLATE = "llmapi/tensorrt_llm/cpu_model.py.jinja"
 ENGINE_PARAMETER = "reference_engine_dir"
@@ -106,17 +104,14 @@ def render_reference_llmapi(cfg: DeploymentConfig, manifest: dict, templates_dir
     out = {}
     for variant in arms_of(cfg):
         dest = model_repo_dir(cfg, variant)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
-        try:
+
+        def fill(tmp: Path, variant=variant) -> None:
             _render_repo(cfg, env, templates_dir, manifest, variant, tmp)
             problems = validate_llmapi_repository(cfg, tmp)
             if problems:
                 raise RenderError(problems)
-            swap_in(tmp, dest)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+
+        render_atomically(dest, fill)
         write_operations_view(cfg, variant, dest)
         describe_arm(cfg, variant, manifest).write(descriptor_path(dest))
         out[variant] = (dest, [])

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,12 +29,11 @@ from pipeline.artefacts.deployment import arms_of, check_arm, describe_arm, desc
 from pipeline.artefacts.manifest import MANIFEST_FORMAT  # noqa: F401 - re-exported
 from pipeline.config import DeploymentConfig, ngram_through_bls
 from pipeline.errors import StaleInputError
-from pipeline.infra.trees import brace_choices, choices_or_chain
 from pipeline.paths import PROJECT_ROOT, model_repo_dir
 from pipeline.plan.gpu_layout import ArmLayout, ArmPlacement, LayoutError, deployment_layout
 from pipeline.render.model_code import copy_model_code
 from pipeline.render.monitoring import write_operations_view
-from pipeline.render.templating import jinja_environment, render_text, swap_in, triton_bool
+from pipeline.render.templating import jinja_environment, render_atomically, render_text, triton_bool
 from pipeline.render.triton_rules import RenderError, config_param, parse_config_file, validate_repository
 from pipeline.triton_models.ngram_params import NgramSettings
 
@@ -72,7 +70,7 @@ def variants_for(cfg: DeploymentConfig) -> tuple[str, ...]:
 def drafts_in_engine(cfg: DeploymentConfig) -> bool:
     """Draft-target with ``speculation.orchestration: engine``: the speculative ``tensorrt_llm``
     model drafts inside its own engine (reference backend)."""
-    return cfg.method == "draft_target" and describe_arm(cfg, "speculative").drafts == "engine"
+    return cfg.method_info.draft_model and describe_arm(cfg, "speculative").drafts == "engine"
 
 
 def client_target(cfg: DeploymentConfig, variant: str) -> ClientTarget:
@@ -89,10 +87,6 @@ def _check_variant(cfg: DeploymentConfig, variant: str) -> None:
 # Render contexts
 
 
-def _tree_choices(spec, depth: int) -> list[list[int]]:
-    return choices_or_chain(spec.choices, depth)
-
-
 def _engine(manifest: dict, key: str) -> str:
     engines = manifest.get("engines", {})
     if key not in engines:
@@ -106,14 +100,13 @@ class LlmSettings:
     engine_dir: str
     decoupled: bool
     decoding_mode: str = ""
-    medusa_choices: str = ""
-    eagle_choices: str = ""
+    method_parameters: dict[str, str] = field(default_factory=dict)  # the method's own tensorrt_llm parameters
     dtm_member: bool = False  # target or draft of a draft-target deployment
     drafts_itself: bool = False  # draft-target target whose engine also drafts (orchestration: engine)
 
 
 def llm_models(cfg: DeploymentConfig, manifest: dict, variant: str) -> list[LlmSettings]:
-    method = cfg.method
+    method = cfg.method_info
     if variant == "baseline":
         return [LlmSettings("tensorrt_llm", _engine(manifest, "baseline"), cfg.triton.decoupled)]
     if drafts_in_engine(cfg):
@@ -126,20 +119,14 @@ def llm_models(cfg: DeploymentConfig, manifest: dict, variant: str) -> list[LlmS
     if ngram_through_bls(cfg):
         # the BLS drafts; the target verifies external drafts, called like draft-target's target
         return [LlmSettings("tensorrt_llm", _engine(manifest, "target"), False, dtm_member=True)]
-    if method == "draft_target":
+    if method.draft_model:
         return [
             LlmSettings("tensorrt_llm", _engine(manifest, "target"), False, dtm_member=True),
             LlmSettings("tensorrt_llm_draft", _engine(manifest, "draft"), False, dtm_member=True),
         ]
-    spec = cfg.speculation
-    settings = LlmSettings("tensorrt_llm", _engine(manifest, "speculative"), cfg.triton.decoupled)
-    if method == "medusa":
-        settings.decoding_mode = "medusa"
-        settings.medusa_choices = brace_choices(_tree_choices(spec, spec.num_heads))
-    elif method == "eagle":
-        settings.decoding_mode = "eagle"
-        settings.eagle_choices = brace_choices(_tree_choices(spec, spec.num_layers))
-    return [settings]
+    return [LlmSettings("tensorrt_llm", _engine(manifest, "speculative"), cfg.triton.decoupled,
+                        decoding_mode=method.triton_decoding_mode,
+                        method_parameters=method.triton_parameters(cfg.speculation))]
 
 
 def _placed(cfg: DeploymentConfig, llm: LlmSettings, placement: ArmPlacement | None) -> tuple[float, int | None, str]:
@@ -157,10 +144,10 @@ def trtllm_parameters(cfg: DeploymentConfig, llm: LlmSettings, manifest: dict,
     """The ``tensorrt_llm`` model's parameters; ``placement`` (the arm's GPU placement) sets the
     GPUs, the KV fraction and the KV capacity (reference backend: None, the config's values)."""
     t = cfg.triton
-    speculative = llm.dtm_member or llm.decoding_mode in ("medusa", "eagle")
+    speculative = llm.dtm_member or bool(llm.decoding_mode)
     kv_fraction, kv_tokens, device_ids = _placed(cfg, llm, placement)
     unset = ""
-    return {
+    parameters = {
         "max_beam_width": "1" if speculative else str(cfg.build.max_beam_width),
         "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
         "gpt_model_type": t.batching_strategy,
@@ -199,8 +186,8 @@ def trtllm_parameters(cfg: DeploymentConfig, llm: LlmSettings, manifest: dict,
         "lookahead_window_size": unset,
         "lookahead_ngram_size": unset,
         "lookahead_verification_set_size": unset,
-        "medusa_choices": llm.medusa_choices,
-        "eagle_choices": llm.eagle_choices,
+        "medusa_choices": unset,
+        "eagle_choices": unset,
         "gpu_weights_percent": unset,
         "enable_context_fmha_fp32_acc": unset,
         "multi_block_mode": unset,
@@ -211,12 +198,16 @@ def trtllm_parameters(cfg: DeploymentConfig, llm: LlmSettings, manifest: dict,
         "guided_decoding_backend": unset,
         "xgrammar_tokenizer_info_path": unset,
     }
+    unknown = set(llm.method_parameters) - set(parameters)
+    if unknown:
+        raise RenderError(f"method {cfg.method} sets tensorrt_llm parameters upstream's model has not: {sorted(unknown)}")
+    return parameters | llm.method_parameters
 
 
 def bls_instance_count(cfg: DeploymentConfig, max_batch: int) -> int:
     """Each BLS instance serves one request at a time, so a draft-target deployment gets one per
     batch slot unless ``triton.bls_instance_count`` is set explicitly."""
-    orchestrates = cfg.method == "draft_target" or ngram_through_bls(cfg)
+    orchestrates = cfg.method_info.renders_bls(cfg.speculation)
     if orchestrates and "bls_instance_count" not in cfg.triton.model_fields_set:
         return max(cfg.triton.bls_instance_count, max_batch)
     return cfg.triton.bls_instance_count
@@ -328,19 +319,15 @@ def render_repository(cfg: DeploymentConfig, manifest: dict, variant: str, dest:
     layout = layout or arm_layout(cfg)
     contexts = model_contexts(cfg, manifest, variant, layout.arms[variant])
     env = jinja_environment(templates_dir)
-    dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
-    try:
+
+    def fill(tmp: Path) -> list[str]:
         for model_name, (template_dir, context) in contexts.items():
             render_model(env, templates_dir, template_dir, context, model_name, tmp)
         warnings = validate_repository(tmp, backend=cfg.backend)
         _check_runtime_knobs(cfg, tmp)
-        swap_in(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return warnings
+        return warnings
+
+    return render_atomically(Path(dest), fill)
 
 
 def render(cfg: DeploymentConfig, templates_dir: Path = TEMPLATES_DIR) -> dict[str, tuple[Path, list[str]]]:
@@ -348,11 +335,11 @@ def render(cfg: DeploymentConfig, templates_dir: Path = TEMPLATES_DIR) -> dict[s
     Returns variant → (repository dir, warnings)."""
     manifest = load_manifest(cfg)
     layout = arm_layout(cfg)
-    if cfg.uses_llm_api:
-        from pipeline.trtllm.llmapi_render import render_llmapi  # noqa: PLC0415
+    if cfg.runs_llm_api:
+        from pipeline.render.llmapi import render_llmapi  # noqa: PLC0415
 
         return render_llmapi(cfg, manifest, templates_dir, layout)
-    if cfg.serves_llmapi:  # the CPU reference engine behind the llmapi layout
+    if cfg.llmapi_layout:  # the CPU reference engine behind the llmapi layout
         from pipeline.render.llmapi_cpu import render_reference_llmapi  # noqa: PLC0415
 
         return render_reference_llmapi(cfg, manifest, templates_dir)

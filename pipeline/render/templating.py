@@ -1,13 +1,17 @@
 """Jinja rendering shared by the engine-runtime and the LLM-API repositories: an environment with
 StrictUndefined (a missing value is an error, never a hole in the file) and the filters the
-templates use, template errors as :class:`~pipeline.render.triton_rules.RenderError`, and the
-rename that swaps a freshly rendered repository in. Reads templates; writes what it is given."""
+templates use, template errors as :class:`~pipeline.render.triton_rules.RenderError`, and
+:func:`render_atomically`: every repository is rendered into a temporary sibling, validated there
+and only then renamed into place. Reads templates; writes what it is given."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from pipeline.render.triton_rules import RenderError
 
@@ -51,6 +55,26 @@ def render_text(env, templates_dir: Path, template_name: str, context: dict) -> 
         raise RenderError([f"{templates_dir / template_name}: missing value: {exc.message}"]) from None
     except (jinja2.TemplateError, ValueError, TypeError) as exc:
         raise RenderError([f"{templates_dir / template_name}: {exc}"]) from None
+
+
+T = TypeVar("T")
+
+
+def render_atomically(dest: Path, fill: Callable[[Path], T]) -> T:
+    """Render a directory into a temporary sibling of ``dest``, then swap it in. ``fill(tmp)``
+    writes and validates (raising :class:`RenderError` on a problem); on any failure the temporary
+    is removed and ``dest`` keeps what it had, so a broken template fails here, never in the server.
+    Returns what ``fill`` returned (the validator's warnings)."""
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    try:
+        result = fill(tmp)
+        swap_in(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return result
 
 
 def swap_in(new: Path, dest: Path) -> None:

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from pipeline.errors import SpecdeployError
+from pipeline.methods import METHODS
 
 
 class RenderError(SpecdeployError):
@@ -140,6 +141,21 @@ def _reference_descriptor(engine_dir: str) -> dict | None:
     return json.loads(descriptor.read_text()) if descriptor.is_file() else None
 
 
+# tensorrt_llm decoding_mode → the method served with it (every method whose engine has its own mode)
+_DECODING_MODES = {m.triton_decoding_mode: m for m in METHODS.values() if m.triton_decoding_mode}
+
+
+def _method_of_mode(mode: str | None) -> str:
+    """The method an engine built with ``--speculative_decoding_mode mode`` serves (the first that
+    names it: draft_tokens_external is draft-target's, n-gram through the BLS reuses it)."""
+    return next((m.name for m in METHODS.values() if m.engine_mode == mode), "none")
+
+
+def _mode_of_method(name: str | None) -> str:
+    method = METHODS.get(name or "")
+    return method.triton_decoding_mode if method is not None else ""
+
+
 def _engine_method(engine_dir: str, backend: str | None) -> str | None:
     """The speculation method an engine was built for, when its files say so."""
     path = Path(engine_dir)
@@ -156,7 +172,7 @@ def _engine_method(engine_dir: str, backend: str | None) -> str | None:
             return None
         names = {bit: name for name, bit in SPEC_MODE_BITS.items()}
         mode = names.get(raw) if isinstance(raw, int) else str(raw).lower().removeprefix("speculativedecodingmode.")
-        return {"medusa": "medusa", "eagle": "eagle", "draft_tokens_external": "draft_target"}.get(mode or "", "none")
+        return _method_of_mode(mode)
     return None
 
 
@@ -177,14 +193,15 @@ def _check_llm_rules(repo, configs, problems, backend) -> None:
         where = repo / name / "config.pbtxt"
         mode = config_param(config, "decoding_mode")
         engine_method = _engine_method(config_param(config, "gpt_model_path"), backend)
-        if mode in ("medusa", "eagle") and engine_method not in (None, mode):
+        served = _DECODING_MODES.get(mode)  # the method whose decoding_mode this is
+        engine_mode = _DECODING_MODES.get(_mode_of_method(engine_method))
+        if served is not None and engine_method not in (None, served.name):
             problems.append(f"{where}: decoding_mode {mode!r} but the engine was built for {engine_method!r}")
-        if not mode and engine_method in ("medusa", "eagle"):
+        if not mode and engine_mode is not None:
             problems.append(f"{where}: the engine was built for {engine_method!r} but decoding_mode is unset")
-        if mode == "medusa" and not config_param(config, "medusa_choices"):
-            problems.append(f"{where}: decoding_mode medusa needs medusa_choices")
-        if mode == "eagle" and not config_param(config, "eagle_choices"):
-            problems.append(f"{where}: decoding_mode eagle needs eagle_choices")
+        for parameter in served.required_triton_parameters if served is not None else ():
+            if not config_param(config, parameter):
+                problems.append(f"{where}: decoding_mode {mode} needs {parameter}")
     if bls is None:
         return
     bls_where = repo / "tensorrt_llm_bls" / "config.pbtxt"

@@ -4,7 +4,7 @@ its deployment descriptor saying ``contract: llmapi``).
 
 Reads the repository (``tensorrt_llm/1/model.yaml``: the checkpoint paths the model loads), the
 arm's placement, and where this host's TensorRT-LLM keeps upstream's ``model.py`` / ``helpers.py``
-(``pipeline.trtllm.llmapi_render.upstream_model_dir``); copies those two files into the
+(``pipeline.render.llmapi.upstream_model_dir``); copies those two files into the
 repository when they are absent and present here, as the rendered ``<arm>.launch.sh`` does.
 Returns the argv and environment of the server: ``tritonserver`` under ``mpirun -n 1``, as
 upstream's ``launch_triton_server.py --world_size 1`` starts it (the LLM API spawns its own
@@ -84,7 +84,7 @@ def docker_llmapi_argv(image: str, server_argv: list[str], repo: Path, upstream_
 def llmapi_launch(cfg, repo: Path, placement, ports, host: str) -> tuple[list[str], dict[str, str]]:
     """argv and env of one llmapi arm's server; a ServeError with the docker line (or what is
     missing) when it cannot run here."""
-    from pipeline.trtllm.llmapi_render import upstream_model_dir  # noqa: PLC0415
+    from pipeline.render.llmapi import upstream_model_dir  # noqa: PLC0415
 
     repo = repo.resolve()
     upstream = upstream_model_dir(cfg)

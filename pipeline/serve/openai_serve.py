@@ -65,7 +65,7 @@ def start_frontend(cfg: DeploymentConfig, variant: str, grpc_url: str, *, port: 
     from pipeline.loadtest.provenance import served_tokenizer_dir  # noqa: PLC0415
 
     target = load_arm(cfg, variant)[1]  # what render recorded for the arm
-    if cfg.serves_llmapi:  # the frontend speaks the ensemble's tensors, not the llmapi model's
+    if cfg.llmapi_layout:  # the frontend speaks the ensemble's tensors, not the llmapi model's
         raise FrontendError("--frontend openai sends the ensemble's inputs; the llmapi layout's tensorrt_llm model "
                             "takes text_input / sampling_param_* (docs/reference-engine.md): serve it without "
                             "the frontend")

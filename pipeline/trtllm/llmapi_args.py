@@ -12,39 +12,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.config import DeploymentConfig, DraftTargetSpec, Eagle3Spec, MtpSpec, NgramSpec
-from pipeline.trtllm.llmapi_facts import DECODING_TYPES, facts_for, field_problems
-
-NGRAM_POOL_SWITCHES = ("is_keep_all", "is_use_oldest", "is_public_pool")
-ROLE_SPECULATIVE_MODEL = "draft"  # manifest role of the EAGLE-3 head or the draft model
+from pipeline.config import DeploymentConfig
+from pipeline.trtllm.llmapi_facts import facts_for, field_problems
 
 
 def speculative_config(cfg: DeploymentConfig, engines: dict[str, str]) -> dict[str, Any] | None:
-    """``speculative_config`` of the speculative arm (None for method none)."""
-    spec = cfg.speculation
-    if cfg.method not in DECODING_TYPES:
+    """``speculative_config`` of the speculative arm (None for a method without an LLM-API decoding config)."""
+    method = cfg.method_info
+    if method.llmapi_decoding_type is None:
         return None
-    out: dict[str, Any] = {"decoding_type": DECODING_TYPES[cfg.method]}
-    if isinstance(spec, Eagle3Spec):
-        out.update(max_draft_len=spec.max_draft_len, speculative_model=engines[ROLE_SPECULATIVE_MODEL])
-        if _has_one_model_flag(cfg):  # versions without it run one-model only (validate refuses two_model)
-            out["eagle3_one_model"] = spec.model_mode == "one_model"
-    elif isinstance(spec, DraftTargetSpec):
-        out.update(max_draft_len=spec.engine_max_draft_len, speculative_model=engines[ROLE_SPECULATIVE_MODEL])
-    elif isinstance(spec, NgramSpec):
-        out.update(max_draft_len=spec.max_draft_len, max_matching_ngram_size=spec.max_matching_ngram_size)
-        # the pool switches as written (unset: upstream's default, which equals ours)
-        out.update({k: getattr(spec, k) for k in NGRAM_POOL_SWITCHES if k in spec.model_fields_set})
-    elif isinstance(spec, MtpSpec):
-        out["num_nextn_predict_layers"] = spec.num_nextn_predict_layers
+    out: dict[str, Any] = {"decoding_type": method.llmapi_decoding_type}
+    out.update(method.speculative_config(cfg, cfg.speculation, engines))
     out.update(cfg.llm_api.extra_speculative_config)
     return out
-
-
-def _has_one_model_flag(cfg: DeploymentConfig) -> bool:
-    facts = facts_for(cfg.trtllm_version)
-    eagle3 = facts.decoding_type("Eagle3") if facts else None
-    return bool(eagle3 and "eagle3_one_model" in eagle3["fields"])
 
 
 def kv_cache_config(cfg: DeploymentConfig, free_fraction: float | None = None) -> dict[str, Any]:

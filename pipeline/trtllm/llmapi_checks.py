@@ -12,24 +12,20 @@ types; the quantization ModelOpt can export; MTP's DeepSeek-family target; the E
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from pipeline.config import ENGINE_RUNTIME_MAX_VERSION, DraftTargetSpec, Eagle3Spec, NgramSpec
+from pipeline.config import ENGINE_RUNTIME_MAX_VERSION
+from pipeline.methods import ENGINE, LLM_API, METHODS, REFERENCE
 from pipeline.trtllm.llmapi_args import decoding_problems, llm_args
 from pipeline.trtllm.llmapi_facts import (
-    DECODING_TYPES,
-    ENGINE_ONLY,
     facts_for,
     field_problems,
     known_versions,
-    load_facts,
 )
+from pipeline.validate.severity import ERROR
 
-ERROR, WARNING, INFO = "error", "warning", "info"
-LLM_API_ONLY = ("eagle3", "ngram", "mtp")
-REFERENCE_TOO = ("ngram", "eagle3")  # LLM-API methods the CPU reference engine runs as well (its own proposer)
-REFERENCE_LLMAPI_METHODS = ("none", "draft_target", "ngram", "eagle3")  # what the CPU llmapi model can build from model.yaml
+# what the CPU llmapi model can build from model.yaml: the methods of both the LLM API and the CPU engine
+REFERENCE_LLMAPI_METHODS = tuple(name for name, m in METHODS.items() if {LLM_API, REFERENCE} <= m.runtimes)
 LLM_API_MIN_VERSION = (1, 2)
 LLM_API_QUANT_FORMATS = ("none", "fp8", "int4_awq")  # ModelOpt hf_ptq exports the project plans
 LLM_API_KV_DTYPES = ("auto", "fp8")
@@ -41,10 +37,10 @@ def check_runtime(ctx) -> None:
     cfg = ctx.cfg
     version = cfg.trtllm_version_tuple[:2]
     if cfg.backend == "reference":
-        if cfg.serves_llmapi:
+        if cfg.llmapi_layout:
             _check_reference_llmapi(ctx)
             return
-        if cfg.method in LLM_API_ONLY and cfg.method not in REFERENCE_TOO:
+        if REFERENCE not in cfg.method_info.runtimes:
             ctx.add(ERROR, "method", f"method {cfg.method} runs on the TensorRT-LLM LLM API only; the CPU reference "
                     "engine lacks it", "use backend trtllm with trtllm_runtime llm_api, or another method",
                     "speculation.method")
@@ -59,30 +55,19 @@ def _check_reference_llmapi(ctx) -> None:
     """``backend: reference`` + ``trtllm_runtime: llm_api``: the CPU engine behind the llmapi layout
     (``pipeline.triton_models.llmapi``). It reads ``model.yaml`` as upstream's model does, so the
     config must be one the recorded facts accept, and one the CPU engine can honour."""
-    cfg, spec = ctx.cfg, ctx.cfg.speculation
+    cfg = ctx.cfg
     if facts_for(cfg.trtllm_version) is None:
         ctx.add(ERROR, "version", f"no LLM-API facts are recorded for TensorRT-LLM {cfg.trtllm_version} (recorded: "
                 f"{', '.join(known_versions())}); the llmapi model.yaml could not be checked",
                 "use a recorded release line (e.g. 1.2.1)", "trtllm_version")
         return
     if cfg.method not in REFERENCE_LLMAPI_METHODS:
-        why = (f"{cfg.method} is engine-only upstream" if cfg.method in ENGINE_ONLY
+        why = (f"{cfg.method} is engine-only upstream" if cfg.method_info.engine_only_decoding_type
                else f"the CPU reference engine has no {cfg.method} proposer on the llmapi layout yet")
         ctx.add(ERROR, "method", f"method {cfg.method} cannot run on the CPU llmapi layout: {why}",
                 f"use one of {', '.join(REFERENCE_LLMAPI_METHODS)}, or remove trtllm_runtime", "speculation.method")
         return
-    if isinstance(spec, DraftTargetSpec) and "orchestration" in spec.model_fields_set and spec.orchestration != "engine":
-        ctx.add(ERROR, "method", "the llmapi layout has no tensorrt_llm_bls: the draft runs inside the "
-                "tensorrt_llm model, as the LLM API's executor drafts", "remove speculation.orchestration",
-                "speculation.orchestration")
-    if isinstance(spec, NgramSpec) and spec.min_matching_ngram_size != 1:
-        ctx.add(ERROR, "method", "NGramDecodingConfig has no min_matching_ngram_size (tensorrt_llm/llmapi/llm_args.py), "
-                "so model.yaml cannot carry it and the CPU llmapi model matches down to one token",
-                "remove speculation.min_matching_ngram_size", "speculation.min_matching_ngram_size")
-    if isinstance(spec, Eagle3Spec) and spec.model_mode != "one_model":
-        ctx.add(ERROR, "method", "the CPU reference engine runs the EAGLE-3 head inside the target's step "
-                "(one-model); it has no separate draft engine", "set speculation.model_mode: one_model",
-                "speculation.model_mode")
+    cfg.method_info.check_cpu_llmapi_layout(ctx)
     for path in ("extra_llm_args", "extra_speculative_config"):
         if getattr(cfg.llm_api, path):
             ctx.add(ERROR, "llm-args", "the CPU reference engine honours no pass-through LLM arguments (it reads "
@@ -99,13 +84,9 @@ def _check_engine_runtime(ctx, version: tuple[int, ...]) -> None:
                 "(trtllm-build, convert_checkpoint.py, the C++ tensorrtllm backend: NVIDIA/TensorRT-LLM PRs "
                 "#15763, #15907)", "set trtllm_runtime: llm_api, or pin trtllm_version to 1.2.x (e.g. 1.2.1)",
                 "trtllm_version")
-    if cfg.method == "ngram":
-        if cfg.speculation.orchestration != "bls":
-            ctx.add(ERROR, "method", "the engine runtime has no n-gram decoding mode; n-gram runs there only as "
-                    "external drafts from tensorrt_llm_bls (draft_tokens_external, docs/ngram.md)",
-                    "set speculation.orchestration: bls, or trtllm_runtime: llm_api (TensorRT-LLM ≥ 1.2)",
-                    "speculation.orchestration")
-    elif cfg.method in LLM_API_ONLY:
+    if ENGINE in cfg.method_info.runtimes:
+        cfg.method_info.check_engine_runtime(ctx)
+    else:
         ctx.add(ERROR, "method", f"method {cfg.method} runs on the LLM API only (PyTorch backend); the engine "
                 "runtime has no such decoding mode", "set trtllm_runtime: llm_api (TensorRT-LLM ≥ 1.2)",
                 "speculation.method")
@@ -120,14 +101,16 @@ def _check_llm_api_runtime(ctx, version: tuple[int, ...]) -> None:
                 "use a recorded release line, or add its section to pipeline/trtllm/llmapi_facts.yaml from "
                 "tensorrt_llm/llmapi/llm_args.py at that tag", "trtllm_version")
         return
-    if cfg.method in ENGINE_ONLY:
-        decoding = ENGINE_ONLY[cfg.method]
-        ctx.add(ERROR, "method", f"method {cfg.method} is engine-only: {facts.engine_only_reason(decoding)}",
+    method = cfg.method_info
+    if method.engine_only_decoding_type:
+        reason = method.engine_only_reason or facts.engine_only_reason(method.engine_only_decoding_type)
+        ctx.add(ERROR, "method", f"method {cfg.method} is engine-only: {reason}",
                 "use eagle3 (an EAGLE-3 draft checkpoint) on llm_api, or trtllm_runtime: engine with "
                 "trtllm_version 1.2.x", "speculation.method")
         return
-    if cfg.method in DECODING_TYPES and facts.decoding_type(DECODING_TYPES[cfg.method]) is None:
-        ctx.add(ERROR, "method", f"TensorRT-LLM {facts.line} has no {DECODING_TYPES[cfg.method]} decoding_type "
+    decoding = method.llmapi_decoding_type
+    if decoding and facts.decoding_type(decoding) is None:
+        ctx.add(ERROR, "method", f"TensorRT-LLM {facts.line} has no {decoding} decoding_type "
                 f"({facts.citation()})", "pick a method this version has", "speculation.method")
         return
     _check_method_on_llm_api(ctx, facts)
@@ -135,20 +118,7 @@ def _check_llm_api_runtime(ctx, version: tuple[int, ...]) -> None:
 
 
 def _check_method_on_llm_api(ctx, facts) -> None:
-    cfg, spec = ctx.cfg, ctx.cfg.speculation
-    if isinstance(spec, Eagle3Spec) and spec.model_mode not in facts.eagle3_modes:
-        ctx.add(ERROR, "method", f"TensorRT-LLM {facts.line} runs EAGLE-3 as {' / '.join(facts.eagle3_modes)} only "
-                f"(Eagle3DecodingConfig has no eagle3_one_model field; {facts.citation()})",
-                "set speculation.model_mode: one_model", "speculation.model_mode")
-    if isinstance(spec, DraftTargetSpec):
-        if spec.use_draft_logits:
-            ctx.add(ERROR, "method", "use_draft_logits is an engine-runtime (fast logits) setting; "
-                    "DraftTargetDecodingConfig has no such field", "set speculation.use_draft_logits: false",
-                    "speculation.use_draft_logits")
-        if cfg.loadtest.sweep_draft_len:
-            ctx.add(ERROR, "method", "the LLM API fixes the draft length per server (speculative_config.max_draft_len); "
-                    "there is no per-request num_draft_tokens to sweep", "remove loadtest.sweep_draft_len, or render "
-                    "one config per draft length", "loadtest.sweep_draft_len")
+    ctx.cfg.method_info.check_llm_api(ctx, facts)
 
 
 def _check_args(ctx) -> None:
@@ -160,7 +130,7 @@ def _check_args(ctx) -> None:
     problems = field_problems(cfg.llm_api.extra_llm_args, facts.llm_args, "llm_api.extra_llm_args", where)
     for problem in problems:
         _add_path_problem(ctx, problem, "the LLM accepts only these arguments")
-    variant = "speculative" if cfg.method != "none" else "baseline"
+    variant = "speculative" if cfg.speculative else "baseline"
     args = llm_args(cfg, _PLACEHOLDER_DIRS, variant)
     spec = args.get("speculative_config")
     extra_spec = cfg.llm_api.extra_speculative_config
@@ -194,7 +164,7 @@ def check_quantization(ctx) -> None:
     """ModelOpt (examples/llm_ptq/hf_ptq.py) exports the formats the plan quantizes to; the
     LLM API reads the result (hf_quant_config.json) as it is."""
     cfg = ctx.cfg
-    if not cfg.uses_llm_api:
+    if not cfg.runs_llm_api:
         return
     models = [("target", cfg.target)] + ([("speculation.draft", cfg.draft)] if cfg.draft is not None else [])
     for path, spec in models:
@@ -206,30 +176,6 @@ def check_quantization(ctx) -> None:
         if q.kv_cache_dtype not in LLM_API_KV_DTYPES:
             ctx.add(ERROR, "kv-dtype", f"KV-cache dtype {q.kv_cache_dtype} is not planned on the LLM-API runtime",
                     "use auto or fp8", f"{path}.quantization.kv_cache_dtype")
-
-
-def check_mtp_target(ctx, target_dir: Path | None, target_config: dict | None, shape) -> None:
-    """MTP runs the target's own next-n layers: DeepSeek-V3-family checkpoints only."""
-    if ctx.cfg.method != "mtp":
-        return
-    allowed = load_facts()["mtp_targets"]
-    if target_config is not None:
-        model_type = target_config.get("model_type")
-        arch = (target_config.get("architectures") or [None])[0]
-        seen = f"model_type {model_type!r}, architecture {arch!r}"
-    elif shape is not None:
-        model_type, arch, seen = None, shape.architecture, f"architecture {shape.architecture!r} ({shape.source})"
-    else:
-        ctx.add(INFO, "method", "MTP target family not checked: no config.json here and not a known model", "",
-                "target.checkpoint")
-        return
-    if model_type not in allowed["model_types"] and arch not in allowed["architectures"]:
-        ctx.add(ERROR, "method", f"MTP needs a DeepSeek-family target with MTP layers, got {seen} "
-                f"({allowed['source']})", "use a DeepSeek-V3/R1 checkpoint, or eagle3 / draft_target / ngram",
-                "target.checkpoint")
-    elif target_config is not None and int(target_config.get("num_nextn_predict_layers") or 0) < 1:
-        ctx.add(ERROR, "method", f"{target_dir}/config.json has no num_nextn_predict_layers: the checkpoint ships "
-                "no MTP layers", "use the full DeepSeek checkpoint (its MTP layers included)", "target.checkpoint")
 
 
 def check_eagle3_head(ctx, head_config: dict[str, Any], target) -> None:

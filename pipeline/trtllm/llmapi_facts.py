@@ -20,11 +20,6 @@ import yaml
 
 FACTS_PATH = Path(__file__).with_name("llmapi_facts.yaml")
 
-# specdeploy method → upstream decoding_type (tensorrt_llm/llmapi/llm_args.py DecodingConfig subclasses)
-DECODING_TYPES = {"eagle3": "Eagle3", "draft_target": "Draft_Target", "ngram": "NGram", "mtp": "MTP"}
-# engine-path methods → the decoding_type upstream would have used, for the refusal message
-ENGINE_ONLY = {"medusa": "Medusa", "eagle": "Eagle"}
-
 
 @functools.lru_cache(maxsize=1)
 def load_facts() -> dict[str, Any]:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pipeline.config import DeploymentConfig, Eagle3Spec, MedusaSpec
+from pipeline.config import DeploymentConfig, Eagle3Spec, EagleSpec, MedusaSpec
 from pipeline.errors import SpecdeployError
+from pipeline.methods.eagle import fp8_route
 from pipeline.trtllm import llmapi_checks
-from pipeline.trtllm.commands import KV_CACHE_QUANT_ALGO
 from pipeline.validate.findings import ERROR, INFO, CheckContext, spec_checkpoints, spec_roles
 from pipeline.validate.model_shapes import known_shape, read_config_json, shape_from_config
 from pipeline.validate.weight_files import UnreadableWeights, index_problems, tensor_shapes
@@ -89,8 +89,7 @@ _EAGLE_FP8_WEIGHTS = ("weights", ("pytorch_model.bin",),
 
 def eagle_fp8_route(cfg: DeploymentConfig) -> bool:
     """The quantized EAGLE route (examples/eagle/quantize.py, then convert_checkpoint.py)."""
-    q = cfg.target.quantization
-    return cfg.method == "eagle" and (q.format != "none" or q.kv_cache_dtype in KV_CACHE_QUANT_ALGO)
+    return isinstance(cfg.speculation, EagleSpec) and fp8_route(cfg.target)
 
 
 def _required_files(cfg: DeploymentConfig, role: str) -> list[tuple[str, tuple[str, ...], str]]:
@@ -173,7 +172,7 @@ def _has_tokenizer(directory: Path) -> bool:
 
 def check_tokenizers(ctx: CheckContext) -> None:
     target_dir, draft_dir = ctx.dirs.get("target"), ctx.dirs.get("draft")
-    if ctx.cfg.method != "draft_target" or target_dir is None or draft_dir is None:
+    if not ctx.cfg.method_info.draft_model or target_dir is None or draft_dir is None:
         return
     if not _has_tokenizer(target_dir) or not _has_tokenizer(draft_dir):
         return  # already reported as missing files

@@ -10,11 +10,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import DeploymentConfig, DraftTargetSpec, Eagle3Spec, EagleSpec, MedusaSpec, ModelSpec
+from pipeline.config import DeploymentConfig, ModelSpec
 from pipeline.validate.hardware import HardwareProfile
 from pipeline.validate.model_shapes import ModelShape
-
-ERROR, WARNING, INFO = "error", "warning", "info"
+from pipeline.validate.severity import ERROR, INFO, WARNING  # noqa: F401 - re-exported: every check imports them from here
 
 
 @dataclass
@@ -66,13 +65,9 @@ def spec_roles(cfg: DeploymentConfig) -> list[tuple[str, str, ModelSpec]]:
 def spec_checkpoints(cfg: DeploymentConfig) -> list[tuple[str, str, str]]:
     """(role, field path, checkpoint string) of every directory the deployment reads."""
     items = [("target", "target.checkpoint", cfg.target.checkpoint)]
-    spec = cfg.speculation
-    if isinstance(spec, DraftTargetSpec):
-        items.append(("draft", "speculation.draft.checkpoint", spec.draft.checkpoint))
-    elif isinstance(spec, MedusaSpec):
-        items.append(("medusa heads", "speculation.heads_dir", spec.heads_dir))
-    elif isinstance(spec, EagleSpec):
-        items.append(("EAGLE head", "speculation.head_dir", spec.head_dir))
-    elif isinstance(spec, Eagle3Spec):
-        items.append(("EAGLE-3 head", "speculation.head_dir", spec.head_dir))
+    method = cfg.method_info
+    if cfg.draft is not None:
+        items.append(("draft", "speculation.draft.checkpoint", cfg.draft.checkpoint))
+    elif method.head_field:
+        items.append((method.head_role, f"speculation.{method.head_field}", getattr(cfg.speculation, method.head_field)))
     return items

@@ -14,7 +14,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from pipeline.config import DeploymentConfig, DraftTargetSpec, Eagle3Spec, EagleSpec, MedusaSpec, ModelSpec, NgramSpec
+from pipeline.config import DeploymentConfig, Eagle3Spec, EagleSpec, MedusaSpec, ModelSpec
 from pipeline.validate.hardware import HardwareProfile
 from pipeline.validate.model_shapes import ModelShape
 
@@ -131,14 +131,7 @@ def activations_gib(shape: ModelShape, spec: ModelSpec, num_tokens: int, batch: 
 
 def _draft_len_overhead(cfg: DeploymentConfig) -> tuple[int, int]:
     """(extra KV positions per sequence, draft length K) for the speculative engine."""
-    spec = cfg.speculation
-    if isinstance(spec, EagleSpec):
-        return spec.engine_max_draft_len + spec.num_layers, spec.engine_max_draft_len
-    if isinstance(spec, (DraftTargetSpec, MedusaSpec)):
-        return spec.engine_max_draft_len, spec.engine_max_draft_len
-    if isinstance(spec, (Eagle3Spec, NgramSpec)):
-        return spec.max_draft_len, spec.max_draft_len
-    return 0, 0
+    return cfg.method_info.memory_draft_len(cfg.speculation)
 
 
 def _effective_num_tokens(cfg: DeploymentConfig, draft_len: int) -> int:
@@ -293,7 +286,7 @@ def estimate_memory(
 ) -> MemoryEstimate:
     """Per-rank memory of the speculative arm alone on its GPUs (the baseline alone needs less);
     ``pipeline.plan.gpu_layout`` adds the baseline when both arms share a GPU."""
-    if cfg.method == "none":
+    if not cfg.speculative:
         return gpu_estimate(cfg, profile, [baseline_executor(cfg, profile, target_shape)])
     return gpu_estimate(cfg, profile, speculative_executors(cfg, profile, target_shape, draft_shape))
 

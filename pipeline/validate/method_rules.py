@@ -9,13 +9,12 @@ these rules need the whole picture.
 
 from __future__ import annotations
 
-from pipeline.config import DeploymentConfig, DraftTargetSpec, EagleSpec, MedusaSpec, ModelSpec, NgramSpec
+from pipeline.config import DeploymentConfig, ModelSpec
 from pipeline.errors import SpecdeployError
 from pipeline.trtllm import llmapi_checks
 from pipeline.trtllm.commands import paged_context_fmha_survives
 from pipeline.validate.findings import ERROR, INFO, WARNING, CheckContext, spec_models, spec_roles
 from pipeline.validate.hardware import HardwareProfile, formats_supported_on
-from pipeline.validate.model_shapes import read_config_json
 
 # ----------------------------------------------------------------------------------------------
 # GPU architecture × quantization × KV-cache dtype
@@ -53,7 +52,7 @@ def _check_model_quantization(ctx: CheckContext, path: str, spec: ModelSpec) -> 
     if q.kv_cache_dtype not in profile.kv_cache_dtypes:
         ctx.add(ERROR, "kv-dtype", f"KV-cache dtype {q.kv_cache_dtype} is not available on {profile.display_name}",
                 f"use one of: {', '.join(profile.kv_cache_dtypes)}", f"{path}.quantization.kv_cache_dtype")
-    elif profile.is_gpu and not cfg.uses_llm_api and not _paged_context_fmha_survives(spec, profile):
+    elif profile.is_gpu and not cfg.runs_llm_api and not _paged_context_fmha_survives(spec, profile):
         _report_paged_fmha_loss(ctx, path, spec)
     if q.format in ("int4_awq", "w4a8_awq") and q.calibration_size > 32:
         ctx.add(INFO, "calibration", f"AWQ caps calibration_size at 32 (configured {q.calibration_size})",
@@ -68,17 +67,11 @@ def _check_model_quantization(ctx: CheckContext, path: str, spec: ModelSpec) -> 
 
 def _paged_fmha_needed_by(cfg: DeploymentConfig) -> str | None:
     """Why this deployment cannot run without paged context FMHA (None: it can)."""
-    if cfg.method == "draft_target":
-        return "draft-target needs it on both engines (KV-cache reuse)"
-    if cfg.method == "ngram" and cfg.speculation.orchestration == "bls":
-        return "n-gram through the BLS needs it on the target engine (KV-cache reuse of the re-sent context)"
-    if cfg.method == "eagle":
-        return ("EAGLE needs it: the builder turns it back on and the attention plugin then refuses this KV dtype "
-                "at the first context step")
-    if cfg.triton.enable_kv_cache_reuse:
+    needed = cfg.method_info.paged_fmha_needed_by(cfg)
+    if needed is None and cfg.triton.enable_kv_cache_reuse:
         return ("KV-cache reuse (triton.enable_kv_cache_reuse) needs it, and the post-build check refuses an engine "
                 "without it")
-    return None
+    return needed
 
 
 def _report_paged_fmha_loss(ctx: CheckContext, path: str, spec: ModelSpec) -> None:
@@ -93,7 +86,8 @@ def _report_paged_fmha_loss(ctx: CheckContext, path: str, spec: ModelSpec) -> No
     field_path = f"{path}.quantization.kv_cache_dtype"
     needed = _paged_fmha_needed_by(ctx.cfg)
     if needed:
-        extra = ", or set triton.enable_kv_cache_reuse: false" if ctx.cfg.method in ("none", "medusa") else ""
+        # only KV-cache reuse needs it: turning reuse off is a fix too
+        extra = ", or set triton.enable_kv_cache_reuse: false" if ctx.cfg.method_info.paged_fmha_needed_by(ctx.cfg) is None else ""
         ctx.add(ERROR, "kv-dtype", f"{why}; {needed}", fix + extra, field_path)
     else:
         ctx.add(INFO, "kv-dtype", why + "; the plan builds it with --use_paged_context_fmha disable (no chunked "
@@ -106,107 +100,10 @@ def _report_paged_fmha_loss(ctx: CheckContext, path: str, spec: ModelSpec) -> No
 
 def check_method(ctx: CheckContext) -> None:
     cfg = ctx.cfg
-    spec = cfg.speculation
-    if cfg.method != "none" and cfg.build.max_beam_width != 1:
+    if cfg.speculative and cfg.build.max_beam_width != 1:
         ctx.add(ERROR, "method", f"speculative decoding has no beam search (max_beam_width {cfg.build.max_beam_width})",
                 "set build.max_beam_width: 1", "build.max_beam_width")
-    if isinstance(spec, DraftTargetSpec):
-        _check_draft_target(ctx, spec)
-    elif isinstance(spec, EagleSpec):
-        _check_eagle(ctx, spec)
-    elif isinstance(spec, MedusaSpec):
-        _check_medusa(ctx, spec)
-    elif isinstance(spec, NgramSpec) and spec.orchestration == "bls":
-        _check_ngram_bls(ctx, spec)
-
-
-def _check_draft_target(ctx: CheckContext, spec: DraftTargetSpec) -> None:
-    cfg = ctx.cfg
-    if spec.use_draft_logits and not cfg.build.gather_generation_logits:
-        ctx.add(ERROR, "method", "use_draft_logits needs generation logits from both engines",
-                "set build.gather_generation_logits: true", "build.gather_generation_logits")
-    if cfg.build.gather_generation_logits and not spec.use_draft_logits:
-        ctx.add(WARNING, "method", "gather_generation_logits without use_draft_logits costs memory for nothing",
-                "set build.gather_generation_logits: false or speculation.use_draft_logits: true",
-                "build.gather_generation_logits")
-    if cfg.uses_llm_api:
-        return  # no BLS and no engines: the LLM API drafts inside its executor
-    if cfg.backend == "trtllm" and not cfg.triton.enable_kv_cache_reuse:
-        ctx.add(ERROR, "method", "the draft-target target engine requires KV-cache reuse at runtime",
-                "set triton.enable_kv_cache_reuse: true", "triton.enable_kv_cache_reuse")
-    if cfg.backend == "trtllm" and ctx.profile.sm < 89 and ctx.profile.is_gpu:
-        ctx.add(INFO, "method", "draft-target through the Triton BLS has known problems on A100 and at TP4 "
-                "(NVIDIA/TensorRT-LLM#2684, #2709)", "smoke-test each engine alone through the ensemble first",
-                "hardware")
-    if cfg.backend == "trtllm":
-        _check_draft_target_lengths(ctx)
-
-
-def _check_ngram_bls(ctx: CheckContext, spec: NgramSpec) -> None:
-    """n-gram drafted by the BLS and verified as external drafts (TensorRT-LLM's V1 n-gram
-    workflow, NVIDIA/TensorRT-LLM examples/ngram/README.md: draft_tokens_external target, KV-cache
-    block reuse, no beam search)."""
-    cfg = ctx.cfg
-    if cfg.uses_llm_api:
-        ctx.add(ERROR, "method", "orchestration 'bls' sends drafts to a trtllm-build engine; the LLM-API runtime "
-                "has no tensorrt_llm_bls and drafts n-grams in its executor (speculative_config)",
-                "set speculation.orchestration: engine, or trtllm_runtime: engine (TensorRT-LLM ≤ 1.2.x)",
-                "speculation.orchestration")
-        return
-    if spec.is_public_pool:
-        ctx.add(ERROR, "method", "the BLS keeps one n-gram pool per request (its instances are separate processes, "
-                "and upstream's V1 pool is per request: examples/ngram/run_dtm_ngram.py); a shared pool is the "
-                "in-engine method's", "set speculation.is_public_pool: false (or orchestration: engine on the "
-                "CPU reference engine)", "speculation.is_public_pool")
-    if cfg.backend == "trtllm" and not cfg.triton.enable_kv_cache_reuse:
-        ctx.add(ERROR, "method", "the external-draft target re-reads the whole context every round and needs "
-                "KV-cache block reuse at runtime (examples/ngram/README.md: --kv_cache_enable_block_reuse)",
-                "set triton.enable_kv_cache_reuse: true", "triton.enable_kv_cache_reuse")
-    if cfg.backend == "trtllm":
-        _check_draft_target_lengths(ctx, "n-gram target")
-
-
-def _check_draft_target_lengths(ctx: CheckContext, what: str = "draft-target") -> None:
-    """The BLS sends the whole context (prompt + accepted tokens) to both engines every round, so
-    the plan builds them with max_input_len = max_seq_len − 1; one engine step must then hold such
-    an input unless chunked context splits it (the executor refuses it otherwise)."""
-    b = ctx.cfg.build
-    longest = b.max_seq_len - 1
-    ctx.add(INFO, "build", f"{what} engines are built with max_input_len {longest} (max_seq_len − 1), not "
-            f"{b.max_input_len}: every draft and verify call re-sends the whole context", "", "build.max_input_len")
-    chunked = bool(getattr(ctx.cfg.triton, "enable_chunked_context", False))
-    if b.max_num_tokens < longest and not chunked:
-        ctx.add(ERROR, "build", f"max_num_tokens ({b.max_num_tokens}) is below the longest {what} context "
-                f"({longest} = max_seq_len − 1): a request whose prompt plus generated tokens passes "
-                f"{b.max_num_tokens} fails mid-generation", f"raise build.max_num_tokens to ≥ {longest}",
-                "build.max_num_tokens")
-
-
-def _check_eagle(ctx: CheckContext, spec: EagleSpec) -> None:
-    cfg = ctx.cfg
-    if cfg.build.max_batch_size > 512:
-        ctx.add(ERROR, "method", f"EAGLE engines allow max_batch_size ≤ 512 (configured {cfg.build.max_batch_size})",
-                "set build.max_batch_size: 512 or less", "build.max_batch_size")
-    if cfg.target.pp != 1:
-        ctx.add(ERROR, "method", "EAGLE does not support pipeline parallelism", "set target.pp: 1 (use tp)",
-                "target.pp")
-    if cfg.backend == "trtllm" and cfg.target.quantization.format not in ("none", "fp8"):
-        ctx.add(ERROR, "method", f"quantized EAGLE is FP8 only (configured {cfg.target.quantization.format})",
-                "use target.quantization.format: fp8 or none", "target.quantization.format")
-
-
-def _check_medusa(ctx: CheckContext, spec: MedusaSpec) -> None:
-    cfg = ctx.cfg
-    if cfg.backend == "trtllm" and not cfg.loadtest.sampling.greedy:
-        ctx.add(WARNING, "method", "TensorRT-LLM verifies Medusa drafts greedily; sampled load tests compare unlike arms",
-                "set loadtest.sampling.top_k: 1", "loadtest.sampling.top_k")
-    if cfg.backend == "trtllm" and cfg.target.quantization.format not in ("none", "fp8"):
-        ctx.add(WARNING, "method", f"Medusa is documented for FP16/BF16 and FP8 bases, not "
-                f"{cfg.target.quantization.format}", "use target.quantization.format: fp8 or none",
-                "target.quantization.format")
-    if cfg.build.max_batch_size > 16:
-        ctx.add(INFO, "method", f"Medusa gains shrink with batch size (max_batch_size {cfg.build.max_batch_size})",
-                "load-test the concurrency you deploy at", "build.max_batch_size")
+    cfg.method_info.check(ctx)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -248,8 +145,8 @@ def check_scripts(ctx: CheckContext) -> None:
         plan = make_plan(cfg, ctx.trtllm_root)
     except SpecdeployError:
         return  # the config problem is reported by the checks that own it
-    if cfg.uses_llm_api:
-        from pipeline.trtllm.llmapi_plan import missing_modelopt_scripts  # noqa: PLC0415
+    if cfg.runs_llm_api:
+        from pipeline.plan.llmapi import missing_modelopt_scripts  # noqa: PLC0415
 
         for message, fix in missing_modelopt_scripts(plan):
             ctx.add(ERROR, "scripts", message, fix, "llm_api.modelopt_root")
@@ -279,18 +176,8 @@ def check_shapes(ctx: CheckContext) -> None:
         if max_pos and ctx.cfg.build.max_seq_len > max_pos:
             ctx.add(WARNING, "build", f"max_seq_len {ctx.cfg.build.max_seq_len} exceeds the {role}'s "
                     f"max_position_embeddings ({max_pos})", f"set build.max_seq_len ≤ {max_pos}", "build.max_seq_len")
+    ctx.cfg.method_info.check_shapes(ctx)
     target = ctx.shapes.get("target")
-    if ctx.cfg.method == "eagle" and target is not None and not target.is_llama:
-        ctx.add(ERROR, "method", f"EAGLE in TensorRT-LLM needs a LLaMA-architecture base, got {target.architecture}",
-                "use a LLaMA-family target or another method", "target.checkpoint")
-    target_dir = ctx.dirs.get("target")
-    target_config = None
-    if ctx.cfg.method == "mtp" and target_dir is not None and (target_dir / "config.json").is_file():
-        try:
-            target_config = read_config_json(target_dir)
-        except (OSError, ValueError):
-            target_config = None  # reported by the shape loader
-    llmapi_checks.check_mtp_target(ctx, target_dir, target_config, target)
     draft = ctx.shapes.get("draft")
     if target is not None and draft is not None and target.vocab_size != draft.vocab_size:
         ctx.add(ERROR, "tokenizer", f"vocab_size differs: target {target.vocab_size} ({target.source}) vs draft "

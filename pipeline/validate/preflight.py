@@ -98,7 +98,7 @@ def _check_draft_weights(ctx: CheckContext) -> None:
         ctx.add(WARNING, "draft-weights", "int8 draft weights are a CPU reference engine setting; TensorRT-LLM "
                 "engines ignore it", "quantize the draft with speculation.draft.quantization, or remove it",
                 "reference.draft_weights")
-    elif cfg.method == "none":
+    elif not cfg.speculative:
         ctx.add(WARNING, "draft-weights", "int8 draft weights have no effect: this config does not speculate",
                 "remove reference.draft_weights", "reference.draft_weights")
     elif cfg.reference.compute_dtype != "float32":
@@ -118,8 +118,10 @@ def _check_trtllm_version(ctx: CheckContext) -> None:
     if version < (0, 12):
         ctx.add(ERROR, "version", f"TensorRT-LLM {cfg.trtllm_version} predates the supported build flags",
                 "use 0.12 or newer (1.2.1 recommended)", "trtllm_version")
-    if cfg.method == "eagle" and version < (0, 15):
-        ctx.add(ERROR, "version", "EAGLE needs TensorRT-LLM ≥ 0.15", "raise trtllm_version", "trtllm_version")
+    needs = cfg.method_info.min_engine_version
+    if needs is not None and version < needs:
+        ctx.add(ERROR, "version", f"{cfg.method_info.title} needs TensorRT-LLM ≥ {needs[0]}.{needs[1]}",
+                "raise trtllm_version", "trtllm_version")
     draft_logits = isinstance(cfg.speculation, DraftTargetSpec) and cfg.speculation.use_draft_logits
     if draft_logits and version < (0, 15):
         ctx.add(ERROR, "version", "draft logits (fast logits) need TensorRT-LLM ≥ 0.15", "raise trtllm_version",
@@ -132,7 +134,7 @@ def _check_trtllm_version(ctx: CheckContext) -> None:
 
 def _check_memory(ctx: CheckContext) -> None:
     target, draft = ctx.shapes.get("target"), ctx.shapes.get("draft")
-    if target is None or (ctx.cfg.method == "draft_target" and draft is None):
+    if target is None or (ctx.cfg.method_info.draft_model and draft is None):
         ctx.add(INFO, "memory-fit", "memory fit not estimated: model shape unknown (no config.json and not a known "
                 "example model)", "run without --offline where the checkpoints are")
         return

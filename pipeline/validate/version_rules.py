@@ -28,7 +28,7 @@ def unverified_facts(version: str) -> list[str]:
 
 def check_versions(ctx) -> None:
     cfg = ctx.cfg
-    if cfg.backend != "trtllm" and not cfg.serves_llmapi:
+    if cfg.backend != "trtllm" and not cfg.llmapi_layout:
         return  # the CPU reference engine runs no TensorRT-LLM; its trtllm_version is unused
     explicit = "container_image" in cfg.triton.model_fields_set
     unverified = unverified_facts(cfg.trtllm_version)
@@ -37,7 +37,7 @@ def check_versions(ctx) -> None:
         if cfg.backend != "trtllm" and problem.field == "triton.container_image":
             continue  # no image on the CPU path
         ctx.add(problem.severity, "version", problem.message, problem.fix, problem.field)
-    if cfg.uses_llm_api and unverified and not any(p.field == "trtllm_version" for p in problems):
+    if cfg.runs_llm_api and unverified and not any(p.field == "trtllm_version" for p in problems):
         ctx.add(INFO, "version", f"LLM-API facts of TensorRT-LLM {cfg.trtllm_version} not verified at its tag: "
                 + "; ".join(unverified), "run `specdeploy validate CONFIG --live` in the container: it loads "
                 "model.yaml into the installed classes", "trtllm_version")

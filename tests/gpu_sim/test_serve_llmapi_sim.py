@@ -98,8 +98,8 @@ def test_llmapi_arm_without_upstream_model_is_refused(gpu_host, tmp_path, monkey
 
 
 def test_llmapi_docker_line(gpu_host, monkeypatch):
+    from pipeline.render.llmapi import upstream_model_dir
     from pipeline.serve.server import start_deployment
-    from pipeline.trtllm.llmapi_render import upstream_model_dir
 
     host = gpu_host(1, *H100, tritonserver=False)
     cfg = shipped_config(CONFIG, host.root)

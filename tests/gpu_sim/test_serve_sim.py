@@ -60,6 +60,10 @@ CASES = [
     ("llama31-8b-ngram-engine-h100", 1, H100, "shared", 65568,
      {"baseline": ("single", 1, "0", {"tensorrt_llm": ("", "0.425")}),
       "speculative": ("single", 1, "0", {"tensorrt_llm": ("", "0.425")})}),
+    # lookahead: the target built in lookahead mode; both arms at full capacity do not share one H100
+    ("llama31-8b-lookahead-h100", 1, H100, "sequential", 267456,
+     {"baseline": ("single", 1, "0", {"tensorrt_llm": ("", "0.9")}),
+      "speculative": ("single", 1, "0", {"tensorrt_llm": ("", "0.9")})}),
     ("vicuna7b-medusa-fp8-h100", 1, H100, "shared", 16504,
      {"baseline": ("single", 1, "0", {"tensorrt_llm": ("", "0.45")}),
       "speculative": ("single", 1, "0", {"tensorrt_llm": ("", "0.45")})}),

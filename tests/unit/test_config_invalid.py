@@ -72,7 +72,7 @@ CASES = [
     ("calib-zero", {"target.quantization.calibration_size": 0}, "target.quantization.calibration_size: Input should be greater than 0"),
     ("awq-block", {"target.quantization.awq_block_size": 100}, "target.quantization.awq_block_size: Input should be 64 or 128"),
     ("target-not-mapping", {"target": "/models/x"}, "target: Input should be a valid dictionary"),
-    ("unknown-method", {"speculation": {"method": "lookahead"}}, "speculation: unknown method 'lookahead'"),
+    ("unknown-method", {"speculation": {"method": "redrafter"}}, "speculation: unknown method 'redrafter'"),
     ("method-missing", {"speculation": {"heads_dir": "/h"}}, "speculation: needs a 'method' field"),
     ("draft-missing", {"speculation.draft": DELETE}, "speculation.draft: required field is missing"),
     ("draft-unknown-field", {"speculation.draft.chekpoint": "/d"}, "speculation.draft.chekpoint: unknown field"),

@@ -54,8 +54,9 @@ def test_provenance():
 
 def test_one_tree_module_serves_config_plan_and_render():
     import pipeline.config as config
-    import pipeline.render.renderer as render
+    import pipeline.methods.eagle as eagle
+    import pipeline.methods.medusa as medusa
 
     assert config.chain_choices is trees.chain_choices and config.tree_problems is trees.tree_problems
-    assert config.format_choices is trees.brace_choices and render.brace_choices is trees.brace_choices
+    assert config.format_choices is trees.brace_choices and medusa.brace_choices is eagle.brace_choices is trees.brace_choices
     assert trees.choices_or_chain(None, 2) == [[0], [0, 0]] and trees.choices_or_chain([[1]], 2) == [[1]]

@@ -47,14 +47,14 @@ def fields(cfg) -> set[str]:
 @pytest.mark.parametrize("speculation", [None, DT, NGRAM, EAGLE3], ids=["none", "draft_target", "ngram", "eagle3"])
 def test_methods_the_cpu_llmapi_model_runs_validate(speculation):
     cfg = cpu_cfg(speculation)
-    assert cfg.serves_llmapi and not cfg.uses_llm_api
+    assert cfg.llmapi_layout and not cfg.runs_llm_api
     assert fields(cfg) == set()
 
 
 def test_only_an_explicit_llm_api_puts_the_reference_engine_on_the_llmapi_layout():
     cfg = parse_config({"name": "cpu", "backend": "reference", "hardware": "cpu", "trtllm_version": "1.3.0rc27",
                         "target": {"checkpoint": "builtin:tiny-target"}})
-    assert not cfg.serves_llmapi
+    assert not cfg.llmapi_layout
 
 
 @pytest.mark.parametrize(("speculation", "field", "word"), [

@@ -17,11 +17,11 @@ import yaml
 from pipeline.build.builder import build
 from pipeline.config import config_hash, parse_config
 from pipeline.paths import PROJECT_ROOT
+from pipeline.plan.llmapi import MODELOPT_ENV
 from pipeline.plan.planner import make_plan
+from pipeline.render.llmapi import validate_llmapi_repository
 from pipeline.render.renderer import TEMPLATES_DIR, client_target, render
 from pipeline.render.triton_rules import RenderError
-from pipeline.trtllm.llmapi_plan import MODELOPT_ENV
-from pipeline.trtllm.llmapi_render import validate_llmapi_repository
 
 GOLDEN = Path(__file__).parent / "golden" / "render"
 TARGET = "/models/Meta-Llama-3.1-8B-Instruct"
@@ -285,7 +285,7 @@ def test_engine_runtime_goldens_untouched_by_the_llm_api_path():
     """The engine runtime still renders the inflight_batcher_llm layout (its goldens are checked in
     test_render.py); here: a 1.2.1 config without trtllm_runtime stays on it."""
     cfg = parse_config({"name": "engine", "trtllm_version": "1.2.1", "target": {"checkpoint": TARGET}})
-    assert cfg.runtime == "engine" and not cfg.uses_llm_api
+    assert cfg.runtime == "engine" and not cfg.runs_llm_api
     assert (PROJECT_ROOT / "tests/unit/golden/render/trtllm-none/baseline/tensorrt_llm/config.pbtxt").is_file()
 
 

@@ -16,8 +16,9 @@ from safetensors.numpy import save_file
 
 from pipeline.config import parse_config
 from pipeline.errors import ConfigError
+from pipeline.methods import METHODS
 from pipeline.trtllm.llmapi_args import args_problems, llm_args
-from pipeline.trtllm.llmapi_facts import DECODING_TYPES, facts_for, known_versions, release_line, type_ok
+from pipeline.trtllm.llmapi_facts import facts_for, known_versions, release_line, type_ok
 from pipeline.validate.preflight import errors_of, run_preflight
 
 TARGET = "/models/Meta-Llama-3.1-8B-Instruct"
@@ -301,7 +302,7 @@ def test_facts_cover_every_method_and_cite_upstream():
     for line in known_versions():
         facts = facts_for(f"{line}.0")
         assert facts.source["repo"] == "NVIDIA/TensorRT-LLM" and facts.source["path"] and facts.source["ref"]
-        for decoding_type in DECODING_TYPES.values():
+        for decoding_type in {m.llmapi_decoding_type for m in METHODS.values()} - {None}:
             assert facts.decoding_type(decoding_type) is not None, (line, decoding_type)
 
 

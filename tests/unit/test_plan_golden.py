@@ -16,9 +16,9 @@ from test_plan_configs import ALL
 
 from pipeline.config import load_config, parse_config
 from pipeline.paths import PROJECT_ROOT
+from pipeline.plan.llmapi import MODELOPT_ENV
 from pipeline.plan.planner import make_plan
 from pipeline.trtllm.layout import ENV_VAR
-from pipeline.trtllm.llmapi_plan import MODELOPT_ENV
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "plan"
 CONFIGS_DIR = PROJECT_ROOT / "configs"

@@ -14,10 +14,10 @@ import pytest
 
 from pipeline.config import config_hash, parse_config
 from pipeline.errors import StaleInputError
+from pipeline.infra.trees import brace_choices
 from pipeline.paths import PROJECT_ROOT, manifest_path
 from pipeline.render.renderer import (
     TEMPLATES_DIR,
-    brace_choices,
     client_target,
     load_manifest,
     render,
@@ -34,6 +34,7 @@ METHODS = {
     # n-gram drafted by the BLS, verified by the target as external drafts (docs/ngram.md)
     "ngram_bls": {"method": "ngram", "orchestration": "bls", "max_draft_len": 4, "max_matching_ngram_size": 3,
                   "is_public_pool": False},
+    "lookahead": {"method": "lookahead", "max_window_size": 5, "max_ngram_size": 4, "max_verification_set_size": 3},
 }
 CASES = [(backend, method) for backend in ("reference", "trtllm") for method in METHODS]
 
@@ -60,7 +61,7 @@ def make_cfg(backend: str, method: str, workdir: Path | None = None, **triton):
 def write_manifest(cfg) -> dict:
     keys = {"none": ["baseline"], "draft_target": ["baseline", "target", "draft", "speculative"],
             "medusa": ["baseline", "speculative"], "eagle": ["baseline", "speculative"],
-            "ngram": ["baseline", "target"]}[cfg.method]
+            "ngram": ["baseline", "target"], "lookahead": ["baseline", "speculative"]}[cfg.method]
     manifest = {
         "format": "specdeploy-manifest/1", "name": cfg.name, "config_hash": config_hash(cfg),
         "backend": cfg.backend, "method": cfg.method, "trtllm_version": cfg.trtllm_version,
@@ -136,6 +137,30 @@ def test_tree_choices_in_brace_format(tmp_path):
         assert config.parameters["decoding_mode"].string_value == method
         assert config.parameters[key].string_value == expected
     assert brace_choices([[0], [0, 1]]) == "{0}, {0, 1}"
+
+
+def test_lookahead_parameters_match_the_engine(tmp_path):
+    """decoding_mode lookahead and its three parameters, as the C++ backend reads them
+    (tensorrtllm_backend r25.05 inflight_batcher_llm/src/model_instance_state.cc); the repository
+    check refuses a lookahead model that lacks one (the backend would throw at load)."""
+    cfg = make_cfg("trtllm", "lookahead", workdir=tmp_path)
+    write_manifest(cfg)
+    repo, _ = render(cfg)["speculative"]
+    config = parse_config_file(repo / "tensorrt_llm" / "config.pbtxt")
+    got = {k: config.parameters[k].string_value for k in ("decoding_mode", "lookahead_window_size",
+                                                         "lookahead_ngram_size", "lookahead_verification_set_size")}
+    assert got == {"decoding_mode": "lookahead", "lookahead_window_size": "5", "lookahead_ngram_size": "4",
+                   "lookahead_verification_set_size": "3"}
+    assert config.parameters["max_beam_width"].string_value == "1"
+    baseline = parse_config_file(render(cfg)["baseline"][0] / "tensorrt_llm" / "config.pbtxt")
+    assert baseline.parameters["decoding_mode"].string_value == ""
+    path = repo / "tensorrt_llm" / "config.pbtxt"
+    text = path.read_text()
+    assert 'key: "lookahead_ngram_size"\n    value: { string_value: "4" }' in text
+    path.write_text(text.replace('key: "lookahead_ngram_size"\n    value: { string_value: "4" }',
+                                 'key: "lookahead_ngram_size"\n    value: { string_value: "" }'))
+    with pytest.raises(RenderError, match="decoding_mode lookahead needs lookahead_ngram_size"):
+        validate_repository(repo)
 
 
 def test_client_target():

@@ -102,7 +102,7 @@ def _wrong_fact(cfg: DeploymentConfig, loc: str) -> str:
 
 def check_llm_args(cfg: DeploymentConfig, trtllm_found: bool) -> list[LiveCheck]:
     source_fact = "pipeline/trtllm/llmapi_facts.yaml (validate passed against it)"
-    if not cfg.uses_llm_api:
+    if not cfg.runs_llm_api:
         return [skipped("LLM args", "not used", f"trtllm_runtime {cfg.runtime}", "engine runtime: no model.yaml")]
     labels = arm_args(cfg)
     if not trtllm_found:

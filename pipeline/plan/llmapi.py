@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pipeline.config import DeploymentConfig, DraftTargetSpec, Eagle3Spec, ModelSpec
+from pipeline.config import DeploymentConfig, ModelSpec
 from pipeline.plan.step import Step
 from pipeline.trtllm.llmapi_facts import load_facts
 
@@ -62,12 +62,13 @@ def plan_llm_api(p) -> str:
     tokenizer = str(Path(cfg.target.checkpoint).expanduser().absolute())
     target = _model_dir(p, "target", cfg.target)
     p.engines["baseline"] = target
-    if cfg.method != "none":
+    if cfg.speculative:
         p.engines["speculative"] = target
-    if isinstance(spec, DraftTargetSpec):
-        p.engines["draft"] = _model_dir(p, "draft", spec.draft)
-    elif isinstance(spec, Eagle3Spec):
-        p.engines["draft"] = str(Path(spec.head_dir).expanduser().absolute())
+    head = cfg.method_info.llmapi_draft_dir(spec)
+    if cfg.draft is not None:
+        p.engines["draft"] = _model_dir(p, "draft", cfg.draft)
+    elif head is not None:
+        p.engines["draft"] = str(Path(head).expanduser().absolute())
     return tokenizer
 
 

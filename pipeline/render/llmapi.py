@@ -14,7 +14,7 @@ arm (``baseline``, ``speculative``):
 - ``engines/NAME/model_repo/<arm>.launch.sh`` and ``<arm>.command.json`` — the exact server argv;
 - ``engines/NAME/trtllm-serve/<arm>/{extra_llm_api_options.yaml,launch.sh,command.json}``.
 
-Each repository is rendered into a temporary sibling, validated (the protobuf parse of
+Each repository is rendered into a temporary sibling (:func:`~pipeline.render.templating.render_atomically`), validated (the protobuf parse of
 ``config.pbtxt``; its tensors against the recorded upstream ones; ``model.yaml``'s LLM arguments and
 ``speculative_config`` against the facts of the configured version; decoupled and batch size
 consistent between the two files) and only then swapped in.
@@ -25,17 +25,17 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from pipeline.artefacts.deployment import arms_of
+from pipeline.artefacts.deployment import arms_of, describe_arm, descriptor_path
 from pipeline.config import DeploymentConfig
 from pipeline.paths import engine_root, model_repo_dir
 from pipeline.plan.gpu_layout import ArmPlacement
-from pipeline.render.templating import jinja_environment, render_text, swap_in
+from pipeline.render.templating import jinja_environment, render_atomically, render_text
+from pipeline.render.triton_rules import RenderError
 from pipeline.trtllm.layout import resolve_trtllm_root
 from pipeline.trtllm.llmapi_args import args_problems, llm_args
 from pipeline.trtllm.llmapi_facts import facts_for, load_facts, triton_llmapi
@@ -167,26 +167,20 @@ def _render_launchers(cfg, env, templates_dir: Path, args: dict, variant: str, p
 
 def render_llmapi(cfg: DeploymentConfig, manifest: dict, templates_dir: Path, layout) -> dict[str, tuple[Path, list[str]]]:
     """Render, validate and swap in every arm's repository and launchers; variant → (repo, warnings)."""
-    from pipeline.artefacts.deployment import describe_arm, descriptor_path  # noqa: PLC0415
-    from pipeline.render.triton_rules import RenderError  # noqa: PLC0415
-
     env = jinja_env(templates_dir)
     out = {}
     for variant in arms_of(cfg):
         placement = layout.arms.get(variant) if layout is not None else None
         args = arm_args(cfg, manifest, variant, placement)
         dest = model_repo_dir(cfg, variant)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
-        try:
+
+        def fill(tmp: Path, args=args, variant=variant, placement=placement) -> None:
             _render_repo(cfg, env, templates_dir, args, variant, placement, tmp)
             problems = validate_llmapi_repository(cfg, tmp)
             if problems:
                 raise RenderError(problems)
-            swap_in(tmp, dest)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+
+        render_atomically(dest, fill)
         _render_launchers(cfg, env, templates_dir, args, variant, placement)
         summary = layout.summary(variant) if layout is not None else None
         describe_arm(cfg, variant, manifest, summary).write(descriptor_path(dest))

@@ -1,0 +1,364 @@
+"""The config sections that are not the speculation method: LLM-API knobs, build limits, Triton,
+sampling, load test, SLOs, gate and the CPU reference engine.
+
+Reads and writes nothing; :mod:`pipeline.config.deployment` puts them together.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from pipeline.config.base import CrossFieldError, Section, described
+
+
+class LlmApiSettings(Section):
+    """LLM-API runtime knobs (``trtllm_runtime: llm_api``): the arguments of TensorRT-LLM's ``LLM``
+    that go into the Triton llmapi ``model.yaml`` and the ``trtllm-serve`` options file."""
+
+    cuda_graphs: bool = described(
+        "CUDA graphs for decode batches up to build.max_batch_size (cuda_graph_config).", default=True
+    )
+    cuda_graph_padding: bool = described(
+        "Pad a batch up to the next captured size (cuda_graph_config.enable_padding).", default=True
+    )
+    disable_overlap_scheduler: bool = described("Turn the PyTorch executor's overlap scheduler off.", default=False)
+    modelopt_root: str | None = described(
+        "NVIDIA Model-Optimizer checkout whose examples/llm_ptq/hf_ptq.py quantizes checkpoints for this "
+        "runtime (quantization.format fp8 / int4_awq). Unset: $SPECDEPLOY_MODELOPT_ROOT, then ./Model-Optimizer "
+        "under the working directory (docs/gpu-llmapi.md).",
+        default=None,
+    )
+    extra_llm_args: dict[str, Any] = described(
+        "More LLM arguments, merged over the generated ones; validate checks every key and type against "
+        "the recorded facts of trtllm_version (pipeline/trtllm/llmapi_facts.yaml).",
+        default_factory=dict,
+    )
+    extra_speculative_config: dict[str, Any] = described(
+        "More speculative_config fields of the method's decoding_type, merged over the generated ones; "
+        "checked like extra_llm_args.",
+        default_factory=dict,
+    )
+
+
+class BuildLimits(Section):
+    """Engine build limits (trtllm-build); the baseline and speculative engines share them."""
+
+    max_batch_size: Annotated[int, Field(ge=1, le=4096)] = described(
+        "--max_batch_size (EAGLE ≤ 512; Triton max_batch_size ≤ this).", default=8
+    )
+    max_input_len: Annotated[int, Field(ge=1)] = described("--max_input_len: longest prompt in tokens.", default=1024)
+    max_seq_len: Annotated[int, Field(ge=2)] = described(
+        "--max_seq_len: prompt + generated tokens (speculative engines add max_draft_len).", default=2048
+    )
+    max_num_tokens: Annotated[int, Field(ge=1)] = described(
+        "--max_num_tokens per engine step (raised to max_batch_size × (K+1) for speculation).", default=8192
+    )
+    max_beam_width: Annotated[int, Field(ge=1, le=8)] = described(
+        "--max_beam_width; speculative decoding needs 1.", default=1
+    )
+    gather_generation_logits: bool = described(
+        "--gather_generation_logits on both draft-target engines (needed for use_draft_logits).", default=False
+    )
+    workers: Annotated[int, Field(ge=1)] | None = described(
+        "trtllm-build --workers; default TP×PP.", default=None
+    )
+
+    @model_validator(mode="after")
+    def _lengths_consistent(self) -> "BuildLimits":
+        if self.max_input_len >= self.max_seq_len:
+            raise CrossFieldError(
+                [
+                    (
+                        "build.max_input_len",
+                        f"max_input_len ({self.max_input_len}) must be below max_seq_len "
+                        f"({self.max_seq_len}) to leave room for generated tokens",
+                    )
+                ]
+            )
+        return self
+
+
+class TritonSettings(Section):
+    """Triton server and tensorrt_llm model parameters."""
+
+    host: str = described(
+        "Address the server binds and clients use. 0.0.0.0 exposes every port (inference, metrics) to "
+        "the network, without authentication: only on a trusted network (docs/gpu-serving.md).",
+        default="127.0.0.1",
+    )
+    http_port: Annotated[int, Field(ge=1, le=65535)] = described("HTTP port.", default=8000)
+    grpc_port: Annotated[int, Field(ge=1, le=65535)] = described("gRPC port.", default=8001)
+    metrics_port: Annotated[int, Field(ge=1, le=65535)] = described("Prometheus metrics port.", default=8002)
+    decoupled: bool = described(
+        "Streaming (decoupled) tensorrt_llm model; forced false for draft-target's LLM models.", default=True
+    )
+    max_queue_delay_microseconds: Annotated[int, Field(ge=0)] = described(
+        "Dynamic-batcher queue delay.", default=0
+    )
+    max_queue_size: Annotated[int, Field(ge=0)] = described("Request queue bound (0 = unbounded).", default=0)
+    preprocessing_instance_count: Annotated[int, Field(ge=1, le=64)] = described(
+        "Instances of the preprocessing model.", default=1
+    )
+    postprocessing_instance_count: Annotated[int, Field(ge=1, le=64)] = described(
+        "Instances of the postprocessing model.", default=1
+    )
+    bls_instance_count: Annotated[int, Field(ge=1, le=64)] = described(
+        "Instances of the tensorrt_llm_bls model.", default=1
+    )
+    kv_cache_free_gpu_mem_fraction: Annotated[float, Field(gt=0, le=1)] = described(
+        "Fraction of a GPU's free memory that the KV caches on it may take together; render splits it "
+        "evenly among the TensorRT-LLM models sharing that GPU (both arms, the draft).",
+        default=0.9,
+    )
+    max_tokens_in_paged_kv_cache: Annotated[int, Field(gt=0)] | None = described(
+        "KV-cache capacity in tokens of every tensorrt_llm model of both arms (equal capacity); "
+        "unset: sized from the memory estimate so both arms get the same.",
+        default=None,
+    )
+    max_attention_window_size: Annotated[int, Field(gt=0)] | None = described(
+        "Tokens each generated token attends to (sliding window when below build.max_seq_len); "
+        "unset: the whole sequence.",
+        default=None,
+    )
+    enable_chunked_context: bool = described(
+        "Split long prompts into chunks batched with generation steps (needs paged context FMHA; "
+        "not with EAGLE).",
+        default=False,
+    )
+    gpus: list[Annotated[int, Field(ge=0)]] | None = described(
+        "GPU indexes (as nvidia-smi lists them) the deployment may use; unset: every GPU nvidia-smi "
+        "lists when rendering, or the fewest the deployment needs without nvidia-smi.",
+        default=None,
+    )
+    arm_placement: Literal["auto", "split", "shared", "sequential"] = described(
+        "How the load test's two arms share the GPUs: split (disjoint GPUs), shared (co-resident, "
+        "equal KV capacity), sequential (one at a time, restarted between runs); auto picks the first "
+        "that fits in that order.",
+        default="auto",
+    )
+    batching_strategy: Literal["inflight_fused_batching", "inflight_batching", "V1"] = described(
+        "tensorrt_llm gpt_model_type.", default="inflight_fused_batching"
+    )
+    batch_scheduler_policy: Literal["max_utilization", "guaranteed_no_evict"] = described(
+        "Batch scheduler policy.", default="guaranteed_no_evict"
+    )
+    enable_kv_cache_reuse: bool = described(
+        "KV-cache block reuse (needs paged context FMHA; required by draft-target).", default=True
+    )
+    exclude_input_in_output: bool = described("Return only generated tokens.", default=False)
+    container_image: str = described(
+        "NGC image for the GPU path (build and serve in the same image).",
+        default="nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3",
+    )
+    startup_timeout_s: Annotated[float, Field(gt=0)] = described("Seconds to wait for readiness.", default=180.0)
+    exit_timeout_s: Annotated[float, Field(gt=0)] = described("Seconds to wait for a clean shutdown.", default=5.0)
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> "TritonSettings":
+        ports = {"http_port": self.http_port, "grpc_port": self.grpc_port, "metrics_port": self.metrics_port}
+        seen: dict[int, str] = {}
+        problems = []
+        for name, port in ports.items():
+            if port in seen:
+                problems.append((f"triton.{name}", f"port {port} clashes with triton.{seen[port]}"))
+            seen.setdefault(port, name)
+        if self.gpus is not None and (not self.gpus or len(set(self.gpus)) != len(self.gpus)):
+            problems.append(("triton.gpus", f"needs distinct GPU indexes, got {self.gpus}"))
+        if problems:
+            raise CrossFieldError(problems)
+        return self
+
+
+class Sampling(Section):
+    """Sampling sent identically to both arms. top_k=1 (the default) is greedy, and so is temperature 0."""
+
+    temperature: Annotated[float, Field(ge=0, le=10)] = described(
+        "Sampling temperature; 0 is greedy (Triton: sent as top_k 1; OpenAI-compatible servers: temperature 0).",
+        default=1.0)
+    top_k: Annotated[int, Field(ge=0)] = described("Top-k (1 = greedy).", default=1)
+    top_p: Annotated[float, Field(ge=0, le=1)] = described("Top-p (0 = off).", default=0.0)
+    seed: Annotated[int, Field(ge=0)] = described("Per-request random seed base.", default=0)
+
+    @property
+    def greedy(self) -> bool:
+        return self.top_k == 1 or self.temperature == 0 or (self.top_k == 0 and self.top_p <= 0)
+
+
+class LoadTestSettings(Section):
+    """Load-test plan: both arms, every concurrency level, repeated runs."""
+
+    transport: Literal["grpc", "http", "openai"] = described(
+        "gRPC streaming, HTTP generate_stream, or an OpenAI-compatible server's streaming /v1 API.", default="grpc"
+    )
+    openai_api: Literal["completions", "chat"] = described(
+        "Transport openai: /v1/completions (the prompt as text) or /v1/chat/completions (one user message).",
+        default="completions",
+    )
+    openai_top_k: bool | None = described(
+        "Transport openai: send sampling.top_k. Unset: greedy (top_k 1) goes as temperature 0 without top_k, any "
+        "other top_k is sent; true: always sent (vLLM, SGLang, trtllm-serve take it); false: never (strict servers "
+        "refuse the field; docs/openai-endpoints.md).", default=None,
+    )
+    fail_fast_error_rate: Annotated[float, Field(ge=0, lt=1)] | None = described(
+        "Stop the load test before the sweep goes on when more than this fraction of the requests sent in a "
+        "run's first fail_fast_window_s seconds fail (null: never stop early).", default=0.5,
+    )
+    fail_fast_window_s: Annotated[float, Field(gt=0)] = described(
+        "Seconds from a run's start that fail_fast_error_rate watches.", default=10.0,
+    )
+    mode: Literal["closed", "open"] = described("Closed loop (fixed users) or open loop (request rate).", default="closed")
+    concurrency: list[Annotated[int, Field(ge=1, le=4096)]] = described(
+        "Concurrency levels (closed loop), sorted, no repeats.", default_factory=lambda: [1, 2, 4, 8]
+    )
+    request_rate: list[Annotated[float, Field(gt=0)]] = described(
+        "Open loop: requests/s per level.", default_factory=list
+    )
+    duration_s: Annotated[float, Field(gt=0)] = described("Measured seconds per cell.", default=20.0)
+    warmup_s: Annotated[float, Field(ge=0)] = described("Warm-up seconds excluded from statistics.", default=2.0)
+    repeats: Annotated[int, Field(ge=1, le=50)] = described("Runs per cell (arms interleaved).", default=3)
+    max_tokens: Annotated[int, Field(ge=1)] = described("Tokens generated per request.", default=64)
+    prompts: str = described(
+        "Directory of <category>.jsonl prompt files, or one file.", default="loadtests/prompts"
+    )
+    categories: list[str] = described("Prompt categories to use; empty = all found.", default_factory=list)
+    sampling: Sampling = described("Sampling parameters for both arms.", default_factory=Sampling)
+    processes: Annotated[int, Field(ge=1, le=64)] = described("Locust worker processes.", default=1)
+    stop_timeout_s: Annotated[float, Field(ge=0)] = described("Seconds to let in-flight requests finish.", default=30.0)
+    sweep_draft_len: list[Annotated[int, Field(ge=1, le=32)]] = described(
+        "Draft-target: num_draft_tokens values to sweep (each ≤ the engine max_draft_len).",
+        default_factory=list,
+    )
+    seed: int = described("Seed for prompt order and user arrival.", default=1234)
+
+    @field_validator("concurrency")
+    @classmethod
+    def _concurrency_sorted_unique(cls, value: list[int]) -> list[int]:
+        if not value:
+            raise ValueError("needs at least one concurrency level")
+        if len(set(value)) != len(value):
+            raise ValueError(f"concurrency levels repeat: {value}")
+        return sorted(value)
+
+    @model_validator(mode="after")
+    def _open_loop_needs_rates(self) -> "LoadTestSettings":
+        problems = []
+        if self.mode == "open" and not self.request_rate:
+            problems.append(("loadtest.request_rate", "mode 'open' needs request_rate levels (requests/s)"))
+        if self.warmup_s >= self.duration_s:
+            problems.append(
+                ("loadtest.warmup_s", f"warmup_s ({self.warmup_s}) must be shorter than duration_s ({self.duration_s})")
+            )
+        if problems:
+            raise CrossFieldError(problems)
+        return self
+
+
+class Slo(Section):
+    """Service-level objectives both arms are held to."""
+
+    ttft_ms: Annotated[float, Field(gt=0)] = described("p95 time-to-first-token bound (ms).", default=1000.0)
+    tpot_ms: Annotated[float, Field(gt=0)] = described("p95 time-per-output-token bound (ms).", default=100.0)
+
+
+class GateSettings(Section):
+    """The rollout gate (docs/report.md). Thresholds are product settings."""
+
+    target_concurrency: list[Annotated[int, Field(ge=1)]] = described(
+        "Concurrency levels the verdict is decided at (must be load-test levels); empty = the lowest.",
+        default_factory=list,
+    )
+    tpot_ratio_max: Annotated[float, Field(gt=0)] = described(
+        "GO needs the CI upper bound of spec/base median TPOT below this.", default=0.9
+    )
+    e2e_ratio_max: Annotated[float, Field(gt=0)] = described("Same for end-to-end latency.", default=0.9)
+    ttft_p95_delta_ms_max: Annotated[float, Field(ge=0)] = described(
+        "Allowed p95 TTFT regression in ms.", default=250.0
+    )
+    ttft_p95_delta_pct_max: Annotated[float, Field(ge=0)] = described(
+        "Allowed p95 TTFT regression in percent.", default=50.0
+    )
+    peak_throughput_ratio_min: Annotated[float, Field(gt=0)] = described(
+        "Peak throughput of spec ÷ base must stay above this.", default=0.95
+    )
+    max_error_rate_delta: Annotated[float, Field(ge=0, le=1)] = described(
+        "Allowed increase of the error rate.", default=0.001
+    )
+    min_requests_per_cell: Annotated[int, Field(ge=1)] = described(
+        "Fewer requests in a cell → INCONCLUSIVE.", default=20
+    )
+    min_runs: Annotated[int, Field(ge=1)] = described("Fewer repeated runs → INCONCLUSIVE.", default=2)
+    min_acceptance_rate: Annotated[float, Field(ge=0, le=1)] = described(
+        "Acceptance rate below this is flagged.", default=0.5
+    )
+    require_output_equivalence: bool = described(
+        "Greedy outputs of both arms must match (exactly on CPU).", default=True
+    )
+    achieved_concurrency_tolerance: Annotated[float, Field(ge=0, le=1)] = described(
+        "Relative shortfall of achieved vs requested concurrency tolerated.", default=0.05
+    )
+    allow_cutoff_above_crossover: bool = described(
+        "Peak-throughput guardrail passes when every target level is below the crossover and the "
+        "rollout disables speculation from the crossover up.",
+        default=True,
+    )
+    slo: Slo = described("Latency SLOs.", default_factory=Slo)
+    bootstrap_resamples: Annotated[int, Field(ge=100)] = described("Bootstrap resamples for CIs.", default=9999)
+    bootstrap_seed: int = described("Bootstrap seed.", default=0)
+    alpha: Annotated[float, Field(gt=0, lt=1)] = described("Significance level (CI = 1 − alpha).", default=0.05)
+
+
+class ReferenceEngineSettings(Section):
+    """CPU reference engine knobs (backend: reference)."""
+
+    threads: Annotated[int, Field(ge=1, le=64)] = described("torch threads per engine process.", default=1)
+    max_batch_size: Annotated[int, Field(ge=1, le=256)] | None = described(
+        "In-flight batch limit; default build.max_batch_size.", default=None
+    )
+    prefix_cache_entries: Annotated[int, Field(ge=0, le=4096)] = described(
+        "Cached prompt prefixes (KV reuse).", default=64
+    )
+    compute_dtype: Literal["float32", "float64"] = described("Compute dtype of the reference engine.", default="float32")
+    draft_weights: Literal["float", "int8"] = described(
+        "Draft-side weights at load (draft model, Medusa heads, EAGLE head) of the speculative engine: "
+        "float = as the checkpoint stores them, or int8 — weight-only, per output channel, run by a "
+        "few-row int8 kernel. Cheaper draft steps on CPU; the output is unchanged (drafts only decide "
+        "what is accepted), acceptance may move a little. `specdeploy bench --draft-int8` measures both. "
+        "float32 compute only; with draft-target orchestration: bls the served draft engine stays float.",
+        default="float",
+    )
+    fast_paths: bool = described(
+        "CPU fast path of the engine: scripted kernels, fused one-row drafting steps, int8 packing "
+        "for draft-side weights. The same maths as the plain path (tests keep the two equal; the "
+        "output does not change), only faster; false runs the plain reference maths, for reading "
+        "or checking them.",
+        default=True,
+    )
+    cpu_pinning: Literal["auto", "off"] | list[Annotated[int, Field(ge=0)]] = described(
+        "Serving only. auto = each engine model's decode thread (tensorrt_llm, and tensorrt_llm_draft "
+        "with orchestration: bls) gets `threads` CPUs of its own, the highest allowed ones, and "
+        "tritonserver, the other models and the load generator run on the rest — when at least one "
+        "CPU is left for them; otherwise nothing is pinned. A list of CPU ids = the engines' CPUs "
+        "(`threads` per engine model, in order); the rest run everything else. off = the OS "
+        "schedules everything. The serve log names the plan.",
+        default="auto",
+    )
+
+    engine_process: Literal["own", "stub"] = described(
+        "Serving only. own = each engine model's engine runs in a worker process of its own "
+        "(`python -m pipeline.reference.worker`, started and stopped by the model), so its decode "
+        "loop shares no interpreter lock with the threads that send responses; stub = inside the "
+        "Python-backend stub process.",
+        default="own",
+    )
+
+    @field_validator("cpu_pinning", mode="before")
+    @classmethod
+    def _cpu_pinning_value(cls, value):
+        # one message instead of one per union member
+        if isinstance(value, str) and value in ("auto", "off"):
+            return value
+        if isinstance(value, list) and value and all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in value):
+            return value
+        raise ValueError(f"should be 'auto', 'off' or a non-empty list of CPU ids (integers ≥ 0), got {value!r}")

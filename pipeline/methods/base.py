@@ -1,0 +1,119 @@
+"""What a speculation method is to the deployment side: the :class:`Method` every
+``pipeline/methods/<name>.py`` module subclasses once.
+
+Reads and writes nothing. A method module holds its config section (a pydantic model whose
+``method`` literal is the method's name) and one :class:`Method` object: the runtimes it runs on,
+the reference proposer it maps to, its ``trtllm-build`` mode, its Triton ``decoding_mode`` and
+parameters, its LLM-API ``decoding_type``, its validation rules and how the report names it. The
+stages ask that object (``cfg.method_info``, :func:`pipeline.methods.get_method`) and never branch
+on the method's name; ``tests/unit/test_methods.py`` fails on a new ``method ==`` outside this
+package.
+
+Each hook takes the validated config section (``spec``) or the whole config; the defaults here
+are those of a method that does none of it, so a module overrides only what it has. Imports stay
+at the config's building blocks (:mod:`pipeline.config.base`), so the config package can import
+every method module while it builds :class:`~pipeline.config.DeploymentConfig`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from pipeline.config import DeploymentConfig
+    from pipeline.validate.findings import CheckContext
+
+ENGINE, LLM_API, REFERENCE = "engine", "llm_api", "reference"  # runtimes: trtllm-build engines, the LLM API, the CPU engine
+
+
+class Method:
+    """One speculation method's deployment knowledge. Class attributes are facts; methods are rules."""
+
+    name: ClassVar[str]
+    section: ClassVar[type[BaseModel]]  # the config section ``speculation:`` (its ``method`` literal is ``name``)
+    title: ClassVar[str]  # how the report and the CLI name it
+    speculative: ClassVar[bool] = True  # False: the baseline alone (no speculative arm)
+    runtimes: ClassVar[frozenset[str]] = frozenset()  # where it runs: ENGINE, LLM_API, REFERENCE
+    proposer: ClassVar[str | None] = None  # pipeline.reference.proposers registry name
+    engine_mode: ClassVar[str | None] = None  # trtllm-build --speculative_decoding_mode of its engine
+    engine_from_target: ClassVar[bool] = False  # that engine is the target's own checkpoint (no heads, no draft)
+    triton_decoding_mode: ClassVar[str] = ""  # tensorrt_llm decoding_mode parameter ("" = upstream's default)
+    required_triton_parameters: ClassVar[tuple[str, ...]] = ()  # tensorrt_llm parameters its decoding_mode needs
+    llmapi_decoding_type: ClassVar[str | None] = None  # speculative_config.decoding_type on the LLM API
+    engine_only_decoding_type: ClassVar[str | None] = None  # upstream's decoding_type it would have had there
+    engine_only_reason: ClassVar[str | None] = None  # why the LLM API refuses it (else the facts file says)
+    draft_model: ClassVar[bool] = False  # a second (draft) model with its own checkpoint and engine
+    per_request_draft_len: ClassVar[bool] = False  # a request may choose K (num_draft_tokens)
+    head_field: ClassVar[str | None] = None  # the spec field naming a head/heads directory
+    head_role: ClassVar[str | None] = None  # how validate names that directory
+    min_engine_version: ClassVar[tuple[int, int] | None] = None  # oldest trtllm-build that has the mode
+
+    # -- draft lengths -------------------------------------------------------------------------
+    def primary_draft_len(self, spec: Any) -> int | None:
+        """Draft tokens per step the deployment is known by (None: not fixed by the config)."""
+        return None
+
+    def engine_max_draft_len(self, spec: Any) -> int:
+        """The engine's draft capacity (``--max_draft_len``; 0: none)."""
+        value = getattr(spec, "engine_max_draft_len", None)
+        return value if value is not None else getattr(spec, "max_draft_len", 0) or 0
+
+    def memory_draft_len(self, spec: Any) -> tuple[int, int]:
+        """(extra KV positions per sequence, draft tokens per step) the memory estimate adds."""
+        k = self.engine_max_draft_len(spec)
+        return k, k
+
+    # -- Triton orchestration ------------------------------------------------------------------
+    def renders_bls(self, spec: Any) -> bool:
+        """The repository's tensorrt_llm_bls orchestrates this method's rounds (engine runtime)."""
+        return False
+
+    def bls_orchestrated(self, spec: Any) -> bool:
+        """Clients call tensorrt_llm_bls, which runs the rounds (else the ensemble or the llmapi model)."""
+        return False
+
+    def paged_fmha_needed_by(self, cfg: DeploymentConfig) -> str | None:
+        """Why the method cannot run without paged context FMHA (None: it can)."""
+        return None
+
+    def triton_parameters(self, spec: Any) -> dict[str, str]:
+        """tensorrt_llm parameters of the speculative engine model beyond ``decoding_mode``."""
+        return {}
+
+    # -- config and validate -------------------------------------------------------------------
+    def config_problems(self, cfg: DeploymentConfig) -> list[tuple[str, str]]:
+        """(field path, message) of cross-section rules that need no files (config load time)."""
+        return []
+
+    def check(self, ctx: CheckContext) -> None:
+        """Preflight rules that need the whole picture (hardware, runtime, build limits)."""
+
+    def check_shapes(self, ctx: CheckContext) -> None:
+        """Preflight rules that need the models' shapes (``ctx.shapes``, ``ctx.dirs``)."""
+
+    def check_llm_api(self, ctx: CheckContext, facts: Any) -> None:
+        """Rules of the LLM-API runtime (and the CPU llmapi layout) against the release's recorded
+        facts (:class:`pipeline.trtllm.llmapi_facts.VersionFacts`)."""
+
+    def check_cpu_llmapi_layout(self, ctx: CheckContext) -> None:
+        """Rules of the CPU engine behind the llmapi layout (``backend: reference``, ``trtllm_runtime: llm_api``)."""
+
+    def check_engine_runtime(self, ctx: CheckContext) -> None:
+        """Rules of the engine runtime for a method that runs there (``ENGINE in runtimes``)."""
+
+    # -- LLM-API runtime -----------------------------------------------------------------------
+    def speculative_config(self, cfg: DeploymentConfig, spec: Any, engines: dict[str, str]) -> dict[str, Any]:
+        """Method fields of ``speculative_config`` (decoding_type is added by the caller)."""
+        return {}
+
+    def llmapi_draft_dir(self, spec: Any) -> str | None:
+        """A checkpoint directory the LLM API loads as ``speculative_model`` as it is (no quantize step)."""
+        return None
+
+    # -- CPU reference engine ------------------------------------------------------------------
+    def proposer_fields(self, spec: Any) -> dict[str, Any]:
+        """``engine.json`` ``proposer`` fields (beside ``method``) but the checkpoint directories
+        (``draft_dir``, ``head_field``), which the caller resolves."""
+        return {}

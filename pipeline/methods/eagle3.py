@@ -1,0 +1,81 @@
+"""EAGLE-3: a draft checkpoint run by the LLM API (``Eagle3DecodingConfig``), one-model or
+two-model; on the CPU reference engine a chain drafted by the EAGLE-3 proposer.
+
+Reads and writes nothing; registered in :mod:`pipeline.methods` as ``eagle3``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import Field
+
+from pipeline.config.base import Section, described
+from pipeline.methods.base import LLM_API, REFERENCE, Method
+from pipeline.trtllm.llmapi_facts import facts_for
+from pipeline.validate.severity import ERROR
+
+if TYPE_CHECKING:
+    from pipeline.config import DeploymentConfig
+    from pipeline.validate.findings import CheckContext
+
+
+class Eagle3Spec(Section):
+    """EAGLE-3 draft checkpoint run by the LLM API (``Eagle3DecodingConfig``); LLM-API runtime only."""
+
+    method: Literal["eagle3"] = described("Speculation method: EAGLE-3 drafter (LLM-API runtime).")
+    head_dir: str = described(
+        "EAGLE-3 draft checkpoint directory (config.json + weights), e.g. a download of "
+        "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B; becomes speculative_config.speculative_model."
+    )
+    max_draft_len: Annotated[int, Field(ge=1, le=32)] = described(
+        "Draft tokens per step (speculative_config.max_draft_len).", default=3
+    )
+    model_mode: Literal["one_model", "two_model"] = described(
+        "one_model: the drafter runs inside the target's forward (eagle3_one_model: true); two_model: a "
+        "separate draft model engine. Two-model exists only where the version records it (1.2.x).",
+        default="one_model",
+    )
+
+
+class Eagle3Method(Method):
+    name = "eagle3"
+    section = Eagle3Spec
+    title = "EAGLE-3"
+    runtimes = frozenset({LLM_API, REFERENCE})
+    proposer = "eagle3"
+    llmapi_decoding_type = "Eagle3"
+    head_field, head_role = "head_dir", "EAGLE-3 head"
+
+    def check_llm_api(self, ctx: CheckContext, facts: Any) -> None:
+        if ctx.cfg.speculation.model_mode not in facts.eagle3_modes:
+            ctx.add(ERROR, "method", f"TensorRT-LLM {facts.line} runs EAGLE-3 as {' / '.join(facts.eagle3_modes)} "
+                    f"only (Eagle3DecodingConfig has no eagle3_one_model field; {facts.citation()})",
+                    "set speculation.model_mode: one_model", "speculation.model_mode")
+
+    def check_cpu_llmapi_layout(self, ctx: CheckContext) -> None:
+        if ctx.cfg.speculation.model_mode != "one_model":
+            ctx.add(ERROR, "method", "the CPU reference engine runs the EAGLE-3 head inside the target's step "
+                    "(one-model); it has no separate draft engine", "set speculation.model_mode: one_model",
+                    "speculation.model_mode")
+
+    def speculative_config(self, cfg: DeploymentConfig, spec: Eagle3Spec, engines: dict[str, str]) -> dict[str, Any]:
+        out: dict[str, Any] = {"max_draft_len": spec.max_draft_len, "speculative_model": engines["draft"]}
+        if _has_one_model_flag(cfg):  # versions without it run one-model only (validate refuses two_model)
+            out["eagle3_one_model"] = spec.model_mode == "one_model"
+        return out
+
+    def llmapi_draft_dir(self, spec: Eagle3Spec) -> str:
+        return spec.head_dir
+
+    def proposer_fields(self, spec: Eagle3Spec) -> dict[str, Any]:
+        return {"max_draft_len": spec.max_draft_len}
+
+
+def _has_one_model_flag(cfg: DeploymentConfig) -> bool:
+    facts = facts_for(cfg.trtllm_version)
+    eagle3 = facts.decoding_type("Eagle3") if facts else None
+    return bool(eagle3 and "eagle3_one_model" in eagle3["fields"])
+
+
+METHOD = Eagle3Method()

@@ -1,0 +1,143 @@
+"""The method registry (pipeline/methods/): one module per speculation method, and the stages ask
+the method object instead of comparing its name.
+
+The name check reads every module under pipeline/ outside pipeline/methods/ for a comparison of
+the method's name (``method ==``, ``method !=``, ``method in (``…) and fails on any: a new method
+must not need a tour of the house. Lookahead's facts (its draft length, its Triton parameters, the
+LLM API's refusal) are checked against what upstream's sources say (tags in the method module).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import METHOD_NAMES, METHOD_SECTIONS, parse_config
+from pipeline.methods import ENGINE, LLM_API, METHODS, REFERENCE, get_method, method_for_engine_mode
+from pipeline.methods.lookahead import lookahead_max_draft_len
+from pipeline.paths import PROJECT_ROOT
+from pipeline.plan.planner import make_plan
+from pipeline.render.renderer import trtllm_parameters
+from pipeline.validate.preflight import errors_of, run_preflight
+
+PIPELINE = PROJECT_ROOT / "pipeline"
+# a comparison of a speculation method's name: `method == "x"`, `cfg.method != 'x'`, `method in ("a", …)`,
+# `spec.method not in [...]`, `args.method == "x"` (the before-stop hook's grep, widened to `not in`, [ and {)
+NAME_COMPARISON = re.compile(r"""\bmethod\s*(==|!=|(not\s+)?in)\s*[("'\[{]""")
+
+
+def name_comparisons(root: Path) -> list[str]:
+    hits = []
+    for path in sorted(root.rglob("*.py")):
+        if (root / "methods") in path.parents:
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if NAME_COMPARISON.search(line):
+                hits.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
+    return hits
+
+
+def test_no_stage_compares_the_method_name():
+    hits = name_comparisons(PIPELINE)
+    assert hits == [], "ask the method object (cfg.method_info, pipeline.methods) instead:\n" + "\n".join(hits)
+
+
+def test_the_name_check_finds_what_it_looks_for(tmp_path):
+    (tmp_path / "methods").mkdir()
+    (tmp_path / "methods" / "medusa.py").write_text('if cfg.method == "medusa": pass\n')  # the method's own home
+    (tmp_path / "stage.py").write_text('a = cfg.method_info.draft_model\nmode = cfg.method\n')
+    assert name_comparisons(tmp_path) == []
+    for line in ('if cfg.method == "medusa":', "if spec.method != 'none':", 'if method in ("medusa", "eagle"):',
+                 'ok = args.method not in ["ngram"]', 'x = method in {"eagle"}'):
+        (tmp_path / "stage.py").write_text(line + "\n")
+        assert len(name_comparisons(tmp_path)) == 1, line
+
+
+def test_registry_lists_every_method_once_in_the_config_order():
+    assert tuple(METHODS) == METHOD_NAMES == (
+        "none", "draft_target", "medusa", "eagle", "eagle3", "ngram", "mtp", "lookahead")
+    for method, section in zip(METHODS.values(), METHOD_SECTIONS, strict=True):
+        assert method.section is section and section.model_fields["method"].annotation.__args__ == (method.name,)
+        assert method.title and method.runtimes <= {ENGINE, LLM_API, REFERENCE}
+        assert (method.llmapi_decoding_type is None) or LLM_API in method.runtimes, method.name
+        assert not (method.engine_only_decoding_type and LLM_API in method.runtimes), method.name
+        assert (method.proposer is not None) == (REFERENCE in method.runtimes and method.speculative), method.name
+    with pytest.raises(KeyError, match="valid: none, draft_target"):
+        get_method("redrafter")
+
+
+def test_every_reference_proposer_a_method_names_is_registered():
+    from pipeline.reference.proposers import BUILDERS
+
+    missing = {m.proposer for m in METHODS.values() if m.proposer} - set(BUILDERS)
+    # lookahead's CPU proposer is written on its own branch (pipeline/reference/proposers/lookahead.py);
+    # once merged, nothing may be missing
+    assert missing <= {"lookahead"}, missing
+
+
+def test_triton_parameters_are_upstream_parameters():
+    """Every parameter a method sets exists in upstream's tensorrt_llm config.pbtxt (the renderer's
+    full list), and a served decoding_mode maps back to its method."""
+    cfg = parse_config({"name": "x", "target": {"checkpoint": "/m"}})
+    from pipeline.render.renderer import LlmSettings
+
+    upstream = set(trtllm_parameters(cfg, LlmSettings("tensorrt_llm", "/e", True), {}))
+    for method in METHODS.values():
+        assert set(method.required_triton_parameters) <= upstream, method.name
+        if method.triton_decoding_mode:
+            assert method_for_engine_mode(method.engine_mode) is method
+
+
+# ----------------------------------------------------------------------------------------------
+# Lookahead
+
+
+@pytest.mark.parametrize("w,n,g,expected", [(7, 7, 7, 83), (4, 3, 4, 15), (5, 1, 3, 0), (1, 2, 1, 1), (3, 3, 3, 11)])
+def test_lookahead_draft_len_as_upstream_computes_it(w, n, g, expected):
+    """(N == 1 ? 0 : N − 2) + (W − 1 + G)(N − 1): LookaheadDecodingConfig::calculateSpeculativeResourceTuple,
+    as tensorrt_llm/llmapi/llm_args.py's calculate_speculative_resource calls it."""
+    assert lookahead_max_draft_len(w, n, g) == expected
+
+
+def _lookahead(**changes):
+    data = {"name": "la", "target": {"checkpoint": "/models/Meta-Llama-3.1-8B-Instruct"},
+            "speculation": {"method": "lookahead", "max_window_size": 7, "max_ngram_size": 7,
+                            "max_verification_set_size": 7},
+            "build": {"max_batch_size": 8, "max_input_len": 1024, "max_seq_len": 2048, "max_num_tokens": 4096}}
+    data.update(changes)
+    return parse_config(data)
+
+
+def test_lookahead_engine_is_the_target_built_in_lookahead_mode(tmp_path):
+    plan = make_plan(_lookahead(), trtllm_root=str(tmp_path))
+    assert sorted(plan.engines) == ["baseline", "speculative"] and plan.max_draft_len == 83
+    spec = plan.step("build-speculative").argv
+    assert spec[spec.index("--speculative_decoding_mode") + 1] == "lookahead_decoding"
+    assert spec[spec.index("--max_draft_len") + 1] == "83"
+    assert spec[spec.index("--checkpoint_dir") + 1] == plan.step("build-baseline").argv[2]  # the target's checkpoint
+    assert "--speculative_decoding_mode" not in plan.step("build-baseline").argv
+
+
+def _errors(cfg):
+    return errors_of(run_preflight(cfg, offline=True))
+
+
+def test_lookahead_validates_on_the_engine_runtime_only():
+    assert _errors(_lookahead()) == []
+    refused = _errors(_lookahead(trtllm_runtime="llm_api"))
+    assert any("lookahead is engine-only" in f.message and "supports_backend" in f.message for f in refused), refused
+    old = _errors(_lookahead(trtllm_version="0.12.0"))
+    assert any("lookahead decoding needs TensorRT-LLM ≥ 0.13" in f.message for f in old), old
+
+
+def test_lookahead_reference_engine_gets_the_proposer_fields(tmp_path):
+    cfg = parse_config({"name": "tiny-la", "backend": "reference", "hardware": "cpu",
+                        "target": {"checkpoint": "builtin:tiny-target"},
+                        "speculation": {"method": "lookahead", "max_window_size": 3}}, workdir=tmp_path)
+    argv = make_plan(cfg).step("engine-speculative").argv
+    assert argv[argv.index("--method") + 1] == "lookahead"
+    assert argv[argv.index("--proposer-fields") + 1] == \
+        '{"max_ngram_size":3,"max_verification_set_size":4,"max_window_size":3}'
+    assert argv[argv.index("--max-draft-len") + 1] == str(lookahead_max_draft_len(3, 3, 4))
