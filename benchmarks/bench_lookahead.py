@@ -14,16 +14,15 @@ commit, date and machine. Usage: ``python benchmarks/bench_lookahead.py [--promp
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from pipeline.infra.provenance import result_provenance  # noqa: E402 - after the path set-up above
 
 
 def _prompts(per_category: int) -> dict[str, list[str]]:
@@ -93,12 +92,8 @@ def main() -> None:
     finally:
         for engine in engines.values():
             engine.shutdown()
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     report = {
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "commit": commit,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"python": platform.python_version(), "processor": platform.processor() or platform.machine(),
-                    "threads": 1, "note": "shared machine: compare arms within this run only"},
+        "provenance": {**result_provenance(), "machine_note": "shared machine: compare arms within this run only"},
         "settings": {"prompts_per_category": args.prompts, "max_tokens": args.max_tokens, "greedy": True,
                      "batch": 1, "target": "builtin:tiny-target", "proposers": specs},
         "results": results,

@@ -85,7 +85,8 @@ def _proposer(args: argparse.Namespace) -> dict:
 def _method_spec(args: argparse.Namespace) -> dict:
     if args.proposer_fields:  # a method without checkpoints gives its proposer's fields as they are
         return {"method": args.method, **json.loads(args.proposer_fields)}
-    return _PROPOSER_FROM_FLAGS[args.method](args)
+    from_flags = _PROPOSER_FROM_FLAGS.get(args.method)
+    return from_flags(args) if from_flags else {"method": args.method}  # checkpoint-free: the descriptor's defaults
 
 
 def _draft_target(args: argparse.Namespace) -> dict:

@@ -160,8 +160,9 @@ def test_build_step_writes_a_lookahead_engine_that_loads(ckpt, tmp_path):
 
     common = ["engine", "--role", "speculative", "--model-dir", str(ckpt["target"]), "--method", "lookahead",
               "--max-batch-size", "2", "--max-seq-len", "128", "--max-input-len", "64", "--compute-dtype", "float64"]
-    assert reference_step.main([*common, "--out", str(tmp_path / "sized"), "--max-window-size", "3",
-                                "--max-ngram-size", "4", "--max-verification-set-size", "2", "--draft-weights", "int8"]) == 0
+    sizes = {"max_window_size": 3, "max_ngram_size": 4, "max_verification_set_size": 2}
+    assert reference_step.main([*common, "--out", str(tmp_path / "sized"), "--proposer-fields", json.dumps(sizes),
+                                "--draft-weights", "int8"]) == 0
     assert reference_step.main([*common, "--out", str(tmp_path / "defaults")]) == 0
     sized = json.loads((tmp_path / "sized" / "engine.json").read_text())["proposer"]
     defaults = json.loads((tmp_path / "defaults" / "engine.json").read_text())["proposer"]
@@ -173,7 +174,8 @@ def test_build_step_writes_a_lookahead_engine_that_loads(ckpt, tmp_path):
         assert engine.generate(GenerationRequest(PROMPTS[1], 6)).output_ids
     finally:
         engine.shutdown()
-    assert reference_step.main([*common, "--out", str(tmp_path / "bad"), "--max-ngram-size", "1"]) != 0
+    assert reference_step.main([*common, "--out", str(tmp_path / "bad"),
+                                "--proposer-fields", json.dumps({"max_ngram_size": 1})]) != 0
 
 
 def test_seeded_sampled_output_repeats(ckpt):

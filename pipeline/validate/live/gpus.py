@@ -53,7 +53,7 @@ def read_nvml() -> tuple[list[NvmlGpu] | None, str]:
 
 
 def planned_gpus(cfg: DeploymentConfig) -> tuple[tuple[int, ...], str]:
-    arms = ("baseline", "speculative") if cfg.method != "none" else ("baseline",)
+    arms = ("baseline", "speculative") if cfg.speculative else ("baseline",)
     if cfg.triton.gpus is not None:
         return tuple(cfg.triton.gpus), "triton.gpus"
     need = max(arm_gpu_need(cfg, arm) for arm in arms)

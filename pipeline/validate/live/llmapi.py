@@ -65,7 +65,7 @@ def arm_args(cfg: DeploymentConfig) -> dict[str, tuple[dict[str, Any], str]]:
     out: dict[str, tuple[dict[str, Any], str]] = {}
     draft = getattr(cfg.speculation, "head_dir", None) or (cfg.draft.checkpoint if cfg.draft else None)
     dirs = {"baseline": cfg.target.checkpoint, "speculative": cfg.target.checkpoint, "draft": draft or ""}
-    variants = ["baseline"] + (["speculative"] if cfg.method != "none" else [])
+    variants = ["baseline"] + (["speculative"] if cfg.speculative else [])
     for variant in variants:
         model_yaml = model_repo_dir(cfg, variant) / "tensorrt_llm" / "1" / "model.yaml"
         serve_yaml = engine_root(cfg) / "trtllm-serve" / variant / "extra_llm_api_options.yaml"
