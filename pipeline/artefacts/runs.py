@@ -88,6 +88,8 @@ class RunResult(Strict):
     client_cpus: list[int] | None = None
     client_cpu_fraction: float | None = None
     server_log_tail: str | None = None
+    session: int = Field(1, description="Which start of the load test measured this cell (2 and on: resumed; "
+                                        "run.json `sessions`).")
 
 
 class RunResults(Artefact):

@@ -40,7 +40,7 @@ import triton_python_backend_utils as pb_utils
 
 from pipeline.reference.api import ENGINE_PROCESS_ENV, Chunk
 from pipeline.serve.cpu_pinning import engine_cpus_from_env
-from pipeline.triton_models import io, request_rules
+from pipeline.triton_models import io, parent_watch, request_rules
 from pipeline.triton_models.engine_gauges import EngineGauges, period_from_env, start_publisher
 from pipeline.triton_models.metrics import RequestLatency, SpecDecodeCounters
 
@@ -166,6 +166,7 @@ class TritonPythonModel:
         self._gauges_stop = threading.Event()  # slots, prefix entries, open requests on /metrics
         start_publisher(EngineGauges(args["model_name"], args["model_version"]), self._engine_stats,
                         self._gauges_stop, period_from_env())
+        parent_watch.watch_server(args["model_name"], self._gauges_stop)  # the stub ends with its server
 
     def execute(self, requests):
         # Decoupled: one response sender per request, fed by the request's thread; execute

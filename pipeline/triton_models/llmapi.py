@@ -48,7 +48,7 @@ import yaml
 
 from pipeline.reference.api import ENGINE_PROCESS_ENV
 from pipeline.serve.cpu_pinning import engine_cpus_from_env
-from pipeline.triton_models import io, llmapi_spec
+from pipeline.triton_models import io, llmapi_spec, parent_watch
 from pipeline.triton_models.metrics import RequestLatency, SpecDecodeCounters
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -102,6 +102,7 @@ class TritonPythonModel:
         self._engine_dir = Path(tempfile.mkdtemp(prefix="specdeploy-llmapi-"))  # the engine model.yaml describes
         descriptor.write(self._engine_dir / ENGINE_DESCRIPTOR)
         self.engine = self._start_engine(args["model_name"], args["model_version"])
+        parent_watch.watch_server(args["model_name"])  # the stub ends with its server
         self.counters = SpecDecodeCounters(args["model_name"], args["model_version"])
         self.latency = RequestLatency(args["model_name"], args["model_version"])
         self._lock = threading.Lock()
