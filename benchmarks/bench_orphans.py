@@ -110,6 +110,10 @@ def run_scenario(name: str, workdir: Path, cfg_name: str, wait_s: float) -> dict
               "processes_left": len(left), "left": [cmdline(p) for p in left],
               "left_rss_mib": round(sum(p.memory_info().rss for p in left if p.is_running()) / 2**20, 1),
               "seconds_to_clean": seconds, "wait_s": wait_s, "ports_bound": [p for p in ports if port_in_use(p)]}
+    log = workdir / "engines" / cfg_name / "logs" / "serve-speculative.log"
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    result["stubs_killed_by_guard"] = text.count("did not exit within")  # pipeline/triton_models/parent_watch.py
+    result["stubs_noticed_death"] = text.count("Non-graceful termination detected")
     stop_processes(left, 5.0)
     print(f"{name}: {result['processes_left']} of {len(family)} left, clean after {seconds} s", file=sys.stderr)
     return result

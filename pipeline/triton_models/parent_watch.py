@@ -24,7 +24,9 @@ So, per model instance that hosts an engine (:func:`watch_server`):
   ``-I``), covers an update that was already in flight: no lock of the stub's can hold it. Once
   the server is gone it gives the stub :data:`DEFAULT_GRACE_S` (``SPECDEPLOY_STUB_EXIT_GRACE_S``)
   to exit, then kills it (SIGKILL, the only signal a stub obeys) and says so in the server log.
-  It exits when the stub does, so a server stopped cleanly leaves nothing of it either.
+  It ignores SIGINT and SIGTERM, as the stub does (a SIGTERM sent to the whole tree, by a user
+  or by the process keeper, must not take it away while the stub still needs it), and exits when
+  the stub does, so a server stopped cleanly leaves nothing of it either.
 
 The engine worker follows the stub in turn (:mod:`pipeline.reference.worker`). Reads ``/proc``;
 writes one line to the server log (the stub's stderr) when it has to kill a stub.
@@ -106,7 +108,8 @@ def watch_server(name: str, *events: threading.Event) -> ServerWatch | None:
 
 def guard_main(args: list[str]) -> int:
     stub_pid, server_pid, grace_s, name = int(args[0]), int(args[1]), float(args[2]), args[3]
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for a foreground server is the server's
+    for sig in (signal.SIGINT, signal.SIGTERM):  # like the stub it guards: it follows the stub, not signals
+        signal.signal(sig, signal.SIG_IGN)
     while not server_gone(stub_pid, server_pid):
         if os.getppid() != stub_pid:  # the stub ended (finalized, or killed): nothing to guard
             return 0
