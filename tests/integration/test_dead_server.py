@@ -87,7 +87,7 @@ def test_keeper_and_server_killed_together_leave_nothing(dt_engine_cfg):
         members = [psutil.Process(server.process.keeper.pid), *family(server.pid)]
         for proc in members[:2]:  # the keeper, then tritonserver
             proc.send_signal(signal.SIGKILL)
-        seconds = wait_gone(members, list(server.ports))
+        seconds = wait_gone(members, [server.ports.http, server.ports.grpc, server.ports.metrics])
         print(f"{len(members)} processes gone {seconds:.1f} s after SIGKILL of the keeper and tritonserver")
     finally:
         server.stop()
@@ -175,7 +175,7 @@ def test_a_killed_worker_and_a_killed_stub_leave_nothing_once_the_server_stops(d
         wait_gone([stub, *restarted], [])  # the stub's worker ends with the stub
         assert server.alive()
         os.killpg(server.pid, signal.SIGTERM)  # what `specdeploy serve` says to run
-        seconds = wait_gone(members, list(server.ports))
+        seconds = wait_gone(members, [server.ports.http, server.ports.grpc, server.ports.metrics])
         print(f"{len(members)} processes gone {seconds:.1f} s after the server was stopped")
     finally:
         server.stop()
