@@ -66,14 +66,14 @@ def engine_stub(server_pid: int) -> psutil.Process:
     """The stub hosting the ``tensorrt_llm`` engine (its worker's parent)."""
     for proc in psutil.Process(server_pid).children(recursive=True):
         parent = proc.parent()
-        if WORKER in proc.cmdline() and parent is not None and "/tensorrt_llm/1/model.py" in cmdline(parent):
+        if WORKER in cmdline(proc) and parent is not None and "/tensorrt_llm/1/model.py" in cmdline(parent):
             return parent
     pytest.fail("no stub with an engine worker under the server")
 
 
 def family(server_pid: int) -> list[psutil.Process]:
     members = [psutil.Process(server_pid), *psutil.Process(server_pid).children(recursive=True)]
-    workers = [p for p in members if WORKER in p.cmdline()]
+    workers = [p for p in members if WORKER in cmdline(p)]
     assert len(workers) == 2, [cmdline(p)[:120] for p in members]  # tensorrt_llm and tensorrt_llm_draft
     return members
 
@@ -164,10 +164,10 @@ def test_a_killed_worker_and_a_killed_stub_leave_nothing_once_the_server_stops(d
     try:
         members = family(server.pid)
         stub = engine_stub(server.pid)
-        worker = next(p for p in stub.children() if WORKER in p.cmdline())
+        worker = next(p for p in stub.children() if WORKER in cmdline(p))
         worker.send_signal(signal.SIGKILL)
         deadline = time.monotonic() + BOUND_S  # the model starts another worker (after its back-off)
-        while not (restarted := [p for p in stub.children() if WORKER in p.cmdline() and p.pid != worker.pid]):
+        while not (restarted := [p for p in stub.children() if WORKER in cmdline(p) and p.pid != worker.pid]):
             assert time.monotonic() < deadline, "the model did not restart its engine worker"
             time.sleep(0.1)
         members += restarted
