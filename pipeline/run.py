@@ -55,11 +55,14 @@ def completed_run_dir(cfg: DeploymentConfig) -> Path | None:
 
 def unfinished_run_dir(cfg: DeploymentConfig) -> Path | None:
     """The newest load test of this exact config if it is unfinished (some planned cell not
-    complete, :mod:`pipeline.loadtest.resume`), to be resumed."""
+    complete, :mod:`pipeline.loadtest.resume`, or no report yet), to be resumed."""
     from pipeline.loadtest.resume import newest_run  # noqa: PLC0415
 
     newest = newest_run(cfg)
-    return newest[0] if newest is not None and not newest[1] else None
+    if newest is None:
+        return None
+    run_dir, finished = newest
+    return run_dir if not finished or not (run_dir / "report.json").is_file() else None
 
 
 def _is_complete(run_dir: Path, want_hash: str) -> bool:

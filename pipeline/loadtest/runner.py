@@ -285,9 +285,22 @@ def run_loadtest(
         meta = {**run_metadata(cfg, run_id, now, dataset, sweep, concurrency, duration_s, warmup_s, repeats,
                                tokenizer_dir), **(meta_extra or {}), "arms": list(arms)}
         results = []
-    session = resume_run.new_session(meta, results, now.timestamp(), now.isoformat())
     kept = {r["key"] for r in results}
     specs = [s for s in plan_runs(cfg, arms, concurrency, repeats, sweep) if s.key not in kept]
+    if specs:  # else every cell was kept: nothing to serve or measure, only the report is missing
+        _measure(cfg, specs, results, meta, run_dir, run_id, prompts, duration_s, warmup_s, tokenizer_dir,
+                 progress, given_endpoints, arms, endpoint_baseline, endpoint_speculative,
+                 resume_run.new_session(meta, results, now.timestamp(), now.isoformat()))
+    if report:
+        from pipeline.report.builder import make_report  # noqa: PLC0415
+
+        make_report(run_dir, cfg)
+    return run_dir
+
+
+def _measure(cfg, specs, results, meta, run_dir, run_id, prompts, duration_s, warmup_s, tokenizer_dir, progress,
+             given_endpoints, arms, endpoint_baseline, endpoint_speculative, session: int) -> None:
+    """Measure ``specs`` in order (after the kept ``results``), rewriting runs.json after each."""
     for spec in specs:
         resume_run.discard_cell(run_dir, spec.key)  # what a cut-short measurement left
     _write_json(run_dir / "run.json", RunInfo.checked(meta))
@@ -305,11 +318,6 @@ def run_loadtest(
                 break  # a dead server invalidates the rest; the report can never be GO
         meta["endpoints"] = _endpoints_provenance(endpoints)  # restarts and reported KV capacity
     _write_json(run_dir / "run.json", RunInfo.checked(meta))
-    if report:
-        from pipeline.report.builder import make_report  # noqa: PLC0415
-
-        make_report(run_dir, cfg)
-    return run_dir
 
 
 def _arms_to_run(cfg: DeploymentConfig, arm: str | None, endpoint_baseline: str | None,

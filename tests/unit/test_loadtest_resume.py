@@ -153,8 +153,10 @@ def test_run_picks_the_newest_unfinished_run_of_its_config(tmp_path, monkeypatch
     cfg = load_config(write_cfg(tmp_path), tmp_path)
     root = tmp_path / "reports" / "resume"
     assert planned_keys({"config": cfg.model_dump(mode="json"), "concurrency": [1, 2, 3], "repeats": 1}) == PLANNED
-    _fake_run(root, "20261201T000000Z", cfg, PLANNED, PLANNED)  # finished
-    assert newest_run(cfg)[1] is True and unfinished_run_dir(cfg) is None
+    finished = _fake_run(root, "20261201T000000Z", cfg, PLANNED, PLANNED)
+    assert newest_run(cfg)[1] is True and unfinished_run_dir(cfg) == finished  # no report yet: make it
+    (finished / "report.json").write_text("{}")
+    assert unfinished_run_dir(cfg) is None  # finished and reported: `run` reuses it
     newer = _fake_run(root, "20261202T000000Z", cfg, PLANNED[:3], PLANNED[:2])  # killed in its third cell
     assert unfinished_run_dir(cfg) == newer
     assert [r["key"] for r in kept_results(newer)] == PLANNED[:2]  # the third is not whole: measured again
