@@ -49,21 +49,25 @@ DEFAULT_GRACE_S = 2.0  # the stub's own check runs every 300 ms; a clean exit ta
 GUARD = Path(__file__).resolve()
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state letter, parent pid) of ``pid`` from /proc, None once it is gone."""
+PF_EXITING = 0x4  # the kernel's task flag, set as soon as a process starts to exit (a SIGKILL too)
+
+
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(state letter, parent pid, task flags) of ``pid`` from /proc, None once it is gone."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
             data = fh.read()
     except OSError:
         return None
     fields = data[data.rindex(")") + 2:].split()
-    return fields[0], int(fields[1])
+    return fields[0], int(fields[1]), int(fields[6])
 
 
 def ended(pid: int) -> bool:
-    """Gone, or a zombie (it holds nothing, its parent has not reaped it yet)."""
+    """Gone, exiting, or a zombie: a SIGKILLed server answers nothing from the moment its exit
+    starts, long before its pid disappears (tearing a large process down takes a while)."""
     stat = _stat(pid)
-    return stat is None or stat[0] in ("Z", "X")
+    return stat is None or stat[0] in ("Z", "X") or bool(stat[2] & PF_EXITING)
 
 
 def server_gone(stub_pid: int, server_pid: int) -> bool:
