@@ -16,9 +16,9 @@ stubs update no metric on their own, so they were never caught mid-update.
 
 So, per model instance that hosts an engine (:func:`watch_server`):
 
-- a thread of the stub sees the server's death (the stub's parent changed, or the server is a
-  zombie: ``/proc``) within :data:`POLL_S` and sets the given events, which stop the gauge
-  thread before its next update: in most cases no update is in flight and the stub exits on its
+- a thread of the stub sees the server's death (the stub's parent changed, or the server is
+  exiting or a zombie: ``/proc``) within :data:`POLL_S` and sets the given events, which stop
+  the gauge thread before its next update: when no update is in flight the stub exits on its
   own;
 - a *guard* process, this file run as a script by the stub's Python (standard library only,
   ``-I``), covers an update that was already in flight: no lock of the stub's can hold it. Once
