@@ -3,9 +3,11 @@ arms) → report — with one stage display, resumable.
 
 Reads the config; each stage writes its usual files (``engines/<name>/manifest.json``, the
 rendered repositories, ``reports/<name>/<run>/``). A re-run skips what is still valid: the build
-cache skips unchanged steps, and a finished load test of the same config (same config hash, every
-planned run recorded, a report written) is reused unless ``new_run`` is set — so an interrupted
-``run`` resumes where it stopped. Returns the :class:`pipeline.report.builder.Report`; its exit code is the
+cache skips unchanged steps, a finished load test of the same config (same config hash, every
+planned run recorded, a report written) is reused, and when the newest load test of the same
+config is unfinished (killed, crashed, its server died) it is resumed: its complete cells are kept
+and only the others measured (:mod:`pipeline.loadtest.resume`) — unless ``new_run`` (``--fresh``)
+is set, which starts a new one. Returns the :class:`pipeline.report.builder.Report`; its exit code is the
 verdict (0 GO, 1 NO-GO, 3 INCONCLUSIVE).
 """
 
@@ -51,6 +53,18 @@ def completed_run_dir(cfg: DeploymentConfig) -> Path | None:
     return None
 
 
+def unfinished_run_dir(cfg: DeploymentConfig) -> Path | None:
+    """The newest load test of this exact config if it is unfinished (some planned cell not
+    complete, :mod:`pipeline.loadtest.resume`, or no report yet), to be resumed."""
+    from pipeline.loadtest.resume import newest_run  # noqa: PLC0415
+
+    newest = newest_run(cfg)
+    if newest is None:
+        return None
+    run_dir, finished = newest
+    return run_dir if not finished or not (run_dir / "report.json").is_file() else None
+
+
 def _is_complete(run_dir: Path, want_hash: str) -> bool:
     """A finished run: same config, every planned run recorded with the server alive, a report."""
     from pipeline.loadtest.runner import plan_runs  # noqa: PLC0415
@@ -79,6 +93,7 @@ def run_pipeline(
     from rich.console import Console  # noqa: PLC0415
 
     from pipeline.build.builder import build  # noqa: PLC0415
+    from pipeline.loadtest.resume import kept_results  # noqa: PLC0415
     from pipeline.loadtest.runner import run_loadtest  # noqa: PLC0415
     from pipeline.render.renderer import render  # noqa: PLC0415
     from pipeline.report.builder import make_report  # noqa: PLC0415
@@ -108,8 +123,15 @@ def run_pipeline(
 
     def loadtest_stage():
         reuse = None if (new_run or overrides) else completed_run_dir(cfg)
+        resume = None if (new_run or overrides) else unfinished_run_dir(cfg)
+        if resume is not None and (reuse is None or resume.name > reuse.name):
+            kept = len(kept_results(resume))
+            console.print(f"  resuming the unfinished load test {resume}: {kept} finished cells kept "
+                          "(pass --fresh to start over)")
+            run_dir = run_loadtest(cfg, progress=True, report=False, resume=resume)
+            return run_dir, f"resumed {run_dir} ({kept} cells kept)"
         if reuse is not None:
-            console.print(f"  reusing the finished load test {reuse} (same config; pass --new-run to measure again)")
+            console.print(f"  reusing the finished load test {reuse} (same config; pass --fresh to measure again)")
             return reuse, f"reused {reuse}"
         run_dir = run_loadtest(cfg, progress=True, report=False, **overrides)
         return run_dir, str(run_dir)

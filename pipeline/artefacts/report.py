@@ -58,6 +58,9 @@ class Report(Artefact):
     gate_settings: dict[str, Any]
     rows: list[ReportRow]
     crossover_concurrency: Any = None
+    rollout_range: dict[str, Any] = Field(default_factory=dict, description=(
+        "The recommended levels (levels, up_to) and the levels below the crossover left out, each with the "
+        "checks it fails (excluded); pipeline/report/rollout_range.py."))
     recommended_draft_len: dict[str, Any] = Field(default_factory=dict)
     acceptance_rate: float | None = None
     acceptance_source: str | None = Field(None, description=(
@@ -76,6 +79,9 @@ class Report(Artefact):
     acceptance_reported: dict[str, Any] = Field(
         default_factory=dict, description="Per arm: whether the server reported acceptance figures per request "
                                           "and on /metrics ('reported' / 'not reported'; pipeline/report/acceptance_reported.py).")
+    sessions: dict[str, Any] = Field(default_factory=dict, description=(
+        "resumed, and per session of the load test: when it started, the gap since the previous one, its cells "
+        "(pipeline/report/sessions.py)."))
 
 
 class ComparedRun(Strict):

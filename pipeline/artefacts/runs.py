@@ -91,6 +91,8 @@ class RunResult(Strict):
     stopped_early: dict[str, Any] | None = Field(None, description=(
         "The run's Locust stopped itself (pipeline/loadtest/fail_fast.py): the first error verbatim, its HTTP "
         "status, the counts in the window, the likely fix."))
+    session: int = Field(1, description="Which start of the load test measured this cell (2 and on: resumed; "
+                                        "run.json `sessions`).")
 
 
 class RunResults(Artefact):

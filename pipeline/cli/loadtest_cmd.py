@@ -38,6 +38,9 @@ def register(app: typer.Typer) -> None:
     def loadtest_command(
         config: Optional[str] = typer.Argument(None, help="Deployment config YAML (or --loadtest-file)."),
         out: Optional[str] = typer.Option(None, "--out", help="Run directory (default reports/NAME/<UTC timestamp>/)."),
+        resume: Optional[str] = typer.Option(
+            None, "--resume", help="Finish the interrupted RUN_DIR of this config: keep its complete cells, measure "
+            "the others (its own levels, repeats and durations; the same --arm / --endpoint-* options)."),
         concurrency: Optional[str] = typer.Option(None, "--concurrency", help="Override levels, e.g. 1,4,16."),
         duration: Optional[str] = typer.Option(None, "--duration", help="Seconds per run, e.g. 20s or 2m."),
         repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Runs per cell."),
@@ -81,11 +84,14 @@ def register(app: typer.Typer) -> None:
                                    endpoint_speculative, arm, no_progress, transport, model, tokenizer,
                                    model_baseline, model_speculative)
         cfg = load_config(config, workdir)
+        if resume and (out or concurrency or duration or repeats or sweep_draft_len):
+            raise SpecdeployError("--resume continues the run's own plan: drop --out, --concurrency, --duration, "
+                                  "--repeats and --sweep-draft-len")
         run_dir = run_loadtest(
             cfg, out_dir=out, concurrency=_int_list(concurrency, "--concurrency"), duration=duration,
             repeats=repeats, sweep_draft_len=_int_list(sweep_draft_len, "--sweep-draft-len"),
             endpoint_baseline=endpoint_baseline, endpoint_speculative=endpoint_speculative, arm=arm,
-            progress=not no_progress, report=False,
+            progress=not no_progress, report=False, resume=resume,
         )
         report = make_report(run_dir, cfg)
         _print_summary(report)

@@ -2,8 +2,8 @@
 
 Prints one stage display and, at the end, where the report is and the verdict; the exit code is
 the verdict (0 GO, 1 NO-GO, 3 INCONCLUSIVE), so CI can gate on it. Resumable: a re-run skips
-cached build steps and reuses a finished load test of the same config (``--new-run`` measures
-again). The load-test overrides are those of ``specdeploy loadtest``.
+cached build steps, reuses a finished load test of the same config and resumes an unfinished one
+(its complete cells kept; ``--fresh``, or ``--new-run``, measures again from the start). The load-test overrides are those of ``specdeploy loadtest``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def register(app: typer.Typer) -> None:
     )
     def run_command(
         config: str = typer.Argument(..., help="Deployment config YAML (e.g. configs/tiny-cpu-draft-target.yaml)."),
-        new_run: bool = typer.Option(False, "--new-run", help="Measure again even if a finished load test of this config exists."),
+        new_run: bool = typer.Option(False, "--fresh", "--new-run", help="Start a new load test even if a finished or "
+                                     "unfinished one of this config exists (default: reuse it, or resume it)."),
         concurrency: Optional[str] = typer.Option(None, "--concurrency", help="Override the concurrency levels, e.g. 1,4,16."),
         duration: Optional[str] = typer.Option(None, "--duration", help="Override the duration of each cell, e.g. 20s."),
         repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Override the repeats per cell."),

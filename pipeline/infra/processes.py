@@ -228,7 +228,10 @@ class OwnedProcess:
         """Stop the command's tree (:func:`stop_tree`), then let the keeper go; returns the pids
         that needed SIGKILL."""
         timeout_s = self.grace_s if timeout_s is None else timeout_s
-        killed = stop_tree(self.pid, timeout_s, self.descendants()) if self.keeper.poll() is None else []
+        if self.keeper.poll() is None:
+            killed = stop_tree(self.pid, timeout_s, self.descendants())
+        else:  # the keeper is gone (killed with the command?): what it left of the tree is ours to stop
+            killed = stop_processes(self.descendants(), timeout_s)
         _release(self.keeper.pid)  # the keeper stops whatever is still left, then exits
         try:
             self.keeper.wait(timeout=KILL_WAIT_S + timeout_s)

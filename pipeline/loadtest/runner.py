@@ -40,6 +40,7 @@ from pipeline.config import DeploymentConfig
 from pipeline.infra.atomic import write_json_atomic
 from pipeline.infra.processes import spawn
 from pipeline.loadtest import acceptance_sources, fail_fast
+from pipeline.loadtest import resume as resume_run
 from pipeline.loadtest.endpoints import ArmEndpoint, ManagedEndpoints, managed_endpoints, remote_endpoint
 from pipeline.loadtest.inputs import (
     ARMS,
@@ -254,28 +255,60 @@ def run_loadtest(
     given_endpoints: dict[str, ArmEndpoint] | None = None,
     tokenizer_dir: str | None = None,
     meta_extra: dict[str, Any] | None = None,
+    resume: str | Path | None = None,
 ) -> Path:
     """Run the whole load test; returns RUN_DIR (then the report is in it when ``report``).
     ``given_endpoints`` (with ``tokenizer_dir`` and ``meta_extra`` for run.json): arms served by
-    someone else, as :mod:`pipeline.loadtest.endpoints_only` builds them."""
+    someone else, as :mod:`pipeline.loadtest.endpoints_only` builds them. ``resume``: an
+    interrupted RUN_DIR of this config to finish (:mod:`pipeline.loadtest.resume`): its plan, its
+    complete cells kept, the others measured again, in the plan's order."""
     lt = cfg.loadtest
-    concurrency = sorted(set(concurrency)) if concurrency else list(lt.concurrency)
-    duration_s = float(locust_seconds(_parse_duration(duration) or lt.duration_s))
-    warmup_s = min(lt.warmup_s, duration_s / 2)
-    repeats = repeats or lt.repeats
-    sweep = sorted(set(sweep_draft_len)) if sweep_draft_len else list(lt.sweep_draft_len)
-    check_sweep(cfg, sweep)
     arms = _arms_to_run(cfg, arm, endpoint_baseline, endpoint_speculative)
     prompts, dataset = load_prompt_set(cfg)
-    created = datetime.now(timezone.utc)
-    run_dir = _new_run_dir(cfg, out_dir, created)
-    run_id = f"{cfg.name}-{created.strftime('%Y%m%dT%H%M%SZ')}"
-    specs = plan_runs(cfg, arms, concurrency, repeats, sweep)
-    tokenizer_dir = tokenizer_dir or served_tokenizer_dir(cfg)
-    meta = {**run_metadata(cfg, run_id, created, dataset, sweep, concurrency, duration_s, warmup_s, repeats,
-                           tokenizer_dir), **(meta_extra or {})}
+    now = datetime.now(timezone.utc)
+    if resume is not None:
+        run_dir = Path(resume).resolve()
+        meta, results = resume_run.load_run_to_resume(run_dir, cfg)
+        concurrency, repeats, sweep = meta["concurrency"], meta["repeats"], meta.get("sweep_draft_len") or []
+        duration_s, warmup_s, run_id = meta["duration_s"], meta["warmup_s"], meta["run_id"]
+        if tuple(meta.get("arms") or arms) != arms:
+            raise LoadTestError(f"--resume: {run_dir} measures the arms {meta['arms']}, these options {list(arms)}: "
+                                "pass the --arm / --endpoint-* options it was started with")
+        for name in ("report.json", "report.md", "report.html"):  # a report of the unfinished run
+            (run_dir / name).unlink(missing_ok=True)
+        tokenizer_dir = meta.get("tokenizer_dir") or tokenizer_dir or served_tokenizer_dir(cfg)
+    else:
+        concurrency = sorted(set(concurrency)) if concurrency else list(lt.concurrency)
+        duration_s = float(locust_seconds(_parse_duration(duration) or lt.duration_s))
+        warmup_s = min(lt.warmup_s, duration_s / 2)
+        repeats = repeats or lt.repeats
+        sweep = sorted(set(sweep_draft_len)) if sweep_draft_len else list(lt.sweep_draft_len)
+        check_sweep(cfg, sweep)
+        run_dir = _new_run_dir(cfg, out_dir, now)
+        run_id = f"{cfg.name}-{now.strftime('%Y%m%dT%H%M%SZ')}"
+        tokenizer_dir = tokenizer_dir or served_tokenizer_dir(cfg)
+        meta = {**run_metadata(cfg, run_id, now, dataset, sweep, concurrency, duration_s, warmup_s, repeats,
+                               tokenizer_dir), **(meta_extra or {}), "arms": list(arms)}
+        results = []
+    kept = {r["key"] for r in results}
+    specs = [s for s in plan_runs(cfg, arms, concurrency, repeats, sweep) if s.key not in kept]
+    if specs:  # else every cell was kept: nothing to serve or measure, only the report is missing
+        _measure(cfg, specs, results, meta, run_dir, run_id, prompts, duration_s, warmup_s, tokenizer_dir,
+                 progress, given_endpoints, arms, endpoint_baseline, endpoint_speculative,
+                 resume_run.new_session(meta, results, now.timestamp(), now.isoformat()))
+    if report:
+        from pipeline.report.builder import make_report  # noqa: PLC0415
+
+        make_report(run_dir, cfg)
+    return run_dir
+
+
+def _measure(cfg, specs, results, meta, run_dir, run_id, prompts, duration_s, warmup_s, tokenizer_dir, progress,
+             given_endpoints, arms, endpoint_baseline, endpoint_speculative, session: int) -> None:
+    """Measure ``specs`` in order (after the kept ``results``), rewriting runs.json after each."""
+    for spec in specs:
+        resume_run.discard_cell(run_dir, spec.key)  # what a cut-short measurement left
     _write_json(run_dir / "run.json", RunInfo.checked(meta))
-    results: list[dict[str, Any]] = []
     endpoints_cm = (contextlib.nullcontext({a: e for a, e in given_endpoints.items() if a in arms})
                     if given_endpoints is not None else _endpoints(cfg, arms, endpoint_baseline, endpoint_speculative))
     with endpoints_cm as endpoints:
@@ -283,7 +316,7 @@ def run_loadtest(
         _write_json(run_dir / "run.json", RunInfo.checked(meta))
         for spec, result in _iterate(specs, progress, lambda s: execute_run(  # noqa: B007
                 cfg, s, endpoints[s.arm], run_dir, run_id, prompts, duration_s, warmup_s, tokenizer_dir)):
-            results.append(result)
+            results.append({**result, "session": session})
             meta["commands"].append(" ".join(result["command"]))
             _write_json(run_dir / "runs.json", RunResults.checked({"runs": results}))
             if not result["server_alive"] or result["stopped_early"]:
@@ -296,11 +329,6 @@ def run_loadtest(
     _write_json(run_dir / "run.json", RunInfo.checked(meta))
     if stopped:  # nothing can succeed: no report, a distinct exit code, the server's words
         raise fail_fast.LoadTestStopped(stopped["arm"], stopped["key"], stopped["stopped_early"], run_dir)
-    if report:
-        from pipeline.report.builder import make_report  # noqa: PLC0415
-
-        make_report(run_dir, cfg)
-    return run_dir
 
 
 def _arms_to_run(cfg: DeploymentConfig, arm: str | None, endpoint_baseline: str | None,

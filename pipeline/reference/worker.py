@@ -23,7 +23,8 @@ many crashes in a row it is not restarted again (:class:`RestartPolicy`); each c
 and reported to ``on_health`` (the model's /metrics). The worker inherits stderr (the server
 log; its own stdout is redirected there too, the protocol keeps a private copy) and the stub's
 process group; it ignores SIGINT/SIGTERM and exits when its stdin closes or its stdout breaks,
-i.e. with the stub. Reads the engine dir (in the worker); writes nothing on disk.
+and as soon as the stub is gone (the parent-death signal, and a parent-pid poll as a fallback:
+:func:`follow_parent`), even while the stub's own exit is held up. Reads the engine dir (in the worker); writes nothing on disk.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from pipeline.reference.scheduler import check_request
 
 LIMITS = ("max_seq_len", "max_draft_len", "max_batch_size", "eos_token_id", "vocab_size")
 MAX_RESTARTS_ENV = "SPECDEPLOY_WORKER_MAX_RESTARTS"
+PARENT_ENV = "SPECDEPLOY_WORKER_PARENT_PID"  # the stub's pid, set by the proxy that starts the worker
 BACKOFF_ENV = "SPECDEPLOY_WORKER_RESTART_BACKOFF_S"
 
 
@@ -130,13 +132,39 @@ def serve_engine(engine_dir: Path, cpus: tuple[int, ...] | None, inbox: IO[bytes
         engine.shutdown()
 
 
+PR_SET_PDEATHSIG = 1
+PARENT_POLL_S = 0.2
+
+
+def follow_parent(parent_pid: int) -> None:
+    """End this process when ``parent_pid`` (the stub) is gone, however it went: the kernel's
+    parent-death signal (SIGKILL; Linux), and a thread that polls the parent pid as a fallback (no
+    prctl, or a parent that died before the signal was armed). Closing stdin ends the worker too,
+    but only once the stub's pipe is closed by the stub's exit: a stub held in its exit would
+    hold the worker as well."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes  # noqa: PLC0415 - Linux only, and only here
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)  # nobody to serve: no engine shutdown, no flush
+
+    if os.getppid() != parent_pid:
+        os._exit(1)
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     # like the Python-backend stub, the worker follows its owner instead of signals: it ends when
-    # its stdin closes (the model's finalize, or the stub's death), so a SIGTERM sent to the
+    # its stdin closes (the model's finalize) or the stub is gone, so a SIGTERM sent to the
     # whole server tree cannot take it away before the model has finalized
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
+    follow_parent(int(os.environ.get(PARENT_ENV) or os.getppid()))
     cpus = tuple(int(c) for c in args[1].split(",")) if len(args) > 1 and args[1] else None
     # the protocol keeps the original stdout; anything else written to fd 1 (a library's print,
     # C code) goes to stderr, the server log, instead of into the protocol
@@ -307,7 +335,8 @@ class EngineProcess:
     def _start(self) -> tuple[subprocess.Popen, dict]:
         """A worker, ready (its limits), or SpecdeployError."""
         try:
-            process = subprocess.Popen(self._argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            process = subprocess.Popen(self._argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                       env={**os.environ, PARENT_ENV: str(os.getpid())})
         except OSError as exc:
             raise SpecdeployError(f"cannot start the engine worker ({self._argv[0]}): {exc}") from None
         first = process.stdout.readline()

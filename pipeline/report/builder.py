@@ -30,6 +30,8 @@ from pipeline.report import acceptance
 from pipeline.report.acceptance_reported import acceptance_reported
 from pipeline.report.comparison import BootstrapSettings, best_ci, compare_cells, find_crossover
 from pipeline.report.gate import GateResult, evaluate_gate
+from pipeline.report.rollout_range import rollout_range
+from pipeline.report.sessions import sessions
 from pipeline.report.stats import RunData, cell_summary, load_runs
 
 PROVENANCE_EXCLUDED = ("config",)
@@ -230,6 +232,7 @@ def build_report_data(run_dir: Path, cfg: DeploymentConfig, analysis: dict, gate
         "gate_settings": cfg.gate.model_dump(mode="json"),
         "rows": _headline_rows(analysis, meta, cfg),
         "crossover_concurrency": analysis["crossover_concurrency"],
+        "rollout_range": rollout_range(analysis, cfg.gate),
         "recommended_draft_len": analysis["recommended_draft_len"],
         "acceptance_rate": analysis["acceptance_rate"],
         "acceptance_source": analysis["acceptance_source"],
@@ -246,6 +249,7 @@ def build_report_data(run_dir: Path, cfg: DeploymentConfig, analysis: dict, gate
         "synthetic_data": bool(meta.get("dataset", {}).get("synthetic")) if isinstance(meta.get("dataset"), dict) else None,
         "formulas": FORMULAS,
         "acceptance_reported": acceptance_reported(load_runs(run_dir)),
+        "sessions": sessions(meta, [run.info for run in load_runs(run_dir)]),
     }
 
 

@@ -83,6 +83,14 @@ def evaluate_gate(analysis: dict[str, Any], gate: GateSettings) -> GateResult:
     return GateResult(verdict, checks, advice)
 
 
+def level_checks(level: int, comp: dict, gate: GateSettings, *, greedy: bool = True) -> list[Check]:
+    """Every check the gate applies at a gated level ``level`` (its validity, the benefit ratios,
+    the TTFT guardrail): what :mod:`pipeline.report.rollout_range` asks of every level it
+    recommends."""
+    return [*_level_validity(level, comp, gate, greedy=greedy), *_benefit_checks(level, comp, gate),
+            _ttft_guardrail(level, comp, gate)]
+
+
 def _validity_checks(analysis: dict, gate: GateSettings) -> list[Check]:
     out = []
     runs = analysis["runs"]

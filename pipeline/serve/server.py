@@ -138,6 +138,20 @@ class RunningServer:
         self.process.detach()
 
 
+def death(status: int | None) -> str:
+    """How the server ended, from its keeper's status (the server's own: the same exit code, or
+    killed by the same signal; a keeper killed with the server ends the same way)."""
+    if status is None:
+        return "ended (its status is not known yet)"
+    if status < 0:
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:
+            name = f"signal {-status}"
+        return f"killed by {name} (signal {-status})"
+    return f"exited with status {status}"
+
+
 def repository_models(repo: Path) -> list[str]:
     return sorted(p.parent.name for p in Path(repo).glob("*/config.pbtxt"))
 
@@ -147,7 +161,7 @@ def wait_ready(server: RunningServer, models: list[str], timeout_s: float) -> No
     pending = list(models)
     while time.monotonic() < deadline:
         if not server.alive():
-            raise ServeError(f"tritonserver exited with status {server.exit_status()} while starting; "
+            raise ServeError(f"tritonserver {death(server.exit_status())} while starting; "
                              f"log {server.log_path}:\n{server.log_tail()}")
         pending = models_not_ready(server.http_url, pending)
         if not pending:
@@ -361,8 +375,10 @@ def serve_foreground(cfg: DeploymentConfig, variant: str, *, http_port: int | No
             while server.alive() and not stop.wait(0.5):
                 pass
             if not stop.is_set():
-                raise ServeError(f"tritonserver exited with status {server.exit_status()}; log {server.log_path}:\n"
-                                 f"{server.log_tail()}")
+                status = server.exit_status()
+                server.stop()  # whatever of its tree is left, before the message is read
+                raise ServeError(f"tritonserver (pid {server.pid}) died: {death(status)}; its processes are stopped "
+                                 f"and its ports free. Log {server.log_path}, last lines:\n{server.log_tail()}")
             return 0
         finally:
             server.stop()

@@ -75,8 +75,8 @@ def start_publisher(gauges: EngineGauges, read: Callable[[], dict | None], stop:
     def run() -> None:
         while True:
             try:
-                stats = read()
-                if stats is not None:
+                stats = read()  # may wait for the engine worker: the server may have died meanwhile
+                if stats is not None and not stop.is_set():
                     gauges.update(stats)
             except Exception:  # noqa: BLE001 - a gauge must never take the model down
                 pass

@@ -39,7 +39,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from pipeline.reference.api import Chunk
-from pipeline.triton_models import io, request_rules
+from pipeline.triton_models import io, parent_watch, request_rules
 from pipeline.triton_models.cpu_engine_model import (
     CANCEL_CHECK_PERIOD_S,
     CpuEngineModel,
@@ -118,6 +118,7 @@ class InflightBatcherModel(CpuEngineModel):
         self._gauges_stop = threading.Event()  # slots, prefix entries, open requests on /metrics
         start_publisher(EngineGauges(args["model_name"], args["model_version"]), self._engine_stats,
                         self._gauges_stop, period_from_env())
+        parent_watch.watch_server(args["model_name"], self._gauges_stop)  # the stub ends with its server
 
     def _error_response(self, message: str):
         return io.error_response(message)

@@ -46,7 +46,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 import yaml
 
-from pipeline.triton_models import io, llmapi_spec
+from pipeline.triton_models import io, llmapi_spec, parent_watch
 from pipeline.triton_models.cpu_engine_model import CpuEngineModel, kv_blocks, send_quietly
 
 STREAMING_NEEDS_DECOUPLED = "Streaming is only supported in decoupled mode."
@@ -98,6 +98,7 @@ class LlmapiModel(CpuEngineModel):
         self._engine_dir = Path(tempfile.mkdtemp(prefix="specdeploy-llmapi-"))  # the engine model.yaml describes
         descriptor.write(self._engine_dir / ENGINE_DESCRIPTOR)
         self._start_serving(config, self._engine_dir, args["model_name"], args["model_version"])
+        parent_watch.watch_server(args["model_name"])  # the stub ends with its server
 
     def finalize(self):
         self.engine.shutdown()

@@ -206,6 +206,26 @@ def test_stop_tree_terminates_then_kills_what_ignores_sigterm():
         kill_leftovers(family)
 
 
+def test_stop_ends_what_is_left_when_the_keeper_was_killed_with_the_command():
+    """A supervisor kills the keeper and the command together: nothing above the command's child
+    cleans up any more, so the owner stops the descendants it saw start (as a `serve` does with
+    the stubs of a server killed with its keeper), SIGKILL for one that ignores SIGTERM."""
+    held = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)']); time.sleep(300)")
+    owned = spawn([sys.executable, "-c", held])
+    child = wait_until(lambda: [p.pid for p in psutil.Process(owned.pid).children()], "its child")[0]
+    assert child in [p.pid for p in owned.descendants()]  # seen, as serve sees its stubs once ready
+    try:
+        os.kill(owned.keeper.pid, signal.SIGKILL)
+        os.kill(owned.pid, signal.SIGKILL)
+        owned.keeper.wait()
+        assert running([child]) == [child]  # orphaned, and nobody stops it
+        assert owned.stop(timeout_s=0.5) == [child]
+        assert not running([child])
+    finally:
+        kill_leftovers([owned.pid, child])
+
+
 def test_free_ports_and_who_holds_a_port():
     ports = free_ports(3)
     assert len(set(ports)) == 3 and not any(port_in_use(p) for p in ports)

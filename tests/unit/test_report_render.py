@@ -66,7 +66,8 @@ def test_report_files_and_schema(rendered: Path):
 def test_report_md_has_verdict_and_tables(rendered: Path):
     md = (rendered / "report.md").read_text()
     assert md.startswith("# GO: Roll out speculative decoding (draft_target, K=3)\n")
-    assert "**Recommended rollout: enable at every measured concurrency (up to 2)" in md
+    # the fixture's E2E p95 at c=1 is worse with confidence: the range stops before it (rollout_range.py)
+    assert "**Recommended rollout: do not enable; at 1, E2E p95 is 1.5× baseline [1.2, 1.9]." in md
     assert "### Concurrency 1 (gated)" in md
     # independent of the report code: the fixture's fake servers stream a token every 8 ms (baseline)
     # and three every 12 ms (speculative), so TPOT is 8 and 4 ms and their ratio 0.5, give or take

@@ -38,10 +38,13 @@ def test_banner_names_the_crossover_and_the_rollout(tmp_path: Path):
     html = report.html_path.read_text()
     banner = html[html.index('id="verdict-banner"'):html.index('class="findings"')]
     assert "stops paying at concurrency 2" in banner
-    assert "enable up to concurrency 1, disable from 2" in banner
+    # below the crossover the range holds the gated checks and the tail: the fixture's E2E p95 at
+    # c=1 is worse with confidence (pipeline/report/rollout_range.py), so the banner names it
+    rollout = "do not enable; at 1, E2E p95 is 1.5× baseline [1.2, 1.9]; disable from 2 (the crossover)"
+    assert rollout in banner
     assert "Concurrency 2 (past crossover)" in html and "Concurrency 1 (gated)" in html
     md = report.md_path.read_text()
-    assert "enable up to concurrency 1, disable from 2" in md.split("## Per concurrency")[0]
+    assert rollout in md.split("## Per concurrency")[0]
 
 
 @pytest.mark.slow

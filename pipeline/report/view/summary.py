@@ -62,18 +62,43 @@ def level_line(comp: dict, targets: list[int], crossover: int | None) -> str:
 
 
 def rollout(data: dict) -> str:
-    """Where to enable speculation, from the crossover of the primary draft length."""
+    """Where to enable speculation: below the crossover of the primary draft length, up to the
+    first level that fails a check (``rollout_range`` in report.json,
+    :mod:`pipeline.report.rollout_range`), each excluded level named with what it fails."""
     levels = [c["concurrency"] for c in primary_comparisons(data)]
     crossover = data["crossover_concurrency"]
     if not levels:
         return "no concurrency level has both arms measured"
-    if crossover is None:
-        return (f"enable at every measured concurrency (up to {levels[-1]}); no crossover was found, so "
-                f"measure higher before running above {levels[-1]}")
+    window = data.get("rollout_range") or {}
+    excluded = window.get("excluded") or []
     if crossover == levels[0]:
         return "do not enable: no measured concurrency shows a TPOT benefit"
-    last_good = max(level for level in levels if level < crossover)
-    return f"enable up to concurrency {last_good}, disable from {crossover}"
+    if not excluded:
+        if crossover is None:
+            return (f"enable at every measured concurrency (up to {levels[-1]}); no crossover was found, so "
+                    f"measure higher before running above {levels[-1]}")
+        last_good = max(level for level in levels if level < crossover)
+        return f"enable up to concurrency {last_good}, disable from {crossover}"
+    up_to = window.get("up_to")
+    head = f"enable up to concurrency {up_to}" if up_to is not None else "do not enable"
+    reasons = "; ".join(f"at {e['concurrency']}, {excluded_reason(e['checks'])}" for e in excluded)
+    tail = f"; disable from {crossover} (the crossover)" if crossover is not None else ""
+    return f"{head}; {reasons}{tail}"
+
+
+RANGE_LABELS = {"benefit_tpot_ratio": "TPOT", "benefit_e2e_ratio": "E2E", "tail_e2e_p95": "E2E p95"}
+
+
+def excluded_reason(checks: list[dict]) -> str:
+    """``E2E p95 is 1.29× baseline [1.24, 1.35]`` (and the other failed checks) for one level."""
+    parts = []
+    for check in checks:
+        label, value = RANGE_LABELS.get(check["rule"]), check.get("value")
+        if label and isinstance(value, dict):
+            parts.append(f"{label} is {ratio_phrase(value, 'baseline')}")
+        else:
+            parts.append(f"{check['rule']} fails ({tidy_text(str(check['detail']))})")
+    return " and ".join(parts)
 
 
 def draft_length_line(data: dict) -> str | None:
@@ -139,6 +164,30 @@ def noise_line(data: dict) -> str | None:
             f"c={worst['concurrency']}, which widens every CI; rerun on a quiet machine or with more repeats.")
 
 
+def sessions_line(data: dict) -> str | None:
+    """A resumed run: which cells came from which session, and the gap between them."""
+    info = data.get("sessions") or {}
+    if not info.get("resumed"):
+        return None
+    parts = []
+    for entry in info["sessions"]:
+        if not entry["cells"]:
+            continue
+        gap = f", {fmt_gap(entry['gap_s'])} after the previous session's last cell" if entry.get("gap_s") is not None else ""
+        parts.append(f"session {entry['session']} ({entry.get('started') or 'start unknown'}{gap}) measured "
+                     f"{len(entry['cells'])} cells: {', '.join(entry['cells'])}")
+    return ("Resumed run: the cells were measured in separate sessions, on separate server starts — "
+            + "; ".join(parts) + ".")
+
+
+def fmt_gap(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def open_checks(data: dict) -> list[dict[str, Any]]:
     """Every gate check that is not a pass, failures first, in the gate's order otherwise."""
     checks = [c for c in data["gate"]["checks"] if c["status"] != "pass"]
@@ -158,6 +207,7 @@ def decision(data: dict) -> dict[str, Any]:
     findings += [line for line in (draft_length_line(data),) if line]
     findings += [acceptance_line(data), equivalence_line(data)]
     findings += [line for line in (noise_line(data),) if line]
+    findings += [line for line in (sessions_line(data),) if line]
     if data.get("synthetic_data"):
         findings.append("Data: synthetic prompts were used; acceptance and speedup are likely understated.")
     prefix = {"GO": "Recommended rollout", "NO-GO": "Where speculation would pay once the failures are fixed",

@@ -1,0 +1,62 @@
+"""The recommended rollout range: the concurrency levels where speculation may be enabled.
+
+Reads the analysis (``pipeline.report.builder.analyze``: the primary comparisons per level and
+the TPOT crossover) and the config's ``GateSettings``; returns a plain dict that ``report.json``
+carries as ``rollout_range`` and the banner words (``pipeline.report.view.summary.rollout``).
+Writes nothing.
+
+A level below the crossover (where the TPOT CI still shows a benefit) is recommended only if it
+would also pass the gate had it been gated: every check the gate applies at a gated level
+(:func:`pipeline.report.gate.level_checks`: errors, output equivalence and length, the TPOT and
+E2E benefit ratios, the TTFT p95 guardrail) does not fail there, and its tail latency is not worse
+with confidence (E2E p95 spec/base, run-level CI above 1: what the slowest users feel, which the
+median E2E check does not see). A check that is only inconclusive does not exclude a level (the
+gate itself says INCONCLUSIVE for that at a gated level); a failed one does, and is named with
+its figures. The range is the levels from the lowest up to the first excluded one (``enable up
+to``): enabling at a level means enabling at every level below it too. The verdict is not
+changed here: the gate checks ``gate.target_concurrency`` (default: the lowest level) only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.config import GateSettings
+from pipeline.report.gate import FAIL, level_checks
+
+# what the banner calls each ratio check a level can fail (value: point, low, high)
+RATIO_LABELS = {"benefit_tpot_ratio": "TPOT", "benefit_e2e_ratio": "E2E", "tail_e2e_p95": "E2E p95"}
+
+
+def tail_check(level: int, comp: dict) -> dict[str, Any] | None:
+    """E2E p95 spec/base worse with confidence (run-level CI entirely above 1), else None."""
+    ci = (comp.get("run_level") or {}).get("e2e_p95_ratio") or {}
+    if ci.get("low") is None or ci["low"] <= 1.0:
+        return None
+    return {"rule": "tail_e2e_p95", "scope": f"c={level}", "status": FAIL,
+            "detail": f"E2E p95 spec/base {ci['point']:.3g} [95% CI {ci['low']:.3g}, {ci['high']:.3g}]: worse",
+            "value": {"point": ci["point"], "low": ci["low"], "high": ci["high"], "level": "run"}}
+
+
+def failures(level: int, comp: dict, gate: GateSettings, greedy: bool) -> list[dict[str, Any]]:
+    """The checks ``level`` fails as if it were gated, as dicts (rule, scope, status, detail, value)."""
+    out = [c.as_dict() for c in level_checks(level, comp, gate, greedy=greedy) if c.status == FAIL]
+    tail = tail_check(level, comp)
+    return out + ([tail] if tail else [])
+
+
+def rollout_range(analysis: dict[str, Any], gate: GateSettings) -> dict[str, Any]:
+    """``levels`` (recommended), ``up_to`` (their highest, None: none), ``crossover``, ``excluded``
+    (levels below the crossover that fail a check, with the checks) and ``rule`` (how)."""
+    comps = {c["concurrency"]: c for c in analysis["comparisons"] if c.get("primary", True)}
+    crossover = analysis.get("crossover_concurrency")
+    below = [level for level in sorted(comps) if crossover is None or level < crossover]
+    greedy = analysis.get("greedy", True)
+    excluded = [{"concurrency": level, "checks": failed} for level in below
+                if (failed := failures(level, comps[level], gate, greedy))]
+    first_bad = excluded[0]["concurrency"] if excluded else None
+    levels = [level for level in below if first_bad is None or level < first_bad]
+    return {"levels": levels, "up_to": levels[-1] if levels else None, "crossover": crossover,
+            "measured": sorted(comps), "excluded": excluded,
+            "rule": "levels below the TPOT crossover up to the first one that fails a check the gate applies at a "
+                    "gated level, or whose E2E p95 is worse with confidence"}
