@@ -28,32 +28,31 @@ from pipeline.config import (
     DeploymentConfig,
     GateSettings,
     LoadTestSettings,
-    _desc,
-    _Strict,
     format_validation_error,
     load_yaml_strict,
 )
+from pipeline.config.base import Section, described
 from pipeline.errors import ConfigError, SpecdeployError
 from pipeline.loadtest.endpoints import ArmEndpoint, endpoint_alive
 
 TRANSPORTS = ("openai", "http", "grpc")
 
 
-class EndpointLoadTestFile(_Strict):
+class EndpointLoadTestFile(Section):
     """A load test of two running endpoints: prompts, levels, gate, and what the servers are."""
 
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")] = _desc(
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")] = described(
         "Run name; outputs go to reports/NAME/ unless --out says otherwise."
     )
-    description: str = _desc("Free text shown in reports (which servers, which flags).", default="")
-    hardware: str = _desc("Free text: the servers' hardware, recorded in run.json.", default="not stated")
-    loadtest: LoadTestSettings = _desc("Load-test settings (as in a deployment config).",
+    description: str = described("Free text shown in reports (which servers, which flags).", default="")
+    hardware: str = described("Free text: the servers' hardware, recorded in run.json.", default="not stated")
+    loadtest: LoadTestSettings = described("Load-test settings (as in a deployment config).",
                                        default_factory=lambda: LoadTestSettings(transport="openai"))
-    gate: GateSettings = _desc("Rollout gate thresholds.", default_factory=GateSettings)
-    metrics_baseline: str | None = _desc(
+    gate: GateSettings = described("Rollout gate thresholds.", default_factory=GateSettings)
+    metrics_baseline: str | None = described(
         "Metrics URL of the baseline server (Prometheus text, or trtllm-serve's JSON /metrics), read before and "
         "after each run for its acceptance (docs/openai-endpoints.md).", default=None)
-    metrics_speculative: str | None = _desc("Metrics URL of the speculative server, as metrics_baseline.",
+    metrics_speculative: str | None = described("Metrics URL of the speculative server, as metrics_baseline.",
                                             default=None)
 
 
