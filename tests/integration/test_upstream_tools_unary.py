@@ -166,5 +166,8 @@ def test_the_same_unary_call_is_refused_by_a_decoupled_deployment(medusa_server)
     try:
         with pytest.raises(InferenceServerException, match="decoupled"):
             client.infer("tensorrt_llm", _core_model_inputs(module, [1, 5, 6], 4, 0, 2))
+        for model in ("ensemble", "tensorrt_llm_bls"):
+            with pytest.raises(InferenceServerException, match="decoupled"):
+                client.infer(model, _text_request(module, PROMPTS[0], 4))
     finally:
         client.close()
