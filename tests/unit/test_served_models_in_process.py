@@ -128,7 +128,7 @@ def test_preprocessing_gives_upstreams_shapes_and_postprocessing_reads_them_back
     expected = [pre.tokenizer.encode(text) for text in TEXTS]
     for row, want in enumerate(expected):
         assert ids[row, : len(want)].tolist() == want
-        assert (ids[row, len(want):] == pre.input_pad_id).all()  # right-padded with the tokenizer's pad id
+        assert (ids[row, len(want):] == pre.tokenizer.pad_id).all()  # right-padded with the tokenizer's pad id
     stop = response.outputs["STOP_WORDS_IDS"]
     assert stop.dtype == np.int32 and stop.shape[:2] == (2, 2)
     assert response.outputs["OUT_END_ID"].tolist() == [[pre.tokenizer.end_id]] * 2

@@ -34,6 +34,16 @@ def test_verdicts_name_a_missing_package_and_one_outside_the_range():
     assert sp.verdict(sp.ServedPackage("5.25.0", ">=4.57,<6")) == "ok"
 
 
+def test_sentencepiece_generated_for_protobuf_7_next_to_an_older_protobuf_is_named():
+    def packages(sentencepiece: str, protobuf: str) -> dict:
+        return {"sentencepiece": sp.ServedPackage(sentencepiece, ">=0.1.99"), "protobuf": sp.ServedPackage(protobuf, ">=4")}
+
+    conflict = sp.pair_conflicts(packages("0.2.3", "6.33.6"))["sentencepiece"]
+    assert "needs protobuf>=7 (found 6.33.6)" in conflict and "sentencepiece<0.2.3" in conflict
+    assert sp.pair_conflicts(packages("0.2.2", "6.33.6")) == {}
+    assert sp.pair_conflicts(packages("0.2.3", "7.36.2")) == {}
+
+
 def test_doctor_shows_the_served_models_packages(capsys):
     assert run(["doctor", "--json"]) == 0
     section = json.loads(capsys.readouterr().out)["served_model_packages"]
@@ -68,3 +78,4 @@ def test_this_environment_has_the_containers_pins():
         installed = sp.installed_version(name)
         assert sp.satisfies(installed, entry["pin"]), (name, installed, entry["pin"])
     assert sp.installed_version("torch") is None  # the served models run without torch
+    assert sp.pair_conflicts(sp.served_model_packages()) == {}
