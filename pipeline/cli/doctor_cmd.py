@@ -132,10 +132,13 @@ def _driver(pynvml) -> str:
 
 
 def collect() -> dict:
+    from pipeline.validate.served_packages import doctor_report  # noqa: PLC0415 - reads yaml/packaging
+
     return {
         "python": {"version": platform.python_version(), "executable": sys.executable},
         "platform": platform.platform(),
         "packages": {label: package_version(names) for label, names in PACKAGES},
+        "served_model_packages": doctor_report(),
         "tritonserver": triton_report(),
         "gpus": gpu_report(),
     }
@@ -153,6 +156,10 @@ def _print(report: dict) -> None:
     table.add_row("platform", report["platform"])
     for label, version in report["packages"].items():
         table.add_row(label, version)
+    from pipeline.validate.served_packages import doctor_rows  # noqa: PLC0415 - reads yaml/packaging
+
+    for label, value in doctor_rows(report["served_model_packages"]):
+        table.add_row(label, value)
     triton = report["tritonserver"]
     if triton["found"]:
         table.add_row("tritonserver", f"{triton['binary']} (from {triton['source']})")

@@ -20,6 +20,7 @@ from pipeline.config import DeploymentConfig
 from pipeline.infra.readiness import model_ready, server_live
 from pipeline.loadtest.inputs import LoadTestError
 from pipeline.loadtest.server_metrics import metrics_text
+from pipeline.serve.kv_capacity import arm_engine_models, await_reported, planned_kv_tokens
 
 # ------------------------------------------------------------------------------------------------
 # Endpoints
@@ -100,7 +101,7 @@ class ManagedEndpoints:
             client_cpus=server.cpu_plan.other_cpus if getattr(server, "cpu_plan", None) else None,
             deployment=target,
         )
-        self.kv_reported[arm] = kv_capacity_reported(server.metrics_url)
+        self.kv_reported[arm] = await_reported(lambda: kv_capacity_reported(server.metrics_url))
 
     def provenance(self) -> dict[str, dict[str, Any]]:
         """Per arm: where it was served, its GPUs, KV fraction and capacity, and how it was started."""
@@ -115,6 +116,7 @@ class ManagedEndpoints:
                 "served": ("one arm at a time, restarted between runs" if self.sequential
                            else "both arms up for the whole sweep"),
                 "server_starts": self.starts[arm], "kv_cache_tokens_reported": self.kv_reported.get(arm),
+                "kv_cache_tokens_planned": planned_kv_tokens(self.cfg, self.placements[arm], arm_engine_models(target.method, target.drafts)),
             }
         return out
 

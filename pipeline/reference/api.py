@@ -139,9 +139,10 @@ class Engine(Protocol):
 
 
 # what Engine.stats() reports: after every request ended, the *_in_use ones and open_requests
-# are back at 0 and prefix_cache_entries ≤ prefix_cache_capacity (the soak's leak check)
+# are back at 0 and prefix_cache_entries ≤ prefix_cache_capacity (the soak's leak check);
+# kv_slots × kv_tokens_per_slot is the KV capacity in tokens the engine holds
 ENGINE_STATS = ("kv_slots_in_use", "kv_slots", "draft_kv_slots_in_use", "prefix_cache_entries",
-                "prefix_cache_capacity", "open_requests")
+                "prefix_cache_capacity", "open_requests", "kv_tokens_per_slot")
 
 
 class DraftTooLongError(ValueError):

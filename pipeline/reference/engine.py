@@ -161,7 +161,8 @@ class ReferenceEngine:
         return {"kv_slots_in_use": self.scheduler.pool.in_use(), "kv_slots": self.scheduler.pool.slots,
                 "draft_kv_slots_in_use": draft_pool.in_use() if draft_pool is not None else 0,
                 "prefix_cache_entries": len(self.scheduler.prefix),
-                "prefix_cache_capacity": self.scheduler.prefix.entries, "open_requests": open_requests}
+                "prefix_cache_capacity": self.scheduler.prefix.entries, "open_requests": open_requests,
+                "kv_tokens_per_slot": self.scheduler.max_seq_len}
 
     def shutdown(self) -> None:
         with self._lock:

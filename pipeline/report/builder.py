@@ -30,6 +30,7 @@ from pipeline.report import acceptance
 from pipeline.report.acceptance_reported import acceptance_reported
 from pipeline.report.comparison import BootstrapSettings, best_ci, compare_cells, find_crossover
 from pipeline.report.gate import GateResult, evaluate_gate
+from pipeline.report.kv_capacity_check import with_kv_capacity_check
 from pipeline.report.rollout_range import rollout_range
 from pipeline.report.sessions import sessions
 from pipeline.report.stats import RunData, cell_summary, load_runs
@@ -279,7 +280,7 @@ def prepare(run_dir: Path, cfg: DeploymentConfig | None = None) -> tuple[dict[st
         raise ReportError(f"{run_dir}: no such run directory")
     cfg = cfg or config_from_run(run_dir)
     analysis = analyze(run_dir, cfg)
-    gate = evaluate_gate(analysis, cfg.gate)
+    gate = with_kv_capacity_check(evaluate_gate(analysis, cfg.gate), _load_run_json(run_dir))
     data = build_report_data(run_dir, cfg, analysis, gate)
     problems = validate_report_json(data)
     if problems:

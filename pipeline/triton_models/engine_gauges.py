@@ -8,7 +8,13 @@ the engine's). Labelled ``model`` and ``version`` like our other metrics
 ``SPECDEPLOY_ENGINE_STATS_PERIOD_S`` seconds: Prometheus scrapes cannot call into the stub, and
 one small read a second costs the engine nothing it would notice. After the load drains, a
 healthy engine shows 0 slots and 0 open requests and at most the bound of prefix entries —
-which is how the soak benchmark proves nothing leaked."""
+which is how the soak benchmark proves nothing leaked.
+
+The KV capacity is also exported under TensorRT-LLM's own name, so the load test reads and checks
+it the same way on both backends (pipeline/serve/kv_capacity.py):
+``nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max"|"used"|"free"|"tokens_per"}``
+(tensorrtllm_backend@r25.05 ``inflight_batcher_llm/src/custom_metrics_reporter/
+custom_metrics_reporter.cc``), one CPU-engine slot standing for one block of ``max_seq_len`` tokens."""
 
 from __future__ import annotations
 
@@ -25,6 +31,8 @@ KV_SLOTS = "specdeploy_engine_kv_slots"
 PREFIX_ENTRIES = "specdeploy_engine_prefix_cache_entries"
 PREFIX_CAPACITY = "specdeploy_engine_prefix_cache_capacity"
 OPEN_REQUESTS = "specdeploy_engine_open_requests"
+TRTLLM_KV_BLOCKS = "nv_trt_llm_kv_cache_block_metrics"  # the TensorRT-LLM backend's family and label
+TRTLLM_KV_LABEL = "kv_cache_block_type"
 PERIOD_ENV = "SPECDEPLOY_ENGINE_STATS_PERIOD_S"
 DEFAULT_PERIOD_S = 1.0
 
@@ -54,12 +62,21 @@ class EngineGauges:
             "proxy_open_requests": open_requests.Metric(labels={**labels, "where": "proxy"}),
             "model_open_requests": open_requests.Metric(labels={**labels, "where": "model"}),
         }
+        blocks = family(TRTLLM_KV_BLOCKS, "KV cache blocks (TensorRT-LLM's metric; a CPU-engine slot is one block)")
+        self._families.append(blocks)
+        self._blocks = {kind: blocks.Metric(labels={**labels, TRTLLM_KV_LABEL: kind})
+                        for kind in ("max", "used", "free", "tokens_per")}
 
     def update(self, stats: dict) -> None:
         with _METRICS_LOCK:
             for key, metric in self._metrics.items():
                 if key in stats:
                     metric.set(float(stats[key]))
+            if "kv_slots" in stats and "kv_tokens_per_slot" in stats:
+                used = float(stats.get("kv_slots_in_use", 0))
+                for kind, value in (("max", stats["kv_slots"]), ("used", used), ("free", stats["kv_slots"] - used),
+                                    ("tokens_per", stats["kv_tokens_per_slot"])):
+                    self._blocks[kind].set(float(value))
 
 
 def period_from_env(env=None) -> float:

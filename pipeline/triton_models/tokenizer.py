@@ -77,6 +77,11 @@ class _AutoTokenizer:
                                                 trust_remote_code=trust_remote_code)
         except Exception as exc:  # noqa: BLE001 - transformers raises many types; say which dir failed
             hint = "" if trust_remote_code else " (custom tokenizer code runs only with target.trust_remote_code: true)"
+            if "Gencode/Runtime" in str(exc):  # sentencepiece >= 0.2.3's generated code needs protobuf >= 7
+                hint = (" (the installed sentencepiece was generated for a newer protobuf than the installed one: "
+                        "install sentencepiece<0.2.3, or protobuf>=7 where tritonclient allows it)")
+            elif "requires the protobuf library" in str(exc):  # transformers 4.x reads tokenizer.model through it
+                hint = " (install protobuf: transformers 4.x needs it to read a SentencePiece tokenizer.model)"
             raise ValueError(f"cannot load the tokenizer in {tokenizer_dir} with transformers.AutoTokenizer: "
                              f"{exc}{hint}") from None
         if not tok.pad_token:

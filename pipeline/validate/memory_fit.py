@@ -19,7 +19,11 @@ from pipeline.validate.hardware import HardwareProfile
 from pipeline.validate.model_shapes import ModelShape
 
 GIB = 1024**3
-RUNTIME_MARGIN_GIB = 2.0  # CUDA context, cuBLAS/NCCL workspaces, Triton + Python backends
+# CUDA context, cuBLAS/NCCL workspaces, Triton + Python backends: the project's own allowance, neither
+# measured nor published (TensorRT-LLM's memory guide accounts only for weights, activations and KV);
+# each run checks it, since a margin that is too small leaves the backend a smaller KV capacity than
+# planned (pipeline/report/kv_capacity_check.py; docs/gpu-serving.md "The runtime margin")
+RUNTIME_MARGIN_GIB = 2.0
 EXTRA_MODEL_MARGIN_GIB = 0.5  # each further engine in the same server (the draft)
 THIN_HEADROOM_FRACTION = 0.10  # warn when less than 10 % of device memory is left
 

@@ -517,9 +517,10 @@ def _engine_config(cfg, expect, shape) -> dict:
             "architecture": expect.architecture or "LlamaForCausalLM", "dtype": spec.dtype,
             "num_hidden_layers": shape.num_layers, "num_attention_heads": shape.num_heads,
             "num_key_value_heads": shape.num_kv_heads, "hidden_size": shape.hidden_size,
-            "head_size": shape.head_dim, "vocab_size": shape.vocab_size,
+            "head_size": shape.head_dim, "vocab_size": shape.vocab_size, "intermediate_size": shape.intermediate_size,
             "mapping": {"world_size": expect.tp * expect.pp, "tp_size": expect.tp, "pp_size": expect.pp},
-            "quantization": {"quant_algo": expect.quant_algo, "kv_cache_quant_algo": expect.kv_cache_quant_algo},
+            "quantization": {"quant_algo": expect.quant_algo, "kv_cache_quant_algo": expect.kv_cache_quant_algo,
+                             "group_size": spec.quantization.awq_block_size if "AWQ" in (expect.quant_algo or "") else None},
         },
         "build_config": {
             "max_batch_size": expect.max_batch_size, "max_input_len": expect.max_input_len,
@@ -530,13 +531,23 @@ def _engine_config(cfg, expect, shape) -> dict:
     }
 
 
+def _engine_heads(cfg) -> dict | None:
+    spec = cfg.speculation
+    if cfg.method == "medusa":
+        return {"medusa": (spec.num_heads, 1)}  # one residual layer per head, as the Vicuna heads ship
+    if cfg.method == "eagle":
+        return {"eagle": spec.num_layers}
+    return None
+
+
 def fake_build(cfg) -> dict:
     """Engines and ``engines/NAME/manifest.json`` as ``specdeploy build`` leaves them (cwd-relative)."""
+    from rank_weights import rank_weight_bytes  # beside this file, on the tests' path
+
     from pipeline.build.builder import MANIFEST_FORMAT
     from pipeline.config import config_hash
     from pipeline.paths import manifest_path
     from pipeline.plan.planner import make_plan
-    from pipeline.validate.memory_fit import model_weights_gib
     from pipeline.validate.model_shapes import read_config_json, shape_from_config
 
     plan = make_plan(cfg)
@@ -548,12 +559,14 @@ def fake_build(cfg) -> dict:
         expect, out = step.expect, Path(step.outputs[0])
         shape = draft_shape if expect.role == "draft" else target_shape
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(_engine_config(cfg, expect, shape), indent=1))
-        spec = cfg.draft if expect.role == "draft" else cfg.target
-        size = int(model_weights_gib(shape, spec, cfg.backend, cfg.reference.compute_dtype) * GIB)
+        engine_config = _engine_config(cfg, expect, shape)
+        (out / "config.json").write_text(json.dumps(engine_config, indent=1))
+        heads = _engine_heads(cfg) if expect.role == "speculative" else None
         for rank in range(expect.tp * expect.pp):
+            # sparse: the size this rank's weights take (counted tensor by tensor, rank_weights.py), no disk used
+            size = rank_weight_bytes(engine_config["pretrained_config"], rank, heads)
             with open(out / f"rank{rank}.engine", "wb") as handle:
-                handle.truncate(size)  # sparse: the size a rank's weights take, no disk used
+                handle.truncate(size)
     manifest = {"format": MANIFEST_FORMAT, "name": cfg.name, "config_hash": config_hash(cfg), "backend": cfg.backend,
                 "method": cfg.method, "trtllm_version": plan.trtllm_version, "created": "sim",
                 "engines": {role: str(Path(path).absolute()) for role, path in plan.engines.items()},

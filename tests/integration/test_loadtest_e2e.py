@@ -75,6 +75,8 @@ def test_loadtest_end_to_end_on_tiny_cpu_deployment(tmp_path):
     assert report["verdict"] != "GO"  # one repeat < gate.min_runs: never enough evidence for GO
     for comp in report["comparisons"]:
         assert comp["equivalence"]["equivalent"], comp["equivalence"]["mismatched_ids"]  # exact on the CPU engine
+    kv_check = next(c for c in report["gate"]["checks"] if c["rule"] == "kv_capacity")  # planned = engine-reported
+    assert kv_check["status"] == "pass" and {r["arm"] for r in kv_check["value"]} == {"baseline", "speculative"}, kv_check
     assert (run_dir / "report.html").is_file() and (run_dir / "report.md").is_file()
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["config_hash"] and meta["dataset"]["sha256"] and meta["endpoints"]["speculative"]["model"] == "tensorrt_llm_bls"

@@ -67,6 +67,7 @@ def test_in_process_stats_count_a_running_request_and_return_to_idle(ckpt):
         assert set(start) == set(ENGINE_STATS)
         assert _idle(start) and start["kv_slots"] == SLOTS and start["prefix_cache_entries"] == 0
         assert start["prefix_cache_capacity"] == PREFIX_ENTRIES
+        assert start["kv_tokens_per_slot"] == 96  # slots × max_seq_len: the capacity /metrics exports
 
         gate = Gate()
         handle = engine.submit(GenerationRequest(PROMPTS[0], 20), on_chunk=gate)
