@@ -76,6 +76,9 @@ class Report(Artefact):
     acceptance_reported: dict[str, Any] = Field(
         default_factory=dict, description="Per arm: whether the server reported acceptance figures per request "
                                           "and on /metrics ('reported' / 'not reported'; pipeline/report/acceptance_reported.py).")
+    forecast: dict[str, Any] = Field(default_factory=dict, description=(
+        "Forecast vs measured per concurrency with the measured acceptance fed back (pipeline/report/forecast_check.py); "
+        "'available': false with the reason when no forecast could be made."))
 
 
 class ComparedRun(Strict):

@@ -52,8 +52,9 @@ class Inputs:
 def step_times(inp: Inputs, batch: int, plan: DraftPlan, tau: float, device=None) -> tuple[float, float]:
     """(baseline TPOT, speculative TPOT) in seconds at ``batch`` sequences."""
     device = device or inp.device
-    base = device.forward(inp.target, batch, 1, inp.context).seconds
-    verify = device.forward(inp.target, batch, plan.verify_width, inp.context).seconds
+    engine_step = getattr(device, "step_overhead", lambda b: 0.0)(batch)  # CPU: the engine's own step cost
+    base = device.forward(inp.target, batch, 1, inp.context).seconds + engine_step
+    verify = device.forward(inp.target, batch, plan.verify_width, inp.context).seconds + engine_step
     ctx = StepContext(device, inp.target, inp.draft, inp.dense_bytes, inp.vocab, batch, inp.context, tau)
     draft = PROPOSER_COSTS[plan.method](ctx, plan)
     return base, (verify + draft) / tau
@@ -174,7 +175,7 @@ def config_inputs(cfg, acceptance: Acceptance, engine: str | None = None, contex
         if cfg.hardware == "cpu":
             from pipeline.forecast.cpu import stored_device  # noqa: PLC0415
 
-            device = stored_device()
+            device = stored_device(target)
         else:
             device = GpuDevice(gpu_figures(cfg.hardware), engine_figures(engine or "trtllm"))
     if context is None:

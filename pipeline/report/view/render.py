@@ -10,6 +10,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
+from pipeline.report.forecast_check import forecast_note, forecast_table
 from pipeline.report.view import tables
 from pipeline.report.view.summary import decision
 
@@ -65,6 +66,7 @@ def report_page(data: dict, plots: dict[str, str | None]) -> dict[str, Any]:
         "quality_issues": tables.quality_issues(data),
         "provenance": tables.provenance_rows(data),
         "formulas": list(data["formulas"].items()),
+        "forecast": {"table": forecast_table(data), "note": forecast_note(data)},
         "notes": {"rounding": ROUNDING_NOTE, "ci": CI_NOTE},
     }
 
