@@ -35,7 +35,9 @@ def _average(a: dict, b: dict) -> dict:
     fits = {m: {k: (a["forward_fits"][m][k] + b["forward_fits"][m][k]) / 2 for k in a["forward_fits"][m]}
             for m in a["forward_fits"]}
     overhead = {k: (a["engine_overhead_s"][k] + b["engine_overhead_s"][k]) / 2 for k in a["engine_overhead_s"]}
-    return {**a, "forward_fits": fits, "engine_overhead_s": overhead}
+    proposer = {m: {k: (a["proposer_s"][m][k] + b["proposer_s"][m][k]) / 2 for k in a["proposer_s"][m]}
+                for m in a["proposer_s"]}
+    return {**a, "forward_fits": fits, "engine_overhead_s": overhead, "proposer_s": proposer}
 
 
 def _pass_tau(results: list[dict], method: str, batch: int) -> float:
@@ -46,11 +48,11 @@ def _pass_tau(results: list[dict], method: str, batch: int) -> float:
 
 
 def check_config(name: str, prompts: int, max_tokens: int) -> dict:
-    from pipeline.bench.engine_bench import _encode, load_prompts, resolve_checkpoint, run_bench
+    from pipeline.bench.engine_bench import _encode, load_prompts, proposer_spec, resolve_checkpoint, run_bench
     from pipeline.config import load_config
     from pipeline.forecast.acceptance import Acceptance
     from pipeline.forecast.cpu import CpuDevice, calibrate
-    from pipeline.forecast.model import config_inputs, speedup_at
+    from pipeline.forecast.model import config_inputs, speedup_at, step_times
 
     path = ROOT / "configs" / f"{name}.yaml"
     cfg = load_config(path)
@@ -59,9 +61,11 @@ def check_config(name: str, prompts: int, max_tokens: int) -> dict:
     encode = _encode(target)
     lengths = [len(encode(p)) for ps in load_prompts(cfg, prompts).values() for p in ps]
     context = int(sum(lengths) / len(lengths) + max_tokens / 2)
-    before = calibrate(target, draft, threads=cfg.reference.threads, reps=3)
+    spec = proposer_spec(cfg)
+    prompt_len = sum(lengths) / len(lengths)
+    before = calibrate(target, draft, threads=cfg.reference.threads, reps=5, proposer=spec)
     bench = run_bench(path, prompts_per_category=prompts, max_tokens=max_tokens, batches=(1, 8))
-    after = calibrate(target, draft, threads=cfg.reference.threads, reps=3)
+    after = calibrate(target, draft, threads=cfg.reference.threads, reps=5, proposer=spec)
     calibration = _average(before, after)
     rows = []
     for summary in (s for s in bench["summary"] if s["scope"] == "all" and s["method"] == cfg.method):
@@ -73,18 +77,30 @@ def check_config(name: str, prompts: int, max_tokens: int) -> dict:
         inp = config_inputs(cfg, acceptance, context=context, device=CpuDevice(calibration))
         inp.device = CpuDevice(calibration, inp.target)
         forecast = speedup_at(inp, batch)
+        base_s, spec_s = step_times(inp, batch, inp.plan, tau)
+        fit = calibration["forward_fits"]["target"]
+        prefill = fit["a"] + (fit["b"] + fit["c"] * prompt_len / 2) * prompt_len  # per request, both arms
+        e2e = (prefill + (max_tokens - 1) * base_s) / (prefill + (max_tokens - 1) * spec_s)
         measured = summary["decode_speedup"]
-        rows.append({"batch": batch, "tau_per_target_pass": round(tau, 3), "forecast_speedup": round(forecast, 3),
-                     "measured_decode_speedup": measured, "measured_e2e_speedup": summary["speedup"],
-                     "error": round(forecast / measured - 1, 3) if measured else None,
-                     "within_15pct": bool(measured) and abs(forecast / measured - 1) <= TOLERANCE,
-                     "efficiency": round(measured / forecast, 3) if forecast else None,
-                     "efficiency_goal": EFFICIENCY_GOAL})
-        print(f"{name} batch {batch}: forecast {forecast:.2f}x, measured {measured:.2f}x, "
-              f"efficiency {measured / forecast:.2f} (goal ≥ {EFFICIENCY_GOAL})", file=sys.stderr)
+        measured_cpu = summary["speedup_cpu"]
+        rows.append({"batch": batch, "tau_per_target_pass": round(tau, 3),
+                     # CPU-time, end to end (prefill included): what other processes on the shared
+                     # cores distort least — the check's primary figure
+                     "forecast_e2e_speedup": round(e2e, 3), "measured_cpu_time_speedup": measured_cpu,
+                     "error": round(e2e / measured_cpu - 1, 3) if measured_cpu else None,
+                     "within_15pct": bool(measured_cpu) and abs(e2e / measured_cpu - 1) <= TOLERANCE,
+                     "efficiency": round(measured_cpu / e2e, 3) if e2e else None,
+                     "efficiency_goal": EFFICIENCY_GOAL,
+                     # wall-clock decode-only view (TPOT ratio), noisier on a shared machine
+                     "forecast_decode_speedup": round(forecast, 3), "measured_decode_speedup": measured,
+                     "decode_error": round(forecast / measured - 1, 3) if measured else None,
+                     "measured_wall_e2e_speedup": summary["speedup"]})
+        print(f"{name} batch {batch}: forecast {e2e:.2f}x, measured (CPU time) {measured_cpu:.2f}x, "
+              f"efficiency {measured_cpu / e2e:.2f} (goal ≥ {EFFICIENCY_GOAL}); decode: forecast {forecast:.2f}x, "
+              f"measured (wall) {measured:.2f}x", file=sys.stderr)
     return {"config": name, "method": cfg.method, "context_tokens": context, "rows": rows,
-            "calibration_before": {k: before[k] for k in ("forward_fits", "engine_overhead_s")},
-            "calibration_after": {k: after[k] for k in ("forward_fits", "engine_overhead_s")}}
+            "calibration_before": {k: before[k] for k in ("forward_fits", "engine_step_s", "engine_overhead_s", "proposer_s")},
+            "calibration_after": {k: after[k] for k in ("forward_fits", "engine_step_s", "engine_overhead_s", "proposer_s")}}
 
 
 def main() -> None:

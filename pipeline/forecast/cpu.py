@@ -2,11 +2,14 @@
 short microbenchmark of the engine's own models, stored with the machine's description.
 
 ``calibrate`` times the engine's target (and draft) forward over B sequences × T new tokens at
-context L (logits included, as a step computes them), fits ``t = a + b·rows + c·rows·L`` per model
+context L (logits included, as a step computes them; thread CPU time, which other processes on
+shared cores distort less than wall time), fits ``t = a + b·rows + c·rows·L`` per model
 (non-negative least squares, scipy), and times the baseline engine's decode step to get the
-engine's own per-step cost beyond the forward (scheduling, sampling, streaming) as ``e0 + e1·B``.
-Drafting heads (Medusa, EAGLE, EAGLE-3) are scaled from the target's fit: their fixed part by
-their layer share, their per-row part by their FLOPs share. Writes
+engine's own per-step cost beyond the forward (scheduling, sampling, streaming) per batch size, and
+times the speculative engine's drafting calls per batch size (the proposer's cost is measured:
+the engine's fused one-row drafting paths do not follow the batched forward's fit). Without a
+measured proposer, drafting heads are scaled from the target's fit: their fixed part by their
+layer share, their per-row part by their FLOPs share. Writes
 ``$SPECDEPLOY_FORECAST_HOME`` (default ``~/.cache/specdeploy/forecast``)``/cpu-<machine>.json``;
 reads it back in :func:`stored_device`. No calibration for this machine is a
 :class:`ForecastInputError` saying how to make one.
@@ -56,9 +59,9 @@ def _time_forward(model, batch: int, tokens: int, context: int, reps: int) -> fl
     times = []
     for _ in range(reps):
         inputs = [StepInput(c, [1] * tokens, list(range(context, context + tokens))) for c in caches]
-        start = time.perf_counter()
+        start = time.thread_time()  # CPU time of this thread: other processes on shared cores do not inflate it
         model.logits(model.forward(pool, inputs))
-        times.append(time.perf_counter() - start)
+        times.append(time.thread_time() - start)
         for cache in caches:
             cache.rollback(context)
     return statistics.median(times)
@@ -79,18 +82,56 @@ def _model_points(model, reps: int) -> list[tuple[int, int, float]]:
     return [(b * t, ctx, _time_forward(model, b, t, ctx, reps)) for ctx in CONTEXTS for b, t in ROWS_GRID]
 
 
-def _engine_step(engine, batch: int, tokens: int) -> float:
-    """Baseline engine decode seconds per step with ``batch`` requests in flight."""
+def _engine_step(engine, batch: int, tokens: int, rounds: int = 3) -> float:
+    """Baseline engine CPU seconds per step with ``batch`` requests in flight (process CPU time:
+    the engine's thread included, other processes on shared cores not)."""
     from pipeline.reference.api import GenerationRequest  # noqa: PLC0415
 
-    handles = [engine.submit(GenerationRequest([1, 2, 3, 4, 5, 6, 7, 8], tokens)) for _ in range(batch)]
-    results = [h.result(timeout=600) for h in handles]
-    seconds = max(r.stats.last_token_time_ns for r in results) - min(r.stats.first_token_time_ns for r in results)
-    return seconds / 1e9 / max(1, tokens - 1)
+    per_step = []
+    for _ in range(rounds):
+        start = time.process_time()
+        handles = [engine.submit(GenerationRequest([1, 2, 3, 4, 5, 6, 7, 8], tokens)) for _ in range(batch)]
+        for handle in handles:
+            handle.result(timeout=600)
+        per_step.append((time.process_time() - start) / tokens)
+    return statistics.median(per_step)
+
+
+def _proposer_seconds(target_dir: Path, proposer: dict, batches: tuple[int, ...], limits: dict,
+                      tokens: int = 24) -> dict[str, float]:
+    """CPU seconds of one ``propose`` call (all sequences of the step) at each batch size: the
+    speculative engine generates a few requests while its proposer's calls are timed. The
+    engine's fused one-row drafting paths do not follow the batched forward's fit, so on the CPU
+    the proposer's cost is measured, not derived from its shapes."""
+    from pipeline.reference.api import GenerationRequest  # noqa: PLC0415
+    from pipeline.reference.engine import create_engine  # noqa: PLC0415
+
+    engine = create_engine(Path(target_dir), role="speculative", proposer=proposer, **limits)
+    calls: list[float] = []
+    inner = engine.scheduler.proposer.propose
+
+    def timed(seqs, budgets):  # runs on the engine's thread: thread_time is that thread's CPU time
+        start = time.thread_time()
+        out = inner(seqs, budgets)
+        calls.append(time.thread_time() - start)
+        return out
+
+    engine.scheduler.proposer.propose = timed
+    out = {}
+    try:
+        for batch in batches:
+            calls.clear()
+            handles = [engine.submit(GenerationRequest([5 + i, 6, 7, 8, 9, 10, 11, 12], tokens)) for i in range(batch)]
+            for handle in handles:
+                handle.result(timeout=600)
+            out[str(batch)] = statistics.median(calls) if calls else 0.0
+    finally:
+        engine.shutdown()
+    return out
 
 
 def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1, reps: int = 5,
-              batches: tuple[int, ...] = (1, 8), fast_paths: bool = True) -> dict:
+              batches: tuple[int, ...] = (1, 8), fast_paths: bool = True, proposer: dict | None = None) -> dict:
     """Microbenchmark the engine's models on this machine → the calibration dict (not yet stored)."""
     from pipeline.reference.engine import create_engine, set_threads  # noqa: PLC0415
 
@@ -109,14 +150,19 @@ def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1,
             fits["draft"] = fit_forward(_model_points(draft.scheduler.target, reps))
         finally:
             draft.shutdown()
+    proposer_s = {}
+    if proposer is not None:
+        proposer_s[proposer["method"]] = _proposer_seconds(Path(target_dir), proposer, batches, limits)
     ctx = 8 + tokens // 2
     t = fits["target"]
-    overhead = {str(b): max(0.0, steps[b] - (t["a"] + t["b"] * b + t["c"] * b * ctx)) for b in batches}
+    # the engine's step beyond the fitted forward (may be negative where the engine's one-row path
+    # beats the batched forward the fit describes): baseline steps then equal the measured ones
+    overhead = {str(b): steps[b] - (t["a"] + t["b"] * b + t["c"] * b * ctx) for b in batches}
     return {"schema": "specdeploy-cpu-calibration/1", "machine": machine(), "threads": threads,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "models": {"target": str(target_dir), "draft": str(draft_dir) if draft_dir else None},
             "forward_fits": fits, "engine_step_s": {str(b): s for b, s in steps.items()},
-            "engine_overhead_s": overhead,
+            "engine_overhead_s": overhead, "proposer_s": proposer_s,
             "form": "forward t = a + b·rows + c·rows·L (s); engine step = forward + overhead(B)"}
 
 
@@ -175,6 +221,18 @@ class CpuDevice:
 
     def round_trip_s(self, orchestration: str | None) -> float:
         return 0.0  # the BLS's extra Triton call is not part of `bench`'s in-process engine
+
+    def proposer_seconds(self, method: str, batch: int) -> float | None:
+        """The measured CPU cost of one drafting call at ``batch`` (nearest calibrated batch, scaled
+        linearly between two), or None when this method was not calibrated."""
+        table = self.calibration.get("proposer_s", {}).get(method)
+        if not table:
+            return None
+        points = sorted((int(b), s) for b, s in table.items())
+        if len(points) == 1 or batch <= points[0][0]:
+            return points[0][1] / self.factor
+        (b0, s0), (b1, s1) = points[0], points[-1]
+        return (s0 + (s1 - s0) * (batch - b0) / (b1 - b0)) / self.factor
 
 
 def stored_device(target_cost: ModelCost | None = None) -> CpuDevice:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pipeline.forecast.acceptance import Acceptance
 from pipeline.forecast.hardware import PEAK_DTYPE, ForecastInputError, engine_figures, gpu_figures
-from pipeline.forecast.proposers import PROPOSER_COSTS, DraftPlan, StepContext, plan_for
+from pipeline.forecast.proposers import PLANS, PROPOSER_COSTS, DraftPlan, StepContext, plan_for
 from pipeline.forecast.roofline import GpuDevice, ModelCost, model_cost
 from pipeline.validate.model_shapes import KNOWN_MODELS, ModelShape, known_shape, read_config_json, shape_from_config
 
@@ -55,8 +55,12 @@ def step_times(inp: Inputs, batch: int, plan: DraftPlan, tau: float, device=None
     engine_step = getattr(device, "step_overhead", lambda b: 0.0)(batch)  # CPU: the engine's own step cost
     base = device.forward(inp.target, batch, 1, inp.context).seconds + engine_step
     verify = device.forward(inp.target, batch, plan.verify_width, inp.context).seconds + engine_step
-    ctx = StepContext(device, inp.target, inp.draft, inp.dense_bytes, inp.vocab, batch, inp.context, tau)
-    draft = PROPOSER_COSTS[plan.method](ctx, plan)
+    measured = getattr(device, "proposer_seconds", lambda method, b: None)(plan.method, batch)  # CPU calibration
+    if measured is not None:
+        draft = measured
+    else:
+        ctx = StepContext(device, inp.target, inp.draft, inp.dense_bytes, inp.vocab, batch, inp.context, tau)
+        draft = PROPOSER_COSTS[plan.method](ctx, plan)
     return base, (verify + draft) / tau
 
 
@@ -153,12 +157,11 @@ def config_inputs(cfg, acceptance: Acceptance, engine: str | None = None, contex
     """Forecast inputs of a deployment config (speculation method ≠ none)."""
     from pipeline.validate.memory_fit import kv_bytes, weight_bytes_per_param  # noqa: PLC0415 - heavy config import
 
-    if cfg.method == "none":
-        raise ForecastInputError(f"{cfg.name}: speculation.method is 'none'; there is nothing to forecast")
     try:
         plan = plan_for(cfg.speculation)
     except KeyError:
-        raise ForecastInputError(f"{cfg.name}: no forecast cost model for method {cfg.method!r}") from None
+        raise ForecastInputError(f"{cfg.name}: no forecast for speculation method {cfg.method!r} "
+                                 f"(forecast methods: {', '.join(PLANS)}; 'none' has nothing to forecast)") from None
     compute = cfg.reference.compute_dtype
     t = cfg.target
     dense = _DTYPE_BYTES[compute if cfg.backend == "reference" else t.dtype]

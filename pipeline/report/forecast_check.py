@@ -47,9 +47,10 @@ def _measured_acceptance(spec_rows: dict[int, dict], depth: int):
 def forecast_section(data: dict, cfg) -> dict[str, Any]:
     """The report's forecast-vs-measured section (``available: false`` with a reason when it cannot be made)."""
     from pipeline.forecast.model import WORTH_A_LOOK, config_inputs, step_times  # noqa: PLC0415
+    from pipeline.forecast.proposers import PLANS  # noqa: PLC0415
 
-    if cfg.method == "none":
-        return {"available": False, "reason": "no speculation in this run"}
+    if cfg.method not in PLANS:
+        return {"available": False, "reason": f"no forecast for speculation method {cfg.method!r}"}
     base_rows, spec_rows = _arm_rows(data, "baseline"), _arm_rows(data, "speculative")
     try:
         from pipeline.forecast.proposers import plan_for  # noqa: PLC0415
