@@ -48,6 +48,19 @@ def acceptance_from_options(cfg, alpha: Optional[float], tau: Optional[float], r
     return acc.from_tau(case["acceptance_length"], case["plan"]["depth"], f"published: {case['source']}")
 
 
+def calibrate_machine(cfg) -> Path:
+    """Calibrate the CPU cost model on this machine for the config's models and proposer; store it."""
+    from pipeline.bench.engine_bench import proposer_spec, resolve_checkpoint  # noqa: PLC0415
+    from pipeline.forecast.cpu import calibrate, store  # noqa: PLC0415
+    from pipeline.forecast.hardware import ForecastInputError  # noqa: PLC0415
+
+    if cfg.hardware != "cpu":
+        raise ForecastInputError(f"--calibrate: {cfg.name} runs on {cfg.hardware}; only the CPU reference engine is calibrated")
+    draft = resolve_checkpoint(cfg.draft.checkpoint) if cfg.draft is not None else None
+    return store(calibrate(resolve_checkpoint(cfg.target.checkpoint), draft, threads=cfg.reference.threads,
+                           proposer=proposer_spec(cfg)))
+
+
 def register(app: typer.Typer) -> None:
     @app.command("forecast", help="Forecast speedup, crossover and best draft length per concurrency before GPU time.")
     def forecast_command(
@@ -61,6 +74,8 @@ def register(app: typer.Typer) -> None:
         engine: Optional[str] = typer.Option(None, "--engine", help="Engine figures: trtllm (default), sglang, research."),
         context: Optional[int] = typer.Option(None, "--context", help="Context tokens per sequence (default: half the "
                                               "max input + half the load test's max tokens)."),
+        calibrate: bool = typer.Option(False, "--calibrate", help="CPU configs: microbenchmark the reference engine "
+                                       "on this machine first and store the calibration."),
         as_json: bool = typer.Option(False, "--json", help="Print the forecast as JSON."),
         plot: Optional[Path] = typer.Option(None, "--plot", help="Write the speedup-vs-concurrency plot (PNG)."),
         workdir: Optional[Path] = workdir_option(),
@@ -70,6 +85,8 @@ def register(app: typer.Typer) -> None:
         from pipeline.forecast.render import summary_lines, write_plot  # noqa: PLC0415
 
         cfg = load_config(config, workdir)
+        if calibrate:
+            typer.echo(f"calibration stored: {calibrate_machine(cfg)}", err=True)
         acceptance = acceptance_from_options(cfg, alpha, tau, report, bench, published)
         fc = forecast_config(cfg, acceptance, engine=engine, context=context)
         if plot is not None:

@@ -193,3 +193,46 @@ def forecast_config(cfg, acceptance: Acceptance, levels: list[int] | None = None
     out["config"] = cfg.name
     out["hardware"] = cfg.hardware
     return out
+
+
+def break_even(inp: Inputs, batch: int) -> dict:
+    """The τ (and, for a chain, the i.i.d. α) at which speculation exactly pays at ``batch``: no
+    acceptance input needed. τ above the verify width means it cannot pay at all."""
+    from pipeline.forecast.acceptance import alpha_for_tau  # noqa: PLC0415
+
+    def gain(tau: float) -> float:
+        base, spec = step_times(inp, batch, inp.plan, tau)
+        return base / spec
+
+    low, high = 1.0, float(inp.plan.depth + 1)
+    if gain(high) < 1.0:
+        return {"concurrency": batch, "tau": None, "alpha": None, "pays": False}
+    for _ in range(50):
+        mid = (low + high) / 2
+        low, high = (mid, high) if gain(mid) < 1.0 else (low, mid)
+    tau = (low + high) / 2
+    alpha = None if inp.plan.tree else round(alpha_for_tau(tau, inp.plan.depth), 3)
+    return {"concurrency": batch, "tau": round(tau, 3), "alpha": alpha, "pays": True}
+
+
+def section_lines(cfg) -> list[str]:
+    """The short forecast section of ``plan`` and ``validate``: the acceptance at which
+    speculation pays at each concurrency of the config (needs no acceptance source), or why no
+    forecast can be made."""
+    from pipeline.forecast.acceptance import Acceptance  # noqa: PLC0415
+
+    if cfg.method not in PLANS:
+        return []
+    try:
+        inp = config_inputs(cfg, Acceptance("break-even probe", tau=1.0, tau_low=1.0, tau_high=1.0))
+        rows = [break_even(inp, c) for c in cfg.loadtest.concurrency]
+    except ForecastInputError as exc:
+        return [f"forecast: not available — {exc}"]
+    parts = []
+    for row in rows:
+        if not row["pays"]:
+            parts.append(f"c={row['concurrency']}: cannot pay (even every draft accepted)")
+        else:
+            parts.append(f"c={row['concurrency']}: τ ≥ {row['tau']:.2f}" + (f" (α ≥ {row['alpha']:.2f})" if row["alpha"] is not None else ""))
+    return [f"forecast ({inp.plan.method}, K={inp.plan.depth}): speculation pays when " + "; ".join(parts),
+            f"  then: specdeploy forecast {cfg._source_path or cfg.name} --acceptance A (or --from-report / --from-bench)"]
