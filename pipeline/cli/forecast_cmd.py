@@ -37,7 +37,7 @@ def acceptance_from_options(cfg, alpha: Optional[float], tau: Optional[float], r
     if report is not None:
         return acc.from_report(report)
     if bench is not None:
-        return acc.from_bench(bench, cfg.method)
+        return acc.from_bench(bench, cfg.method, plan_for(cfg.speculation).depth)
     from pipeline.forecast.published import load_cases  # noqa: PLC0415
 
     cases = {c["id"]: c for c in load_cases()["cases"]}

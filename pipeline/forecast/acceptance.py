@@ -124,8 +124,9 @@ def from_report(path: Path) -> Acceptance:
     return replace(acc, per_level=per_level)
 
 
-def from_bench(path: Path, method: str | None = None) -> Acceptance:
-    """τ from a ``specdeploy bench`` JSON (summary rows, scope 'all', batch 1)."""
+def from_bench(path: Path, method: str | None = None, depth: int | None = None) -> Acceptance:
+    """τ from a ``specdeploy bench`` JSON (summary rows, scope 'all', batch 1) at the config's
+    draft depth (None: τ as measured, no K sweep)."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -134,7 +135,6 @@ def from_bench(path: Path, method: str | None = None) -> Acceptance:
     if not rows:
         raise ForecastInputError(f"--from-bench {path}: no summary rows for {method or 'any method'}")
     row = min(rows, key=lambda r: r["batch"])
-    depth = data.get("num_draft_tokens") or data.get("draft_len")
     tau = float(row["mean_acceptance_length"])
     if depth is None:  # trees and unknown depth: τ as measured
         return Acceptance(f"bench {path}", tau=tau, tau_low=tau * 0.95, tau_high=tau * 1.05)

@@ -167,3 +167,17 @@ def test_cpu_device_uses_calibrated_forward_step_and_proposer():
     assert device.proposer_seconds("ngram", 8) == pytest.approx(0.001)
     assert device.proposer_seconds("medusa", 1) is None
     assert replace(device, factor=2.0).forward(cost, 1, 1, 0).seconds == pytest.approx((0.004 + 0.0002) / 2)
+
+
+def test_acceptance_from_a_bench_file_and_a_published_case(tmp_path, capsys):
+    bench = {"summary": [{"method": "draft_target", "batch": b, "scope": "all", "mean_acceptance_length": t}
+                         for b, t in ((1, 3.4), (8, 3.3))]}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(bench))
+    got = acc.from_bench(path, "draft_target", 4)
+    assert got.tau == 3.4 and got.at_depth == 4 and str(path) in got.source
+    with pytest.raises(ForecastInputError, match="medusa"):
+        acc.from_bench(path, "medusa", 4)
+    assert run(["forecast", str(ROOT / "configs" / "vicuna7b-medusa-fp8-h100.yaml"), "--published",
+                "medusa2-vicuna7b-a100", "--json"]) == 0
+    assert "published" in json.loads(capsys.readouterr().out)["acceptance"]["source"]
