@@ -40,11 +40,19 @@ def _average(a: dict, b: dict) -> dict:
     return {**a, "forward_fits": fits, "engine_overhead_s": overhead, "proposer_s": proposer}
 
 
-def _pass_tau(results: list[dict], method: str, batch: int) -> float:
+def _measured_acceptance(results: list[dict], method: str, batch: int) -> tuple[float, float, float]:
+    """(tokens per target pass, τ per verify step, coverage: the fraction of passes with drafts),
+    pooled over the categories: tokens per pass = f·τ + (1 − f)."""
     rows = [r for r in results if r["method"] == method and r["batch"] == batch]
     tokens = sum(r["tokens"] for r in rows)
     passes = sum(r["tokens"] / r["tokens_per_target_pass"] for r in rows if r["tokens_per_target_pass"])
-    return tokens / passes
+    per_pass = tokens / passes
+    verify_passes = sum(r["tokens"] / r["tokens_per_target_pass"] * min(1.0, (r["tokens_per_target_pass"] - 1)
+                        / (r["mean_acceptance_length"] - 1)) for r in rows
+                        if r["tokens_per_target_pass"] and r["mean_acceptance_length"] > 1)
+    coverage = min(1.0, verify_passes / passes) if passes else 1.0
+    tau = 1 + (per_pass - 1) / coverage if coverage else 1.0
+    return per_pass, tau, coverage
 
 
 def check_config(name: str, prompts: int, max_tokens: int) -> dict:
@@ -70,10 +78,10 @@ def check_config(name: str, prompts: int, max_tokens: int) -> dict:
     rows = []
     for summary in (s for s in bench["summary"] if s["scope"] == "all" and s["method"] == cfg.method):
         batch = summary["batch"]
-        tau = _pass_tau(bench["results"], cfg.method, batch)
+        per_pass, tau, coverage = _measured_acceptance(bench["results"], cfg.method, batch)
         plan_depth = config_inputs(cfg, Acceptance("probe", tau=tau), device=CpuDevice(calibration)).plan.depth
-        acceptance = Acceptance("bench, same run (tokens per target pass)", tau=tau, tau_low=tau, tau_high=tau,
-                                at_depth=plan_depth)
+        acceptance = Acceptance("bench, same run (τ per verify step, draft coverage)", tau=tau, tau_low=tau,
+                                tau_high=tau, at_depth=plan_depth, coverage=coverage)
         inp = config_inputs(cfg, acceptance, context=context, device=CpuDevice(calibration))
         inp.device = CpuDevice(calibration, inp.target)
         forecast = speedup_at(inp, batch)
@@ -83,7 +91,8 @@ def check_config(name: str, prompts: int, max_tokens: int) -> dict:
         e2e = (prefill + (max_tokens - 1) * base_s) / (prefill + (max_tokens - 1) * spec_s)
         measured = summary["decode_speedup"]
         measured_cpu = summary["speedup_cpu"]
-        rows.append({"batch": batch, "tau_per_target_pass": round(tau, 3),
+        rows.append({"batch": batch, "tau_per_target_pass": round(per_pass, 3), "tau_per_verify_step": round(tau, 3),
+                     "draft_coverage": round(coverage, 3),
                      # CPU-time, end to end (prefill included): what other processes on the shared
                      # cores distort least — the check's primary figure
                      "forecast_e2e_speedup": round(e2e, 3), "measured_cpu_time_speedup": measured_cpu,

@@ -64,6 +64,7 @@ class Acceptance:
     tau_high: float | None = None
     at_depth: int | None = None
     per_level: dict[int, float] | None = None  # measured τ per concurrency (an earlier run)
+    coverage: float = 1.0  # fraction of steps that carry drafts (n-gram finds no match on some steps)
 
     def tau_at(self, k: int, edge: str = "point", tree: bool = False, level: int | None = None) -> float:
         """τ at draft depth ``k``; ``edge`` 'low' / 'high' gives the band's ends."""
@@ -81,6 +82,7 @@ class Acceptance:
             "source": self.source, "alpha": _r(self.alpha), "alpha_band": [_r(self.alpha_low), _r(self.alpha_high)],
             "tau": _r(self.tau), "tau_band": [_r(self.tau_low), _r(self.tau_high)], "at_depth": self.at_depth,
             "tau_per_concurrency": {str(c): _r(t) for c, t in (self.per_level or {}).items()} or None,
+            "draft_coverage": _r(self.coverage) if self.coverage < 1.0 else None,
         }.items() if v not in (None, [None, None])}
 
 

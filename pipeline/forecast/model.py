@@ -13,7 +13,8 @@ Per concurrency c (closed loop: c sequences decode together, context L):
 
 w is the verify width (K+1 for a chain, the tree's nodes + 1), t_draft the method's proposer
 cost (:data:`pipeline.forecast.proposers.PROPOSER_COSTS`), τ the tokens a step gains
-(:mod:`pipeline.forecast.acceptance`). Speedup = TPOT_base / TPOT_spec; in a closed loop the
+(:mod:`pipeline.forecast.acceptance`). A proposer that drafts on a fraction f of the steps only
+(n-gram without a match) verifies 1 + f·(w − 1) tokens and gains f·τ + (1 − f) per step. Speedup = TPOT_base / TPOT_spec; in a closed loop the
 throughput ratio is the same number.
 """
 
@@ -54,7 +55,11 @@ def step_times(inp: Inputs, batch: int, plan: DraftPlan, tau: float, device=None
     device = device or inp.device
     engine_step = getattr(device, "step_overhead", lambda b: 0.0)(batch)  # CPU: the engine's own step cost
     base = device.forward(inp.target, batch, 1, inp.context).seconds + engine_step
-    verify = device.forward(inp.target, batch, plan.verify_width, inp.context).seconds + engine_step
+    # steps without drafts (coverage < 1) verify one token and gain one
+    coverage = inp.acceptance.coverage
+    width = 1 + coverage * (plan.verify_width - 1)
+    tau = coverage * tau + (1 - coverage)
+    verify = device.forward(inp.target, batch, width, inp.context).seconds + engine_step
     measured = getattr(device, "proposer_seconds", lambda method, b: None)(plan.method, batch)  # CPU calibration
     if measured is not None:
         draft = measured
