@@ -51,14 +51,14 @@ def acceptance_from_options(cfg, alpha: Optional[float], tau: Optional[float], r
 def calibrate_machine(cfg) -> Path:
     """Calibrate the CPU cost model on this machine for the config's models and proposer; store it."""
     from pipeline.bench.engine_bench import proposer_spec, resolve_checkpoint  # noqa: PLC0415
-    from pipeline.forecast.cpu import calibrate, store  # noqa: PLC0415
+    from pipeline.forecast.cpu import calibrate, calibration_key, store  # noqa: PLC0415
     from pipeline.forecast.hardware import ForecastInputError  # noqa: PLC0415
 
     if cfg.hardware != "cpu":
         raise ForecastInputError(f"--calibrate: {cfg.name} runs on {cfg.hardware}; only the CPU reference engine is calibrated")
     draft = resolve_checkpoint(cfg.draft.checkpoint) if cfg.draft is not None else None
     return store(calibrate(resolve_checkpoint(cfg.target.checkpoint), draft, threads=cfg.reference.threads,
-                           proposer=proposer_spec(cfg)))
+                           proposer=proposer_spec(cfg)), calibration_key(cfg))
 
 
 def register(app: typer.Typer) -> None:

@@ -166,12 +166,22 @@ def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1,
             "form": "forward t = a + b·rows + c·rows·L (s); engine step = forward + overhead(B)"}
 
 
-def store(calibration: dict, path: Path | None = None) -> Path:
+def calibration_key(cfg) -> str:
+    """What a calibration is valid for: the config's target, draft and method."""
+    draft = cfg.draft.checkpoint if cfg.draft is not None else "-"
+    return f"{cfg.target.checkpoint}|{draft}|{cfg.method}|threads={cfg.reference.threads}"
+
+
+def store(calibration: dict, key: str, path: Path | None = None) -> Path:
+    """Add ``calibration`` under ``key`` to this machine's calibration file (other keys kept)."""
     from pipeline.infra.atomic import write_json_atomic  # noqa: PLC0415
 
     path = path or calibration_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, calibration)
+    stored = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"entries": {}}
+    stored.setdefault("entries", {})[key] = calibration
+    stored["machine"] = machine()
+    write_json_atomic(path, stored)
     return path
 
 
@@ -235,10 +245,12 @@ class CpuDevice:
         return (s0 + (s1 - s0) * (batch - b0) / (b1 - b0)) / self.factor
 
 
-def stored_device(target_cost: ModelCost | None = None) -> CpuDevice:
+def stored_device(target_cost: ModelCost | None = None, key: str = "") -> CpuDevice:
+    """The stored calibration of this machine for ``key`` (:func:`calibration_key`)."""
     path = calibration_path()
-    if not path.is_file():
+    entries = json.loads(path.read_text(encoding="utf-8")).get("entries", {}) if path.is_file() else {}
+    if key not in entries:
         raise ForecastInputError(
-            f"no CPU calibration for this machine ({path}); run `specdeploy forecast CONFIG --calibrate` "
-            f"(a minute of microbenchmarks of the reference engine) first")
-    return CpuDevice(json.loads(path.read_text(encoding="utf-8")), target_cost)
+            f"no CPU calibration for {key or 'these models'} on this machine ({path}); run "
+            f"`specdeploy forecast CONFIG --calibrate` (a minute of microbenchmarks of the reference engine) first")
+    return CpuDevice(entries[key], target_cost)

@@ -181,9 +181,9 @@ def config_inputs(cfg, acceptance: Acceptance, engine: str | None = None, contex
                            dense, kv_bytes(d, cfg.backend, compute), d.tp, PEAK_DTYPE.get(d.quantization.format) or d.dtype)
     if device is None:
         if cfg.hardware == "cpu":
-            from pipeline.forecast.cpu import stored_device  # noqa: PLC0415
+            from pipeline.forecast.cpu import calibration_key, stored_device  # noqa: PLC0415
 
-            device = stored_device(target)
+            device = stored_device(target, calibration_key(cfg))
         else:
             device = GpuDevice(gpu_figures(cfg.hardware), engine_figures(engine or "trtllm"))
     if context is None:

@@ -12,7 +12,7 @@ import pytest
 from pipeline.cli import run
 from pipeline.config import load_config
 from pipeline.forecast import acceptance as acc
-from pipeline.forecast.cpu import CpuDevice, stored_device
+from pipeline.forecast.cpu import CpuDevice, calibration_key, store, stored_device
 from pipeline.forecast.hardware import ForecastInputError, engine_figures, gpu_figures
 from pipeline.forecast.model import checkpoint_shape, config_inputs, crossover, forecast, speedup_at
 from pipeline.forecast.proposers import PLANS, PROPOSER_COSTS
@@ -155,6 +155,13 @@ def test_report_section_without_calibration_is_not_available(tmp_path, monkeypat
     assert section["available"] is False and "--calibrate" in section["reason"]
     with pytest.raises(ForecastInputError, match="calibrat"):
         stored_device()
+    cal = {"machine": {}, "forward_fits": {"target": {"a": 0.004, "b": 0.0002, "c": 0.0}},
+           "engine_overhead_s": {"1": 0.0}, "proposer_s": {"draft_target": {"1": 0.002}}}
+    store(cal, calibration_key(cfg))
+    section = forecast_section(_report_rows({1: 10.0}, {1: 5.0}, 3.0), cfg)
+    assert section["available"] and section["device"]["kind"] == "cpu"
+    other = load_config(ROOT / "configs" / "tiny-cpu-medusa.yaml")  # another proposer: not calibrated
+    assert forecast_section(_report_rows({1: 10.0}, {1: 5.0}, 3.0), other)["available"] is False
 
 
 def test_cpu_device_uses_calibrated_forward_step_and_proposer():
