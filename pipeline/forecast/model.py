@@ -164,7 +164,7 @@ def config_inputs(cfg, acceptance: Acceptance, engine: str | None = None, contex
 
     try:
         plan = plan_for(cfg.speculation)
-    except KeyError:
+    except (KeyError, AttributeError):
         raise ForecastInputError(f"{cfg.name}: no forecast for speculation method {cfg.method!r} "
                                  f"(forecast methods: {', '.join(PLANS)}; 'none' has nothing to forecast)") from None
     compute = cfg.reference.compute_dtype

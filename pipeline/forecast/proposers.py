@@ -69,9 +69,8 @@ def _tree_plan(method: str, spec) -> DraftPlan:
 
 
 def _lookahead_plan(spec) -> DraftPlan:
-    w = getattr(spec, "max_window_size", 4)
-    n = getattr(spec, "max_ngram_size", 3)
-    g = getattr(spec, "max_verification_set_size", 4)
+    """Upstream's LookaheadDecodingConfig names: window W, n-gram N, verification set G."""
+    w, n, g = spec.max_window_size, spec.max_ngram_size, spec.max_verification_set_size
     return DraftPlan("lookahead", n - 1, (w + g) * (n - 1) + 1, params={"W": w, "N": n, "G": g})
 
 
@@ -79,7 +78,7 @@ PLANS: dict[str, Callable[[object], DraftPlan]] = {
     "draft_target": lambda s: _chain("draft_target", s.num_draft_tokens, s),
     "ngram": lambda s: _chain("ngram", s.max_draft_len, s),
     "eagle3": lambda s: _chain("eagle3", s.max_draft_len, s),
-    "mtp": lambda s: _chain("mtp", getattr(s, "num_nextn_predict_layers", 1), s),
+    "mtp": lambda s: _chain("mtp", s.num_nextn_predict_layers, s),
     "medusa": lambda s: _tree_plan("medusa", s),
     "eagle": lambda s: _tree_plan("eagle", s),
     "lookahead": _lookahead_plan,
