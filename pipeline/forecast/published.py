@@ -83,6 +83,8 @@ def reproduce(case: dict, table: dict) -> dict:
     points = case["points"]
     tau, tau_origin, implied = case.get("acceptance_length"), "published", None
     fit_at = case.get("fit_tau_at_batch")
+    if tau is None and fit_at is None:
+        fit_at = points[0]["batch"]
     if tau is None:
         anchor = next((p for p in points if p["batch"] == fit_at), points[0])
         implied = _fit_tau(case, table, anchor["batch"], anchor["published_speedup"])
