@@ -145,6 +145,23 @@ def method_compare_section(name: str, data: dict) -> str:
     return text + (f"\n\nNotes: {notes}" if notes else "")
 
 
+def forecast_published_section(name: str, data: dict) -> str:
+    """Published results reproduced by the forecast from their reported inputs (docs/forecast.md)."""
+    rows = [[c["id"], p["batch"], c["tau"], c["tau_origin"], p["published_speedup"], p["forecast_speedup"],
+             f"{p['error']:+.0%}", "fitted" if p["fitted"] else ("yes" if p["within_tolerance"] else "no")]
+            for c in data["cases"] for p in c["points"]]
+    return _table(["case", "batch", "τ", "τ from", "published", "forecast", "error", "within ±25%"], rows)
+
+
+def forecast_cpu_section(name: str, data: dict) -> str:
+    """CPU forecast from the calibration and the measured acceptance against the measured speedup, side by side."""
+    rows = [[c["config"], r["batch"], r["tau_per_target_pass"], r["forecast_e2e_speedup"], r["measured_cpu_time_speedup"],
+             f"{r['error']:+.0%}", r["efficiency"], r["forecast_decode_speedup"], r["measured_decode_speedup"]]
+            for c in data["configs"] for r in c["rows"]]
+    return _table(["config", "batch", "τ per pass", "forecast", "measured (CPU time)", "error", "efficiency (goal ≥ 0.9)",
+                   "forecast decode", "measured decode (wall)"], rows)
+
+
 def generic_section(name: str, data: dict) -> str:
     """Files without a renderer of their own: their top-level scalars."""
     if not isinstance(data, dict):
@@ -162,6 +179,8 @@ RENDERERS: list[tuple[str, Callable[[str, dict], str]]] = [
     ("eagle-depth", eagle_depth_section),
     ("eagle-training", eagle_training_section),
     ("eagle3", method_compare_section),
+    ("forecast-published", forecast_published_section),
+    ("forecast-cpu", forecast_cpu_section),
 ]
 
 

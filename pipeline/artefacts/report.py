@@ -82,6 +82,9 @@ class Report(Artefact):
     sessions: dict[str, Any] = Field(default_factory=dict, description=(
         "resumed, and per session of the load test: when it started, the gap since the previous one, its cells "
         "(pipeline/report/sessions.py)."))
+    forecast: dict[str, Any] = Field(default_factory=dict, description=(
+        "Forecast vs measured per concurrency with the measured acceptance fed back (pipeline/report/forecast_check.py); "
+        "'available': false with the reason when no forecast could be made."))
 
 
 class ComparedRun(Strict):

@@ -44,6 +44,7 @@ def _register_commands() -> None:
         build_cmd,
         demo_cmd,
         doctor_cmd,
+        forecast_cmd,
         loadtest_cmd,
         plan_cmd,
         render_cmd,
@@ -57,6 +58,7 @@ def _register_commands() -> None:
     for module in (
         validate_cmd,
         plan_cmd,
+        forecast_cmd,
         build_cmd,
         render_cmd,
         serve_cmd,

@@ -53,8 +53,13 @@ def register(app: typer.Typer) -> None:
         from pipeline.config import load_config  # noqa: PLC0415
         from pipeline.plan.planner import make_plan  # noqa: PLC0415
 
-        plan = make_plan(load_config(config, workdir), trtllm_root)
+        cfg = load_config(config, workdir)
+        plan = make_plan(cfg, trtllm_root)
         if as_json:
             typer.echo(json.dumps(plan.to_json(), indent=2))
         else:
             print_plan(plan)
+            from pipeline.forecast.model import section_lines  # noqa: PLC0415
+
+            for line in section_lines(cfg):
+                typer.echo(line)

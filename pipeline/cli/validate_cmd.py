@@ -86,6 +86,10 @@ def _print_report(cfg, findings, offline: bool) -> None:
     estimate = memory_estimate_of(findings)
     if estimate:
         console.print(_memory_table(estimate))
+    from pipeline.forecast.model import section_lines  # noqa: PLC0415
+
+    for line in section_lines(cfg):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     counts = {s: sum(1 for f in findings if f.severity == s) for s in ("error", "warning", "info")}
     verdict = "[bold red]FAILED[/]" if counts["error"] else "[bold green]OK[/]"
     console.print(f"{verdict}: {counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} note(s)")

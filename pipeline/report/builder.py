@@ -29,6 +29,7 @@ from pipeline.infra.atomic import write_json_atomic
 from pipeline.report import acceptance
 from pipeline.report.acceptance_reported import acceptance_reported
 from pipeline.report.comparison import BootstrapSettings, best_ci, compare_cells, find_crossover
+from pipeline.report.forecast_check import safe_forecast_section
 from pipeline.report.gate import GateResult, evaluate_gate
 from pipeline.report.kv_capacity_check import with_kv_capacity_check
 from pipeline.report.rollout_range import rollout_range
@@ -220,7 +221,7 @@ def tau_bound(alpha: float | None, k: int | None) -> float | None:
 
 def build_report_data(run_dir: Path, cfg: DeploymentConfig, analysis: dict, gate: GateResult) -> dict[str, Any]:
     meta = _load_run_json(run_dir)
-    return {
+    data = {
         "schema": REPORT_SCHEMA,
         "schema_version": ReportFile.VERSION,
         "name": cfg.name,
@@ -252,6 +253,8 @@ def build_report_data(run_dir: Path, cfg: DeploymentConfig, analysis: dict, gate
         "acceptance_reported": acceptance_reported(load_runs(run_dir)),
         "sessions": sessions(meta, [run.info for run in load_runs(run_dir)]),
     }
+    data["forecast"] = safe_forecast_section(data, cfg)
+    return data
 
 
 def _strip_comparison(comp: dict) -> dict:

@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.cli import app, run
 
-COMMANDS = ["validate", "plan", "build", "render", "serve", "loadtest", "report", "run",
+COMMANDS = ["validate", "plan", "forecast", "build", "render", "serve", "loadtest", "report", "run",
             "bench", "demo", "doctor", "schema"]
 
 

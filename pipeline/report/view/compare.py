@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.artefacts.report import COMPARE_SCHEMA, Comparison
+from pipeline.report.forecast_check import compare_line
 from pipeline.report.view.model import category_acceptance, primary_comparisons, ratio_ci
 from pipeline.report.view.rounding import fmt_ci, fmt_pct, fmt_value, tidy_text
 from pipeline.report.view.summary import ratio_phrase, rollout
@@ -171,8 +172,10 @@ def provenance_diff(data_a: dict, data_b: dict) -> dict[str, Any]:
 
 def compare_page(comp: dict, data_a: dict, data_b: dict, plot: str | None) -> dict[str, Any]:
     changed = comp["changed_checks"]
+    head = banner(comp)
+    head["findings"].append(compare_line(data_a, data_b))
     return {
-        "banner": banner(comp),
+        "banner": head,
         "plot": plot,
         "levels": ratio_tables(comp),
         "categories": category_compare_table(data_a, data_b),

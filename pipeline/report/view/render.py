@@ -11,6 +11,7 @@ from functools import lru_cache
 from typing import Any
 
 from pipeline.report.acceptance import NOT_REPORTED, PER_REQUEST
+from pipeline.report.forecast_check import forecast_note, forecast_table
 from pipeline.report.view import tables
 from pipeline.report.view.summary import decision
 
@@ -66,6 +67,7 @@ def report_page(data: dict, plots: dict[str, str | None]) -> dict[str, Any]:
         "quality_issues": tables.quality_issues(data),
         "provenance": tables.provenance_rows(data),
         "formulas": list(data["formulas"].items()),
+        "forecast": {"table": forecast_table(data), "note": forecast_note(data)},
         "notes": {"rounding": ROUNDING_NOTE, "ci": CI_NOTE},
     }
 

@@ -1,0 +1,97 @@
+"""`specdeploy forecast CONFIG`: expected TPOT of both arms, speedup per concurrency, crossover
+and best draft length, before any GPU time (docs/forecast.md).
+
+Reads the config, its checkpoints' config.json (or known model shapes), the hardware/engine
+figures and the acceptance source given; with ``--plot`` writes a PNG. ``--json`` prints the
+forecast dict. No acceptance source is an error naming the ways to give one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from pipeline.cli.options import workdir_option
+
+
+def acceptance_from_options(cfg, alpha: Optional[float], tau: Optional[float], report: Optional[Path],
+                            bench: Optional[Path], published: Optional[str]):
+    """The one acceptance source the options name (ForecastInputError when none or several)."""
+    from pipeline.forecast import acceptance as acc  # noqa: PLC0415
+    from pipeline.forecast.hardware import ForecastInputError  # noqa: PLC0415
+    from pipeline.forecast.proposers import plan_for  # noqa: PLC0415
+
+    given = [x for x in (alpha, tau, report, bench, published) if x is not None]
+    if not given:
+        raise ForecastInputError(acc.missing_acceptance_message(cfg.name))
+    if len(given) > 1:
+        raise ForecastInputError("give one acceptance source: --acceptance, --acceptance-length, --from-report, "
+                                 "--from-bench or --published")
+    if alpha is not None:
+        return acc.from_alpha(alpha)
+    if tau is not None:
+        return acc.from_tau(tau, plan_for(cfg.speculation).depth, "user-given --acceptance-length (e.g. server metrics)")
+    if report is not None:
+        return acc.from_report(report)
+    if bench is not None:
+        return acc.from_bench(bench, cfg.method, plan_for(cfg.speculation).depth)
+    from pipeline.forecast.published import load_cases  # noqa: PLC0415
+
+    cases = {c["id"]: c for c in load_cases()["cases"]}
+    case = cases.get(published)
+    if case is None or not case.get("acceptance_length"):
+        with_tau = [k for k, c in cases.items() if c.get("acceptance_length")]
+        raise ForecastInputError(f"--published {published}: no published acceptance length; cases with one: {', '.join(with_tau)}")
+    return acc.from_tau(case["acceptance_length"], case["plan"]["depth"], f"published: {case['source']}")
+
+
+def calibrate_machine(cfg) -> Path:
+    """Calibrate the CPU cost model on this machine for the config's models and proposer; store it."""
+    from pipeline.bench.engine_bench import proposer_spec, resolve_checkpoint  # noqa: PLC0415
+    from pipeline.forecast.cpu import calibrate, calibration_key, store  # noqa: PLC0415
+    from pipeline.forecast.hardware import ForecastInputError  # noqa: PLC0415
+
+    if cfg.hardware != "cpu":
+        raise ForecastInputError(f"--calibrate: {cfg.name} runs on {cfg.hardware}; only the CPU reference engine is calibrated")
+    draft = resolve_checkpoint(cfg.draft.checkpoint) if cfg.draft is not None else None
+    return store(calibrate(resolve_checkpoint(cfg.target.checkpoint), draft, threads=cfg.reference.threads,
+                           proposer=proposer_spec(cfg)), calibration_key(cfg))
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("forecast", help="Forecast speedup, crossover and best draft length per concurrency before GPU time.")
+    def forecast_command(
+        config: str = typer.Argument(..., help="Deployment config YAML."),
+        alpha: Optional[float] = typer.Option(None, "--acceptance", help="Acceptance rate α per draft token (i.i.d.)."),
+        tau: Optional[float] = typer.Option(None, "--acceptance-length",
+                                            help="Mean acceptance length τ measured elsewhere (server metrics)."),
+        report: Optional[Path] = typer.Option(None, "--from-report", help="An earlier run's report.json."),
+        bench: Optional[Path] = typer.Option(None, "--from-bench", help="A `specdeploy bench --output` JSON."),
+        published: Optional[str] = typer.Option(None, "--published", help="A published case id (data/published.yaml)."),
+        engine: Optional[str] = typer.Option(None, "--engine", help="Engine figures: trtllm (default), sglang, research."),
+        context: Optional[int] = typer.Option(None, "--context", help="Context tokens per sequence (default: half the "
+                                              "max input + half the load test's max tokens)."),
+        calibrate: bool = typer.Option(False, "--calibrate", help="CPU configs: microbenchmark the reference engine "
+                                       "on this machine first and store the calibration."),
+        as_json: bool = typer.Option(False, "--json", help="Print the forecast as JSON."),
+        plot: Optional[Path] = typer.Option(None, "--plot", help="Write the speedup-vs-concurrency plot (PNG)."),
+        workdir: Optional[Path] = workdir_option(),
+    ) -> None:
+        from pipeline.config import load_config  # noqa: PLC0415
+        from pipeline.forecast.model import forecast_config  # noqa: PLC0415
+        from pipeline.forecast.render import summary_lines, write_plot  # noqa: PLC0415
+
+        cfg = load_config(config, workdir)
+        if calibrate:
+            typer.echo(f"calibration stored: {calibrate_machine(cfg)}", err=True)
+        acceptance = acceptance_from_options(cfg, alpha, tau, report, bench, published)
+        fc = forecast_config(cfg, acceptance, engine=engine, context=context)
+        if plot is not None:
+            fc["plot"] = str(write_plot(fc, plot))
+        if as_json:
+            typer.echo(json.dumps(fc, indent=2))
+        else:
+            typer.echo("\n".join(summary_lines(fc)))

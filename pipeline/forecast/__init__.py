@@ -1,0 +1,8 @@
+"""Forecast before GPU time: expected TPOT of both arms, speedup per concurrency, crossover and
+best draft length, from acceptance and a cost model (docs/forecast.md).
+
+Modules: ``hardware`` (GPU and engine figures, data/*.yaml), ``roofline`` (time of one forward),
+``proposers`` (per-method drafting cost and verify width: a registry), ``acceptance`` (τ and the
+acceptance sources), ``model`` (the forecast itself), ``cpu`` (the reference engine's calibrated
+form), ``published`` (published cases reproduced), ``render`` (text and plot).
+"""

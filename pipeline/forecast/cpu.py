@@ -1,0 +1,256 @@
+"""The CPU reference engine's cost model: the roofline's form with coefficients fitted to a
+short microbenchmark of the engine's own models, stored with the machine's description.
+
+``calibrate`` times the engine's target (and draft) forward over B sequences × T new tokens at
+context L (logits included, as a step computes them; thread CPU time, which other processes on
+shared cores distort less than wall time), fits ``t = a + b·rows + c·rows·L`` per model
+(non-negative least squares, scipy), and times the baseline engine's decode step to get the
+engine's own per-step cost beyond the forward (scheduling, sampling, streaming) per batch size, and
+times the speculative engine's drafting calls per batch size (the proposer's cost is measured:
+the engine's fused one-row drafting paths do not follow the batched forward's fit). Without a
+measured proposer, drafting heads are scaled from the target's fit: their fixed part by their
+layer share, their per-row part by their FLOPs share. Writes
+``$SPECDEPLOY_FORECAST_HOME`` (default ``~/.cache/specdeploy/forecast``)``/cpu-<machine>.json``;
+reads it back in :func:`stored_device`. No calibration for this machine is a
+:class:`ForecastInputError` saying how to make one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.forecast.hardware import ForecastInputError
+from pipeline.forecast.roofline import ForwardTime, ModelCost
+
+ROWS_GRID = ((1, 1), (2, 1), (4, 1), (8, 1), (1, 4), (1, 6), (2, 4), (4, 4), (8, 4), (8, 6))
+CONTEXTS = (16, 96)
+
+
+def machine() -> dict:
+    return {"processor": platform.processor() or platform.machine(), "machine": platform.machine(),
+            "cpus": os.cpu_count(), "node": platform.node(), "python": platform.python_version()}
+
+
+def machine_key(desc: dict | None = None) -> str:
+    desc = desc or machine()
+    text = "|".join(str(desc[k]) for k in ("processor", "machine", "cpus", "node"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def calibration_path() -> Path:
+    home = Path(os.environ.get("SPECDEPLOY_FORECAST_HOME", "~/.cache/specdeploy/forecast")).expanduser()
+    return home / f"cpu-{machine_key()}.json"
+
+
+def _time_forward(model, batch: int, tokens: int, context: int, reps: int) -> float:
+    from pipeline.reference.modeling import StepInput, one_sequence  # noqa: PLC0415 - torch only here
+
+    pool = model.new_pool(batch, context + tokens + 2)
+    caches = [pool.allocate() for _ in range(batch)]
+    for cache in caches:
+        model.forward(pool, one_sequence(cache, [1] * context))
+    times = []
+    for _ in range(reps):
+        inputs = [StepInput(c, [1] * tokens, list(range(context, context + tokens))) for c in caches]
+        start = time.thread_time()  # CPU time of this thread: other processes on shared cores do not inflate it
+        model.logits(model.forward(pool, inputs))
+        times.append(time.thread_time() - start)
+        for cache in caches:
+            cache.rollback(context)
+    return statistics.median(times)
+
+
+def fit_forward(points: list[tuple[int, int, float]]) -> dict:
+    """(rows, context, seconds) → {a, b, c} of ``t = a + b·rows + c·rows·L`` (non-negative)."""
+    import numpy as np  # noqa: PLC0415
+    from scipy.optimize import nnls  # noqa: PLC0415
+
+    x = np.array([[1.0, rows, rows * ctx] for rows, ctx, _ in points])
+    y = np.array([s for _, _, s in points])
+    coef, _ = nnls(x, y)
+    return {"a": float(coef[0]), "b": float(coef[1]), "c": float(coef[2])}
+
+
+def _model_points(model, reps: int) -> list[tuple[int, int, float]]:
+    return [(b * t, ctx, _time_forward(model, b, t, ctx, reps)) for ctx in CONTEXTS for b, t in ROWS_GRID]
+
+
+def _engine_step(engine, batch: int, tokens: int, rounds: int = 3) -> float:
+    """Baseline engine CPU seconds per step with ``batch`` requests in flight (process CPU time:
+    the engine's thread included, other processes on shared cores not)."""
+    from pipeline.reference.api import GenerationRequest  # noqa: PLC0415
+
+    per_step = []
+    for _ in range(rounds):
+        start = time.process_time()
+        handles = [engine.submit(GenerationRequest([1, 2, 3, 4, 5, 6, 7, 8], tokens)) for _ in range(batch)]
+        for handle in handles:
+            handle.result(timeout=600)
+        per_step.append((time.process_time() - start) / tokens)
+    return statistics.median(per_step)
+
+
+def _proposer_seconds(target_dir: Path, proposer: dict, batches: tuple[int, ...], limits: dict,
+                      tokens: int = 24) -> dict[str, float]:
+    """CPU seconds of one ``propose`` call (all sequences of the step) at each batch size: the
+    speculative engine generates a few requests while its proposer's calls are timed. The
+    engine's fused one-row drafting paths do not follow the batched forward's fit, so on the CPU
+    the proposer's cost is measured, not derived from its shapes."""
+    from pipeline.reference.api import GenerationRequest  # noqa: PLC0415
+    from pipeline.reference.engine import create_engine  # noqa: PLC0415
+
+    engine = create_engine(Path(target_dir), role="speculative", proposer=proposer, **limits)
+    calls: list[float] = []
+    inner = engine.scheduler.proposer.propose
+
+    def timed(seqs, budgets):  # runs on the engine's thread: thread_time is that thread's CPU time
+        start = time.thread_time()
+        out = inner(seqs, budgets)
+        calls.append(time.thread_time() - start)
+        return out
+
+    engine.scheduler.proposer.propose = timed
+    out = {}
+    try:
+        for batch in batches:
+            calls.clear()
+            handles = [engine.submit(GenerationRequest([5 + i, 6, 7, 8, 9, 10, 11, 12], tokens)) for i in range(batch)]
+            for handle in handles:
+                handle.result(timeout=600)
+            out[str(batch)] = statistics.median(calls) if calls else 0.0
+    finally:
+        engine.shutdown()
+    return out
+
+
+def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1, reps: int = 5,
+              batches: tuple[int, ...] = (1, 8), fast_paths: bool = True, proposer: dict | None = None) -> dict:
+    """Microbenchmark the engine's models on this machine → the calibration dict (not yet stored)."""
+    from pipeline.reference.engine import create_engine, set_threads  # noqa: PLC0415
+
+    set_threads(threads)
+    limits = dict(max_batch_size=max(batches), max_seq_len=512, prefix_cache_entries=0, fast_paths=fast_paths)
+    base = create_engine(Path(target_dir), **limits)
+    try:
+        fits = {"target": fit_forward(_model_points(base.scheduler.target, reps))}
+        tokens = 32
+        steps = {b: _engine_step(base, b, tokens) for b in batches}
+    finally:
+        base.shutdown()
+    if draft_dir is not None:
+        draft = create_engine(Path(draft_dir), **limits)
+        try:
+            fits["draft"] = fit_forward(_model_points(draft.scheduler.target, reps))
+        finally:
+            draft.shutdown()
+    proposer_s = {}
+    if proposer is not None:
+        proposer_s[proposer["method"]] = _proposer_seconds(Path(target_dir), proposer, batches, limits)
+    ctx = 8 + tokens // 2
+    t = fits["target"]
+    # the engine's step beyond the fitted forward (may be negative where the engine's one-row path
+    # beats the batched forward the fit describes): baseline steps then equal the measured ones
+    overhead = {str(b): steps[b] - (t["a"] + t["b"] * b + t["c"] * b * ctx) for b in batches}
+    return {"schema": "specdeploy-cpu-calibration/1", "machine": machine(), "threads": threads,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "models": {"target": str(target_dir), "draft": str(draft_dir) if draft_dir else None},
+            "forward_fits": fits, "engine_step_s": {str(b): s for b, s in steps.items()},
+            "engine_overhead_s": overhead, "proposer_s": proposer_s,
+            "form": "forward t = a + b·rows + c·rows·L (s); engine step = forward + overhead(B)"}
+
+
+def calibration_key(cfg) -> str:
+    """What a calibration is valid for: the config's target, draft and method."""
+    draft = cfg.draft.checkpoint if cfg.draft is not None else "-"
+    return f"{cfg.target.checkpoint}|{draft}|{cfg.method}|threads={cfg.reference.threads}"
+
+
+def store(calibration: dict, key: str, path: Path | None = None) -> Path:
+    """Add ``calibration`` under ``key`` to this machine's calibration file (other keys kept)."""
+    from pipeline.infra.atomic import write_json_atomic  # noqa: PLC0415
+
+    path = path or calibration_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stored = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"entries": {}}
+    stored.setdefault("entries", {})[key] = calibration
+    stored["machine"] = machine()
+    write_json_atomic(path, stored)
+    return path
+
+
+@dataclass
+class CpuDevice:
+    """The CPU form: fitted forwards; heads scaled from the target's fit."""
+
+    calibration: dict
+    target_cost: ModelCost | None = None
+    factor: float = 1.0
+    band: float = 0.10
+    kind: str = "cpu"
+    _fits: dict = field(default_factory=dict)
+
+    def describe(self) -> dict:
+        c = self.calibration
+        return {"kind": "cpu", "machine": c["machine"], "threads": c.get("threads"), "calibrated": c.get("created"),
+                "forward_fits": c["forward_fits"], "engine_overhead_s": c["engine_overhead_s"]}
+
+    def scaled(self, factor: float) -> CpuDevice:
+        return CpuDevice(self.calibration, self.target_cost, self.factor * factor, self.band)
+
+    def _fit_for(self, model: ModelCost) -> tuple[dict, float, float]:
+        fits = self.calibration["forward_fits"]
+        if model.name in fits:
+            return fits[model.name], 1.0, 1.0
+        target, tc = fits["target"], self.target_cost
+        flops_share = model.flops_per_token / tc.flops_per_token if tc else 0.1
+        return target, model.overhead_share, flops_share
+
+    def forward(self, model: ModelCost, batch: int, tokens: int, context: int) -> ForwardTime:
+        fit, fixed_share, row_share = self._fit_for(model)
+        rows = batch * tokens
+        seconds = (fit["a"] * fixed_share + (fit["b"] + fit["c"] * context) * rows * row_share) / self.factor
+        return ForwardTime(seconds, 0.0, seconds, 0.0, fit["a"] * fixed_share / self.factor)
+
+    def step_overhead(self, batch: int) -> float:
+        """The engine's per-step cost beyond the forward, interpolated over the calibrated batches."""
+        points = sorted((int(b), s) for b, s in self.calibration["engine_overhead_s"].items())
+        if len(points) == 1 or batch <= points[0][0]:
+            return points[0][1]
+        for (b0, s0), (b1, s1) in zip(points, points[1:]):
+            if batch <= b1:
+                return s0 + (s1 - s0) * (batch - b0) / (b1 - b0)
+        (b0, s0), (b1, s1) = points[-2], points[-1]
+        return s1 + (s1 - s0) * (batch - b1) / (b1 - b0)
+
+    def round_trip_s(self, orchestration: str | None) -> float:
+        return 0.0  # the BLS's extra Triton call is not part of `bench`'s in-process engine
+
+    def proposer_seconds(self, method: str, batch: int) -> float | None:
+        """The measured CPU cost of one drafting call at ``batch`` (nearest calibrated batch, scaled
+        linearly between two), or None when this method was not calibrated."""
+        table = self.calibration.get("proposer_s", {}).get(method)
+        if not table:
+            return None
+        points = sorted((int(b), s) for b, s in table.items())
+        if len(points) == 1 or batch <= points[0][0]:
+            return points[0][1] / self.factor
+        (b0, s0), (b1, s1) = points[0], points[-1]
+        return (s0 + (s1 - s0) * (batch - b0) / (b1 - b0)) / self.factor
+
+
+def stored_device(target_cost: ModelCost | None = None, key: str = "") -> CpuDevice:
+    """The stored calibration of this machine for ``key`` (:func:`calibration_key`)."""
+    path = calibration_path()
+    entries = json.loads(path.read_text(encoding="utf-8")).get("entries", {}) if path.is_file() else {}
+    if key not in entries:
+        raise ForecastInputError(
+            f"no CPU calibration for {key or 'these models'} on this machine ({path}); run "
+            f"`specdeploy forecast CONFIG --calibrate` (a minute of microbenchmarks of the reference engine) first")
+    return CpuDevice(entries[key], target_cost)

@@ -1,0 +1,243 @@
+"""The forecast: expected TPOT of both arms and the speedup per concurrency, the crossover and
+the best draft length per level, with a band from the inputs' uncertainty.
+
+Reads the deployment config's checkpoints' ``config.json`` (or the known shapes of named public
+models, :mod:`pipeline.validate.model_shapes`), the hardware and engine figures
+(:mod:`pipeline.forecast.hardware`) or, for ``hardware: cpu``, the stored CPU calibration
+(:mod:`pipeline.forecast.cpu`). Writes nothing; :func:`forecast_config` returns a JSON-able dict.
+
+Per concurrency c (closed loop: c sequences decode together, context L):
+
+    TPOT_base = t(target; B=c, T=1, L)
+    TPOT_spec = (t(target; B=c, T=w, L) + t_draft(c)) / τ
+
+w is the verify width (K+1 for a chain, the tree's nodes + 1), t_draft the method's proposer
+cost (:data:`pipeline.forecast.proposers.PROPOSER_COSTS`), τ the tokens a step gains
+(:mod:`pipeline.forecast.acceptance`). A proposer that drafts on a fraction f of the steps only
+(n-gram without a match) verifies 1 + f·(w − 1) tokens and gains f·τ + (1 − f) per step. Speedup = TPOT_base / TPOT_spec; in a closed loop the
+throughput ratio is the same number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.forecast.acceptance import Acceptance
+from pipeline.forecast.hardware import PEAK_DTYPE, ForecastInputError, engine_figures, gpu_figures
+from pipeline.forecast.proposers import PLANS, PROPOSER_COSTS, DraftPlan, StepContext, plan_for
+from pipeline.forecast.roofline import GpuDevice, ModelCost, model_cost
+from pipeline.validate.model_shapes import KNOWN_MODELS, ModelShape, known_shape, read_config_json, shape_from_config
+
+CROSSOVER_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+K_SWEEP = tuple(range(1, 9))
+WORTH_A_LOOK = 0.25  # a measurement this far outside the band (relative) is flagged
+_DTYPE_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "float64": 8.0}
+
+
+@dataclass
+class Inputs:
+    """Everything one forecast rests on."""
+
+    device: object  # GpuDevice or the CPU device
+    target: ModelCost
+    draft: ModelCost | None
+    plan: DraftPlan
+    acceptance: Acceptance
+    vocab: int
+    dense_bytes: float
+    context: int
+    band: float  # relative uncertainty of the device's efficiencies
+
+
+def step_times(inp: Inputs, batch: int, plan: DraftPlan, tau: float, device=None) -> tuple[float, float]:
+    """(baseline TPOT, speculative TPOT) in seconds at ``batch`` sequences."""
+    device = device or inp.device
+    engine_step = getattr(device, "step_overhead", lambda b: 0.0)(batch)  # CPU: the engine's own step cost
+    base = device.forward(inp.target, batch, 1, inp.context).seconds + engine_step
+    # steps without drafts (coverage < 1) verify one token and gain one
+    coverage = inp.acceptance.coverage
+    width = 1 + coverage * (plan.verify_width - 1)
+    tau = coverage * tau + (1 - coverage)
+    verify = device.forward(inp.target, batch, width, inp.context).seconds + engine_step
+    measured = getattr(device, "proposer_seconds", lambda method, b: None)(plan.method, batch)  # CPU calibration
+    if measured is not None:
+        draft = measured
+    else:
+        ctx = StepContext(device, inp.target, inp.draft, inp.dense_bytes, inp.vocab, batch, inp.context, tau)
+        draft = PROPOSER_COSTS[plan.method](ctx, plan)
+    return base, (verify + draft) / tau
+
+
+def speedup_at(inp: Inputs, batch: int, plan: DraftPlan | None = None, edge: str = "point") -> float:
+    plan = plan or inp.plan
+    tau = inp.acceptance.tau_at(plan.depth, edge, plan.tree, batch)
+    base, spec = step_times(inp, batch, plan, tau)
+    return base / spec
+
+
+def _band(inp: Inputs, batch: int) -> tuple[float, float]:
+    """Lowest and highest speedup over the acceptance band × the efficiency band."""
+    values = []
+    for edge in ("low", "high"):
+        tau = inp.acceptance.tau_at(inp.plan.depth, edge, inp.plan.tree, batch)
+        for factor in (1 - inp.band, 1 + inp.band):
+            device = inp.device.scaled(factor)
+            base, spec = step_times(inp, batch, inp.plan, tau, device)
+            values.append(base / spec)
+    return min(values), max(values)
+
+
+def best_depth(inp: Inputs, batch: int) -> dict:
+    """The draft length with the highest forecast speedup at ``batch`` (chains only; trees keep theirs)."""
+    if inp.plan.tree or inp.acceptance.alpha is None:
+        return {"draft_len": inp.plan.depth, "speedup": round(speedup_at(inp, batch), 3), "swept": False}
+    scored = [(speedup_at(inp, batch, inp.plan.with_depth(k)), k) for k in K_SWEEP]
+    best, k = max(scored)
+    return {"draft_len": k if best > 1.0 else None, "speedup": round(best, 3), "swept": True,
+            "speculation": "on" if best > 1.0 else "off"}
+
+
+def crossover(inp: Inputs) -> int | None:
+    """The lowest concurrency on the grid where the forecast speedup drops below 1 (None: never up to 1024)."""
+    for c in CROSSOVER_GRID:
+        if speedup_at(inp, c) < 1.0:
+            return c
+    return None
+
+
+def forecast(inp: Inputs, levels: list[int]) -> dict:
+    rows = []
+    for c in levels:
+        tau = inp.acceptance.tau_at(inp.plan.depth, "point", inp.plan.tree, c)
+        base, spec = step_times(inp, c, inp.plan, tau)
+        low, high = _band(inp, c)
+        fwd = inp.device.forward(inp.target, c, inp.plan.verify_width, inp.context)
+        rows.append({
+            "concurrency": c, "tau": round(tau, 3),
+            "baseline_tpot_ms": round(base * 1e3, 4), "speculative_tpot_ms": round(spec * 1e3, 4),
+            "speedup": round(base / spec, 3), "band": [round(low, 3), round(high, 3)],
+            "throughput_ratio": round(base / spec, 3), "verify_regime": fwd.regime,
+            "best": best_depth(inp, c),
+        })
+    return {
+        "method": inp.plan.method, "draft_len": inp.plan.depth, "verify_width": inp.plan.verify_width,
+        "tree": inp.plan.tree, "context_tokens": inp.context, "device": inp.device.describe(),
+        "acceptance": inp.acceptance.describe(), "efficiency_band": inp.band,
+        "levels": rows, "crossover_concurrency": crossover(inp),
+        "formula": "speedup = t(target;B,1,L) / ((t(target;B,w,L) + t_draft(B)) / τ); "
+                   "t = max(bytes/(BW·η_mem), FLOPs/(peak·η_comp)) + overhead + all-reduce",
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# From a deployment config
+
+
+def checkpoint_shape(checkpoint: str) -> ModelShape:
+    """Shapes from the checkpoint's config.json (``builtin:`` names resolved), else a known
+    public model's; ForecastInputError naming what to provide otherwise."""
+    directory = Path(checkpoint).expanduser()
+    if checkpoint.startswith("builtin:"):
+        from pipeline.demo import resolve_builtin  # noqa: PLC0415 - demo models only when asked for
+
+        directory = Path(resolve_builtin(checkpoint))
+    if (directory / "config.json").is_file():
+        try:
+            return shape_from_config(read_config_json(directory), f"{directory}/config.json")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ForecastInputError(f"{directory}/config.json: cannot read the model's shapes ({exc!r}); it needs "
+                                     f"hidden_size, num_hidden_layers, num_attention_heads, intermediate_size, "
+                                     f"vocab_size") from None
+    shape = known_shape(checkpoint)
+    if shape is None:
+        raise ForecastInputError(
+            f"checkpoint {checkpoint!r}: no config.json there and not a known public model "
+            f"({', '.join(KNOWN_MODELS)}); point the config at the HF checkpoint directory (its config.json is enough)")
+    return shape
+
+
+def config_inputs(cfg, acceptance: Acceptance, engine: str | None = None, context: int | None = None,
+                  device=None) -> Inputs:
+    """Forecast inputs of a deployment config (speculation method ≠ none)."""
+    from pipeline.validate.memory_fit import kv_bytes, weight_bytes_per_param  # noqa: PLC0415 - heavy config import
+
+    try:
+        plan = plan_for(cfg.speculation)
+    except (KeyError, AttributeError):
+        raise ForecastInputError(f"{cfg.name}: no forecast for speculation method {cfg.method!r} "
+                                 f"(forecast methods: {', '.join(PLANS)}; 'none' has nothing to forecast)") from None
+    compute = cfg.reference.compute_dtype
+    t = cfg.target
+    dense = _DTYPE_BYTES[compute if cfg.backend == "reference" else t.dtype]
+    peak_dtype = PEAK_DTYPE.get(t.quantization.format) or t.dtype
+    shape = checkpoint_shape(t.checkpoint)
+    target = model_cost("target", shape, weight_bytes_per_param(t, cfg.backend, compute), dense,
+                        kv_bytes(t, cfg.backend, compute), t.tp, peak_dtype)
+    draft = None
+    if cfg.draft is not None:
+        d = cfg.draft
+        draft = model_cost("draft", checkpoint_shape(d.checkpoint), weight_bytes_per_param(d, cfg.backend, compute),
+                           dense, kv_bytes(d, cfg.backend, compute), d.tp, PEAK_DTYPE.get(d.quantization.format) or d.dtype)
+    if device is None:
+        if cfg.hardware == "cpu":
+            from pipeline.forecast.cpu import calibration_key, stored_device  # noqa: PLC0415
+
+            device = stored_device(target, calibration_key(cfg))
+        else:
+            device = GpuDevice(gpu_figures(cfg.hardware), engine_figures(engine or "trtllm"))
+    if context is None:
+        context = cfg.build.max_input_len // 2 + cfg.loadtest.max_tokens // 2
+    band = getattr(getattr(device, "engine", None), "band", None) or getattr(device, "band", 0.1)
+    return Inputs(device, target, draft, plan, acceptance, shape.vocab_size, dense, context, band)
+
+
+def forecast_config(cfg, acceptance: Acceptance, levels: list[int] | None = None, **kw) -> dict:
+    inp = config_inputs(cfg, acceptance, **kw)
+    out = forecast(inp, levels or list(cfg.loadtest.concurrency))
+    out["config"] = cfg.name
+    out["hardware"] = cfg.hardware
+    return out
+
+
+def break_even(inp: Inputs, batch: int) -> dict:
+    """The τ (and, for a chain, the i.i.d. α) at which speculation exactly pays at ``batch``: no
+    acceptance input needed. τ above the verify width means it cannot pay at all."""
+    from pipeline.forecast.acceptance import alpha_for_tau  # noqa: PLC0415
+
+    def gain(tau: float) -> float:
+        base, spec = step_times(inp, batch, inp.plan, tau)
+        return base / spec
+
+    low, high = 1.0, float(inp.plan.depth + 1)
+    if gain(high) < 1.0:
+        return {"concurrency": batch, "tau": None, "alpha": None, "pays": False}
+    for _ in range(50):
+        mid = (low + high) / 2
+        low, high = (mid, high) if gain(mid) < 1.0 else (low, mid)
+    tau = (low + high) / 2
+    alpha = None if inp.plan.tree else round(alpha_for_tau(tau, inp.plan.depth), 3)
+    return {"concurrency": batch, "tau": round(tau, 3), "alpha": alpha, "pays": True}
+
+
+def section_lines(cfg) -> list[str]:
+    """The short forecast section of ``plan`` and ``validate``: the acceptance at which
+    speculation pays at each concurrency of the config (needs no acceptance source), or why no
+    forecast can be made."""
+    from pipeline.forecast.acceptance import Acceptance  # noqa: PLC0415
+
+    if cfg.method not in PLANS:
+        return []
+    try:
+        inp = config_inputs(cfg, Acceptance("break-even probe", tau=1.0, tau_low=1.0, tau_high=1.0))
+        rows = [break_even(inp, c) for c in cfg.loadtest.concurrency]
+    except ForecastInputError as exc:
+        return [f"forecast: not available — {exc}"]
+    parts = []
+    for row in rows:
+        if not row["pays"]:
+            parts.append(f"c={row['concurrency']}: cannot pay (even every draft accepted)")
+        else:
+            parts.append(f"c={row['concurrency']}: τ ≥ {row['tau']:.2f}" + (f" (α ≥ {row['alpha']:.2f})" if row["alpha"] is not None else ""))
+    return [f"forecast ({inp.plan.method}, K={inp.plan.depth}): speculation pays when " + "; ".join(parts),
+            f"  then: specdeploy forecast {cfg._source_path or cfg.name} --acceptance A (or --from-report / --from-bench)"]

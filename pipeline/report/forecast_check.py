@@ -1,0 +1,152 @@
+"""Forecast vs measured, per concurrency, in every report.
+
+Reads the report's headline rows (both arms' TPOT and output tokens/s, the speculative arm's
+measured τ per concurrency) and the run's config; for a CPU run the stored CPU calibration
+(:mod:`pipeline.forecast.cpu`), for a GPU run the hardware and engine figures. Writes nothing:
+returns the ``forecast`` section of ``report.json``.
+
+The measured acceptance is fed back (τ per concurrency of this run), so the error isolates the
+cost model: forecast TPOT ratio (base ÷ spec) and throughput ratio against the measured ones,
+error = measured ÷ forecast − 1. A level whose measurement falls more than
+:data:`~pipeline.forecast.model.WORTH_A_LOOK` outside the forecast band is flagged "worth a look"
+(a misconfigured engine, a wrong KV pool, a noisy host) — never a gate failure. Any reason the
+forecast cannot be made (no calibration, unknown shapes, no figures) gives ``available: false``
+and the reason; it never fails the report.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.errors import SpecdeployError
+
+
+def _arm_rows(data: dict, arm: str) -> dict[int, dict]:
+    primary = data.get("primary_draft_len")
+    rows = [r for r in data.get("rows", []) if r["arm"] == arm]
+    if arm == "speculative":
+        rows = [r for r in rows if r.get("speculation_length") in (None, primary)] or rows
+    return {r["concurrency"]: r for r in rows}
+
+
+def _ratio(a, b) -> float | None:
+    return a / b if a and b else None
+
+
+def _measured_acceptance(spec_rows: dict[int, dict], depth: int):
+    from pipeline.forecast.acceptance import Acceptance  # noqa: PLC0415
+
+    per_level = {c: r["mean_acceptance_length"] for c, r in spec_rows.items() if r.get("mean_acceptance_length")}
+    if not per_level:
+        return None
+    tau = sum(per_level.values()) / len(per_level)
+    return Acceptance("this run's measured τ per concurrency (fed back)", tau=tau, tau_low=tau, tau_high=tau,
+                      at_depth=depth, per_level=per_level)
+
+
+def forecast_section(data: dict, cfg) -> dict[str, Any]:
+    """The report's forecast-vs-measured section (``available: false`` with a reason when it cannot be made)."""
+    from pipeline.forecast.model import WORTH_A_LOOK, config_inputs, step_times  # noqa: PLC0415
+    from pipeline.forecast.proposers import PLANS  # noqa: PLC0415
+
+    if cfg.method not in PLANS:
+        return {"available": False, "reason": f"no forecast for speculation method {cfg.method!r}"}
+    base_rows, spec_rows = _arm_rows(data, "baseline"), _arm_rows(data, "speculative")
+    try:
+        from pipeline.forecast.proposers import plan_for  # noqa: PLC0415
+
+        depth = plan_for(cfg.speculation).depth
+        acceptance = _measured_acceptance(spec_rows, depth)
+        if acceptance is None:
+            return {"available": False, "reason": "the run measured no acceptance length, so there is nothing to feed back"}
+        inp = config_inputs(cfg, acceptance)
+    except (SpecdeployError, KeyError, ValueError, OSError) as exc:
+        return {"available": False, "reason": f"forecast not available: {exc}"}
+    levels, flagged = [], []
+    for c in sorted(set(base_rows) & set(spec_rows)):
+        tau = acceptance.per_level.get(c, acceptance.tau)
+        base_s, spec_s = step_times(inp, c, inp.plan, tau)
+        edges = [step_times(inp, c, inp.plan, tau, inp.device.scaled(f)) for f in (1 - inp.band, 1 + inp.band)]
+        band = [min(b / s for b, s in edges), max(b / s for b, s in edges)]
+        forecast = base_s / spec_s
+        measured_tpot = _ratio(base_rows[c].get("tpot_ms"), spec_rows[c].get("tpot_ms"))
+        measured_tput = _ratio(spec_rows[c].get("output_tokens_per_s"), base_rows[c].get("output_tokens_per_s"))
+        outside = None
+        if measured_tpot is not None:
+            outside = max(band[0] / measured_tpot - 1, measured_tpot / band[1] - 1, 0.0)
+        flag = outside is not None and outside > WORTH_A_LOOK
+        if flag:
+            flagged.append(c)
+        levels.append({
+            "concurrency": c, "tau_measured": round(tau, 3),
+            "forecast_tpot_ratio": round(forecast, 3), "band": [round(band[0], 3), round(band[1], 3)],
+            "measured_tpot_ratio": _round(measured_tpot), "tpot_error": _round(measured_tpot / forecast - 1 if measured_tpot else None),
+            "forecast_throughput_ratio": round(forecast, 3), "measured_throughput_ratio": _round(measured_tput),
+            "throughput_error": _round(measured_tput / forecast - 1 if measured_tput else None),
+            "worth_a_look": flag,
+        })
+    errors = [abs(lv["tpot_error"]) for lv in levels if lv["tpot_error"] is not None]
+    return {"available": True, "device": inp.device.describe(), "acceptance": acceptance.source,
+            "method": inp.plan.method, "draft_len": inp.plan.depth, "context_tokens": inp.context,
+            "levels": levels, "mean_abs_tpot_error": _round(sum(errors) / len(errors) if errors else None),
+            "worth_a_look": flagged,
+            "note": "forecast with this run's measured acceptance; a level far outside the band is worth a look "
+                    "(engine settings, KV pool, a noisy host), not a failed gate"}
+
+
+def _round(value):
+    return round(value, 3) if isinstance(value, float) else value
+
+
+def safe_forecast_section(data: dict, cfg) -> dict[str, Any]:
+    """:func:`forecast_section`, never raising: a report must not fail for its forecast."""
+    try:
+        return forecast_section(data, cfg)
+    except Exception as exc:  # noqa: BLE001 - the forecast is advice; the report stands without it
+        return {"available": False, "reason": f"forecast failed: {type(exc).__name__}: {exc}"}
+
+
+def forecast_table(data: dict) -> dict | None:
+    """The report view's table (None when the report has no forecast)."""
+    from pipeline.report.view.tables import table  # noqa: PLC0415
+
+    fc = data.get("forecast") or {}
+    if not fc.get("available"):
+        return None
+    rows, classes = [], []
+    for lv in fc["levels"]:
+        rows.append([str(lv["concurrency"]), f"{lv['tau_measured']:.2f}",
+                     f"{lv['forecast_tpot_ratio']:.2f} [{lv['band'][0]:.2f}, {lv['band'][1]:.2f}]",
+                     _fmt(lv["measured_tpot_ratio"]), _pct(lv["tpot_error"]),
+                     _fmt(lv["measured_throughput_ratio"]), _pct(lv["throughput_error"]),
+                     "worth a look" if lv["worth_a_look"] else ""])
+        classes.append([""] * 7 + ["bad" if lv["worth_a_look"] else ""])
+    return table(["concurrency", "τ measured", "forecast speedup [band]", "measured TPOT ratio", "error",
+                  "measured throughput ratio", "error", ""], rows, classes)
+
+
+def forecast_note(data: dict) -> str:
+    fc = data.get("forecast") or {}
+    if not fc.get("available"):
+        return fc.get("reason") or "no forecast in this report"
+    dev = fc["device"]
+    where = dev.get("hardware") or "CPU calibration of " + str(dev.get("calibrated"))
+    return (f"Forecast on {where} ({dev.get('engine', 'reference engine')}) with {fc['acceptance']}; "
+            f"mean |TPOT error| {_pct(fc['mean_abs_tpot_error'])}. {fc['note']}.")
+
+
+def compare_line(data_a: dict, data_b: dict) -> str:
+    """One line for ``report --compare``: both runs' mean forecast error."""
+    def err(data):
+        fc = data.get("forecast") or {}
+        return _pct(fc.get("mean_abs_tpot_error")) if fc.get("available") else "n/a"
+
+    return f"Forecast mean |TPOT error|: A {err(data_a)} → B {err(data_b)}"
+
+
+def _fmt(value) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
+def _pct(value) -> str:
+    return "–" if value is None else f"{value * 100:+.0f}%"

@@ -1,0 +1,190 @@
+"""The forecast's cost model, acceptance sources, bad inputs, CLI and the report's forecast section."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import run
+from pipeline.config import load_config
+from pipeline.forecast import acceptance as acc
+from pipeline.forecast.cpu import CpuDevice, calibration_key, store, stored_device
+from pipeline.forecast.hardware import ForecastInputError, engine_figures, gpu_figures
+from pipeline.forecast.model import checkpoint_shape, config_inputs, crossover, forecast, speedup_at
+from pipeline.forecast.proposers import PLANS, PROPOSER_COSTS
+from pipeline.forecast.roofline import GpuDevice, model_cost
+from pipeline.report.forecast_check import forecast_section
+from pipeline.validate.model_shapes import KNOWN_MODELS
+
+ROOT = Path(__file__).resolve().parents[2]
+DRAFT_CFG = ROOT / "configs" / "llama31-8b-draft1b-fp8-h100.yaml"
+EAGLE3_CFG = ROOT / "configs" / "llama31-8b-eagle3-llmapi-h100.yaml"
+
+
+def test_tau_iid_and_its_inverse():
+    assert acc.tau_iid(0.7, 3) == pytest.approx((1 - 0.7**4) / 0.3)
+    assert acc.tau_iid(1.0, 4) == 5.0
+    assert acc.tau_iid(0.0, 4) == 1.0
+    assert acc.alpha_for_tau(acc.tau_iid(0.62, 5), 5) == pytest.approx(0.62, abs=1e-6)
+    assert acc.tau_positions([0.8, 0.6, 0.3]) == pytest.approx(2.7)
+
+
+def test_roofline_regime_moves_from_memory_to_compute_with_rows():
+    device = GpuDevice(gpu_figures("h100-sxm-80gb"), engine_figures("trtllm"))
+    cost = model_cost("t", KNOWN_MODELS["llama-3.1-8b"], 2.0, 2.0, 2.0)
+    assert device.forward(cost, 1, 1, 512).regime == "memory"
+    assert device.forward(cost, 256, 8, 512).regime == "compute"
+    # a forward over 4 tokens costs about what one does while bandwidth-bound: that is the whole gain
+    one, four = device.forward(cost, 1, 1, 512).seconds, device.forward(cost, 1, 4, 512).seconds
+    assert four < 1.05 * one
+
+
+def test_tensor_parallel_divides_weights_and_adds_all_reduce():
+    device = GpuDevice(gpu_figures("a100-80gb"), engine_figures("trtllm"))
+    shape = KNOWN_MODELS["llama-3.1-70b"]
+    tp1, tp4 = model_cost("t", shape, 2.0, 2.0, 2.0, tp=1), model_cost("t", shape, 2.0, 2.0, 2.0, tp=4)
+    assert tp4.weight_bytes == pytest.approx(tp1.weight_bytes / 4)
+    assert device.forward(tp1, 1, 1, 512).allreduce_s == 0.0
+    assert device.forward(tp4, 1, 1, 512).allreduce_s > 0.0
+
+
+def test_speedup_falls_with_concurrency_and_crosses_one():
+    cfg = load_config(DRAFT_CFG)
+    inp = config_inputs(cfg, acc.from_alpha(0.6), context=256)
+    assert speedup_at(inp, 1) > speedup_at(inp, 512)
+    cross = crossover(inp)
+    assert cross is not None and speedup_at(inp, cross) < 1.0
+    fc = forecast(inp, [1, 8, 64])
+    for row in fc["levels"]:
+        assert row["band"][0] <= row["speedup"] <= row["band"][1]
+        assert row["best"]["swept"]
+    assert fc["acceptance"]["source"] == "user-given --acceptance"
+
+
+def test_best_draft_length_follows_acceptance():
+    cfg = load_config(EAGLE3_CFG)
+    low = config_inputs(cfg, acc.from_alpha(0.3))
+    high = config_inputs(cfg, acc.from_alpha(0.9))
+    assert forecast(low, [1])["levels"][0]["best"]["draft_len"] < forecast(high, [1])["levels"][0]["best"]["draft_len"]
+
+
+def test_every_method_with_a_plan_has_a_cost_and_no_method_equality_branches():
+    assert set(PLANS) <= set(PROPOSER_COSTS)
+    for path in (ROOT / "pipeline" / "forecast").glob("*.py"):
+        assert not re.search(r"method\s*==", path.read_text(encoding="utf-8")), path
+
+
+def test_missing_hardware_figure_names_profile_and_file():
+    with pytest.raises(ForecastInputError, match=r"l40s-48gb.*gpus\.yaml"):
+        gpu_figures("l40s-48gb")
+    with pytest.raises(ForecastInputError, match=r"a100-80gb.*fp8"):
+        gpu_figures("a100-80gb").peak_flops("fp8")
+
+
+def test_hardware_file_lacking_a_figure_is_refused(tmp_path):
+    broken = tmp_path / "gpus.yaml"
+    broken.write_text("h100-sxm-80gb: {peak_dense_tflops: {bfloat16: 989.4}, interconnect_gb_s: 900, source: x}\n")
+    with pytest.raises(ForecastInputError, match="hbm_bandwidth_gb_s"):
+        gpu_figures("h100-sxm-80gb", broken)
+
+
+def test_unreadable_shapes_say_what_to_provide(tmp_path):
+    with pytest.raises(ForecastInputError, match="config.json"):
+        checkpoint_shape(str(tmp_path / "my-private-model"))
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"hidden_size": 64}))
+    with pytest.raises(ForecastInputError, match="num_hidden_layers"):
+        checkpoint_shape(str(tmp_path / "m"))
+
+
+def test_cli_without_acceptance_source_is_a_clear_error():
+    with pytest.raises(ForecastInputError, match=r"--acceptance 0\.7.*--from-report"):
+        run(["forecast", str(DRAFT_CFG)])
+
+
+def test_cli_json_and_plot(tmp_path, capsys):
+    assert run(["forecast", str(DRAFT_CFG), "--acceptance", "0.7", "--json", "--plot", str(tmp_path / "f.png")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["concurrency"] for r in out["levels"]] == load_config(DRAFT_CFG).loadtest.concurrency
+    assert (tmp_path / "f.png").stat().st_size > 0
+
+
+def test_acceptance_from_an_earlier_report(tmp_path):
+    report = {"primary_draft_len": 4, "acceptance_source": "per-request outputs",
+              "rows": [{"arm": "speculative", "concurrency": c, "speculation_length": 4, "mean_acceptance_length": t}
+                       for c, t in ((1, 3.2), (8, 3.0))]}
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    got = acc.from_report(path)
+    assert got.per_level == {1: 3.2, 8: 3.0}
+    assert got.tau_at(4, level=8) == 3.0
+    assert str(path) in got.source
+    path.write_text(json.dumps({"rows": []}))
+    with pytest.raises(ForecastInputError, match="no measured acceptance"):
+        acc.from_report(path)
+
+
+def _report_rows(base_tpot: dict, spec_tpot: dict, tau: float) -> dict:
+    rows = []
+    for c in base_tpot:
+        rows.append({"arm": "baseline", "concurrency": c, "tpot_ms": base_tpot[c], "output_tokens_per_s": 1000 * c / base_tpot[c]})
+        rows.append({"arm": "speculative", "concurrency": c, "speculation_length": 4, "mean_acceptance_length": tau,
+                     "tpot_ms": spec_tpot[c], "output_tokens_per_s": 1000 * c / spec_tpot[c]})
+    return {"primary_draft_len": 4, "rows": rows}
+
+
+def test_report_section_flags_a_run_far_outside_the_band():
+    cfg = load_config(DRAFT_CFG)
+    inp = config_inputs(cfg, acc.Acceptance("x", tau=3.0, tau_low=3.0, tau_high=3.0, at_depth=4))
+    expected = {c: speedup_at(inp, c) for c in (1, 8)}
+    good = forecast_section(_report_rows({1: 10.0, 8: 10.0}, {c: 10.0 / expected[c] for c in (1, 8)}, 3.0), cfg)
+    assert good["available"] and good["worth_a_look"] == []
+    assert all(abs(lv["tpot_error"]) < 0.01 for lv in good["levels"])
+    slow = forecast_section(_report_rows({1: 10.0, 8: 10.0}, {1: 30.0 / expected[1], 8: 10.0 / expected[8]}, 3.0), cfg)
+    assert slow["worth_a_look"] == [1]
+
+
+def test_report_section_without_calibration_is_not_available(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEPLOY_FORECAST_HOME", str(tmp_path))
+    cfg = load_config(ROOT / "configs" / "tiny-cpu-draft-target.yaml")
+    section = forecast_section(_report_rows({1: 10.0}, {1: 5.0}, 3.0), cfg)
+    assert section["available"] is False and "--calibrate" in section["reason"]
+    with pytest.raises(ForecastInputError, match="calibrat"):
+        stored_device()
+    cal = {"machine": {}, "forward_fits": {"target": {"a": 0.004, "b": 0.0002, "c": 0.0}},
+           "engine_overhead_s": {"1": 0.0}, "proposer_s": {"draft_target": {"1": 0.002}}}
+    store(cal, calibration_key(cfg))
+    section = forecast_section(_report_rows({1: 10.0}, {1: 5.0}, 3.0), cfg)
+    assert section["available"] and section["device"]["kind"] == "cpu"
+    other = load_config(ROOT / "configs" / "tiny-cpu-medusa.yaml")  # another proposer: not calibrated
+    assert forecast_section(_report_rows({1: 10.0}, {1: 5.0}, 3.0), other)["available"] is False
+
+
+def test_cpu_device_uses_calibrated_forward_step_and_proposer():
+    cal = {"machine": {}, "forward_fits": {"target": {"a": 0.004, "b": 0.0002, "c": 0.0}},
+           "engine_overhead_s": {"1": 0.001, "8": 0.002}, "proposer_s": {"ngram": {"1": 0.0005, "8": 0.001}}}
+    device = CpuDevice(cal)
+    cost = model_cost("target", KNOWN_MODELS["llama-3.2-1b"], 4.0, 4.0, 4.0)
+    assert device.forward(cost, 2, 3, 100).seconds == pytest.approx(0.004 + 0.0002 * 6)
+    assert device.step_overhead(4) == pytest.approx(0.001 + 0.001 * 3 / 7)
+    assert device.proposer_seconds("ngram", 8) == pytest.approx(0.001)
+    assert device.proposer_seconds("medusa", 1) is None
+    assert replace(device, factor=2.0).forward(cost, 1, 1, 0).seconds == pytest.approx((0.004 + 0.0002) / 2)
+
+
+def test_acceptance_from_a_bench_file_and_a_published_case(tmp_path, capsys):
+    bench = {"summary": [{"method": "draft_target", "batch": b, "scope": "all", "mean_acceptance_length": t}
+                         for b, t in ((1, 3.4), (8, 3.3))]}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(bench))
+    got = acc.from_bench(path, "draft_target", 4)
+    assert got.tau == 3.4 and got.at_depth == 4 and str(path) in got.source
+    with pytest.raises(ForecastInputError, match="medusa"):
+        acc.from_bench(path, "medusa", 4)
+    assert run(["forecast", str(ROOT / "configs" / "vicuna7b-medusa-fp8-h100.yaml"), "--published",
+                "medusa2-vicuna7b-a100", "--json"]) == 0
+    assert "published" in json.loads(capsys.readouterr().out)["acceptance"]["source"]
