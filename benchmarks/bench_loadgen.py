@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipeline.infra.provenance import result_provenance  # noqa: E402 - after the path set-up above
-from pipeline.report.stats import achieved_concurrency, measured_window  # noqa: E402
+from pipeline.report.stats import achieved_concurrency, measured_window  # noqa: E402 - after the sys.path set-up above
 
 TTFT_MS, TPOT_MS, MAX_TOKENS = 200.0, 10.0, 32
 PROMPTS = [{"id": f"p{i}", "category": "bench", "prompt": f"benchmark prompt {i}"} for i in range(16)]

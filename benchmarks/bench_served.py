@@ -168,10 +168,10 @@ def measure_method(workdir: Path, models: dict, method: str, k: int, prompts: li
                 local = InProcess(Path(manifest["engines"][variant]), tokenizer.end_id,
                                   plan.engine_cpus.get("tensorrt_llm") if plan else None)
                 session = StreamSession(server.grpc_url)
-                runners = {"in_process": lambda p, ids: local.run(ids, max_tokens),  # noqa: B023
-                           "served": lambda p, ids: served_run(session, target, p, max_tokens)}  # noqa: B023
+                runners = {"in_process": lambda p, ids: local.run(ids, max_tokens),  # noqa: B023 - used only inside this iteration
+                           "served": lambda p, ids: served_run(session, target, p, max_tokens)}  # noqa: B023 - used only inside this iteration
                 if variant == "baseline" or method != "draft_target_bls":
-                    runners["served_direct"] = lambda p, ids: direct_run(session, ids, max_tokens, tokenizer.end_id)  # noqa: B023
+                    runners["served_direct"] = lambda p, ids: direct_run(session, ids, max_tokens, tokenizer.end_id)  # noqa: B023 - used only inside this iteration
                 try:
                     sides = interleaved(runners, prompts, prompt_ids, rounds)
                 except Exception:

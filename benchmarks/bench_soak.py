@@ -83,7 +83,7 @@ sys.path.insert(0, str(ROOT / "tests" / "integration"))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from pipeline.infra.provenance import result_provenance  # noqa: E402 - after the path set-up above
-from pipeline.serve.command import MALLOC_CHOICES, MALLOC_ENV  # noqa: E402
+from pipeline.serve.command import MALLOC_CHOICES, MALLOC_ENV  # noqa: E402 - after the sys.path set-up above
 
 DEFAULT_CONFIG = ROOT / "configs" / "tiny-cpu-draft-target.yaml"
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "soak.json"
@@ -506,7 +506,7 @@ def capacity_probe(load: Load, count: int, timeout_s: float) -> dict:
         stream = Stream(load.url)
         try:
             outcome = stream.request(load.model, request_arrays(load, prompt, index, False, 0), "greedy", timeout_s, None)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - a probe failure is recorded in the result, not raised
             outcome = Outcome("error", "greedy", time.monotonic(), 0.0, error=repr(exc))
         finally:
             stream.close(cancel=False)

@@ -35,23 +35,23 @@ import grpc.experimental.gevent as grpc_gevent
 grpc_gevent.init_gevent()  # before any channel exists
 # isort: on
 
-import http.client  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-import uuid  # noqa: E402
-from pathlib import Path  # noqa: E402
-from urllib.parse import urlsplit  # noqa: E402
+import http.client
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit
 
-import gevent  # noqa: E402
-from gevent.event import Event  # noqa: E402
+import gevent
+from gevent.event import Event
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import llmapi_contract  # noqa: E402
-from openai_user import OpenAIStreamSession  # noqa: E402
+import llmapi_contract
+from openai_user import OpenAIStreamSession
 
-from lt_common import (  # noqa: E402
+from lt_common import (
     PERF_FIELDS_INT,
     PERF_FIELDS_TIME,
     Clock,
@@ -67,8 +67,8 @@ from lt_common import (  # noqa: E402
 
 _ = locust.__version__
 
-import faulthandler  # noqa: E402
-import signal as _signal  # noqa: E402
+import faulthandler
+import signal as _signal
 
 faulthandler.register(_signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` dumps stacks of a stuck run
 
@@ -182,7 +182,7 @@ def _make_retokenizer(tokenizer_dir: str | None):
     if not tokenizer_dir:
         return None
     try:
-        from tokenizers import Tokenizer  # noqa: PLC0415
+        from tokenizers import Tokenizer  # noqa: PLC0415 - tokenizers is loaded only when this path runs
 
         tok = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
     except Exception:  # noqa: BLE001 - the cross-check is optional
@@ -257,7 +257,7 @@ class GrpcStreamSession:
     """One tritonclient gRPC client with one open stream; callbacks demultiplexed by request id."""
 
     def __init__(self, url: str):
-        import tritonclient.grpc as grpcclient  # noqa: PLC0415
+        import tritonclient.grpc as grpcclient  # noqa: PLC0415 - tritonclient is loaded only when this path runs
 
         self._grpcclient = grpcclient
         self.url = url
@@ -367,7 +367,7 @@ def _first_text(array) -> str | None:
 
 
 def _grpc_inputs(grpcclient, inputs: dict, contract: str = "ensemble") -> list:
-    import numpy as np  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415 - numpy is loaded only when this path runs
 
     if contract == "llmapi":
         return _llmapi_grpc_inputs(grpcclient, inputs)
@@ -393,7 +393,7 @@ def _grpc_inputs(grpcclient, inputs: dict, contract: str = "ensemble") -> list:
 
 def _llmapi_grpc_inputs(grpcclient, inputs: dict) -> list:
     """The llmapi model takes unbatched tensors (max_batch_size 0): shape [1] each."""
-    import numpy as np  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415 - numpy is loaded only when this path runs
 
     tensors = []
     for name, value in inputs.items():
@@ -409,7 +409,7 @@ def _llmapi_grpc_inputs(grpcclient, inputs: dict) -> list:
 
 
 def _infer_dtype(value):
-    import numpy as np  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415 - numpy is loaded only when this path runs
 
     if isinstance(value, bool):
         return ("BOOL", bool)

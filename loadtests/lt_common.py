@@ -108,7 +108,7 @@ class PromptCursor:
 def request_inputs(settings: RunSettings, prompt_text: str, prompt_index: int) -> dict[str, Any]:
     """The request shape, identical in both arms except ``extra_inputs`` (e.g. num_draft_tokens)."""
     if settings.contract == "llmapi":
-        from llmapi_contract import llmapi_inputs  # noqa: PLC0415
+        from llmapi_contract import llmapi_inputs  # noqa: PLC0415 - only this path needs it
 
         return llmapi_inputs(settings, prompt_text, prompt_index)
     sampling = dict(settings.sampling)

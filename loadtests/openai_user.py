@@ -105,7 +105,7 @@ class OpenAIStreamSession:
 
     def _client(self, timeout_s: float):
         if self.client is None:
-            from geventhttpclient import HTTPClient  # noqa: PLC0415
+            from geventhttpclient import HTTPClient  # noqa: PLC0415 - only this path needs it
 
             self.client = HTTPClient(self.host, self.port, ssl=self.ssl, concurrency=1,
                                      connection_timeout=min(30.0, timeout_s), network_timeout=timeout_s)

@@ -56,7 +56,7 @@ def completed_run_dir(cfg: DeploymentConfig) -> Path | None:
 def unfinished_run_dir(cfg: DeploymentConfig) -> Path | None:
     """The newest load test of this exact config if it is unfinished (some planned cell not
     complete, :mod:`pipeline.loadtest.resume`, or no report yet), to be resumed."""
-    from pipeline.loadtest.resume import newest_run  # noqa: PLC0415
+    from pipeline.loadtest.resume import newest_run  # noqa: PLC0415 - only this path needs it
 
     newest = newest_run(cfg)
     if newest is None:
@@ -67,7 +67,7 @@ def unfinished_run_dir(cfg: DeploymentConfig) -> Path | None:
 
 def _is_complete(run_dir: Path, want_hash: str) -> bool:
     """A finished run: same config, every planned run recorded with the server alive, a report."""
-    from pipeline.loadtest.runner import plan_runs  # noqa: PLC0415
+    from pipeline.loadtest.runner import plan_runs  # noqa: PLC0415 - keeps psutil off this module's import
 
     try:
         meta = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
@@ -90,14 +90,14 @@ def run_pipeline(
     console=None,
 ):
     """Run every stage; return the Report. Raises SpecdeployError subclasses for user problems."""
-    from rich.console import Console  # noqa: PLC0415
+    from rich.console import Console  # noqa: PLC0415 - rich is loaded only when this path runs
 
-    from pipeline.build.builder import build  # noqa: PLC0415
-    from pipeline.loadtest.resume import kept_results  # noqa: PLC0415
-    from pipeline.loadtest.runner import run_loadtest  # noqa: PLC0415
-    from pipeline.render.renderer import render  # noqa: PLC0415
-    from pipeline.report.builder import make_report  # noqa: PLC0415
-    from pipeline.validate.preflight import errors_of, raise_on_errors, run_preflight  # noqa: PLC0415
+    from pipeline.build.builder import build  # noqa: PLC0415 - keeps psutil off this module's import
+    from pipeline.loadtest.resume import kept_results  # noqa: PLC0415 - only this path needs it
+    from pipeline.loadtest.runner import run_loadtest  # noqa: PLC0415 - keeps psutil off this module's import
+    from pipeline.render.renderer import render  # noqa: PLC0415 - only this path needs it
+    from pipeline.report.builder import make_report  # noqa: PLC0415 - keeps numpy off this module's import
+    from pipeline.validate.preflight import errors_of, raise_on_errors, run_preflight  # noqa: PLC0415 - only this path needs it
 
     console = console or Console()
     log = StageLog()
@@ -146,7 +146,7 @@ def run_pipeline(
 
 
 def _print_summary(console, log: StageLog, report) -> None:
-    from rich.table import Table  # noqa: PLC0415
+    from rich.table import Table  # noqa: PLC0415 - rich is loaded only when this path runs
 
     table = Table(title="specdeploy run")
     for column in ("stage", "result", "seconds"):

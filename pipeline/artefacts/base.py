@@ -135,7 +135,7 @@ class Artefact(BaseModel):
         return self.model_dump(mode="json", by_alias=True)
 
     def write(self, path: Path | str) -> Path:
-        from pipeline.infra.atomic import write_text_atomic  # noqa: PLC0415
+        from pipeline.infra.atomic import write_text_atomic  # noqa: PLC0415 - only this path needs it
 
         write_text_atomic(Path(path), self.to_json())
         return Path(path)

@@ -78,7 +78,7 @@ def describe_arm(cfg: "DeploymentConfig", arm: str, manifest: dict | None = None
     BLS (the speculative arm adds num_draft_tokens = K); on the llmapi layout (the LLM-API runtime, or
     the CPU engine behind it) both call the llmapi ``tensorrt_llm`` model; every other case calls the
     ensemble."""
-    from pipeline.config import config_hash  # noqa: PLC0415
+    from pipeline.config import config_hash  # noqa: PLC0415 - keeps yaml off this module's import
 
     check_arm(cfg, arm)
     llm_api = getattr(cfg, "llmapi_layout", False)  # the llmapi model takes text in and out itself (GPU or CPU engine)
@@ -141,8 +141,8 @@ def descriptor_path(repo: Path) -> Path:
 def load_arm(cfg: "DeploymentConfig", arm: str) -> tuple[Path, ArmDeployment]:
     """(repository, descriptor) of ``arm`` as ``render`` left it; refused when either is missing,
     the descriptor predates its schema, or it was rendered from another config."""
-    from pipeline.config import config_hash  # noqa: PLC0415
-    from pipeline.paths import model_repo_dir  # noqa: PLC0415
+    from pipeline.config import config_hash  # noqa: PLC0415 - keeps yaml off this module's import
+    from pipeline.paths import model_repo_dir  # noqa: PLC0415 - keeps yaml off this module's import
 
     check_arm(cfg, arm)
     repo = model_repo_dir(cfg, arm)

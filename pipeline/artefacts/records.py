@@ -67,5 +67,5 @@ class RawRecord(Artefact):
 RawRecordDict = TypedDict("RawRecordDict", {
     "schema": str, "schema_version": int,
     # ruff reads the functional TypedDict's values as annotations; these are field names
-    **{name: Any for name in RawRecord.model_fields if name not in ("schema_name", "schema_version")},  # noqa: F821
+    **{name: Any for name in RawRecord.model_fields if name not in ("schema_name", "schema_version")},  # noqa: F821 - the functional TypedDict's values are field names, not annotations
 })

@@ -210,8 +210,8 @@ class _Reporter:
 
 class _RichReporter(_Reporter):
     def __init__(self) -> None:
-        from rich.console import Console  # noqa: PLC0415
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+        from rich.console import Console  # noqa: PLC0415 - rich is loaded only when this path runs
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn  # noqa: PLC0415 - rich is loaded only when this path runs
 
         self.console = Console(stderr=True)
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
@@ -333,7 +333,7 @@ class _Runner:
 
 
 def _versions(cfg: DeploymentConfig) -> dict[str, str | None]:
-    from pipeline import __version__  # noqa: PLC0415
+    from pipeline import __version__  # noqa: PLC0415 - only this path needs it
 
     found = {**versions(()), "specdeploy": __version__}
     if cfg.backend == "trtllm":
@@ -348,7 +348,7 @@ def _versions(cfg: DeploymentConfig) -> dict[str, str | None]:
 
 
 def _manifest(cfg: DeploymentConfig, plan: BuildPlan, records: list[dict[str, Any]]) -> dict[str, Any]:
-    from pipeline import __version__  # noqa: PLC0415
+    from pipeline import __version__  # noqa: PLC0415 - only this path needs it
 
     return BuildManifest(
         name=cfg.name, config_hash=plan.config_hash, backend=cfg.backend, method=cfg.method,
@@ -385,7 +385,7 @@ def require_scripts(plan: BuildPlan, cfg: DeploymentConfig) -> None:
     """Raise :class:`BuildError` before any step runs when a TensorRT-LLM script the plan runs is
     missing under the resolved examples root, naming each one and how to get them."""
     if cfg.runs_llm_api:
-        from pipeline.plan.llmapi import missing_modelopt_scripts  # noqa: PLC0415
+        from pipeline.plan.llmapi import missing_modelopt_scripts  # noqa: PLC0415 - only this path needs it
 
         problems = missing_modelopt_scripts(plan)
         if problems:

@@ -39,7 +39,7 @@ app = typer.Typer(
 
 
 def _register_commands() -> None:
-    from pipeline.cli import (  # noqa: PLC0415 - keeps `--help` independent of import order
+    from pipeline.cli import (
         bench_cmd,
         build_cmd,
         demo_cmd,

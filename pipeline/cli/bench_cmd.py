@@ -52,12 +52,12 @@ def register(app: typer.Typer) -> None:
         max_tokens: int = typer.Option(64, "--max-tokens", min=1, help="New tokens per request."),
         batch: list[int] = typer.Option([1, 8], "--batch", help="Batch sizes (1 and one larger size)."),
         int8: bool = typer.Option(False, "--int8", help="Also measure an int8 weight-only target."),
-        draft_int8: bool = typer.Option(False, "--draft-int8", help="Also measure the other draft-side weights: int8 rows, or float rows when the config's reference.draft_weights is int8."),  # noqa: E501
+        draft_int8: bool = typer.Option(False, "--draft-int8", help="Also measure the other draft-side weights: int8 rows, or float rows when the config's reference.draft_weights is int8."),  # noqa: E501 - a help text reads better whole
         stop_at_eos: bool = typer.Option(False, "--stop-at-eos", help="Stop requests at EOS (default: decode --max-tokens)."),
         output: Optional[Path] = typer.Option(None, "--output", help="Also write the JSON report here."),
-        versus: Optional[Path] = typer.Option(None, "--versus", help="Another config on the same target: its method's rows too, in this run (e.g. EAGLE-3 vs EAGLE-1)."),  # noqa: E501
+        versus: Optional[Path] = typer.Option(None, "--versus", help="Another config on the same target: its method's rows too, in this run (e.g. EAGLE-3 vs EAGLE-1)."),  # noqa: E501 - a help text reads better whole
     ) -> None:
-        from pipeline.bench.engine_bench import run_bench  # noqa: PLC0415 - imports torch
+        from pipeline.bench.engine_bench import run_bench
 
         if peer not in (None, "hf"):
             raise SpecdeployError(f"--peer {peer!r}: only 'hf' is supported")
@@ -65,7 +65,7 @@ def register(app: typer.Typer) -> None:
                            batches=tuple(sorted(set(batch))), peer=peer, int8=int8,
                            draft_int8=draft_int8, stop_at_eos=stop_at_eos, versus=versus)
         if output is not None:
-            from pipeline.infra.provenance import result_provenance  # noqa: PLC0415 - only a written result needs it
+            from pipeline.infra.provenance import result_provenance
 
             report = {**report, "provenance": result_provenance()}
         text = json.dumps(report, indent=2)

@@ -29,12 +29,12 @@ def register(app: typer.Typer) -> None:
                                        "(installed TensorRT-LLM, scripts, GPUs); recorded in the provenance."),
         workdir: Optional[Path] = workdir_option(),
     ) -> None:
-        from rich.console import Console  # noqa: PLC0415
-        from rich.table import Table  # noqa: PLC0415
+        from rich.console import Console
+        from rich.table import Table
 
-        from pipeline.build import builder  # noqa: PLC0415
-        from pipeline.config import load_config  # noqa: PLC0415
-        from pipeline.paths import manifest_path  # noqa: PLC0415
+        from pipeline.build import builder
+        from pipeline.config import load_config
+        from pipeline.paths import manifest_path
 
         cfg = load_config(config, workdir)
         console = Console()
@@ -48,15 +48,15 @@ def register(app: typer.Typer) -> None:
             console.print(table)
             return
         if cfg.backend == "trtllm":
-            from pipeline.plan.planner import make_plan  # noqa: PLC0415
+            from pipeline.plan.planner import make_plan
 
             builder.require_trtllm(cfg)  # before preflight: stop at once without TensorRT-LLM
             builder.require_scripts(make_plan(cfg, trtllm_root), cfg)  # and without the example scripts
-            from pipeline.validate.live.gate import require_live  # noqa: PLC0415
+            from pipeline.validate.live.gate import require_live
 
             require_live(cfg, skip=skip_live, stage="build", trtllm_root=trtllm_root, console=console)
         if not skip_preflight:
-            from pipeline.validate.preflight import raise_on_errors, run_preflight  # noqa: PLC0415
+            from pipeline.validate.preflight import raise_on_errors, run_preflight
 
             raise_on_errors(run_preflight(cfg, offline=False, trtllm_root=trtllm_root))
         manifest = builder.build(cfg, force=force, progress=progress, trtllm_root=trtllm_root)

@@ -36,7 +36,7 @@ def _param_count(weights: Path) -> int:
 
 
 def _info_rows() -> list[dict]:
-    from pipeline import demo  # noqa: PLC0415
+    from pipeline import demo
 
     rows = []
     for name in demo.BUILTIN_NAMES:
@@ -73,13 +73,13 @@ def register(app: typer.Typer) -> None:
         only: Optional[str] = typer.Option(None, "--only", help="Train one model (tiny-target, tiny-draft, tiny-medusa, tiny-eagle, tiny-eagle3)."),
         quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
     ) -> None:
-        from pipeline import demo  # noqa: PLC0415
+        from pipeline import demo
 
         only_name = None if only is None else only.removeprefix("builtin:")
         if only_name is not None and only_name not in demo.BUILTIN_NAMES:
             raise SpecdeployError(f"--only: unknown demo model '{only}'; choose one of {', '.join(demo.BUILTIN_NAMES)}")
         target_dir = (out or demo.cache_dir()).resolve()
-        from pipeline.demo import train  # noqa: PLC0415
+        from pipeline.demo import train
 
         train.default_threads_env()
         report = train.train_all(target_dir, train.SMOKE if smoke else train.FULL, only=only_name, show_progress=not quiet)
@@ -103,7 +103,7 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(Path("loadtests/prompts/tiny"), "--out", help="Directory for <category>.jsonl."),
         count: int = typer.Option(60, "--count", min=1, help="Prompts per category."),
     ) -> None:
-        from pipeline.demo.prompt_sets import write_tiny_prompt_sets  # noqa: PLC0415
+        from pipeline.demo.prompt_sets import write_tiny_prompt_sets
 
         for path in write_tiny_prompt_sets(out, count):
             typer.echo(f"wrote {path}")

@@ -50,10 +50,10 @@ def register(app: typer.Typer) -> None:
 
 
 def _doctor_config(config: str, report: dict, as_json: bool, trtllm_root: str | None) -> int:
-    from pipeline.config import load_config  # noqa: PLC0415
-    from pipeline.errors import PreflightError  # noqa: PLC0415
-    from pipeline.validate.live import failures, run_live_preflight  # noqa: PLC0415
-    from pipeline.validate.live.table import print_checks  # noqa: PLC0415
+    from pipeline.config import load_config
+    from pipeline.errors import PreflightError
+    from pipeline.validate.live import failures, run_live_preflight
+    from pipeline.validate.live.table import print_checks
 
     cfg = load_config(config)
     checks = run_live_preflight(cfg, trtllm_root)
@@ -77,8 +77,8 @@ def package_version(names: tuple[str, ...]) -> str:
 
 
 def triton_report() -> dict:
-    from pipeline.errors import SpecdeployError  # noqa: PLC0415
-    from pipeline.serve.tritonserver_install import find_tritonserver  # noqa: PLC0415
+    from pipeline.errors import SpecdeployError
+    from pipeline.serve.tritonserver_install import find_tritonserver
 
     try:
         install = find_tritonserver()
@@ -101,12 +101,12 @@ def triton_report() -> dict:
 
 def gpu_report() -> dict:
     try:
-        import pynvml  # noqa: PLC0415
+        import pynvml
     except ImportError:
         return {"nvml": "pynvml not installed", "gpus": []}
     try:
         pynvml.nvmlInit()
-    except Exception as exc:  # NVMLError subclasses vary by driver  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - NVMLError subclasses vary by driver
         return {"nvml": f"unavailable ({exc})", "gpus": []}
     try:
         gpus = []
@@ -132,7 +132,7 @@ def _driver(pynvml) -> str:
 
 
 def collect() -> dict:
-    from pipeline.validate.served_packages import doctor_report  # noqa: PLC0415 - reads yaml/packaging
+    from pipeline.validate.served_packages import doctor_report
 
     return {
         "python": {"version": platform.python_version(), "executable": sys.executable},
@@ -145,8 +145,8 @@ def collect() -> dict:
 
 
 def _print(report: dict) -> None:
-    from rich.console import Console  # noqa: PLC0415
-    from rich.table import Table  # noqa: PLC0415
+    from rich.console import Console
+    from rich.table import Table
 
     console = Console() if sys.stdout.isatty() else Console(width=160)
     table = Table(title="specdeploy doctor", show_header=False)
@@ -156,7 +156,7 @@ def _print(report: dict) -> None:
     table.add_row("platform", report["platform"])
     for label, version in report["packages"].items():
         table.add_row(label, version)
-    from pipeline.validate.served_packages import doctor_rows  # noqa: PLC0415 - reads yaml/packaging
+    from pipeline.validate.served_packages import doctor_rows
 
     for label, value in doctor_rows(report["served_model_packages"]):
         table.add_row(label, value)

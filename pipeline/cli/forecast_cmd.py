@@ -20,9 +20,9 @@ from pipeline.cli.options import workdir_option
 def acceptance_from_options(cfg, alpha: Optional[float], tau: Optional[float], report: Optional[Path],
                             bench: Optional[Path], published: Optional[str]):
     """The one acceptance source the options name (ForecastInputError when none or several)."""
-    from pipeline.forecast import acceptance as acc  # noqa: PLC0415
-    from pipeline.forecast.hardware import ForecastInputError  # noqa: PLC0415
-    from pipeline.forecast.proposers import plan_for  # noqa: PLC0415
+    from pipeline.forecast import acceptance as acc
+    from pipeline.forecast.hardware import ForecastInputError
+    from pipeline.forecast.proposers import plan_for
 
     given = [x for x in (alpha, tau, report, bench, published) if x is not None]
     if not given:
@@ -38,7 +38,7 @@ def acceptance_from_options(cfg, alpha: Optional[float], tau: Optional[float], r
         return acc.from_report(report)
     if bench is not None:
         return acc.from_bench(bench, cfg.method, plan_for(cfg.speculation).depth)
-    from pipeline.forecast.published import load_cases  # noqa: PLC0415
+    from pipeline.forecast.published import load_cases
 
     cases = {c["id"]: c for c in load_cases()["cases"]}
     case = cases.get(published)
@@ -50,9 +50,9 @@ def acceptance_from_options(cfg, alpha: Optional[float], tau: Optional[float], r
 
 def calibrate_machine(cfg) -> Path:
     """Calibrate the CPU cost model on this machine for the config's models and proposer; store it."""
-    from pipeline.bench.engine_bench import proposer_spec, resolve_checkpoint  # noqa: PLC0415
-    from pipeline.forecast.cpu import calibrate, calibration_key, store  # noqa: PLC0415
-    from pipeline.forecast.hardware import ForecastInputError  # noqa: PLC0415
+    from pipeline.bench.engine_bench import proposer_spec, resolve_checkpoint
+    from pipeline.forecast.cpu import calibrate, calibration_key, store
+    from pipeline.forecast.hardware import ForecastInputError
 
     if cfg.hardware != "cpu":
         raise ForecastInputError(f"--calibrate: {cfg.name} runs on {cfg.hardware}; only the CPU reference engine is calibrated")
@@ -80,9 +80,9 @@ def register(app: typer.Typer) -> None:
         plot: Optional[Path] = typer.Option(None, "--plot", help="Write the speedup-vs-concurrency plot (PNG)."),
         workdir: Optional[Path] = workdir_option(),
     ) -> None:
-        from pipeline.config import load_config  # noqa: PLC0415
-        from pipeline.forecast.model import forecast_config  # noqa: PLC0415
-        from pipeline.forecast.render import summary_lines, write_plot  # noqa: PLC0415
+        from pipeline.config import load_config
+        from pipeline.forecast.model import forecast_config
+        from pipeline.forecast.render import summary_lines, write_plot
 
         cfg = load_config(config, workdir)
         if calibrate:

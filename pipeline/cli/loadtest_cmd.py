@@ -18,7 +18,7 @@ from pipeline.cli.options import workdir_option
 
 
 def _int_list(value: Optional[str], option: str) -> Optional[list[int]]:
-    from pipeline.errors import SpecdeployError  # noqa: PLC0415
+    from pipeline.errors import SpecdeployError
 
     if value is None:
         return None
@@ -69,10 +69,10 @@ def register(app: typer.Typer) -> None:
             None, "--tokenizer", help="With --loadtest-file: tokenizer directory (re-tokenized lengths when a "
             "server sends no usage)."),
     ) -> int:
-        from pipeline.config import load_config  # noqa: PLC0415
-        from pipeline.errors import SpecdeployError  # noqa: PLC0415
-        from pipeline.loadtest.runner import run_loadtest  # noqa: PLC0415
-        from pipeline.report.builder import make_report  # noqa: PLC0415
+        from pipeline.config import load_config
+        from pipeline.errors import SpecdeployError
+        from pipeline.loadtest.runner import run_loadtest
+        from pipeline.report.builder import make_report
 
         if endpoint and not arm:
             raise SpecdeployError("--endpoint needs --arm baseline|speculative (or use --endpoint-baseline/--endpoint-speculative)")
@@ -101,9 +101,9 @@ def register(app: typer.Typer) -> None:
 def _endpoints_only(config, loadtest_file, out, concurrency, duration, repeats, endpoint_baseline,
                     endpoint_speculative, arm, no_progress, transport, model, tokenizer,
                     model_baseline=None, model_speculative=None) -> int:
-    from pipeline.errors import SpecdeployError  # noqa: PLC0415
-    from pipeline.loadtest.endpoints_only import run_endpoint_loadtest  # noqa: PLC0415
-    from pipeline.report.builder import make_report  # noqa: PLC0415
+    from pipeline.errors import SpecdeployError
+    from pipeline.loadtest.endpoints_only import run_endpoint_loadtest
+    from pipeline.report.builder import make_report
 
     if config is not None:
         raise SpecdeployError("give a deployment config or --loadtest-file, not both")
@@ -122,7 +122,7 @@ def _endpoints_only(config, loadtest_file, out, concurrency, duration, repeats, 
 
 
 def _print_summary(report) -> None:
-    from rich.console import Console  # noqa: PLC0415
+    from rich.console import Console
 
     console = Console()
     style = {"GO": "bold green", "NO-GO": "bold red", "INCONCLUSIVE": "bold yellow"}[report.verdict]

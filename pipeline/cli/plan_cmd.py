@@ -17,8 +17,8 @@ from pipeline.cli.options import workdir_option
 
 
 def print_plan(plan) -> None:
-    from rich.console import Console  # noqa: PLC0415
-    from rich.table import Table  # noqa: PLC0415
+    from rich.console import Console
+    from rich.table import Table
 
     console = Console()
     if not plan.steps:
@@ -50,8 +50,8 @@ def register(app: typer.Typer) -> None:
         ),
         workdir: Optional[Path] = workdir_option(),
     ) -> None:
-        from pipeline.config import load_config  # noqa: PLC0415
-        from pipeline.plan.planner import make_plan  # noqa: PLC0415
+        from pipeline.config import load_config
+        from pipeline.plan.planner import make_plan
 
         cfg = load_config(config, workdir)
         plan = make_plan(cfg, trtllm_root)
@@ -59,7 +59,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps(plan.to_json(), indent=2))
         else:
             print_plan(plan)
-            from pipeline.forecast.model import section_lines  # noqa: PLC0415
+            from pipeline.forecast.model import section_lines
 
             for line in section_lines(cfg):
                 typer.echo(line)

@@ -26,11 +26,11 @@ def register(app: typer.Typer) -> None:
 
 
 def render(config: str, workdir: Path | None = None) -> int:
-    from pipeline.artefacts.deployment import ArmDeployment, descriptor_path  # noqa: PLC0415
-    from pipeline.config import load_config  # noqa: PLC0415
-    from pipeline.render.monitoring import operations_paths  # noqa: PLC0415
-    from pipeline.render.renderer import render as render_repositories  # noqa: PLC0415
-    from pipeline.serve.server import repository_models  # noqa: PLC0415
+    from pipeline.artefacts.deployment import ArmDeployment, descriptor_path
+    from pipeline.config import load_config
+    from pipeline.render.monitoring import operations_paths
+    from pipeline.render.renderer import render as render_repositories
+    from pipeline.serve.server import repository_models
 
     cfg = load_config(config, workdir)
     for variant, (repo, warnings) in render_repositories(cfg).items():

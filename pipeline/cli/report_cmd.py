@@ -42,11 +42,11 @@ def register(app: typer.Typer) -> None:
 
 
 def _report(run_dir: str, config: Optional[str], as_json: bool) -> int:
-    import json  # noqa: PLC0415
+    import json
 
-    from pipeline.cli.loadtest_cmd import _print_summary  # noqa: PLC0415
-    from pipeline.config import load_config  # noqa: PLC0415
-    from pipeline.report.builder import make_report  # noqa: PLC0415
+    from pipeline.cli.loadtest_cmd import _print_summary
+    from pipeline.config import load_config
+    from pipeline.report.builder import make_report
 
     cfg = load_config(config) if config else None
     report = make_report(run_dir, cfg)
@@ -59,10 +59,10 @@ def _report(run_dir: str, config: Optional[str], as_json: bool) -> int:
 
 
 def _compare(run_a: str, run_b: str, out: Optional[str], fail_on_worse: bool, as_json: bool) -> int:
-    import json  # noqa: PLC0415
+    import json
 
-    from pipeline.report.builder import make_comparison  # noqa: PLC0415
-    from pipeline.report.view.compare import ratio_line  # noqa: PLC0415
+    from pipeline.report.builder import make_comparison
+    from pipeline.report.view.compare import ratio_line
 
     result = make_comparison(run_a, run_b, out)
     moved = result.data["moved"]

@@ -44,11 +44,11 @@ def register(app: typer.Typer) -> None:
                                        "(installed TensorRT-LLM, scripts, GPUs); recorded in the provenance."),
         workdir: Optional[Path] = workdir_option(),
     ) -> int:
-        from rich.console import Console  # noqa: PLC0415
+        from rich.console import Console
 
-        from pipeline.config import load_config  # noqa: PLC0415
-        from pipeline.run import run_pipeline  # noqa: PLC0415
-        from pipeline.validate.live.gate import require_live  # noqa: PLC0415
+        from pipeline.config import load_config
+        from pipeline.run import run_pipeline
+        from pipeline.validate.live.gate import require_live
 
         cfg = load_config(config, workdir)
         require_live(cfg, skip=skip_live, stage="run", console=Console())

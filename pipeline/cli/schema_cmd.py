@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
                                                   "run-settings, record, report, compare); omit for the config."),
         fmt: str = typer.Option("markdown", "--format", help="json or markdown (the config only)."),
     ) -> int:
-        from pipeline.errors import SpecdeployError  # noqa: PLC0415
+        from pipeline.errors import SpecdeployError
 
         if artefact is not None:
             print(json.dumps(artefact_schema(artefact), indent=2, ensure_ascii=False))
@@ -42,8 +42,8 @@ def register(app: typer.Typer) -> None:
 
 
 def artefact_schema(name: str) -> dict:
-    from pipeline.artefacts import ARTEFACTS, artefact_model  # noqa: PLC0415
-    from pipeline.errors import SpecdeployError  # noqa: PLC0415
+    from pipeline.artefacts import ARTEFACTS, artefact_model
+    from pipeline.errors import SpecdeployError
 
     if name not in ARTEFACTS:
         raise SpecdeployError(f"schema: '{name}' is not an artefact (choose from: {', '.join(ARTEFACTS)})")
@@ -51,7 +51,7 @@ def artefact_schema(name: str) -> dict:
 
 
 def json_schema() -> dict:
-    from pipeline.config import DeploymentConfig  # noqa: PLC0415
+    from pipeline.config import DeploymentConfig
 
     return DeploymentConfig.model_json_schema()
 
@@ -115,7 +115,7 @@ def field_rows(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str,
 
 
 def markdown_reference() -> str:
-    from pipeline.config import DeploymentConfig  # noqa: PLC0415
+    from pipeline.config import DeploymentConfig
 
     lines = [
         "# specdeploy config reference",
@@ -129,7 +129,7 @@ def markdown_reference() -> str:
         "|---|---|---|---|",
     ]
     lines += [f"| `{p}` | {t} | {d} | {desc} |" for p, t, d, desc in field_rows(DeploymentConfig)]
-    from pipeline.config import LOADING_RULES_MARKDOWN  # noqa: PLC0415
+    from pipeline.config import LOADING_RULES_MARKDOWN
 
     lines += ["", LOADING_RULES_MARKDOWN.rstrip("\n")]
     return "\n".join(lines)

@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
                                        "(installed TensorRT-LLM, Triton, GPUs); recorded in the provenance."),
     ) -> int:
         if frontend not in ("triton", "openai"):
-            from pipeline.errors import SpecdeployError  # noqa: PLC0415
+            from pipeline.errors import SpecdeployError
 
             raise SpecdeployError(f"--frontend must be 'triton' or 'openai', got {frontend!r}")
         if host is not None:
@@ -53,18 +53,18 @@ def register(app: typer.Typer) -> None:
 
 def _live_gate(config: str, workdir: Path | None, skip_live: bool) -> None:
     """backend trtllm: the live preflight before a server starts (``--skip-live``: recorded, skipped)."""
-    from rich.console import Console  # noqa: PLC0415
+    from rich.console import Console
 
-    from pipeline.config import load_config  # noqa: PLC0415
-    from pipeline.validate.live.gate import require_live  # noqa: PLC0415
+    from pipeline.config import load_config
+    from pipeline.validate.live.gate import require_live
 
     require_live(load_config(config, workdir), skip=skip_live, stage="serve", console=Console())
 
 
 def _serve_openai(config, variant, http_port, grpc_port, metrics_port, foreground, host, openai_port, workdir) -> int:
-    from pipeline.config import load_config  # noqa: PLC0415
-    from pipeline.errors import SpecdeployError  # noqa: PLC0415
-    from pipeline.serve.openai_serve import serve_with_frontend  # noqa: PLC0415
+    from pipeline.config import load_config
+    from pipeline.errors import SpecdeployError
+    from pipeline.serve.openai_serve import serve_with_frontend
 
     if variant not in ("baseline", "speculative"):
         raise SpecdeployError(f"--variant must be 'baseline' or 'speculative', got {variant!r}")
@@ -78,9 +78,9 @@ def _serve_openai(config, variant, http_port, grpc_port, metrics_port, foregroun
 
 def serve(config: str, variant: str, http_port: int | None, grpc_port: int | None,
           metrics_port: int | None, foreground: bool, host: str | None = None, workdir: Path | None = None) -> int:
-    from pipeline.config import load_config  # noqa: PLC0415
-    from pipeline.errors import SpecdeployError  # noqa: PLC0415
-    from pipeline.serve.server import serve_foreground, start_deployment  # noqa: PLC0415
+    from pipeline.config import load_config
+    from pipeline.errors import SpecdeployError
+    from pipeline.serve.server import serve_foreground, start_deployment
 
     if variant not in ("baseline", "speculative"):
         raise SpecdeployError(f"--variant must be 'baseline' or 'speculative', got {variant!r}")
@@ -100,9 +100,9 @@ def serve(config: str, variant: str, http_port: int | None, grpc_port: int | Non
 
 
 def _check_host(host: str) -> None:
-    import ipaddress  # noqa: PLC0415
+    import ipaddress
 
-    from pipeline.errors import SpecdeployError  # noqa: PLC0415
+    from pipeline.errors import SpecdeployError
 
     try:
         ipaddress.ip_address(host)

@@ -36,8 +36,8 @@ def register(app: typer.Typer) -> None:
 
 def validate(config: str, offline: bool = False, as_json: bool = False, trtllm_root: str | None = None,
              live: bool = False) -> int:
-    from pipeline.config import load_config  # noqa: PLC0415
-    from pipeline.validate.preflight import errors_of, memory_estimate_of, raise_on_errors, run_preflight  # noqa: PLC0415
+    from pipeline.config import load_config
+    from pipeline.validate.preflight import errors_of, memory_estimate_of, raise_on_errors, run_preflight
 
     cfg = load_config(config)
     findings = run_preflight(cfg, offline=offline, trtllm_root=trtllm_root)
@@ -60,7 +60,7 @@ def validate(config: str, offline: bool = False, as_json: bool = False, trtllm_r
 
 
 def _console():
-    from rich.console import Console  # noqa: PLC0415
+    from rich.console import Console
 
     console = Console()
     if not console.is_terminal:
@@ -69,9 +69,9 @@ def _console():
 
 
 def _print_report(cfg, findings, offline: bool) -> None:
-    from rich.table import Table  # noqa: PLC0415
+    from rich.table import Table
 
-    from pipeline.validate.preflight import memory_estimate_of  # noqa: PLC0415
+    from pipeline.validate.preflight import memory_estimate_of
 
     console = _console()
     mode = " (offline)" if offline else ""
@@ -86,7 +86,7 @@ def _print_report(cfg, findings, offline: bool) -> None:
     estimate = memory_estimate_of(findings)
     if estimate:
         console.print(_memory_table(estimate))
-    from pipeline.forecast.model import section_lines  # noqa: PLC0415
+    from pipeline.forecast.model import section_lines
 
     for line in section_lines(cfg):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
@@ -96,7 +96,7 @@ def _print_report(cfg, findings, offline: bool) -> None:
 
 
 def _memory_table(estimate: dict):
-    from rich.table import Table  # noqa: PLC0415
+    from rich.table import Table
 
     table = Table(title=f"Memory per GPU (rank 0) — {estimate['device']}")
     table.add_column("component")
@@ -114,10 +114,10 @@ def _memory_table(estimate: dict):
 
 def _validate_live(cfg, findings, as_json: bool, trtllm_root: str | None) -> int:
     """Preflight findings and the live checks; PreflightError naming every error and failure."""
-    from pipeline.errors import PreflightError  # noqa: PLC0415
-    from pipeline.validate.live import failures, run_live_preflight  # noqa: PLC0415
-    from pipeline.validate.live.table import print_checks  # noqa: PLC0415
-    from pipeline.validate.preflight import errors_of  # noqa: PLC0415
+    from pipeline.errors import PreflightError
+    from pipeline.validate.live import failures, run_live_preflight
+    from pipeline.validate.live.table import print_checks
+    from pipeline.validate.preflight import errors_of
 
     checks = run_live_preflight(cfg, trtllm_root)
     if as_json:

@@ -130,9 +130,9 @@ class Progress:
             advanced = []
 
             def info(text: str = "") -> None:
-                if self._bar is not None and not advanced:  # noqa: B023
+                if self._bar is not None and not advanced:  # noqa: B023 - called only inside this iteration
                     self._bar.update(task, advance=1, info=text)
-                    advanced.append(True)  # noqa: B023
+                    advanced.append(True)  # noqa: B023 - called only inside this iteration
 
             yield info
             info()

@@ -69,8 +69,8 @@ def _time_forward(model, batch: int, tokens: int, context: int, reps: int) -> fl
 
 def fit_forward(points: list[tuple[int, int, float]]) -> dict:
     """(rows, context, seconds) → {a, b, c} of ``t = a + b·rows + c·rows·L`` (non-negative)."""
-    import numpy as np  # noqa: PLC0415
-    from scipy.optimize import nnls  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415 - numpy is loaded only when this path runs
+    from scipy.optimize import nnls  # noqa: PLC0415 - scipy is loaded only when this path runs
 
     x = np.array([[1.0, rows, rows * ctx] for rows, ctx, _ in points])
     y = np.array([s for _, _, s in points])
@@ -85,7 +85,7 @@ def _model_points(model, reps: int) -> list[tuple[int, int, float]]:
 def _engine_step(engine, batch: int, tokens: int, rounds: int = 3) -> float:
     """Baseline engine CPU seconds per step with ``batch`` requests in flight (process CPU time:
     the engine's thread included, other processes on shared cores not)."""
-    from pipeline.reference.api import GenerationRequest  # noqa: PLC0415
+    from pipeline.reference.api import GenerationRequest  # noqa: PLC0415 - only this path needs it
 
     per_step = []
     for _ in range(rounds):
@@ -103,8 +103,8 @@ def _proposer_seconds(target_dir: Path, proposer: dict, batches: tuple[int, ...]
     speculative engine generates a few requests while its proposer's calls are timed. The
     engine's fused one-row drafting paths do not follow the batched forward's fit, so on the CPU
     the proposer's cost is measured, not derived from its shapes."""
-    from pipeline.reference.api import GenerationRequest  # noqa: PLC0415
-    from pipeline.reference.engine import create_engine  # noqa: PLC0415
+    from pipeline.reference.api import GenerationRequest  # noqa: PLC0415 - only this path needs it
+    from pipeline.reference.engine import create_engine  # noqa: PLC0415 - keeps pydantic, torch off this module's import
 
     engine = create_engine(Path(target_dir), role="speculative", proposer=proposer, **limits)
     calls: list[float] = []
@@ -133,7 +133,7 @@ def _proposer_seconds(target_dir: Path, proposer: dict, batches: tuple[int, ...]
 def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1, reps: int = 5,
               batches: tuple[int, ...] = (1, 8), fast_paths: bool = True, proposer: dict | None = None) -> dict:
     """Microbenchmark the engine's models on this machine → the calibration dict (not yet stored)."""
-    from pipeline.reference.engine import create_engine, set_threads  # noqa: PLC0415
+    from pipeline.reference.engine import create_engine, set_threads  # noqa: PLC0415 - keeps pydantic, torch off this module's import
 
     set_threads(threads)
     limits = dict(max_batch_size=max(batches), max_seq_len=512, prefix_cache_entries=0, fast_paths=fast_paths)
@@ -174,7 +174,7 @@ def calibration_key(cfg) -> str:
 
 def store(calibration: dict, key: str, path: Path | None = None) -> Path:
     """Add ``calibration`` under ``key`` to this machine's calibration file (other keys kept)."""
-    from pipeline.infra.atomic import write_json_atomic  # noqa: PLC0415
+    from pipeline.infra.atomic import write_json_atomic  # noqa: PLC0415 - only this path needs it
 
     path = path or calibration_path()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -181,7 +181,7 @@ def config_inputs(cfg, acceptance: Acceptance, engine: str | None = None, contex
                            dense, kv_bytes(d, cfg.backend, compute), d.tp, PEAK_DTYPE.get(d.quantization.format) or d.dtype)
     if device is None:
         if cfg.hardware == "cpu":
-            from pipeline.forecast.cpu import calibration_key, stored_device  # noqa: PLC0415
+            from pipeline.forecast.cpu import calibration_key, stored_device  # noqa: PLC0415 - only this path needs it
 
             device = stored_device(target, calibration_key(cfg))
         else:
@@ -203,7 +203,7 @@ def forecast_config(cfg, acceptance: Acceptance, levels: list[int] | None = None
 def break_even(inp: Inputs, batch: int) -> dict:
     """The τ (and, for a chain, the i.i.d. α) at which speculation exactly pays at ``batch``: no
     acceptance input needed. τ above the verify width means it cannot pay at all."""
-    from pipeline.forecast.acceptance import alpha_for_tau  # noqa: PLC0415
+    from pipeline.forecast.acceptance import alpha_for_tau  # noqa: PLC0415 - only this path needs it
 
     def gain(tau: float) -> float:
         base, spec = step_times(inp, batch, inp.plan, tau)
@@ -224,7 +224,7 @@ def section_lines(cfg) -> list[str]:
     """The short forecast section of ``plan`` and ``validate``: the acceptance at which
     speculation pays at each concurrency of the config (needs no acceptance source), or why no
     forecast can be made."""
-    from pipeline.forecast.acceptance import Acceptance  # noqa: PLC0415
+    from pipeline.forecast.acceptance import Acceptance  # noqa: PLC0415 - only this path needs it
 
     if cfg.method not in PLANS:
         return []

@@ -33,7 +33,7 @@ def write_plot(fc: dict, path: Path) -> Path:
     import matplotlib  # noqa: PLC0415 - only when a plot is asked for
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - matplotlib is loaded only when this path runs
 
     levels = [r["concurrency"] for r in fc["levels"]]
     fig, ax = plt.subplots(figsize=(6, 3.5))

@@ -94,7 +94,7 @@ class GpuDevice:
 
     def scaled(self, factor: float) -> GpuDevice:
         """Efficiencies × ``factor`` (the band's edges)."""
-        from dataclasses import replace  # noqa: PLC0415
+        from dataclasses import replace  # noqa: PLC0415 - only this path needs it
 
         e = self.engine
         return GpuDevice(self.gpu, replace(e, memory_efficiency=min(1.0, e.memory_efficiency * factor),

@@ -24,7 +24,7 @@ def git_sha(root: Path = PROJECT_ROOT) -> str | None:
 def package_version(*names: str) -> str | None:
     """The installed version of the first of ``names`` that is installed (a distribution can go by
     two spellings, e.g. tensorrt_llm / tensorrt-llm); None when none is."""
-    from importlib import metadata  # noqa: PLC0415
+    from importlib import metadata  # noqa: PLC0415 - only this path needs it
 
     for name in names:
         try:

@@ -48,7 +48,7 @@ class ManagedEndpoints:
     returns that arm's running endpoint. Every server is stopped on exit."""
 
     def __init__(self, cfg: DeploymentConfig, arms: tuple[str, ...]):
-        from pipeline.infra.processes import free_ports  # noqa: PLC0415
+        from pipeline.infra.processes import free_ports  # noqa: PLC0415 - keeps psutil off this module's import
 
         self.cfg, self.arms = cfg, arms
         self.deployments = {arm: load_arm(cfg, arm)[1] for arm in arms}  # as render described them
@@ -85,7 +85,7 @@ class ManagedEndpoints:
             self._servers.popitem()[1].stop()
 
     def _start(self, arm: str) -> None:
-        from pipeline.serve.server import start_deployment  # noqa: PLC0415
+        from pipeline.serve.server import start_deployment  # noqa: PLC0415 - keeps psutil off this module's import
 
         http, grpc, metrics = self.ports[arm]
         server = start_deployment(self.cfg, arm, http_port=http, grpc_port=grpc, metrics_port=metrics)
@@ -124,7 +124,7 @@ class ManagedEndpoints:
 def managed_endpoints(cfg: DeploymentConfig, arms: tuple[str, ...]) -> ManagedEndpoints:
     """The arms' servers for the whole sweep (see :class:`ManagedEndpoints`)."""
     try:
-        import pipeline.serve.server  # noqa: F401, PLC0415
+        import pipeline.serve.server  # noqa: F401, PLC0415 - keeps psutil off this module's import
     except ImportError as exc:
         raise LoadTestError(f"serving is not available ({exc}); pass --endpoint-baseline/--endpoint-speculative") from None
     return ManagedEndpoints(cfg, arms)
@@ -139,7 +139,7 @@ def kv_capacity_reported(metrics_url: str | None, timeout_s: float = 5.0) -> dic
 
 
 def kv_capacity_from_text(text: str) -> dict[str, int] | None:
-    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415 - prometheus_client is loaded only when this path runs
 
     found: dict[str, dict[str, float]] = {}
     for family in text_string_to_metric_families(text):
@@ -188,7 +188,7 @@ def probe_generate(http_url: str, model_name: str, extra_inputs: dict[str, Any],
                    contract: str = "ensemble") -> bool:
     """One non-streaming ``/generate`` request for one token; True when it answers without error."""
     body = json.dumps({**_probe_inputs(contract), **extra_inputs}).encode()
-    request = urllib.request.Request(f"{http_url.rstrip('/')}/v2/models/{model_name}/generate", data=body,  # noqa: S310
+    request = urllib.request.Request(f"{http_url.rstrip('/')}/v2/models/{model_name}/generate", data=body,  # noqa: S310 - an http URL built from the endpoint's own address
                                      headers={"Content-Type": "application/json"}, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310 - loopback/user URL

@@ -117,8 +117,8 @@ def arm_models(model: str | None, model_baseline: str | None, model_speculative:
 
 def listed_models(url: str, timeout_s: float = 10.0) -> list[str]:
     """The model ids ``GET /v1/models`` lists; SpecdeployError (the server's words) when it does not answer."""
-    import urllib.error  # noqa: PLC0415
-    import urllib.request  # noqa: PLC0415
+    import urllib.error  # noqa: PLC0415 - only this path needs it
+    import urllib.request  # noqa: PLC0415 - only this path needs it
 
     base = url.rstrip("/").removesuffix("/v1")
     try:
@@ -155,7 +155,7 @@ def _alive(transport: str, url: str, model: str):
 
 def openai_alive(url: str, timeout_s: float = 5.0) -> bool:
     """``GET /v1/models`` answers 200 (vLLM, SGLang, trtllm-serve and our frontend all serve it)."""
-    import urllib.request  # noqa: PLC0415
+    import urllib.request  # noqa: PLC0415 - only this path needs it
 
     base = url.rstrip("/").removesuffix("/v1")
     try:
@@ -170,7 +170,7 @@ def run_endpoint_loadtest(lt_path: str | Path, *, endpoint_baseline: str | None,
                           model_baseline: str | None = None, model_speculative: str | None = None,
                           **options: Any) -> tuple[Path, DeploymentConfig]:
     """Load-test two given endpoints (or one, with ``arm``); returns (RUN_DIR, the config snapshot)."""
-    from pipeline.loadtest.runner import run_loadtest  # noqa: PLC0415
+    from pipeline.loadtest.runner import run_loadtest  # noqa: PLC0415 - keeps psutil off this module's import
 
     if transport not in TRANSPORTS:
         raise SpecdeployError(f"--transport: expected one of {TRANSPORTS}, got '{transport}'")

@@ -297,7 +297,7 @@ def run_loadtest(
                  progress, given_endpoints, arms, endpoint_baseline, endpoint_speculative,
                  resume_run.new_session(meta, results, now.timestamp(), now.isoformat()))
     if report:
-        from pipeline.report.builder import make_report  # noqa: PLC0415
+        from pipeline.report.builder import make_report  # noqa: PLC0415 - keeps numpy off this module's import
 
         make_report(run_dir, cfg)
     return run_dir
@@ -314,7 +314,7 @@ def _measure(cfg, specs, results, meta, run_dir, run_id, prompts, duration_s, wa
     with endpoints_cm as endpoints:
         meta["endpoints"] = _endpoints_provenance(endpoints)
         _write_json(run_dir / "run.json", RunInfo.checked(meta))
-        for spec, result in _iterate(specs, progress, lambda s: execute_run(  # noqa: B007
+        for spec, result in _iterate(specs, progress, lambda s: execute_run(  # noqa: B007 - spec is bound by _iterate's tuple; only the result is used
                 cfg, s, endpoints[s.arm], run_dir, run_id, prompts, duration_s, warmup_s, tokenizer_dir)):
             results.append({**result, "session": session})
             meta["commands"].append(" ".join(result["command"]))
@@ -378,7 +378,7 @@ def _iterate(specs: list[RunSpec], progress: bool, fn: Callable[[RunSpec], dict]
         for spec in specs:
             yield spec, fn(spec)
         return
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415 - rich is loaded only when this path runs
 
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), transient=False) as bar:

@@ -55,7 +55,7 @@ def metrics_text(metrics_url: str | None, timeout_s: float = 5.0) -> str | None:
 def parse_counters(text: str) -> dict[str, float]:
     """Each acceptance counter summed over its label sets (models, versions); ours, or vLLM's
     when the server is a vLLM (``--endpoint-*`` with ``metrics_*`` in a load-test file)."""
-    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415 - prometheus_client is loaded only when this path runs
 
     keys = {name: key for table in (COUNTERS, VLLM_COUNTERS) for key, name in table.items()}
     totals = {key: 0.0 for key in COUNTERS}
@@ -88,7 +88,7 @@ class _ProcessTreeSampler:
         raise NotImplementedError
 
     def _loop(self) -> None:
-        import psutil  # noqa: PLC0415
+        import psutil  # noqa: PLC0415 - psutil is loaded only when this path runs
 
         try:
             root = psutil.Process(self.pid)

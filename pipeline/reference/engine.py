@@ -196,7 +196,7 @@ class ReferenceEngine:
                 active = self._settle(active)
                 running = [s for s in active if not s.finished]
                 if running:
-                    self._run_guarded(running, lambda: self.scheduler.step(running))  # noqa: B023
+                    self._run_guarded(running, lambda: self.scheduler.step(running))  # noqa: B023 - called at once, inside this iteration
                 active = self._settle(active)
             for seq in active + self._waiting:
                 seq.finish_reason = seq.finish_reason or "cancelled"

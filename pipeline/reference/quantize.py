@@ -27,7 +27,7 @@ COPIED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", 
 
 
 def quantize_checkpoint(src_dir: Path, dst_dir: Path, fmt: str = "int8_wo") -> None:
-    from safetensors.torch import save_file  # noqa: PLC0415
+    from safetensors.torch import save_file  # noqa: PLC0415 - safetensors is loaded only when this path runs
 
     if fmt not in FORMATS:
         raise SpecdeployError(f"quantization format {fmt!r} is not supported by the reference engine "

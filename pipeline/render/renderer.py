@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.artefacts.deployment import arms_of, check_arm, describe_arm, descriptor_path, load_arm
-from pipeline.artefacts.manifest import MANIFEST_FORMAT  # noqa: F401 - re-exported
+from pipeline.artefacts.manifest import MANIFEST_FORMAT  # noqa: F401 - re-exported for callers
 from pipeline.config import DeploymentConfig, ngram_through_bls
 from pipeline.errors import StaleInputError
 from pipeline.paths import PROJECT_ROOT, model_repo_dir
@@ -58,7 +58,7 @@ def load_manifest(cfg: DeploymentConfig) -> dict:
     """The build manifest of ``cfg`` (StaleInputError when missing or from another config).
     Engine dirs are not required here: a repository may be rendered for engines that live on
     another host (they are checked when the server starts)."""
-    from pipeline.build.builder import load_manifest as load_build_manifest  # noqa: PLC0415
+    from pipeline.build.builder import load_manifest as load_build_manifest  # noqa: PLC0415 - keeps psutil off this module's import
 
     return load_build_manifest(cfg, check_engine_dirs=False)
 
@@ -336,11 +336,11 @@ def render(cfg: DeploymentConfig, templates_dir: Path = TEMPLATES_DIR) -> dict[s
     manifest = load_manifest(cfg)
     layout = arm_layout(cfg)
     if cfg.runs_llm_api:
-        from pipeline.render.llmapi import render_llmapi  # noqa: PLC0415
+        from pipeline.render.llmapi import render_llmapi  # noqa: PLC0415 - only this path needs it
 
         return render_llmapi(cfg, manifest, templates_dir, layout)
     if cfg.llmapi_layout:  # the CPU reference engine behind the llmapi layout
-        from pipeline.render.llmapi_cpu import render_reference_llmapi  # noqa: PLC0415
+        from pipeline.render.llmapi_cpu import render_reference_llmapi  # noqa: PLC0415 - only this path needs it
 
         return render_reference_llmapi(cfg, manifest, templates_dir)
     out = {}

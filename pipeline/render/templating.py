@@ -31,7 +31,7 @@ def _pbstr(value) -> str:
 
 
 def jinja_environment(templates_dir: Path):
-    import jinja2  # noqa: PLC0415
+    import jinja2  # noqa: PLC0415 - jinja2 is loaded only when this path runs
 
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir)),
@@ -45,7 +45,7 @@ def jinja_environment(templates_dir: Path):
 
 
 def render_text(env, templates_dir: Path, template_name: str, context: dict) -> str:
-    import jinja2  # noqa: PLC0415
+    import jinja2  # noqa: PLC0415 - jinja2 is loaded only when this path runs
 
     try:
         return env.get_template(template_name).render(**context)

@@ -32,8 +32,8 @@ class RenderError(SpecdeployError):
 
 
 def parse_config_file(path: Path):
-    from google.protobuf import text_format  # noqa: PLC0415
-    from tritonclient.grpc import model_config_pb2  # noqa: PLC0415
+    from google.protobuf import text_format  # noqa: PLC0415 - google is loaded only when this path runs
+    from tritonclient.grpc import model_config_pb2  # noqa: PLC0415 - tritonclient is loaded only when this path runs
 
     config = model_config_pb2.ModelConfig()
     try:
@@ -164,7 +164,7 @@ def _engine_method(engine_dir: str, backend: str | None) -> str | None:
         return data.get("proposer", {}).get("method", "none") if data.get("role") != "target" else "draft_target"
     config = path / "config.json"
     if config.is_file():
-        from pipeline.trtllm.engine_config import SPEC_MODE_BITS  # noqa: PLC0415
+        from pipeline.trtllm.engine_config import SPEC_MODE_BITS  # noqa: PLC0415 - only this path needs it
 
         # TensorRT-LLM writes the mode as an integer bit flag (SpeculativeDecodingMode); names pass too
         raw = json.loads(config.read_text()).get("build_config", {}).get("speculative_decoding_mode")

@@ -293,8 +293,8 @@ def prepare(run_dir: Path, cfg: DeploymentConfig | None = None) -> tuple[dict[st
 
 def make_report(run_dir: str | Path, cfg: DeploymentConfig | None = None) -> Report:
     """Analyse RUN_DIR, decide the verdict, write report.json / report.md / report.html."""
-    from pipeline.report.view.plots import report_plots  # noqa: PLC0415  (matplotlib: only when writing)
-    from pipeline.report.view.render import render_report  # noqa: PLC0415
+    from pipeline.report.view.plots import report_plots  # noqa: PLC0415 - matplotlib: only when writing
+    from pipeline.report.view.render import render_report  # noqa: PLC0415 - only this path needs it
 
     run_dir = Path(run_dir)
     data, analysis, gate = prepare(run_dir, cfg)
@@ -321,9 +321,9 @@ class Comparison:
 def make_comparison(run_a: str | Path, run_b: str | Path, out_dir: str | Path | None = None) -> Comparison:
     """RUN_B against RUN_A (each gated with its own config snapshot): write compare.json /
     compare.md / compare.html into OUT_DIR (default RUN_B); the run directories are only read."""
-    from pipeline.report.view.compare import comparison_data  # noqa: PLC0415
-    from pipeline.report.view.plots import compare_plot  # noqa: PLC0415
-    from pipeline.report.view.render import render_comparison  # noqa: PLC0415
+    from pipeline.report.view.compare import comparison_data  # noqa: PLC0415 - only this path needs it
+    from pipeline.report.view.plots import compare_plot  # noqa: PLC0415 - only this path needs it
+    from pipeline.report.view.render import render_comparison  # noqa: PLC0415 - only this path needs it
 
     run_a, run_b = Path(run_a), Path(run_b)
     data_a, _, _ = prepare(run_a)

@@ -34,7 +34,7 @@ def _ratio(a, b) -> float | None:
 
 
 def _measured_acceptance(spec_rows: dict[int, dict], depth: int):
-    from pipeline.forecast.acceptance import Acceptance  # noqa: PLC0415
+    from pipeline.forecast.acceptance import Acceptance  # noqa: PLC0415 - keeps yaml off this module's import
 
     per_level = {c: r["mean_acceptance_length"] for c, r in spec_rows.items() if r.get("mean_acceptance_length")}
     if not per_level:
@@ -46,14 +46,14 @@ def _measured_acceptance(spec_rows: dict[int, dict], depth: int):
 
 def forecast_section(data: dict, cfg) -> dict[str, Any]:
     """The report's forecast-vs-measured section (``available: false`` with a reason when it cannot be made)."""
-    from pipeline.forecast.model import WORTH_A_LOOK, config_inputs, step_times  # noqa: PLC0415
-    from pipeline.forecast.proposers import PLANS  # noqa: PLC0415
+    from pipeline.forecast.model import WORTH_A_LOOK, config_inputs, step_times  # noqa: PLC0415 - keeps yaml off this module's import
+    from pipeline.forecast.proposers import PLANS  # noqa: PLC0415 - keeps yaml off this module's import
 
     if cfg.method not in PLANS:
         return {"available": False, "reason": f"no forecast for speculation method {cfg.method!r}"}
     base_rows, spec_rows = _arm_rows(data, "baseline"), _arm_rows(data, "speculative")
     try:
-        from pipeline.forecast.proposers import plan_for  # noqa: PLC0415
+        from pipeline.forecast.proposers import plan_for  # noqa: PLC0415 - keeps yaml off this module's import
 
         depth = plan_for(cfg.speculation).depth
         acceptance = _measured_acceptance(spec_rows, depth)
@@ -108,7 +108,7 @@ def safe_forecast_section(data: dict, cfg) -> dict[str, Any]:
 
 def forecast_table(data: dict) -> dict | None:
     """The report view's table (None when the report has no forecast)."""
-    from pipeline.report.view.tables import table  # noqa: PLC0415
+    from pipeline.report.view.tables import table  # noqa: PLC0415 - only this path needs it
 
     fc = data.get("forecast") or {}
     if not fc.get("available"):

@@ -55,7 +55,7 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def prepare_cpu_server(cache_root: Path | None = None) -> CpuServer:
     """Find the wheel's tritonserver and make ``backends/python`` hold this Python's stub."""
-    from pipeline.serve.tritonserver_install import find_tritonserver  # noqa: PLC0415
+    from pipeline.serve.tritonserver_install import find_tritonserver  # noqa: PLC0415 - only this path needs it
 
     install = find_tritonserver()
     if install.stub_path is None:
@@ -255,7 +255,7 @@ def repository_paths(repo: Path) -> list[Path]:
     """Every host path the repository's models read: the repository itself and each absolute path
     in a model parameter (engines, tokenizer and checkpoint dirs), nested ones folded into their
     parents; paths the container image provides are left out."""
-    from pipeline.render.triton_rules import parse_config_file  # noqa: PLC0415
+    from pipeline.render.triton_rules import parse_config_file  # noqa: PLC0415 - only this path needs it
 
     found = {Path(repo).resolve()}
     for config_path in Path(repo).glob("*/config.pbtxt"):

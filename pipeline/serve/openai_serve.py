@@ -61,8 +61,8 @@ def start_frontend(cfg: DeploymentConfig, variant: str, grpc_url: str, *, port: 
                    host: str | None = None, log_dir: Path | None = None, timeout_s: float = 120.0) -> RunningFrontend:
     """Start the frontend for arm ``variant`` of ``cfg`` (Triton at ``grpc_url``); return once
     ``/health`` answers 200 (the Triton model is ready through it)."""
-    from pipeline.artefacts.deployment import load_arm  # noqa: PLC0415
-    from pipeline.loadtest.provenance import served_tokenizer_dir  # noqa: PLC0415
+    from pipeline.artefacts.deployment import load_arm  # noqa: PLC0415 - only this path needs it
+    from pipeline.loadtest.provenance import served_tokenizer_dir  # noqa: PLC0415 - only this path needs it
 
     target = load_arm(cfg, variant)[1]  # what render recorded for the arm
     if cfg.llmapi_layout:  # the frontend speaks the ensemble's tensors, not the llmapi model's
@@ -94,7 +94,7 @@ def _wait_healthy(frontend: RunningFrontend, timeout_s: float) -> None:
             tail = frontend.log_path.read_text(encoding="utf-8", errors="replace")[-2000:]
             raise FrontendError(f"the OpenAI frontend exited; log {frontend.log_path}:\n{tail}")
         try:
-            with urllib.request.urlopen(frontend.url + "/health", timeout=5) as resp:  # noqa: S310 - loopback
+            with urllib.request.urlopen(frontend.url + "/health", timeout=5) as resp:  # noqa: S310 - a loopback http URL
                 if resp.status == 200:
                     return
         except OSError:
@@ -109,9 +109,9 @@ def serve_with_frontend(cfg: DeploymentConfig, variant: str, *, ports: dict, hos
     """``serve --frontend openai``: Triton as ``serve`` starts it, then the frontend in front of it.
     In the foreground both stop on Ctrl-C / SIGTERM / SIGHUP or when either dies; otherwise both
     are left running, detached, and the stop command is printed."""
-    import threading  # noqa: PLC0415
+    import threading  # noqa: PLC0415 - only this path needs it
 
-    from pipeline.serve.server import _stop_on_signals, start_deployment  # noqa: PLC0415
+    from pipeline.serve.server import _stop_on_signals, start_deployment  # noqa: PLC0415 - only this path needs it
 
     stop = threading.Event()
     with _stop_on_signals(stop) as started:

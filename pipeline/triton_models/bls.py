@@ -107,7 +107,7 @@ def _local_detokenizer(postprocessing_dir: Path):
         skip = (_string_param(text, "skip_special_tokens") or "True").strip().lower() in ("true", "1", "yes")
         if not tokenizer_dir:
             return None
-        from pipeline.triton_models.tokenizer import TextTokenizer  # noqa: PLC0415
+        from pipeline.triton_models.tokenizer import TextTokenizer
 
         tokenizer = TextTokenizer(tokenizer_dir)
     except Exception:  # noqa: BLE001 - fall back to the postprocessing model
@@ -348,7 +348,7 @@ class TritonPythonModel:
     def cancelled(sender) -> bool:
         try:
             return bool(sender.is_cancelled())
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - a failed step is reported to the client, the BLS keeps serving
             return False
 
     @staticmethod
@@ -362,5 +362,5 @@ class TritonPythonModel:
     def _send_final_flag(sender) -> None:
         try:
             sender.send(flags=FINAL)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - a failed step is reported to the client, the BLS keeps serving
             pass

@@ -51,9 +51,9 @@ def start_engine(engine_dir: Path, name: str, version: str):
     unless ``SPECDEPLOY_ENGINE_PROCESS=stub`` keeps it in this process."""
     cpus = engine_cpus_from_env(name)
     if os.environ.get(ENGINE_PROCESS_ENV, "own") == "stub":
-        import torch  # noqa: PLC0415 - only the in-stub engine needs torch here
+        import torch
 
-        from pipeline.reference.engine import load_engine  # noqa: PLC0415 - imports torch
+        from pipeline.reference.engine import load_engine
 
         torch.set_num_threads(1)
         try:
@@ -62,8 +62,8 @@ def start_engine(engine_dir: Path, name: str, version: str):
             pass  # already set in this process (it can only be set once)
         return load_engine(engine_dir, cpus=cpus)
     # its own interpreter: no lock shared with the threads that send responses
-    from pipeline.reference.worker import EngineProcess  # noqa: PLC0415 - the stub-mode path never needs it
-    from pipeline.triton_models.worker_health import WorkerHealthMetrics  # noqa: PLC0415 - as above
+    from pipeline.reference.worker import EngineProcess
+    from pipeline.triton_models.worker_health import WorkerHealthMetrics
 
     return EngineProcess(engine_dir, cpus, name=name, on_health=WorkerHealthMetrics(name, version))
 

@@ -168,7 +168,7 @@ class InflightBatcherModel(CpuEngineModel):
         return lambda chunk: None if chunk.error else self._response(chunk.tokens, len(chunk.tokens), prompt, chunk.stats, options)
 
     def _submit(self, gen_request, sender, on_chunk=None):
-        from pipeline.reference.api import DraftTooLongError  # noqa: PLC0415
+        from pipeline.reference.api import DraftTooLongError
 
         try:
             handle = self.engine.submit(gen_request, on_chunk=on_chunk)
@@ -183,7 +183,7 @@ class InflightBatcherModel(CpuEngineModel):
     def _parse(self, request, request_id: str):
         """One batch row's inputs → (ResponseOptions, GenerationRequest); a bad value raises
         RequestError naming the input (the rules: docs/request-validation.md)."""
-        from pipeline.reference.api import GenerationRequest  # noqa: PLC0415
+        from pipeline.reference.api import GenerationRequest
 
         streaming = io.flag(request, "streaming")
         if streaming and not self.decoupled:
@@ -266,7 +266,7 @@ class InflightBatcherModel(CpuEngineModel):
 
     @staticmethod
     def _sampling(request):
-        from pipeline.reference.api import SamplingParams  # noqa: PLC0415
+        from pipeline.reference.api import SamplingParams
 
         seed = io.scalar(request, "seed", None)
         return SamplingParams(
@@ -301,7 +301,7 @@ class InflightBatcherModel(CpuEngineModel):
             try:
                 for chunk in handle.chunks():
                     merged.put((row, chunk))
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - report the failure to the client, keep serving
                 merged.put((row, Chunk(tokens=[], finished=True, finish_reason="error", error=str(exc))))
 
         for row, handle in enumerate(handles):

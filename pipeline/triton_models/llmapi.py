@@ -84,8 +84,8 @@ class LlmapiModel(CpuEngineModel):
     REQUEST_ERRORS = (LlmapiError,)
 
     def initialize(self, args):
-        from pipeline.artefacts.engine import ENGINE_DESCRIPTOR, EngineDescriptor  # noqa: PLC0415
-        from pipeline.triton_models.tokenizer import TextTokenizer  # noqa: PLC0415
+        from pipeline.artefacts.engine import ENGINE_DESCRIPTOR, EngineDescriptor
+        from pipeline.triton_models.tokenizer import TextTokenizer
 
         config = json.loads(args["model_config"])
         llm_args = _model_yaml(args)
@@ -125,7 +125,7 @@ class LlmapiModel(CpuEngineModel):
         return lambda: self._drain(gen_request, handle, sender, options, time.monotonic_ns())
 
     def _parse(self, inputs: dict, user_id: str):
-        from pipeline.reference.api import GenerationRequest, SamplingParams  # noqa: PLC0415
+        from pipeline.reference.api import GenerationRequest, SamplingParams
 
         text = inputs.get("text_input")
         if text is None:
@@ -139,7 +139,7 @@ class LlmapiModel(CpuEngineModel):
         for name, message in NOT_ON_CPU.items():
             if _scalar(inputs, name):
                 raise LlmapiError(message)
-        get = lambda name: _scalar(inputs, name)  # noqa: E731
+        get = lambda name: _scalar(inputs, name)  # noqa: E731 - a one-line reader used only in this block
         try:
             llmapi_spec.check_sampling(get)
         except ValueError as exc:

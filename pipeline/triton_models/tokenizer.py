@@ -39,7 +39,7 @@ class _TokenizerFile:
     backend = "tokenizers"
 
     def __init__(self, tokenizer_dir: Path, config: dict):
-        from tokenizers import Tokenizer  # noqa: PLC0415
+        from tokenizers import Tokenizer
 
         self._tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
         self.bos_id = self._id_of(_token_content(config.get("bos_token")))
@@ -70,7 +70,7 @@ class _AutoTokenizer:
     backend = "transformers"
 
     def __init__(self, tokenizer_dir: Path, trust_remote_code: bool):
-        from transformers import AutoTokenizer  # noqa: PLC0415 - heavy; only for these directories
+        from transformers import AutoTokenizer
 
         try:
             tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), legacy=False, padding_side="left",

@@ -176,7 +176,7 @@ def check_tokenizers(ctx: CheckContext) -> None:
         return
     if not _has_tokenizer(target_dir) or not _has_tokenizer(draft_dir):
         return  # already reported as missing files
-    from pipeline.validate.tokenizer_compat import compare_tokenizers  # noqa: PLC0415
+    from pipeline.validate.tokenizer_compat import compare_tokenizers  # noqa: PLC0415 - only this path needs it
 
     try:
         problems = compare_tokenizers(target_dir, draft_dir)
@@ -277,7 +277,7 @@ def _check_eagle_head(ctx: CheckContext, head_cfg: dict, shapes: dict, weights: 
 
 def _check_eagle_layers(ctx: CheckContext, shapes: dict, weights: Path, directory: Path, field_path: str) -> None:
     """quantize.py copies layers.{i}.* for i < --eagle_num_layers (the head's num_hidden_layers)."""
-    from pipeline.plan.planner import eagle_head_layers  # noqa: PLC0415
+    from pipeline.plan.planner import eagle_head_layers  # noqa: PLC0415 - only this path needs it
 
     layers = eagle_head_layers(str(directory))
     absent = [i for i in range(layers) if f"layers.{i}.self_attn.q_proj.weight" not in shapes]

@@ -139,14 +139,14 @@ def check_scripts(ctx: CheckContext) -> None:
                 "run `specdeploy validate` without --offline on the build host")
         return
     from pipeline.plan.planner import make_plan  # noqa: PLC0415 - plan imports preflight's neighbours
-    from pipeline.trtllm.layout import missing_scripts, missing_scripts_fix  # noqa: PLC0415
+    from pipeline.trtllm.layout import missing_scripts, missing_scripts_fix  # noqa: PLC0415 - only this path needs it
 
     try:
         plan = make_plan(cfg, ctx.trtllm_root)
     except SpecdeployError:
         return  # the config problem is reported by the checks that own it
     if cfg.runs_llm_api:
-        from pipeline.plan.llmapi import missing_modelopt_scripts  # noqa: PLC0415
+        from pipeline.plan.llmapi import missing_modelopt_scripts  # noqa: PLC0415 - only this path needs it
 
         for message, fix in missing_modelopt_scripts(plan):
             ctx.add(ERROR, "scripts", message, fix, "llm_api.modelopt_root")

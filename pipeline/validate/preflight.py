@@ -195,7 +195,7 @@ def _check_cpu_ids(ctx: CheckContext) -> None:
                 "remove reference.cpu_pinning", "reference.cpu_pinning")
         return
     from pipeline.render.renderer import llm_models  # noqa: PLC0415 - the engine models each arm's repository holds
-    from pipeline.serve.cpu_pinning import allowed_cpus, pinning_problems  # noqa: PLC0415
+    from pipeline.serve.cpu_pinning import allowed_cpus, pinning_problems  # noqa: PLC0415 - only this path needs it
 
     manifest = {"engines": dict.fromkeys(("baseline", "speculative", "target", "draft"), "")}
     arms = {arm: [m.model_name for m in llm_models(cfg, manifest, arm)] for arm in ("baseline", "speculative")}

@@ -31,7 +31,7 @@ def load_vocab(directory: Path) -> dict[str, int]:
         return dict(Tokenizer.from_file(str(path)).get_vocab(with_added_tokens=True))
     except ImportError:
         return _vocab_from_json(path)
-    except Exception as exc:  # tokenizers raises plain Exception subclasses for bad files  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exception subclasses for bad files
         raise ValueError(f"cannot read {path}: {exc}") from None
 
 
@@ -41,7 +41,7 @@ def sentencepiece_model_proto():
     register that file twice in one process; so take the module ``transformers`` itself picks
     (its ``import_protobuf``), which keeps our reads and AutoTokenizer's in one process working."""
     try:
-        from transformers.convert_slow_tokenizer import import_protobuf  # noqa: PLC0415
+        from transformers.convert_slow_tokenizer import import_protobuf  # noqa: PLC0415 - transformers is loaded only when this path runs
     except ImportError:
         from sentencepiece import sentencepiece_model_pb2  # noqa: PLC0415 - raises ImportError when absent
 
@@ -58,7 +58,7 @@ def _sentencepiece_pieces(path: Path) -> dict[str, int]:
         raise ValueError(f"cannot read {path}: parsing SentencePiece needs transformers or sentencepiece ({exc})") from None
     try:
         model.ParseFromString(path.read_bytes())
-    except Exception as exc:  # protobuf raises DecodeError (an Exception subclass)  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError (an Exception subclass)
         raise ValueError(f"cannot read {path}: not a SentencePiece model ({exc})") from None
     return {piece.piece: i for i, piece in enumerate(model.pieces)}
 

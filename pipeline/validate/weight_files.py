@@ -44,7 +44,7 @@ def pickle_shapes(path: Path) -> Shapes:
         try:
             state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=mmap)
             break
-        except Exception as exc:  # torch raises RuntimeError, UnpicklingError, … for bad files  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError, UnpicklingError, … for bad files
             error = exc
     if state is None:
         raise UnreadableWeights(f"{path}: not loadable as tensors only ({error})")

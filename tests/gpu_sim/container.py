@@ -47,7 +47,7 @@ _SCRIPT = '''#!/usr/bin/env python3
 import sys
 
 sys.path.insert(0, {gpu_sim!r})
-from build_tools import main  # noqa: E402
+from build_tools import main  # noqa: E402 - after the sys.path set-up above
 
 sys.exit(main({tool!r}, sys.argv[1:]))
 '''

@@ -63,7 +63,7 @@ class Chromium:
         if self.ws is not None:
             try:
                 self.ws.send(json.dumps({"id": -1, "method": "Browser.close"}))
-            except Exception:  # noqa: BLE001  (already gone: the process group is ended below)
+            except Exception:  # noqa: BLE001 - already gone: the process group is ended below
                 pass
             self.ws.close()
         if self.proc is not None:

@@ -26,7 +26,7 @@ SHORT_DRAFT_SEQ_LEN = 20  # prompt + 24 new tokens outgrow it after a few rounds
 
 
 def _scrape(metrics_url: str) -> str:
-    return urllib.request.urlopen(metrics_url, timeout=10).read().decode()  # noqa: S310 - loopback
+    return urllib.request.urlopen(metrics_url, timeout=10).read().decode()  # noqa: S310 - a loopback http URL
 
 
 def fallbacks(metrics_url: str, reason: str) -> float:

@@ -54,7 +54,7 @@ def gauges(server) -> dict[str, float]:
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()  # noqa: S310
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()  # noqa: S310 - loopback http URL of the server under test
     out = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

@@ -226,7 +226,7 @@ def test_bad_requests_are_refused_and_the_server_keeps_serving(dt_llmapi_server,
     with pytest.raises(InferenceServerException, match="Error generating request") as caught:
         _stream(dt_llmapi_server.grpc_url, {**inputs, "streaming": np.array([True])})
     assert message in str(caught.value)
-    with urllib.request.urlopen(f"{dt_llmapi_server.http_url}/v2/health/ready", timeout=30) as response:  # noqa: S310
+    with urllib.request.urlopen(f"{dt_llmapi_server.http_url}/v2/health/ready", timeout=30) as response:  # noqa: S310 - loopback http URL of the server under test
         assert response.status == 200
     assert _text(_stream(dt_llmapi_server.grpc_url, llmapi_inputs(PROMPTS[2], streaming=True))) == target_only[PROMPTS[2]]
 
@@ -288,7 +288,7 @@ def test_ngram_llmapi_not_decoupled_equals_target_only(ngram_llmapi_cfg, target_
 
     server = start_deployment(ngram_llmapi_cfg, "speculative")
     try:
-        config = json.loads(urllib.request.urlopen(f"{server.http_url}/v2/models/{MODEL}/config", timeout=30).read())  # noqa: S310
+        config = json.loads(urllib.request.urlopen(f"{server.http_url}/v2/models/{MODEL}/config", timeout=30).read())  # noqa: S310 - loopback http URL of the server under test
         assert config["max_batch_size"] == 0 and not config["model_transaction_policy"].get("decoupled", False)
         drafted = 0
         for prompt in PROMPTS:

@@ -74,13 +74,13 @@ def _grpc_stream(url: str, prompt: str) -> list[str]:
 def test_rendered_llmapi_repository_is_served_by_real_triton(rendered):
     server = start_server(rendered, startup_timeout_s=120)
     try:
-        with urllib.request.urlopen(f"{server.http_url}/v2/models/tensorrt_llm/config", timeout=30) as response:  # noqa: S310
+        with urllib.request.urlopen(f"{server.http_url}/v2/models/tensorrt_llm/config", timeout=30) as response:  # noqa: S310 - loopback http URL of the server under test
             config = json.load(response)
         assert config["model_transaction_policy"]["decoupled"] is True and config["max_batch_size"] == 0
         assert [t["name"] for t in config["input"]][:2] == ["text_input", "streaming"]
         body = json.dumps({"text_input": "Hello", "sampling_param_max_tokens": 5, "streaming": True}).encode()
-        request = urllib.request.Request(f"{server.http_url}/v2/models/tensorrt_llm/generate_stream", data=body)  # noqa: S310
-        with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310
+        request = urllib.request.Request(f"{server.http_url}/v2/models/tensorrt_llm/generate_stream", data=body)  # noqa: S310 - loopback http URL of the server under test
+        with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310 - loopback http URL of the server under test
             events = [json.loads(line[len(b"data: "):]) for line in response.read().splitlines() if line.startswith(b"data: ")]
         texts = [e["text_output"] for e in events]  # cumulative, as upstream's CompletionOutput.text
         assert len(texts) == 2 and len(texts[-1].split()) == 5 and texts[-1].startswith(texts[0])

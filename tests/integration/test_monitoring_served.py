@@ -36,7 +36,7 @@ MODEL_LABEL = re.compile(r'model="([^"]*)"')
 def _exposed(metrics_url: str) -> set[tuple[str, str]]:
     """(series name, model label) as Prometheus ingests them: the exposition's own names
     (prometheus_client's parser would rename Triton's counters to ``*_total``)."""
-    text = urllib.request.urlopen(metrics_url, timeout=30).read().decode()  # noqa: S310 - loopback
+    text = urllib.request.urlopen(metrics_url, timeout=30).read().decode()  # noqa: S310 - a loopback http URL
     out = set()
     for line in text.splitlines():
         match = SAMPLE.match(line)

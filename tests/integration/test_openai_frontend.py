@@ -35,10 +35,10 @@ def frontends(serving_workdir, medusa_cfg, medusa_server):
 
 
 def post(url: str, body: dict, timeout: float = 120.0) -> tuple[int, bytes]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",  # noqa: S310
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",  # noqa: S310 - loopback http URL of the server under test
                                      headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as resp:  # noqa: S310
+        with urllib.request.urlopen(request, timeout=timeout) as resp:  # noqa: S310 - loopback http URL of the server under test
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
@@ -155,7 +155,7 @@ def test_bad_requests_name_the_field_and_the_frontend_stays_up(frontends, medusa
     assert status == 404 and "other" in json.loads(raw)["error"]["message"]
     status, raw = post(url + "/v1/chat/completions", {"model": medusa_cfg.name, "messages": []})
     assert status == 400 and "messages" in json.loads(raw)["error"]["message"]
-    with urllib.request.urlopen(url + "/health", timeout=30) as resp:  # noqa: S310
+    with urllib.request.urlopen(url + "/health", timeout=30) as resp:  # noqa: S310 - loopback http URL of the server under test
         assert resp.status == 200
     assert frontends["baseline"].alive()
 

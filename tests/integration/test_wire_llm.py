@@ -76,7 +76,7 @@ def llm_inputs(rows: list[list[int]], streaming: bool, perf: bool = True, counts
     ids = np.zeros((len(rows), width), dtype=np.int32)
     for b, row in enumerate(rows):
         ids[b, : len(row)] = row
-    column = lambda value, dtype: np.array([[value]] * len(rows), dtype=dtype)  # noqa: E731
+    column = lambda value, dtype: np.array([[value]] * len(rows), dtype=dtype)  # noqa: E731 - a one-line helper local to this test
     inputs = {
         "input_ids": ids, "input_lengths": np.array([[len(r)] for r in rows], dtype=np.int32),
         "request_output_len": column(MAX_TOKENS, np.int32), "end_id": column(END_ID, np.int32),

@@ -117,10 +117,10 @@ def http_generate(http_url: str, model: str, body: dict, stream: bool = False):
     """POST …/generate (one JSON object) or …/generate_stream (list of SSE event objects).
     Returns (status, payload)."""
     endpoint = "generate_stream" if stream else "generate"
-    request = urllib.request.Request(f"{http_url}/v2/models/{model}/{endpoint}", data=json.dumps(body).encode(),  # noqa: S310
+    request = urllib.request.Request(f"{http_url}/v2/models/{model}/{endpoint}", data=json.dumps(body).encode(),  # noqa: S310 - loopback http URL of the server under test
                                      headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=120) as response:  # noqa: S310 - loopback
+        with urllib.request.urlopen(request, timeout=120) as response:  # noqa: S310 - a loopback http URL
             raw = response.read().decode()
             status = response.status
     except urllib.error.HTTPError as exc:
@@ -133,7 +133,7 @@ def http_generate(http_url: str, model: str, body: dict, stream: bool = False):
 
 def metric_values(metrics_url: str, family: str) -> dict[str, float]:
     """{model label: value} for one metric family."""
-    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()  # noqa: S310
+    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()  # noqa: S310 - loopback http URL of the server under test
     out = {}
     for line in text.splitlines():
         if line.startswith(family + "{"):

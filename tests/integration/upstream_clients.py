@@ -75,7 +75,7 @@ def e2e_grpc_client(url: str, prompts: list[str], output_len: int, streaming: bo
     try:
         for inputs in requests:
             results: queue.Queue = queue.Queue()
-            client.start_stream(callback=lambda result, error: results.put(error or result))  # noqa: B023
+            client.start_stream(callback=lambda result, error: results.put(error or result))  # noqa: B023 - the stream is stopped inside this iteration
             client.async_stream_infer(model, inputs, outputs=outputs, request_id="")
             client.stop_stream()  # returns once the server has closed the stream
             batch_text = [""] * inputs[0].shape()[0]

@@ -13,11 +13,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pipeline.build.builder import SubprocessExecutor, build, load_manifest  # noqa: E402
-from pipeline.cli import run as cli_run  # noqa: E402
-from pipeline.config import parse_config  # noqa: E402
-from pipeline.errors import BuildError  # noqa: E402
-from pipeline.reference.api import ENGINE_FORMAT, GenerationRequest, SamplingParams  # noqa: E402
+from pipeline.build.builder import SubprocessExecutor, build, load_manifest  # noqa: E402 - after the importorskip above
+from pipeline.cli import run as cli_run  # noqa: E402 - after the importorskip above
+from pipeline.config import parse_config  # noqa: E402 - after the importorskip above
+from pipeline.errors import BuildError  # noqa: E402 - after the importorskip above
+from pipeline.reference.api import ENGINE_FORMAT, GenerationRequest, SamplingParams  # noqa: E402 - after the importorskip above
 
 VOCAB, HIDDEN = 64, 32
 

@@ -13,11 +13,11 @@ import pytest
 torch = pytest.importorskip("torch")
 torch.set_num_threads(1)
 
-from safetensors import safe_open  # noqa: E402
+from safetensors import safe_open  # noqa: E402 - after the importorskip above
 
-from pipeline import demo  # noqa: E402
-from pipeline.demo import corpus  # noqa: E402
-from pipeline.errors import SpecdeployError  # noqa: E402
+from pipeline import demo  # noqa: E402 - after the importorskip above
+from pipeline.demo import corpus  # noqa: E402 - after the importorskip above
+from pipeline.errors import SpecdeployError  # noqa: E402 - after the importorskip above
 
 H, V, I_SIZE, HEADS = 256, 1024, 672, 4
 

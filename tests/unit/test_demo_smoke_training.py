@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pipeline import demo  # noqa: E402
-from pipeline.cli import run  # noqa: E402
+from pipeline import demo  # noqa: E402 - after the importorskip above
+from pipeline.cli import run  # noqa: E402 - after the importorskip above
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "loadtests"))
 
-from test_loadtest_fake_server import FakeServer  # noqa: E402
+from test_loadtest_fake_server import FakeServer  # noqa: E402 - after the sys.path set-up above
 
 TOKENIZER = ROOT / "pipeline" / "demo" / "artifacts" / "tiny-target"
 

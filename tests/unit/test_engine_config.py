@@ -220,7 +220,7 @@ def test_draft_target_pair_rules(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------------
 # The TensorRT-LLM checkpoint a quantize / convert step wrote, before trtllm-build reads it
 
-from pipeline.trtllm.checkpoint_config import ExpectedCheckpoint, checkpoint_problems  # noqa: E402
+from pipeline.trtllm.checkpoint_config import ExpectedCheckpoint, checkpoint_problems  # noqa: E402 - grouped with the tests that use it
 
 
 def _checkpoint(tmp_path: Path, ranks: int = 2, **config) -> Path:

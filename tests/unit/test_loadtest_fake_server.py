@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from lt_common import PromptCursor, RunSettings, arrival_offsets, ordered_prompts, parse_sse_line, request_inputs  # noqa: E402
+from lt_common import PromptCursor, RunSettings, arrival_offsets, ordered_prompts, parse_sse_line, request_inputs  # noqa: E402 - after the path set-up above
 
 PROMPTS = [{"id": f"p{i}", "category": "c", "prompt": f"prompt number {i}"} for i in range(7)]
 

@@ -21,10 +21,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "loadtests"))
 
-from openai_user import chunk_text, openai_body  # noqa: E402
-from test_loadtest_fake_server import PROMPTS, FakeServer, close_to  # noqa: E402
+from openai_user import chunk_text, openai_body  # noqa: E402 - after the sys.path set-up above
+from test_loadtest_fake_server import PROMPTS, FakeServer, close_to  # noqa: E402 - after the sys.path set-up above
 
-from lt_common import RunSettings, request_inputs  # noqa: E402
+from lt_common import RunSettings, request_inputs  # noqa: E402 - after the sys.path set-up above
 
 TOKENIZER = ROOT / "pipeline" / "demo" / "artifacts" / "tiny-target"
 

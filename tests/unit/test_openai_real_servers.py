@@ -24,11 +24,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "loadtests"))
 
-from openai_user import chunk_parts, openai_body  # noqa: E402
-from test_loadtest_fake_server import PROMPTS, FakeServer  # noqa: E402
-from test_loadtest_openai import run_openai_locust  # noqa: E402
+from openai_user import chunk_parts, openai_body  # noqa: E402 - after the sys.path set-up above
+from test_loadtest_fake_server import PROMPTS, FakeServer  # noqa: E402 - after the sys.path set-up above
+from test_loadtest_openai import run_openai_locust  # noqa: E402 - after the sys.path set-up above
 
-from lt_common import RequestState, RunSettings, build_record, request_inputs  # noqa: E402
+from lt_common import RequestState, RunSettings, build_record, request_inputs  # noqa: E402 - after the sys.path set-up above
 
 
 def _settings(**kw) -> RunSettings:

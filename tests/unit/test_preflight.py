@@ -450,7 +450,7 @@ def test_memory_fit_verdicts(batch, severity, start):
 def test_tensor_parallel_divides_the_memory():
     one = estimate_memory(gpu_config(), get_profile("h100-sxm-80gb"), known_shape(TARGET_8B))
     four = estimate_memory(gpu_config(target__tp=4), get_profile("h100-sxm-80gb"), known_shape(TARGET_8B))
-    kv = lambda e: next(r.gib for r in e.rows if r.component == "target KV cache")  # noqa: E731
+    kv = lambda e: next(r.gib for r in e.rows if r.component == "target KV cache")  # noqa: E731 - a one-line helper local to this test
     assert kv(four) == pytest.approx(kv(one) / 4)
     assert four.total_gib < one.total_gib
 
@@ -517,7 +517,7 @@ def test_text_report_shows_findings_and_memory_table(tmp_path, capsys):
 # ---------------------------------------------------------------------------------------------
 # the formats the shipped GPU examples' checkpoints really ship (tests/gpu_sim/checkpoints.py)
 
-from tests.gpu_sim import checkpoints as shipped  # noqa: E402
+from tests.gpu_sim import checkpoints as shipped  # noqa: E402 - grouped with the tests that use it
 
 
 def _vicuna(tmp_path: Path) -> Path:

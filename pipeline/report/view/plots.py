@@ -22,10 +22,10 @@ DPI = 110
 
 
 def _pyplot():
-    import matplotlib  # noqa: PLC0415
+    import matplotlib  # noqa: PLC0415 - matplotlib is loaded only when this path runs
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - matplotlib is loaded only when this path runs
 
     plt.rcParams.update({"font.size": 9, "axes.spines.top": False, "axes.spines.right": False})
     return plt

@@ -135,7 +135,7 @@ def draft_length_table(data: dict) -> dict | None:
 
 def gate_tables(data: dict) -> dict[str, Any]:
     """Checks that did not pass (failures first), and the passing ones grouped by rule."""
-    from pipeline.report.view.summary import open_checks  # noqa: PLC0415
+    from pipeline.report.view.summary import open_checks  # noqa: PLC0415 - only this path needs it
 
     failing = open_checks(data)
     open_table = table(["status", "check", "scope", "detail"],

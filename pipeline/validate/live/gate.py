@@ -60,8 +60,8 @@ def require_live(cfg: DeploymentConfig, *, skip: bool, stage: str, trtllm_root: 
         record = {"status": "skipped", "by": "--skip-live", "stage": stage, "at": when}
         _write(cfg, record)
         return record
-    from pipeline.validate.live import failures, run_live_preflight  # noqa: PLC0415
-    from pipeline.validate.live.table import print_checks  # noqa: PLC0415
+    from pipeline.validate.live import failures, run_live_preflight  # noqa: PLC0415 - only this path needs it
+    from pipeline.validate.live.table import print_checks  # noqa: PLC0415 - only this path needs it
 
     checks = run_live_preflight(cfg, trtllm_root)
     failed = failures(checks)
