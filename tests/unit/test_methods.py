@@ -72,9 +72,7 @@ def test_every_reference_proposer_a_method_names_is_registered():
     from pipeline.reference.proposers import BUILDERS
 
     missing = {m.proposer for m in METHODS.values() if m.proposer} - set(BUILDERS)
-    # lookahead's CPU proposer is written on its own branch (pipeline/reference/proposers/lookahead.py);
-    # once merged, nothing may be missing
-    assert missing <= {"lookahead"}, missing
+    assert missing == set(), missing
 
 
 def test_triton_parameters_are_upstream_parameters():
