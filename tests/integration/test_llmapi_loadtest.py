@@ -71,19 +71,25 @@ def _locust(tmp: Path, server, transport: str) -> list[dict]:
     return [json.loads(line) for f in tmp.glob("raw.*.jsonl") for line in f.read_text().splitlines()]
 
 
+@pytest.fixture(scope="module")
+def standin_server(tmp_path_factory):
+    """One server on the rendered repository for both transports."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _, repos = _render(tmp_path_factory.mktemp("llmapi-load"), monkeypatch)
+    server = start_server(repos["speculative"], startup_timeout_s=120)
+    yield server
+    server.stop()
+
+
 @pytest.mark.parametrize("transport", ["grpc", "http"])
-def test_locust_llmapi_contract_records(tmp_path, monkeypatch, transport):
+def test_locust_llmapi_contract_records(tmp_path, standin_server, transport):
     from tokenizers import Tokenizer
 
     from pipeline.loadtest.endpoints import probe_generate
 
-    cfg, repos = _render(tmp_path, monkeypatch)
-    server = start_server(repos["speculative"], startup_timeout_s=120)
-    try:
-        assert probe_generate(server.http_url, "tensorrt_llm", {}, contract="llmapi")  # the liveness probe speaks it
-        records = _locust(tmp_path / "lt", server, transport)
-    finally:
-        server.stop()
+    server = standin_server
+    assert probe_generate(server.http_url, "tensorrt_llm", {}, contract="llmapi")  # the liveness probe speaks it
+    records = _locust(tmp_path / "lt", server, transport)
     tok = Tokenizer.from_file(str(TOKENIZER / "tokenizer.json"))
     ok = [r for r in records if r["status"] == "ok"]
     assert ok and len(ok) >= len(records) - 2, [r["error"] for r in records if r["status"] != "ok"][:3]
@@ -111,6 +117,7 @@ def test_model_errors_are_recorded_as_errors(tmp_path, monkeypatch):
     assert done and all(r["status"] == "error" and "only supported in decoupled mode" in r["error"] for r in done)
 
 
+@pytest.mark.e2e  # a whole run_loadtest on two servers: the end-to-end tier (docs/testing.md)
 def test_llmapi_loadtest_report_marks_missing_acceptance(tmp_path, monkeypatch):
     from pipeline.loadtest.endpoints import remote_endpoint
     from pipeline.loadtest.runner import run_loadtest

@@ -180,3 +180,33 @@ def make_deployment(workdir: Path, models: dict[str, Path], method: str, name: s
     }
     (root / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return cfg_path
+
+
+NGRAM = {"method": "ngram", "max_draft_len": K, "max_matching_ngram_size": 3, "is_public_pool": False}
+
+
+def draft_target_spec(models: dict[str, Path], k: int = K) -> dict:
+    return {"method": "draft_target", "num_draft_tokens": k,
+            "draft": {"checkpoint": str(models["draft"]), "dtype": "float32"}}
+
+
+def built_deployment(workdir: Path, models: dict[str, Path], name: str, speculation: dict, llmapi: bool = False,
+                     decoupled: bool = True):
+    """A config under ``workdir`` built by ``build`` (the reference engines' real build step) and
+    rendered: what ``specdeploy build`` + ``render`` leave; returns the loaded config."""
+    from pipeline.build.builder import build
+    from pipeline.config import load_config
+    from pipeline.render.renderer import render
+
+    data = {"name": name, "backend": "reference", "hardware": "cpu",
+            "target": {"checkpoint": str(models["target"]), "dtype": "float32"}, "speculation": speculation,
+            "build": {"max_batch_size": 4, "max_input_len": MAX_INPUT_LEN, "max_seq_len": MAX_SEQ_LEN},
+            "triton": {"startup_timeout_s": 240, "decoupled": decoupled}}
+    if llmapi:
+        data["trtllm_runtime"] = "llm_api"
+    path = workdir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    cfg = load_config(path, workdir)
+    build(cfg, progress=False)
+    render(cfg)
+    return cfg
