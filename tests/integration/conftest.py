@@ -71,7 +71,11 @@ def _served(request, cfg, variant: str):
     at the latest."""
     from pipeline.serve.server import start_deployment
 
-    server = start_deployment(cfg, variant)
+    yield from _shared(request, lambda: start_deployment(cfg, variant))
+
+
+def _shared(request, start):
+    server = start()
     _SHARED[request.fixturename] = server
     yield server
     if _SHARED.pop(request.fixturename, None) is not None:
@@ -184,3 +188,14 @@ def reference_outputs(serving_workdir, dt_cfg, tiny_models) -> dict:
     finally:
         engine.shutdown()
     return out
+
+
+# -- the rendered GPU llmapi repository with the stand-in model (TensorRT-LLM's needs a GPU) -------
+
+@pytest.fixture(scope="session")
+def llmapi_standin_server(request, tmp_path_factory):
+    """The speculative arm of ``tiny_deploy.render_llmapi_standin`` (decoupled, perf metrics on)."""
+    from pipeline.serve.server import start_server
+
+    _, repos = tiny_deploy.render_llmapi_standin(tmp_path_factory.mktemp("llmapi-standin"))
+    yield from _shared(request, lambda: start_server(repos["speculative"], startup_timeout_s=120))
