@@ -18,19 +18,20 @@ pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def frontends(serving_workdir, medusa_cfg, medusa_server, baseline_server):
-    """The baseline arm is target-only whatever the method: the shared baseline server (the
-    draft-target build's, the same target) stands for Medusa's."""
+def frontends(serving_workdir, medusa_cfg, medusa_server):
     from pipeline.serve.openai_serve import start_frontend
+    from pipeline.serve.server import start_deployment
 
+    baseline = start_deployment(medusa_cfg, "baseline")
     started = {}
     try:
-        started["baseline"] = start_frontend(medusa_cfg, "baseline", baseline_server.grpc_url)
+        started["baseline"] = start_frontend(medusa_cfg, "baseline", baseline.grpc_url)
         started["speculative"] = start_frontend(medusa_cfg, "speculative", medusa_server.grpc_url)
         yield started
     finally:
         for frontend in started.values():
             frontend.stop()
+        baseline.stop()
 
 
 def post(url: str, body: dict, timeout: float = 120.0) -> tuple[int, bytes]:
