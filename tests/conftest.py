@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-DEFAULT_BUDGET_CPU_S = 3.0
+DEFAULT_BUDGET_CPU_S = 2.0
 WALL_FACTOR = 20.0  # the wall ceiling, as a multiple of the CPU budget: a loaded machine stays green
 _START = pytest.StashKey[tuple]()
 
