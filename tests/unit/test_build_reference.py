@@ -224,6 +224,7 @@ def test_bad_local_checkpoint_fails_in_resolve(tmp_path: Path) -> None:
     assert not (root / "checkpoints" / "target-hf").exists() and not (root / "manifest.json").exists()
 
 
+@pytest.mark.slow  # builds from the module's checkpoints: over the quick tier's CPU budget (tests/conftest.py)
 def test_cli_build_and_dry_run(checkpoints, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     import yaml
 
