@@ -8,7 +8,8 @@
   which a loaded machine does not inflate much) over setup + call, and a wall-clock ceiling
   several times larger (a test that waits, sleeps or hangs). ``@pytest.mark.budget(cpu_s)`` gives
   one test its own CPU budget (the real-Triton smoke test); ``SPECDEPLOY_TEST_BUDGET_S`` changes
-  the default, ``0`` turns the check off.
+  the default, ``0`` turns the check off. One-time per-process caches (the shared random
+  checkpoints) are not charged to the test that fills them (tests/budget.py).
 
 Reads the markers, the environment and the process clocks; writes nothing.
 """
@@ -19,6 +20,8 @@ import os
 import time
 
 import pytest
+
+from tests.budget import cpu_s, uncharged_cpu_s
 
 DEFAULT_BUDGET_CPU_S = 2.0
 WALL_FACTOR = 20.0  # the wall ceiling, as a multiple of the CPU budget: a loaded machine stays green
@@ -36,9 +39,8 @@ def _budget_cpu_s(item) -> float | None:
 
 
 def _cpu_s() -> float:
-    """CPU of every thread here plus the subprocesses reaped so far (servers, CLIs, workers)."""
-    times = os.times()
-    return times.user + times.system + times.children_user + times.children_system
+    """The process's CPU (tests/budget.py) less what one-time caches took (``session_cost``)."""
+    return cpu_s() - uncharged_cpu_s()
 
 
 def pytest_collection_modifyitems(config, items):
