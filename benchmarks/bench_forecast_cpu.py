@@ -20,6 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from pipeline.infra.provenance import result_provenance  # noqa: E402 - after the path set-up above
 
 CONFIGS = ("tiny-cpu-draft-target", "tiny-cpu-medusa", "tiny-cpu-eagle", "tiny-cpu-eagle3", "tiny-cpu-ngram")
 TOLERANCE = 0.15
@@ -121,7 +122,7 @@ def main() -> None:
     args = parser.parse_args()
     from pipeline.forecast.cpu import machine
 
-    out = {"command": " ".join(["python", *sys.argv]), "commit": _commit(),
+    out = {"provenance": result_provenance(), "command": " ".join(["python", *sys.argv]), "commit": _commit(),
            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(),
            "note": "shared machine (other engineers' jobs running); calibration and bench side by side in one process",
            "tolerance": TOLERANCE, "configs": []}

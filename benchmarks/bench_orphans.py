@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "integration")]
 
 from pipeline.infra.processes import free_ports, port_in_use, stop_processes  # noqa: E402 - after sys.path
+from pipeline.infra.provenance import result_provenance  # noqa: E402 - after sys.path
 
 SCENARIOS = ("keeper+server", "server", "engine-stub", "worker")
 WORKER = "pipeline.reference.worker"
@@ -143,7 +144,7 @@ def main() -> None:
     report = {
         "what": "processes of a detached speculative CPU deployment left after SIGKILL of part of its tree, and the "
                 "seconds until none was left and the ports were free",
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "commit": commit, "label": args.label,
+        "provenance": result_provenance(), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "commit": commit, "label": args.label,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
                  "loadavg": os.getloadavg()},

@@ -17,6 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from pipeline.infra.provenance import result_provenance  # noqa: E402 - after the path set-up above
 
 
 def main() -> None:
@@ -25,7 +26,7 @@ def main() -> None:
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     cases = reproduce_all()
     out = {"what": "Published results reproduced by the forecast from their reported inputs (docs/forecast.md)",
-           "command": " ".join(["python", *sys.argv]), "commit": commit.stdout.strip() or "unknown",
+           "provenance": result_provenance(), "command": " ".join(["python", *sys.argv]), "commit": commit.stdout.strip() or "unknown",
            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "machine": {"processor": platform.processor() or platform.machine(), "python": platform.python_version()},
            "tolerance": TOLERANCE, "reproduced": sum(1 for c in cases if c["reproduced"]), "cases": cases}

@@ -78,7 +78,7 @@ def planned_keys(meta: dict) -> list[str]:
     from pipeline.loadtest.runner import plan_runs  # noqa: PLC0415 - the runner imports this module
 
     cfg = DeploymentConfig.model_validate(meta["config"])
-    arms = tuple(meta.get("arms") or (("baseline",) if cfg.method == "none" else ARMS))
+    arms = tuple(meta.get("arms") or (ARMS if cfg.speculative else ("baseline",)))
     return [s.key for s in plan_runs(cfg, arms, meta["concurrency"], meta["repeats"], meta.get("sweep_draft_len") or [])]
 
 

@@ -36,7 +36,10 @@ def planned_kv_tokens(cfg, placement: dict[str, Any] | None, engine_models: tupl
 def arm_engine_models(method: str, drafts: str) -> tuple[str, ...]:
     """The models of one arm that hold a KV cache: ``tensorrt_llm``, and ``tensorrt_llm_draft``
     where a BLS calls a draft model (draft-target; ``drafts`` as the rendered arm records it)."""
-    return ("tensorrt_llm", "tensorrt_llm_draft") if drafts == "bls" and method == "draft_target" else ("tensorrt_llm",)
+    from pipeline.methods import get_method  # noqa: PLC0415 - only this path needs the registry
+
+    two_models = drafts == "bls" and get_method(method).draft_model  # a BLS calling a draft model
+    return ("tensorrt_llm", "tensorrt_llm_draft") if two_models else ("tensorrt_llm",)
 
 
 def await_reported(read: Callable[[], dict[str, int] | None], wait_s: float = REPORTED_WAIT_S) -> dict[str, int] | None:

@@ -142,6 +142,7 @@ def test_fp8_eagle_quantizes_with_the_heads_layer_count(image, tmp_path, monkeyp
     _check_golden("vicuna7b-eagle-fp8-h100", _normalised(image.records(), tmp_path))
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 def test_draft_target_engines_accept_the_whole_context(image, tmp_path, monkeypatch):
     path = deploy(tmp_path, "llama31-8b-draft1b-fp8-h100")
     assert run(["build", str(path), "--no-progress"]) in (0, None)

@@ -215,6 +215,7 @@ def test_arms_that_cannot_share_a_gpu_are_served_one_at_a_time(gpu_host):
     assert provenance["speculative"]["placement"]["kv_tokens"] is not None
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 def test_host_with_fewer_gpus_than_rendered_is_refused(gpu_host, monkeypatch):
     host = gpu_host(8, *A100)
     cfg = shipped_config("llama31-70b-draft8b-int4awq-tp4-a100", host.root)

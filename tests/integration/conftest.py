@@ -1,7 +1,13 @@
 """Session fixtures for the real-Triton serving tests: tiny CPU checkpoints, the rendered
-deployments and as few server launches as possible (draft-target speculative orchestrated by the
-BLS, draft-target drafting in the engine, Medusa speculative, draft-target baseline), each started
-once, on first use, and stopped at the end of the session."""
+deployments and one server per repository layout, shared by every module that needs it: the
+ensemble/BLS layouts (draft-target orchestrated by the BLS, draft-target drafting in the engine,
+Medusa, the draft-target baseline), the llmapi layout (draft-target speculative and baseline arms)
+and the n-gram engine layout. Each starts on first use and stops right after the last test of the
+session that needs it (``shared_server``); docs/testing.md says how a new test gets one.
+
+Reads the tiny models it writes under a session temporary directory; writes the deployments,
+engines' descriptors, repositories and server logs there.
+"""
 
 from __future__ import annotations
 
@@ -51,33 +57,111 @@ def medusa_cfg(serving_workdir, tiny_models):
     return _deployment(serving_workdir, tiny_models, "medusa")
 
 
-def _served(workdir: Path, cfg, variant: str):
-    """Start one deployment's server for a session fixture; stop it when the session ends."""
+# -- shared servers: one per repository layout, stopped after the last test that needs it -------
+# A test needs a shared server when the fixture is in its closure, or when a parametrized fixture
+# asks for it at run time and names it with ``pytest.param(..., marks=pytest.mark.shares(name))``.
+
+_SHARED: dict[str, object] = {}  # fixture name -> running server
+_LAST_USER = pytest.StashKey[dict]()
+
+
+def _served(request, cfg, variant: str):
+    """Start one deployment's server for a session fixture (under the workdir the config was
+    loaded with); :func:`pytest_runtest_teardown` stops it after its last user, the session's end
+    at the latest."""
     from pipeline.serve.server import start_deployment
 
-    server = start_deployment(cfg, variant)  # under the workdir the config was loaded with
+    yield from _shared(request, lambda: start_deployment(cfg, variant))
+
+
+def _shared(request, start):
+    server = start()
+    _SHARED[request.fixturename] = server
     yield server
-    server.stop()
+    if _SHARED.pop(request.fixturename, None) is not None:
+        server.stop()
+
+
+def _needs(item) -> set[str]:
+    names = set(getattr(item, "fixturenames", ()))
+    for marker in item.iter_markers("shares"):
+        names.update(marker.args)
+    return names
+
+
+@pytest.hookimpl(trylast=True)  # after tests/conftest.py deselected the tiers not asked for
+def pytest_collection_modifyitems(config, items):
+    """Remember, per fixture, the last test in run order that needs it."""
+    last = {}
+    for item in items:
+        for name in _needs(item):
+            last[name] = item.nodeid
+    config.stash[_LAST_USER] = last
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    if hasattr(item.config, "workerinput"):  # pytest-xdist: run order is the scheduler's, keep them up
+        return
+    last = item.config.stash.get(_LAST_USER, {})
+    for name in [n for n, nodeid in last.items() if nodeid == item.nodeid and n in _SHARED]:
+        _SHARED.pop(name).stop()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "shares(*fixtures): the test needs these shared server fixtures, "
+                                       "asked for at run time (tests/integration/conftest.py)")
 
 
 @pytest.fixture(scope="session")
-def dt_server(serving_workdir, dt_cfg):
-    yield from _served(serving_workdir, dt_cfg, "speculative")
+def dt_server(request, dt_cfg):
+    yield from _served(request, dt_cfg, "speculative")
 
 
 @pytest.fixture(scope="session")
-def dt_engine_server(serving_workdir, dt_engine_cfg):
-    yield from _served(serving_workdir, dt_engine_cfg, "speculative")
+def dt_engine_server(request, dt_engine_cfg):
+    """Draft-target drafting in the engine: the engine (ensemble) layout of the llmapi tests too."""
+    yield from _served(request, dt_engine_cfg, "speculative")
 
 
 @pytest.fixture(scope="session")
-def medusa_server(serving_workdir, medusa_cfg):
-    yield from _served(serving_workdir, medusa_cfg, "speculative")
+def medusa_server(request, medusa_cfg):
+    yield from _served(request, medusa_cfg, "speculative")
 
 
 @pytest.fixture(scope="session")
-def baseline_server(serving_workdir, dt_cfg):
-    yield from _served(serving_workdir, dt_cfg, "baseline")
+def baseline_server(request, dt_cfg):
+    yield from _served(request, dt_cfg, "baseline")
+
+
+# -- built with `build` (not tiny_deploy's descriptors): the llmapi layout and n-gram -----------
+
+
+@pytest.fixture(scope="session")
+def dt_llmapi_cfg(serving_workdir, tiny_models):
+    return tiny_deploy.built_deployment(serving_workdir, tiny_models, "tiny-llmapi-dt",
+                                        tiny_deploy.draft_target_spec(tiny_models), llmapi=True)
+
+
+@pytest.fixture(scope="session")
+def dt_llmapi_server(request, dt_llmapi_cfg):
+    yield from _served(request, dt_llmapi_cfg, "speculative")
+
+
+@pytest.fixture(scope="session")
+def dt_llmapi_baseline_server(request, dt_llmapi_cfg):
+    yield from _served(request, dt_llmapi_cfg, "baseline")
+
+
+@pytest.fixture(scope="session")
+def ngram_cfg(serving_workdir, tiny_models):
+    """n-gram drafted in the engine (the default orchestration), ensemble layout."""
+    return tiny_deploy.built_deployment(serving_workdir, tiny_models, "tiny-ngram", tiny_deploy.NGRAM)
+
+
+@pytest.fixture(scope="session")
+def ngram_server(request, ngram_cfg):
+    yield from _served(request, ngram_cfg, "speculative")
 
 
 @pytest.fixture(scope="session")
@@ -104,3 +188,14 @@ def reference_outputs(serving_workdir, dt_cfg, tiny_models) -> dict:
     finally:
         engine.shutdown()
     return out
+
+
+# -- the rendered GPU llmapi repository with the stand-in model (TensorRT-LLM's needs a GPU) -------
+
+@pytest.fixture(scope="session")
+def llmapi_standin_server(request, tmp_path_factory):
+    """The speculative arm of ``tiny_deploy.render_llmapi_standin`` (decoupled, perf metrics on)."""
+    from pipeline.serve.server import start_server
+
+    _, repos = tiny_deploy.render_llmapi_standin(tmp_path_factory.mktemp("llmapi-standin"))
+    yield from _shared(request, lambda: start_server(repos["speculative"], startup_timeout_s=120))

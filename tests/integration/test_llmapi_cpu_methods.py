@@ -4,46 +4,50 @@ greedy streamed text is equal (none = the baseline arm, draft_target, n-gram), a
 ``sampling_param_temperature/top_k/top_p/seed`` as the ensemble's ``temperature/top_k/top_p/seed``
 the sampled text is equal too, seed by seed — the llmapi model hands the engine the same
 SamplingParams the ensemble does — and first tokens sampled over many seeds follow the target's
-exact softmax (chi-square). Servers are module-scoped: one per (layout, method, arm)."""
+exact softmax (chi-square). Servers: the session's shared ones (conftest.py) where the layout is
+served elsewhere too, a module-scoped one for the decoupled n-gram llmapi layout."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_llmapi_cpu_triton import MAX_TOKENS, PROMPTS, _config, _dt, _stream, _text, llmapi_inputs
+from test_llmapi_cpu_triton import MAX_TOKENS, PROMPTS, _stream, _text, llmapi_inputs
 
+import tiny_deploy
 from triton_clients import grpc_stream, text_inputs
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
 SEEDS = (0, 1, 7, 123)
 SAMPLED = ({"temperature": 0.8, "top_k": 0, "top_p": 1.0}, {"temperature": 1.3, "top_k": 5, "top_p": 0.9})
-NGRAM = {"method": "ngram", "max_draft_len": 3, "max_matching_ngram_size": 3, "is_public_pool": False}
+NGRAM = tiny_deploy.NGRAM
 
 
-def _pair(workdir, models, name: str, spec: dict, arm: str):
+# per method: (llmapi server, ensemble server), the shared session servers of conftest.py where the
+# layout is one the other modules serve too ('none' is the draft-target build's baseline arm)
+PAIRS = {"none": ("dt_llmapi_baseline_server", "baseline_server"),
+         "draft_target": ("dt_llmapi_server", "dt_engine_server"),
+         "ngram": ("ngram_llmapi_server", "ngram_server")}
+
+
+@pytest.fixture(scope="module")
+def ngram_llmapi_server(serving_workdir, tiny_models):
+    """n-gram on the llmapi layout, decoupled (test_llmapi_cpu_triton serves the unary one)."""
     from pipeline.serve.server import start_deployment
 
-    llmapi = start_deployment(_config(workdir, models, f"{name}-llmapi", spec, llmapi=True), arm)
-    try:
-        ensemble = start_deployment(_config(workdir, models, f"{name}-engine", {**spec, "orchestration": "engine"},
-                                            llmapi=False), arm)
-    except BaseException:
-        llmapi.stop()
-        raise
-    return llmapi, ensemble
+    cfg = tiny_deploy.built_deployment(serving_workdir, tiny_models, "tiny-methods-ngram-llmapi", NGRAM, llmapi=True)
+    server = start_deployment(cfg, "speculative")
+    yield server
+    server.stop()
 
 
-@pytest.fixture(scope="module", params=["none", "draft_target", "ngram"])
-def servers(request, serving_workdir, tiny_models):
-    """(method, llmapi server, ensemble server); 'none' is the draft_target build's baseline arm."""
+@pytest.fixture(scope="module", params=[pytest.param(method, marks=pytest.mark.shares(*PAIRS[method]))
+                                        for method in PAIRS])
+def servers(request):
+    """(method, llmapi server, ensemble server)."""
     method = request.param
-    spec = NGRAM if method == "ngram" else _dt(tiny_models)
-    arm = "baseline" if method == "none" else "speculative"
-    llmapi, ensemble = _pair(serving_workdir, tiny_models, f"tiny-methods-{method.replace('_', '-')}", spec, arm)
-    yield method, llmapi, ensemble
-    llmapi.stop()
-    ensemble.stop()
+    llmapi, ensemble = (request.getfixturevalue(name) for name in PAIRS[method])
+    return method, llmapi, ensemble
 
 
 def _ensemble_text(url: str, prompt: str, **sampling) -> str:
@@ -79,16 +83,27 @@ def test_greedy_text_equals_the_ensemble(servers):
 @pytest.mark.parametrize("sampling", SAMPLED, ids=["t0.8-full", "t1.3-k5-p0.9"])
 def test_sampled_text_equals_the_ensemble_seed_by_seed(servers, sampling):
     method, llmapi, ensemble = servers
-    texts = set()
     for seed in SEEDS:
         prompt = PROMPTS[seed % len(PROMPTS)]
         text, _ = _llmapi_text(llmapi.grpc_url, prompt, seed=seed, **sampling)
         assert text == _ensemble_text(ensemble.grpc_url, prompt, seed=seed, **sampling), (method, seed)
-        texts.add((prompt, text))
-    # the seed matters (the test could fail): two seeds on one prompt give different samples
-    a, _ = _llmapi_text(llmapi.grpc_url, PROMPTS[2], seed=11, **sampling)
-    b, _ = _llmapi_text(llmapi.grpc_url, PROMPTS[2], seed=12, **sampling)
-    assert a != b or len(texts) > 1
+    # the seed matters: on one prompt, other seeds give other samples (equal texts above could
+    # otherwise come from a model that ignores the seed)
+    assert_seed_matters({seed: _llmapi_text(llmapi.grpc_url, PROMPTS[2], seed=seed, **sampling)[0] for seed in (11, 12, 13)})
+
+
+def assert_seed_matters(texts_by_seed: dict[int, str]) -> None:
+    """Samples of one prompt under several seeds: not all the same text."""
+    assert len(set(texts_by_seed.values())) > 1, f"every seed gave the same text: {texts_by_seed}"
+
+
+def test_the_seed_check_fails_when_the_seed_is_ignored(dt_llmapi_server):
+    """The check above on a broken input: every request carries seed 11 whatever seed it is
+    filed under (what a model that drops the request's seed for a fixed one answers)."""
+    sampling = SAMPLED[0]
+    texts = {seed: _llmapi_text(dt_llmapi_server.grpc_url, PROMPTS[2], seed=11, **sampling)[0] for seed in (11, 12, 13)}
+    with pytest.raises(AssertionError, match="every seed gave the same text"):
+        assert_seed_matters(texts)
 
 
 N_DRAWS = 240

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.triton, pytest.mark.slow]
+pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.e2e]  # the end-to-end tier (docs/testing.md)
 
 ROOT = Path(__file__).resolve().parents[2]
 EXIT_CODES = {"GO": 0, "NO-GO": 1, "INCONCLUSIVE": 3}

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
+import tiny_deploy
 from triton_clients import grpc_stream, http_generate, text_inputs
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -25,47 +26,20 @@ MODEL = "tensorrt_llm"
 
 
 def _config(workdir, models, name: str, speculation: dict, llmapi: bool, decoupled: bool = True):
-    from pipeline.build.builder import build
-    from pipeline.config import load_config
-    from pipeline.render.renderer import render
-
-    data = {"name": name, "backend": "reference", "hardware": "cpu",
-            "target": {"checkpoint": str(models["target"]), "dtype": "float32"}, "speculation": speculation,
-            "build": {"max_batch_size": 4, "max_input_len": 128, "max_seq_len": 256},
-            "triton": {"startup_timeout_s": 240, "decoupled": decoupled}}
-    if llmapi:
-        data["trtllm_runtime"] = "llm_api"
-    path = workdir / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    cfg = load_config(path, workdir)
-    build(cfg, progress=False)
-    render(cfg)
-    return cfg
+    return tiny_deploy.built_deployment(workdir, models, name, speculation, llmapi=llmapi, decoupled=decoupled)
 
 
 def _dt(models) -> dict:
-    return {"method": "draft_target", "num_draft_tokens": 3,
-            "draft": {"checkpoint": str(models["draft"]), "dtype": "float32"}}
+    return tiny_deploy.draft_target_spec(models)
 
 
-@pytest.fixture(scope="module")
-def dt_llmapi_cfg(serving_workdir, tiny_models):
-    return _config(serving_workdir, tiny_models, "tiny-llmapi-dt", _dt(tiny_models), llmapi=True)
+# dt_llmapi_cfg, dt_llmapi_server: session fixtures in conftest.py, shared with test_llmapi_cpu_methods
 
 
 @pytest.fixture(scope="module")
 def ngram_llmapi_cfg(serving_workdir, tiny_models):
     spec = {"method": "ngram", "max_draft_len": 3, "max_matching_ngram_size": 3, "is_public_pool": False}
     return _config(serving_workdir, tiny_models, "tiny-llmapi-ngram", spec, llmapi=True, decoupled=False)
-
-
-@pytest.fixture(scope="module")
-def dt_llmapi_server(dt_llmapi_cfg):
-    from pipeline.serve.server import start_deployment
-
-    server = start_deployment(dt_llmapi_cfg, "speculative")
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -263,21 +237,13 @@ def test_stop_cancels_the_request_with_that_id(dt_llmapi_server):
     assert "Request cancelled by client" in outcome.get("error", ""), outcome.keys()
 
 
-def test_llmapi_equals_the_engine_layout_deployment(serving_workdir, tiny_models, dt_llmapi_server):
+def test_llmapi_equals_the_engine_layout_deployment(dt_engine_server, dt_llmapi_server):
     """The same method on the engine layout (the ensemble, the draft inside the tensorrt_llm
-    model's engine): the same greedy completions."""
-    from pipeline.serve.server import start_deployment
-
-    spec = {**_dt(tiny_models), "orchestration": "engine"}
-    cfg = _config(serving_workdir, tiny_models, "tiny-engine-layout-dt", spec, llmapi=False)
-    server = start_deployment(cfg, "speculative")
-    try:
-        for prompt in PROMPTS:
-            ensemble = grpc_stream(server.grpc_url, "ensemble", text_inputs(prompt, MAX_TOKENS, stream=True, top_k=1))
-            expected = "".join(r["text_output"].reshape(-1)[0].decode() for r in ensemble)
-            assert _text(_stream(dt_llmapi_server.grpc_url, llmapi_inputs(prompt, streaming=True))) == expected
-    finally:
-        server.stop()
+    model's engine; the shared session server): the same greedy completions."""
+    for prompt in PROMPTS:
+        ensemble = grpc_stream(dt_engine_server.grpc_url, "ensemble", text_inputs(prompt, MAX_TOKENS, stream=True, top_k=1))
+        expected = "".join(r["text_output"].reshape(-1)[0].decode() for r in ensemble)
+        assert _text(_stream(dt_llmapi_server.grpc_url, llmapi_inputs(prompt, streaming=True))) == expected
 
 
 def test_ngram_llmapi_not_decoupled_equals_target_only(ngram_llmapi_cfg, target_only):

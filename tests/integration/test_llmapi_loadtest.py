@@ -14,17 +14,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from pipeline.config import config_hash, parse_config
-from pipeline.plan.planner import make_plan
-from pipeline.render.renderer import render
 from pipeline.serve.server import start_server
+from tiny_deploy import render_llmapi_standin
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,23 +30,9 @@ TOKENIZER = ROOT / "pipeline" / "demo" / "artifacts" / "tiny-target"
 MAX_TOKENS, STANDIN_DRAFT_LEN = 7, 3
 
 
-def _render(tmp_path: Path, monkeypatch, **triton):
-    monkeypatch.setattr("pipeline.plan.gpu_layout.query_gpus", lambda nvidia_smi=None: None)
-    cfg = parse_config({"name": "api-load", "backend": "trtllm", "hardware": "h100-sxm-80gb", "trtllm_version": "1.2.1",
-                        "trtllm_runtime": "llm_api", "target": {"checkpoint": "/models/Meta-Llama-3.1-8B-Instruct"},
-                        "speculation": {"method": "eagle3", "head_dir": "/models/EAGLE3-LLaMA3.1-Instruct-8B"},
-                        "build": {"max_batch_size": 4, "max_input_len": 128, "max_seq_len": 256},
-                        "loadtest": {"concurrency": [2], "duration_s": 3, "warmup_s": 0, "repeats": 1,
-                                     "max_tokens": MAX_TOKENS, "stop_timeout_s": 5}, "triton": triton}, workdir=tmp_path)
-    plan = make_plan(cfg)
-    manifest = {"format": "specdeploy-manifest/1", "name": cfg.name, "config_hash": config_hash(cfg),
-                "engines": plan.engines, "tokenizer_dir": plan.tokenizer_dir, "created": "t"}
-    (tmp_path / "engines" / cfg.name).mkdir(parents=True)
-    (tmp_path / "engines" / cfg.name / "manifest.json").write_text(json.dumps(manifest))
-    repos = {arm: repo for arm, (repo, _) in render(cfg).items()}
-    for repo in repos.values():
-        shutil.copy(STANDIN, repo / "tensorrt_llm" / "1" / "model.py")
-    return cfg, repos
+def _render(tmp_path: Path, **triton):
+    return render_llmapi_standin(tmp_path, name="api-load", triton=triton, loadtest={
+        "concurrency": [2], "duration_s": 3, "warmup_s": 0, "repeats": 1, "max_tokens": MAX_TOKENS, "stop_timeout_s": 5})
 
 
 def _locust(tmp: Path, server, transport: str) -> list[dict]:
@@ -72,18 +55,14 @@ def _locust(tmp: Path, server, transport: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("transport", ["grpc", "http"])
-def test_locust_llmapi_contract_records(tmp_path, monkeypatch, transport):
+def test_locust_llmapi_contract_records(tmp_path, llmapi_standin_server, transport):
     from tokenizers import Tokenizer
 
     from pipeline.loadtest.endpoints import probe_generate
 
-    cfg, repos = _render(tmp_path, monkeypatch)
-    server = start_server(repos["speculative"], startup_timeout_s=120)
-    try:
-        assert probe_generate(server.http_url, "tensorrt_llm", {}, contract="llmapi")  # the liveness probe speaks it
-        records = _locust(tmp_path / "lt", server, transport)
-    finally:
-        server.stop()
+    server = llmapi_standin_server  # the layout _render writes, shared with test_llmapi_repo_triton
+    assert probe_generate(server.http_url, "tensorrt_llm", {}, contract="llmapi")  # the liveness probe speaks it
+    records = _locust(tmp_path / "lt", server, transport)
     tok = Tokenizer.from_file(str(TOKENIZER / "tokenizer.json"))
     ok = [r for r in records if r["status"] == "ok"]
     assert ok and len(ok) >= len(records) - 2, [r["error"] for r in records if r["status"] != "ok"][:3]
@@ -98,10 +77,10 @@ def test_locust_llmapi_contract_records(tmp_path, monkeypatch, transport):
                                              "last_token_time_ns"}
 
 
-def test_model_errors_are_recorded_as_errors(tmp_path, monkeypatch):
+def test_model_errors_are_recorded_as_errors(tmp_path):
     """Upstream answers a streaming request to a model that is not decoupled with one error
     response; every record says so."""
-    _, repos = _render(tmp_path, monkeypatch, decoupled=False)
+    _, repos = _render(tmp_path, decoupled=False)
     server = start_server(repos["speculative"], startup_timeout_s=120)
     try:
         records = _locust(tmp_path / "lt", server, "grpc")
@@ -111,11 +90,12 @@ def test_model_errors_are_recorded_as_errors(tmp_path, monkeypatch):
     assert done and all(r["status"] == "error" and "only supported in decoupled mode" in r["error"] for r in done)
 
 
-def test_llmapi_loadtest_report_marks_missing_acceptance(tmp_path, monkeypatch):
+@pytest.mark.e2e  # a whole run_loadtest on two servers: the end-to-end tier (docs/testing.md)
+def test_llmapi_loadtest_report_marks_missing_acceptance(tmp_path):
     from pipeline.loadtest.endpoints import remote_endpoint
     from pipeline.loadtest.runner import run_loadtest
 
-    cfg, repos = _render(tmp_path, monkeypatch)
+    cfg, repos = _render(tmp_path)
     model_yaml = repos["speculative"] / "tensorrt_llm" / "1" / "model.yaml"
     model_yaml.write_text(model_yaml.read_text().replace("return_perf_metrics: true", "return_perf_metrics: false"))
     servers = {arm: start_server(repo, startup_timeout_s=120) for arm, repo in repos.items()}

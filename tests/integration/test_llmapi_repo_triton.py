@@ -9,37 +9,14 @@ from __future__ import annotations
 
 import json
 import queue
-import shutil
 import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from pipeline.config import config_hash, parse_config
-from pipeline.plan.planner import make_plan
-from pipeline.render.renderer import render
-from pipeline.serve.server import start_server
-
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 STANDIN = Path(__file__).resolve().parents[1] / "fixtures" / "llmapi_standin" / "model.py"
-
-
-@pytest.fixture()
-def rendered(tmp_path, monkeypatch):
-    monkeypatch.setattr("pipeline.plan.gpu_layout.query_gpus", lambda nvidia_smi=None: None)
-    cfg = parse_config({"name": "api-served", "backend": "trtllm", "hardware": "h100-sxm-80gb", "trtllm_version": "1.2.1",
-                        "trtllm_runtime": "llm_api", "target": {"checkpoint": "/models/Meta-Llama-3.1-8B-Instruct"},
-                        "speculation": {"method": "eagle3", "head_dir": "/models/EAGLE3-LLaMA3.1-Instruct-8B"},
-                        "build": {"max_batch_size": 4, "max_input_len": 128, "max_seq_len": 256}}, workdir=tmp_path)
-    plan = make_plan(cfg)
-    manifest = {"format": "specdeploy-manifest/1", "name": cfg.name, "config_hash": config_hash(cfg),
-                "engines": plan.engines, "tokenizer_dir": plan.tokenizer_dir, "created": "t"}
-    (tmp_path / "engines" / cfg.name).mkdir(parents=True)
-    (tmp_path / "engines" / cfg.name / "manifest.json").write_text(json.dumps(manifest))
-    repo, _ = render(cfg)["speculative"]
-    shutil.copy(STANDIN, repo / "tensorrt_llm" / "1" / "model.py")
-    return repo
 
 
 def _grpc_stream(url: str, prompt: str) -> list[str]:
@@ -71,20 +48,17 @@ def _grpc_stream(url: str, prompt: str) -> list[str]:
         client.close()
 
 
-def test_rendered_llmapi_repository_is_served_by_real_triton(rendered):
-    server = start_server(rendered, startup_timeout_s=120)
-    try:
-        with urllib.request.urlopen(f"{server.http_url}/v2/models/tensorrt_llm/config", timeout=30) as response:  # noqa: S310 - loopback http URL of the server under test
-            config = json.load(response)
-        assert config["model_transaction_policy"]["decoupled"] is True and config["max_batch_size"] == 0
-        assert [t["name"] for t in config["input"]][:2] == ["text_input", "streaming"]
-        body = json.dumps({"text_input": "Hello", "sampling_param_max_tokens": 5, "streaming": True}).encode()
-        request = urllib.request.Request(f"{server.http_url}/v2/models/tensorrt_llm/generate_stream", data=body)  # noqa: S310 - loopback http URL of the server under test
-        with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310 - loopback http URL of the server under test
-            events = [json.loads(line[len(b"data: "):]) for line in response.read().splitlines() if line.startswith(b"data: ")]
-        texts = [e["text_output"] for e in events]  # cumulative, as upstream's CompletionOutput.text
-        assert len(texts) == 2 and len(texts[-1].split()) == 5 and texts[-1].startswith(texts[0])
-        grpc = _grpc_stream(f"{server.host}:{server.ports.grpc}", "Hi")
-        assert len(grpc) == 3 and len(grpc[-1].split()) == 8 and grpc[-1].startswith(grpc[1])
-    finally:
-        server.stop()
+def test_rendered_llmapi_repository_is_served_by_real_triton(llmapi_standin_server):
+    server = llmapi_standin_server  # tiny_deploy.render_llmapi_standin: this layout, shared with test_llmapi_loadtest
+    with urllib.request.urlopen(f"{server.http_url}/v2/models/tensorrt_llm/config", timeout=30) as response:  # noqa: S310 - loopback http URL of the server under test
+        config = json.load(response)
+    assert config["model_transaction_policy"]["decoupled"] is True and config["max_batch_size"] == 0
+    assert [t["name"] for t in config["input"]][:2] == ["text_input", "streaming"]
+    body = json.dumps({"text_input": "Hello", "sampling_param_max_tokens": 5, "streaming": True}).encode()
+    request = urllib.request.Request(f"{server.http_url}/v2/models/tensorrt_llm/generate_stream", data=body)  # noqa: S310 - loopback http URL of the server under test
+    with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310 - loopback http URL of the server under test
+        events = [json.loads(line[len(b"data: "):]) for line in response.read().splitlines() if line.startswith(b"data: ")]
+    texts = [e["text_output"] for e in events]  # cumulative, as upstream's CompletionOutput.text
+    assert len(texts) == 2 and len(texts[-1].split()) == 5 and texts[-1].startswith(texts[0])
+    grpc = _grpc_stream(f"{server.host}:{server.ports.grpc}", "Hi")
+    assert len(grpc) == 3 and len(grpc[-1].split()) == 8 and grpc[-1].startswith(grpc[1])

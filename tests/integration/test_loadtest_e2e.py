@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.triton  # starts a real tritonserver
-
 ROOT = Path(__file__).resolve().parents[2]
 # The Python backend (python_backend@r24.10 src/stub_launcher.cc ReceiveMessageFromStub, src/pb_stub.cc
 # main): while an execute() runs, tritonserver clears the stub's health flag every second and fails
@@ -30,7 +28,45 @@ def is_stub_heartbeat_miss(record: dict) -> bool:
     return record["status"] == "error" and bool(STUB_HEARTBEAT_MISS.search(record["error"] or ""))
 
 
+def assert_verdict_follows_checks(report: dict) -> None:
+    """One repeat is below ``gate.min_runs``: the ``runs`` check is inconclusive, so the verdict
+    is NO-GO if any check failed and INCONCLUSIVE otherwise — never GO — and the exit code is
+    the verdict's."""
+    statuses = [c["status"] for c in report["gate"]["checks"]]
+    runs = [c for c in report["gate"]["checks"] if c["rule"] == "runs"]
+    assert runs and all(c["status"] == "inconclusive" and c["value"] == 1 for c in runs), runs
+    expected = "NO-GO" if "fail" in statuses else "INCONCLUSIVE"
+    assert report["verdict"] == expected, report["reasons"]
+    assert report["exit_code"] == {"NO-GO": 1, "INCONCLUSIVE": 3}[expected]
+
+
+def _report(verdict: str, statuses: list[str], runs: int = 1) -> dict:
+    checks = [{"rule": "runs", "status": "inconclusive" if runs < 3 else "pass", "value": runs}]
+    checks += [{"rule": f"r{i}", "status": status, "value": None} for i, status in enumerate(statuses)]
+    return {"verdict": verdict, "exit_code": {"GO": 0, "NO-GO": 1, "INCONCLUSIVE": 3}[verdict], "reasons": [],
+            "gate": {"checks": checks}}
+
+
+@pytest.mark.parametrize("report,holds", [
+    (_report("INCONCLUSIVE", ["pass"]), True),
+    (_report("NO-GO", ["pass", "fail"]), True),
+    (_report("GO", ["pass"]), False),  # a GO on one repeat
+    (_report("INCONCLUSIVE", ["fail"]), False),  # a failed check that did not make it NO-GO
+    (_report("NO-GO", ["pass"]), False),  # NO-GO without a failed check
+    (_report("INCONCLUSIVE", ["pass"], runs=3), False),  # the runs check passed: not one repeat
+], ids=["inconclusive", "no-go", "go", "fail-ignored", "no-go-unfounded", "three-runs"])
+def test_the_verdict_check_can_fail(report, holds):
+    """The check below, on hand-made reports: it rejects every verdict the checks do not imply."""
+    if holds:
+        assert_verdict_follows_checks(report)
+    else:
+        with pytest.raises(AssertionError):
+            assert_verdict_follows_checks(report)
+
+
 @pytest.mark.slow
+@pytest.mark.triton
+@pytest.mark.e2e  # the end-to-end tier: test_run_cli keeps one `specdeploy run` in the full tier
 def test_loadtest_end_to_end_on_tiny_cpu_deployment(tmp_path):
     import yaml
 
@@ -71,8 +107,7 @@ def test_loadtest_end_to_end_on_tiny_cpu_deployment(tmp_path):
 
     report = json.loads((run_dir / "report.json").read_text())
     assert report["schema"] == "specdeploy-report/1"
-    assert report["verdict"] in ("GO", "NO-GO", "INCONCLUSIVE")
-    assert report["verdict"] != "GO"  # one repeat < gate.min_runs: never enough evidence for GO
+    assert_verdict_follows_checks(report)
     for comp in report["comparisons"]:
         assert comp["equivalence"]["equivalent"], comp["equivalence"]["mismatched_ids"]  # exact on the CPU engine
     kv_check = next(c for c in report["gate"]["checks"] if c["rule"] == "kv_capacity")  # planned = engine-reported

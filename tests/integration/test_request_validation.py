@@ -1,7 +1,8 @@
-"""Request validation on the served CPU deployments (docs/request-validation.md), one test per
-row of the table through a real tritonserver: an out-of-range value is refused with a message
-naming the input and the value, the server stays up and the next request is answered; values
-TensorRT-LLM accepts are accepted; a missing required input is an error naming it, on
+"""Request validation on the served CPU deployments (docs/request-validation.md) through a real
+tritonserver — the table row by row is tests/unit/test_request_rule_table.py; here one refused
+row per rule function: it is refused with a message naming the input and the value, the server
+stays up and the next request is answered; every value TensorRT-LLM accepts is answered (a few
+inputs per request); a missing required input is an error naming it, on
 ``tensorrt_llm`` and ``tensorrt_llm_bls``, streaming or not."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
+from tests.request_rule_table import accepted_batches
 from triton_clients import grpc_infer, grpc_stream, text_inputs
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -19,50 +21,24 @@ pytestmark = [pytest.mark.triton, pytest.mark.slow]
 PROMPT_IDS = [1, 40, 41, 42]
 F32, I32 = np.float32, np.int32
 
-# (tensorrt_llm input, value, what the error says)
-REFUSED = [
-    ("temperature", -1.0, "temperature must be >= 0, got -1"),
+# one row per rule function and kind of message (tests/request_rule_table.py has them all, checked
+# row by row in tests/unit/test_request_rule_table.py): a NaN, a message with the client's name
+# too, end_id against the served model's vocabulary, a CPU-engine limit
+SERVED_REFUSED = [
     ("temperature", math.nan, "temperature must be >= 0, got nan"),
-    ("runtime_top_k", -1, "runtime_top_k (top_k on the ensemble and the BLS) must be >= 0, got -1"),
     ("runtime_top_p", 5.0, "runtime_top_p (top_p on the ensemble and the BLS) must be <= 1 (a value <= 0 means unset), got 5"),
-    ("runtime_top_p_min", 1.5, "runtime_top_p_min must be in [0, 1], got 1.5"),
-    ("runtime_top_p_decay", 0.0, "runtime_top_p_decay must be in (0, 1], got 0"),
-    ("runtime_top_p_reset_ids", -2, "runtime_top_p_reset_ids must be >= 0, got -2"),
-    ("repetition_penalty", 0.0, "repetition_penalty must be > 0, got 0"),
-    ("len_penalty", -1.0, "len_penalty (length_penalty on the ensemble and the BLS) must be >= 0, got -1"),
-    ("beam_search_diversity_rate", -0.5, "beam_search_diversity_rate must be >= 0, got -0.5"),
-    ("min_tokens", -1, "min_tokens must be >= 0, got -1"),
-    ("beam_width", 0, "beam_width must be > 0, got 0"),
-    ("num_return_sequences", 0, "num_return_sequences must be > 0, got 0"),
-    ("request_output_len", 0, "request_output_len (max_tokens on the ensemble and the BLS) must be > 0, got 0"),
-    ("end_id", -2, "end_id (-2) is not within acceptable range [-1, "),
     ("end_id", 100000, "end_id (100000) is not within acceptable range [-1, "),
-    # in TensorRT-LLM's range, beyond the CPU reference engine
-    ("beam_width", 2, "beam_width must be 1 on the CPU reference engine (no beam search), got 2"),
-    ("num_return_sequences", 2, "num_return_sequences must be 1 on the CPU reference engine, got 2"),
     ("repetition_penalty", 1.2, "repetition_penalty 1.2 is not supported by the CPU reference engine"),
-    ("presence_penalty", 0.5, "presence_penalty 0.5 is not supported by the CPU reference engine"),
-    ("frequency_penalty", -0.5, "frequency_penalty -0.5 is not supported by the CPU reference engine"),
-    ("runtime_top_p_decay", 0.5, "runtime_top_p_decay 0.5 is not supported by the CPU reference engine"),
-]
-# values TensorRT-LLM accepts (boundaries included); the CPU engine answers them
-ACCEPTED = [
-    ("temperature", 0.0), ("runtime_top_k", 0), ("runtime_top_p", 1.0), ("runtime_top_p", 0.0),
-    ("runtime_top_p", -1.0), ("runtime_top_p_min", 0.0), ("runtime_top_p_decay", 1.0),
-    ("runtime_top_p_reset_ids", 0), ("repetition_penalty", 1.0), ("presence_penalty", 0.0),
-    ("frequency_penalty", 0.0), ("len_penalty", 0.0), ("beam_search_diversity_rate", 0.0),
-    ("min_tokens", 0), ("beam_width", 1), ("num_return_sequences", 1), ("end_id", -1),
-    ("pad_id", 50256),  # upstream's inflight_batcher_llm_client default; the executor does not check pad_id
-    ("pad_id", -7),
 ]
 
 
-def _llm_request(name: str | None = None, value=None, streaming: bool = False) -> dict:
+def _llm_request(name: str | None = None, value=None, streaming: bool = False, **more) -> dict:
     inputs = {"input_ids": np.array([PROMPT_IDS], dtype=I32), "input_lengths": np.array([[len(PROMPT_IDS)]], dtype=I32),
               "request_output_len": np.array([[3]], dtype=I32), "streaming": np.array([[streaming]])}
     if name is not None:
-        dtype = F32 if isinstance(value, float) else I32
-        inputs[name] = np.array([[value]], dtype=dtype)
+        more[name] = value
+    for key, val in more.items():
+        inputs[key] = np.array([[val]], dtype=F32 if isinstance(val, float) else I32)
     return inputs
 
 
@@ -76,7 +52,7 @@ def _answered(responses: list[dict]) -> int:
     return sum(int(r["sequence_length"].reshape(-1)[0]) for r in responses)
 
 
-@pytest.mark.parametrize("name,value,message", REFUSED, ids=[f"{n}={v}" for n, v, _ in REFUSED])
+@pytest.mark.parametrize("name,value,message", SERVED_REFUSED, ids=[f"{n}={v}" for n, v, _ in SERVED_REFUSED])
 def test_tensorrt_llm_refuses_out_of_range(dt_server, name, value, message):
     url = dt_server.grpc_url
     assert message in _error(lambda: grpc_infer(url, "tensorrt_llm", _llm_request(name, value)))
@@ -84,10 +60,11 @@ def test_tensorrt_llm_refuses_out_of_range(dt_server, name, value, message):
     assert out["output_ids"].shape == (1, 1, len(PROMPT_IDS) + 3)
 
 
-@pytest.mark.parametrize("name,value", ACCEPTED, ids=[f"{n}={v}" for n, v in ACCEPTED])
-def test_tensorrt_llm_accepts_upstream_values(dt_server, name, value):
-    out = grpc_infer(dt_server.grpc_url, "tensorrt_llm", _llm_request(name, value))
-    assert out["output_ids"].reshape(-1).tolist()[: len(PROMPT_IDS)] == PROMPT_IDS
+def test_tensorrt_llm_accepts_upstream_values(dt_server):
+    """Every accepted value of the table answered by the engine, a few inputs per request."""
+    for batch in accepted_batches():
+        out = grpc_infer(dt_server.grpc_url, "tensorrt_llm", _llm_request(**batch))
+        assert out["output_ids"].reshape(-1).tolist()[: len(PROMPT_IDS)] == PROMPT_IDS, batch
 
 
 def test_min_p_is_no_input_of_the_triton_models(dt_server):
@@ -106,12 +83,15 @@ def test_refused_while_streaming(baseline_server):
     assert _answered(grpc_stream(url, "tensorrt_llm", _llm_request(streaming=True))) == 3
 
 
-@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
-@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streaming"])
-@pytest.mark.parametrize("name,value,message", [
-    ("temperature", -1.0, "temperature must be >= 0, got -1"),
-    ("top_p", 5.0, "top_p (top_p on the ensemble and the BLS) must be <= 1 (a value <= 0 means unset), got 5"),
-])
+TEMPERATURE = ("temperature", -1.0, "temperature must be >= 0, got -1")
+TOP_P = ("top_p", 5.0, "top_p (top_p on the ensemble and the BLS) must be <= 1 (a value <= 0 means unset), got 5")
+
+
+# each model streaming and not, each rule on each model
+@pytest.mark.parametrize("model,stream,name,value,message", [
+    ("ensemble", False, *TEMPERATURE), ("ensemble", True, *TOP_P),
+    ("tensorrt_llm_bls", False, *TOP_P), ("tensorrt_llm_bls", True, *TEMPERATURE),
+], ids=["ensemble-whole-temperature", "ensemble-streaming-top_p", "bls-whole-top_p", "bls-streaming-temperature"])
 def test_client_models_refuse(baseline_server, model, stream, name, value, message):
     """The issue's two cases through the ensemble and the BLS: the ensemble's error comes from
     tensorrt_llm (naming both names), the BLS refuses before any model runs (its own name)."""

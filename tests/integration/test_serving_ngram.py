@@ -7,7 +7,6 @@ Acceptance reaches the perf outputs and our Prometheus counters."""
 from __future__ import annotations
 
 import pytest
-import yaml
 
 from triton_clients import grpc_stream, http_generate, metric_values, text_inputs
 
@@ -16,37 +15,6 @@ pytestmark = [pytest.mark.triton, pytest.mark.slow]
 MAX_TOKENS = 32
 # the second repeats its own opening, so the proposer has something to copy from the start
 PROMPTS = ["def add(a, b):", "name: tiny\nvalue: 42\nname: tiny\nvalue:", "The quick brown"]
-
-
-@pytest.fixture(scope="module")
-def ngram_cfg(serving_workdir, tiny_models):
-    from pipeline.build.builder import build
-    from pipeline.config import load_config
-    from pipeline.render.renderer import render
-
-    data = {
-        "name": "tiny-ngram", "backend": "reference", "hardware": "cpu",
-        "target": {"checkpoint": str(tiny_models["target"]), "dtype": "float32"},
-        "speculation": {"method": "ngram", "max_draft_len": 3, "max_matching_ngram_size": 3,
-                        "is_public_pool": False},
-        "build": {"max_batch_size": 4, "max_input_len": 128, "max_seq_len": 256},
-        "triton": {"startup_timeout_s": 240},
-    }
-    path = serving_workdir / "tiny-ngram.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    cfg = load_config(path, serving_workdir)
-    build(cfg, progress=False)
-    render(cfg)
-    return cfg
-
-
-@pytest.fixture(scope="module")
-def ngram_server(serving_workdir, ngram_cfg):
-    from pipeline.serve.server import start_deployment
-
-    server = start_deployment(ngram_cfg, "speculative")
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,9 @@
 little noise on its last layer (high but imperfect acceptance), random Medusa heads and a random
 EAGLE head in their upstream layouts; plus, per deployment, the config YAML, the reference engine
 descriptors (``engine.json``) and the build manifest that ``specdeploy build`` would write — so the
-tests exercise render and serve without depending on the build stage's runtime."""
+tests exercise render and serve without depending on the build stage's runtime; ``built_deployment``
+for the configs that go through the real build step, and ``render_llmapi_standin`` for the GPU
+llmapi repository with the stand-in model."""
 
 from __future__ import annotations
 
@@ -180,3 +182,67 @@ def make_deployment(workdir: Path, models: dict[str, Path], method: str, name: s
     }
     (root / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return cfg_path
+
+
+NGRAM = {"method": "ngram", "max_draft_len": K, "max_matching_ngram_size": 3, "is_public_pool": False}
+
+
+def draft_target_spec(models: dict[str, Path], k: int = K) -> dict:
+    return {"method": "draft_target", "num_draft_tokens": k,
+            "draft": {"checkpoint": str(models["draft"]), "dtype": "float32"}}
+
+
+def built_deployment(workdir: Path, models: dict[str, Path], name: str, speculation: dict, llmapi: bool = False,
+                     decoupled: bool = True):
+    """A config under ``workdir`` built by ``build`` (the reference engines' real build step) and
+    rendered: what ``specdeploy build`` + ``render`` leave; returns the loaded config."""
+    from pipeline.build.builder import build
+    from pipeline.config import load_config
+    from pipeline.render.renderer import render
+
+    data = {"name": name, "backend": "reference", "hardware": "cpu",
+            "target": {"checkpoint": str(models["target"]), "dtype": "float32"}, "speculation": speculation,
+            "build": {"max_batch_size": 4, "max_input_len": MAX_INPUT_LEN, "max_seq_len": MAX_SEQ_LEN},
+            "triton": {"startup_timeout_s": 240, "decoupled": decoupled}}
+    if llmapi:
+        data["trtllm_runtime"] = "llm_api"
+    path = workdir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    cfg = load_config(path, workdir)
+    build(cfg, progress=False)
+    render(cfg)
+    return cfg
+
+
+STANDIN = Path(__file__).resolve().parents[1] / "fixtures" / "llmapi_standin" / "model.py"
+
+
+def render_llmapi_standin(workdir: Path, name: str = "api-served", **config) -> tuple[object, dict[str, Path]]:
+    """An EAGLE-3 deployment on the LLM-API runtime (H100, no GPU queried), rendered for both arms
+    with tests/fixtures/llmapi_standin/model.py in place of upstream's model.py; ``config``
+    adds top-level sections (``loadtest``, ``triton``). Returns (config, repositories by arm)."""
+    import json
+    import shutil
+
+    from pipeline.config import config_hash, parse_config
+    from pipeline.plan.planner import make_plan
+    from pipeline.render.renderer import render
+
+    data = {"name": name, "backend": "trtllm", "hardware": "h100-sxm-80gb", "trtllm_version": "1.2.1",
+            "trtllm_runtime": "llm_api", "target": {"checkpoint": "/models/Meta-Llama-3.1-8B-Instruct"},
+            "speculation": {"method": "eagle3", "head_dir": "/models/EAGLE3-LLaMA3.1-Instruct-8B"},
+            "build": {"max_batch_size": 4, "max_input_len": 128, "max_seq_len": 256}, **config}
+    import pytest
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("pipeline.plan.gpu_layout.query_gpus", lambda nvidia_smi=None: None)
+        cfg = parse_config(data, workdir=workdir)
+        plan = make_plan(cfg)
+        manifest = {"format": "specdeploy-manifest/1", "name": cfg.name, "config_hash": config_hash(cfg),
+                    "engines": plan.engines, "tokenizer_dir": plan.tokenizer_dir, "created": "t"}
+        (workdir / "engines" / cfg.name).mkdir(parents=True)
+        (workdir / "engines" / cfg.name / "manifest.json").write_text(json.dumps(manifest))
+        repos = {arm: repo for arm, (repo, _) in render(cfg).items()}
+    for repo in repos.values():
+        shutil.copy(STANDIN, repo / "tensorrt_llm" / "1" / "model.py")
+    return cfg, repos

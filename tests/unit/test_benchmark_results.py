@@ -4,8 +4,9 @@ Each ``benchmarks/results/*.json`` carries a ``provenance`` block (written by
 ``pipeline.infra.provenance.result_provenance`` in every script of ``benchmarks/`` and by
 ``specdeploy bench --output``): the command, the commit it ran on, the date and the machine. Files
 committed before the scripts recorded that carry a back-filled block naming the script and the
-commit that added them; that list can only shrink (re-running one replaces its block). The docs
-may quote only files that exist here."""
+commit that added them; that list can only shrink (re-running one replaces its block). A result
+measured elsewhere (another checkout, e.g. "before" on main's code) and copied in says so
+(``copied_from``: the command's own output). The docs may quote only files that exist here."""
 
 from __future__ import annotations
 
@@ -46,8 +47,9 @@ def provenance_problems(name: str, data: dict) -> list[str]:
     elif script != "specdeploy bench" and not (PROJECT_ROOT / script).is_file():
         problems.append(f"{script} does not exist")
     elif command and name + ".json" not in command and script != "specdeploy bench" \
-            and name + ".json" not in (PROJECT_ROOT / script).read_text():
-        problems.append(f"neither the command nor {script} names {name}.json")
+            and name + ".json" not in (PROJECT_ROOT / script).read_text() \
+            and not (prov.get("copied_from") and prov["copied_from"] in command):
+        problems.append(f"neither the command nor {script} names {name}.json (nor says where it was copied from)")
     return problems
 
 
@@ -77,7 +79,10 @@ def test_a_hand_written_or_renamed_result_is_caught():
     assert provenance_problems("x", fresh) == []
     assert provenance_problems("x", {"figures": 1}) == ["no provenance block"]
     renamed = {"provenance": {**fresh["provenance"]}}
-    assert provenance_problems("y", renamed) == ["neither the command nor benchmarks/bench_loadgen.py names y.json"]
+    assert provenance_problems("y", renamed) == [
+        "neither the command nor benchmarks/bench_loadgen.py names y.json (nor says where it was copied from)"]
+    copied = {"provenance": {**fresh["provenance"], "copied_from": "benchmarks/results/x.json"}}
+    assert provenance_problems("y", copied) == []  # a copy says so: the command's own output is named
     by_hand = {"provenance": {**fresh["provenance"], "command": "vim x.json"}}
     assert "no benchmarks/ script or `specdeploy bench` wrote it (command 'vim x.json')" in provenance_problems("x", by_hand)
     no_commit = {"provenance": {**fresh["provenance"], "commit": None}}

@@ -169,6 +169,7 @@ def test_draft_target_reference_build(checkpoints, tmp_path: Path) -> None:
     assert again.names == [] and {s["status"] for s in rerun["steps"]} == {"cached"}
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 @pytest.mark.parametrize("method", ["medusa", "eagle"])
 def test_tree_method_reference_build(method, checkpoints, tmp_path: Path) -> None:
     if method == "medusa":
@@ -186,6 +187,7 @@ def test_tree_method_reference_build(method, checkpoints, tmp_path: Path) -> Non
     assert greedy(manifest["engines"]["speculative"], prompt) == greedy(manifest["engines"]["baseline"], prompt)
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 def test_fast_paths_off_reaches_every_engine_descriptor(checkpoints, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``reference.fast_paths: false`` → every engine.json says so and loads the plain models (not
     the fast subclasses); the default writes true. Output is the same either way."""
@@ -222,6 +224,7 @@ def test_bad_local_checkpoint_fails_in_resolve(tmp_path: Path) -> None:
     assert not (root / "checkpoints" / "target-hf").exists() and not (root / "manifest.json").exists()
 
 
+@pytest.mark.slow  # builds from the module's checkpoints: over the quick tier's CPU budget (tests/conftest.py)
 def test_cli_build_and_dry_run(checkpoints, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     import yaml
 

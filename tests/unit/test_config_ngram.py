@@ -87,6 +87,7 @@ def test_tiny_config_plans_an_ngram_engine_without_checkpoint(tmp_path):
     assert descriptor["max_draft_len"] == 3
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 def test_bench_gives_ngram_rows_per_category_and_batch(tmp_path):
     one_thread()
     prompts = tmp_path / "prompts"

@@ -286,6 +286,7 @@ def test_validate_refuses_a_cpu_beyond_the_allowed_set(tmp_path):
             f"{format_cpus(ALLOWED)} only") in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 @pytest.mark.skipif(len(ALLOWED) < 2, reason="needs two allowed CPUs to start a child on fewer")
 def test_a_child_started_on_fewer_cpus_refuses_a_cpu_it_may_not_use(tmp_path):
     lowest, highest = ALLOWED[0], ALLOWED[-1]

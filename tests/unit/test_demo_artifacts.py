@@ -134,6 +134,7 @@ def _continuation(model, tokenizer, prompt: str, new_tokens: int) -> str:
     return tokenizer.decode(out[0, ids.shape[1]:]).split("</s>")[0]
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 def test_target_continues_arithmetic_with_the_right_structure(target_and_tokenizer):
     model, tokenizer = target_and_tokenizer
     good = 0

@@ -133,6 +133,7 @@ def _generate(rounds, bls, prompt, max_tokens, k=K) -> list[int]:
     return ids[len(prompt):]
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 @pytest.mark.parametrize("knobs", [{}, {"is_use_oldest": False, "min_matching_ngram_size": 2}],
                          ids=["oldest", "newest-min2"])
 def test_greedy_bls_ngram_equals_target_only(rounds, ckpt, knobs):

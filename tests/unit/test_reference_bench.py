@@ -30,6 +30,7 @@ def _config(tmp_path: Path, speculation: str) -> Path:
     return path
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 def test_bench_reports_every_category_batch_and_peer(tmp_path, capsys):
     one_thread()
     ckpt = shared_checkpoints()

@@ -158,6 +158,7 @@ def test_int8_weight_only_runs_real_int8_and_agrees_on_top1(ckpt, tmp_path):
         quantize_checkpoint(ckpt["target"], tmp_path / "x", fmt="fp8")
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 def test_int8_rows_are_independent_so_speculation_stays_lossless(ckpt, tmp_path):
     """Per-row activation scales: a row's result does not depend on the batch it is in."""
     quantize_checkpoint(ckpt["target"], tmp_path / "int8")
@@ -484,6 +485,7 @@ def test_the_fast_forward_equals_the_plain_maths(ckpt, dtype, slots):
         torch.testing.assert_close(fast_pool.k, plain_pool.k, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 def test_fast_paths_off_serves_the_same_tokens(ckpt):
     """The engine switch end to end (float64: no near-ties): every method's greedy output with
     ``fast_paths`` off equals the output with it on, at batch 1 and batched."""

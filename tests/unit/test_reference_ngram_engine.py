@@ -56,6 +56,7 @@ def reference_outputs(ckpt):
         engine.shutdown()
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 @pytest.mark.parametrize("batched", [False, True], ids=["batch1", "batched"])
 @pytest.mark.parametrize("knobs", [{"is_public_pool": False}, {"is_public_pool": True},
                                    {"is_use_oldest": False, "min_matching_ngram_size": 2}],

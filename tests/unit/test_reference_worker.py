@@ -170,6 +170,7 @@ def test_restart_policy_backs_off_and_reads_the_environment():
     assert (env.max_restarts, env.backoff_s) == (1, 2.0)
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 def test_shutdown_while_down_does_not_restart(engine_dir):
     engine = EngineProcess(engine_dir, policy=RestartPolicy(backoff_s=60))
     os.kill(engine.pid, signal.SIGKILL)
@@ -177,6 +178,7 @@ def test_shutdown_while_down_does_not_restart(engine_dir):
     assert not engine._supervisor.is_alive()
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 def test_a_broken_engine_dir_fails_at_start(tmp_path):
     (tmp_path / ENGINE_DESCRIPTOR).write_text(json.dumps({"format": "something-else/9"}))
     with pytest.raises(SpecdeployError, match="engine worker for .*format 'something-else/9'"):

@@ -127,6 +127,7 @@ def test_method_specific_settings(tmp_path):
     assert bls.model_transaction_policy.decoupled  # our streaming-BLS extension
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 def test_tree_choices_in_brace_format(tmp_path):
     for method, key, expected in (("medusa", "medusa_choices", "{0}, {0, 0}, {0, 0, 0}"),
                                   ("eagle", "eagle_choices", "{0}, {1}, {0, 0}")):
@@ -333,6 +334,7 @@ def test_ngram_bls_parameters_only_in_the_speculative_bls(tmp_path):
     assert "speculative_method" not in base
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 def test_rerender_replaces_atomically(tmp_path):
     repo = _rendered(tmp_path)
     (repo / "stray.txt").write_text("old")
@@ -380,6 +382,7 @@ print(child.stdout.strip())
 """
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 def test_rendered_python_models_import_their_own_copy(tmp_path):
     """Run from the checkout's directory (where `pipeline` would otherwise be found), a rendered
     model.py imports the copy next to it, and so does the engine worker process it starts."""
@@ -409,6 +412,7 @@ def _trtllm_repo_params(tmp_path, method="medusa", variant="speculative", **trit
     return {k: v.string_value for k, v in config.parameters.items()}
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 def test_runtime_knobs_are_rendered(tmp_path):
     params = _trtllm_repo_params(tmp_path, enable_chunked_context=True, max_attention_window_size=200,
                                  max_tokens_in_paged_kv_cache=1024)

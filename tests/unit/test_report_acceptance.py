@@ -51,6 +51,7 @@ VLLM = acc.run_delta(acc.parse(vllm_text(0, 0, 0, [0, 0, 0])), acc.parse(vllm_te
 NOT_REPORTED = acc.run_delta(acc.parse("# nothing\n"), acc.parse("# nothing\n"))
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 def test_per_request_outputs_come_first(tmp_path):
     data, md = _report(copy_fixture(tmp_path / "run"))
     assert data["acceptance_source"] == "per-request outputs"
@@ -59,6 +60,7 @@ def test_per_request_outputs_come_first(tmp_path):
     assert {r["source"] for r in data["acceptance_by_source"]} == {"per-request outputs"}
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 def test_server_counters_fill_in_when_requests_carry_no_acceptance(tmp_path):
     run_dir = copy_fixture(tmp_path / "run")
     _strip_request_acceptance(run_dir)
@@ -78,6 +80,7 @@ def test_server_counters_fill_in_when_requests_carry_no_acceptance(tmp_path):
     assert 'id="acceptance-sources"' in html and "counter delta" in html
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 def test_gauges_are_labelled_as_a_window(tmp_path):
     run_dir = copy_fixture(tmp_path / "run")
     _strip_request_acceptance(run_dir)
@@ -89,6 +92,7 @@ def test_gauges_are_labelled_as_a_window(tmp_path):
     assert "gauge window" in md
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 def test_no_acceptance_anywhere_is_not_reported_and_leaves_the_verdict(tmp_path):
     with_acceptance, _ = _report(copy_fixture(tmp_path / "a"))
     run_dir = copy_fixture(tmp_path / "b")

@@ -65,6 +65,7 @@ def test_a_run_against_itself_moves_nothing(runs, tmp_path: Path):
     assert (tmp_path / "compare.json").is_file()
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 def test_cli_compare_writes_into_run_b_and_can_fail_on_worse(runs, tmp_path: Path):
     a, b = runs
     assert cli_run(["report", "--compare", str(a), str(b)]) == 0
@@ -73,6 +74,7 @@ def test_cli_compare_writes_into_run_b_and_can_fail_on_worse(runs, tmp_path: Pat
     assert cli_run(["report", "--compare", str(b), str(a), "--out", str(tmp_path), "--fail-on-worse"]) == 0  # better
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 def test_cli_compare_usage_errors(runs):
     a, _ = runs
     for argv in (["report", "--compare", str(a)], ["report", str(a), str(a)], ["report", str(a), "--fail-on-worse"]):

@@ -46,6 +46,7 @@ def _config_with_gate(run_dir: Path, tmp_path: Path, **gate) -> Path:
     return path
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 def test_report_files_and_schema(rendered: Path):
     data = json.loads((rendered / "report.json").read_text())
     assert data["schema"] == REPORT_SCHEMA
@@ -193,6 +194,7 @@ def test_console_script_exit_codes(run_dir: Path, tmp_path: Path):
     assert "Traceback" not in missing.stderr
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 def test_dead_server_run_is_never_go(run_dir: Path):
     listing = json.loads((run_dir / "runs.json").read_text())
     listing["runs"][-1].update({"server_alive": False, "valid": False, "invalid_reasons": ["server not alive"]})

@@ -31,6 +31,7 @@ def test_rollout_follows_the_crossover(levels, crossover, text):
     assert rollout(_data(levels, crossover)).startswith(text)
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 def test_banner_names_the_crossover_and_the_rollout(tmp_path: Path):
     run_dir = slow_down_speculative(copy_fixture(tmp_path / "run"), 2.5, concurrency=2)
     report = make_report(run_dir)
@@ -56,6 +57,7 @@ def test_disagreeing_repeats_are_named_as_noise(tmp_path: Path):
     assert "- Noise: repeats disagree — median TPOT varies by" in top and "speculative c=2" in top
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 def test_every_check_that_is_not_a_pass_is_listed_first(tmp_path: Path, monkeypatch):
     real = report_mod.evaluate_gate
 
@@ -81,6 +83,7 @@ def test_every_check_that_is_not_a_pass_is_listed_first(tmp_path: Path, monkeypa
     assert "speculation_fallbacks" in report.md_path.read_text().split("## Per concurrency")[0]
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 def test_new_run_json_entries_reach_the_provenance(tmp_path: Path):
     run_dir = copy_fixture(tmp_path / "run")
     meta = json.loads((run_dir / "run.json").read_text())
