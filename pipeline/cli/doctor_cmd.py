@@ -150,7 +150,7 @@ def _print(report: dict) -> None:
 
     console = Console() if sys.stdout.isatty() else Console(width=160)
     table = Table(title="specdeploy doctor", show_header=False)
-    table.add_column("item", style="bold")
+    table.add_column("item", style="bold", no_wrap=True)  # labels stay whole; long values fold
     table.add_column("value", overflow="fold")
     table.add_row("Python", f"{report['python']['version']} ({report['python']['executable']})")
     table.add_row("platform", report["platform"])

@@ -123,6 +123,7 @@ def reference_outputs(ckpt):
         engine.shutdown()
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (60 prompts through the engine)
 @pytest.mark.parametrize("batched", [False, True], ids=["batch1", "batched"])
 @pytest.mark.parametrize("sizes", SIZES, ids=["w4n3g4", "w2n4g2", "w5n2g3"])
 def test_greedy_lookahead_is_lossless(ckpt, reference_outputs, sizes, batched):
@@ -201,6 +202,7 @@ def _tree_first_token_counts(target_probs, tokens, parents, n, seed=0):
     return counts
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (a chi-square over many draws)
 def test_sampled_tree_of_deterministic_drafts_keeps_the_target_distribution(monkeypatch):
     gen = torch.Generator().manual_seed(5)
     target_probs = torch.softmax(torch.randn(4, VOCAB, generator=gen, dtype=torch.float64) * 2, -1)  # [N+1, V]

@@ -92,6 +92,7 @@ def test_target_concurrency_gates_the_excluded_level():
     assert evaluate_gate(a, GateSettings(target_concurrency=[8])).verdict == "NO-GO"
 
 
+@pytest.mark.slow  # over the quick tier's CPU budget (renders a whole report)
 def test_report_json_carries_the_range(tmp_path):
     from pipeline.report.builder import make_report
 

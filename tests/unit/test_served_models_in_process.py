@@ -71,7 +71,12 @@ def models():
     """preprocessing and postprocessing imported against the stand-in stub."""
     names = ("triton_python_backend_utils", "pipeline.triton_models.io", "pipeline.triton_models.preprocessing",
              "pipeline.triton_models.postprocessing")
+    import pipeline.triton_models as package
+
     saved = {name: sys.modules.get(name) for name in names}
+    # `from pipeline.triton_models import io` takes the package's attribute when it is set: an
+    # earlier test's import (bound to its own stand-in stub) must not be reused
+    saved_attributes = {name: package.__dict__.pop(name.rsplit(".", 1)[1], None) for name in names[1:]}
     sys.modules["triton_python_backend_utils"] = _stub_module()
     for name in names[1:]:
         sys.modules.pop(name, None)
@@ -85,6 +90,12 @@ def models():
                 sys.modules.pop(name, None)
             else:
                 sys.modules[name] = value
+        for name, value in saved_attributes.items():
+            attribute = name.rsplit(".", 1)[1]
+            if value is None:
+                package.__dict__.pop(attribute, None)
+            else:
+                setattr(package, attribute, value)
 
 
 @pytest.fixture(scope="module", params=["tokenizer.json", "sentencepiece"])
