@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from pipeline.config import GateSettings
 from pipeline.report.gate import evaluate_gate
 from pipeline.report.rollout_range import rollout_range
