@@ -6,6 +6,7 @@ test's directory instead of ``/models``."""
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,3 +43,17 @@ def gpu_host(tmp_path, monkeypatch):
         return SimHost(tmp_path, bin_dir, tmp_path / "sim.jsonl")
 
     return make
+
+
+STAND_IN_MODULES = ("pynvml", "tensorrt_llm")  # imported from a simulated container's site directory
+
+
+@pytest.fixture(autouse=True)
+def _container_modules_do_not_leak():
+    """A test inside the simulated container imports its pynvml / tensorrt_llm stand-ins; forget them
+    afterwards, so later tests (doctor's GPU row, say) see this machine's packages, not 8 fake H100s."""
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        if name.split(".")[0] in STAND_IN_MODULES:
+            del sys.modules[name]

@@ -149,5 +149,9 @@ def test_connection_refused_is_a_recorded_error(tmp_path):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # closed again: nothing listens there
     records, metas = run_openai_locust(tmp_path, port, users=2, duration_s=2.0)
-    assert records and all(r["status"] == "error" and r["error"] for r in records)
+    # every finished request is an error with its text; the fail-fast stop (every request failing) may
+    # catch one request still connecting, which is kept as incomplete, never dropped
+    statuses = [r["status"] for r in records]
+    assert "error" in statuses and set(statuses) <= {"error", "incomplete_at_stop"}, statuses
+    assert all(r["error"] for r in records if r["status"] == "error")
     assert sum(m["sent"] for m in metas) == len(records)
