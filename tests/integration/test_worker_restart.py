@@ -38,7 +38,9 @@ def restart_server(serving_workdir, tiny_models):
     from pipeline.render.renderer import render
     from pipeline.serve.server import start_deployment
 
-    cfg_path = tiny_deploy.make_deployment(serving_workdir, tiny_models, "draft_target", name=NAME)
+    # one BLS instance (not one per batch slot): the tests send one request at a time
+    cfg_path = tiny_deploy.make_deployment(serving_workdir, tiny_models, "draft_target", name=NAME,
+                                           triton={"bls_instance_count": 1})
     saved = {k: os.environ.get(k) for k in ("SPECDEPLOY_WORKER_MAX_RESTARTS", "SPECDEPLOY_WORKER_RESTART_BACKOFF_S")}
     os.environ.update(SPECDEPLOY_WORKER_MAX_RESTARTS=str(MAX_RESTARTS), SPECDEPLOY_WORKER_RESTART_BACKOFF_S=str(BACKOFF_S))
     try:
