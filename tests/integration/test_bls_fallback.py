@@ -123,7 +123,9 @@ def short_draft_server(serving_workdir, tiny_models):
     from pipeline.serve.server import start_deployment
 
     name = "tiny-dt-short-draft"
-    cfg_path = tiny_deploy.make_deployment(serving_workdir, tiny_models, "draft_target", name=name)
+    # one BLS instance, not one per batch slot: its tests send one request at a time
+    cfg_path = tiny_deploy.make_deployment(serving_workdir, tiny_models, "draft_target", name=name,
+                                           triton={"bls_instance_count": 1})
     descriptor = serving_workdir / "engines" / name / "engine" / "draft" / "engine.json"
     data = json.loads(descriptor.read_text())
     data["max_seq_len"] = SHORT_DRAFT_SEQ_LEN  # built for shorter contexts than the target
