@@ -123,7 +123,9 @@ def short_draft_server(serving_workdir, tiny_models):
     from pipeline.serve.server import start_deployment
 
     name = "tiny-dt-short-draft"
-    cfg_path = tiny_deploy.make_deployment(serving_workdir, tiny_models, "draft_target", name=name)
+    # one BLS instance, not one per batch slot: its tests send one request at a time
+    cfg_path = tiny_deploy.make_deployment(serving_workdir, tiny_models, "draft_target", name=name,
+                                           triton={"bls_instance_count": 1})
     descriptor = serving_workdir / "engines" / name / "engine" / "draft" / "engine.json"
     data = json.loads(descriptor.read_text())
     data["max_seq_len"] = SHORT_DRAFT_SEQ_LEN  # built for shorter contexts than the target
@@ -186,10 +188,10 @@ def _locust_records(tmp_path, server, extra_inputs: dict) -> list[dict]:
                 "model_name": "tensorrt_llm_bls", "transport": "grpc", "concurrency": 2, "max_tokens": 8,
                 "prompts": [{"id": f"p{i}", "category": "c", "prompt": p} for i, p in enumerate(PROMPTS)],
                 "sampling": {"top_k": 1}, "extra_inputs": extra_inputs, "output_prefix": str(tmp_path / "raw"),
-                "warmup_s": 0.0, "duration_s": 3, "stop_timeout_s": 30}
+                "warmup_s": 0.0, "duration_s": 2, "stop_timeout_s": 30}
     (tmp_path / "settings.json").write_text(json.dumps(settings))
     argv = [sys.executable, "-m", "locust", "-f", str(root / "loadtests" / "locustfile.py"), "--headless",
-            "-u", "2", "-r", "2", "-t", "3s", "--stop-timeout", "30", "--only-summary", "--loglevel", "WARNING",
+            "-u", "2", "-r", "2", "-t", "2s", "--stop-timeout", "30", "--only-summary", "--loglevel", "WARNING",
             "--exit-code-on-error", "0", "GrpcStreamUser"]
     env = {**os.environ, "SPECDEPLOY_LOADTEST_CONFIG": str(tmp_path / "settings.json")}
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)

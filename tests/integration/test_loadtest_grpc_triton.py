@@ -1,24 +1,28 @@
 """The gRPC streaming Locust user against a REAL tritonserver with a tiny decoupled Python model
-that sleeps (first token after D, then k tokens per chunk every k·t): measured TTFT ≈ D, TPOT ≈ t,
-inter-chunk ≈ k·t; requests in flight at stop are recorded; the Locust run ends on its own."""
+that sleeps (first token after D, then k tokens per chunk every k·t) and writes down when it got
+each request and sent each chunk (its own stamps, by request id): the client's stamps agree with
+the server's (every chunk seen after it was sent, the request sent before it arrived, TTFT, TPOT
+and inter-chunk gaps as the server timed them); requests in flight at stop are recorded; the
+Locust run ends on its own."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 pytestmark = pytest.mark.triton  # starts a real tritonserver
 
 ROOT = Path(__file__).resolve().parents[2]
 TTFT_MS, TPOT_MS, K, MAX_TOKENS = 400, 40, 2, 9  # chunks [1, 2, 2, 2, 2]
+STAMPS = "stamps.jsonl"  # in the model's directory
 
 CONFIG = """
 name: "fake_stream"
@@ -48,6 +52,8 @@ instance_group [ { count: 1 kind: KIND_CPU } ]
 """
 
 MODEL = f'''
+import json
+import os
 import threading
 import time
 
@@ -58,13 +64,19 @@ TTFT, TPOT, K = {TTFT_MS / 1000}, {TPOT_MS / 1000}, {K}
 
 
 class TritonPythonModel:
+    def initialize(self, args):
+        # the server's own stamps (wall clock, ns), one line per request: what the client's are checked against
+        self._stamps = open(os.path.join(args["model_repository"], "{STAMPS}"), "a")
+        self._lock = threading.Lock()
+
     def execute(self, requests):
         for request in requests:
-            threading.Thread(target=self._stream, args=(request,), daemon=True).start()
+            threading.Thread(target=self._stream, args=(request, time.time_ns()), daemon=True).start()
         return None
 
-    def _stream(self, request):
+    def _stream(self, request, received):
         sender = request.get_response_sender()
+        sent = []
         total = int(pb_utils.get_input_tensor_by_name(request, "max_tokens").as_numpy().reshape(-1)[0])
         plan, left = [1], total - 1
         while left > 0:
@@ -86,6 +98,12 @@ class TritonPythonModel:
                 pb_utils.Tensor("total_accepted_draft_tokens", np.array([[accepted]], dtype=np.int32)),
             ]
             final = i == len(plan) - 1
+            if final:  # written before the last send: a client that saw every chunk finds the line
+                line = json.dumps({{"id": request.request_id(), "received": received, "sent": sent + [time.time_ns()]}})
+                with self._lock:
+                    self._stamps.write(line + "\\n")
+                    self._stamps.flush()
+            sent.append(time.time_ns())
             sender.send(pb_utils.InferenceResponse(output_tensors=outputs),
                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
             if not final:
@@ -126,29 +144,96 @@ def run_grpc_locust(tmp: Path, server, users: int, duration_s: int, stop_timeout
     return records, metas
 
 
-def close_to(measured: float, expected: float, early: float = 0.0) -> bool:
-    """The client measured ``expected``. On a loaded machine a sleep-timed send by the server is
-    only ever late, so little is allowed below (``early``: the share a late first chunk can take
-    off a per-token or per-chunk average) and 15 % above, still short of what a wrong definition
-    gives (the header time, a chunk taken for a token, a token for a chunk, the second chunk)."""
-    return expected * (1 - early) - 1.0 <= measured <= expected * 1.15 + 1.0
+CLOCKS_MS = 10  # the client's stamps become wall-clock time through its run's t0 (meta files): a few µs off, plus clock slew
+
+
+def server_stamps(server) -> dict[str, dict]:
+    path = server.repo / "fake_stream" / STAMPS
+    return {s["id"]: s for s in map(json.loads, path.read_text().splitlines())} if path.exists() else {}
+
+
+def timing_errors(records: list[dict], metas: list[dict], stamps: dict[str, dict]) -> list[str]:
+    """What is wrong with the client's timing, judged by the server's own stamps (empty: nothing).
+
+    Causality, whatever the load: the request is sent before the server gets it and every chunk
+    is seen after the server sent it. Then the client's TTFT, TPOT and median inter-chunk gap
+    against the server's for the same requests (medians): a loaded machine makes the server's
+    sleeps late, which its stamps show, so what is left between the two is delivery; a stamp taken
+    at the wrong event (the header, the second chunk, the end of the stream) is off by at least a
+    chunk's time (K·TPOT) and a chunk counted as a token doubles TPOT, so each figure may be off by
+    less than that: three quarters of a chunk for TTFT, half of it for a gap, half a TPOT."""
+    t0_ns = {m["pid"]: m["t0_unix"] * 1e9 for m in metas}
+    errors, client, server = [], {"ttft": [], "tpot": [], "gap": []}, {"ttft": [], "tpot": [], "gap": []}
+    for r in records:
+        mine = stamps.get(r["request_id"])
+        if mine is None:
+            errors.append(f"{r['request_id']}: no server stamps")
+            continue
+        sent, got = mine["sent"], mine["received"]
+        at = [t0_ns[r["worker_pid"]] + t for t in r["chunk_times"]]
+        if len(at) != len(sent):
+            errors.append(f"{r['request_id']}: {len(at)} chunks seen, {len(sent)} sent")
+            continue
+        if t0_ns[r["worker_pid"]] + r["t_sent"] > got + CLOCKS_MS * 1e6:
+            errors.append(f"{r['request_id']}: sent {(t0_ns[r['worker_pid']] + r['t_sent'] - got) / 1e6:.0f} ms "
+                          "after the server got it")
+        early = [i for i, (a, s) in enumerate(zip(at, sent)) if a < s - CLOCKS_MS * 1e6]
+        if early:
+            errors.append(f"{r['request_id']}: chunks {early} seen before they were sent")
+        if r["t_first_token"] != r["chunk_times"][0] or r["t_last"] < r["chunk_times"][-1]:
+            errors.append(f"{r['request_id']}: t_first_token/t_last are not the first/last chunk's")
+        client["ttft"].append((r["t_first_token"] - r["t_sent"]) / 1e6)
+        server["ttft"].append((sent[0] - got) / 1e6)
+        client["tpot"].append((r["t_last"] - r["t_first_token"]) / 1e6 / (r["osl"] - 1))
+        server["tpot"].append((sent[-1] - sent[0]) / 1e6 / (MAX_TOKENS - 1))
+        client["gap"] += [(b - a) / 1e6 for a, b in zip(r["chunk_times"], r["chunk_times"][1:])]
+        server["gap"] += [(b - a) / 1e6 for a, b in zip(sent, sent[1:])]
+    if errors or not records:
+        return errors or ["no records"]
+    med = {k: (statistics.median(client[k]), statistics.median(server[k])) for k in client}
+    slack = {"ttft": 0.75 * K * TPOT_MS, "tpot": 0.5 * TPOT_MS, "gap": 0.5 * K * TPOT_MS}
+    return [f"median {k}: client {c:.1f} ms, server {s:.1f} ms" for k, (c, s) in med.items() if abs(c - s) > slack[k]]
 
 
 @pytest.mark.slow
 def test_grpc_stream_user_timing(tmp_path, fake_triton):
-    records, metas = run_grpc_locust(tmp_path, fake_triton, users=8, duration_s=5, stop_timeout_s=5)
+    records, metas = run_grpc_locust(tmp_path, fake_triton, users=8, duration_s=3, stop_timeout_s=5)
     ok = [r for r in records if r["status"] == "ok" and r["stage"] == "measure"]
     assert len(ok) >= 3, [r["error"] for r in records if r["status"] != "ok"][:3]  # enough for medians
     assert all(r["osl"] == MAX_TOKENS and r["osl_source"] == "server" and r["tokens_per_chunk"] == [1, 2, 2, 2, 2] for r in ok)
     assert all(r["draft_tokens"] == 8 and r["accepted_tokens"] == 4 for r in ok)  # cumulative perf outputs kept
-    ttft = np.median([(r["t_first_token"] - r["t_sent"]) / 1e6 for r in ok])
-    tpot = np.median([(r["t_last"] - r["t_first_token"]) / 1e6 / (r["osl"] - 1) for r in ok])
-    gaps = np.median([(b - a) / 1e6 for r in ok for a, b in zip(r["chunk_times"], r["chunk_times"][1:])])
-    assert close_to(ttft, TTFT_MS), ttft
-    assert close_to(tpot, TPOT_MS, early=0.1), tpot
-    assert close_to(gaps, K * TPOT_MS, early=0.1), gaps
     assert sum(m["sent"] for m in metas) == len(records)
     assert fake_triton.alive()
+    stamps = server_stamps(fake_triton)
+    assert timing_errors(ok, metas, stamps) == []
+    # the same check on the same run, with the client's timing broken as a wrong definition would break it
+    def broken(change):
+        return timing_errors([change(json.loads(json.dumps(r))) for r in ok], metas, stamps)
+
+    def at_header(r):  # every chunk stamped when the call returned its stream: right after sending
+        r["chunk_times"] = [r["t_sent"] + 1_000_000 * (i + 1) for i in range(len(r["chunk_times"]))]
+        r["t_first_token"], r["t_last"] = r["chunk_times"][0], r["chunk_times"][-1]
+        return r
+
+    def at_end(r):  # every chunk stamped when the stream ended
+        r["chunk_times"] = [r["t_last"]] * len(r["chunk_times"])
+        r["t_first_token"] = r["t_last"]
+        return r
+
+    def first_is_second(r):  # TTFT taken at the second chunk
+        r["t_first_token"] = r["chunk_times"][1]
+        return r
+
+    def one_chunk_lost(r):
+        r["chunk_times"] = r["chunk_times"][1:]
+        return r
+
+    def tpot_per_chunk(r):  # the osl a chunk count (a chunk taken for a token)
+        r["osl"] = len(r["chunk_times"])
+        return r
+
+    for change in (at_header, at_end, first_is_second, one_chunk_lost, tpot_per_chunk):
+        assert broken(change), change.__name__
 
 
 @pytest.mark.slow

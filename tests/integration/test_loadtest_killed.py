@@ -61,7 +61,8 @@ def test_loadtest_killed_mid_run_leaves_nothing_behind(serving_workdir, tiny_mod
 
     cfg_path = tiny_deploy.make_deployment(
         serving_workdir, tiny_models, "draft_target", name="tiny-loadtest-killed",
-        loadtest={"processes": 2, "prompts": PROMPTS, "warmup_s": 0})
+        loadtest={"processes": 2, "prompts": PROMPTS, "warmup_s": 0},
+        triton={"bls_instance_count": 1})  # not one per batch slot: the run is killed, not measured
     from pipeline.config import load_config
     from pipeline.render.renderer import render
 

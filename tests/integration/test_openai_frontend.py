@@ -160,6 +160,7 @@ def test_bad_requests_name_the_field_and_the_frontend_stays_up(frontends, medusa
     assert frontends["baseline"].alive()
 
 
+@pytest.mark.e2e  # a whole A/B load-test run: the end-to-end tier (docs/testing.md)
 def test_ab_through_the_frontends_gives_a_report_with_a_verdict(frontends, medusa_cfg, medusa_server, serving_workdir,
                                                                 tmp_path):
     from pipeline.loadtest.endpoints_only import run_endpoint_loadtest

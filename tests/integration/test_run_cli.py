@@ -21,7 +21,7 @@ EXIT_CODES = {"GO": 0, "NO-GO": 1, "INCONCLUSIVE": 3}
 def test_run_end_to_end_prints_report_and_exits_with_verdict(tmp_path):
     config = ROOT / "configs" / "tiny-cpu-eagle.yaml"
     proc = subprocess.run(
-        [sys.executable, "-m", "pipeline", "run", str(config), "--concurrency", "1,4", "--duration", "4s",
+        [sys.executable, "-m", "pipeline", "run", str(config), "--concurrency", "1,4", "--duration", "3s",
          "--repeats", "1"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600,
     )

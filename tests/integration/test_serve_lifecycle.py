@@ -62,6 +62,21 @@ def test_serve_deployment_context_manager_eagle(serving_workdir, tiny_models, re
     assert _alive(family) == []
 
 
+@pytest.fixture(scope="module")
+def lean_cfg(serving_workdir, tiny_models):
+    """The draft-target deployment with one BLS instance (the shared ``dt_cfg`` renders one per
+    batch slot, four stubs): these tests stop and kill a server, they send at most one request,
+    so three more stubs to start and stop would only cost time."""
+    from pipeline.config import load_config
+    from pipeline.render.renderer import render
+
+    cfg_path = tiny_deploy.make_deployment(serving_workdir, tiny_models, "draft_target", name="tiny-lifecycle",
+                                           triton={"bls_instance_count": 1})
+    cfg = load_config(cfg_path, serving_workdir)
+    render(cfg)
+    return cfg
+
+
 class ForegroundServe:
     """``specdeploy serve CONFIG --variant baseline --foreground`` in a subprocess, its output read
     by a thread (a wait for a line never blocks past its deadline)."""
@@ -139,8 +154,8 @@ def wait_gone(pids, ports, timeout: float = 120) -> float:
     return time.monotonic() - started
 
 
-def test_cli_serve_foreground_ctrl_c(serving_workdir, dt_cfg):
-    serve = ForegroundServe(serving_workdir, dt_cfg)
+def test_cli_serve_foreground_ctrl_c(serving_workdir, lean_cfg):
+    serve = ForegroundServe(serving_workdir, lean_cfg)
     try:
         family = serve.wait_serving()
         status, body = http_generate(serve.http_url, "ensemble", {"text_input": "hi", "max_tokens": 2})
@@ -160,10 +175,10 @@ def _ignore_stop_signals() -> None:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_cli_serve_foreground_stops_on_a_signal_it_was_started_ignoring(serving_workdir, dt_cfg, sig):
+def test_cli_serve_foreground_stops_on_a_signal_it_was_started_ignoring(serving_workdir, lean_cfg, sig):
     """A background job of a shell script starts with SIGINT ignored (we ignore SIGTERM too);
     `serve --foreground` must still stop cleanly on either."""
-    serve = ForegroundServe(serving_workdir, dt_cfg, preexec_fn=_ignore_stop_signals)
+    serve = ForegroundServe(serving_workdir, lean_cfg, preexec_fn=_ignore_stop_signals)
     try:
         family = serve.wait_serving()
         serve.proc.send_signal(sig)
@@ -174,10 +189,10 @@ def test_cli_serve_foreground_stops_on_a_signal_it_was_started_ignoring(serving_
         serve.cleanup()
 
 
-def test_cli_serve_foreground_killed_leaves_nothing_behind(serving_workdir, dt_cfg):
+def test_cli_serve_foreground_killed_leaves_nothing_behind(serving_workdir, lean_cfg):
     """SIGKILL (a CI timeout, the OOM killer): tritonserver, every stub and the engine worker end
     within seconds and the ports are free."""
-    serve = ForegroundServe(serving_workdir, dt_cfg)
+    serve = ForegroundServe(serving_workdir, lean_cfg)
     try:
         family = serve.wait_serving()
         serve.proc.kill()

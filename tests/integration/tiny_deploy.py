@@ -125,8 +125,9 @@ def chain(depth: int) -> list[list[int]]:
 
 def make_deployment(workdir: Path, models: dict[str, Path], method: str, name: str | None = None,
                     decoupled: bool = True, k: int = K, orchestration: str = "bls",
-                    reference: dict | None = None, loadtest: dict | None = None) -> Path:
-    """Config + engine descriptors + manifest under ``workdir`` (the cwd of later stages)."""
+                    reference: dict | None = None, loadtest: dict | None = None, triton: dict | None = None) -> Path:
+    """Config + engine descriptors + manifest under ``workdir`` (the cwd of later stages);
+    ``triton``: more settings of the ``triton`` section (e.g. ``bls_instance_count``)."""
     from pipeline.config import config_hash, load_config
 
     name = name or f"tiny-{method.replace('_', '-')}"
@@ -143,7 +144,7 @@ def make_deployment(workdir: Path, models: dict[str, Path], method: str, name: s
         "target": {"checkpoint": str(models["target"]), "dtype": "float32"},
         "speculation": speculation,
         "build": {"max_batch_size": 4, "max_input_len": MAX_INPUT_LEN, "max_seq_len": MAX_SEQ_LEN},
-        "triton": {"decoupled": decoupled, "startup_timeout_s": 240},
+        "triton": {"decoupled": decoupled, "startup_timeout_s": 240, **(triton or {})},
     }
     if reference:
         config["reference"] = reference
