@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT / "loadtests"))
 
 from test_loadtest_fake_server import FakeServer  # noqa: E402 - after the sys.path set-up above
 
-from tests.unit.cli_inproc import specdeploy  # noqa: E402
+from tests.unit.cli_inproc import specdeploy  # noqa: E402 - after the sys.path set-up above
 
 TOKENIZER = ROOT / "pipeline" / "demo" / "artifacts" / "tiny-target"
 

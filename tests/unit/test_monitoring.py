@@ -58,22 +58,27 @@ def no_nvidia_smi(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory) -> dict[tuple[str, str], tuple[object, dict]]:
-    """Every case rendered once for this module: (backend, method) -> (cfg, variant -> repository).
-    The per-case checks and the one ``promtool check rules`` run read the same files."""
-    out = {}
-    with pytest.MonkeyPatch.context() as patch:  # no_nvidia_smi is function-scoped
-        patch.setattr("pipeline.plan.gpu_layout.query_gpus", lambda nvidia_smi=None: None)
-        for backend, method in CASES:
-            cfg = make_cfg(backend, method, workdir=tmp_path_factory.mktemp(f"{backend}-{method}"))
-            write_manifest(cfg)
-            out[(backend, method)] = (cfg, {variant: repo for variant, (repo, _) in render(cfg).items()})
-    return out
+def rendered(tmp_path_factory):
+    """``rendered(backend, method)`` -> (cfg, variant -> repository), each case rendered once for
+    this module, on first use: the per-case checks and the one ``promtool check rules`` run read
+    the same files, and each case's render is charged to the first test that needs it."""
+    cache = {}
+
+    def get(backend: str, method: str):
+        if (backend, method) not in cache:
+            with pytest.MonkeyPatch.context() as patch:  # no_nvidia_smi is function-scoped
+                patch.setattr("pipeline.plan.gpu_layout.query_gpus", lambda nvidia_smi=None: None)
+                cfg = make_cfg(backend, method, workdir=tmp_path_factory.mktemp(f"{backend}-{method}"))
+                write_manifest(cfg)
+                cache[(backend, method)] = (cfg, {variant: repo for variant, (repo, _) in render(cfg).items()})
+        return cache[(backend, method)]
+
+    return get
 
 
 @pytest.mark.parametrize("backend,method", CASES, ids=[f"{b}-{m}" for b, m in CASES])
 def test_render_writes_rules_and_a_dashboard(rendered, backend, method):
-    cfg, repos = rendered[(backend, method)]
+    cfg, repos = rendered(backend, method)
     for variant, repo in repos.items():
         rules_path, dashboard_path = operations_paths(repo)
         assert rules_path.parent == repo.parent and rules_path.name == f"{variant}.alerts.yml"
@@ -90,10 +95,11 @@ def test_render_writes_rules_and_a_dashboard(rendered, backend, method):
         assert bool(used & set(GPU_ONLY_METRICS)) == (backend == "trtllm")
 
 
+@pytest.mark.budget(4)  # run alone it renders every case itself (after the per-case tests it renders none)
 def test_promtool_accepts_the_rules(rendered, promtool):
     """One ``promtool check rules`` over every case's every rules file (a run per case cost a
     promtool start each); it names each file it accepts, so the count shows none was skipped."""
-    paths = [str(operations_paths(repo)[0]) for _, repos in rendered.values() for repo in repos.values()]
+    paths = [str(operations_paths(repo)[0]) for case in CASES for repo in rendered(*case)[1].values()]
     assert len(paths) > len(CASES)  # every case has at least one arm, most two
     check = subprocess.run([promtool, "check", "rules", *paths], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
