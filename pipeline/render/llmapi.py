@@ -22,6 +22,7 @@ consistent between the two files) and only then swapped in.
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 import shutil
@@ -34,7 +35,7 @@ from pipeline.artefacts.deployment import arms_of, describe_arm, descriptor_path
 from pipeline.config import DeploymentConfig
 from pipeline.paths import engine_root, model_repo_dir
 from pipeline.plan.gpu_layout import ArmPlacement
-from pipeline.render.templating import jinja_environment, render_atomically, render_text
+from pipeline.render.templating import new_jinja_environment, render_atomically, render_text
 from pipeline.render.triton_rules import RenderError
 from pipeline.trtllm.layout import resolve_trtllm_root
 from pipeline.trtllm.llmapi_args import args_problems, llm_args
@@ -50,8 +51,14 @@ def _to_yaml(value: Any) -> str:
 
 
 def jinja_env(templates_dir: Path):
+    """The LLM-API templates' environment (the shared one plus YAML/shell filters), one per
+    template directory and process, like :func:`~pipeline.render.templating.jinja_environment`."""
+    return _cached_jinja_env(str(Path(templates_dir).resolve()))
 
-    env = jinja_environment(templates_dir)
+
+@functools.lru_cache(maxsize=16)
+def _cached_jinja_env(templates_dir: str):
+    env = new_jinja_environment(Path(templates_dir))
     env.filters["to_yaml"] = _to_yaml
     env.filters["shquote"] = lambda value: shlex.quote(str(value))
     env.filters["shjoin"] = lambda argv: shlex.join(str(a) for a in argv)

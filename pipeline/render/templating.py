@@ -6,6 +6,7 @@ and only then renamed into place. Reads templates; writes what it is given."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import tempfile
@@ -31,6 +32,21 @@ def _pbstr(value) -> str:
 
 
 def jinja_environment(templates_dir: Path):
+    """The Jinja environment for one template directory, built once per process: building it and
+    compiling its templates cost more than rendering them, and a repository is rendered per arm,
+    per variant and per test. The loader still checks each template's mtime (``auto_reload``), so
+    an edited template is recompiled. Callers must not change the returned environment; one that
+    needs more filters builds its own with :func:`new_jinja_environment` (and caches it too)."""
+    return _cached_environment(str(Path(templates_dir).resolve()))
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_environment(templates_dir: str):
+    return new_jinja_environment(Path(templates_dir))
+
+
+def new_jinja_environment(templates_dir: Path):
+    """A fresh environment: StrictUndefined, no autoescape, the ``pbstr``/``pystr`` filters."""
     import jinja2  # noqa: PLC0415 - jinja2 is loaded only when this path runs
 
     env = jinja2.Environment(

@@ -33,6 +33,7 @@ from pipeline.build.builder import (
 from pipeline.config import parse_config
 from pipeline.errors import BuildError, StaleInputError
 from pipeline.plan.planner import Step
+from tests.unit.cli_inproc import specdeploy
 
 QUANT_ALGO = {"fp8": "FP8", "int4_awq": "W4A16_AWQ", "full_prec": None}
 MODES = {None: 1, "draft_tokens_external": 2, "medusa": 4, "eagle": 32}
@@ -418,7 +419,7 @@ def test_cli_trtllm_build_without_tensorrt_llm(in_tmp: Path) -> None:
         pytest.skip("TensorRT-LLM is installed here")
     path = in_tmp / "dtm.yaml"
     path.write_text(json.dumps(dtm()))
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "build", str(path), "--workdir", str(in_tmp)], capture_output=True, text=True, timeout=120)
+    proc = specdeploy("build", str(path), "--workdir", str(in_tmp))  # the CLI's main, in this process
     assert proc.returncode == 1
     assert proc.stderr.startswith("error: TensorRT-LLM is not installed here") and "Traceback" not in proc.stderr
     assert f"specdeploy plan {path}" in proc.stderr and "backend: reference" in proc.stderr

@@ -1,4 +1,7 @@
-"""Every command explains itself with --help, and user errors print one clean line (no traceback)."""
+"""Every command explains itself with --help, and user errors print one clean line (no traceback).
+The help and error claims run the CLI in this process (``cli_inproc``: the console script's
+``main``); the entry point itself (``python -m pipeline``: imports, exit code, stderr) is run as a
+real subprocess once, in ``test_the_entry_point_runs_as_a_process``."""
 
 from __future__ import annotations
 
@@ -8,13 +11,27 @@ import sys
 import pytest
 
 from pipeline.cli import app, run
+from tests.unit.cli_inproc import specdeploy
 
 COMMANDS = ["validate", "plan", "forecast", "build", "render", "serve", "loadtest", "report", "run",
             "bench", "demo", "doctor", "schema"]
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True, text=True, timeout=120)
+def _cli(*args: str):
+    return specdeploy(*args)
+
+
+def test_the_entry_point_runs_as_a_process(tmp_path):
+    """``python -m pipeline`` (what the console script calls): a user error is one line on
+    stderr with exit code 1, and a usage error exits 2; neither shows a traceback."""
+    def run_module(*args):
+        return subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True, text=True, timeout=120)
+
+    missing = run_module("validate", str(tmp_path / "nope.yaml"))
+    assert missing.returncode == 1 and "no such config file" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    usage = run_module("validate")
+    assert usage.returncode == 2 and "Traceback" not in usage.stderr
 
 
 def test_all_commands_registered():

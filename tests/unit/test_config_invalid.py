@@ -4,8 +4,6 @@ non-zero exit and no traceback. Each case is a valid base config plus one mutati
 from __future__ import annotations
 
 import copy
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ import yaml
 from pipeline.cli import main
 from pipeline.config import load_config, parse_config
 from pipeline.errors import ConfigError
+from tests.unit.cli_inproc import specdeploy
 
 ROOT = Path(__file__).resolve().parents[2]
 DELETE = object()
@@ -202,10 +201,7 @@ def test_missing_file_is_a_config_error(tmp_path, capsys):
 )
 def test_console_script_exits_nonzero_without_traceback(tmp_path, changes, expected):
     path = _write(tmp_path, mutate(BASE, changes))
-    proc = subprocess.run(
-        [sys.executable, "-m", "pipeline", "validate", str(path), "--offline"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )
+    proc = specdeploy("validate", str(path), "--offline")  # the console script's main, in this process
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     assert expected in proc.stderr

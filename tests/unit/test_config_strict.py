@@ -21,6 +21,7 @@ from pipeline.loadtest.inputs import PromptSetError, load_prompt_set
 from pipeline.serve.cpu_pinning import format_cpus, spawn_on
 from pipeline.validate.checkpoints import checkpoint_dir_problem
 from pipeline.validate.preflight import errors_of, run_preflight
+from tests.unit.cli_inproc import CliResult, specdeploy
 
 ROOT = Path(__file__).resolve().parents[2]
 ALLOWED = sorted(os.sched_getaffinity(0))
@@ -62,9 +63,15 @@ def write(directory: Path, text: str, name: str = "deploy.yaml") -> Path:
 
 
 def validate_cli(config: Path, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    """The console entry point as a user runs it (``specdeploy validate``)."""
+    """The console entry point as a user runs it (``specdeploy validate``), in a process of its own:
+    for claims about the working directory it runs in or the CPUs it may use."""
     return subprocess.run([sys.executable, "-m", "pipeline", "validate", str(config), *args],
                           cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def validate_here(config: Path, *args: str) -> CliResult:
+    """``specdeploy validate`` in this process (same output and exit code, no interpreter start)."""
+    return specdeploy("validate", str(config), *args)
 
 
 def problems_of(exc: ConfigError) -> list[str]:
@@ -147,7 +154,7 @@ def test_pydantic_errors_still_name_the_field_path(tmp_path):
 def test_validate_refuses_a_duplicate_key(tmp_path):
     text = medusa_yaml().replace("  concurrency: [1, 2]\n", "  concurrency: [1, 2]\n  concurrency: [4]\n")
     first = text.splitlines().index("  concurrency: [1, 2]") + 1
-    proc = validate_cli(write(tmp_path, text), "--offline")
+    proc = validate_here(write(tmp_path, text), "--offline")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"loadtest.concurrency: duplicate key 'concurrency' at lines {first} and {first + 1}" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -280,7 +287,7 @@ def test_cpu_lists_print_in_the_kernel_cpulist_form():
 def test_validate_refuses_a_cpu_beyond_the_allowed_set(tmp_path):
     beyond = max(ALLOWED) + 1
     config = write(tmp_path, medusa_yaml(reference=f"cpu_pinning: [{beyond}]"))
-    proc = validate_cli(config, "--offline")
+    proc = validate_here(config, "--offline")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert (f"reference.cpu_pinning: CPU(s) [{beyond}] are not allowed here; this process may run on CPUs "
             f"{format_cpus(ALLOWED)} only") in proc.stderr, proc.stderr

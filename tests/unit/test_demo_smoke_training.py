@@ -15,30 +15,34 @@ from pipeline.cli import run  # noqa: E402 - after the importorskip above
 
 @pytest.fixture(scope="module")
 def two_smoke_runs(tmp_path_factory):
-    dirs = [tmp_path_factory.mktemp(f"smoke{i}") for i in range(2)]
-    for out in dirs:
-        assert run(["demo", "train", "--smoke", "--quiet", "--out", str(out)]) == 0
-    return dirs
+    """Two trainings of the smoke recipe: the CLI's (the EAGLE head trained in a second process)
+    and ``train_all(parallel=False)`` in this process. Equal files from the two show both that a
+    run is reproducible and that the second process changes nothing (a third training, a second
+    CLI run, proved only the first). Returns (CLI dir, in-process dir, in-process report)."""
+    from pipeline.demo import train
+
+    cli_out, here_out = (tmp_path_factory.mktemp(f"smoke{i}") for i in range(2))
+    assert run(["demo", "train", "--smoke", "--quiet", "--out", str(cli_out)]) == 0
+    report = train.train_all(here_out, train.SMOKE, show_progress=False, parallel=False)
+    return cli_out, here_out, report
 
 
 @pytest.mark.slow
 def test_two_smoke_runs_are_bit_identical(two_smoke_runs):
-    first, second = two_smoke_runs
+    first, second, _ = two_smoke_runs
     sums = (first / "SHA256SUMS.txt").read_text()
     assert sums == (second / "SHA256SUMS.txt").read_text()
     assert len(sums.splitlines()) == 6 + 6 + 2 + 2 + 2  # target, draft, medusa, eagle, eagle3 files
 
 
 @pytest.mark.slow
-def test_eagle_in_a_second_process_gives_the_same_files(two_smoke_runs, tmp_path):
+def test_eagle_in_a_second_process_gives_the_same_files(two_smoke_runs):
     """The CLI trains the EAGLE head in a second process beside the draft and Medusa heads;
     training everything in one process must give byte-identical files."""
-    from pipeline.demo import train
-
-    report = train.train_all(tmp_path, train.SMOKE, show_progress=False, parallel=False)
+    parallel_dir, serial_dir, report = two_smoke_runs
     assert "parallel" not in report
-    assert (tmp_path / "SHA256SUMS.txt").read_text() == (two_smoke_runs[0] / "SHA256SUMS.txt").read_text()
-    parallel = json.loads((two_smoke_runs[0] / "training_report.json").read_text())
+    assert (serial_dir / "SHA256SUMS.txt").read_text() == (parallel_dir / "SHA256SUMS.txt").read_text()
+    parallel = json.loads((parallel_dir / "training_report.json").read_text())
     assert parallel["parallel"] == ["tiny-eagle"]
     assert parallel["quality"] == report["quality"]
 
@@ -103,11 +107,18 @@ def test_eagle_one_pass_training_changes_only_the_eagle_head(two_smoke_runs, tmp
 
 @pytest.mark.slow
 def test_missing_shipped_artifacts_train_into_the_cache_once(tmp_path, monkeypatch):
+    import dataclasses
+
     from pipeline.demo import train
 
     monkeypatch.setattr(demo, "ARTIFACTS_DIR", tmp_path / "not-shipped")
     monkeypatch.setenv("SPECDEPLOY_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(train, "FULL", train.SMOKE)  # the first-use path, at smoke size
+    # the first-use path, with fewer steps than even the smoke recipe: what is checked here is where
+    # the models land, that they are verified rather than retrained and that corruption is caught;
+    # none of it depends on how well they are trained (the smoke recipe's files are checked above)
+    tiny = dataclasses.replace(train.SMOKE, target_steps=4, warmup=1, draft_steps=2, medusa_steps=2, eagle_steps=2,
+                               eagle3_steps=2, eval_prompts_per_category=1, eval_new_tokens=4)
+    monkeypatch.setattr(train, "FULL", tiny)
     path = demo.resolve_builtin("builtin:tiny-eagle")
     assert path == tmp_path / "cache" / "demo" / "tiny-eagle"
     weights = path / "model.safetensors"

@@ -7,12 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.unit.cli_inproc import specdeploy
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_config_reference_is_current():
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "schema", "--format", "markdown"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    proc = specdeploy("schema", "--format", "markdown")  # the CLI's main, in this process
     assert proc.returncode == 0, proc.stderr
     committed = (ROOT / "docs" / "config-reference.md").read_text(encoding="utf-8")
     assert proc.stdout == committed, (

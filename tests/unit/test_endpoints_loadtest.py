@@ -5,7 +5,6 @@ and `specdeploy report` on the run directory as for a served deployment; bad fil
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "loadtests"))
 
 from test_loadtest_fake_server import FakeServer  # noqa: E402 - after the sys.path set-up above
+
+from tests.unit.cli_inproc import specdeploy  # noqa: E402 - after the sys.path set-up above
 
 TOKENIZER = ROOT / "pipeline" / "demo" / "artifacts" / "tiny-target"
 
@@ -58,6 +59,7 @@ def test_defaults_to_the_openai_transport(tmp_path):
     assert cfg.method == "none" and cfg.target.checkpoint == "my-model" and cfg.loadtest.concurrency == [1, 4]
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_ab_between_two_openai_endpoints_gives_a_verdict(tmp_path):
     from pipeline.loadtest.endpoints_only import run_endpoint_loadtest
@@ -101,8 +103,7 @@ def test_ab_between_two_openai_endpoints_gives_a_verdict(tmp_path):
     assert report["acceptance_rate"] == pytest.approx(2 / 3, abs=0.05)
     assert [r["source"] for r in report["acceptance_by_source"]] == ["vllm"]
     # `specdeploy report` re-reads the run directory alone (the config snapshot in run.json)
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "report", str(run_dir), "--json"], capture_output=True,
-                          text=True, timeout=120, cwd=str(ROOT))
+    proc = specdeploy("report", str(run_dir), "--json")
     assert proc.returncode in (1, 3), proc.stderr[-2000:]
     assert json.loads((run_dir / "report.json").read_text())["verdict"] == report["verdict"]
 
@@ -114,8 +115,7 @@ def test_ab_between_two_openai_endpoints_gives_a_verdict(tmp_path):
     (["--loadtest-file", "lt.yaml", "--model", "m"], "pass --endpoint-baseline and --endpoint-speculative"),
 ])
 def test_cli_refuses_incomplete_endpoint_runs(argv, message):
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "loadtest", *argv], capture_output=True, text=True,
-                          timeout=120, cwd=str(ROOT))
+    proc = specdeploy("loadtest", *argv)
     assert proc.returncode != 0 and message in proc.stdout + proc.stderr
 
 

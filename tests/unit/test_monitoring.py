@@ -57,12 +57,29 @@ def no_nvidia_smi(monkeypatch):
     monkeypatch.setattr("pipeline.plan.gpu_layout.query_gpus", lambda nvidia_smi=None: None)
 
 
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    """``rendered(backend, method)`` -> (cfg, variant -> repository), each case rendered once for
+    this module, on first use: the per-case checks and the one ``promtool check rules`` run read
+    the same files, and each case's render is charged to the first test that needs it."""
+    cache = {}
+
+    def get(backend: str, method: str):
+        if (backend, method) not in cache:
+            with pytest.MonkeyPatch.context() as patch:  # no_nvidia_smi is function-scoped
+                patch.setattr("pipeline.plan.gpu_layout.query_gpus", lambda nvidia_smi=None: None)
+                cfg = make_cfg(backend, method, workdir=tmp_path_factory.mktemp(f"{backend}-{method}"))
+                write_manifest(cfg)
+                cache[(backend, method)] = (cfg, {variant: repo for variant, (repo, _) in render(cfg).items()})
+        return cache[(backend, method)]
+
+    return get
+
+
 @pytest.mark.parametrize("backend,method", CASES, ids=[f"{b}-{m}" for b, m in CASES])
-def test_render_writes_rules_and_a_dashboard(tmp_path, monkeypatch, backend, method):
-    monkeypatch.chdir(tmp_path)
-    cfg = make_cfg(backend, method)
-    write_manifest(cfg)
-    for variant, (repo, _) in render(cfg).items():
+def test_render_writes_rules_and_a_dashboard(rendered, backend, method):
+    cfg, repos = rendered(backend, method)
+    for variant, repo in repos.items():
         rules_path, dashboard_path = operations_paths(repo)
         assert rules_path.parent == repo.parent and rules_path.name == f"{variant}.alerts.yml"
         rules = yaml.safe_load(rules_path.read_text())
@@ -78,12 +95,12 @@ def test_render_writes_rules_and_a_dashboard(tmp_path, monkeypatch, backend, met
         assert bool(used & set(GPU_ONLY_METRICS)) == (backend == "trtllm")
 
 
-@pytest.mark.parametrize("backend,method", CASES, ids=[f"{b}-{m}" for b, m in CASES])
-def test_promtool_accepts_the_rules(tmp_path, monkeypatch, promtool, backend, method):
-    monkeypatch.chdir(tmp_path)
-    cfg = make_cfg(backend, method)
-    write_manifest(cfg)
-    paths = [str(operations_paths(repo)[0]) for repo, _ in render(cfg).values()]
+@pytest.mark.budget(4)  # run alone it renders every case itself (after the per-case tests it renders none)
+def test_promtool_accepts_the_rules(rendered, promtool):
+    """One ``promtool check rules`` over every case's every rules file (a run per case cost a
+    promtool start each); it names each file it accepts, so the count shows none was skipped."""
+    paths = [str(operations_paths(repo)[0]) for case in CASES for repo in rendered(*case)[1].values()]
+    assert len(paths) > len(CASES)  # every case has at least one arm, most two
     check = subprocess.run([promtool, "check", "rules", *paths], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
     assert check.stdout.count("SUCCESS") == len(paths)
@@ -116,11 +133,14 @@ def test_each_arm_reads_the_model_that_sees_whole_requests():
     assert sources(make_cfg("trtllm", "draft_target"), "speculative").latency == "tensorrt_llm_bls"
 
 
-def _promtool_test(promtool: str, tmp_path: Path, rules: str, series: list[tuple[str, str]], alerts: list[dict]) -> None:
+def _promtool_tests(promtool: str, tmp_path: Path, rules: str, groups: list[tuple[list[tuple[str, str]], list[dict]]]) -> None:
+    """One ``promtool test rules`` run: each group is (input series, expected alerts) and is
+    evaluated on its own series; promtool names the group, alert and time of any mismatch."""
     (tmp_path / "rules.yml").write_text(rules)
     spec = {"rule_files": ["rules.yml"], "evaluation_interval": "1m",
-            "tests": [{"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in series],
-                       "alert_rule_test": alerts}]}
+            "tests": [{"name": name, "interval": "1m",
+                       "input_series": [{"series": s, "values": v} for s, v in series], "alert_rule_test": alerts}
+                      for name, (series, alerts) in groups]}
     (tmp_path / "test.yml").write_text(yaml.safe_dump(spec, sort_keys=False))
     result = subprocess.run([promtool, "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -134,38 +154,35 @@ def _expected(cfg, variant: str, alert: str, model: str, value_text: str, **labe
     return {"exp_labels": {**rule["labels"], "model": model, **labels}, "exp_annotations": annotations}
 
 
-def test_acceptance_alert_fires_only_when_sustained_below_the_floor(tmp_path, promtool):
+def test_alerts_fire_only_on_the_synthetic_series_that_should_fire_them(tmp_path, promtool):
+    """The acceptance alert fires only when sustained below the floor (pending at 12 m, firing at
+    40 m; quiet on healthy series); TTFT p95 over the SLO and the error rate fire, TPOT stays quiet.
+    All three scenarios are groups of one promtool run (one process instead of three)."""
     cfg = make_cfg("reference", "medusa")
     job = sources(cfg, "speculative").job
     labels = f'job="{job}",model="tensorrt_llm",version="1"'
     low = [(f"specdeploy_spec_decode_accepted_tokens_total{{{labels}}}", "0+30x60"),
            (f"specdeploy_spec_decode_draft_tokens_total{{{labels}}}", "0+100x60")]
     fired = _expected(cfg, "speculative", "SpecdeployAcceptanceBelowFloor", "tensorrt_llm", "30%")
-    _promtool_test(promtool, tmp_path, rules_text(cfg, "speculative"), low, [
-        {"eval_time": "12m", "alertname": "SpecdeployAcceptanceBelowFloor", "exp_alerts": []},  # pending, not yet 15 m
-        {"eval_time": "40m", "alertname": "SpecdeployAcceptanceBelowFloor", "exp_alerts": [fired]},
-    ])
     healthy = [(low[0][0], "0+80x60"), low[1]]
-    _promtool_test(promtool, tmp_path, rules_text(cfg, "speculative"), healthy, [
-        {"eval_time": "40m", "alertname": "SpecdeployAcceptanceBelowFloor", "exp_alerts": []}])
-
-
-def test_ttft_and_error_rate_alerts_fire_on_synthetic_series(tmp_path, promtool):
-    cfg = make_cfg("reference", "medusa")
-    job = sources(cfg, "speculative").job
-    base = f'job="{job}",model="tensorrt_llm",version="1"'
     # every request's first token after 1-1.5 s: p95 interpolates inside that bucket, above the 1 s SLO
-    series = [(f'specdeploy_request_ttft_seconds_bucket{{{base},le="{le}"}}', values)
+    series = [(f'specdeploy_request_ttft_seconds_bucket{{{labels},le="{le}"}}', values)
               for le, values in (("0.5", "0x60"), ("1", "0x60"), ("1.5", "0+10x60"), ("+Inf", "0+10x60"))]
     ens = f'job="{job}",model="ensemble",version="1"'
     series += [(f"nv_inference_request_success{{{ens}}}", "0+90x60"),
                (f'nv_inference_request_failure{{{ens},reason="BACKEND"}}', "0+10x60")]
     ttft = _expected(cfg, "speculative", "SpecdeployTtftP95OverSlo", "tensorrt_llm", "1.475s")
     errors = _expected(cfg, "speculative", "SpecdeployErrorRateHigh", "ensemble", "10%")
-    _promtool_test(promtool, tmp_path, rules_text(cfg, "speculative"), series, [
-        {"eval_time": "30m", "alertname": "SpecdeployTtftP95OverSlo", "exp_alerts": [ttft]},
-        {"eval_time": "30m", "alertname": "SpecdeployErrorRateHigh", "exp_alerts": [errors]},
-        {"eval_time": "30m", "alertname": "SpecdeployTpotP95OverSlo", "exp_alerts": []},
+    _promtool_tests(promtool, tmp_path, rules_text(cfg, "speculative"), [
+        ("acceptance low", (low, [
+            {"eval_time": "12m", "alertname": "SpecdeployAcceptanceBelowFloor", "exp_alerts": []},  # pending, not yet 15 m
+            {"eval_time": "40m", "alertname": "SpecdeployAcceptanceBelowFloor", "exp_alerts": [fired]}])),
+        ("acceptance healthy", (healthy, [
+            {"eval_time": "40m", "alertname": "SpecdeployAcceptanceBelowFloor", "exp_alerts": []}])),
+        ("ttft and errors", (series, [
+            {"eval_time": "30m", "alertname": "SpecdeployTtftP95OverSlo", "exp_alerts": [ttft]},
+            {"eval_time": "30m", "alertname": "SpecdeployErrorRateHigh", "exp_alerts": [errors]},
+            {"eval_time": "30m", "alertname": "SpecdeployTpotP95OverSlo", "exp_alerts": []}])),
     ])
 
 

@@ -191,13 +191,18 @@ def test_the_keeper_exits_like_its_command():
         spawn(["/nonexistent/tool"])
 
 
-def test_stop_tree_terminates_then_kills_what_ignores_sigterm():
-    stubborn = "import signal, subprocess, sys, time; " \
-               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); " \
-               "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"  # the child keeps SIGTERM
+def test_stop_tree_terminates_then_kills_what_ignores_sigterm(tmp_path):
+    # The child is started before SIGTERM is ignored (an ignored signal is inherited), and the
+    # command says it is ready only once it ignores SIGTERM: stopping it earlier would end it on
+    # SIGTERM and the escalation would go unseen.
+    ready = tmp_path / "ready"
+    stubborn = ("import signal, subprocess, sys, time; "
+                "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
+                f"signal.signal(signal.SIGTERM, signal.SIG_IGN); open({str(ready)!r}, 'w').close(); time.sleep(300)")
     owned = spawn([sys.executable, "-c", stubborn])
     family = [owned.pid, *wait_until(lambda: [p.pid for p in psutil.Process(owned.pid).children()], "its child")]
     try:
+        wait_until(ready.exists, "the command ignores SIGTERM")
         killed = owned.stop(timeout_s=0.5)
         assert killed == [owned.pid]  # its child ended on SIGTERM, it needed SIGKILL
         assert owned.returncode == -signal.SIGKILL and not running(family)
@@ -206,16 +211,19 @@ def test_stop_tree_terminates_then_kills_what_ignores_sigterm():
         kill_leftovers(family)
 
 
-def test_stop_ends_what_is_left_when_the_keeper_was_killed_with_the_command():
+def test_stop_ends_what_is_left_when_the_keeper_was_killed_with_the_command(tmp_path):
     """A supervisor kills the keeper and the command together: nothing above the command's child
     cleans up any more, so the owner stops the descendants it saw start (as a `serve` does with
     the stubs of a server killed with its keeper), SIGKILL for one that ignores SIGTERM."""
+    ready = tmp_path / "ready"  # the child writes it once it ignores SIGTERM, so the stop finds it ignoring
     held = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import signal, time; "
-            "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)']); time.sleep(300)")
+            f"signal.signal(signal.SIGTERM, signal.SIG_IGN); open(\"{ready}\", \"w\").close(); time.sleep(300)']); "
+            "time.sleep(300)")
     owned = spawn([sys.executable, "-c", held])
     child = wait_until(lambda: [p.pid for p in psutil.Process(owned.pid).children()], "its child")[0]
     assert child in [p.pid for p in owned.descendants()]  # seen, as serve sees its stubs once ready
     try:
+        wait_until(ready.exists, "the child ignores SIGTERM")
         os.kill(owned.keeper.pid, signal.SIGKILL)
         os.kill(owned.pid, signal.SIGKILL)
         owned.keeper.wait()

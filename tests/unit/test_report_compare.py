@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from report_fixtures import ROOT, copy_fixture, slow_down_speculative
+from report_fixtures import copy_fixture, slow_down_speculative
 
 from pipeline.cli import run as cli_run
 from pipeline.report.builder import make_comparison
 from pipeline.report.view.compare import movement
+from tests.unit.cli_inproc import specdeploy
 
 
 def ci(point, low, high):
@@ -74,11 +73,9 @@ def test_cli_compare_writes_into_run_b_and_can_fail_on_worse(runs, tmp_path: Pat
     assert cli_run(["report", "--compare", str(b), str(a), "--out", str(tmp_path), "--fail-on-worse"]) == 0  # better
 
 
-@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 def test_cli_compare_usage_errors(runs):
     a, _ = runs
     for argv in (["report", "--compare", str(a)], ["report", str(a), str(a)], ["report", str(a), "--fail-on-worse"]):
-        proc = subprocess.run([sys.executable, "-m", "pipeline", *argv], cwd=ROOT, capture_output=True, text=True,
-                              timeout=120)
+        proc = specdeploy(*argv)  # the console script's main, in this process
         assert proc.returncode == 2, (argv, proc.stderr)
         assert "RUN_DIR" in proc.stderr and "Traceback" not in proc.stderr

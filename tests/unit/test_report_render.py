@@ -8,8 +8,6 @@ import io
 import json
 import re
 import shutil
-import subprocess
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import yaml
 
 from pipeline.cli import run as cli_run
 from pipeline.report.builder import REPORT_SCHEMA, make_report, validate_report_json
+from tests.unit.cli_inproc import specdeploy
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "run_small"
@@ -182,14 +181,14 @@ def test_cli_exit_codes_follow_the_verdict(run_dir: Path, tmp_path: Path):
 @pytest.mark.slow
 def test_console_script_exit_codes(run_dir: Path, tmp_path: Path):
     cfg = _config_with_gate(run_dir, tmp_path, min_runs=5)
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "report", str(run_dir), "--config", str(cfg)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    # the console script's main in this process: what it prints and returns (the entry point as a
+    # process: test_cli_help.py::test_the_entry_point_runs_as_a_process)
+    proc = specdeploy("report", str(run_dir), "--config", str(cfg))
     assert proc.returncode == 3, proc.stderr
     assert "INCONCLUSIVE" in proc.stdout
-    usage = subprocess.run([sys.executable, "-m", "pipeline", "report"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    usage = specdeploy("report")
     assert usage.returncode == 2
-    missing = subprocess.run([sys.executable, "-m", "pipeline", "report", str(tmp_path / "nope")], cwd=ROOT,
-                             capture_output=True, text=True, timeout=60)
+    missing = specdeploy("report", str(tmp_path / "nope"))
     assert missing.returncode == 1 and "no such run directory" in missing.stderr
     assert "Traceback" not in missing.stderr
 
