@@ -38,7 +38,9 @@ def _average(a: dict, b: dict) -> dict:
     overhead = {k: (a["engine_overhead_s"][k] + b["engine_overhead_s"][k]) / 2 for k in a["engine_overhead_s"]}
     proposer = {m: {k: (a["proposer_s"][m][k] + b["proposer_s"][m][k]) / 2 for k in a["proposer_s"][m]}
                 for m in a["proposer_s"]}
-    return {**a, "forward_fits": fits, "engine_overhead_s": overhead, "proposer_s": proposer}
+    extra = {m: {k: (a["spec_step_extra_s"][m][k] + b["spec_step_extra_s"][m][k]) / 2 for k in a["spec_step_extra_s"][m]}
+             for m in a.get("spec_step_extra_s", {})}
+    return {**a, "forward_fits": fits, "engine_overhead_s": overhead, "proposer_s": proposer, "spec_step_extra_s": extra}
 
 
 def _measured_acceptance(results: list[dict], method: str, batch: int) -> tuple[float, float, float]:
@@ -109,8 +111,8 @@ def check_config(name: str, prompts: int, max_tokens: int) -> dict:
               f"efficiency {measured_cpu / e2e:.2f} (goal ≥ {EFFICIENCY_GOAL}); decode: forecast {forecast:.2f}x, "
               f"measured (wall) {measured:.2f}x", file=sys.stderr)
     return {"config": name, "method": cfg.method, "context_tokens": context, "rows": rows,
-            "calibration_before": {k: before[k] for k in ("forward_fits", "engine_step_s", "engine_overhead_s", "proposer_s")},
-            "calibration_after": {k: after[k] for k in ("forward_fits", "engine_step_s", "engine_overhead_s", "proposer_s")}}
+            "calibration_before": {k: before[k] for k in ("forward_fits", "engine_step_s", "engine_overhead_s", "proposer_s", "spec_step_extra_s")},
+            "calibration_after": {k: after[k] for k in ("forward_fits", "engine_step_s", "engine_overhead_s", "proposer_s", "spec_step_extra_s")}}
 
 
 def main() -> None:
@@ -124,7 +126,7 @@ def main() -> None:
 
     out = {"provenance": result_provenance(), "command": " ".join(["python", *sys.argv]), "commit": _commit(),
            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(),
-           "note": "shared machine (other engineers' jobs running); calibration and bench side by side in one process",
+           "note": "shared machine (other helpers' jobs on the 2 cores); calibration and bench side by side in one process; calibration data and check data are separate runs on separate prompts: the calibration times synthetic token-id prompts (5+i, 6, …, 12) before and after the bench, the check measures the config's own prompts in `specdeploy bench`; nothing is fitted to the bench's measurement",
            "tolerance": TOLERANCE, "configs": []}
     for name in args.only or CONFIGS:
         out["configs"].append(check_config(name, args.prompts, args.max_tokens))

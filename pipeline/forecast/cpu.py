@@ -97,37 +97,80 @@ def _engine_step(engine, batch: int, tokens: int, rounds: int = 3) -> float:
     return statistics.median(per_step)
 
 
-def _proposer_seconds(target_dir: Path, proposer: dict, batches: tuple[int, ...], limits: dict,
-                      tokens: int = 24) -> dict[str, float]:
-    """CPU seconds of one ``propose`` call (all sequences of the step) at each batch size: the
-    speculative engine generates a few requests while its proposer's calls are timed. The
-    engine's fused one-row drafting paths do not follow the batched forward's fit, so on the CPU
-    the proposer's cost is measured, not derived from its shapes."""
+def _instrumented_steps(engine, batches: tuple[int, ...], fit: dict, tokens: int = 24,
+                        prompt_base: int = 5) -> dict[str, dict[str, float]]:
+    """Per batch size, the median CPU seconds of the engine's steps that ran exactly that many
+    sequences: ``step`` (the scheduler's whole step), ``propose`` (the proposer's drafting call,
+    0 without one) and ``residual`` = step − propose − the fitted forward ``a + (b + c·L)·rows``
+    at the step's own rows (sequences × mean tokens per sequence) and mean context. The residual
+    is the step's per-sequence work beyond forward and drafting: ragged verify inputs, the verify
+    itself, KV roll-back or compaction, the proposer's ``accept`` (catch-up of its own cache),
+    emitting. All timed with ``thread_time`` on the engine's thread (its CPU time; other
+    processes on shared cores do not inflate it). Prompts are synthetic (``prompt_base + i, 6, …``):
+    never the benchmark's prompts, so a check against ``bench`` is not fitted to its own data."""
     from pipeline.reference.api import GenerationRequest  # noqa: PLC0415 - only this path needs it
-    from pipeline.reference.engine import create_engine  # noqa: PLC0415 - keeps pydantic, torch off this module's import
 
-    engine = create_engine(Path(target_dir), role="speculative", proposer=proposer, **limits)
-    calls: list[float] = []
-    inner = engine.scheduler.proposer.propose
+    sched = engine.scheduler
+    records: list[dict] = []
+    current: dict = {}
+    inner_step, inner_fwd = sched.step, sched.target.forward_capture
+    proposer = sched.proposer
+    inner_propose = proposer.propose if proposer is not None else None
 
-    def timed(seqs, budgets):  # runs on the engine's thread: thread_time is that thread's CPU time
+    def step(seqs):  # the engine's thread: thread_time is that thread's CPU time
+        current.clear()
+        current.update(propose=0.0, rows=0.0, ctx=0.0)
         start = time.thread_time()
-        out = inner(seqs, budgets)
-        calls.append(time.thread_time() - start)
+        inner_step(seqs)
+        records.append({**current, "batch": len(seqs), "step": time.thread_time() - start})
+
+    def forward_capture(pool, inputs, capture=()):
+        current["rows"] = float(sum(len(i.tokens) for i in inputs))
+        current["ctx"] = sum(i.positions[0] for i in inputs) / max(len(inputs), 1)
+        return inner_fwd(pool, inputs, capture)
+
+    def propose(seqs, budgets):
+        start = time.thread_time()
+        out = inner_propose(seqs, budgets)
+        current["propose"] = current.get("propose", 0.0) + time.thread_time() - start
         return out
 
-    engine.scheduler.proposer.propose = timed
+    sched.step, sched.target.forward_capture = step, forward_capture
+    if proposer is not None:
+        proposer.propose = propose
     out = {}
     try:
         for batch in batches:
-            calls.clear()
-            handles = [engine.submit(GenerationRequest([5 + i, 6, 7, 8, 9, 10, 11, 12], tokens)) for i in range(batch)]
+            records.clear()
+            handles = [engine.submit(GenerationRequest([prompt_base + i, 6, 7, 8, 9, 10, 11, 12], tokens))
+                       for i in range(batch)]
             for handle in handles:
                 handle.result(timeout=600)
-            out[str(batch)] = statistics.median(calls) if calls else 0.0
+            full = [r for r in records if r["batch"] == batch] or records
+            residual = [r["step"] - r["propose"] - (fit["a"] + (fit["b"] + fit["c"] * r["ctx"]) * r["rows"])
+                        for r in full]
+            out[str(batch)] = {"step": statistics.median(r["step"] for r in full),
+                               "propose": statistics.median(r["propose"] for r in full),
+                               "residual": statistics.median(residual), "steps": len(full)}
+    finally:
+        sched.step, sched.target.forward_capture = inner_step, inner_fwd
+        if proposer is not None:
+            proposer.propose = inner_propose
+    return out
+
+
+def _speculative_costs(target_dir: Path, proposer: dict, batches: tuple[int, ...], limits: dict,
+                       fit: dict) -> dict[str, dict[str, float]]:
+    """The speculative engine's instrumented steps (:func:`_instrumented_steps`) per batch size.
+    The proposer's cost is measured, not derived from its shapes: the engine's fused one-row
+    drafting paths do not follow the batched forward's fit."""
+    from pipeline.reference.engine import create_engine  # noqa: PLC0415 - keeps pydantic, torch off this module's import
+
+    engine = create_engine(Path(target_dir), role="speculative", proposer=proposer, **limits)
+    try:
+        return _instrumented_steps(engine, batches, fit)
     finally:
         engine.shutdown()
-    return out
 
 
 def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1, reps: int = 5,
@@ -142,6 +185,7 @@ def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1,
         fits = {"target": fit_forward(_model_points(base.scheduler.target, reps))}
         tokens = 32
         steps = {b: _engine_step(base, b, tokens) for b in batches}
+        base_steps = _instrumented_steps(base, batches, fits["target"]) if proposer is not None else {}
     finally:
         base.shutdown()
     if draft_dir is not None:
@@ -150,9 +194,13 @@ def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1,
             fits["draft"] = fit_forward(_model_points(draft.scheduler.target, reps))
         finally:
             draft.shutdown()
-    proposer_s = {}
+    proposer_s, spec_extra = {}, {}
     if proposer is not None:
-        proposer_s[proposer["method"]] = _proposer_seconds(Path(target_dir), proposer, batches, limits)
+        spec = _speculative_costs(Path(target_dir), proposer, batches, limits, fits["target"])
+        proposer_s[proposer["method"]] = {b: v["propose"] for b, v in spec.items()}
+        # what a speculative step costs beyond its forward, its drafting and the baseline step's own
+        # work beyond its forward: the per-sequence work of a batched speculative step
+        spec_extra[proposer["method"]] = {b: v["residual"] - base_steps[b]["residual"] for b, v in spec.items()}
     ctx = 8 + tokens // 2
     t = fits["target"]
     # the engine's step beyond the fitted forward (may be negative where the engine's one-row path
@@ -162,8 +210,10 @@ def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "models": {"target": str(target_dir), "draft": str(draft_dir) if draft_dir else None},
             "forward_fits": fits, "engine_step_s": {str(b): s for b, s in steps.items()},
-            "engine_overhead_s": overhead, "proposer_s": proposer_s,
-            "form": "forward t = a + b·rows + c·rows·L (s); engine step = forward + overhead(B)"}
+            "engine_overhead_s": overhead, "proposer_s": proposer_s, "spec_step_extra_s": spec_extra,
+            "prompts": "synthetic token ids (5+i, 6, …, 12), never the benchmark's prompts",
+            "form": "forward t = a + b·rows + c·rows·L (s); engine step = forward + overhead(B); "
+                    "speculative step = forward(B·w) + proposer(B) + overhead(B) + spec_step_extra(B)"}
 
 
 def calibration_key(cfg) -> str:
@@ -229,6 +279,16 @@ class CpuDevice:
         (b0, s0), (b1, s1) = points[-2], points[-1]
         return s1 + (s1 - s0) * (batch - b1) / (b1 - b0)
 
+    def spec_step_extra(self, method: str, batch: int) -> float:
+        """The per-sequence work of a batched speculative step beyond its forward, its drafting and
+        the baseline step's own (ragged verify, roll-back, the proposer's catch-up in ``accept``),
+        measured per batch size by :func:`calibrate`: linear in the batch between (and beyond) the
+        calibrated sizes, 0 for a calibration without it."""
+        table = self.calibration.get("spec_step_extra_s", {}).get(method)
+        if not table:
+            return 0.0
+        return _linear(sorted((int(b), s) for b, s in table.items()), batch) / self.factor
+
     def round_trip_s(self, orchestration: str | None) -> float:
         return 0.0  # the BLS's extra Triton call is not part of `bench`'s in-process engine
 
@@ -243,6 +303,17 @@ class CpuDevice:
             return points[0][1] / self.factor
         (b0, s0), (b1, s1) = points[0], points[-1]
         return (s0 + (s1 - s0) * (batch - b0) / (b1 - b0)) / self.factor
+
+
+def _linear(points: list[tuple[int, float]], batch: int) -> float:
+    """Piecewise-linear in the batch through ``points``, extended past the last two."""
+    if len(points) == 1 or batch <= points[0][0]:
+        return points[0][1]
+    for (b0, s0), (b1, s1) in zip(points, points[1:]):
+        if batch <= b1:
+            return s0 + (s1 - s0) * (batch - b0) / (b1 - b0)
+    (b0, s0), (b1, s1) = points[-2], points[-1]
+    return s1 + (s1 - s0) * (batch - b1) / (b1 - b0)
 
 
 def stored_device(target_cost: ModelCost | None = None, key: str = "") -> CpuDevice:
