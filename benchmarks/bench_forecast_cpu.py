@@ -74,9 +74,11 @@ def check_config(name: str, prompts: int, max_tokens: int) -> dict:
     context = int(sum(lengths) / len(lengths) + max_tokens / 2)
     spec = proposer_spec(cfg)
     prompt_len = sum(lengths) / len(lengths)
-    before = calibrate(target, draft, threads=cfg.reference.threads, reps=5, proposer=spec)
+    # calibration: synthetic prompts of the bench prompts' mean length (their length only, never their tokens)
+    synthetic = int(round(prompt_len))
+    before = calibrate(target, draft, threads=cfg.reference.threads, reps=5, proposer=spec, prompt_len=synthetic)
     bench = run_bench(path, prompts_per_category=prompts, max_tokens=max_tokens, batches=(1, 8))
-    after = calibrate(target, draft, threads=cfg.reference.threads, reps=5, proposer=spec)
+    after = calibrate(target, draft, threads=cfg.reference.threads, reps=5, proposer=spec, prompt_len=synthetic)
     calibration = _average(before, after)
     rows = []
     for summary in (s for s in bench["summary"] if s["scope"] == "all" and s["method"] == cfg.method):
@@ -126,7 +128,11 @@ def main() -> None:
 
     out = {"provenance": result_provenance(), "command": " ".join(["python", *sys.argv]), "commit": _commit(),
            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(),
-           "note": "shared machine (other helpers' jobs on the 2 cores); calibration and bench side by side in one process; calibration data and check data are separate runs on separate prompts: the calibration times synthetic token-id prompts (5+i, 6, …, 12) before and after the bench, the check measures the config's own prompts in `specdeploy bench`; nothing is fitted to the bench's measurement",
+           "note": ("shared machine (other helpers' jobs on the 2 cores); calibration and bench side by side in one "
+                    "process; calibration data and check data are separate runs on separate prompts: the calibration "
+                    "times synthetic token-id prompts (only their length taken from the bench's prompts) before and "
+                    "after the bench, the check measures the config's own prompts in `specdeploy bench`; nothing is "
+                    "fitted to the bench's measurement"),
            "tolerance": TOLERANCE, "configs": []}
     for name in args.only or CONFIGS:
         out["configs"].append(check_config(name, args.prompts, args.max_tokens))

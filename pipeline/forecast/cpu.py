@@ -97,32 +97,47 @@ def _engine_step(engine, batch: int, tokens: int, rounds: int = 3) -> float:
     return statistics.median(per_step)
 
 
-def _instrumented_steps(engine, batches: tuple[int, ...], fit: dict, tokens: int = 24,
-                        prompt_base: int = 5) -> dict[str, dict[str, float]]:
-    """Per batch size, the median CPU seconds of the engine's steps that ran exactly that many
-    sequences: ``step`` (the scheduler's whole step), ``propose`` (the proposer's drafting call,
-    0 without one) and ``residual`` = step − propose − the fitted forward ``a + (b + c·L)·rows``
-    at the step's own rows (sequences × mean tokens per sequence) and mean context. The residual
-    is the step's per-sequence work beyond forward and drafting: ragged verify inputs, the verify
-    itself, KV roll-back or compaction, the proposer's ``accept`` (catch-up of its own cache),
-    emitting. All timed with ``thread_time`` on the engine's thread (its CPU time; other
-    processes on shared cores do not inflate it). Prompts are synthetic (``prompt_base + i, 6, …``):
-    never the benchmark's prompts, so a check against ``bench`` is not fitted to its own data."""
+def _synthetic_prompt(i: int, length: int, base: int = 5) -> list[int]:
+    """A synthetic prompt of ``length`` token ids (``base + i, 6, 7, …``): calibration never sees a
+    benchmark's prompts, only their length."""
+    return [base + i] + [6 + (k % 64) for k in range(length - 1)]
+
+
+def _instrumented_steps(engine, batches: tuple[int, ...], fit: dict, tokens: int = 48,
+                        prompt_len: int = 8) -> dict[str, dict[str, float]]:
+    """Per batch size, what the engine spends per decode step: ``step`` (the process's CPU time
+    over the generation, admission and prefill excluded, ÷ the steps), ``propose`` (the
+    proposer's drafting call, 0 without one) and ``residual`` = step − propose − the fitted
+    forward ``a + (b + c·L)·rows`` at each step's own rows (sequences × tokens per sequence) and
+    mean context. The residual is the per-sequence work beyond forward and drafting: ragged
+    verify inputs, the verify itself, KV roll-back or compaction, the proposer's ``accept``
+    (catch-up of its own cache), emitting and streaming the tokens. Process CPU time (all the
+    engine's threads, other processes on shared cores not); the proposer's and admission's
+    share by ``thread_time`` on the engine's thread. Prompts are synthetic token ids
+    (:func:`_synthetic_prompt`), never a benchmark's prompts, so a check against ``bench`` is not
+    fitted to its own data."""
     from pipeline.reference.api import GenerationRequest  # noqa: PLC0415 - only this path needs it
 
     sched = engine.scheduler
     records: list[dict] = []
     current: dict = {}
-    inner_step, inner_fwd = sched.step, sched.target.forward_capture
+    admitted: list[float] = []
+    inner_step, inner_fwd, inner_admit = sched.step, sched.target.forward_capture, sched.admit
     proposer = sched.proposer
     inner_propose = proposer.propose if proposer is not None else None
 
-    def step(seqs):  # the engine's thread: thread_time is that thread's CPU time
+    def step(seqs):  # the engine's thread
         current.clear()
         current.update(propose=0.0, rows=0.0, ctx=0.0)
-        start = time.thread_time()
         inner_step(seqs)
-        records.append({**current, "batch": len(seqs), "step": time.thread_time() - start})
+        records.append({**current, "batch": len(seqs)})
+
+    def admit(seq):
+        start = time.thread_time()
+        try:
+            return inner_admit(seq)
+        finally:
+            admitted.append(time.thread_time() - start)
 
     def forward_capture(pool, inputs, capture=()):
         current["rows"] = float(sum(len(i.tokens) for i in inputs))
@@ -135,32 +150,34 @@ def _instrumented_steps(engine, batches: tuple[int, ...], fit: dict, tokens: int
         current["propose"] = current.get("propose", 0.0) + time.thread_time() - start
         return out
 
-    sched.step, sched.target.forward_capture = step, forward_capture
+    sched.step, sched.target.forward_capture, sched.admit = step, forward_capture, admit
     if proposer is not None:
         proposer.propose = propose
     out = {}
     try:
         for batch in batches:
             records.clear()
-            handles = [engine.submit(GenerationRequest([prompt_base + i, 6, 7, 8, 9, 10, 11, 12], tokens))
+            admitted.clear()
+            start = time.process_time()
+            handles = [engine.submit(GenerationRequest(_synthetic_prompt(i, prompt_len), tokens))
                        for i in range(batch)]
             for handle in handles:
                 handle.result(timeout=600)
-            full = [r for r in records if r["batch"] == batch] or records
-            residual = [r["step"] - r["propose"] - (fit["a"] + (fit["b"] + fit["c"] * r["ctx"]) * r["rows"])
-                        for r in full]
-            out[str(batch)] = {"step": statistics.median(r["step"] for r in full),
-                               "propose": statistics.median(r["propose"] for r in full),
-                               "residual": statistics.median(residual), "steps": len(full)}
+            total = time.process_time() - start - sum(admitted)
+            steps = max(len(records), 1)
+            forward = sum(fit["a"] + (fit["b"] + fit["c"] * r["ctx"]) * r["rows"] for r in records)
+            propose_s = sum(r["propose"] for r in records)
+            out[str(batch)] = {"step": total / steps, "propose": propose_s / steps,
+                               "residual": (total - propose_s - forward) / steps, "steps": steps}
     finally:
-        sched.step, sched.target.forward_capture = inner_step, inner_fwd
+        sched.step, sched.target.forward_capture, sched.admit = inner_step, inner_fwd, inner_admit
         if proposer is not None:
             proposer.propose = inner_propose
     return out
 
 
 def _speculative_costs(target_dir: Path, proposer: dict, batches: tuple[int, ...], limits: dict,
-                       fit: dict) -> dict[str, dict[str, float]]:
+                       fit: dict, prompt_len: int) -> dict[str, dict[str, float]]:
     """The speculative engine's instrumented steps (:func:`_instrumented_steps`) per batch size.
     The proposer's cost is measured, not derived from its shapes: the engine's fused one-row
     drafting paths do not follow the batched forward's fit."""
@@ -168,14 +185,17 @@ def _speculative_costs(target_dir: Path, proposer: dict, batches: tuple[int, ...
 
     engine = create_engine(Path(target_dir), role="speculative", proposer=proposer, **limits)
     try:
-        return _instrumented_steps(engine, batches, fit)
+        return _instrumented_steps(engine, batches, fit, prompt_len=prompt_len)
     finally:
         engine.shutdown()
 
 
 def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1, reps: int = 5,
-              batches: tuple[int, ...] = (1, 8), fast_paths: bool = True, proposer: dict | None = None) -> dict:
-    """Microbenchmark the engine's models on this machine → the calibration dict (not yet stored)."""
+              batches: tuple[int, ...] = (1, 8), fast_paths: bool = True, proposer: dict | None = None,
+              prompt_len: int = 8) -> dict:
+    """Microbenchmark the engine's models on this machine → the calibration dict (not yet stored).
+    ``prompt_len``: the length of the synthetic prompts the engine steps are timed with (a
+    deployment's typical prompt length; the per-sequence work grows with the context)."""
     from pipeline.reference.engine import create_engine, set_threads  # noqa: PLC0415 - keeps pydantic, torch off this module's import
 
     set_threads(threads)
@@ -185,7 +205,7 @@ def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1,
         fits = {"target": fit_forward(_model_points(base.scheduler.target, reps))}
         tokens = 32
         steps = {b: _engine_step(base, b, tokens) for b in batches}
-        base_steps = _instrumented_steps(base, batches, fits["target"]) if proposer is not None else {}
+        base_steps = _instrumented_steps(base, batches, fits["target"], prompt_len=prompt_len) if proposer is not None else {}
     finally:
         base.shutdown()
     if draft_dir is not None:
@@ -196,7 +216,7 @@ def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1,
             draft.shutdown()
     proposer_s, spec_extra = {}, {}
     if proposer is not None:
-        spec = _speculative_costs(Path(target_dir), proposer, batches, limits, fits["target"])
+        spec = _speculative_costs(Path(target_dir), proposer, batches, limits, fits["target"], prompt_len)
         proposer_s[proposer["method"]] = {b: v["propose"] for b, v in spec.items()}
         # what a speculative step costs beyond its forward, its drafting and the baseline step's own
         # work beyond its forward: the per-sequence work of a batched speculative step
@@ -211,7 +231,7 @@ def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1,
             "models": {"target": str(target_dir), "draft": str(draft_dir) if draft_dir else None},
             "forward_fits": fits, "engine_step_s": {str(b): s for b, s in steps.items()},
             "engine_overhead_s": overhead, "proposer_s": proposer_s, "spec_step_extra_s": spec_extra,
-            "prompts": "synthetic token ids (5+i, 6, …, 12), never the benchmark's prompts",
+            "prompts": f"synthetic token ids, {prompt_len} per prompt, never a benchmark's prompts",
             "form": "forward t = a + b·rows + c·rows·L (s); engine step = forward + overhead(B); "
                     "speculative step = forward(B·w) + proposer(B) + overhead(B) + spec_step_extra(B)"}
 
