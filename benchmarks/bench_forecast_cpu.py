@@ -32,17 +32,6 @@ def _commit() -> str:
     return out.stdout.strip() or "unknown"
 
 
-def _average(a: dict, b: dict) -> dict:
-    fits = {m: {k: (a["forward_fits"][m][k] + b["forward_fits"][m][k]) / 2 for k in a["forward_fits"][m]}
-            for m in a["forward_fits"]}
-    overhead = {k: (a["engine_overhead_s"][k] + b["engine_overhead_s"][k]) / 2 for k in a["engine_overhead_s"]}
-    proposer = {m: {k: (a["proposer_s"][m][k] + b["proposer_s"][m][k]) / 2 for k in a["proposer_s"][m]}
-                for m in a["proposer_s"]}
-    extra = {m: {k: (a["spec_step_extra_s"][m][k] + b["spec_step_extra_s"][m][k]) / 2 for k in a["spec_step_extra_s"][m]}
-             for m in a.get("spec_step_extra_s", {})}
-    return {**a, "forward_fits": fits, "engine_overhead_s": overhead, "proposer_s": proposer, "spec_step_extra_s": extra}
-
-
 def _measured_acceptance(results: list[dict], method: str, batch: int) -> tuple[float, float, float]:
     """(tokens per target pass, τ per verify step, coverage: the fraction of passes with drafts),
     pooled over the categories: tokens per pass = f·τ + (1 − f)."""
@@ -61,9 +50,7 @@ def _measured_acceptance(results: list[dict], method: str, batch: int) -> tuple[
 def check_config(name: str, prompts: int, max_tokens: int) -> dict:
     from pipeline.bench.engine_bench import _encode, load_prompts, proposer_spec, resolve_checkpoint, run_bench
     from pipeline.config import load_config
-    from pipeline.forecast.acceptance import Acceptance
-    from pipeline.forecast.cpu import CpuDevice, calibrate
-    from pipeline.forecast.model import config_inputs, speedup_at, step_times
+    from pipeline.forecast.cpu import average_calibrations, bench_forecast, calibrate
 
     path = ROOT / "configs" / f"{name}.yaml"
     cfg = load_config(path)
@@ -79,21 +66,12 @@ def check_config(name: str, prompts: int, max_tokens: int) -> dict:
     before = calibrate(target, draft, threads=cfg.reference.threads, reps=5, proposer=spec, prompt_len=synthetic)
     bench = run_bench(path, prompts_per_category=prompts, max_tokens=max_tokens, batches=(1, 8))
     after = calibrate(target, draft, threads=cfg.reference.threads, reps=5, proposer=spec, prompt_len=synthetic)
-    calibration = _average(before, after)
+    calibration = average_calibrations(before, after)
     rows = []
     for summary in (s for s in bench["summary"] if s["scope"] == "all" and s["method"] == cfg.method):
         batch = summary["batch"]
         per_pass, tau, coverage = _measured_acceptance(bench["results"], cfg.method, batch)
-        plan_depth = config_inputs(cfg, Acceptance("probe", tau=tau), device=CpuDevice(calibration)).plan.depth
-        acceptance = Acceptance("bench, same run (τ per verify step, draft coverage)", tau=tau, tau_low=tau,
-                                tau_high=tau, at_depth=plan_depth, coverage=coverage)
-        inp = config_inputs(cfg, acceptance, context=context, device=CpuDevice(calibration))
-        inp.device = CpuDevice(calibration, inp.target)
-        forecast = speedup_at(inp, batch)
-        base_s, spec_s = step_times(inp, batch, inp.plan, tau)
-        fit = calibration["forward_fits"]["target"]
-        prefill = fit["a"] + (fit["b"] + fit["c"] * prompt_len / 2) * prompt_len  # per request, both arms
-        e2e = (prefill + (max_tokens - 1) * base_s) / (prefill + (max_tokens - 1) * spec_s)
+        e2e, forecast = bench_forecast(cfg, calibration, tau, coverage, context, prompt_len, max_tokens, batch)
         measured = summary["decode_speedup"]
         measured_cpu = summary["speedup_cpu"]
         rows.append({"batch": batch, "tau_per_target_pass": round(per_pass, 3), "tau_per_verify_step": round(tau, 3),
@@ -112,9 +90,10 @@ def check_config(name: str, prompts: int, max_tokens: int) -> dict:
         print(f"{name} batch {batch}: forecast {e2e:.2f}x, measured (CPU time) {measured_cpu:.2f}x, "
               f"efficiency {measured_cpu / e2e:.2f} (goal ≥ {EFFICIENCY_GOAL}); decode: forecast {forecast:.2f}x, "
               f"measured (wall) {measured:.2f}x", file=sys.stderr)
-    return {"config": name, "method": cfg.method, "context_tokens": context, "rows": rows,
-            "calibration_before": {k: before[k] for k in ("forward_fits", "engine_step_s", "engine_overhead_s", "proposer_s", "spec_step_extra_s")},
-            "calibration_after": {k: after[k] for k in ("forward_fits", "engine_step_s", "engine_overhead_s", "proposer_s", "spec_step_extra_s")}}
+    return {"config": name, "method": cfg.method, "context_tokens": context, "prompt_tokens": round(prompt_len, 3),
+            "max_tokens": max_tokens, "rows": rows,
+            "calibration_before": {k: before[k] for k in ("forward_fits", "engine_step_s", "engine_overhead_s", "proposer_s", "spec_step_extra_s", "prompts")},
+            "calibration_after": {k: after[k] for k in ("forward_fits", "engine_step_s", "engine_overhead_s", "proposer_s", "spec_step_extra_s", "prompts")}}
 
 
 def main() -> None:
