@@ -24,6 +24,7 @@ from pipeline.infra.provenance import result_provenance  # noqa: E402 - after th
 
 CONFIGS = ("tiny-cpu-draft-target", "tiny-cpu-medusa", "tiny-cpu-eagle", "tiny-cpu-eagle3", "tiny-cpu-ngram")
 TOLERANCE = 0.15
+HELD_OUT = 30  # calibration prompts: index 30 on of each category's file; the bench measures the first --prompts
 EFFICIENCY_GOAL = 0.9
 
 
@@ -61,11 +62,13 @@ def check_config(name: str, prompts: int, max_tokens: int) -> dict:
     context = int(sum(lengths) / len(lengths) + max_tokens / 2)
     spec = proposer_spec(cfg)
     prompt_len = sum(lengths) / len(lengths)
-    # calibration: synthetic prompts of the bench prompts' mean length (their length only, never their tokens)
-    synthetic = int(round(prompt_len))
-    before = calibrate(target, draft, threads=cfg.reference.threads, reps=5, proposer=spec, prompt_len=synthetic)
+    # calibration: held-out prompts of the same files (from index HELD_OUT on, per category, interleaved);
+    # the bench measures the first `prompts` of each category, never these
+    held = [encode(p) for group in zip(*(ps[HELD_OUT:HELD_OUT + 6] for ps in load_prompts(cfg, HELD_OUT + 6).values()))
+            for p in group]
+    before = calibrate(target, draft, threads=cfg.reference.threads, reps=5, proposer=spec, prompt_ids=held)
     bench = run_bench(path, prompts_per_category=prompts, max_tokens=max_tokens, batches=(1, 8))
-    after = calibrate(target, draft, threads=cfg.reference.threads, reps=5, proposer=spec, prompt_len=synthetic)
+    after = calibrate(target, draft, threads=cfg.reference.threads, reps=5, proposer=spec, prompt_ids=held)
     calibration = average_calibrations(before, after)
     rows = []
     for summary in (s for s in bench["summary"] if s["scope"] == "all" and s["method"] == cfg.method):
@@ -103,15 +106,17 @@ def main() -> None:
     parser.add_argument("--only", action="append", choices=CONFIGS)
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "forecast-cpu.json")
     args = parser.parse_args()
+    if args.prompts > HELD_OUT:
+        parser.error(f"--prompts above {HELD_OUT} would measure the calibration's held-out prompts")
     from pipeline.forecast.cpu import machine
 
     out = {"provenance": result_provenance(), "command": " ".join(["python", *sys.argv]), "commit": _commit(),
            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(),
            "note": ("shared machine (other helpers' jobs on the 2 cores); calibration and bench side by side in one "
                     "process; calibration data and check data are separate runs on separate prompts: the calibration "
-                    "times synthetic token-id prompts (only their length taken from the bench's prompts) before and "
-                    "after the bench, the check measures the config's own prompts in `specdeploy bench`; nothing is "
-                    "fitted to the bench's measurement"),
+                    "times held-out prompts (index 30-35 of each category's file) before and after the bench, the "
+                    "check measures the first --prompts of each category in `specdeploy bench`; nothing is fitted "
+                    "to the bench's measurement"),
            "tolerance": TOLERANCE, "configs": []}
     for name in args.only or CONFIGS:
         out["configs"].append(check_config(name, args.prompts, args.max_tokens))

@@ -104,7 +104,8 @@ def _synthetic_prompt(i: int, length: int, base: int = 5) -> list[int]:
 
 
 def _instrumented_steps(engine, batches: tuple[int, ...], fit: dict, tokens: int = 48,
-                        prompt_len: int = 8, rounds: int = 3) -> dict[str, dict[str, float]]:
+                        prompt_len: int = 8, rounds: int = 3,
+                        prompt_ids: list[list[int]] | None = None) -> dict[str, dict[str, float]]:
     """Per batch size, what the engine spends per decode step: ``step`` (the process's CPU time
     over the generation, admission and prefill excluded, ÷ the steps), ``propose`` (the
     proposer's drafting call, 0 without one) and ``residual`` = step − propose − the fitted
@@ -113,9 +114,10 @@ def _instrumented_steps(engine, batches: tuple[int, ...], fit: dict, tokens: int
     verify inputs, the verify itself, KV roll-back or compaction, the proposer's ``accept``
     (catch-up of its own cache), emitting and streaming the tokens. Process CPU time (all the
     engine's threads, other processes on shared cores not); the proposer's and admission's
-    share by ``thread_time`` on the engine's thread. Prompts are synthetic token ids
-    (:func:`_synthetic_prompt`), never a benchmark's prompts, so a check against ``bench`` is not
-    fitted to its own data."""
+    share by ``thread_time`` on the engine's thread. Prompts: ``prompt_ids`` (a caller's held-out
+    prompts, so the acceptance — how many tokens each step accepts, rolls back, catches up — is a
+    deployment's), else synthetic token ids (:func:`_synthetic_prompt`); never the prompts a check
+    against ``bench`` measures, so that check is not fitted to its own data."""
     from pipeline.reference.api import GenerationRequest  # noqa: PLC0415 - only this path needs it
 
     sched = engine.scheduler
@@ -161,8 +163,10 @@ def _instrumented_steps(engine, batches: tuple[int, ...], fit: dict, tokens: int
                 records.clear()
                 admitted.clear()
                 start = time.process_time()
-                handles = [engine.submit(GenerationRequest(_synthetic_prompt(i + batch * trial, prompt_len), tokens))
-                           for i in range(batch)]
+                picks = [i + batch * trial for i in range(batch)]
+                handles = [engine.submit(GenerationRequest(
+                    list(prompt_ids[k % len(prompt_ids)]) if prompt_ids else _synthetic_prompt(k, prompt_len), tokens))
+                    for k in picks]
                 for handle in handles:
                     handle.result(timeout=600)
                 total = time.process_time() - start - sum(admitted)
@@ -180,7 +184,7 @@ def _instrumented_steps(engine, batches: tuple[int, ...], fit: dict, tokens: int
 
 
 def _speculative_costs(target_dir: Path, proposer: dict, batches: tuple[int, ...], limits: dict,
-                       fit: dict, prompt_len: int) -> dict[str, dict[str, float]]:
+                       fit: dict, prompt_len: int, prompt_ids: list[list[int]] | None) -> dict[str, dict[str, float]]:
     """The speculative engine's instrumented steps (:func:`_instrumented_steps`) per batch size.
     The proposer's cost is measured, not derived from its shapes: the engine's fused one-row
     drafting paths do not follow the batched forward's fit."""
@@ -188,17 +192,18 @@ def _speculative_costs(target_dir: Path, proposer: dict, batches: tuple[int, ...
 
     engine = create_engine(Path(target_dir), role="speculative", proposer=proposer, **limits)
     try:
-        return _instrumented_steps(engine, batches, fit, prompt_len=prompt_len)
+        return _instrumented_steps(engine, batches, fit, prompt_len=prompt_len, prompt_ids=prompt_ids)
     finally:
         engine.shutdown()
 
 
 def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1, reps: int = 5,
               batches: tuple[int, ...] = (1, 8), fast_paths: bool = True, proposer: dict | None = None,
-              prompt_len: int = 8) -> dict:
+              prompt_len: int = 8, prompt_ids: list[list[int]] | None = None) -> dict:
     """Microbenchmark the engine's models on this machine → the calibration dict (not yet stored).
     ``prompt_len``: the length of the synthetic prompts the engine steps are timed with (a
-    deployment's typical prompt length; the per-sequence work grows with the context)."""
+    deployment's typical prompt length; the per-sequence work grows with the context);
+    ``prompt_ids``: token-id prompts to time them with instead (held out from any check)."""
     from pipeline.reference.engine import create_engine, set_threads  # noqa: PLC0415 - keeps pydantic, torch off this module's import
 
     set_threads(threads)
@@ -208,7 +213,8 @@ def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1,
         fits = {"target": fit_forward(_model_points(base.scheduler.target, reps))}
         tokens = 32
         steps = {b: _engine_step(base, b, tokens) for b in batches}
-        base_steps = _instrumented_steps(base, batches, fits["target"], prompt_len=prompt_len) if proposer is not None else {}
+        base_steps = (_instrumented_steps(base, batches, fits["target"], prompt_len=prompt_len, prompt_ids=prompt_ids)
+                      if proposer is not None else {})
     finally:
         base.shutdown()
     if draft_dir is not None:
@@ -219,7 +225,7 @@ def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1,
             draft.shutdown()
     proposer_s, spec_extra = {}, {}
     if proposer is not None:
-        spec = _speculative_costs(Path(target_dir), proposer, batches, limits, fits["target"], prompt_len)
+        spec = _speculative_costs(Path(target_dir), proposer, batches, limits, fits["target"], prompt_len, prompt_ids)
         proposer_s[proposer["method"]] = {b: v["propose"] for b, v in spec.items()}
         # what a speculative step costs beyond its forward, its drafting and the baseline step's own
         # work beyond its forward: the per-sequence work of a batched speculative step
@@ -234,7 +240,8 @@ def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1,
             "models": {"target": str(target_dir), "draft": str(draft_dir) if draft_dir else None},
             "forward_fits": fits, "engine_step_s": {str(b): s for b, s in steps.items()},
             "engine_overhead_s": overhead, "proposer_s": proposer_s, "spec_step_extra_s": spec_extra,
-            "prompts": f"synthetic token ids, {prompt_len} per prompt, never a benchmark's prompts",
+            "prompts": (f"{len(prompt_ids)} held-out prompts given by the caller" if prompt_ids else
+                        f"synthetic token ids, {prompt_len} per prompt") + ", never the prompts a check measures",
             "form": "forward t = a + b·rows + c·rows·L (s); engine step = forward + overhead(B); "
                     "speculative step = forward(B·w) + proposer(B) + overhead(B) + spec_step_extra(B)"}
 

@@ -55,10 +55,10 @@ def test_result_states_its_load_and_that_calibration_and_check_are_separate(resu
     prov = result["provenance"]
     assert prov["command"] and prov["commit"] and prov["machine"]["cpus"]
     assert "load" in json.dumps(prov)  # the uptime load the numbers were measured under
-    assert "separate" in result["note"] and "synthetic" in result["note"]
+    assert "separate" in result["note"] and "held-out" in result["note"]
     for entry in result["configs"]:
         for side in ("calibration_before", "calibration_after"):
-            assert "synthetic" in entry[side]["prompts"]
+            assert "held-out" in entry[side]["prompts"]
             # the per-sequence term is calibrated per batch size for the config's own method
             assert set(entry[side]["spec_step_extra_s"][entry["method"]]) == {"1", "8"}
 
