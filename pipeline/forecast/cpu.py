@@ -106,11 +106,12 @@ def _synthetic_prompt(i: int, length: int, base: int = 5) -> list[int]:
 def _instrumented_steps(engine, batches: tuple[int, ...], fit: dict, tokens: int = 48,
                         prompt_len: int = 8, rounds: int = 3,
                         prompt_ids: list[list[int]] | None = None) -> dict[str, dict[str, float]]:
-    """Per batch size, what the engine spends per decode step: ``step`` (the process's CPU time
-    over the generation, admission and prefill excluded, ÷ the steps), ``propose`` (the
-    proposer's drafting call, 0 without one) and ``residual`` = step − propose − the fitted
-    forward ``a + (b + c·L)·rows`` at each step's own rows (sequences × tokens per sequence) and
-    mean context. The residual is the per-sequence work beyond forward and drafting: ragged
+    """Per batch size, what the engine spends per full-batch step: ``step`` (the process's CPU
+    time over the generation, admission and prefill excluded, ÷ the full-batch-equivalent steps
+    Σ sequences per step ÷ B), ``propose`` (the proposer's drafting, 0 without one, per the same
+    steps) and ``residual`` = step − propose − the fitted forward ``a + (b + c·L)·B·w`` at the
+    mean tokens per sequence-step w and mean context. Counting full-batch steps charges the
+    drain: a speculative batch runs until its slowest sequence is done. The residual is the per-sequence work beyond forward and drafting: ragged
     verify inputs, the verify itself, KV roll-back or compaction, the proposer's ``accept``
     (catch-up of its own cache), emitting and streaming the tokens. Process CPU time (all the
     engine's threads, other processes on shared cores not); the proposer's and admission's
@@ -170,11 +171,18 @@ def _instrumented_steps(engine, batches: tuple[int, ...], fit: dict, tokens: int
                 for handle in handles:
                     handle.result(timeout=600)
                 total = time.process_time() - start - sum(admitted)
-                steps = max(len(records), 1)
-                forward = sum(fit["a"] + (fit["b"] + fit["c"] * r["ctx"]) * r["rows"] for r in records)
+                # full-batch-equivalent steps: Σ sequences per step ÷ B. A speculative batch runs until
+                # its slowest sequence is done, its last steps with fewer rows: what a step of B
+                # sequences really costs per sequence-step, drain included
+                seq_steps = sum(r["batch"] for r in records) or 1
+                full = seq_steps / batch
+                width = sum(r["rows"] for r in records) / seq_steps
+                ctx = sum(r["ctx"] * r["batch"] for r in records) / seq_steps
                 propose_s = sum(r["propose"] for r in records)
-                trials.append({"step": total / steps, "propose": propose_s / steps,
-                               "residual": (total - propose_s - forward) / steps, "steps": steps})
+                forward = fit["a"] + (fit["b"] + fit["c"] * ctx) * batch * width
+                trials.append({"step": total / full, "propose": propose_s / full,
+                               "residual": (total - propose_s) / full - forward, "steps": len(records),
+                               "full_batch_steps": full, "tokens_per_sequence_step": width})
             out[str(batch)] = {k: statistics.median(t[k] for t in trials) for k in trials[0]}
     finally:
         sched.step, sched.target.forward_capture, sched.admit = inner_step, inner_fwd, inner_admit
