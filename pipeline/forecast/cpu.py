@@ -111,7 +111,9 @@ def _instrumented_steps(engine, batches: tuple[int, ...], fit: dict, tokens: int
     Σ sequences per step ÷ B), ``propose`` (the proposer's drafting, 0 without one, per the same
     steps) and ``residual`` = step − propose − the fitted forward ``a + (b + c·L)·B·w`` at the
     mean tokens per sequence-step w and mean context. Counting full-batch steps charges the
-    drain: a speculative batch runs until its slowest sequence is done. The residual is the per-sequence work beyond forward and drafting: ragged
+    drain: a speculative batch runs until its slowest sequence is done; at the batch limit twice
+    the slots' requests are submitted, so finished sequences are replaced (a closed loop) and only
+    the end drains. The residual is the per-sequence work beyond forward and drafting: ragged
     verify inputs, the verify itself, KV roll-back or compaction, the proposer's ``accept``
     (catch-up of its own cache), emitting and streaming the tokens. Process CPU time (all the
     engine's threads, other processes on shared cores not); the proposer's and admission's
@@ -164,7 +166,11 @@ def _instrumented_steps(engine, batches: tuple[int, ...], fit: dict, tokens: int
                 records.clear()
                 admitted.clear()
                 start = time.process_time()
-                picks = [i + batch * trial for i in range(batch)]
+                # at the engine's batch limit, twice as many requests as slots: finished sequences are
+                # replaced as in a closed-loop load test or a bench over more prompts than the batch,
+                # and only the end drains
+                n = 2 * batch if batch == max(batches) and batch > 1 else batch
+                picks = [i + n * trial for i in range(n)]
                 handles = [engine.submit(GenerationRequest(
                     list(prompt_ids[k % len(prompt_ids)]) if prompt_ids else _synthetic_prompt(k, prompt_len), tokens))
                     for k in picks]
