@@ -62,13 +62,13 @@ def check_config(name: str, prompts: int, max_tokens: int) -> dict:
     context = int(sum(lengths) / len(lengths) + max_tokens / 2)
     spec = proposer_spec(cfg)
     prompt_len = sum(lengths) / len(lengths)
-    # calibration: held-out prompts of the same files (from index HELD_OUT on, per category, interleaved);
-    # the bench measures the first `prompts` of each category, never these
-    held = [encode(p) for group in zip(*(ps[HELD_OUT:HELD_OUT + 6] for ps in load_prompts(cfg, HELD_OUT + 6).values()))
-            for p in group]
-    before = calibrate(target, draft, threads=cfg.reference.threads, reps=5, proposer=spec, prompt_ids=held)
+    # calibration: held-out prompts of the same files (index HELD_OUT on, as many per category as the bench
+    # measures, one category per generation as the bench batches them); the bench measures the first
+    # `prompts` of each category, never these
+    held = [[encode(p) for p in ps[HELD_OUT:HELD_OUT + prompts]] for ps in load_prompts(cfg, HELD_OUT + prompts).values()]
+    before = calibrate(target, draft, threads=cfg.reference.threads, reps=5, proposer=spec, prompt_groups=held)
     bench = run_bench(path, prompts_per_category=prompts, max_tokens=max_tokens, batches=(1, 8))
-    after = calibrate(target, draft, threads=cfg.reference.threads, reps=5, proposer=spec, prompt_ids=held)
+    after = calibrate(target, draft, threads=cfg.reference.threads, reps=5, proposer=spec, prompt_groups=held)
     calibration = average_calibrations(before, after)
     rows = []
     for summary in (s for s in bench["summary"] if s["scope"] == "all" and s["method"] == cfg.method):
@@ -114,7 +114,7 @@ def main() -> None:
            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(),
            "note": ("shared machine (other helpers' jobs on the 2 cores); calibration and bench side by side in one "
                     "process; calibration data and check data are separate runs on separate prompts: the calibration "
-                    "times held-out prompts (index 30-35 of each category's file) before and after the bench, the "
+                    "times held-out prompts (index 30 on of each category's file, one category per generation) before and after the bench, the "
                     "check measures the first --prompts of each category in `specdeploy bench`; nothing is fitted "
                     "to the bench's measurement"),
            "tolerance": TOLERANCE, "configs": []}

@@ -105,7 +105,7 @@ def _synthetic_prompt(i: int, length: int, base: int = 5) -> list[int]:
 
 def _instrumented_steps(engine, batches: tuple[int, ...], fit: dict, tokens: int = 48,
                         prompt_len: int = 8, rounds: int = 3,
-                        prompt_ids: list[list[int]] | None = None) -> dict[str, dict[str, float]]:
+                        prompt_groups: list[list[list[int]]] | None = None) -> dict[str, dict[str, float]]:
     """Per batch size, what the engine spends per full-batch step: ``step`` (the process's CPU
     time over the generation, admission and prefill excluded, ÷ the full-batch-equivalent steps
     Σ sequences per step ÷ B), ``propose`` (the proposer's drafting, 0 without one, per the same
@@ -117,10 +117,11 @@ def _instrumented_steps(engine, batches: tuple[int, ...], fit: dict, tokens: int
     verify inputs, the verify itself, KV roll-back or compaction, the proposer's ``accept``
     (catch-up of its own cache), emitting and streaming the tokens. Process CPU time (all the
     engine's threads, other processes on shared cores not); the proposer's and admission's
-    share by ``thread_time`` on the engine's thread. Prompts: ``prompt_ids`` (a caller's held-out
-    prompts, so the acceptance — how many tokens each step accepts, rolls back, catches up — is a
-    deployment's), else synthetic token ids (:func:`_synthetic_prompt`); never the prompts a check
-    against ``bench`` measures, so that check is not fitted to its own data."""
+    share by ``thread_time`` on the engine's thread. Prompts: ``prompt_groups`` (a caller's
+    held-out prompts per category, so the acceptance — how many tokens each step accepts, rolls
+    back, catches up — is a deployment's), else ``rounds`` groups of synthetic token ids
+    (:func:`_synthetic_prompt`); never the prompts a check against ``bench`` measures, so that
+    check is not fitted to its own data."""
     from pipeline.reference.api import GenerationRequest  # noqa: PLC0415 - only this path needs it
 
     sched = engine.scheduler
@@ -158,38 +159,41 @@ def _instrumented_steps(engine, batches: tuple[int, ...], fit: dict, tokens: int
     sched.step, sched.target.forward_capture, sched.admit = step, forward_capture, admit
     if proposer is not None:
         proposer.propose = propose
+    groups = prompt_groups or [[_synthetic_prompt(k + 100 * g, prompt_len) for k in range(8)] for g in range(rounds)]
     out = {}
     try:
         for batch in batches:
-            trials = []
-            for trial in range(rounds):  # the median of a few generations: a shared host's noise is bursty
+            # at the engine's batch limit, twice as many requests as slots: finished sequences are
+            # replaced as in a closed-loop load test or a bench over more prompts than the batch,
+            # and only the end drains. One group (a prompt category) per generation: a bench batches
+            # a category's prompts together, and mixing categories of very different acceptance
+            # would make the slowest sequence's drain look longer than it is
+            n = 2 * batch if batch == max(batches) and batch > 1 else batch
+            total = propose_s = forward = full_steps = 0.0
+            steps = 0
+            for group in groups:
                 records.clear()
                 admitted.clear()
                 start = time.process_time()
-                # at the engine's batch limit, twice as many requests as slots: finished sequences are
-                # replaced as in a closed-loop load test or a bench over more prompts than the batch,
-                # and only the end drains
-                n = 2 * batch if batch == max(batches) and batch > 1 else batch
-                picks = [i + n * trial for i in range(n)]
-                handles = [engine.submit(GenerationRequest(
-                    list(prompt_ids[k % len(prompt_ids)]) if prompt_ids else _synthetic_prompt(k, prompt_len), tokens))
-                    for k in picks]
+                handles = [engine.submit(GenerationRequest(list(group[k % len(group)]), tokens)) for k in range(n)]
                 for handle in handles:
                     handle.result(timeout=600)
-                total = time.process_time() - start - sum(admitted)
+                spent = time.process_time() - start - sum(admitted)
                 # full-batch-equivalent steps: Σ sequences per step ÷ B. A speculative batch runs until
-                # its slowest sequence is done, its last steps with fewer rows: what a step of B
-                # sequences really costs per sequence-step, drain included
+                # its slowest sequence is done, its last steps with fewer rows
                 seq_steps = sum(r["batch"] for r in records) or 1
-                full = seq_steps / batch
                 width = sum(r["rows"] for r in records) / seq_steps
                 ctx = sum(r["ctx"] * r["batch"] for r in records) / seq_steps
-                propose_s = sum(r["propose"] for r in records)
-                forward = fit["a"] + (fit["b"] + fit["c"] * ctx) * batch * width
-                trials.append({"step": total / full, "propose": propose_s / full,
-                               "residual": (total - propose_s) / full - forward, "steps": len(records),
-                               "full_batch_steps": full, "tokens_per_sequence_step": width})
-            out[str(batch)] = {k: statistics.median(t[k] for t in trials) for k in trials[0]}
+                full = seq_steps / batch
+                total += spent
+                propose_s += sum(r["propose"] for r in records)
+                forward += full * (fit["a"] + (fit["b"] + fit["c"] * ctx) * batch * width)
+                full_steps += full
+                steps += len(records)
+            # pooled over the groups, as the bench pools its categories
+            out[str(batch)] = {"step": total / full_steps, "propose": propose_s / full_steps,
+                               "residual": (total - propose_s - forward) / full_steps, "steps": steps,
+                               "full_batch_steps": full_steps}
     finally:
         sched.step, sched.target.forward_capture, sched.admit = inner_step, inner_fwd, inner_admit
         if proposer is not None:
@@ -198,7 +202,7 @@ def _instrumented_steps(engine, batches: tuple[int, ...], fit: dict, tokens: int
 
 
 def _speculative_costs(target_dir: Path, proposer: dict, batches: tuple[int, ...], limits: dict,
-                       fit: dict, prompt_len: int, prompt_ids: list[list[int]] | None) -> dict[str, dict[str, float]]:
+                       fit: dict, prompt_len: int, prompt_groups: list[list[list[int]]] | None) -> dict[str, dict[str, float]]:
     """The speculative engine's instrumented steps (:func:`_instrumented_steps`) per batch size.
     The proposer's cost is measured, not derived from its shapes: the engine's fused one-row
     drafting paths do not follow the batched forward's fit."""
@@ -206,18 +210,19 @@ def _speculative_costs(target_dir: Path, proposer: dict, batches: tuple[int, ...
 
     engine = create_engine(Path(target_dir), role="speculative", proposer=proposer, **limits)
     try:
-        return _instrumented_steps(engine, batches, fit, prompt_len=prompt_len, prompt_ids=prompt_ids)
+        return _instrumented_steps(engine, batches, fit, prompt_len=prompt_len, prompt_groups=prompt_groups)
     finally:
         engine.shutdown()
 
 
 def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1, reps: int = 5,
               batches: tuple[int, ...] = (1, 8), fast_paths: bool = True, proposer: dict | None = None,
-              prompt_len: int = 8, prompt_ids: list[list[int]] | None = None) -> dict:
+              prompt_len: int = 8, prompt_groups: list[list[list[int]]] | None = None) -> dict:
     """Microbenchmark the engine's models on this machine → the calibration dict (not yet stored).
     ``prompt_len``: the length of the synthetic prompts the engine steps are timed with (a
     deployment's typical prompt length; the per-sequence work grows with the context);
-    ``prompt_ids``: token-id prompts to time them with instead (held out from any check)."""
+    ``prompt_groups``: token-id prompts per category to time them with instead (held out from
+    any check)."""
     from pipeline.reference.engine import create_engine, set_threads  # noqa: PLC0415 - keeps pydantic, torch off this module's import
 
     set_threads(threads)
@@ -227,7 +232,8 @@ def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1,
         fits = {"target": fit_forward(_model_points(base.scheduler.target, reps))}
         tokens = 32
         steps = {b: _engine_step(base, b, tokens) for b in batches}
-        base_steps = (_instrumented_steps(base, batches, fits["target"], prompt_len=prompt_len, prompt_ids=prompt_ids)
+        base_steps = (_instrumented_steps(base, batches, fits["target"], prompt_len=prompt_len,
+                                          prompt_groups=prompt_groups)
                       if proposer is not None else {})
     finally:
         base.shutdown()
@@ -239,7 +245,7 @@ def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1,
             draft.shutdown()
     proposer_s, spec_extra = {}, {}
     if proposer is not None:
-        spec = _speculative_costs(Path(target_dir), proposer, batches, limits, fits["target"], prompt_len, prompt_ids)
+        spec = _speculative_costs(Path(target_dir), proposer, batches, limits, fits["target"], prompt_len, prompt_groups)
         proposer_s[proposer["method"]] = {b: v["propose"] for b, v in spec.items()}
         # what a speculative step costs beyond its forward, its drafting and the baseline step's own
         # work beyond its forward: the per-sequence work of a batched speculative step
@@ -254,7 +260,7 @@ def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1,
             "models": {"target": str(target_dir), "draft": str(draft_dir) if draft_dir else None},
             "forward_fits": fits, "engine_step_s": {str(b): s for b, s in steps.items()},
             "engine_overhead_s": overhead, "proposer_s": proposer_s, "spec_step_extra_s": spec_extra,
-            "prompts": (f"{len(prompt_ids)} held-out prompts given by the caller" if prompt_ids else
+            "prompts": (f"held-out prompts given by the caller, {len(prompt_groups)} categories" if prompt_groups else
                         f"synthetic token ids, {prompt_len} per prompt") + ", never the prompts a check measures",
             "form": "forward t = a + b·rows + c·rows·L (s); engine step = forward + overhead(B); "
                     "speculative step = forward(B·w) + proposer(B) + overhead(B) + spec_step_extra(B)"}
