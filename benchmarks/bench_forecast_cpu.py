@@ -24,21 +24,13 @@ from pipeline.infra.provenance import result_provenance  # noqa: E402 - after th
 
 CONFIGS = ("tiny-cpu-draft-target", "tiny-cpu-medusa", "tiny-cpu-eagle", "tiny-cpu-eagle3", "tiny-cpu-ngram")
 TOLERANCE = 0.15
+HELD_OUT = 30  # calibration prompts: index 30 on of each category's file; the bench measures the first --prompts
 EFFICIENCY_GOAL = 0.9
 
 
 def _commit() -> str:
     out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     return out.stdout.strip() or "unknown"
-
-
-def _average(a: dict, b: dict) -> dict:
-    fits = {m: {k: (a["forward_fits"][m][k] + b["forward_fits"][m][k]) / 2 for k in a["forward_fits"][m]}
-            for m in a["forward_fits"]}
-    overhead = {k: (a["engine_overhead_s"][k] + b["engine_overhead_s"][k]) / 2 for k in a["engine_overhead_s"]}
-    proposer = {m: {k: (a["proposer_s"][m][k] + b["proposer_s"][m][k]) / 2 for k in a["proposer_s"][m]}
-                for m in a["proposer_s"]}
-    return {**a, "forward_fits": fits, "engine_overhead_s": overhead, "proposer_s": proposer}
 
 
 def _measured_acceptance(results: list[dict], method: str, batch: int) -> tuple[float, float, float]:
@@ -59,9 +51,7 @@ def _measured_acceptance(results: list[dict], method: str, batch: int) -> tuple[
 def check_config(name: str, prompts: int, max_tokens: int) -> dict:
     from pipeline.bench.engine_bench import _encode, load_prompts, proposer_spec, resolve_checkpoint, run_bench
     from pipeline.config import load_config
-    from pipeline.forecast.acceptance import Acceptance
-    from pipeline.forecast.cpu import CpuDevice, calibrate
-    from pipeline.forecast.model import config_inputs, speedup_at, step_times
+    from pipeline.forecast.cpu import average_calibrations, bench_forecast, calibrate
 
     path = ROOT / "configs" / f"{name}.yaml"
     cfg = load_config(path)
@@ -72,24 +62,19 @@ def check_config(name: str, prompts: int, max_tokens: int) -> dict:
     context = int(sum(lengths) / len(lengths) + max_tokens / 2)
     spec = proposer_spec(cfg)
     prompt_len = sum(lengths) / len(lengths)
-    before = calibrate(target, draft, threads=cfg.reference.threads, reps=5, proposer=spec)
+    # calibration: held-out prompts of the same files (index HELD_OUT on, as many per category as the bench
+    # measures, one category per generation as the bench batches them); the bench measures the first
+    # `prompts` of each category, never these
+    held = [[encode(p) for p in ps[HELD_OUT:HELD_OUT + prompts]] for ps in load_prompts(cfg, HELD_OUT + prompts).values()]
+    before = calibrate(target, draft, threads=cfg.reference.threads, reps=5, proposer=spec, prompt_groups=held)
     bench = run_bench(path, prompts_per_category=prompts, max_tokens=max_tokens, batches=(1, 8))
-    after = calibrate(target, draft, threads=cfg.reference.threads, reps=5, proposer=spec)
-    calibration = _average(before, after)
+    after = calibrate(target, draft, threads=cfg.reference.threads, reps=5, proposer=spec, prompt_groups=held)
+    calibration = average_calibrations(before, after)
     rows = []
     for summary in (s for s in bench["summary"] if s["scope"] == "all" and s["method"] == cfg.method):
         batch = summary["batch"]
         per_pass, tau, coverage = _measured_acceptance(bench["results"], cfg.method, batch)
-        plan_depth = config_inputs(cfg, Acceptance("probe", tau=tau), device=CpuDevice(calibration)).plan.depth
-        acceptance = Acceptance("bench, same run (τ per verify step, draft coverage)", tau=tau, tau_low=tau,
-                                tau_high=tau, at_depth=plan_depth, coverage=coverage)
-        inp = config_inputs(cfg, acceptance, context=context, device=CpuDevice(calibration))
-        inp.device = CpuDevice(calibration, inp.target)
-        forecast = speedup_at(inp, batch)
-        base_s, spec_s = step_times(inp, batch, inp.plan, tau)
-        fit = calibration["forward_fits"]["target"]
-        prefill = fit["a"] + (fit["b"] + fit["c"] * prompt_len / 2) * prompt_len  # per request, both arms
-        e2e = (prefill + (max_tokens - 1) * base_s) / (prefill + (max_tokens - 1) * spec_s)
+        e2e, forecast = bench_forecast(cfg, calibration, tau, coverage, context, prompt_len, max_tokens, batch)
         measured = summary["decode_speedup"]
         measured_cpu = summary["speedup_cpu"]
         rows.append({"batch": batch, "tau_per_target_pass": round(per_pass, 3), "tau_per_verify_step": round(tau, 3),
@@ -108,9 +93,10 @@ def check_config(name: str, prompts: int, max_tokens: int) -> dict:
         print(f"{name} batch {batch}: forecast {e2e:.2f}x, measured (CPU time) {measured_cpu:.2f}x, "
               f"efficiency {measured_cpu / e2e:.2f} (goal ≥ {EFFICIENCY_GOAL}); decode: forecast {forecast:.2f}x, "
               f"measured (wall) {measured:.2f}x", file=sys.stderr)
-    return {"config": name, "method": cfg.method, "context_tokens": context, "rows": rows,
-            "calibration_before": {k: before[k] for k in ("forward_fits", "engine_step_s", "engine_overhead_s", "proposer_s")},
-            "calibration_after": {k: after[k] for k in ("forward_fits", "engine_step_s", "engine_overhead_s", "proposer_s")}}
+    return {"config": name, "method": cfg.method, "context_tokens": context, "prompt_tokens": round(prompt_len, 3),
+            "max_tokens": max_tokens, "rows": rows,
+            "calibration_before": {k: before[k] for k in ("forward_fits", "engine_step_s", "engine_overhead_s", "proposer_s", "spec_step_extra_s", "prompts")},
+            "calibration_after": {k: after[k] for k in ("forward_fits", "engine_step_s", "engine_overhead_s", "proposer_s", "spec_step_extra_s", "prompts")}}
 
 
 def main() -> None:
@@ -120,11 +106,17 @@ def main() -> None:
     parser.add_argument("--only", action="append", choices=CONFIGS)
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "forecast-cpu.json")
     args = parser.parse_args()
+    if args.prompts > HELD_OUT:
+        parser.error(f"--prompts above {HELD_OUT} would measure the calibration's held-out prompts")
     from pipeline.forecast.cpu import machine
 
     out = {"provenance": result_provenance(), "command": " ".join(["python", *sys.argv]), "commit": _commit(),
            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(),
-           "note": "shared machine (other engineers' jobs running); calibration and bench side by side in one process",
+           "note": ("shared machine (other helpers' jobs on the 2 cores); calibration and bench side by side in one "
+                    "process; calibration data and check data are separate runs on separate prompts: the calibration "
+                    "times held-out prompts (index 30 on of each category's file, one category per generation) before and after the bench, the "
+                    "check measures the first --prompts of each category in `specdeploy bench`; nothing is fitted "
+                    "to the bench's measurement"),
            "tolerance": TOLERANCE, "configs": []}
     for name in args.only or CONFIGS:
         out["configs"].append(check_config(name, args.prompts, args.max_tokens))

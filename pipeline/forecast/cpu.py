@@ -97,42 +97,132 @@ def _engine_step(engine, batch: int, tokens: int, rounds: int = 3) -> float:
     return statistics.median(per_step)
 
 
-def _proposer_seconds(target_dir: Path, proposer: dict, batches: tuple[int, ...], limits: dict,
-                      tokens: int = 24) -> dict[str, float]:
-    """CPU seconds of one ``propose`` call (all sequences of the step) at each batch size: the
-    speculative engine generates a few requests while its proposer's calls are timed. The
-    engine's fused one-row drafting paths do not follow the batched forward's fit, so on the CPU
-    the proposer's cost is measured, not derived from its shapes."""
+def _synthetic_prompt(i: int, length: int, base: int = 5) -> list[int]:
+    """A synthetic prompt of ``length`` token ids (``base + i, 6, 7, …``): calibration never sees a
+    benchmark's prompts, only their length."""
+    return [base + i] + [6 + (k % 64) for k in range(length - 1)]
+
+
+def _instrumented_steps(engine, batches: tuple[int, ...], fit: dict, tokens: int = 48,
+                        prompt_len: int = 8, rounds: int = 3,
+                        prompt_groups: list[list[list[int]]] | None = None) -> dict[str, dict[str, float]]:
+    """Per batch size, what the engine spends per full-batch step: ``step`` (the process's CPU
+    time over the generation, admission and prefill excluded, ÷ the full-batch-equivalent steps
+    Σ sequences per step ÷ B), ``propose`` (the proposer's drafting, 0 without one, per the same
+    steps) and ``residual`` = step − propose − the fitted forward ``a + (b + c·L)·B·w`` at the
+    mean tokens per sequence-step w and mean context. Counting full-batch steps charges the
+    drain: a speculative batch runs until its slowest sequence is done; at the batch limit twice
+    the slots' requests are submitted, so finished sequences are replaced (a closed loop) and only
+    the end drains. The residual is the per-sequence work beyond forward and drafting: ragged
+    verify inputs, the verify itself, KV roll-back or compaction, the proposer's ``accept``
+    (catch-up of its own cache), emitting and streaming the tokens. Process CPU time (all the
+    engine's threads, other processes on shared cores not); the proposer's and admission's
+    share by ``thread_time`` on the engine's thread. Prompts: ``prompt_groups`` (a caller's
+    held-out prompts per category, so the acceptance — how many tokens each step accepts, rolls
+    back, catches up — is a deployment's), else ``rounds`` groups of synthetic token ids
+    (:func:`_synthetic_prompt`); never the prompts a check against ``bench`` measures, so that
+    check is not fitted to its own data."""
     from pipeline.reference.api import GenerationRequest  # noqa: PLC0415 - only this path needs it
-    from pipeline.reference.engine import create_engine  # noqa: PLC0415 - keeps pydantic, torch off this module's import
 
-    engine = create_engine(Path(target_dir), role="speculative", proposer=proposer, **limits)
-    calls: list[float] = []
-    inner = engine.scheduler.proposer.propose
+    sched = engine.scheduler
+    records: list[dict] = []
+    current: dict = {}
+    admitted: list[float] = []
+    inner_step, inner_fwd, inner_admit = sched.step, sched.target.forward_capture, sched.admit
+    proposer = sched.proposer
+    inner_propose = proposer.propose if proposer is not None else None
 
-    def timed(seqs, budgets):  # runs on the engine's thread: thread_time is that thread's CPU time
+    def step(seqs):  # the engine's thread
+        current.clear()
+        current.update(propose=0.0, rows=0.0, ctx=0.0)
+        inner_step(seqs)
+        records.append({**current, "batch": len(seqs)})
+
+    def admit(seq):
         start = time.thread_time()
-        out = inner(seqs, budgets)
-        calls.append(time.thread_time() - start)
+        try:
+            return inner_admit(seq)
+        finally:
+            admitted.append(time.thread_time() - start)
+
+    def forward_capture(pool, inputs, capture=()):
+        current["rows"] = float(sum(len(i.tokens) for i in inputs))
+        current["ctx"] = sum(i.positions[0] for i in inputs) / max(len(inputs), 1)
+        return inner_fwd(pool, inputs, capture)
+
+    def propose(seqs, budgets):
+        start = time.thread_time()
+        out = inner_propose(seqs, budgets)
+        current["propose"] = current.get("propose", 0.0) + time.thread_time() - start
         return out
 
-    engine.scheduler.proposer.propose = timed
+    sched.step, sched.target.forward_capture, sched.admit = step, forward_capture, admit
+    if proposer is not None:
+        proposer.propose = propose
+    groups = prompt_groups or [[_synthetic_prompt(k + 100 * g, prompt_len) for k in range(8)] for g in range(rounds)]
     out = {}
     try:
         for batch in batches:
-            calls.clear()
-            handles = [engine.submit(GenerationRequest([5 + i, 6, 7, 8, 9, 10, 11, 12], tokens)) for i in range(batch)]
-            for handle in handles:
-                handle.result(timeout=600)
-            out[str(batch)] = statistics.median(calls) if calls else 0.0
+            # at the engine's batch limit, twice as many requests as slots: finished sequences are
+            # replaced as in a closed-loop load test or a bench over more prompts than the batch,
+            # and only the end drains. One group (a prompt category) per generation: a bench batches
+            # a category's prompts together, and mixing categories of very different acceptance
+            # would make the slowest sequence's drain look longer than it is
+            n = 2 * batch if batch == max(batches) and batch > 1 else batch
+            total = propose_s = forward = full_steps = 0.0
+            steps = 0
+            for group in groups:
+                records.clear()
+                admitted.clear()
+                start = time.process_time()
+                handles = [engine.submit(GenerationRequest(list(group[k % len(group)]), tokens)) for k in range(n)]
+                for handle in handles:
+                    handle.result(timeout=600)
+                spent = time.process_time() - start - sum(admitted)
+                # full-batch-equivalent steps: Σ sequences per step ÷ B. A speculative batch runs until
+                # its slowest sequence is done, its last steps with fewer rows
+                seq_steps = sum(r["batch"] for r in records) or 1
+                width = sum(r["rows"] for r in records) / seq_steps
+                ctx = sum(r["ctx"] * r["batch"] for r in records) / seq_steps
+                full = seq_steps / batch
+                total += spent
+                propose_s += sum(r["propose"] for r in records)
+                forward += full * (fit["a"] + (fit["b"] + fit["c"] * ctx) * batch * width)
+                full_steps += full
+                steps += len(records)
+            # pooled over the groups, as the bench pools its categories
+            out[str(batch)] = {"step": total / full_steps, "propose": propose_s / full_steps,
+                               "residual": (total - propose_s - forward) / full_steps, "steps": steps,
+                               "full_batch_steps": full_steps}
     finally:
-        engine.shutdown()
+        sched.step, sched.target.forward_capture, sched.admit = inner_step, inner_fwd, inner_admit
+        if proposer is not None:
+            proposer.propose = inner_propose
     return out
 
 
+def _speculative_costs(target_dir: Path, proposer: dict, batches: tuple[int, ...], limits: dict,
+                       fit: dict, prompt_len: int, prompt_groups: list[list[list[int]]] | None) -> dict[str, dict[str, float]]:
+    """The speculative engine's instrumented steps (:func:`_instrumented_steps`) per batch size.
+    The proposer's cost is measured, not derived from its shapes: the engine's fused one-row
+    drafting paths do not follow the batched forward's fit."""
+    from pipeline.reference.engine import create_engine  # noqa: PLC0415 - keeps pydantic, torch off this module's import
+
+    engine = create_engine(Path(target_dir), role="speculative", proposer=proposer, **limits)
+    try:
+        return _instrumented_steps(engine, batches, fit, prompt_len=prompt_len, prompt_groups=prompt_groups)
+    finally:
+        engine.shutdown()
+
+
 def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1, reps: int = 5,
-              batches: tuple[int, ...] = (1, 8), fast_paths: bool = True, proposer: dict | None = None) -> dict:
-    """Microbenchmark the engine's models on this machine → the calibration dict (not yet stored)."""
+              batches: tuple[int, ...] = (1, 8), fast_paths: bool = True, proposer: dict | None = None,
+              prompt_len: int = 8, prompt_groups: list[list[list[int]]] | None = None) -> dict:
+    """Microbenchmark the engine's models on this machine → the calibration dict (not yet stored).
+    ``prompt_len``: the length of the synthetic prompts the engine steps are timed with (a
+    deployment's typical prompt length; the per-sequence work grows with the context);
+    ``prompt_groups``: token-id prompts per category to time them with instead (held out from
+    any check)."""
     from pipeline.reference.engine import create_engine, set_threads  # noqa: PLC0415 - keeps pydantic, torch off this module's import
 
     set_threads(threads)
@@ -142,6 +232,9 @@ def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1,
         fits = {"target": fit_forward(_model_points(base.scheduler.target, reps))}
         tokens = 32
         steps = {b: _engine_step(base, b, tokens) for b in batches}
+        base_steps = (_instrumented_steps(base, batches, fits["target"], prompt_len=prompt_len,
+                                          prompt_groups=prompt_groups)
+                      if proposer is not None else {})
     finally:
         base.shutdown()
     if draft_dir is not None:
@@ -150,9 +243,13 @@ def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1,
             fits["draft"] = fit_forward(_model_points(draft.scheduler.target, reps))
         finally:
             draft.shutdown()
-    proposer_s = {}
+    proposer_s, spec_extra = {}, {}
     if proposer is not None:
-        proposer_s[proposer["method"]] = _proposer_seconds(Path(target_dir), proposer, batches, limits)
+        spec = _speculative_costs(Path(target_dir), proposer, batches, limits, fits["target"], prompt_len, prompt_groups)
+        proposer_s[proposer["method"]] = {b: v["propose"] for b, v in spec.items()}
+        # what a speculative step costs beyond its forward, its drafting and the baseline step's own
+        # work beyond its forward: the per-sequence work of a batched speculative step
+        spec_extra[proposer["method"]] = {b: v["residual"] - base_steps[b]["residual"] for b, v in spec.items()}
     ctx = 8 + tokens // 2
     t = fits["target"]
     # the engine's step beyond the fitted forward (may be negative where the engine's one-row path
@@ -162,8 +259,11 @@ def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "models": {"target": str(target_dir), "draft": str(draft_dir) if draft_dir else None},
             "forward_fits": fits, "engine_step_s": {str(b): s for b, s in steps.items()},
-            "engine_overhead_s": overhead, "proposer_s": proposer_s,
-            "form": "forward t = a + b·rows + c·rows·L (s); engine step = forward + overhead(B)"}
+            "engine_overhead_s": overhead, "proposer_s": proposer_s, "spec_step_extra_s": spec_extra,
+            "prompts": (f"held-out prompts given by the caller, {len(prompt_groups)} categories" if prompt_groups else
+                        f"synthetic token ids, {prompt_len} per prompt") + ", never the prompts a check measures",
+            "form": "forward t = a + b·rows + c·rows·L (s); engine step = forward + overhead(B); "
+                    "speculative step = forward(B·w) + proposer(B) + overhead(B) + spec_step_extra(B)"}
 
 
 def calibration_key(cfg) -> str:
@@ -229,6 +329,16 @@ class CpuDevice:
         (b0, s0), (b1, s1) = points[-2], points[-1]
         return s1 + (s1 - s0) * (batch - b1) / (b1 - b0)
 
+    def spec_step_extra(self, method: str, batch: int) -> float:
+        """The per-sequence work of a batched speculative step beyond its forward, its drafting and
+        the baseline step's own (ragged verify, roll-back, the proposer's catch-up in ``accept``),
+        measured per batch size by :func:`calibrate`: linear in the batch between (and beyond) the
+        calibrated sizes, 0 for a calibration without it."""
+        table = self.calibration.get("spec_step_extra_s", {}).get(method)
+        if not table:
+            return 0.0
+        return _linear(sorted((int(b), s) for b, s in table.items()), batch) / self.factor
+
     def round_trip_s(self, orchestration: str | None) -> float:
         return 0.0  # the BLS's extra Triton call is not part of `bench`'s in-process engine
 
@@ -243,6 +353,51 @@ class CpuDevice:
             return points[0][1] / self.factor
         (b0, s0), (b1, s1) = points[0], points[-1]
         return (s0 + (s1 - s0) * (batch - b0) / (b1 - b0)) / self.factor
+
+
+def _linear(points: list[tuple[int, float]], batch: int) -> float:
+    """Piecewise-linear in the batch through ``points``, extended past the last two."""
+    if len(points) == 1 or batch <= points[0][0]:
+        return points[0][1]
+    for (b0, s0), (b1, s1) in zip(points, points[1:]):
+        if batch <= b1:
+            return s0 + (s1 - s0) * (batch - b0) / (b1 - b0)
+    (b0, s0), (b1, s1) = points[-2], points[-1]
+    return s1 + (s1 - s0) * (batch - b1) / (b1 - b0)
+
+
+def average_calibrations(a: dict, b: dict) -> dict:
+    """Two calibrations (before and after a benchmark) averaged term by term."""
+    def mean(x: dict, y: dict) -> dict:
+        return {k: (x[k] + y[k]) / 2 for k in x}
+
+    return {**a, "forward_fits": {m: mean(a["forward_fits"][m], b["forward_fits"][m]) for m in a["forward_fits"]},
+            "engine_overhead_s": mean(a["engine_overhead_s"], b["engine_overhead_s"]),
+            "proposer_s": {m: mean(a["proposer_s"][m], b["proposer_s"][m]) for m in a.get("proposer_s", {})},
+            "spec_step_extra_s": {m: mean(a["spec_step_extra_s"][m], b["spec_step_extra_s"][m])
+                                  for m in a.get("spec_step_extra_s", {})}}
+
+
+def bench_forecast(cfg, calibration: dict, tau: float, coverage: float, context: int, prompt_len: float,
+                   max_tokens: int, batch: int) -> tuple[float, float]:
+    """(end-to-end, decode-only) forecast speedup of a CPU ``bench`` run of ``cfg`` at ``batch``
+    from a calibration and the measured acceptance: per request one prefill of ``prompt_len``
+    tokens (both arms alike) and ``max_tokens − 1`` decode steps. What
+    ``benchmarks/bench_forecast_cpu.py`` compares with the measurement, and what the result
+    file's test recomputes from the calibrations it stores."""
+    from pipeline.forecast.acceptance import Acceptance  # noqa: PLC0415 - model imports this module lazily
+    from pipeline.forecast.model import config_inputs, speedup_at, step_times  # noqa: PLC0415 - same
+
+    depth = config_inputs(cfg, Acceptance("probe", tau=tau), device=CpuDevice(calibration)).plan.depth
+    acceptance = Acceptance("bench, same run (τ per verify step, draft coverage)", tau=tau, tau_low=tau,
+                            tau_high=tau, at_depth=depth, coverage=coverage)
+    inp = config_inputs(cfg, acceptance, context=context, device=CpuDevice(calibration))
+    inp.device = CpuDevice(calibration, inp.target)
+    base_s, spec_s = step_times(inp, batch, inp.plan, tau)
+    fit = calibration["forward_fits"]["target"]
+    prefill = fit["a"] + (fit["b"] + fit["c"] * prompt_len / 2) * prompt_len
+    e2e = (prefill + (max_tokens - 1) * base_s) / (prefill + (max_tokens - 1) * spec_s)
+    return e2e, speedup_at(inp, batch)
 
 
 def stored_device(target_cost: ModelCost | None = None, key: str = "") -> CpuDevice:

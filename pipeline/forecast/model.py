@@ -66,7 +66,9 @@ def step_times(inp: Inputs, batch: int, plan: DraftPlan, tau: float, device=None
     else:
         ctx = StepContext(device, inp.target, inp.draft, inp.dense_bytes, inp.vocab, batch, inp.context, tau)
         draft = PROPOSER_COSTS[plan.method](ctx, plan)
-    return base, (verify + draft) / tau
+    # CPU: the per-sequence work of a batched speculative step the forward does not cover
+    extra = getattr(device, "spec_step_extra", lambda method, b: 0.0)(plan.method, batch)
+    return base, (verify + draft + extra) / tau
 
 
 def speedup_at(inp: Inputs, batch: int, plan: DraftPlan | None = None, edge: str = "point") -> float:

@@ -92,10 +92,18 @@ def reproduce(case: dict, table: dict) -> dict:
     inp = case_inputs(case, table, tau)
     rows = []
     for p in points:
-        forecast = _speedup(inp, p["batch"])
+        # a source that reports τ (and the context) per concurrency level: each level uses its own
+        point_inp = inp
+        if p.get("acceptance_length") is not None or p.get("context") is not None:
+            point_case = {**case, "context": p.get("context", case.get("context", 512))}
+            point_inp = case_inputs(point_case, table, p.get("acceptance_length", tau))
+            if case.get("baseline_tokens_per_s"):
+                point_inp.device = inp.device  # the stack's overhead comes from the case's baseline, once
+        forecast = _speedup(point_inp, p["batch"])
         error = forecast / p["published_speedup"] - 1
         fitted = fit_at is not None and p["batch"] == fit_at
         rows.append({"batch": p["batch"], "published_speedup": p["published_speedup"], "forecast_speedup": round(forecast, 3),
+                     "tau": round(point_inp.acceptance.tau, 3), "context": point_inp.context,
                      "error": round(error, 3), "fitted": fitted,
                      "within_tolerance": abs(error) <= TOLERANCE})
     checked = [r for r in rows if not r["fitted"]]

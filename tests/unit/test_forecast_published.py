@@ -6,6 +6,8 @@ import copy
 
 import pytest
 
+from pipeline.forecast.hardware import gpu_figures
+from pipeline.forecast.proposers import PROPOSER_COSTS
 from pipeline.forecast.published import TOLERANCE, load_cases, reproduce, reproduce_all
 
 
@@ -30,4 +32,31 @@ def test_a_wrong_acceptance_length_breaks_the_reproduction(factor):
     data = load_cases()
     case = copy.deepcopy(next(c for c in data["cases"] if c["id"] == "medusa2-vicuna7b-a100"))
     case["acceptance_length"] *= factor
+    assert not reproduce(case, data["shapes"])["reproduced"]
+
+
+def test_a_concurrency_curve_is_reproduced_at_every_level_from_its_reported_acceptance():
+    curves = [r for r in reproduce_all() if r["reproduced"] and len(r["points"]) >= 2]
+    assert curves, "no published concurrency curve reproduced"
+    for r in curves:
+        assert not any(p["fitted"] for p in r["points"]), r["id"]  # τ as reported, nothing fitted to the speedups
+        assert all(abs(p["error"]) <= TOLERANCE for p in r["points"]), (r["id"], r["points"])
+
+
+def test_a_figure_not_found_in_a_stored_copy_is_marked_not_verified():
+    for case in load_cases()["cases"]:
+        if "recalled" in case["provenance"] or "cut off" in case["provenance"]:
+            assert "NOT VERIFIED" in case["provenance"], case["id"]
+    # the RTX 4090's datasheet of record was not in a stored copy: its profile says so
+    assert "NOT VERIFIED" in gpu_figures("rtx4090-24gb").source
+
+
+def test_a_broken_drafting_cost_breaks_the_concurrency_case(monkeypatch):
+    data = load_cases()
+    case = next(c for c in data["cases"] if c["id"] == "eagle3-minicpm3-4b-vllm-rtx4090-concurrency")
+    assert reproduce(case, data["shapes"])["reproduced"]
+    honest = PROPOSER_COSTS["eagle3"]
+    monkeypatch.setitem(PROPOSER_COSTS, "eagle3", lambda ctx, plan: 0.0)  # drafting for free
+    assert not reproduce(case, data["shapes"])["reproduced"]
+    monkeypatch.setitem(PROPOSER_COSTS, "eagle3", lambda ctx, plan: 4 * honest(ctx, plan))
     assert not reproduce(case, data["shapes"])["reproduced"]
