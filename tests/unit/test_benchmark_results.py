@@ -54,7 +54,7 @@ def provenance_problems(name: str, data: dict) -> list[str]:
 
 
 def _script_of(command: str) -> str | None:
-    match = re.search(r"(benchmarks/bench_[a-z_]+\.py)", command)
+    match = re.search(r"(benchmarks/[a-z_]+\.py)", command)
     if match:
         return match.group(1)
     return "specdeploy bench" if re.search(r"specdeploy\S* bench\b|pipeline\.cli bench\b", command) else None
