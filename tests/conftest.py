@@ -11,7 +11,13 @@
   the default, ``0`` turns the check off. One-time per-process caches (the shared random
   checkpoints) are not charged to the test that fills them (tests/budget.py).
 
-Reads the markers, the environment and the process clocks; writes nothing.
+Under pytest-xdist (``./run-tests`` runs two workers) the groups of tests.xdist_scheduler decide
+which worker runs what: the hooks at the end hand the workers a directory for their groups and the
+controller the scheduler. The scheduler module is imported only inside those hooks, so this file
+loads where xdist is not installed (scripts/ngc-pinned-env.sh).
+
+Reads the markers, the environment and the process clocks; writes nothing (but the workers'
+groups, under the session's base temporary directory).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from tests.budget import cpu_s, uncharged_cpu_s
 DEFAULT_BUDGET_CPU_S = 2.0
 WALL_FACTOR = 20.0  # the wall ceiling, as a multiple of the CPU budget: a loaded machine stays green
 _START = pytest.StashKey[tuple]()
+_GROUPS_DIR = pytest.StashKey[str]()
 
 
 def _budget_cpu_s(item) -> float | None:
@@ -76,3 +83,45 @@ def pytest_runtest_makereport(item, call):
                            "make it cheaper or mark it @pytest.mark.slow (docs/testing.md)")
 
 
+
+
+# -- pytest-xdist: whole server groups per worker (tests/xdist_scheduler.py) ----------------------
+
+def _our_dist(config) -> bool:
+    """Our scheduler replaces xdist's plain ``load`` (what ``-n`` alone gives); any other ``--dist``
+    the user asks for is left to xdist."""
+    return config.getvalue("dist") == "load"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    config = node.config
+    if not _our_dist(config):
+        return
+    if _GROUPS_DIR not in config.stash:
+        config.stash[_GROUPS_DIR] = str(config._tmp_path_factory.mktemp("xdist-groups"))
+    from tests.xdist_scheduler import GROUPS_DIR  # only under xdist (module docstring)
+
+    node.workerinput[GROUPS_DIR] = config.stash[_GROUPS_DIR]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if not _our_dist(config) or _GROUPS_DIR not in config.stash:
+        return None
+    from tests.xdist_scheduler import make_scheduler  # only under xdist (module docstring)
+
+    return make_scheduler(config, log, config.stash[_GROUPS_DIR])
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker sends its collection to the controller
+def pytest_collection_finish(session):
+    workerinput = getattr(session.config, "workerinput", None)
+    if not workerinput or "specdeploy_groups_dir" not in workerinput:
+        return
+    from tests import xdist_scheduler as xs  # only under xdist (module docstring)
+
+    servers = session.config.stash.get(xs.SHARED_SERVERS, frozenset())
+    groups, weights = xs.group_items([(item.nodeid, xs.needs(item, servers), xs.module_fixtures(item),
+                                       item.get_closest_marker("slow") is not None) for item in session.items])
+    xs.write_groups(workerinput[xs.GROUPS_DIR], workerinput["workerid"], groups, weights)

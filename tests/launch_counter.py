@@ -2,8 +2,9 @@
 a background thread lists this process's descendants and remembers every ``tritonserver`` pid,
 so servers started by fixtures, by the CLI in-process and by ``specdeploy`` subprocesses all
 count. Prints the count at the end and, with ``SPECDEPLOY_LAUNCH_LOG=path``, writes one
-``nodeid<TAB>count`` line per test that saw a new server. Reads /proc via psutil; writes
-nothing else."""
+``nodeid<TAB>count`` line per test that saw a new server. Under pytest-xdist each worker counts
+its own servers and hands them to the controller (``workeroutput``), which prints the sum and
+writes every worker's lines. Reads /proc via psutil; writes nothing else."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ _seen: set[int] = set()
 _lock = threading.Lock()
 _stop = threading.Event()
 _per_test: list[tuple[str, int]] = []
+_from_workers: list[dict] = []  # on the xdist controller: each worker's count and lines
 
 
 def _poll() -> None:
@@ -35,7 +37,13 @@ def _poll() -> None:
                 pass
 
 
+def _controller(config) -> bool:
+    return config.pluginmanager.getplugin("dsession") is not None  # xdist's, with -n >= 1
+
+
 def pytest_sessionstart(session):
+    if _controller(session.config):  # its workers count; polling here would count them again
+        return
     threading.Thread(target=_poll, name="launch-counter", daemon=True).start()
 
 
@@ -50,10 +58,30 @@ def pytest_runtest_protocol(item, nextitem):
         _per_test.append((item.nodeid, after - before))
 
 
+def pytest_sessionfinish(session):
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker
+        _stop.set()
+        with _lock:
+            workeroutput["tritonserver_launches"] = {"count": len(_seen), "per_test": list(_per_test)}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    output = getattr(node, "workeroutput", {}).get("tritonserver_launches")
+    if output:
+        _from_workers.append(output)
+
+
 def pytest_terminal_summary(terminalreporter):
     _stop.set()
-    terminalreporter.write_line(f"tritonserver launches seen: {len(_seen)}")
+    count, per_test = len(_seen), list(_per_test)
+    for output in _from_workers:
+        count += output["count"]
+        per_test += [tuple(line) for line in output["per_test"]]
+    workers = f" (over {len(_from_workers)} xdist workers)" if _from_workers else ""
+    terminalreporter.write_line(f"tritonserver launches seen: {count}{workers}")
     path = os.environ.get("SPECDEPLOY_LAUNCH_LOG")
     if path:
         with open(path, "w") as out:
-            out.writelines(f"{nodeid}\t{count}\n" for nodeid, count in _per_test)
+            out.writelines(f"{nodeid}\t{n}\n" for nodeid, n in per_test)

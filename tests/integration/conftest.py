@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 import tiny_deploy
+from tests.xdist_scheduler import GROUPS_DIR
+from tests.xdist_scheduler import SHARED_SERVERS as SHARED_SERVERS_KEY
 
 PROMPTS = ["The quick brown", "def add(a, b):", "1 + 2 = 3, 2 +"]
 MAX_TOKENS = 24
@@ -62,7 +64,15 @@ def medusa_cfg(serving_workdir, tiny_models):
 # asks for it at run time and names it with ``pytest.param(..., marks=pytest.mark.shares(name))``.
 
 _SHARED: dict[str, object] = {}  # fixture name -> running server
+SHARED_SERVERS: list[str] = []  # every shared server fixture (``shared_server``)
 _LAST_USER = pytest.StashKey[dict]()
+
+
+def shared_server(func):
+    """A session server fixture shared across modules: its tests form one xdist group
+    (tests/xdist_scheduler.py) and it stops after its last user."""
+    SHARED_SERVERS.append(func.__name__)
+    return pytest.fixture(scope="session")(func)
 
 
 def _served(request, cfg, variant: str):
@@ -101,7 +111,11 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item, nextitem):
-    if hasattr(item.config, "workerinput"):  # pytest-xdist: run order is the scheduler's, keep them up
+    # pytest-xdist: with tests/xdist_scheduler.py every test needing a server is on one worker, in
+    # collection order, so the last one collected is this worker's last user; under another
+    # scheduler the run order is unknown here, so the servers stay up to the worker's end
+    workerinput = getattr(item.config, "workerinput", None)
+    if workerinput is not None and GROUPS_DIR not in workerinput:
         return
     last = item.config.stash.get(_LAST_USER, {})
     for name in [n for n, nodeid in last.items() if nodeid == item.nodeid and n in _SHARED]:
@@ -109,27 +123,28 @@ def pytest_runtest_teardown(item, nextitem):
 
 
 def pytest_configure(config):
+    config.stash[SHARED_SERVERS_KEY] = frozenset(SHARED_SERVERS)
     config.addinivalue_line("markers", "shares(*fixtures): the test needs these shared server fixtures, "
                                        "asked for at run time (tests/integration/conftest.py)")
 
 
-@pytest.fixture(scope="session")
+@shared_server
 def dt_server(request, dt_cfg):
     yield from _served(request, dt_cfg, "speculative")
 
 
-@pytest.fixture(scope="session")
+@shared_server
 def dt_engine_server(request, dt_engine_cfg):
     """Draft-target drafting in the engine: the engine (ensemble) layout of the llmapi tests too."""
     yield from _served(request, dt_engine_cfg, "speculative")
 
 
-@pytest.fixture(scope="session")
+@shared_server
 def medusa_server(request, medusa_cfg):
     yield from _served(request, medusa_cfg, "speculative")
 
 
-@pytest.fixture(scope="session")
+@shared_server
 def baseline_server(request, dt_cfg):
     yield from _served(request, dt_cfg, "baseline")
 
@@ -143,12 +158,12 @@ def dt_llmapi_cfg(serving_workdir, tiny_models):
                                         tiny_deploy.draft_target_spec(tiny_models), llmapi=True)
 
 
-@pytest.fixture(scope="session")
+@shared_server
 def dt_llmapi_server(request, dt_llmapi_cfg):
     yield from _served(request, dt_llmapi_cfg, "speculative")
 
 
-@pytest.fixture(scope="session")
+@shared_server
 def dt_llmapi_baseline_server(request, dt_llmapi_cfg):
     yield from _served(request, dt_llmapi_cfg, "baseline")
 
@@ -159,7 +174,7 @@ def ngram_cfg(serving_workdir, tiny_models):
     return tiny_deploy.built_deployment(serving_workdir, tiny_models, "tiny-ngram", tiny_deploy.NGRAM)
 
 
-@pytest.fixture(scope="session")
+@shared_server
 def ngram_server(request, ngram_cfg):
     yield from _served(request, ngram_cfg, "speculative")
 
@@ -192,7 +207,7 @@ def reference_outputs(serving_workdir, dt_cfg, tiny_models) -> dict:
 
 # -- the rendered GPU llmapi repository with the stand-in model (TensorRT-LLM's needs a GPU) -------
 
-@pytest.fixture(scope="session")
+@shared_server
 def llmapi_standin_server(request, tmp_path_factory):
     """The speculative arm of ``tiny_deploy.render_llmapi_standin`` (decoupled, perf metrics on)."""
     from pipeline.serve.server import start_server
