@@ -244,9 +244,14 @@ def test_broken_streams_are_recorded_errors_with_the_server_text(tmp_path, bad, 
         records, metas = run_openai_locust(tmp_path, server.port, users=1, duration_s=2.0)
     finally:
         server.close()
-    assert records and all(r["status"] == "error" and message in r["error"] for r in records)
+    # a request in flight when the run stops (its window, or fail-fast on these errors) is kept as
+    # incomplete_at_stop; every one that finished is an error carrying the server's text
+    finished = [r for r in records if r["status"] != "incomplete_at_stop"]
+    seen = [(r["status"], r.get("error")) for r in records]
+    assert finished and all(r["status"] == "error" and message in r["error"] for r in finished), seen
+    assert len(records) - len(finished) <= 1, seen  # one user: at most one request in flight
     if bad == "malformed":
-        assert all("{not json" in r["error"] for r in records)  # the server's text
+        assert all("{not json" in r["error"] for r in finished)  # the server's text
     assert sum(m["sent"] for m in metas) == len(records)  # nothing lost
 
 
