@@ -386,7 +386,7 @@ def bench_forecast(cfg, calibration: dict, tau: float, coverage: float, context:
     ``benchmarks/bench_forecast_cpu.py`` compares with the measurement, and what the result
     file's test recomputes from the calibrations it stores."""
     from pipeline.forecast.acceptance import Acceptance  # noqa: PLC0415 - model imports this module lazily
-    from pipeline.forecast.model import config_inputs, speedup_at, step_times  # noqa: PLC0415 - same
+    from pipeline.forecast.model import config_inputs, speedup_at, step_times  # noqa: PLC0415 - model imports this module lazily too
 
     depth = config_inputs(cfg, Acceptance("probe", tau=tau), device=CpuDevice(calibration)).plan.depth
     acceptance = Acceptance("bench, same run (τ per verify step, draft coverage)", tau=tau, tau_low=tau,
