@@ -320,14 +320,7 @@ class CpuDevice:
 
     def step_overhead(self, batch: int) -> float:
         """The engine's per-step cost beyond the forward, interpolated over the calibrated batches."""
-        points = sorted((int(b), s) for b, s in self.calibration["engine_overhead_s"].items())
-        if len(points) == 1 or batch <= points[0][0]:
-            return points[0][1]
-        for (b0, s0), (b1, s1) in zip(points, points[1:]):
-            if batch <= b1:
-                return s0 + (s1 - s0) * (batch - b0) / (b1 - b0)
-        (b0, s0), (b1, s1) = points[-2], points[-1]
-        return s1 + (s1 - s0) * (batch - b1) / (b1 - b0)
+        return _linear(sorted((int(b), s) for b, s in self.calibration["engine_overhead_s"].items()), batch)
 
     def spec_step_extra(self, method: str, batch: int) -> float:
         """The per-sequence work of a batched speculative step beyond its forward, its drafting and
