@@ -147,7 +147,7 @@ def method_compare_section(name: str, data: dict) -> str:
 
 def forecast_published_section(name: str, data: dict) -> str:
     """Published results reproduced by the forecast from their reported inputs (docs/forecast.md)."""
-    rows = [[c["id"], p["batch"], c["tau"], c["tau_origin"], p["published_speedup"], p["forecast_speedup"],
+    rows = [[c["id"], p["batch"], p.get("tau", c["tau"]), c["tau_origin"], p["published_speedup"], p["forecast_speedup"],
              f"{p['error']:+.0%}", "fitted" if p["fitted"] else ("yes" if p["within_tolerance"] else "no")]
             for c in data["cases"] for p in c["points"]]
     return _table(["case", "batch", "τ", "τ from", "published", "forecast", "error", "within ±25%"], rows)
