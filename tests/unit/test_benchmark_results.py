@@ -25,8 +25,6 @@ SHA = re.compile(r"[0-9a-f]{40}")
 # written before the benchmarks recorded their command line and checkout; re-run to drop one
 BACKFILLED_WITHOUT_COMMAND = {
     "eagle-training",
-    "served-worker-own-2", "served-worker-own-3",
-    "served-worker-stub-2",
 }
 
 
