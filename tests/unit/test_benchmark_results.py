@@ -24,9 +24,7 @@ RESULT_FILES = sorted(RESULTS.glob("*.json"))
 SHA = re.compile(r"[0-9a-f]{40}")
 # written before the benchmarks recorded their command line and checkout; re-run to drop one
 BACKFILLED_WITHOUT_COMMAND = {
-    "cli_speed", "eagle-depth", "eagle-training", "engine", "loadgen", "loadgen-openai", "ngram",
-    "served-worker-own-1", "served-worker-own-2", "served-worker-own-3",
-    "served-worker-stub-1", "served-worker-stub-2",
+    "eagle-training",
 }
 
 
