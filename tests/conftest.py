@@ -83,8 +83,6 @@ def pytest_runtest_makereport(item, call):
                            "make it cheaper or mark it @pytest.mark.slow (docs/testing.md)")
 
 
-
-
 # -- pytest-xdist: whole server groups per worker (tests/xdist_scheduler.py) ----------------------
 
 def _our_dist(config) -> bool:
@@ -116,10 +114,11 @@ def pytest_xdist_make_scheduler(config, log):
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker sends its collection to the controller
 def pytest_collection_finish(session):
+    from tests import xdist_scheduler as xs  # imports no xdist itself (its module docstring)
+
     workerinput = getattr(session.config, "workerinput", None)
-    if not workerinput or "specdeploy_groups_dir" not in workerinput:
+    if not workerinput or xs.GROUPS_DIR not in workerinput:
         return
-    from tests import xdist_scheduler as xs  # only under xdist (module docstring)
 
     servers = session.config.stash.get(xs.SHARED_SERVERS, frozenset())
     groups, weights = xs.group_items([(item.nodeid, xs.needs(item, servers), xs.module_fixtures(item),

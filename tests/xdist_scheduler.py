@@ -33,13 +33,18 @@ GROUPS_DIR = "specdeploy_groups_dir"  # workerinput key: where workers write the
 SLOW_WEIGHT = 10
 
 
-def needs(item, servers: frozenset) -> set[str]:
-    """The shared servers an item needs: in its fixture closure, or named by ``shares`` marks
-    (a parametrized fixture asking for them at run time)."""
+def needed_fixtures(item) -> set[str]:
+    """The fixtures an item needs: its fixture closure and those named by ``shares`` marks (a
+    parametrized fixture asking for them at run time)."""
     names = set(getattr(item, "fixturenames", ()))
     for marker in item.iter_markers("shares"):
         names.update(marker.args)
-    return names & servers
+    return names
+
+
+def needs(item, servers: frozenset) -> set[str]:
+    """The shared servers an item needs (:func:`needed_fixtures`)."""
+    return needed_fixtures(item) & servers
 
 
 def module_fixtures(item) -> set[str]:

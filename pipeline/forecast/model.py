@@ -53,21 +53,21 @@ class Inputs:
 def step_times(inp: Inputs, batch: int, plan: DraftPlan, tau: float, device=None) -> tuple[float, float]:
     """(baseline TPOT, speculative TPOT) in seconds at ``batch`` sequences."""
     device = device or inp.device
-    engine_step = getattr(device, "step_overhead", lambda b: 0.0)(batch)  # CPU: the engine's own step cost
+    engine_step = device.step_overhead(batch)  # CPU: the engine's own step cost
     base = device.forward(inp.target, batch, 1, inp.context).seconds + engine_step
     # steps without drafts (coverage < 1) verify one token and gain one
     coverage = inp.acceptance.coverage
     width = 1 + coverage * (plan.verify_width - 1)
     tau = coverage * tau + (1 - coverage)
     verify = device.forward(inp.target, batch, width, inp.context).seconds + engine_step
-    measured = getattr(device, "proposer_seconds", lambda method, b: None)(plan.method, batch)  # CPU calibration
+    measured = device.proposer_seconds(plan.method, batch)  # CPU calibration
     if measured is not None:
         draft = measured
     else:
         ctx = StepContext(device, inp.target, inp.draft, inp.dense_bytes, inp.vocab, batch, inp.context, tau)
         draft = PROPOSER_COSTS[plan.method](ctx, plan)
     # CPU: the per-sequence work of a batched speculative step the forward does not cover
-    extra = getattr(device, "spec_step_extra", lambda method, b: 0.0)(plan.method, batch)
+    extra = device.spec_step_extra(plan.method, batch)
     return base, (verify + draft + extra) / tau
 
 

@@ -117,3 +117,14 @@ class GpuDevice:
     def round_trip_s(self, orchestration: str | None) -> float:
         """Extra cost per step of an orchestration: the BLS pays a model call per round."""
         return {"bls": self.engine.bls_round_trip_ms * 1e-3}.get(orchestration or "", 0.0)
+
+    # the step terms a CPU calibration measures (forecast/cpu.py CpuDevice); on a GPU the engine's
+    # per-step overhead is inside ``forward`` and the proposer's cost follows from its shapes
+    def step_overhead(self, batch: int) -> float:
+        return 0.0
+
+    def proposer_seconds(self, method: str, batch: int) -> float | None:
+        return None
+
+    def spec_step_extra(self, method: str, batch: int) -> float:
+        return 0.0  # not modelled on a GPU (docs/forecast.md: why a concurrency trend can miss)

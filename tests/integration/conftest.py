@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import tiny_deploy
-from tests.xdist_scheduler import GROUPS_DIR
+from tests.xdist_scheduler import GROUPS_DIR, needed_fixtures
 from tests.xdist_scheduler import SHARED_SERVERS as SHARED_SERVERS_KEY
 
 PROMPTS = ["The quick brown", "def add(a, b):", "1 + 2 = 3, 2 +"]
@@ -92,19 +92,12 @@ def _shared(request, start):
         server.stop()
 
 
-def _needs(item) -> set[str]:
-    names = set(getattr(item, "fixturenames", ()))
-    for marker in item.iter_markers("shares"):
-        names.update(marker.args)
-    return names
-
-
 @pytest.hookimpl(trylast=True)  # after tests/conftest.py deselected the tiers not asked for
 def pytest_collection_modifyitems(config, items):
     """Remember, per fixture, the last test in run order that needs it."""
     last = {}
     for item in items:
-        for name in _needs(item):
+        for name in needed_fixtures(item):
             last[name] = item.nodeid
     config.stash[_LAST_USER] = last
 
