@@ -82,18 +82,19 @@ def _model_points(model, reps: int) -> list[tuple[int, int, float]]:
     return [(b * t, ctx, _time_forward(model, b, t, ctx, reps)) for ctx in CONTEXTS for b, t in ROWS_GRID]
 
 
-def _engine_step(engine, batch: int, tokens: int, rounds: int = 3) -> float:
+def _engine_step(engine, batch: int, tokens: int, rounds: int = 5) -> float:
     """Baseline engine CPU seconds per step with ``batch`` requests in flight (process CPU time:
     the engine's thread included, other processes on shared cores not)."""
     from pipeline.reference.api import GenerationRequest  # noqa: PLC0415 - only this path needs it
 
     per_step = []
-    for _ in range(rounds):
+    for round_ in range(rounds + 1):
         start = time.process_time()
         handles = [engine.submit(GenerationRequest([1, 2, 3, 4, 5, 6, 7, 8], tokens)) for _ in range(batch)]
         for handle in handles:
             handle.result(timeout=600)
-        per_step.append((time.process_time() - start) / tokens)
+        if round_:  # the first generation at a batch size pays one-time costs (allocations, first calls)
+            per_step.append((time.process_time() - start) / tokens)
     return statistics.median(per_step)
 
 
@@ -103,64 +104,105 @@ def _synthetic_prompt(i: int, length: int, base: int = 5) -> list[int]:
     return [base + i] + [6 + (k % 64) for k in range(length - 1)]
 
 
-def _instrumented_steps(engine, batches: tuple[int, ...], fit: dict, tokens: int = 48,
-                        prompt_len: int = 8, rounds: int = 3,
-                        prompt_groups: list[list[list[int]]] | None = None) -> dict[str, dict[str, float]]:
-    """Per batch size, what the engine spends per full-batch step: ``step`` (the process's CPU
-    time over the generation, admission and prefill excluded, ÷ the full-batch-equivalent steps
-    Σ sequences per step ÷ B), ``propose`` (the proposer's drafting, 0 without one, per the same
-    steps) and ``residual`` = step − propose − the fitted forward ``a + (b + c·L)·B·w`` at the
-    mean tokens per sequence-step w and mean context. Counting full-batch steps charges the
-    drain: a speculative batch runs until its slowest sequence is done; at the batch limit twice
-    the slots' requests are submitted, so finished sequences are replaced (a closed loop) and only
-    the end drains. The residual is the per-sequence work beyond forward and drafting: ragged
-    verify inputs, the verify itself, KV roll-back or compaction, the proposer's ``accept``
-    (catch-up of its own cache), emitting and streaming the tokens. Process CPU time (all the
-    engine's threads, other processes on shared cores not); the proposer's and admission's
-    share by ``thread_time`` on the engine's thread. Prompts: ``prompt_groups`` (a caller's
-    held-out prompts per category, so the acceptance — how many tokens each step accepts, rolls
-    back, catches up — is a deployment's), else ``rounds`` groups of synthetic token ids
-    (:func:`_synthetic_prompt`); never the prompts a check against ``bench`` measures, so that
-    check is not fitted to its own data."""
-    from pipeline.reference.api import GenerationRequest  # noqa: PLC0415 - only this path needs it
+class _Instrumented:
+    """One engine whose steps, target forwards, admissions and drafting calls are timed, so a
+    generation can be split into what the engine spends per full-batch step (see
+    :func:`_side_by_side_steps`). The engine's own methods are restored by :meth:`close`."""
 
-    sched = engine.scheduler
-    records: list[dict] = []
-    current: dict = {}
-    admitted: list[float] = []
-    inner_step, inner_fwd, inner_admit = sched.step, sched.target.forward_capture, sched.admit
-    proposer = sched.proposer
-    inner_propose = proposer.propose if proposer is not None else None
+    def __init__(self, engine, fit: dict, tokens: int):
+        self.engine, self.fit, self.tokens = engine, fit, tokens
+        self.sched = sched = engine.scheduler
+        self.records: list[dict] = []
+        self.admitted: list[float] = []
+        self.current: dict = {}
+        self.inner = (sched.step, sched.target.forward_capture, sched.admit)
+        self.proposer = sched.proposer
+        self.inner_propose = self.proposer.propose if self.proposer is not None else None
+        sched.step, sched.target.forward_capture, sched.admit = self._step, self._forward_capture, self._admit
+        if self.proposer is not None:
+            self.proposer.propose = self._propose
 
-    def step(seqs):  # the engine's thread
-        current.clear()
-        current.update(propose=0.0, rows=0.0, ctx=0.0)
-        inner_step(seqs)
-        records.append({**current, "batch": len(seqs)})
+    def close(self) -> None:
+        self.sched.step, self.sched.target.forward_capture, self.sched.admit = self.inner
+        if self.proposer is not None:
+            self.proposer.propose = self.inner_propose
 
-    def admit(seq):
+    def _step(self, seqs):  # the engine's thread
+        self.current.clear()
+        self.current.update(propose=0.0, rows=0.0, ctx=0.0)
+        self.inner[0](seqs)
+        self.records.append({**self.current, "batch": len(seqs)})
+
+    def _admit(self, seq):
         start = time.thread_time()
         try:
-            return inner_admit(seq)
+            return self.inner[2](seq)
         finally:
-            admitted.append(time.thread_time() - start)
+            self.admitted.append(time.thread_time() - start)
 
-    def forward_capture(pool, inputs, capture=()):
-        current["rows"] = float(sum(len(i.tokens) for i in inputs))
-        current["ctx"] = sum(i.positions[0] for i in inputs) / max(len(inputs), 1)
-        return inner_fwd(pool, inputs, capture)
+    def _forward_capture(self, pool, inputs, capture=()):
+        self.current["rows"] = float(sum(len(i.tokens) for i in inputs))
+        self.current["ctx"] = sum(i.positions[0] for i in inputs) / max(len(inputs), 1)
+        return self.inner[1](pool, inputs, capture)
 
-    def propose(seqs, budgets):
+    def _propose(self, seqs, budgets):
         start = time.thread_time()
-        out = inner_propose(seqs, budgets)
-        current["propose"] = current.get("propose", 0.0) + time.thread_time() - start
+        out = self.inner_propose(seqs, budgets)
+        self.current["propose"] = self.current.get("propose", 0.0) + time.thread_time() - start
         return out
 
-    sched.step, sched.target.forward_capture, sched.admit = step, forward_capture, admit
-    if proposer is not None:
-        proposer.propose = propose
+    def generate(self, group: list[list[int]], n: int, batch: int) -> dict[str, float]:
+        """``n`` requests cycling through ``group``: CPU seconds spent (admission and prefill
+        excluded), drafting seconds, the fitted forward's seconds and the full-batch steps."""
+        from pipeline.reference.api import GenerationRequest  # noqa: PLC0415 - only this path needs it
+
+        self.records.clear()
+        self.admitted.clear()
+        start = time.process_time()
+        handles = [self.engine.submit(GenerationRequest(list(group[k % len(group)]), self.tokens)) for k in range(n)]
+        for handle in handles:
+            handle.result(timeout=600)
+        spent = time.process_time() - start - sum(self.admitted)
+        recs, fit = list(self.records), self.fit
+        # full-batch-equivalent steps: Σ sequences per step ÷ B. A speculative batch runs until its
+        # slowest sequence is done, its last steps with fewer rows
+        seq_steps = sum(r["batch"] for r in recs) or 1
+        width = sum(r["rows"] for r in recs) / seq_steps
+        ctx = sum(r["ctx"] * r["batch"] for r in recs) / seq_steps
+        full = seq_steps / batch
+        return {"spent": spent, "propose": sum(r["propose"] for r in recs), "full_steps": full, "steps": len(recs),
+                "forward": full * (fit["a"] + (fit["b"] + fit["c"] * ctx) * batch * width)}
+
+
+def _side_by_side_steps(engines: dict, batches: tuple[int, ...], fit: dict, tokens: int = 48,
+                        prompt_len: int = 8, rounds: int = 3, repeats: int = 3,
+                        prompt_groups: list[list[list[int]]] | None = None) -> dict[str, dict[str, dict[str, float]]]:
+    """Per engine (``{"baseline": engine, "speculative": engine}``) and batch size, what the engine
+    spends per full-batch step: ``step`` (the process's CPU time over the generation, admission
+    and prefill excluded, ÷ the full-batch-equivalent steps Σ sequences per step ÷ B),
+    ``propose`` (the proposer's drafting, 0 without one, per the same steps) and ``residual`` =
+    step − propose − the fitted forward ``a + (b + c·L)·B·w`` at the mean tokens per
+    sequence-step w and mean context.
+
+    Counting full-batch steps charges the drain: a speculative batch runs until its slowest
+    sequence is done; at the batch limit twice the slots' requests are submitted, so finished
+    sequences are replaced (a closed loop) and only the end drains. The residual is the
+    per-sequence work beyond forward and drafting: ragged verify inputs, the verify itself, KV
+    roll-back or compaction, the proposer's ``accept`` (catch-up of its own cache), emitting and
+    streaming the tokens. Process CPU time (all the engine's threads, other processes on shared
+    cores not); the proposer's and admission's share by ``thread_time`` on the engine's thread.
+
+    The engines run side by side, generation by generation: the CPU time of the same code drifts
+    by ±10 % over seconds on a shared host, and alternating puts the same drift into both arms, so
+    their ratio — what a forecast is made of — holds. Each batch size first runs one unmeasured
+    generation per engine (one-time costs), then ``repeats`` passes over the prompt groups.
+    Prompts: ``prompt_groups`` (a caller's held-out prompts per category, so the acceptance — how
+    many tokens each step accepts, rolls back, catches up — is a deployment's), else ``rounds``
+    groups of synthetic token ids (:func:`_synthetic_prompt`); never the prompts a check
+    against ``bench`` measures, so that check is not fitted to its own data."""
     groups = prompt_groups or [[_synthetic_prompt(k + 100 * g, prompt_len) for k in range(8)] for g in range(rounds)]
-    out = {}
+    timed = {name: _Instrumented(engine, fit, tokens) for name, engine in engines.items()}
+    out: dict[str, dict[str, dict[str, float]]] = {name: {} for name in engines}
     try:
         for batch in batches:
             # at the engine's batch limit, twice as many requests as slots: finished sequences are
@@ -169,50 +211,24 @@ def _instrumented_steps(engine, batches: tuple[int, ...], fit: dict, tokens: int
             # a category's prompts together, and mixing categories of very different acceptance
             # would make the slowest sequence's drain look longer than it is
             n = 2 * batch if batch == max(batches) and batch > 1 else batch
-            total = propose_s = forward = full_steps = 0.0
-            steps = 0
-            for group in groups:
-                records.clear()
-                admitted.clear()
-                start = time.process_time()
-                handles = [engine.submit(GenerationRequest(list(group[k % len(group)]), tokens)) for k in range(n)]
-                for handle in handles:
-                    handle.result(timeout=600)
-                spent = time.process_time() - start - sum(admitted)
-                # full-batch-equivalent steps: Σ sequences per step ÷ B. A speculative batch runs until
-                # its slowest sequence is done, its last steps with fewer rows
-                seq_steps = sum(r["batch"] for r in records) or 1
-                width = sum(r["rows"] for r in records) / seq_steps
-                ctx = sum(r["ctx"] * r["batch"] for r in records) / seq_steps
-                full = seq_steps / batch
-                total += spent
-                propose_s += sum(r["propose"] for r in records)
-                forward += full * (fit["a"] + (fit["b"] + fit["c"] * ctx) * batch * width)
-                full_steps += full
-                steps += len(records)
-            # pooled over the groups, as the bench pools its categories
-            out[str(batch)] = {"step": total / full_steps, "propose": propose_s / full_steps,
-                               "residual": (total - propose_s - forward) / full_steps, "steps": steps,
-                               "full_batch_steps": full_steps}
+            for engine in timed.values():
+                engine.generate(groups[0], n, batch)
+            sums = {name: dict.fromkeys(("spent", "propose", "forward", "full_steps", "steps"), 0.0) for name in timed}
+            # one-sequence generations are short and their per-step time the noisiest: more of them
+            for group in groups * (repeats * 3 if batch == 1 else repeats):
+                for name, engine in timed.items():
+                    for key, value in engine.generate(group, n, batch).items():
+                        sums[name][key] += value
+            # pooled over the groups and repeats, as the bench pools its categories
+            for name, t in sums.items():
+                full = t["full_steps"]
+                out[name][str(batch)] = {"step": t["spent"] / full, "propose": t["propose"] / full,
+                                         "residual": (t["spent"] - t["propose"] - t["forward"]) / full,
+                                         "steps": int(t["steps"]), "full_batch_steps": full}
     finally:
-        sched.step, sched.target.forward_capture, sched.admit = inner_step, inner_fwd, inner_admit
-        if proposer is not None:
-            proposer.propose = inner_propose
+        for engine in timed.values():
+            engine.close()
     return out
-
-
-def _speculative_costs(target_dir: Path, proposer: dict, batches: tuple[int, ...], limits: dict,
-                       fit: dict, prompt_len: int, prompt_groups: list[list[list[int]]] | None) -> dict[str, dict[str, float]]:
-    """The speculative engine's instrumented steps (:func:`_instrumented_steps`) per batch size.
-    The proposer's cost is measured, not derived from its shapes: the engine's fused one-row
-    drafting paths do not follow the batched forward's fit."""
-    from pipeline.reference.engine import create_engine  # noqa: PLC0415 - keeps pydantic, torch off this module's import
-
-    engine = create_engine(Path(target_dir), role="speculative", proposer=proposer, **limits)
-    try:
-        return _instrumented_steps(engine, batches, fit, prompt_len=prompt_len, prompt_groups=prompt_groups)
-    finally:
-        engine.shutdown()
 
 
 def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1, reps: int = 5,
@@ -227,34 +243,42 @@ def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1,
 
     set_threads(threads)
     limits = dict(max_batch_size=max(batches), max_seq_len=512, prefix_cache_entries=0, fast_paths=fast_paths)
-    base = create_engine(Path(target_dir), **limits)
-    try:
-        fits = {"target": fit_forward(_model_points(base.scheduler.target, reps))}
-        tokens = 32
-        steps = {b: _engine_step(base, b, tokens) for b in batches}
-        base_steps = (_instrumented_steps(base, batches, fits["target"], prompt_len=prompt_len,
-                                          prompt_groups=prompt_groups)
-                      if proposer is not None else {})
-    finally:
-        base.shutdown()
     if draft_dir is not None:
         draft = create_engine(Path(draft_dir), **limits)
         try:
-            fits["draft"] = fit_forward(_model_points(draft.scheduler.target, reps))
+            draft_fit = fit_forward(_model_points(draft.scheduler.target, reps))
         finally:
             draft.shutdown()
+    engines = {"baseline": create_engine(Path(target_dir), **limits)}
+    try:
+        fits = {"target": fit_forward(_model_points(engines["baseline"].scheduler.target, reps))}
+        if draft_dir is not None:
+            fits["draft"] = draft_fit
+        tokens = 32
+        steps = {b: _engine_step(engines["baseline"], b, tokens) for b in batches}
+        measured = {}
+        if proposer is not None:
+            engines["speculative"] = create_engine(Path(target_dir), role="speculative", proposer=proposer, **limits)
+            measured = _side_by_side_steps(engines, batches, fits["target"], prompt_len=prompt_len,
+                                           prompt_groups=prompt_groups)
+    finally:
+        for engine in engines.values():
+            engine.shutdown()
     proposer_s, spec_extra = {}, {}
-    if proposer is not None:
-        spec = _speculative_costs(Path(target_dir), proposer, batches, limits, fits["target"], prompt_len, prompt_groups)
-        proposer_s[proposer["method"]] = {b: v["propose"] for b, v in spec.items()}
-        # what a speculative step costs beyond its forward, its drafting and the baseline step's own
-        # work beyond its forward: the per-sequence work of a batched speculative step
-        spec_extra[proposer["method"]] = {b: v["residual"] - base_steps[b]["residual"] for b, v in spec.items()}
     ctx = 8 + tokens // 2
     t = fits["target"]
     # the engine's step beyond the fitted forward (may be negative where the engine's one-row path
     # beats the batched forward the fit describes): baseline steps then equal the measured ones
     overhead = {str(b): steps[b] - (t["a"] + t["b"] * b + t["c"] * b * ctx) for b in batches}
+    if measured:
+        base, spec = measured["baseline"], measured["speculative"]
+        proposer_s[proposer["method"]] = {b: v["propose"] for b, v in spec.items()}
+        # what a speculative step costs beyond its forward, its drafting and the baseline step's own
+        # work beyond its forward: the per-sequence work of a batched speculative step
+        spec_extra[proposer["method"]] = {b: v["residual"] - base[b]["residual"] for b, v in spec.items()}
+        # the same side-by-side measurement as the speculative residual, on the same prompts: the two
+        # arms' steps then differ only by what the speculative step does, not by two timings' noise
+        overhead = {b: v["residual"] for b, v in base.items()}
     return {"schema": "specdeploy-cpu-calibration/1", "machine": machine(), "threads": threads,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "models": {"target": str(target_dir), "draft": str(draft_dir) if draft_dir else None},
@@ -263,7 +287,8 @@ def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1,
             "prompts": (f"held-out prompts given by the caller, {len(prompt_groups)} categories" if prompt_groups else
                         f"synthetic token ids, {prompt_len} per prompt") + ", never the prompts a check measures",
             "form": "forward t = a + b·rows + c·rows·L (s); engine step = forward + overhead(B); "
-                    "speculative step = forward(B·w) + proposer(B) + overhead(B) + spec_step_extra(B)"}
+                    "speculative step = forward(B·w) + proposer(B) + overhead(B) + spec_step_extra(B); "
+                    "baseline and speculative steps timed side by side, generation by generation"}
 
 
 def calibration_key(cfg) -> str:
@@ -336,16 +361,12 @@ class CpuDevice:
         return 0.0  # the BLS's extra Triton call is not part of `bench`'s in-process engine
 
     def proposer_seconds(self, method: str, batch: int) -> float | None:
-        """The measured CPU cost of one drafting call at ``batch`` (nearest calibrated batch, scaled
-        linearly between two), or None when this method was not calibrated."""
+        """The measured CPU cost of drafting per full-batch step at ``batch`` (piecewise linear in the
+        batch, as the other calibrated terms), or None when this method was not calibrated."""
         table = self.calibration.get("proposer_s", {}).get(method)
         if not table:
             return None
-        points = sorted((int(b), s) for b, s in table.items())
-        if len(points) == 1 or batch <= points[0][0]:
-            return points[0][1] / self.factor
-        (b0, s0), (b1, s1) = points[0], points[-1]
-        return (s0 + (s1 - s0) * (batch - b0) / (b1 - b0)) / self.factor
+        return _linear(sorted((int(b), s) for b, s in table.items()), batch) / self.factor
 
 
 def _linear(points: list[tuple[int, float]], batch: int) -> float:

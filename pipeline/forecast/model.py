@@ -50,10 +50,13 @@ class Inputs:
     band: float  # relative uncertainty of the device's efficiencies
 
 
-def step_times(inp: Inputs, batch: int, plan: DraftPlan, tau: float, device=None) -> tuple[float, float]:
-    """(baseline TPOT, speculative TPOT) in seconds at ``batch`` sequences."""
+def step_times(inp: Inputs, batch: int, plan: DraftPlan, tau: float, device=None,
+               serving_s: float = 0.0) -> tuple[float, float]:
+    """(baseline TPOT, speculative TPOT) in seconds at ``batch`` sequences. ``serving_s``: a cost
+    per engine step outside the engine (a served run's response path, which streams one response
+    per sequence per step whatever its tokens), charged to both arms' steps."""
     device = device or inp.device
-    engine_step = device.step_overhead(batch)  # CPU: the engine's own step cost
+    engine_step = device.step_overhead(batch) + serving_s  # CPU: the engine's own step cost
     base = device.forward(inp.target, batch, 1, inp.context).seconds + engine_step
     # steps without drafts (coverage < 1) verify one token and gain one
     coverage = inp.acceptance.coverage

@@ -46,7 +46,7 @@ def _measured_acceptance(spec_rows: dict[int, dict], depth: int):
 
 def forecast_section(data: dict, cfg) -> dict[str, Any]:
     """The report's forecast-vs-measured section (``available: false`` with a reason when it cannot be made)."""
-    from pipeline.forecast.model import WORTH_A_LOOK, config_inputs, step_times  # noqa: PLC0415 - keeps yaml off this module's import
+    from pipeline.forecast.model import config_inputs  # noqa: PLC0415 - keeps yaml off this module's import
     from pipeline.forecast.proposers import PLANS  # noqa: PLC0415 - keeps yaml off this module's import
 
     if cfg.method not in PLANS:
@@ -65,33 +65,81 @@ def forecast_section(data: dict, cfg) -> dict[str, Any]:
     levels, flagged = [], []
     for c in sorted(set(base_rows) & set(spec_rows)):
         tau = acceptance.per_level.get(c, acceptance.tau)
-        base_s, spec_s = step_times(inp, c, inp.plan, tau)
-        edges = [step_times(inp, c, inp.plan, tau, inp.device.scaled(f)) for f in (1 - inp.band, 1 + inp.band)]
-        band = [min(b / s for b, s in edges), max(b / s for b, s in edges)]
-        forecast = base_s / spec_s
-        measured_tpot = _ratio(base_rows[c].get("tpot_ms"), spec_rows[c].get("tpot_ms"))
-        measured_tput = _ratio(spec_rows[c].get("output_tokens_per_s"), base_rows[c].get("output_tokens_per_s"))
-        outside = None
-        if measured_tpot is not None:
-            outside = max(band[0] / measured_tpot - 1, measured_tpot / band[1] - 1, 0.0)
-        flag = outside is not None and outside > WORTH_A_LOOK
-        if flag:
+        level = _level(inp, c, tau, _measured(data, base_rows[c], "baseline", c),
+                       _measured(data, spec_rows[c], "speculative", c, data.get("primary_draft_len")))
+        if level["worth_a_look"]:
             flagged.append(c)
-        levels.append({
-            "concurrency": c, "tau_measured": round(tau, 3),
-            "forecast_tpot_ratio": round(forecast, 3), "band": [round(band[0], 3), round(band[1], 3)],
-            "measured_tpot_ratio": _round(measured_tpot), "tpot_error": _round(measured_tpot / forecast - 1 if measured_tpot else None),
-            "forecast_throughput_ratio": round(forecast, 3), "measured_throughput_ratio": _round(measured_tput),
-            "throughput_error": _round(measured_tput / forecast - 1 if measured_tput else None),
-            "worth_a_look": flag,
-        })
+        levels.append(level)
     errors = [abs(lv["tpot_error"]) for lv in levels if lv["tpot_error"] is not None]
     return {"available": True, "device": inp.device.describe(), "acceptance": acceptance.source,
             "method": inp.plan.method, "draft_len": inp.plan.depth, "context_tokens": inp.context,
             "levels": levels, "mean_abs_tpot_error": _round(sum(errors) / len(errors) if errors else None),
             "worth_a_look": flagged,
-            "note": "forecast with this run's measured acceptance; a level far outside the band is worth a look "
-                    "(engine settings, KV pool, a noisy host), not a failed gate"}
+            "note": "forecast with this run's measured acceptance and its baseline's cost per step beyond the model "
+                    "(serving) fed back, against the mean TPOT per request; a level far outside the band is worth a "
+                    "look (engine settings, KV pool, a noisy host), not a failed gate"}
+
+
+def _measured(data: dict, row: dict, arm: str, concurrency: int, draft_len=None) -> dict:
+    """One arm's measured TPOT, TTFT and output length at a level: the cell's means where the
+    report has cells (the forecast is a mean over steps, so it is compared with the mean per
+    request, not the median), else the headline row's median TPOT."""
+    for cell in data.get("cells", []):
+        if cell.get("arm") == arm and cell.get("concurrency") == concurrency and (
+                arm == "baseline" or draft_len is None or cell.get("draft_len") in (None, draft_len)):
+            mean = (cell.get("tpot_ms") or {}).get("mean")
+            if mean:
+                return {"tpot_ms": mean, "statistic": "mean", "ttft_ms": (cell.get("ttft_ms") or {}).get("mean"),
+                        "osl": (cell.get("osl") or {}).get("mean"), "tokens_per_s": row.get("output_tokens_per_s")}
+    return {"tpot_ms": row.get("tpot_ms"), "statistic": "median", "ttft_ms": None, "osl": None,
+            "tokens_per_s": row.get("output_tokens_per_s")}
+
+
+def _level(inp, c: int, tau: float, base: dict, spec: dict) -> dict[str, Any]:
+    """Forecast vs measured at concurrency ``c``. The engine-only forecast is the cost model's;
+    the checked forecast feeds the measured baseline back: what the baseline's TPOT spends beyond
+    the model's baseline step is taken as a cost per step outside the model (serving: one
+    response per sequence per step, Triton, the client), charged to the speculative step too —
+    it is paid per step, so speculation, with τ tokens a step, pays it τ times less per token."""
+    from pipeline.forecast.model import WORTH_A_LOOK, step_times  # noqa: PLC0415 - keeps yaml off this module's import
+
+    engine_base, engine_spec = step_times(inp, c, inp.plan, tau)
+    serving = (base["tpot_ms"] / 1e3 - engine_base) if base["tpot_ms"] else 0.0
+    base_s, spec_s = step_times(inp, c, inp.plan, tau, serving_s=serving)
+    edges = [step_times(inp, c, inp.plan, tau, inp.device.scaled(f), serving_s=serving) for f in (1 - inp.band, 1 + inp.band)]
+    band = [min(b / s for b, s in edges), max(b / s for b, s in edges)]
+    forecast = base_s / spec_s
+    measured_tpot = _ratio(base["tpot_ms"], spec["tpot_ms"])
+    measured_tput = _ratio(spec["tokens_per_s"], base["tokens_per_s"])
+    forecast_tput = _throughput_ratio(base, spec, base_s, spec_s) or forecast
+    outside = None
+    if measured_tpot is not None:
+        outside = max(band[0] / measured_tpot - 1, measured_tpot / band[1] - 1, 0.0)
+    return {
+        "concurrency": c, "tau_measured": round(tau, 3),
+        "forecast_tpot_ratio": round(forecast, 3), "band": [round(band[0], 3), round(band[1], 3)],
+        "measured_tpot_ratio": _round(measured_tpot), "tpot_statistic": base["statistic"],
+        "tpot_error": _round(measured_tpot / forecast - 1 if measured_tpot else None),
+        "forecast_throughput_ratio": round(forecast_tput, 3), "measured_throughput_ratio": _round(measured_tput),
+        "throughput_error": _round(measured_tput / forecast_tput - 1 if measured_tput else None),
+        "engine_only_tpot_ratio": round(engine_base / engine_spec, 3),
+        "engine_only_tpot_error": _round(measured_tpot / (engine_base / engine_spec) - 1 if measured_tpot else None),
+        "forecast_baseline_tpot_ms": round(engine_base * 1e3, 4), "serving_per_step_ms": round(serving * 1e3, 4),
+        "worth_a_look": outside is not None and outside > WORTH_A_LOOK,
+    }
+
+
+def _throughput_ratio(base: dict, spec: dict, base_s: float, spec_s: float) -> float | None:
+    """Output tokens/s, speculative ÷ baseline, of a closed loop: per request its measured TTFT and
+    output length, and (length − 1) × the TPOT (the baseline's measured, the speculative's
+    forecast). None without the cells' TTFT and length."""
+    if not (base["ttft_ms"] and spec["ttft_ms"] and base["osl"] and spec["osl"]):
+        return None
+
+    def rate(arm: dict, tpot_s: float) -> float:
+        return arm["osl"] / (arm["ttft_ms"] / 1e3 + (arm["osl"] - 1) * tpot_s)
+
+    return rate(spec, spec_s) / rate(base, base_s)
 
 
 def _round(value):
@@ -118,11 +166,12 @@ def forecast_table(data: dict) -> dict | None:
         rows.append([str(lv["concurrency"]), f"{lv['tau_measured']:.2f}",
                      f"{lv['forecast_tpot_ratio']:.2f} [{lv['band'][0]:.2f}, {lv['band'][1]:.2f}]",
                      _fmt(lv["measured_tpot_ratio"]), _pct(lv["tpot_error"]),
+                     _fmt(lv.get("engine_only_tpot_ratio")), _fmt(lv.get("serving_per_step_ms")),
                      _fmt(lv["measured_throughput_ratio"]), _pct(lv["throughput_error"]),
                      "worth a look" if lv["worth_a_look"] else ""])
-        classes.append([""] * 7 + ["bad" if lv["worth_a_look"] else ""])
+        classes.append([""] * 9 + ["bad" if lv["worth_a_look"] else ""])
     return table(["concurrency", "τ measured", "forecast speedup [band]", "measured TPOT ratio", "error",
-                  "measured throughput ratio", "error", ""], rows, classes)
+                  "engine-only forecast", "serving ms/step", "measured throughput ratio", "error", ""], rows, classes)
 
 
 def forecast_note(data: dict) -> str:

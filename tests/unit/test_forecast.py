@@ -14,7 +14,7 @@ from pipeline.config import load_config
 from pipeline.forecast import acceptance as acc
 from pipeline.forecast.cpu import CpuDevice, calibration_key, store, stored_device
 from pipeline.forecast.hardware import ForecastInputError, engine_figures, gpu_figures
-from pipeline.forecast.model import checkpoint_shape, config_inputs, crossover, forecast, speedup_at
+from pipeline.forecast.model import checkpoint_shape, config_inputs, crossover, forecast, speedup_at, step_times
 from pipeline.forecast.proposers import PLANS, PROPOSER_COSTS
 from pipeline.forecast.roofline import GpuDevice, model_cost
 from pipeline.report.forecast_check import forecast_section
@@ -137,15 +137,61 @@ def _report_rows(base_tpot: dict, spec_tpot: dict, tau: float) -> dict:
     return {"primary_draft_len": 4, "rows": rows}
 
 
+def _engine_steps(cfg, tau: float, levels) -> dict:
+    inp = config_inputs(cfg, acc.Acceptance("x", tau=tau, tau_low=tau, tau_high=tau, at_depth=4))
+    return {c: step_times(inp, c, inp.plan, tau) for c in levels}
+
+
 def test_report_section_flags_a_run_far_outside_the_band():
     cfg = load_config(DRAFT_CFG)
-    inp = config_inputs(cfg, acc.Acceptance("x", tau=3.0, tau_low=3.0, tau_high=3.0, at_depth=4))
-    expected = {c: speedup_at(inp, c) for c in (1, 8)}
-    good = forecast_section(_report_rows({1: 10.0, 8: 10.0}, {c: 10.0 / expected[c] for c in (1, 8)}, 3.0), cfg)
+    steps = _engine_steps(cfg, 3.0, (1, 8))
+    base = {c: b * 1e3 for c, (b, _) in steps.items()}  # the model's own baseline: nothing outside it
+    good = forecast_section(_report_rows(base, {c: s * 1e3 for c, (_, s) in steps.items()}, 3.0), cfg)
     assert good["available"] and good["worth_a_look"] == []
-    assert all(abs(lv["tpot_error"]) < 0.01 for lv in good["levels"])
-    slow = forecast_section(_report_rows({1: 10.0, 8: 10.0}, {1: 30.0 / expected[1], 8: 10.0 / expected[8]}, 3.0), cfg)
+    assert all(abs(lv["tpot_error"]) < 0.01 and abs(lv["serving_per_step_ms"]) < 1e-6 for lv in good["levels"])
+    slow = forecast_section(_report_rows(base, {1: 3e3 * steps[1][1], 8: 1e3 * steps[8][1]}, 3.0), cfg)
     assert slow["worth_a_look"] == [1]
+
+
+def test_report_section_feeds_the_baselines_serving_cost_back_per_step():
+    """A served baseline slower than the engine model by s per step: the speculative arm pays the
+    same s per step (one response per sequence per step), i.e. s/τ per token. Charging it per
+    token instead, or not at all, is off by more than the check's tolerance."""
+    cfg = load_config(DRAFT_CFG)
+    tau, serving = 3.0, 4e-3
+    steps = _engine_steps(cfg, tau, (1, 8))
+    base = {c: (b + serving) * 1e3 for c, (b, _) in steps.items()}
+    per_step = {c: (s * tau + serving) / tau * 1e3 for c, (_, s) in steps.items()}
+    section = forecast_section(_report_rows(base, per_step, tau), cfg)
+    for lv in section["levels"]:
+        assert lv["serving_per_step_ms"] == pytest.approx(serving * 1e3, rel=1e-3)
+        assert abs(lv["tpot_error"]) < 0.005
+        assert lv["engine_only_tpot_error"] > 0.05  # the engine-only forecast misses what serving adds
+    per_token = {c: s * 1e3 + serving * 1e3 for c, (_, s) in steps.items()}
+    charged_per_token = forecast_section(_report_rows(base, per_token, tau), cfg)
+    assert all(lv["tpot_error"] < -0.05 for lv in charged_per_token["levels"])
+
+
+def test_report_section_compares_means_and_forecasts_throughput_from_ttft_and_length():
+    cfg = load_config(DRAFT_CFG)
+    tau = 3.0
+    steps = _engine_steps(cfg, tau, (1,))
+    base_ms, spec_ms = steps[1][0] * 1e3, steps[1][1] * 1e3
+    data = _report_rows({1: base_ms * 0.8}, {1: spec_ms * 0.5}, tau)  # medians: not what is compared
+
+    def cell(arm, tpot, ttft, osl, draft_len=None):
+        return {"arm": arm, "concurrency": 1, "draft_len": draft_len, "tpot_ms": {"mean": tpot, "p50": tpot / 2},
+                "ttft_ms": {"mean": ttft}, "osl": {"mean": osl}}
+
+    data["cells"] = [cell("baseline", base_ms, 20.0, 40.0), cell("speculative", spec_ms, 30.0, 40.0, 4),
+                     cell("speculative", 99.0, 30.0, 40.0, 2)]  # another draft length: not the primary
+    lv = forecast_section(data, cfg)["levels"][0]
+    assert lv["tpot_statistic"] == "mean"
+    assert lv["measured_tpot_ratio"] == pytest.approx(base_ms / spec_ms, rel=1e-3)
+    assert abs(lv["tpot_error"]) < 0.005
+    expected = (40 / (0.030 + 39 * spec_ms / 1e3)) / (40 / (0.020 + 39 * base_ms / 1e3))
+    assert lv["forecast_throughput_ratio"] == pytest.approx(expected, rel=1e-3)
+    assert lv["forecast_throughput_ratio"] < lv["forecast_tpot_ratio"]  # the slower first token costs throughput
 
 
 def test_report_section_without_calibration_is_not_available(tmp_path, monkeypatch):
