@@ -20,11 +20,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from pipeline.forecast.calibration_prompts import HELD_OUT, held_out_groups  # noqa: E402 - after the path set-up above
 from pipeline.infra.provenance import result_provenance  # noqa: E402 - after the path set-up above
 
 CONFIGS = ("tiny-cpu-draft-target", "tiny-cpu-medusa", "tiny-cpu-eagle", "tiny-cpu-eagle3", "tiny-cpu-ngram")
 TOLERANCE = 0.15
-HELD_OUT = 30  # calibration prompts: index 30 on of each category's file; the bench measures the first --prompts
 EFFICIENCY_GOAL = 0.9
 
 
@@ -65,7 +65,7 @@ def check_config(name: str, prompts: int, max_tokens: int) -> dict:
     # calibration: held-out prompts of the same files (index HELD_OUT on, as many per category as the bench
     # measures, one category per generation as the bench batches them); the bench measures the first
     # `prompts` of each category, never these
-    held = [[encode(p) for p in ps[HELD_OUT:HELD_OUT + prompts]] for ps in load_prompts(cfg, HELD_OUT + prompts).values()]
+    held = held_out_groups(load_prompts(cfg, HELD_OUT + prompts), encode, per_category=prompts, strict=True)
     before = calibrate(target, draft, threads=cfg.reference.threads, reps=5, proposer=spec, prompt_groups=held)
     bench = run_bench(path, prompts_per_category=prompts, max_tokens=max_tokens, batches=(1, 8))
     after = calibrate(target, draft, threads=cfg.reference.threads, reps=5, proposer=spec, prompt_groups=held)

@@ -243,6 +243,7 @@ def build_record(settings: RunSettings, state: RequestState, *, worker_pid: int,
         "osl_source": state.osl_source or ("server" if state.osl_server is not None else "chunks"),
         "osl_retok": None,
         "isl_chars": len(state.prompt_text),
+        "isl": None,
         "prompt_echoed": bool(text) and text.startswith(state.prompt_text) and len(state.prompt_text) > 0,
         "hit_max_tokens": osl >= settings.max_tokens,
         "output_text": text,
@@ -258,6 +259,11 @@ def build_record(settings: RunSettings, state: RequestState, *, worker_pid: int,
         "error": state.error,
         "http_status": state.http_status,
     }
+    if retokenize is not None and state.prompt_text:
+        try:  # the prompt's tokens as the client's tokenizer counts them (special tokens not added)
+            record["isl"] = int(retokenize(state.prompt_text))
+        except Exception:  # noqa: BLE001 - a count for the report's forecast must never fail a request
+            record["isl"] = None
     if retokenize is not None and (text or reasoning):
         try:  # both parts: the server's usage counts reasoning tokens as completion tokens
             record["osl_retok"] = int(retokenize(text) if text else 0) + int(retokenize(reasoning) if reasoning else 0)

@@ -1,5 +1,5 @@
-"""`specdeploy run`: every stage in order — validate → build → render → loadtest (which serves both
-arms) → report — with one stage display, resumable.
+"""`specdeploy run`: every stage in order — validate → build → render → (calibrate, on a CPU
+config) → loadtest (which serves both arms) → report — with one stage display, resumable.
 
 Reads the config; each stage writes its usual files (``engines/<name>/manifest.json``, the
 rendered repositories, ``reports/<name>/<run>/``). A re-run skips what is still valid: the build
@@ -7,7 +7,12 @@ cache skips unchanged steps, a finished load test of the same config (same confi
 planned run recorded, a report written) is reused, and when the newest load test of the same
 config is unfinished (killed, crashed, its server died) it is resumed: its complete cells are kept
 and only the others measured (:mod:`pipeline.loadtest.resume`) — unless ``new_run`` (``--fresh``)
-is set, which starts a new one. Returns the :class:`pipeline.report.builder.Report`; its exit code is the
+is set, which starts a new one. On ``hardware: cpu`` the calibrate stage makes this machine's CPU
+calibration for the config (:mod:`pipeline.forecast.machine_calibration`) when none is stored, or
+``recalibrate`` asks for a new one, so the report can check the forecast against the
+measurement; a failed calibration does not fail the run. Its outcome is recorded in ``run.json``
+(``forecast_calibration``), where the report's forecast section finds why a forecast is missing.
+Returns the :class:`pipeline.report.builder.Report`; its exit code is the
 verdict (0 GO, 1 NO-GO, 3 INCONCLUSIVE).
 """
 
@@ -23,16 +28,23 @@ from pipeline.config import DeploymentConfig, config_hash
 from pipeline.paths import reports_root
 
 STAGES = ("validate", "build", "render", "loadtest", "report")
+CPU_STAGES = ("validate", "build", "render", "calibrate", "loadtest", "report")
+
+
+def stages_of(cfg: DeploymentConfig) -> tuple[str, ...]:
+    """The stages `run` goes through for ``cfg``: a CPU config is calibrated before its load test."""
+    return CPU_STAGES if cfg.hardware == "cpu" else STAGES
 
 
 @dataclass
 class StageLog:
     """What each stage did and how long it took (printed as the closing table)."""
 
+    stages: tuple[str, ...] = STAGES
     rows: list[tuple[str, str, float]] = field(default_factory=list)
 
-    def run(self, console, index: int, name: str, fn: Callable[[], Any]) -> Any:
-        console.rule(f"[bold][{index}/{len(STAGES)}] {name}")
+    def run(self, console, name: str, fn: Callable[[], Any]) -> Any:
+        console.rule(f"[bold][{self.stages.index(name) + 1}/{len(self.stages)}] {name}")
         started = time.monotonic()
         result = fn()
         elapsed = time.monotonic() - started
@@ -88,6 +100,7 @@ def run_pipeline(
     new_run: bool = False,
     loadtest_overrides: dict[str, Any] | None = None,
     console=None,
+    recalibrate: bool = False,
 ):
     """Run every stage; return the Report. Raises SpecdeployError subclasses for user problems."""
     from rich.console import Console  # noqa: PLC0415 - rich is loaded only when this path runs
@@ -100,7 +113,7 @@ def run_pipeline(
     from pipeline.validate.preflight import errors_of, raise_on_errors, run_preflight  # noqa: PLC0415 - only this path needs it
 
     console = console or Console()
-    log = StageLog()
+    log = StageLog(stages_of(cfg))
     overrides = loadtest_overrides or {}
 
     def validate_stage():
@@ -136,13 +149,56 @@ def run_pipeline(
         run_dir = run_loadtest(cfg, progress=True, report=False, **overrides)
         return run_dir, str(run_dir)
 
-    log.run(console, 1, "validate", validate_stage)
-    log.run(console, 2, "build", build_stage)
-    log.run(console, 3, "render", render_stage)
-    run_dir = log.run(console, 4, "loadtest", loadtest_stage)
-    report = log.run(console, 5, "report", lambda: (make_report(run_dir, cfg), str(run_dir / "report.html")))
+    log.run(console, "validate", validate_stage)
+    log.run(console, "build", build_stage)
+    log.run(console, "render", render_stage)
+    calibration = None
+    if "calibrate" in log.stages:
+        calibration = log.run(console, "calibrate", lambda: calibrate_stage(cfg, console, recalibrate))
+    run_dir = log.run(console, "loadtest", loadtest_stage)
+    if calibration is not None:
+        record_calibration(run_dir, calibration)
+    report = log.run(console, "report", lambda: (make_report(run_dir, cfg), str(run_dir / "report.html")))
     _print_summary(console, log, report)
     return report
+
+
+def calibrate_stage(cfg: DeploymentConfig, console, force: bool) -> tuple[dict, str]:
+    """This machine's CPU calibration for ``cfg``: reused when stored, made when not (or when
+    ``force``); (the outcome, its summary). Never raises: the run goes on without it."""
+    from pipeline.forecast.machine_calibration import ensure_calibration  # noqa: PLC0415 - only this path needs it
+
+    def starting(why: str) -> None:
+        console.print(f"  calibration {why}: microbenchmarking the reference engine on the load test's prompts, "
+                      "so the report can check the forecast against the measurement")
+
+    outcome = ensure_calibration(cfg, force=force, on_start=starting)
+    status = outcome["status"]
+    if status == "stored":
+        detail = f"reused the stored calibration of {outcome['created']}"
+        console.print(f"  {detail} ({outcome['path']}; --recalibrate makes a new one)")
+    elif status == "calibrated":
+        detail = f"calibrated: {outcome['path']}"
+        console.print(f"  {detail}, timed on {outcome['prompts']}")
+    elif status == "failed":
+        detail = "calibration failed: the report has no forecast"
+        console.print(f"  calibration failed ({outcome['reason']}); the run goes on and its report says why "
+                      "the forecast is not available")
+    else:
+        detail = f"not needed: {outcome['reason']}"
+        console.print(f"  {detail}")
+    return outcome, detail
+
+
+def record_calibration(run_dir: Path, outcome: dict) -> None:
+    """Record the calibrate stage's outcome in ``run_dir/run.json`` (``forecast_calibration``), where
+    the report reads why a CPU run has no forecast; kept across ``specdeploy report`` re-runs."""
+    from pipeline.infra.atomic import write_json_atomic  # noqa: PLC0415 - only this path needs it
+
+    path = run_dir / "run.json"
+    meta = json.loads(path.read_text(encoding="utf-8"))
+    meta["forecast_calibration"] = outcome
+    write_json_atomic(path, meta, indent=1, default=str)  # as the load test writes it
 
 
 def _print_summary(console, log: StageLog, report) -> None:

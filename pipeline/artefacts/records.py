@@ -47,6 +47,9 @@ class RawRecord(Artefact):
     osl_source: Literal["server", "retokenized", "chunks"]
     osl_retok: int | None
     isl_chars: int
+    # prompt tokens, counted by the load test's tokenizer (None without one); the report's forecast
+    # takes its context from these and ``osl``
+    isl: int | None = None
     prompt_echoed: bool
     hit_max_tokens: bool
     output_text: str

@@ -48,17 +48,13 @@ def acceptance_from_options(cfg, alpha: Optional[float], tau: Optional[float], r
     return acc.from_tau(case["acceptance_length"], case["plan"]["depth"], f"published: {case['source']}")
 
 
-def calibrate_machine(cfg) -> Path:
-    """Calibrate the CPU cost model on this machine for the config's models and proposer; store it."""
-    from pipeline.bench.engine_bench import proposer_spec, resolve_checkpoint
-    from pipeline.forecast.cpu import calibrate, calibration_key, store
-    from pipeline.forecast.hardware import ForecastInputError
+def calibrate_machine(cfg) -> tuple[Path, str]:
+    """Calibrate the CPU cost model on this machine for the config's models and proposer, timed on
+    its load-test prompts; store it. Returns (where it is stored, which prompts it was timed on)."""
+    from pipeline.forecast.machine_calibration import calibrate_config
 
-    if cfg.hardware != "cpu":
-        raise ForecastInputError(f"--calibrate: {cfg.name} runs on {cfg.hardware}; only the CPU reference engine is calibrated")
-    draft = resolve_checkpoint(cfg.draft.checkpoint) if cfg.draft is not None else None
-    return store(calibrate(resolve_checkpoint(cfg.target.checkpoint), draft, threads=cfg.reference.threads,
-                           proposer=proposer_spec(cfg)), calibration_key(cfg))
+    path, calibration = calibrate_config(cfg)
+    return path, calibration["prompts"]
 
 
 def register(app: typer.Typer) -> None:
@@ -75,7 +71,7 @@ def register(app: typer.Typer) -> None:
         context: Optional[int] = typer.Option(None, "--context", help="Context tokens per sequence (default: half the "
                                               "max input + half the load test's max tokens)."),
         calibrate: bool = typer.Option(False, "--calibrate", help="CPU configs: microbenchmark the reference engine "
-                                       "on this machine first and store the calibration."),
+                                       "on this machine first, on the config's load-test prompts, and store the calibration."),
         as_json: bool = typer.Option(False, "--json", help="Print the forecast as JSON."),
         plot: Optional[Path] = typer.Option(None, "--plot", help="Write the speedup-vs-concurrency plot (PNG)."),
         workdir: Optional[Path] = workdir_option(),
@@ -86,7 +82,8 @@ def register(app: typer.Typer) -> None:
 
         cfg = load_config(config, workdir)
         if calibrate:
-            typer.echo(f"calibration stored: {calibrate_machine(cfg)}", err=True)
+            path, prompts = calibrate_machine(cfg)
+            typer.echo(f"calibration stored: {path} (timed on {prompts})", err=True)
         acceptance = acceptance_from_options(cfg, alpha, tau, report, bench, published)
         fc = forecast_config(cfg, acceptance, engine=engine, context=context)
         if plot is not None:

@@ -4,6 +4,8 @@ Prints one stage display and, at the end, where the report is and the verdict; t
 the verdict (0 GO, 1 NO-GO, 3 INCONCLUSIVE), so CI can gate on it. Resumable: a re-run skips
 cached build steps, reuses a finished load test of the same config and resumes an unfinished one
 (its complete cells kept; ``--fresh``, or ``--new-run``, measures again from the start). The load-test overrides are those of ``specdeploy loadtest``.
+On a CPU config, ``run`` calibrates the forecast's CPU cost model before the load test when this
+machine has no calibration for the config (``--recalibrate``: make a new one anyway).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def register(app: typer.Typer) -> None:
     @app.command(
         "run",
         help=(
-            "validate -> build -> render -> serve -> loadtest -> report, resumable. Prints where the "
+            "validate -> build -> render -> (calibrate, CPU) -> serve -> loadtest -> report, resumable. Prints where the "
             "report is and the verdict; exit code = verdict (0 GO, 1 NO-GO, 3 INCONCLUSIVE)."
         ),
     )
@@ -42,6 +44,9 @@ def register(app: typer.Typer) -> None:
         repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Override the repeats per cell."),
         skip_live: bool = typer.Option(False, "--skip-live", help="trtllm: run without the live preflight "
                                        "(installed TensorRT-LLM, scripts, GPUs); recorded in the provenance."),
+        recalibrate: bool = typer.Option(False, "--recalibrate", help="CPU configs: calibrate the forecast's cost "
+                                         "model again even if this machine has a calibration for the config "
+                                         "(default: made only when none is stored)."),
         workdir: Optional[Path] = workdir_option(),
     ) -> int:
         from rich.console import Console
@@ -54,5 +59,5 @@ def register(app: typer.Typer) -> None:
         require_live(cfg, skip=skip_live, stage="run", console=Console())
         overrides = {k: v for k, v in {"concurrency": _int_list(concurrency), "duration": duration,
                                         "repeats": repeats}.items() if v is not None}
-        report = run_pipeline(cfg, new_run=new_run, loadtest_overrides=overrides)
+        report = run_pipeline(cfg, new_run=new_run, loadtest_overrides=overrides, recalibrate=recalibrate)
         raise typer.Exit(report.exit_code)

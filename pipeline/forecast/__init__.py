@@ -4,5 +4,7 @@ best draft length, from acceptance and a cost model (docs/forecast.md).
 Modules: ``hardware`` (GPU and engine figures, data/*.yaml), ``roofline`` (time of one forward),
 ``proposers`` (per-method drafting cost and verify width: a registry), ``acceptance`` (τ and the
 acceptance sources), ``model`` (the forecast itself), ``cpu`` (the reference engine's calibrated
-form), ``published`` (published cases reproduced), ``render`` (text and plot).
+form), ``calibration_prompts`` (the deployment's prompts a calibration is timed on),
+``machine_calibration`` (this machine's calibration for a config: made, stored, reused),
+``published`` (published cases reproduced), ``render`` (text and plot).
 """

@@ -29,7 +29,7 @@ from pipeline.infra.atomic import write_json_atomic
 from pipeline.report import acceptance
 from pipeline.report.acceptance_reported import acceptance_reported
 from pipeline.report.comparison import BootstrapSettings, best_ci, compare_cells, find_crossover
-from pipeline.report.forecast_check import safe_forecast_section
+from pipeline.report.forecast_check import run_context, safe_forecast_section
 from pipeline.report.gate import GateResult, evaluate_gate
 from pipeline.report.kv_capacity_check import with_kv_capacity_check
 from pipeline.report.rollout_range import rollout_range
@@ -221,6 +221,7 @@ def tau_bound(alpha: float | None, k: int | None) -> float | None:
 
 def build_report_data(run_dir: Path, cfg: DeploymentConfig, analysis: dict, gate: GateResult) -> dict[str, Any]:
     meta = _load_run_json(run_dir)
+    runs = load_runs(run_dir)
     data = {
         "schema": REPORT_SCHEMA,
         "schema_version": ReportFile.VERSION,
@@ -250,10 +251,10 @@ def build_report_data(run_dir: Path, cfg: DeploymentConfig, analysis: dict, gate
         "provenance": {k: v for k, v in meta.items() if k not in PROVENANCE_EXCLUDED},
         "synthetic_data": bool(meta.get("dataset", {}).get("synthetic")) if isinstance(meta.get("dataset"), dict) else None,
         "formulas": FORMULAS,
-        "acceptance_reported": acceptance_reported(load_runs(run_dir)),
-        "sessions": sessions(meta, [run.info for run in load_runs(run_dir)]),
+        "acceptance_reported": acceptance_reported(runs),
+        "sessions": sessions(meta, [run.info for run in runs]),
     }
-    data["forecast"] = safe_forecast_section(data, cfg)
+    data["forecast"] = safe_forecast_section(data, cfg, run_context(r for run in runs for r in run.records))
     return data
 
 

@@ -1,9 +1,15 @@
 """Forecast vs measured, per concurrency, in every report.
 
 Reads the report's headline rows (both arms' TPOT and output tokens/s, the speculative arm's
-measured τ per concurrency) and the run's config; for a CPU run the stored CPU calibration
-(:mod:`pipeline.forecast.cpu`), for a GPU run the hardware and engine figures. Writes nothing:
-returns the ``forecast`` section of ``report.json``.
+measured τ per concurrency), the run's raw records (prompt and generated tokens, for the context)
+and config; for a CPU run the stored CPU calibration (:mod:`pipeline.forecast.cpu`) and the
+outcome of the calibration ``specdeploy run`` made (``run.json``'s ``forecast_calibration``, in
+the report's provenance), for a GPU run the hardware and engine figures. Writes nothing: returns
+the ``forecast`` section of ``report.json``.
+
+The context the forecast reads is the run's own when its records carry the prompt token counts
+(``isl``): mean prompt tokens + half the mean generated tokens over the measured requests; else the
+config's default (half the max input + half the max tokens). ``context_source`` names which.
 
 The measured acceptance is fed back (τ per concurrency of this run), so the error isolates the
 cost model: forecast TPOT ratio (base ÷ spec) and throughput ratio against the measured ones,
@@ -16,9 +22,11 @@ and the reason; it never fails the report.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 from pipeline.errors import SpecdeployError
+
+CONFIG_CONTEXT = "the config's default, half build.max_input_len + half loadtest.max_tokens"
 
 
 def _arm_rows(data: dict, arm: str) -> dict[int, dict]:
@@ -44,8 +52,32 @@ def _measured_acceptance(spec_rows: dict[int, dict], depth: int):
                       at_depth=depth, per_level=per_level)
 
 
-def forecast_section(data: dict, cfg) -> dict[str, Any]:
-    """The report's forecast-vs-measured section (``available: false`` with a reason when it cannot be made)."""
+def run_context(records: Iterable[dict]) -> dict[str, Any] | None:
+    """The context the run's requests decoded at, from its measured successful records that carry
+    the prompt's token count: mean prompt tokens + half the mean generated tokens (a request's mean
+    context over its decode). None when no record carries a prompt token count."""
+    counted = [r for r in records
+               if r.get("stage") == "measure" and r.get("status") == "ok" and r.get("isl") is not None]
+    if not counted:
+        return None
+    prompt = sum(r["isl"] for r in counted) / len(counted)
+    generated = sum(r.get("osl") or 0 for r in counted) / len(counted)
+    return {"tokens": round(prompt + generated / 2), "prompt_tokens_mean": round(prompt, 2),
+            "generated_tokens_mean": round(generated, 2), "requests": len(counted)}
+
+
+def _context(measured: dict | None) -> tuple[int | None, str]:
+    """(the context to forecast at, None for the config's default; where it comes from)."""
+    if measured is None:
+        return None, f"{CONFIG_CONTEXT} (the run's records carry no prompt token counts)"
+    return measured["tokens"], (f"this run's records: mean prompt tokens {measured['prompt_tokens_mean']} + half the "
+                                f"mean generated tokens {measured['generated_tokens_mean']} over "
+                                f"{measured['requests']} requests")
+
+
+def forecast_section(data: dict, cfg, measured_context: dict | None = None) -> dict[str, Any]:
+    """The report's forecast-vs-measured section (``available: false`` with a reason when it
+    cannot be made), at the run's measured context (:func:`run_context`) when given."""
     from pipeline.forecast.model import config_inputs  # noqa: PLC0415 - keeps yaml off this module's import
     from pipeline.forecast.proposers import PLANS  # noqa: PLC0415 - keeps yaml off this module's import
 
@@ -59,7 +91,8 @@ def forecast_section(data: dict, cfg) -> dict[str, Any]:
         acceptance = _measured_acceptance(spec_rows, depth)
         if acceptance is None:
             return {"available": False, "reason": "the run measured no acceptance length, so there is nothing to feed back"}
-        inp = config_inputs(cfg, acceptance)
+        context, context_source = _context(measured_context)
+        inp = config_inputs(cfg, acceptance, context=context)
     except (SpecdeployError, KeyError, ValueError, OSError) as exc:
         return {"available": False, "reason": f"forecast not available: {exc}"}
     levels, flagged = [], []
@@ -73,6 +106,8 @@ def forecast_section(data: dict, cfg) -> dict[str, Any]:
     errors = [abs(lv["tpot_error"]) for lv in levels if lv["tpot_error"] is not None]
     return {"available": True, "device": inp.device.describe(), "acceptance": acceptance.source,
             "method": inp.plan.method, "draft_len": inp.plan.depth, "context_tokens": inp.context,
+            "context_source": context_source, "context_measured": measured_context,
+            "calibration_prompts": getattr(inp.device, "calibration", {}).get("prompts"),
             "levels": levels, "mean_abs_tpot_error": _round(sum(errors) / len(errors) if errors else None),
             "worth_a_look": flagged,
             "note": "forecast with this run's measured acceptance and its baseline's cost per step beyond the model "
@@ -146,12 +181,18 @@ def _round(value):
     return round(value, 3) if isinstance(value, float) else value
 
 
-def safe_forecast_section(data: dict, cfg) -> dict[str, Any]:
-    """:func:`forecast_section`, never raising: a report must not fail for its forecast."""
+def safe_forecast_section(data: dict, cfg, measured_context: dict | None = None) -> dict[str, Any]:
+    """:func:`forecast_section`, never raising: a report must not fail for its forecast. When it
+    is not available and the calibration ``specdeploy run`` tried failed, the reason says so first."""
     try:
-        return forecast_section(data, cfg)
+        section = forecast_section(data, cfg, measured_context)
     except Exception as exc:  # noqa: BLE001 - the forecast is advice; the report stands without it
-        return {"available": False, "reason": f"forecast failed: {type(exc).__name__}: {exc}"}
+        section = {"available": False, "reason": f"forecast failed: {type(exc).__name__}: {exc}"}
+    calibration = (data.get("provenance") or {}).get("forecast_calibration") or {}
+    if not section["available"] and calibration.get("status") == "failed":
+        section["reason"] = (f"the CPU calibration `specdeploy run` made before the load test failed "
+                             f"({calibration.get('reason')}); {section['reason']}")
+    return section
 
 
 def forecast_table(data: dict) -> dict | None:
@@ -180,7 +221,8 @@ def forecast_note(data: dict) -> str:
         return fc.get("reason") or "no forecast in this report"
     dev = fc["device"]
     where = dev.get("hardware") or "CPU calibration of " + str(dev.get("calibrated"))
-    return (f"Forecast on {where} ({dev.get('engine', 'reference engine')}) with {fc['acceptance']}; "
+    context = f" at context {fc['context_tokens']} tokens ({fc['context_source']})" if fc.get("context_source") else ""
+    return (f"Forecast on {where} ({dev.get('engine', 'reference engine')}) with {fc['acceptance']}{context}; "
             f"mean |TPOT error| {_pct(fc['mean_abs_tpot_error'])}. {fc['note']}.")
 
 

@@ -7,6 +7,7 @@ acceptance came from the llmapi model's per-request perf outputs."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ def test_run_on_the_cpu_llmapi_layout_reaches_a_verdict_with_served_requests(tmp
         [sys.executable, "-m", "pipeline", "run", str(config), "--concurrency", "1,4", "--duration", "4s",
          "--repeats", "1"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "SPECDEPLOY_FORECAST_HOME": str(tmp_path / "forecast")},  # `run` calibrates here, not in ~/.cache
     )
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
     reports = sorted((tmp_path / "reports" / "tiny-cpu-llmapi").glob("*/report.json"))

@@ -1,6 +1,8 @@
 """`specdeploy run` as a user runs it: one subprocess, a fresh working directory, the tiny EAGLE
 config (real build, render, two real tritonservers, Locust at concurrency 1 and 4, report). The
-exit code is the verdict, the last lines say where the report is, and nothing prints a traceback."""
+exit code is the verdict, the last lines say where the report is, and nothing prints a traceback.
+A machine without a calibration (a fresh forecast home) is calibrated before the load test, so the
+report checks the forecast against the measurement, at the context the run's records measured."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ def test_run_end_to_end_prints_report_and_exits_with_verdict(tmp_path):
         [sys.executable, "-m", "pipeline", "run", str(config), "--concurrency", "1,4", "--duration", "3s",
          "--repeats", "1"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "SPECDEPLOY_FORECAST_HOME": str(tmp_path / "forecast")},
     )
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
     reports = sorted((tmp_path / "reports" / "tiny-cpu-eagle").glob("*/report.json"))
@@ -39,3 +42,9 @@ def test_run_end_to_end_prints_report_and_exits_with_verdict(tmp_path):
     if len(allowed) >= 2:  # reference.cpu_pinning auto: Locust stays off the engine's core, in both arms
         assert all(r["client_cpus"] == sorted(allowed - {max(allowed)}) for r in runs), [r["client_cpus"] for r in runs]
     assert (tmp_path / "engines" / "tiny-cpu-eagle" / "manifest.json").is_file()
+    assert report["provenance"]["forecast_calibration"]["status"] == "calibrated", report["provenance"]
+    assert "calibration none stored" in proc.stdout
+    forecast = report["forecast"]
+    assert forecast["available"], forecast.get("reason")
+    assert forecast["calibration_prompts"].startswith("load-test prompts")
+    assert forecast["context_source"].startswith("this run's records"), forecast["context_source"]
