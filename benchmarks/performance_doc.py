@@ -162,6 +162,18 @@ def forecast_cpu_section(name: str, data: dict) -> str:
                    "forecast decode", "measured decode (wall)"], rows)
 
 
+def forecast_served_section(name: str, data: dict) -> str:
+    """Served runs (`specdeploy run`) against the report's forecast, per concurrency."""
+    rows = [[c["config"], lv["concurrency"], lv["tau_measured"], lv["forecast_tpot_ratio"], lv["measured_tpot_ratio"],
+             f"{lv['tpot_error']:+.0%}", lv["forecast_throughput_ratio"], lv["measured_throughput_ratio"],
+             f"{lv['throughput_error']:+.0%}", lv["baseline_beyond_model_ms"], lv["serving_fed_back_tpot_ratio"],
+             f"{lv['serving_fed_back_error']:+.0%}"]
+            for c in data["configs"] for lv in c["levels"]]
+    return _table(["config", "concurrency", "τ", "forecast", "measured (mean TPOT)", "error", "forecast throughput",
+                   "measured throughput", "error", "baseline beyond the model (ms/step)", "forecast if that is serving",
+                   "error"], rows)
+
+
 def generic_section(name: str, data: dict) -> str:
     """Files without a renderer of their own: their top-level scalars."""
     if not isinstance(data, dict):
@@ -181,6 +193,7 @@ RENDERERS: list[tuple[str, Callable[[str, dict], str]]] = [
     ("eagle3", method_compare_section),
     ("forecast-published", forecast_published_section),
     ("forecast-cpu", forecast_cpu_section),
+    ("forecast-served", forecast_served_section),
 ]
 
 

@@ -29,6 +29,8 @@ from pathlib import Path
 from pipeline.forecast.hardware import ForecastInputError
 from pipeline.forecast.roofline import ForwardTime, ModelCost
 
+# the calibration method's version: a stored calibration made by another one is not reused
+CALIBRATION_SCHEMA = "specdeploy-cpu-calibration/2"  # 2: baseline and speculative steps timed side by side
 ROWS_GRID = ((1, 1), (2, 1), (4, 1), (8, 1), (1, 4), (1, 6), (2, 4), (4, 4), (8, 4), (8, 6))
 CONTEXTS = (16, 96)
 
@@ -279,7 +281,7 @@ def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1,
         # the same side-by-side measurement as the speculative residual, on the same prompts: the two
         # arms' steps then differ only by what the speculative step does, not by two timings' noise
         overhead = {b: v["residual"] for b, v in base.items()}
-    return {"schema": "specdeploy-cpu-calibration/1", "machine": machine(), "threads": threads,
+    return {"schema": CALIBRATION_SCHEMA, "machine": machine(), "threads": threads,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "models": {"target": str(target_dir), "draft": str(draft_dir) if draft_dir else None},
             "forward_fits": fits, "engine_step_s": {str(b): s for b, s in steps.items()},
@@ -422,4 +424,10 @@ def stored_device(target_cost: ModelCost | None = None, key: str = "") -> CpuDev
         raise ForecastInputError(
             f"no CPU calibration for {key or 'these models'} on this machine ({path}); run "
             f"`specdeploy forecast CONFIG --calibrate` (a minute of microbenchmarks of the reference engine) first")
+    schema = entries[key].get("schema")
+    if schema != CALIBRATION_SCHEMA:
+        raise ForecastInputError(
+            f"the CPU calibration for {key} on this machine ({path}) was made by another calibration method "
+            f"({schema or 'no schema'}, this specdeploy makes {CALIBRATION_SCHEMA}); run "
+            f"`specdeploy forecast CONFIG --calibrate` or `specdeploy run CONFIG --recalibrate` to make a new one")
     return CpuDevice(entries[key], target_cost)

@@ -110,9 +110,8 @@ def forecast_section(data: dict, cfg, measured_context: dict | None = None) -> d
             "calibration_prompts": getattr(inp.device, "calibration", {}).get("prompts"),
             "levels": levels, "mean_abs_tpot_error": _round(sum(errors) / len(errors) if errors else None),
             "worth_a_look": flagged,
-            "note": "forecast with this run's measured acceptance and its baseline's cost per step beyond the model "
-                    "(serving) fed back, against the mean TPOT per request; a level far outside the band is worth a "
-                    "look (engine settings, KV pool, a noisy host), not a failed gate"}
+            "note": "forecast with this run's measured acceptance, against the mean TPOT per request; a level far "
+                    "outside the band is worth a look (engine settings, KV pool, a noisy host), not a failed gate"}
 
 
 def _measured(data: dict, row: dict, arm: str, concurrency: int, draft_len=None) -> dict:
@@ -131,22 +130,22 @@ def _measured(data: dict, row: dict, arm: str, concurrency: int, draft_len=None)
 
 
 def _level(inp, c: int, tau: float, base: dict, spec: dict) -> dict[str, Any]:
-    """Forecast vs measured at concurrency ``c``. The engine-only forecast is the cost model's;
-    the checked forecast feeds the measured baseline back: what the baseline's TPOT spends beyond
-    the model's baseline step is taken as a cost per step outside the model (serving: one
-    response per sequence per step, Triton, the client), charged to the speculative step too —
-    it is paid per step, so speculation, with τ tokens a step, pays it τ times less per token."""
+    """Forecast vs measured at concurrency ``c``: the cost model's TPOT ratio with this run's τ,
+    against the measured one. Beside it, a diagnostic: what the served baseline spends per step
+    beyond the model (serving — one response per sequence per step, Triton, the client — and the
+    calibration's own error, which a single run cannot tell apart), and the ratio if all of it were
+    a cost per step that the speculative step pays too."""
     from pipeline.forecast.model import WORTH_A_LOOK, step_times  # noqa: PLC0415 - keeps yaml off this module's import
 
-    engine_base, engine_spec = step_times(inp, c, inp.plan, tau)
-    serving = (base["tpot_ms"] / 1e3 - engine_base) if base["tpot_ms"] else 0.0
-    base_s, spec_s = step_times(inp, c, inp.plan, tau, serving_s=serving)
-    edges = [step_times(inp, c, inp.plan, tau, inp.device.scaled(f), serving_s=serving) for f in (1 - inp.band, 1 + inp.band)]
+    base_s, spec_s = step_times(inp, c, inp.plan, tau)
+    edges = [step_times(inp, c, inp.plan, tau, inp.device.scaled(f)) for f in (1 - inp.band, 1 + inp.band)]
     band = [min(b / s for b, s in edges), max(b / s for b, s in edges)]
     forecast = base_s / spec_s
     measured_tpot = _ratio(base["tpot_ms"], spec["tpot_ms"])
     measured_tput = _ratio(spec["tokens_per_s"], base["tokens_per_s"])
-    forecast_tput = _throughput_ratio(base, spec, base_s, spec_s) or forecast
+    forecast_tput = _throughput_ratio(base, spec, forecast) or forecast
+    beyond = (base["tpot_ms"] / 1e3 - base_s) if base["tpot_ms"] else 0.0
+    with_serving = _ratio(*step_times(inp, c, inp.plan, tau, serving_s=beyond))
     outside = None
     if measured_tpot is not None:
         outside = max(band[0] / measured_tpot - 1, measured_tpot / band[1] - 1, 0.0)
@@ -157,24 +156,24 @@ def _level(inp, c: int, tau: float, base: dict, spec: dict) -> dict[str, Any]:
         "tpot_error": _round(measured_tpot / forecast - 1 if measured_tpot else None),
         "forecast_throughput_ratio": round(forecast_tput, 3), "measured_throughput_ratio": _round(measured_tput),
         "throughput_error": _round(measured_tput / forecast_tput - 1 if measured_tput else None),
-        "engine_only_tpot_ratio": round(engine_base / engine_spec, 3),
-        "engine_only_tpot_error": _round(measured_tpot / (engine_base / engine_spec) - 1 if measured_tpot else None),
-        "forecast_baseline_tpot_ms": round(engine_base * 1e3, 4), "serving_per_step_ms": round(serving * 1e3, 4),
+        "forecast_baseline_tpot_ms": round(base_s * 1e3, 4), "baseline_beyond_model_ms": round(beyond * 1e3, 4),
+        "serving_fed_back_tpot_ratio": _round(with_serving),
+        "serving_fed_back_error": _round(measured_tpot / with_serving - 1 if measured_tpot and with_serving else None),
         "worth_a_look": outside is not None and outside > WORTH_A_LOOK,
     }
 
 
-def _throughput_ratio(base: dict, spec: dict, base_s: float, spec_s: float) -> float | None:
+def _throughput_ratio(base: dict, spec: dict, tpot_ratio: float) -> float | None:
     """Output tokens/s, speculative ÷ baseline, of a closed loop: per request its measured TTFT and
-    output length, and (length − 1) × the TPOT (the baseline's measured, the speculative's
-    forecast). None without the cells' TTFT and length."""
+    output length, and (length − 1) × the TPOT — the baseline's measured, the speculative's that
+    divided by the forecast TPOT ratio. None without the cells' TTFT and length."""
     if not (base["ttft_ms"] and spec["ttft_ms"] and base["osl"] and spec["osl"]):
         return None
 
-    def rate(arm: dict, tpot_s: float) -> float:
-        return arm["osl"] / (arm["ttft_ms"] / 1e3 + (arm["osl"] - 1) * tpot_s)
+    def rate(arm: dict, tpot_ms: float) -> float:
+        return arm["osl"] / (arm["ttft_ms"] + (arm["osl"] - 1) * tpot_ms)
 
-    return rate(spec, spec_s) / rate(base, base_s)
+    return rate(spec, base["tpot_ms"] / tpot_ratio) / rate(base, base["tpot_ms"])
 
 
 def _round(value):
@@ -207,12 +206,13 @@ def forecast_table(data: dict) -> dict | None:
         rows.append([str(lv["concurrency"]), f"{lv['tau_measured']:.2f}",
                      f"{lv['forecast_tpot_ratio']:.2f} [{lv['band'][0]:.2f}, {lv['band'][1]:.2f}]",
                      _fmt(lv["measured_tpot_ratio"]), _pct(lv["tpot_error"]),
-                     _fmt(lv.get("engine_only_tpot_ratio")), _fmt(lv.get("serving_per_step_ms")),
+                     _fmt(lv.get("baseline_beyond_model_ms")), _fmt(lv.get("serving_fed_back_tpot_ratio")),
                      _fmt(lv["measured_throughput_ratio"]), _pct(lv["throughput_error"]),
                      "worth a look" if lv["worth_a_look"] else ""])
         classes.append([""] * 9 + ["bad" if lv["worth_a_look"] else ""])
     return table(["concurrency", "τ measured", "forecast speedup [band]", "measured TPOT ratio", "error",
-                  "engine-only forecast", "serving ms/step", "measured throughput ratio", "error", ""], rows, classes)
+                  "baseline beyond the model (ms/step)", "forecast if that is serving", "measured throughput ratio",
+                  "error", ""], rows, classes)
 
 
 def forecast_note(data: dict) -> str:

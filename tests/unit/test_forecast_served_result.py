@@ -1,10 +1,12 @@
 """The served forecast check's committed result (benchmarks/results/forecast-served.json): each
-level's forecast recomputable from the calibration and the measured inputs the file stores, the
-serving feedback visibly mattering, and every level within ±15 % except the misses the docs name.
+level's forecast recomputable from the calibration and the measured inputs the file stores, a
+broken calibration visibly breaking it, and every level within ±15 % except the misses the docs
+name.
 No server runs here: the report's forecast section is recomputed from the stored figures."""
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -27,22 +29,17 @@ def result() -> dict:
     return json.loads(RESULT.read_text(encoding="utf-8"))
 
 
-def _section(entry: dict, monkeypatch, tmp_path: Path, drop_serving: bool = False) -> dict:
+def _section(entry: dict, monkeypatch, tmp_path: Path, calibration: dict | None = None) -> dict:
     """The report's forecast section recomputed from the stored calibration and measured inputs."""
     monkeypatch.setenv("SPECDEPLOY_FORECAST_HOME", str(tmp_path / entry["config"]))
     path = calibration_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"entries": entry["calibration"]}), encoding="utf-8")
+    path.write_text(json.dumps({"entries": calibration or entry["calibration"]}), encoding="utf-8")
     data = {"primary_draft_len": entry["primary_draft_len"], "rows": [], "cells": []}
     for level in entry["levels"]:
         data["rows"] += level["measured_inputs"]["rows"]
         data["cells"] += level["measured_inputs"]["cells"]
-    if drop_serving:  # the baseline measured exactly as the engine model says: no serving cost fed back
-        for level in entry["levels"]:
-            for cell in data["cells"]:
-                if cell["arm"] == "baseline" and cell["concurrency"] == level["concurrency"]:
-                    cell["tpot_ms"] = {**cell["tpot_ms"], "mean": level["forecast_baseline_tpot_ms"]}
-    return forecast_section(data, load_config(ROOT / "configs" / f"{entry['config']}.yaml"))
+    return forecast_section(data, load_config(ROOT / "configs" / f"{entry['config']}.yaml"), entry["context_measured"])
 
 
 def test_every_method_is_checked_at_every_level_of_its_run(result):
@@ -68,11 +65,15 @@ def test_the_misses_are_the_documented_ones(result):
     assert misses == DOCUMENTED_MISSES, sorted(misses)
 
 
-def test_without_the_serving_feedback_the_check_is_worse(result, monkeypatch, tmp_path):
-    """The fed-back serving cost is what brings the served run within tolerance: with the baseline
-    set to the engine model's own (no serving fed back) the mean error grows."""
-    with_feedback, without = [], []
-    for entry in result["configs"]:
-        with_feedback += [abs(lv["tpot_error"]) for lv in _section(entry, monkeypatch, tmp_path)["levels"]]
-        without += [abs(lv["tpot_error"]) for lv in _section(entry, monkeypatch, tmp_path, True)["levels"]]
-    assert sum(without) / len(without) > sum(with_feedback) / len(with_feedback) + 0.02
+def test_a_free_proposer_or_no_per_sequence_term_breaks_the_check(result, monkeypatch, tmp_path):
+    """The check can fail: the same measurements against a calibration whose drafting is free, or
+    whose per-sequence work of a speculative step is dropped, miss by more than the tolerance."""
+    for broken in ("proposer_s", "spec_step_extra_s"):
+        errors = []
+        for entry in result["configs"]:
+            calibration = copy.deepcopy(entry["calibration"])
+            for cal in calibration.values():
+                cal[broken] = {m: {b: 0.0 for b in t} for m, t in cal[broken].items()}
+            section = _section(entry, monkeypatch, tmp_path, calibration)
+            errors += [lv["tpot_error"] for lv in section["levels"]]
+        assert min(errors) < -TOLERANCE, (broken, errors)

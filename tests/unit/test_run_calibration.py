@@ -41,7 +41,8 @@ def stages(monkeypatch, tmp_path):
         state.calls.append("calibrate")
         if state.fail:
             raise state.fail
-        return {"created": "2026-01-01T00:00:00Z", "prompts": "calibrate's own", "prompt_groups": prompt_groups}
+        return {"schema": cpu.CALIBRATION_SCHEMA, "created": "2026-01-01T00:00:00Z", "prompts": "calibrate's own",
+                "prompt_groups": prompt_groups}
 
     def run_loadtest(cfg, **kw):
         state.calls.append("loadtest")
@@ -94,7 +95,7 @@ def test_run_calibrates_after_the_build_and_before_the_load_test_when_none_is_st
 
 def test_run_reuses_a_stored_calibration_and_recalibrates_when_asked(stages, tmp_path):
     cfg = with_workdir(load_config(MEDUSA), tmp_path)
-    cpu.store({"created": "earlier", "prompts": "p"}, cpu.calibration_key(cfg))
+    cpu.store({"schema": cpu.CALIBRATION_SCHEMA, "created": "earlier", "prompts": "p"}, cpu.calibration_key(cfg))
     output = _run(cfg)
     assert "calibrate" not in stages.calls
     assert "reused the stored calibration of earlier" in output
@@ -107,9 +108,18 @@ def test_run_reuses_a_stored_calibration_and_recalibrates_when_asked(stages, tmp
 
 def test_a_calibration_of_another_config_is_not_reused(stages, tmp_path):
     cfg = with_workdir(load_config(MEDUSA), tmp_path)
-    cpu.store({"created": "earlier"}, cpu.calibration_key(load_config(ROOT / "configs" / "tiny-cpu-eagle.yaml")))
+    cpu.store({"schema": cpu.CALIBRATION_SCHEMA, "created": "earlier"},
+              cpu.calibration_key(load_config(ROOT / "configs" / "tiny-cpu-eagle.yaml")))
     _run(cfg)
     assert stages.calls.count("calibrate") == 1
+
+
+def test_a_calibration_made_by_an_older_method_is_not_reused(stages, tmp_path):
+    cfg = with_workdir(load_config(MEDUSA), tmp_path)
+    cpu.store({"schema": "specdeploy-cpu-calibration/1", "created": "earlier"}, cpu.calibration_key(cfg))
+    _run(cfg)
+    assert stages.calls.count("calibrate") == 1
+    assert cpu.stored_device(key=cpu.calibration_key(cfg)).calibration["schema"] == cpu.CALIBRATION_SCHEMA
 
 
 def test_a_failed_calibration_does_not_fail_the_run_and_the_report_says_why(stages, tmp_path):
