@@ -28,7 +28,7 @@ from pipeline.infra.provenance import result_provenance  # noqa: E402 - after th
 
 CONFIGS = ("tiny-cpu-draft-target", "tiny-cpu-medusa", "tiny-cpu-eagle", "tiny-cpu-eagle3", "tiny-cpu-ngram")
 TOLERANCE = 0.15
-LEVEL_FIELDS = ("concurrency", "tau_measured", "forecast_tpot_ratio", "band", "measured_tpot_ratio", "tpot_statistic",
+LEVEL_FIELDS = ("concurrency", "tau_measured", "draft_coverage", "forecast_tpot_ratio", "band", "measured_tpot_ratio", "tpot_statistic",
                 "tpot_error", "forecast_throughput_ratio", "measured_throughput_ratio", "throughput_error",
                 "forecast_baseline_tpot_ms", "baseline_beyond_model_ms", "serving_fed_back_tpot_ratio",
                 "serving_fed_back_error", "worth_a_look")
@@ -45,7 +45,10 @@ def _measured_inputs(report: dict, concurrency: int) -> dict:
     return {"rows": [{k: r.get(k) for k in keep} for r in rows],
             "cells": [{"arm": c["arm"], "concurrency": c["concurrency"], "draft_len": c.get("draft_len"),
                        "tpot_ms": {"mean": c["tpot_ms"]["mean"], "p50": c["tpot_ms"]["p50"]},
-                       "ttft_ms": {"mean": c["ttft_ms"]["mean"]}, "osl": {"mean": c["osl"]["mean"]}} for c in cells]}
+                       "ttft_ms": {"mean": c["ttft_ms"]["mean"]}, "osl": {"mean": c["osl"]["mean"]},
+                       "acceptance": {k: (c.get("acceptance") or {}).get(k)
+                                      for k in ("accepted_tokens", "decode_steps", "mean_acceptance_length")}}
+                      for c in cells]}
 
 
 def check_config(name: str, scratch: Path) -> dict:

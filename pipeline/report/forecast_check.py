@@ -22,6 +22,7 @@ and the reason; it never fails the report.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Iterable
 
 from pipeline.errors import SpecdeployError
@@ -98,8 +99,8 @@ def forecast_section(data: dict, cfg, measured_context: dict | None = None) -> d
     levels, flagged = [], []
     for c in sorted(set(base_rows) & set(spec_rows)):
         tau = acceptance.per_level.get(c, acceptance.tau)
-        level = _level(inp, c, tau, _measured(data, base_rows[c], "baseline", c),
-                       _measured(data, spec_rows[c], "speculative", c, data.get("primary_draft_len")))
+        spec = _measured(data, spec_rows[c], "speculative", c, data.get("primary_draft_len"))
+        level = _level(_with_coverage(inp, spec["coverage"]), c, tau, _measured(data, base_rows[c], "baseline", c), spec)
         if level["worth_a_look"]:
             flagged.append(c)
         levels.append(level)
@@ -124,9 +125,27 @@ def _measured(data: dict, row: dict, arm: str, concurrency: int, draft_len=None)
             mean = (cell.get("tpot_ms") or {}).get("mean")
             if mean:
                 return {"tpot_ms": mean, "statistic": "mean", "ttft_ms": (cell.get("ttft_ms") or {}).get("mean"),
-                        "osl": (cell.get("osl") or {}).get("mean"), "tokens_per_s": row.get("output_tokens_per_s")}
+                        "osl": (cell.get("osl") or {}).get("mean"), "tokens_per_s": row.get("output_tokens_per_s"),
+                        "coverage": _coverage(cell.get("acceptance") or {})}
     return {"tpot_ms": row.get("tpot_ms"), "statistic": "median", "ttft_ms": None, "osl": None,
-            "tokens_per_s": row.get("output_tokens_per_s")}
+            "tokens_per_s": row.get("output_tokens_per_s"), "coverage": None}
+
+
+def _coverage(acceptance: dict) -> float | None:
+    """The fraction of target passes that verified drafts: tokens gained per pass (accepted ÷ all
+    decode passes, from the requests' chunks) over τ per verify step (the server's counters). None
+    when the cell has not both."""
+    accepted, passes, tau = (acceptance.get(k) for k in ("accepted_tokens", "decode_steps", "mean_acceptance_length"))
+    if not (accepted and passes and tau and tau > 1):
+        return None
+    return min(1.0, accepted / passes / (tau - 1))
+
+
+def _with_coverage(inp, coverage: float | None):
+    """``inp`` with the measured draft coverage (passes without drafts verify one token, gain one)."""
+    if coverage is None:
+        return inp
+    return replace(inp, acceptance=replace(inp.acceptance, coverage=coverage))
 
 
 def _level(inp, c: int, tau: float, base: dict, spec: dict) -> dict[str, Any]:
@@ -150,7 +169,7 @@ def _level(inp, c: int, tau: float, base: dict, spec: dict) -> dict[str, Any]:
     if measured_tpot is not None:
         outside = max(band[0] / measured_tpot - 1, measured_tpot / band[1] - 1, 0.0)
     return {
-        "concurrency": c, "tau_measured": round(tau, 3),
+        "concurrency": c, "tau_measured": round(tau, 3), "draft_coverage": round(inp.acceptance.coverage, 3),
         "forecast_tpot_ratio": round(forecast, 3), "band": [round(band[0], 3), round(band[1], 3)],
         "measured_tpot_ratio": _round(measured_tpot), "tpot_statistic": base["statistic"],
         "tpot_error": _round(measured_tpot / forecast - 1 if measured_tpot else None),

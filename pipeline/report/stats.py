@@ -343,6 +343,9 @@ def acceptance_summary(records: list[dict], metric_deltas: list[dict | None]) ->
         "acceptance_rate": accepted / drafted if drafted else None,
         "mean_acceptance_length": 1 + accepted / chunk_steps if chunk_steps and drafted else None,
         "tau_source": "chunks (proxy)",
+        # target passes after prefill, with or without drafts: 1 + accepted / decode_steps is the
+        # tokens a pass gains, below τ when some passes had nothing to verify (n-gram without a match)
+        "decode_steps": chunk_steps or None,
         "tokens_per_chunk_mean": (sum(r.get("osl") or 0 for r in records) / sum(r.get("n_chunks") or 0 for r in records))
         if any(r.get("n_chunks") for r in records) else None,
     }

@@ -238,3 +238,29 @@ def test_acceptance_from_a_bench_file_and_a_published_case(tmp_path, capsys):
     assert run(["forecast", str(ROOT / "configs" / "vicuna7b-medusa-fp8-h100.yaml"), "--published",
                 "medusa2-vicuna7b-a100", "--json"]) == 0
     assert "published" in json.loads(capsys.readouterr().out)["acceptance"]["source"]
+
+
+def test_report_section_measures_the_draft_coverage_of_a_run_whose_passes_do_not_all_draft():
+    """n-gram finds no match on some passes: those verify one token and gain one. The coverage is
+    accepted tokens per decode pass (the requests' chunks) over accepted per verify step (τ − 1);
+    a forecast that assumed every pass drafts would promise more than the run can give."""
+    cfg = load_config(DRAFT_CFG)
+    tau = 3.0
+    inp = config_inputs(cfg, acc.Acceptance("x", tau=tau, tau_low=tau, tau_high=tau, at_depth=4, coverage=0.5))
+    base_s, spec_s = step_times(inp, 1, inp.plan, tau)
+    data = _report_rows({1: base_s * 1e3}, {1: spec_s * 1e3}, tau)
+
+    def cell(arm, tpot_ms, acceptance=None):
+        return {"arm": arm, "concurrency": 1, "draft_len": 4 if arm == "speculative" else None,
+                "tpot_ms": {"mean": tpot_ms}, "ttft_ms": {"mean": 10.0}, "osl": {"mean": 40.0},
+                "acceptance": acceptance or {}}
+
+    # 100 decode passes, 50 of them verified drafts accepting 2 each: 100 accepted, τ per verify step 3
+    half = {"accepted_tokens": 100, "decode_steps": 100, "mean_acceptance_length": tau}
+    data["cells"] = [cell("baseline", base_s * 1e3), cell("speculative", spec_s * 1e3, half)]
+    lv = forecast_section(data, cfg)["levels"][0]
+    assert lv["draft_coverage"] == pytest.approx(0.5)
+    assert abs(lv["tpot_error"]) < 0.005
+    data["cells"][1]["acceptance"] = {**half, "accepted_tokens": 200}  # every pass drafted
+    every = forecast_section(data, cfg)["levels"][0]
+    assert every["draft_coverage"] == 1.0 and every["tpot_error"] < -0.05
