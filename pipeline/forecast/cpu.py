@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import statistics
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,9 @@ from pipeline.forecast.roofline import ForwardTime, ModelCost
 
 # the calibration method's version: a stored calibration made by another one is not reused
 CALIBRATION_SCHEMA = "specdeploy-cpu-calibration/2"  # 2: baseline and speculative steps timed side by side
+# one sequence takes the engine's one-row fast path, two or more the batched one: the step cost
+# jumps between 1 and 2, so both are calibrated, and the sizes a load test sweeps up to the limit
+CALIBRATED_BATCHES = (1, 2, 4, 8)
 ROWS_GRID = ((1, 1), (2, 1), (4, 1), (8, 1), (1, 4), (1, 6), (2, 4), (4, 4), (8, 4), (8, 6))
 CONTEXTS = (16, 96)
 
@@ -153,17 +157,27 @@ class _Instrumented:
         self.current["propose"] = self.current.get("propose", 0.0) + time.thread_time() - start
         return out
 
-    def generate(self, group: list[list[int]], n: int, batch: int) -> dict[str, float]:
-        """``n`` requests cycling through ``group``: CPU seconds spent (admission and prefill
-        excluded), drafting seconds, the fitted forward's seconds and the full-batch steps."""
+    def generate(self, group: list[list[int]], batch: int, per_slot: int = 2) -> dict[str, float]:
+        """A closed loop of ``batch`` slots, each running ``per_slot`` requests one after the other
+        (prompts cycling through ``group``), so ``batch`` sequences stay in flight — finished ones
+        replaced, as in a closed-loop load test — and only the end drains: CPU seconds spent
+        (admission and prefill excluded), drafting seconds, the fitted forward's seconds and the
+        full-batch steps."""
         from pipeline.reference.api import GenerationRequest  # noqa: PLC0415 - only this path needs it
+
+        def slot(i: int) -> None:
+            for j in range(per_slot):
+                prompt = group[(i + batch * j) % len(group)]
+                self.engine.submit(GenerationRequest(list(prompt), self.tokens)).result(timeout=600)
 
         self.records.clear()
         self.admitted.clear()
+        slots = [threading.Thread(target=slot, args=(i,), daemon=True) for i in range(batch)]
         start = time.process_time()
-        handles = [self.engine.submit(GenerationRequest(list(group[k % len(group)]), self.tokens)) for k in range(n)]
-        for handle in handles:
-            handle.result(timeout=600)
+        for thread in slots:
+            thread.start()
+        for thread in slots:
+            thread.join()
         spent = time.process_time() - start - sum(self.admitted)
         recs, fit = list(self.records), self.fit
         # full-batch-equivalent steps: Σ sequences per step ÷ B. A speculative batch runs until its
@@ -187,8 +201,8 @@ def _side_by_side_steps(engines: dict, batches: tuple[int, ...], fit: dict, toke
     sequence-step w and mean context.
 
     Counting full-batch steps charges the drain: a speculative batch runs until its slowest
-    sequence is done; at the batch limit twice the slots' requests are submitted, so finished
-    sequences are replaced (a closed loop) and only the end drains. The residual is the
+    sequence is done; each generation is a closed loop of B slots running two requests each
+    (:meth:`_Instrumented.generate`), so finished sequences are replaced and only the end drains. The residual is the
     per-sequence work beyond forward and drafting: ragged verify inputs, the verify itself, KV
     roll-back or compaction, the proposer's ``accept`` (catch-up of its own cache), emitting and
     streaming the tokens. Process CPU time (all the engine's threads, other processes on shared
@@ -207,19 +221,16 @@ def _side_by_side_steps(engines: dict, batches: tuple[int, ...], fit: dict, toke
     out: dict[str, dict[str, dict[str, float]]] = {name: {} for name in engines}
     try:
         for batch in batches:
-            # at the engine's batch limit, twice as many requests as slots: finished sequences are
-            # replaced as in a closed-loop load test or a bench over more prompts than the batch,
-            # and only the end drains. One group (a prompt category) per generation: a bench batches
-            # a category's prompts together, and mixing categories of very different acceptance
-            # would make the slowest sequence's drain look longer than it is
-            n = 2 * batch if batch == max(batches) and batch > 1 else batch
+            # one group (a prompt category) per generation: a bench batches a category's prompts
+            # together, and mixing categories of very different acceptance would make the slowest
+            # sequence's drain look longer than it is
             for engine in timed.values():
-                engine.generate(groups[0], n, batch)
+                engine.generate(groups[0], batch)
             sums = {name: dict.fromkeys(("spent", "propose", "forward", "full_steps", "steps"), 0.0) for name in timed}
             # one-sequence generations are short and their per-step time the noisiest: more of them
             for group in groups * (repeats * 3 if batch == 1 else repeats):
                 for name, engine in timed.items():
-                    for key, value in engine.generate(group, n, batch).items():
+                    for key, value in engine.generate(group, batch).items():
                         sums[name][key] += value
             # pooled over the groups and repeats, as the bench pools its categories
             for name, t in sums.items():
@@ -234,7 +245,7 @@ def _side_by_side_steps(engines: dict, batches: tuple[int, ...], fit: dict, toke
 
 
 def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1, reps: int = 5,
-              batches: tuple[int, ...] = (1, 8), fast_paths: bool = True, proposer: dict | None = None,
+              batches: tuple[int, ...] = CALIBRATED_BATCHES, fast_paths: bool = True, proposer: dict | None = None,
               prompt_len: int = 8, prompt_groups: list[list[list[int]]] | None = None) -> dict:
     """Microbenchmark the engine's models on this machine → the calibration dict (not yet stored).
     ``prompt_len``: the length of the synthetic prompts the engine steps are timed with (a
@@ -423,7 +434,7 @@ def stored_device(target_cost: ModelCost | None = None, key: str = "") -> CpuDev
     if key not in entries:
         raise ForecastInputError(
             f"no CPU calibration for {key or 'these models'} on this machine ({path}); run "
-            f"`specdeploy forecast CONFIG --calibrate` (a minute of microbenchmarks of the reference engine) first")
+            f"`specdeploy forecast CONFIG --calibrate` (a minute or two of microbenchmarks of the reference engine) first")
     schema = entries[key].get("schema")
     if schema != CALIBRATION_SCHEMA:
         raise ForecastInputError(
