@@ -26,6 +26,7 @@ from pipeline.infra.provenance import result_provenance  # noqa: E402 - after th
 CONFIGS = ("tiny-cpu-draft-target", "tiny-cpu-medusa", "tiny-cpu-eagle", "tiny-cpu-eagle3", "tiny-cpu-ngram")
 TOLERANCE = 0.15
 EFFICIENCY_GOAL = 0.9
+BATCHES = (1, 8)
 
 
 def _commit() -> str:
@@ -66,9 +67,13 @@ def check_config(name: str, prompts: int, max_tokens: int) -> dict:
     # measures, one category per generation as the bench batches them); the bench measures the first
     # `prompts` of each category, never these
     held = held_out_groups(load_prompts(cfg, HELD_OUT + prompts), encode, per_category=prompts, strict=True)
-    before = calibrate(target, draft, threads=cfg.reference.threads, reps=5, proposer=spec, prompt_groups=held)
-    bench = run_bench(path, prompts_per_category=prompts, max_tokens=max_tokens, batches=(1, 8))
-    after = calibrate(target, draft, threads=cfg.reference.threads, reps=5, proposer=spec, prompt_groups=held)
+    # the bench measures batch 1 and 8 only, so only those are calibrated (a `run` calibrates its
+    # concurrency sweep's sizes too, CALIBRATED_BATCHES)
+    before = calibrate(target, draft, threads=cfg.reference.threads, reps=5, proposer=spec, prompt_groups=held,
+                       batches=BATCHES)
+    bench = run_bench(path, prompts_per_category=prompts, max_tokens=max_tokens, batches=BATCHES)
+    after = calibrate(target, draft, threads=cfg.reference.threads, reps=5, proposer=spec, prompt_groups=held,
+                      batches=BATCHES)
     calibration = average_calibrations(before, after)
     rows = []
     for summary in (s for s in bench["summary"] if s["scope"] == "all" and s["method"] == cfg.method):
