@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import statistics
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,26 +157,26 @@ class _Instrumented:
         return out
 
     def generate(self, group: list[list[int]], batch: int, per_slot: int = 2) -> dict[str, float]:
-        """A closed loop of ``batch`` slots, each running ``per_slot`` requests one after the other
-        (prompts cycling through ``group``), so ``batch`` sequences stay in flight — finished ones
-        replaced, as in a closed-loop load test — and only the end drains: CPU seconds spent
+        """A closed loop of ``batch`` slots: ``per_slot × batch`` requests (prompts cycling through
+        ``group``) submitted at once to the engine with its admission limit set to ``batch``, so
+        ``batch`` sequences stay in flight — finished ones replaced, as in a closed-loop load
+        test — and only the end drains. No thread of ours waits on a stream meanwhile (one waking
+        per chunk would add a per-step cost the engine does not have). Returns CPU seconds spent
         (admission and prefill excluded), drafting seconds, the fitted forward's seconds and the
         full-batch steps."""
         from pipeline.reference.api import GenerationRequest  # noqa: PLC0415 - only this path needs it
 
-        def slot(i: int) -> None:
-            for j in range(per_slot):
-                prompt = group[(i + batch * j) % len(group)]
-                self.engine.submit(GenerationRequest(list(prompt), self.tokens)).result(timeout=600)
-
         self.records.clear()
         self.admitted.clear()
-        slots = [threading.Thread(target=slot, args=(i,), daemon=True) for i in range(batch)]
-        start = time.process_time()
-        for thread in slots:
-            thread.start()
-        for thread in slots:
-            thread.join()
+        limit, self.engine.max_batch_size = self.engine.max_batch_size, batch
+        try:
+            start = time.process_time()
+            handles = [self.engine.submit(GenerationRequest(list(group[k % len(group)]), self.tokens))
+                       for k in range(batch * per_slot)]
+            for handle in handles:
+                handle.result(timeout=600)
+        finally:
+            self.engine.max_batch_size = limit
         spent = time.process_time() - start - sum(self.admitted)
         recs, fit = list(self.records), self.fit
         # full-batch-equivalent steps: Σ sequences per step ÷ B. A speculative batch runs until its

@@ -21,7 +21,7 @@ RESULT = ROOT / "benchmarks" / "results" / "forecast-served.json"
 TOLERANCE = 0.15
 METHODS = {"draft_target", "medusa", "eagle", "eagle3", "ngram"}
 # the committed run's levels beyond ±15 % (docs/forecast.md says why); a new run updates this set
-DOCUMENTED_MISSES: set[tuple[str, int]] = set()
+DOCUMENTED_MISSES = {("tiny-cpu-medusa", 4), ("tiny-cpu-eagle", 4)}
 
 
 @pytest.fixture(scope="module")
@@ -59,10 +59,11 @@ def test_the_stored_forecasts_recompute_from_the_stored_inputs(result, monkeypat
             assert again["tpot_error"] == pytest.approx(stored["tpot_error"], abs=2e-3)
 
 
-def test_the_misses_are_the_documented_ones(result):
+def test_the_misses_are_the_documented_ones_and_none_beyond_25_percent(result):
     misses = {(e["config"], lv["concurrency"]) for e in result["configs"] for lv in e["levels"]
               if abs(lv["tpot_error"]) > TOLERANCE}
     assert misses == DOCUMENTED_MISSES, sorted(misses)
+    assert all(abs(lv["tpot_error"]) <= 0.25 for e in result["configs"] for lv in e["levels"])
 
 
 def _errors_with(result: dict, monkeypatch, tmp_path: Path, broken: str) -> list[float]:
