@@ -4,10 +4,11 @@ short microbenchmark of the engine's own models, stored with the machine's descr
 ``calibrate`` times the engine's target (and draft) forward over B sequences × T new tokens at
 context L (logits included, as a step computes them; thread CPU time, which other processes on
 shared cores distort less than wall time), fits ``t = a + b·rows + c·rows·L`` per model
-(non-negative least squares, scipy), and times the baseline engine's decode step to get the
-engine's own per-step cost beyond the forward (scheduling, sampling, streaming) per batch size, and
-times the speculative engine's drafting calls per batch size (the proposer's cost is measured:
-the engine's fused one-row drafting paths do not follow the batched forward's fit). Without a
+(non-negative least squares, scipy), and times the baseline and speculative engines side by side
+per batch size (:func:`_side_by_side_steps`): the engine's own per-step cost beyond the forward
+(scheduling, sampling, streaming), the drafting calls (the proposer's cost is measured: the
+engine's fused one-row drafting paths do not follow the batched forward's fit) and the
+per-sequence work of a speculative step; without a proposer, the baseline's step alone. Without a
 measured proposer, drafting heads are scaled from the target's fit: their fixed part by their
 layer share, their per-row part by their FLOPs share. Writes
 ``$SPECDEPLOY_FORECAST_HOME`` (default ``~/.cache/specdeploy/forecast``)``/cpu-<machine>.json``;
@@ -267,23 +268,26 @@ def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1,
         if draft_dir is not None:
             fits["draft"] = draft_fit
         tokens = 32
-        steps = {b: _engine_step(engines["baseline"], b, tokens) for b in batches}
         measured = {}
         if proposer is not None:
             engines["speculative"] = create_engine(Path(target_dir), role="speculative", proposer=proposer, **limits)
             measured = _side_by_side_steps(engines, batches, fits["target"], prompt_len=prompt_len,
                                            prompt_groups=prompt_groups)
+        else:  # no speculative arm to time it beside: the baseline's own step
+            steps = {str(b): _engine_step(engines["baseline"], b, tokens) for b in batches}
     finally:
         for engine in engines.values():
             engine.shutdown()
     proposer_s, spec_extra = {}, {}
-    ctx = 8 + tokens // 2
-    t = fits["target"]
-    # the engine's step beyond the fitted forward (may be negative where the engine's one-row path
-    # beats the batched forward the fit describes): baseline steps then equal the measured ones
-    overhead = {str(b): steps[b] - (t["a"] + t["b"] * b + t["c"] * b * ctx) for b in batches}
-    if measured:
+    if not measured:
+        ctx = 8 + tokens // 2
+        t = fits["target"]
+        # the engine's step beyond the fitted forward (may be negative where the engine's one-row path
+        # beats the batched forward the fit describes): baseline steps then equal the measured ones
+        overhead = {b: steps[b] - (t["a"] + t["b"] * int(b) + t["c"] * int(b) * ctx) for b in steps}
+    else:
         base, spec = measured["baseline"], measured["speculative"]
+        steps = {b: v["step"] for b, v in base.items()}
         proposer_s[proposer["method"]] = {b: v["propose"] for b, v in spec.items()}
         # what a speculative step costs beyond its forward, its drafting and the baseline step's own
         # work beyond its forward: the per-sequence work of a batched speculative step
@@ -294,7 +298,7 @@ def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1,
     return {"schema": CALIBRATION_SCHEMA, "machine": machine(), "threads": threads,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "models": {"target": str(target_dir), "draft": str(draft_dir) if draft_dir else None},
-            "forward_fits": fits, "engine_step_s": {str(b): s for b, s in steps.items()},
+            "forward_fits": fits, "engine_step_s": steps,
             "engine_overhead_s": overhead, "proposer_s": proposer_s, "spec_step_extra_s": spec_extra,
             "prompts": (f"held-out prompts given by the caller, {len(prompt_groups)} categories" if prompt_groups else
                         f"synthetic token ids, {prompt_len} per prompt") + ", never the prompts a check measures",
