@@ -148,9 +148,17 @@ def method_compare_section(name: str, data: dict) -> str:
 def forecast_published_section(name: str, data: dict) -> str:
     """Published results reproduced by the forecast from their reported inputs (docs/forecast.md)."""
     rows = [[c["id"], p["batch"], p.get("tau", c["tau"]), c["tau_origin"], p["published_speedup"], p["forecast_speedup"],
-             f"{p['error']:+.0%}", "fitted" if p["fitted"] else ("yes" if p["within_tolerance"] else "no")]
+             f"{p['error']:+.0%}", "fitted" if p["fitted"] else ("yes" if p["within_tolerance"] else "no"),
+             _step_cost(p)]
             for c in data["cases"] for p in c["points"]]
-    return _table(["case", "batch", "τ", "τ from", "published", "forecast", "error", "within ±25%"], rows)
+    return _table(["case", "batch", "τ", "τ from", "published", "forecast", "error", "within ±25%",
+                   "speculative step ÷ plain step (forecast / published)"], rows)
+
+
+def _step_cost(point: dict) -> str:
+    if point.get("published_step_cost_ratio") is None:
+        return ""
+    return f"{point['forecast_step_cost_ratio']} / {point['published_step_cost_ratio']}"
 
 
 def forecast_cpu_section(name: str, data: dict) -> str:

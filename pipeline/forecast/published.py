@@ -2,7 +2,8 @@
 
 Reads ``pipeline/forecast/data/published.yaml`` (each case's hardware, engine, shapes, plan, τ,
 batch sizes, published speedups and where each figure comes from). Writes nothing. For every
-case and batch: the forecast speedup, the published one and the relative error; a case whose
+case and batch: the forecast speedup, the published one and the relative error (and, where the
+source reports it, a speculative step's cost relative to a plain step, forecast and published); a case whose
 baseline speed is reported sets its stack's per-step overhead from it; a case without a
 published τ has τ fitted at one batch (``fit_tau_at_batch``) and the others forecast from it.
 """
@@ -102,10 +103,14 @@ def reproduce(case: dict, table: dict) -> dict:
         forecast = _speedup(point_inp, p["batch"])
         error = forecast / p["published_speedup"] - 1
         fitted = fit_at is not None and p["batch"] == fit_at
-        rows.append({"batch": p["batch"], "published_speedup": p["published_speedup"], "forecast_speedup": round(forecast, 3),
-                     "tau": round(point_inp.acceptance.tau, 3), "context": point_inp.context,
-                     "error": round(error, 3), "fitted": fitted,
-                     "within_tolerance": abs(error) <= TOLERANCE})
+        row = {"batch": p["batch"], "published_speedup": p["published_speedup"], "forecast_speedup": round(forecast, 3),
+               "tau": round(point_inp.acceptance.tau, 3), "context": point_inp.context,
+               "error": round(error, 3), "fitted": fitted, "within_tolerance": abs(error) <= TOLERANCE}
+        if p.get("published_step_cost_ratio") is not None:
+            # a source that reports a speculative step's cost ÷ a plain step's pins where an error comes from
+            row["published_step_cost_ratio"] = p["published_step_cost_ratio"]
+            row["forecast_step_cost_ratio"] = round(point_inp.acceptance.tau / forecast, 3)
+        rows.append(row)
     checked = [r for r in rows if not r["fitted"]]
     return {"id": case["id"], "source": case["source"], "provenance": case["provenance"],
             "hardware": case["hardware"], "engine": case["engine"], "method": case["method"],
