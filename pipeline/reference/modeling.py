@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from pipeline.errors import SpecdeployError
 from pipeline.reference.checkpoint import LlamaShape, load_safetensors, parse_shape, quantize_weight, read_config
+from pipeline.reference.int8_gemm import int8_product, operand
 from pipeline.reference.kv_cache import KVPool, SlotCache
 
 # ----------------------------------------------------------------------------------------------
@@ -34,8 +35,9 @@ from pipeline.reference.kv_cache import KVPool, SlotCache
 
 
 class Linear:
-    """y = x Wᵀ (+ b). Int8 weights (float32 compute) run a real int8 GEMM, ``torch._int_mm``
-    (int8 × int8 → int32), with activations quantized **per row** (symmetric, absmax): a row's
+    """y = x Wᵀ (+ b). Int8 weights (float32 compute) run an int8 × int8 product
+    (:mod:`pipeline.reference.int8_gemm`: ``torch._int_mm``, or the same integers in a float GEMM
+    where that is faster, bit for bit alike), with activations quantized **per row** (symmetric, absmax): a row's
     result never depends on the other rows in the batch, so verifying K+1 tokens in one pass gives
     exactly what decoding them one by one gives (speculation stays lossless under int8). Per-tensor
     activation scales (``torch.ops.quantized.linear_dynamic``) would couple the rows."""
@@ -47,6 +49,7 @@ class Linear:
         if self.int8:
             self.weight = None
             self.weight_t = weight.t().contiguous()  # int8 [in, out]
+            self.gemm_weight = operand(self.weight_t)  # what this CPU multiplies fastest, exactly (int8_gemm)
             self.scale = scale.float()  # [out]
         else:
             self.weight = weight  # [out, in]
@@ -57,7 +60,7 @@ class Linear:
         flat = x.reshape(-1, x.shape[-1])
         row_scale = flat.abs().amax(1, keepdim=True).clamp_min(1e-12) / 127.0  # [M, 1]
         x_int8 = torch.round(flat / row_scale).to(torch.int8)
-        y = torch._int_mm(x_int8, self.weight_t).to(torch.float32) * (row_scale * self.scale)
+        y = int8_product(x_int8, self.gemm_weight) * (row_scale * self.scale)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(list(x.shape[:-1]) + [y.shape[-1]])

@@ -6,8 +6,9 @@ int8 (symmetric, one scale per output channel: ``<name>.weight`` int8 + ``<name>
 float32), embeddings and norms kept in float, and ``config.json`` carrying
 ``quantization_config = {"quant_method": "specdeploy_int8_wo", ...}``. The loader
 (:mod:`pipeline.reference.modeling`) keeps those weights int8 in memory and multiplies with
-``torch._int_mm`` (int8 × int8 → int32, activations quantized per row so rows never couple),
-never dequantizing to a float copy (float64 test runs excepted).
+an int8 × int8 product (activations quantized per row so rows never couple), never dequantizing
+to a float copy (float64 test runs excepted); where ``_int_mm`` is slow on the CPU it also holds
+the same integers in float for an exact float GEMM (:mod:`pipeline.reference.int8_gemm`).
 """
 
 from __future__ import annotations

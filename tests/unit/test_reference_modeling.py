@@ -145,7 +145,7 @@ def test_int8_weight_only_runs_real_int8_and_agrees_on_top1(ckpt, tmp_path):
     assert state["model.layers.0.self_attn.q_proj.weight"].dtype == torch.int8
     assert state["lm_head.weight"].dtype == torch.int8
     q = FastLlamaModel(tmp_path / "int8")
-    assert q.layers[0].qkv.int8 and q.layers[0].qkv.weight is None  # int8 GEMM, no float copy
+    assert q.layers[0].qkv.int8 and q.layers[0].qkv.weight is None  # int8 product, nothing dequantized
     assert q.lm_head.int8 and q.layers[0].qkv.weight_t.dtype == torch.int8
     ids = random_prompts(1, seed=5, min_len=60, max_len=60)[0]
     _, _, ref = _prefill(FastLlamaModel(ckpt["target"]), ids)
@@ -281,7 +281,7 @@ def test_the_scripted_layer_equals_its_python_function_bit_for_bit(ckpt, slots, 
     function gives the same bits (the engine's results do not depend on TorchScript) for prefill,
     a one-row step, a causal chain, a tree, and ragged batches whose slots are contiguous (keys
     read through a pool view) or not (gathered); float32 (oneDNN / one-row ``mm``), float64
-    (``F.linear``) and int8 (``_int_mm``) projections."""
+    (``F.linear``) and int8 (``int8_gemm``'s product) projections."""
     from pipeline.reference.fast import models as modeling
 
     model = FastLlamaModel(ckpt["target"], dtype)

@@ -28,6 +28,8 @@ from typing import List, Optional, Union
 import torch
 import torch.nn.functional as F
 
+from pipeline.reference.int8_gemm import int8_product
+
 
 def script(fn):
     """``torch.jit.script(fn)``, or ``fn`` itself (with a warning) where TorchScript cannot
@@ -134,7 +136,7 @@ def eagle_greedy_chain(xqkv: torch.Tensor, start: int, k: int, rows: torch.Tenso
 # (TorchScript cannot read module globals: :func:`linear` spells these numbers out)
 FLOAT = 0  # [weight [in, out], oneDNN-blocked weight]: one row torch.mm, more rows oneDNN (bucket_rows)
 PLAIN = 1  # [weight [out, in]]: F.linear (float64; float32 where oneDNN is missing)
-INT8 = 2  # [int8 weight [in, out], float32 scale [out]]: activations quantized per row, _int_mm
+INT8 = 2  # [int8 weight [in, out] (or its exact float copy), float32 scale [out]]: activations quantized per row, int8_gemm
 INT8_DRAFT = 3  # INT8's, + [int8 [out, in], bf16 scale]: up to DRAFT_PACK_ROWS rows _weight_int8pack_mm
 DRAFT_PACK_ROWS = 8
 if (FLOAT, PLAIN, INT8, INT8_DRAFT, DRAFT_PACK_ROWS) != (0, 1, 2, 3, 8):
@@ -189,7 +191,7 @@ def linear(x: torch.Tensor, mode: int, operands: List[torch.Tensor], bias: Optio
         else:
             row_scale = flat.abs().amax(1, keepdim=True).clamp_min(1e-12) / 127.0  # [M, 1]
             x_int8 = torch.round(flat / row_scale).to(torch.int8)
-            y = torch._int_mm(x_int8, operands[0]).to(torch.float32) * (row_scale * operands[1])
+            y = int8_product(x_int8, operands[0]) * (row_scale * operands[1])
         if bias is not None:
             y = y + bias
     return y.reshape(list(x.shape[:-1]) + [y.shape[-1]])

@@ -8,11 +8,11 @@ Why each kernel (what it costs is in ``benchmarks/results/engine.json``, never h
 - float32, one row: ``torch.mm`` on an ``[in, out]`` copy beats ``F.linear``'s GEMV on the
   ``[out, in]`` weight; several rows: a oneDNN-blocked copy keeps verifying K+1 tokens close to
   the cost of one;
-- int8 (float32 compute): the per-row ``_int_mm`` of the plain Linear, scripted;
+- int8 (float32 compute): the per-row int8 product of the plain Linear (:mod:`pipeline.reference.int8_gemm`), scripted;
 - int8 draft-side weights (``int8_copy``): up to :data:`~pipeline.reference.fast.kernels.DRAFT_PACK_ROWS`
   rows run ``torch._weight_int8pack_mm`` on bfloat16 activations — a quarter of float32's bytes,
   nothing quantized per call. Its rounding is not the per-row int8 scheme, which drafts need not
-  keep: they change what is accepted, never the output. More rows keep ``_int_mm``.
+  keep: they change what is accepted, never the output. More rows keep the int8 product.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class FastLinear(Linear):
         if self.int8:
             if drafting:
                 self.packed = _pack_int8(weight.contiguous(), self.scale)
-            self.mode, self.operands = INT8, [self.weight_t, self.scale]
+            self.mode, self.operands = INT8, [self.gemm_weight, self.scale]
             if self.packed is not None:
                 self.mode, self.operands = INT8_DRAFT, [*self.operands, *self.packed]
         else:
@@ -83,7 +83,7 @@ def _prepack_onednn(weight: torch.Tensor):
 
 def _pack_int8(weight: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Operands of ``torch._weight_int8pack_mm`` for int8 ``weight [out, in]``, or None where
-    this torch build or shape cannot run it (the caller keeps ``_int_mm``). The kernel does not
+    this torch build or shape cannot run it (the caller keeps the int8 product). The kernel does not
     reject what it mishandles (``in`` not a multiple of 16 gave garbage or a crash on torch
     2.13), so the shape is checked first and one random row against the dequantized product."""
     if weight.shape[1] % PACK_IN_MULTIPLE:
