@@ -182,6 +182,13 @@ def forecast_served_section(name: str, data: dict) -> str:
                    "error"], rows)
 
 
+def int8_gemm_section(name: str, data: dict) -> str:
+    """The int8 product's kernels side by side; the engine picks the faster (docs/reference-engine.md)."""
+    head = f"CPU capability {data['cpu_capability']}, torch {data['torch']}: the engine runs `{data['engine_kernel']}` here.\n\n"
+    rows = [[r["rows"], f"{r['in']} → {r['out']}", r["int_mm_us"], r["float_us"], r["float_over_int_mm"]] for r in data["rows"]]
+    return head + _table(["rows", "in → out", "_int_mm (µs)", "exact float GEMM (µs)", "float ÷ _int_mm"], rows)
+
+
 def generic_section(name: str, data: dict) -> str:
     """Files without a renderer of their own: their top-level scalars."""
     if not isinstance(data, dict):
@@ -202,6 +209,7 @@ RENDERERS: list[tuple[str, Callable[[str, dict], str]]] = [
     ("forecast-published", forecast_published_section),
     ("forecast-cpu", forecast_cpu_section),
     ("forecast-served", forecast_served_section),
+    ("int8-gemm", int8_gemm_section),
 ]
 
 

@@ -40,12 +40,20 @@ CONTEXTS = (16, 96)
 
 
 def machine() -> dict:
+    """This machine as a calibration records it; the int8 kernel because int8 draft weights' cost
+    depends on it (:mod:`pipeline.reference.int8_gemm`)."""
+    from pipeline.reference.int8_gemm import kernel  # noqa: PLC0415 - torch, only where a calibration is described
+
+    return {**_identity(), "int8_gemm": kernel()}
+
+
+def _identity() -> dict:
     return {"processor": platform.processor() or platform.machine(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "node": platform.node(), "python": platform.python_version()}
 
 
 def machine_key(desc: dict | None = None) -> str:
-    desc = desc or machine()
+    desc = desc or _identity()  # no torch: reading a calibration must not import it
     text = "|".join(str(desc[k]) for k in ("processor", "machine", "cpus", "node"))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 

@@ -92,3 +92,14 @@ def test_an_int8_projection_gives_the_same_bits_on_either_kernel(projection, for
         assert (layer.gemm_weight.dtype == torch.int8) == (name == "int_mm")
         outputs[name] = layer(x)
     assert torch.equal(outputs["int_mm"], outputs["float"])
+
+
+def test_a_calibration_records_the_kernel_but_its_key_does_not_depend_on_it(forced):
+    from pipeline.forecast import cpu
+
+    forced("float")
+    described = cpu.machine()
+    assert described["int8_gemm"] == "float"
+    forced("int_mm")
+    assert cpu.machine()["int8_gemm"] == "int_mm"
+    assert cpu.machine_key() == cpu.machine_key(described)  # the same machine's calibration file either way
