@@ -36,11 +36,10 @@ LEVEL_FIELDS = ("concurrency", "tau_measured", "draft_coverage", "forecast_tpot_
 
 def _measured_inputs(report: dict, concurrency: int) -> dict:
     """What the forecast of one level was made from: both arms' headline rows and cells."""
-    primary = report.get("primary_draft_len")
-    rows = [r for r in report["rows"] if r["concurrency"] == concurrency and
-            (r["arm"] == "baseline" or r.get("speculation_length") in (None, primary))]
-    cells = [c for c in report.get("cells", []) if c["concurrency"] == concurrency and
-             (c["arm"] == "baseline" or c.get("draft_len") in (None, primary))]
+    from pipeline.report.forecast_check import primary_cells, primary_rows
+
+    rows = [r for arm in ("baseline", "speculative") for r in primary_rows(report, arm) if r["concurrency"] == concurrency]
+    cells = [c for arm in ("baseline", "speculative") for c in primary_cells(report, arm) if c["concurrency"] == concurrency]
     keep = ("arm", "concurrency", "speculation_length", "mean_acceptance_length", "tpot_ms", "output_tokens_per_s")
     return {"rows": [{k: r.get(k) for k in keep} for r in rows],
             "cells": [{"arm": c["arm"], "concurrency": c["concurrency"], "draft_len": c.get("draft_len"),

@@ -30,12 +30,28 @@ from pipeline.errors import SpecdeployError
 CONFIG_CONTEXT = "the config's default, half build.max_input_len + half loadtest.max_tokens"
 
 
+def _headline(items: list[dict], arm: str, primary, length_key: str) -> list[dict]:
+    """The arm's entries the forecast is checked against: the baseline's, or the speculative
+    arm's at the report's primary draft length (all of them when none is at it)."""
+    mine = [item for item in items if item.get("arm") == arm]
+    if arm == "baseline" or primary is None:
+        return mine
+    return [item for item in mine if item.get(length_key) in (None, primary)] or mine
+
+
+def primary_rows(data: dict, arm: str) -> list[dict]:
+    """The arm's headline rows (one per concurrency) the forecast is checked against."""
+    return _headline(data.get("rows", []), arm, data.get("primary_draft_len"), "speculation_length")
+
+
+def primary_cells(data: dict, arm: str) -> list[dict]:
+    """The arm's cells (per concurrency: TPOT, TTFT and output-length statistics, acceptance
+    counters) at the same draft length as :func:`primary_rows`."""
+    return _headline(data.get("cells", []), arm, data.get("primary_draft_len"), "draft_len")
+
+
 def _arm_rows(data: dict, arm: str) -> dict[int, dict]:
-    primary = data.get("primary_draft_len")
-    rows = [r for r in data.get("rows", []) if r["arm"] == arm]
-    if arm == "speculative":
-        rows = [r for r in rows if r.get("speculation_length") in (None, primary)] or rows
-    return {r["concurrency"]: r for r in rows}
+    return {r["concurrency"]: r for r in primary_rows(data, arm)}
 
 
 def _ratio(a, b) -> float | None:
@@ -99,7 +115,7 @@ def forecast_section(data: dict, cfg, measured_context: dict | None = None) -> d
     levels, flagged = [], []
     for c in sorted(set(base_rows) & set(spec_rows)):
         tau = acceptance.per_level.get(c, acceptance.tau)
-        spec = _measured(data, spec_rows[c], "speculative", c, data.get("primary_draft_len"))
+        spec = _measured(data, spec_rows[c], "speculative", c)
         level = _level(_with_coverage(inp, spec["coverage"]), c, tau, _measured(data, base_rows[c], "baseline", c), spec)
         if level["worth_a_look"]:
             flagged.append(c)
@@ -115,13 +131,12 @@ def forecast_section(data: dict, cfg, measured_context: dict | None = None) -> d
                     "outside the band is worth a look (engine settings, KV pool, a noisy host), not a failed gate"}
 
 
-def _measured(data: dict, row: dict, arm: str, concurrency: int, draft_len=None) -> dict:
+def _measured(data: dict, row: dict, arm: str, concurrency: int) -> dict:
     """One arm's measured TPOT, TTFT and output length at a level: the cell's means where the
     report has cells (the forecast is a mean over steps, so it is compared with the mean per
     request, not the median), else the headline row's median TPOT."""
-    for cell in data.get("cells", []):
-        if cell.get("arm") == arm and cell.get("concurrency") == concurrency and (
-                arm == "baseline" or draft_len is None or cell.get("draft_len") in (None, draft_len)):
+    for cell in primary_cells(data, arm):
+        if cell.get("concurrency") == concurrency:
             mean = (cell.get("tpot_ms") or {}).get("mean")
             if mean:
                 return {"tpot_ms": mean, "statistic": "mean", "ttft_ms": (cell.get("ttft_ms") or {}).get("mean"),

@@ -21,7 +21,7 @@ RESULT = ROOT / "benchmarks" / "results" / "forecast-served.json"
 TOLERANCE = 0.15
 METHODS = {"draft_target", "medusa", "eagle", "eagle3", "ngram"}
 # the committed run's levels beyond ±15 % (docs/forecast.md says why); a new run updates this set
-DOCUMENTED_MISSES = {("tiny-cpu-medusa", 4), ("tiny-cpu-eagle", 4)}
+DOCUMENTED_MISSES = {("tiny-cpu-draft-target", 1), ("tiny-cpu-medusa", 8), ("tiny-cpu-eagle", 4)}
 
 
 @pytest.fixture(scope="module")

@@ -73,3 +73,18 @@ def test_report_forecast_without_prompt_counts_keeps_the_config_default_and_says
     assert fc["context_tokens"] == cfg["build"]["max_input_len"] // 2 + cfg["loadtest"]["max_tokens"] // 2
     assert fc["context_source"].startswith("the config's default") and "no prompt token counts" in fc["context_source"]
     assert fc["context_measured"] is None
+
+
+def test_the_forecast_is_checked_against_the_primary_draft_length_only():
+    from pipeline.report.forecast_check import primary_cells, primary_rows
+
+    rows = [{"arm": "baseline", "concurrency": 1},
+            {"arm": "speculative", "concurrency": 1, "speculation_length": 3},
+            {"arm": "speculative", "concurrency": 1, "speculation_length": 5}]
+    cells = [{"arm": "speculative", "concurrency": 1, "draft_len": k} for k in (3, 5)]
+    data = {"primary_draft_len": 5, "rows": rows, "cells": cells}
+    assert [r.get("speculation_length") for r in primary_rows(data, "speculative")] == [5]
+    assert [c["draft_len"] for c in primary_cells(data, "speculative")] == [5]
+    assert primary_rows(data, "baseline") == rows[:1]
+    # a report whose primary length matches nothing keeps every row rather than none
+    assert len(primary_rows({**data, "primary_draft_len": 7}, "speculative")) == 2
