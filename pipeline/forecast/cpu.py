@@ -49,7 +49,28 @@ def machine() -> dict:
 
 def _identity() -> dict:
     return {"processor": platform.processor() or platform.machine(), "machine": platform.machine(),
-            "cpus": os.cpu_count(), "node": platform.node(), "python": platform.python_version()}
+            "cpus": os.cpu_count(), "node": platform.node(), "python": platform.python_version(),
+            "torch": _installed("torch")}
+
+
+def _installed(package: str) -> str | None:
+    from importlib import metadata  # noqa: PLC0415 - only a calibration's description needs it
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+SOFTWARE = ("python", "torch")  # a calibration made under other versions of these times other code
+
+
+def stale_reason(calibration: dict) -> str | None:
+    """Why a stored calibration no longer times this machine's engine (None: it still does): the
+    Python or torch it was made under differs from this one's. Only what it recorded is compared."""
+    then, now = calibration.get("machine") or {}, _identity()
+    changed = [f"{k} {then[k]} (now {now[k]})" for k in SOFTWARE if then.get(k) is not None and then[k] != now[k]]
+    return "made under " + ", ".join(changed) if changed else None
 
 
 def machine_key(desc: dict | None = None) -> str:

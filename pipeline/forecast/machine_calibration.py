@@ -54,7 +54,8 @@ def stored(cfg) -> dict | None:
 
 
 def ensure_calibration(cfg, force: bool = False, on_start: Callable[[str], None] | None = None) -> dict:
-    """Make the config's calibration unless one is stored (or ``force``); never raises: a failed
+    """Make the config's calibration unless one is stored that is not stale
+    (:func:`~pipeline.forecast.cpu.stale_reason`), or ``force``; never raises: a failed
     calibration is an outcome, because the run and its report stand without a forecast.
     ``on_start`` is told why, before the microbenchmarks start.
 
@@ -66,11 +67,13 @@ def ensure_calibration(cfg, force: bool = False, on_start: Callable[[str], None]
     if reason is not None:
         return {"status": "not needed", "key": key, "reason": reason}
     existing = None if force else stored(cfg)
-    if existing is not None:
+    stale = cpu.stale_reason(existing) if existing is not None else None
+    if existing is not None and stale is None:
         return {"status": "stored", "key": key, "path": str(cpu.calibration_path()),
                 "created": existing.get("created"), "prompts": existing.get("prompts")}
     if on_start is not None:
-        on_start("asked for (--recalibrate)" if force else "none stored for this config on this machine")
+        on_start("asked for (--recalibrate)" if force else
+                 f"the stored one is stale ({stale})" if stale else "none stored for this config on this machine")
     try:
         path, calibration = calibrate_config(cfg)
     except Exception as exc:  # noqa: BLE001 - the forecast is advice: the run goes on and its report says why

@@ -94,14 +94,21 @@ def config_from_run(run_dir: Path) -> DeploymentConfig:
     return parse_config(snapshot, f"{run_dir}/run.json:config")
 
 
-def analyze(run_dir: Path, cfg: DeploymentConfig) -> dict[str, Any]:
-    meta = _load_run_json(run_dir)
+def _runs(run_dir: Path) -> list[RunData]:
+    """The run's load-test runs and their records; a clear error when there are none."""
     try:
         runs = load_runs(run_dir)
     except FileNotFoundError as exc:
         raise ReportError(str(exc)) from None
     if not runs:
         raise ReportError(f"{run_dir}/runs.json lists no runs")
+    return runs
+
+
+def analyze(run_dir: Path, cfg: DeploymentConfig, runs: list[RunData] | None = None) -> dict[str, Any]:
+    """Cells, comparisons, crossover and acceptance of RUN_DIR (``runs``: already loaded)."""
+    meta = _load_run_json(run_dir)
+    runs = runs if runs is not None else _runs(run_dir)
     slo = cfg.gate.slo
     boot = BootstrapSettings(cfg.gate.bootstrap_resamples, cfg.gate.bootstrap_seed, 1 - cfg.gate.alpha)
     groups: dict[tuple, list[RunData]] = defaultdict(list)
@@ -219,9 +226,10 @@ def tau_bound(alpha: float | None, k: int | None) -> float | None:
     return (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
-def build_report_data(run_dir: Path, cfg: DeploymentConfig, analysis: dict, gate: GateResult) -> dict[str, Any]:
+def build_report_data(run_dir: Path, cfg: DeploymentConfig, analysis: dict, gate: GateResult,
+                      runs: list[RunData] | None = None) -> dict[str, Any]:
     meta = _load_run_json(run_dir)
-    runs = load_runs(run_dir)
+    runs = runs if runs is not None else _runs(run_dir)
     data = {
         "schema": REPORT_SCHEMA,
         "schema_version": ReportFile.VERSION,
@@ -283,9 +291,10 @@ def prepare(run_dir: Path, cfg: DeploymentConfig | None = None) -> tuple[dict[st
     if not run_dir.is_dir():
         raise ReportError(f"{run_dir}: no such run directory")
     cfg = cfg or config_from_run(run_dir)
-    analysis = analyze(run_dir, cfg)
+    runs = _runs(run_dir)  # records are the bulk of a run: read once for the analysis and the report
+    analysis = analyze(run_dir, cfg, runs)
     gate = with_kv_capacity_check(evaluate_gate(analysis, cfg.gate), _load_run_json(run_dir))
-    data = build_report_data(run_dir, cfg, analysis, gate)
+    data = build_report_data(run_dir, cfg, analysis, gate, runs)
     problems = validate_report_json(data)
     if problems:
         raise ReportError("report.json failed its schema check: " + "; ".join(problems))

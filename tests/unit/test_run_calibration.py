@@ -122,6 +122,20 @@ def test_a_calibration_made_by_an_older_method_is_not_reused(stages, tmp_path):
     assert cpu.stored_device(key=cpu.calibration_key(cfg)).calibration["schema"] == cpu.CALIBRATION_SCHEMA
 
 
+def test_a_calibration_made_under_another_torch_is_made_again(stages, tmp_path):
+    cfg = with_workdir(load_config(MEDUSA), tmp_path)
+    machine = {**cpu._identity(), "torch": "2.0.0"}
+    cpu.store({"schema": cpu.CALIBRATION_SCHEMA, "created": "earlier", "machine": machine}, cpu.calibration_key(cfg))
+    output = _run(cfg)
+    assert stages.calls.count("calibrate") == 1
+    assert "stale (made under torch 2.0.0" in output
+    # the same versions: reused
+    stages.calls.clear()
+    cpu.store({"schema": cpu.CALIBRATION_SCHEMA, "created": "earlier", "machine": cpu._identity()}, cpu.calibration_key(cfg))
+    _run(cfg)
+    assert "calibrate" not in stages.calls
+
+
 def test_a_failed_calibration_does_not_fail_the_run_and_the_report_says_why(stages, tmp_path):
     cfg = with_workdir(load_config(MEDUSA), tmp_path)
     stages.fail = RuntimeError("engine would not start")
