@@ -325,7 +325,7 @@ class ReferenceEngineSettings(Section):
         "float = as the checkpoint stores them, or int8 — weight-only, per output channel, run by a "
         "few-row int8 kernel. Cheaper draft steps on CPU; the output is unchanged (drafts only decide "
         "what is accepted), acceptance may move a little. `specdeploy bench --draft-int8` measures both. "
-        "Where torch's int8 GEMM is slow on the CPU (AVX2 without VNNI) the same integers run in an exact "
+        "Where torch's int8 GEMM is slow on the CPU (seen on AVX2-only hosts) the same integers run in an exact "
         "float GEMM (docs/reference-engine.md; SPECDEPLOY_INT8_GEMM forces a kernel). "
         "float32 compute only; with draft-target orchestration: bls the served draft engine stays float.",
         default="float",

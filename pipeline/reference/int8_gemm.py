@@ -3,9 +3,9 @@
 Reads ``SPECDEPLOY_INT8_GEMM`` (``int_mm``, ``float`` or unset: measure) and, unset, times both
 kernels once per process; writes nothing.
 
-Why: ``torch._int_mm`` on CPU is fast only where oneDNN has an int8 GEMM for the instruction set
-(AVX-512 VNNI, AMX). On an AVX2-only CPU it runs a scalar loop, tens of times slower than a float
-GEMM of the same shape, which turned int8 draft weights from a saving into a NO-GO on such hosts
+Why: how fast ``torch._int_mm`` is on a CPU depends on the instruction set its build finds. On an
+AVX2-only host (no AVX-512) it ran tens of times slower than a float GEMM of the same shape, which
+turned int8 draft weights from a saving into a NO-GO there
 (``benchmarks/bench_int8_gemm.py`` measures both side by side). The float kernel here is *exact*,
 not an approximation: the int8 values are held as a float copy and every partial sum of int8
 products is an integer below 2**24 (float32, for up to :data:`FLOAT32_EXACT_IN` inputs) or 2**53
@@ -24,7 +24,7 @@ import torch
 
 ENV = "SPECDEPLOY_INT8_GEMM"
 CHOICES = ("int_mm", "float")
-FLOAT32_EXACT_IN = 1024  # 1024 × 127² < 2**24: every partial sum is an exactly representable integer
+FLOAT32_EXACT_IN = 1024  # 1024 × 128² = 2**24: every partial sum is an integer float32 holds exactly
 SLOWER_THAN_FLOAT = 2.0  # _int_mm is kept unless it costs more than this many float GEMMs
 
 
