@@ -46,13 +46,15 @@ def provenance_problems(name: str, data: dict) -> list[str]:
         problems.append(f"{script} does not exist")
     elif command and name + ".json" not in command and script != "specdeploy bench" \
             and name + ".json" not in (PROJECT_ROOT / script).read_text() \
-            and not (prov.get("copied_from") and prov["copied_from"] in command):
-        problems.append(f"neither the command nor {script} names {name}.json (nor says where it was copied from)")
+            and not (prov.get("copied_from") and prov["copied_from"] in command) \
+            and not (prov.get("renamed_from") and prov["renamed_from"] in (PROJECT_ROOT / script).read_text()):
+        problems.append(f"neither the command nor {script} names {name}.json (nor says where it was copied "
+                        f"or renamed from)")
     return problems
 
 
 def _script_of(command: str) -> str | None:
-    match = re.search(r"(benchmarks/[a-z_]+\.py)", command)
+    match = re.search(r"(benchmarks/[a-z0-9_]+\.py)", command)
     if match:
         return match.group(1)
     return "specdeploy bench" if re.search(r"specdeploy\S* bench\b|pipeline\.cli bench\b", command) else None
@@ -78,7 +80,10 @@ def test_a_hand_written_or_renamed_result_is_caught():
     assert provenance_problems("x", {"figures": 1}) == ["no provenance block"]
     renamed = {"provenance": {**fresh["provenance"]}}
     assert provenance_problems("y", renamed) == [
-        "neither the command nor benchmarks/bench_loadgen.py names y.json (nor says where it was copied from)"]
+        "neither the command nor benchmarks/bench_loadgen.py names y.json (nor says where it was copied or renamed from)"]
+    # a rename says so, from a name the script writes; a name it does not write is not enough
+    assert provenance_problems("y", {"provenance": {**fresh["provenance"], "renamed_from": "loadgen.json"}}) == []
+    assert provenance_problems("y", {"provenance": {**fresh["provenance"], "renamed_from": "z.json"}}) != []
     copied = {"provenance": {**fresh["provenance"], "copied_from": "benchmarks/results/x.json"}}
     assert provenance_problems("y", copied) == []  # a copy says so: the command's own output is named
     by_hand = {"provenance": {**fresh["provenance"], "command": "vim x.json"}}
