@@ -369,7 +369,8 @@ class CpuDevice:
     def describe(self) -> dict:
         c = self.calibration
         return {"kind": "cpu", "machine": c["machine"], "threads": c.get("threads"), "calibrated": c.get("created"),
-                "forward_fits": c["forward_fits"], "engine_overhead_s": c["engine_overhead_s"]}
+                "forward_fits": c["forward_fits"], "engine_overhead_s": c["engine_overhead_s"],
+                "stale": stale_reason(c)}
 
     def scaled(self, factor: float) -> CpuDevice:
         return CpuDevice(self.calibration, self.target_cost, self.factor * factor, self.band)

@@ -17,6 +17,8 @@ def summary_lines(fc: dict) -> list[str]:
              f"{where} [{dev.get('engine', dev['kind'])}], context {fc['context_tokens']} tokens",
              f"  acceptance: {acc['source']}" + (f", α {acc['alpha']}" if acc.get("alpha") is not None else "")
              + (f", τ {acc['tau']}" if acc.get("tau") is not None else "")]
+    if dev.get("stale"):
+        lines.append(f"  calibration stale ({dev['stale']}): remake it with `specdeploy forecast CONFIG --calibrate`")
     for row in fc["levels"]:
         best = row["best"]
         best_text = (f"best K {best['draft_len']} ({best['speedup']:.2f}×)" if best.get("swept") and best["draft_len"]

@@ -264,3 +264,18 @@ def test_report_section_measures_the_draft_coverage_of_a_run_whose_passes_do_not
     data["cells"][1]["acceptance"] = {**half, "accepted_tokens": 200}  # every pass drafted
     every = forecast_section(data, cfg)["levels"][0]
     assert every["draft_coverage"] == 1.0 and every["tpot_error"] < -0.05
+
+
+def test_a_forecast_from_a_stale_calibration_says_so():
+    from pipeline.forecast.render import summary_lines
+
+    cal = {"machine": {"torch": "1.0.0", "processor": "x"}, "forward_fits": {"target": {"a": 0.004, "b": 0.0002, "c": 0.0}},
+           "engine_overhead_s": {"1": 0.001}}
+    described = CpuDevice(cal).describe()
+    assert described["stale"].startswith("made under torch 1.0.0")
+    fc = {"acceptance": {"source": "given"}, "device": described, "method": "ngram", "draft_len": 4, "verify_width": 5,
+          "context_tokens": 64, "levels": [], "crossover_concurrency": None}
+    assert any("calibration stale (made under torch 1.0.0" in line for line in summary_lines(fc))
+    fresh = CpuDevice({**cal, "machine": {}}).describe()
+    assert fresh["stale"] is None
+    assert not any("stale" in line for line in summary_lines({**fc, "device": fresh}))
