@@ -1,6 +1,6 @@
 """The one training loop of the demo models (target, draft, Medusa, EAGLE and EAGLE-3 heads) and
 its recipe pieces: AdamW β=(0.9, 0.95), warm-up then cosine to 10 %, grad-clip 1.0, bf16
-autocast over fp32 master weights, and the batches the draft and heads learn from (half corpus
+autocast over fp32 master weights where the CPU multiplies bf16 fast (:func:`autocast_mode`), and the batches the draft and heads learn from (half corpus
 windows, half target-generated sequences). The heads' training-time-test unroll (pass p feeds the
 head its own outputs of pass p − 1) is :func:`unrolled_loss`.
 
@@ -11,7 +11,11 @@ writes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import time
+from functools import lru_cache
 from typing import Callable, Iterable
 
 from pipeline.demo.models import one_thread_torch as _torch
@@ -40,8 +44,46 @@ def optimizer_step(optimizer, params, loss, lr: float) -> None:
     optimizer.step()
 
 
-def autocast():
+AUTOCAST_ENV = "SPECDEPLOY_TRAIN_AUTOCAST"
+AUTOCAST_MODES = ("bf16", "off")
+
+
+@lru_cache(maxsize=1)
+def autocast_mode() -> str:
+    """``bf16`` (autocast) or ``off`` (float32 throughout): ``$SPECDEPLOY_TRAIN_AUTOCAST`` if set,
+    else ``bf16`` only where a bf16 matmul is not slower than float32's. Why: a CPU without native
+    bf16 (AVX2, no AVX-512 BF16) multiplies bf16 in a fallback that was a hundred times slower than
+    float32 there, so the same recipe took minutes instead of seconds. The choice is exported to the
+    environment, so a training's second process (the EAGLE head) makes the same one."""
+    forced = os.environ.get(AUTOCAST_ENV, "").strip()
+    if forced:
+        if forced not in AUTOCAST_MODES:
+            raise ValueError(f"{AUTOCAST_ENV}={forced!r}: expected one of {', '.join(AUTOCAST_MODES)} (or unset, to measure)")
+        return forced
+    mode = "bf16" if _bf16_matmul_seconds() <= 2.0 * _bf16_matmul_seconds(float32=True) else "off"
+    os.environ[AUTOCAST_ENV] = mode
+    return mode
+
+
+def _bf16_matmul_seconds(float32: bool = False) -> float:
     torch = _torch()
+    gen = torch.Generator().manual_seed(0)
+    dtype = torch.float32 if float32 else torch.bfloat16
+    a, b = (torch.randn(64, 256, generator=gen).to(dtype), torch.randn(256, 256, generator=gen).to(dtype))
+    a @ b  # first call: kernel selection
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def autocast():
+    """The training's mixed precision (:func:`autocast_mode`): bf16 autocast, or nothing."""
+    torch = _torch()
+    if autocast_mode() == "off":
+        return contextlib.nullcontext()
     return torch.autocast("cpu", dtype=torch.bfloat16)
 
 

@@ -5,7 +5,8 @@ Reads nothing but the generated corpus (``corpus``); writes one checkpoint direc
 under ``out_dir`` (``tiny-target``, ``tiny-draft``: HF Llama layout; ``tiny-medusa``, ``tiny-eagle``, ``tiny-eagle3``:
 upstream head layouts, see ``heads``), ``SHA256SUMS.txt`` over every file, and ``training_report.json``
 (losses, agreements, a greedy sample per category, seconds per stage). One torch thread, fixed
-seeds, bf16 autocast with fp32 master weights: the same machine type gives bit-identical files.
+seeds, bf16 autocast with fp32 master weights (float32 throughout on a CPU without fast bf16,
+head_training.autocast_mode): the same machine type gives bit-identical files.
 Recipe (the usual small-LM one, and the one training loop every model here goes through:
 :mod:`pipeline.demo.head_training`): AdamW β=(0.9, 0.95), wd 0.1, warm-up then cosine
 to 10 %, grad-clip 1.0; the draft/heads learn from the target's distributions (KD) on half corpus
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from pipeline.demo import corpus, evaluate
-from pipeline.demo.head_training import autocast, pool_batches, tail_mean, train_loop, unrolled_loss
+from pipeline.demo.head_training import autocast, autocast_mode, pool_batches, tail_mean, train_loop, unrolled_loss
 from pipeline.demo.models import (
     DRAFT,
     EAGLE,
@@ -501,7 +502,8 @@ def train_all(out_dir: Path, recipe: Recipe = FULL, only: str | None = None, sho
     if only is not None and only not in MODEL_NAMES:
         raise ValueError(f"unknown demo model {only!r}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    report: dict = {"recipe": asdict(recipe), "torch": torch.__version__, "seconds": {}, "models": {}}
+    report: dict = {"recipe": asdict(recipe), "torch": torch.__version__, "autocast": autocast_mode(), "seconds": {},
+                    "models": {}}
     started = time.perf_counter()
     lap = _Laps(report)
     with Progress(show_progress) as progress:
@@ -527,6 +529,7 @@ def _merge_into_previous(path: Path, report: dict) -> dict:
         return report
     previous = json.loads(path.read_text())
     previous["recipe"] = report["recipe"]  # the recipe the files now come from
+    previous["autocast"] = report["autocast"]
     previous["models"].update(report["models"])
     previous.setdefault("quality", {}).update(report.get("quality", {}))
     previous["sha256"] = report["sha256"]
