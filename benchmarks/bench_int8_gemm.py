@@ -34,12 +34,12 @@ def _time(fn, calls: int = 5) -> float:
 def measure(rows: int, shape: tuple[int, int], repeats: int) -> dict:
     import torch  # only the measurement needs it
 
-    from pipeline.reference.int8_gemm import int8_product
+    from pipeline.reference.int8_gemm import FLOAT32_EXACT_IN, int8_product
 
     gen = torch.Generator().manual_seed(rows)
     x = torch.randint(-127, 128, (rows, shape[0]), dtype=torch.int8, generator=gen)
     weight = torch.randint(-127, 128, shape, dtype=torch.int8, generator=gen)
-    as_float = weight.to(torch.float32 if shape[0] <= 1024 else torch.float64)
+    as_float = weight.to(torch.float32 if shape[0] <= FLOAT32_EXACT_IN else torch.float64)
     assert torch.equal(int8_product(x, weight), int8_product(x, as_float))  # the same bits, or no figure
     int_mm, floats = [], []
     for _ in range(repeats):  # interleaved, so a slow moment of the host hits both

@@ -14,11 +14,11 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import time
 from functools import lru_cache
 from typing import Callable, Iterable
 
 from pipeline.demo.models import one_thread_torch as _torch
+from pipeline.infra.measured_choice import best_seconds, forced
 
 
 def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
@@ -55,11 +55,9 @@ def autocast_mode() -> str:
     bf16 (AVX2, no AVX-512 BF16) multiplies bf16 in a fallback that was a hundred times slower than
     float32 there, so the same recipe took minutes instead of seconds. The choice is exported to the
     environment, so a training's second process (the EAGLE head) makes the same one."""
-    forced = os.environ.get(AUTOCAST_ENV, "").strip()
-    if forced:
-        if forced not in AUTOCAST_MODES:
-            raise ValueError(f"{AUTOCAST_ENV}={forced!r}: expected one of {', '.join(AUTOCAST_MODES)} (or unset, to measure)")
-        return forced
+    chosen = forced(AUTOCAST_ENV, AUTOCAST_MODES)
+    if chosen:
+        return chosen
     mode = "bf16" if _bf16_matmul_seconds() <= 2.0 * _bf16_matmul_seconds(float32=True) else "off"
     os.environ[AUTOCAST_ENV] = mode
     return mode
@@ -70,13 +68,7 @@ def _bf16_matmul_seconds(float32: bool = False) -> float:
     gen = torch.Generator().manual_seed(0)
     dtype = torch.float32 if float32 else torch.bfloat16
     a, b = (torch.randn(64, 256, generator=gen).to(dtype), torch.randn(256, 256, generator=gen).to(dtype))
-    a @ b  # first call: kernel selection
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return best
+    return best_seconds(lambda: a @ b, repeats=3)
 
 
 def autocast():

@@ -15,12 +15,12 @@ does not depend on the host. What it gives up is memory: the copy is 4 (or 8) by
 
 from __future__ import annotations
 
-import os
-import time
 import warnings
 from functools import lru_cache
 
 import torch
+
+from pipeline.infra.measured_choice import best_seconds, forced
 
 ENV = "SPECDEPLOY_INT8_GEMM"
 CHOICES = ("int_mm", "float")
@@ -33,37 +33,22 @@ def choose(int_mm_s: float, float_s: float) -> str:
     return "float" if int_mm_s > SLOWER_THAN_FLOAT * float_s else "int_mm"
 
 
-def _best_of(fn, repeats: int = 5) -> float:
-    fn()  # first call: allocation and kernel selection
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def _measure() -> str:
     gen = torch.Generator().manual_seed(0)
     x = torch.randint(-127, 128, (8, 512), dtype=torch.int8, generator=gen)  # a batched verify's rows
     weight = torch.randint(-127, 128, (512, 512), dtype=torch.int8, generator=gen)
     try:
-        int_mm_s = _best_of(lambda: torch._int_mm(x, weight))
+        int_mm_s = best_seconds(lambda: torch._int_mm(x, weight))
     except (RuntimeError, AttributeError):  # a torch without a CPU _int_mm
         return "float"
     as_float = weight.float()
-    return choose(int_mm_s, _best_of(lambda: torch.mm(x.float(), as_float)))
+    return choose(int_mm_s, best_seconds(lambda: torch.mm(x.float(), as_float)))
 
 
 @lru_cache(maxsize=1)
 def kernel() -> str:
     """``int_mm`` or ``float``: ``$SPECDEPLOY_INT8_GEMM`` if set, else the measured faster one."""
-    forced = os.environ.get(ENV, "").strip()
-    if forced:
-        if forced not in CHOICES:
-            raise ValueError(f"{ENV}={forced!r}: expected one of {', '.join(CHOICES)} (or unset, to measure)")
-        return forced
-    return _measure()
+    return forced(ENV, CHOICES) or _measure()
 
 
 def operand(weight_t: torch.Tensor) -> torch.Tensor:

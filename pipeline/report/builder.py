@@ -105,10 +105,9 @@ def _runs(run_dir: Path) -> list[RunData]:
     return runs
 
 
-def analyze(run_dir: Path, cfg: DeploymentConfig, runs: list[RunData] | None = None) -> dict[str, Any]:
-    """Cells, comparisons, crossover and acceptance of RUN_DIR (``runs``: already loaded)."""
+def analyze(run_dir: Path, cfg: DeploymentConfig, runs: list[RunData]) -> dict[str, Any]:
+    """Cells, comparisons, crossover and acceptance of RUN_DIR's ``runs`` (:func:`_runs`)."""
     meta = _load_run_json(run_dir)
-    runs = runs if runs is not None else _runs(run_dir)
     slo = cfg.gate.slo
     boot = BootstrapSettings(cfg.gate.bootstrap_resamples, cfg.gate.bootstrap_seed, 1 - cfg.gate.alpha)
     groups: dict[tuple, list[RunData]] = defaultdict(list)
@@ -227,9 +226,8 @@ def tau_bound(alpha: float | None, k: int | None) -> float | None:
 
 
 def build_report_data(run_dir: Path, cfg: DeploymentConfig, analysis: dict, gate: GateResult,
-                      runs: list[RunData] | None = None) -> dict[str, Any]:
+                      runs: list[RunData]) -> dict[str, Any]:
     meta = _load_run_json(run_dir)
-    runs = runs if runs is not None else _runs(run_dir)
     data = {
         "schema": REPORT_SCHEMA,
         "schema_version": ReportFile.VERSION,
