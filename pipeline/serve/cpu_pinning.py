@@ -57,10 +57,14 @@ def plan_pinning(mode: str | list[int], engine_models: Iterable[str], threads: i
     when at least one CPU is left over for everything else — for the deployment's arm with the
     most engine models (``most_engines``: the speculative arm of a BLS draft-target deployment
     has two), so that both arms of a load test run under the same policy; otherwise nothing is
-    pinned (engines sharing cores would contend whenever their requests overlap). A list names
-    the engines' CPUs (``threads`` per engine model, in order); an unusable list is a
-    :class:`ValueError`. Returns the plan (None = no pinning) and a one-line reason."""
-    models = [m for m in engine_models if m in ENGINE_MODELS]
+    pinned (engines sharing cores would contend whenever their requests overlap). Only the
+    engines the arm decodes with are pinned: with ``most_engines`` given, the first that many of
+    :data:`ENGINE_MODELS` in the repository — a draft-target repository orchestrated in the engine
+    keeps ``tensorrt_llm_draft`` for BLS calls, an engine its load test leaves idle, which must not
+    take a core (nor unpin that arm while the baseline stays pinned). A list names the engines'
+    CPUs (``threads`` per engine model, in order); an unusable list is a :class:`ValueError`.
+    Returns the plan (None = no pinning) and a one-line reason."""
+    models = decoding_models(engine_models, most_engines)
     cpus = sorted(set(allowed))
     if mode == "off":
         return None, "reference.cpu_pinning is off"
@@ -87,6 +91,14 @@ def plan_pinning(mode: str | list[int], engine_models: Iterable[str], threads: i
         reserved = reserved[:needed]
     engine = {model: tuple(reserved[i * threads:(i + 1) * threads]) for i, model in enumerate(models)}
     return CpuPlan(engine, tuple(c for c in cpus if c not in reserved)), "pinned"
+
+
+def decoding_models(repository_models: Iterable[str], most_engines: int = 0) -> list[str]:
+    """The repository's engine models, in :data:`ENGINE_MODELS` order; with ``most_engines``, at
+    most that many (the ones the deployment's arms decode with)."""
+    present = set(repository_models)
+    models = [m for m in ENGINE_MODELS if m in present]
+    return models[:most_engines] if most_engines > 0 else models
 
 
 def format_cpus(cpus: Iterable[int]) -> str:

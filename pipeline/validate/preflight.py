@@ -197,9 +197,12 @@ def _check_cpu_ids(ctx: CheckContext) -> None:
     from pipeline.render.renderer import llm_models  # noqa: PLC0415 - the engine models each arm's repository holds
     from pipeline.serve.cpu_pinning import allowed_cpus, pinning_problems  # noqa: PLC0415 - only this path needs it
 
+    from pipeline.artefacts.deployment import describe_arm  # noqa: PLC0415 - how many engines the arms decode with
+
     manifest = {"engines": dict.fromkeys(("baseline", "speculative", "target", "draft"), "")}
     arms = {arm: [m.model_name for m in llm_models(cfg, manifest, arm)] for arm in ("baseline", "speculative")}
-    for problem in pinning_problems(pinning, arms, cfg.reference.threads, allowed_cpus()):
+    most = describe_arm(cfg, "speculative").engine_models
+    for problem in pinning_problems(pinning, arms, cfg.reference.threads, allowed_cpus(), most):
         ctx.add(ERROR, "cpu-ids", problem, "name CPUs from the allowed set, or use cpu_pinning: auto",
                 "reference.cpu_pinning")
 

@@ -2,8 +2,9 @@
 engine model runs tritonserver and every other model's stub on the other CPUs and the
 engine's decode thread (in the worker process the ``tensorrt_llm`` stub starts) alone on the
 highest one; a BLS draft-target deployment
-(two engine models) has no spare CPU on two cores, so neither of its arms is pinned; the serve log
-says which."""
+(two engine models) has no spare CPU on two cores, so neither of its arms is pinned; a draft-target
+deployment drafting in the engine keeps the BLS's draft engine in its repository, idle, and is
+pinned like a one-engine deployment; the serve log says which."""
 
 from __future__ import annotations
 
@@ -63,3 +64,20 @@ def test_bls_deployment_on_two_cpus_is_left_unpinned_in_both_arms(dt_server, bas
         stub = _stub(server, "tensorrt_llm")
         assert all(cpus == allowed for cpus in _thread_cpus(stub) + _thread_cpus(_worker(stub)))
         assert "# cpu pinning: none (2 CPU(s) allowed; pinning 2 engine model(s)" in server.log_path.read_text()
+
+
+def test_draft_target_in_the_engine_is_pinned_like_its_baseline(dt_engine_server):
+    """The repository keeps tensorrt_llm_draft (for BLS calls) but the arm decodes with one engine:
+    its decode thread gets the core, the idle draft engine's worker stays with the server."""
+    from pipeline.serve.server import repository_models
+
+    allowed = os.sched_getaffinity(0)
+    if len(allowed) < 2:
+        pytest.skip("pinning needs two CPUs (CI has two)")
+    assert "tensorrt_llm_draft" in repository_models(dt_engine_server.repo)
+    engine_cpu, others = max(allowed), allowed - {max(allowed)}
+    assert dt_engine_server.cpu_plan.engine_cpus == {"tensorrt_llm": (engine_cpu,)}
+    assert _thread_cpus(_worker(_stub(dt_engine_server, "tensorrt_llm"))).count({engine_cpu}) == 1
+    idle = _thread_cpus(_worker(_stub(dt_engine_server, "tensorrt_llm_draft")))
+    assert all(cpus == others for cpus in idle), idle
+    assert "# cpu pinning: engine decode threads: tensorrt_llm → [" in dt_engine_server.log_path.read_text()

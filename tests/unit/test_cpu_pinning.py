@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from pipeline.serve.cpu_pinning import ENV_VAR, CpuPlan, engine_cpus_from_env, plan_pinning, spawn_on
+from pipeline.serve.cpu_pinning import ENV_VAR, CpuPlan, decoding_models, engine_cpus_from_env, plan_pinning, spawn_on
 
 ONE_ENGINE = ["ensemble", "preprocessing", "postprocessing", "tensorrt_llm"]
 BLS = ["preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls", "tensorrt_llm_draft"]
@@ -27,6 +27,18 @@ def test_auto_one_core_per_engine_model_when_there_are_enough():
     assert plan == CpuPlan({"tensorrt_llm": (2,), "tensorrt_llm_draft": (3,)}, (0, 1))
     plan, _ = plan_pinning("auto", ONE_ENGINE, 2, [5, 1, 3, 7])  # threads per engine; ids need not be dense
     assert plan == CpuPlan({"tensorrt_llm": (5, 7)}, (1, 3))
+
+
+def test_an_idle_draft_engine_is_not_pinned_nor_does_it_unpin_its_arm():
+    """Draft-target drafting in the engine: the speculative repository keeps tensorrt_llm_draft for
+    BLS calls, but the arm decodes with one engine (the descriptor's engine_models = 1), so it is
+    pinned exactly like its baseline; the idle draft engine stays on the server's CPUs."""
+    engine_arm, _ = plan_pinning("auto", BLS, 1, {0, 1}, most_engines=1)
+    baseline, _ = plan_pinning("auto", ONE_ENGINE, 1, {0, 1}, most_engines=1)
+    assert engine_arm == baseline == CpuPlan({"tensorrt_llm": (1,)}, (0,))
+    assert decoding_models(BLS) == ["tensorrt_llm", "tensorrt_llm_draft"]
+    assert decoding_models(reversed(BLS), 1) == ["tensorrt_llm"]  # the target's engine, whatever the listing order
+    assert decoding_models(["ensemble"], 2) == []
 
 
 @pytest.mark.parametrize("models, threads, cpus, most", [
