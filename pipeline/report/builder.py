@@ -41,6 +41,8 @@ FORMULAS = {
     "TTFT": "t_first_token − t_sent (first response carrying ≥ 1 output token; never HTTP headers)",
     "E2E": "t_last − t_sent (open loop also from t_scheduled)",
     "TPOT": "(E2E − TTFT) / (OSL − 1), per request, OSL > 1 only — the headline decode metric",
+    "engine TPOT": "(last − first token time, the server's perf outputs) / (OSL − 1): TPOT as the engine made the "
+                   "tokens; delivery lag = mean TPOT ÷ mean engine TPOT − 1",
     "inter-chunk latency": "gap between consecutive non-empty streamed chunks; a chunk can carry several "
                            "tokens (speculation), so this is per CHUNK, not per token",
     "output tokens/s": "Σ OSL / (last response − first send) over the measured window (warm-up excluded)",

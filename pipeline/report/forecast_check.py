@@ -18,6 +18,11 @@ error = measured ÷ forecast − 1. A level whose measurement falls more than
 (a misconfigured engine, a wrong KV pool, a noisy host) — never a gate failure. Any reason the
 forecast cannot be made (no calibration, unknown shapes, no figures) gives ``available: false``
 and the reason; it never fails the report.
+
+Where the responses carry the server's token times, each level also gives the TPOT ratio of the
+engines themselves and each arm's delivery lag (the client's TPOT over the engine's); a level where
+the baseline's lag exceeds the speculative arm's by :data:`DELIVERY_LOOK` is "delivery-bound": its
+measured speedup includes how far the serving path and the load generator fell behind.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any, Iterable
 
 from pipeline.errors import SpecdeployError
 
+DELIVERY_LOOK = 0.10  # baseline delivery lag beyond the speculative arm's that marks a level delivery-bound
 CONFIG_CONTEXT = "the config's default, half build.max_input_len + half loadtest.max_tokens"
 
 
@@ -126,7 +132,7 @@ def forecast_section(data: dict, cfg, measured_context: dict | None = None) -> d
             "context_source": context_source, "context_measured": measured_context,
             "calibration_prompts": getattr(inp.device, "calibration", {}).get("prompts"),
             "levels": levels, "mean_abs_tpot_error": _round(sum(errors) / len(errors) if errors else None),
-            "worth_a_look": flagged,
+            "worth_a_look": flagged, "delivery_bound": [lv["concurrency"] for lv in levels if lv["delivery_bound"]],
             "note": "forecast with this run's measured acceptance, against the mean TPOT per request; a level far "
                     "outside the band is worth a look (engine settings, KV pool, a noisy host), not a failed gate"}
 
@@ -141,9 +147,12 @@ def _measured(data: dict, row: dict, arm: str, concurrency: int) -> dict:
             if mean:
                 return {"tpot_ms": mean, "statistic": "mean", "ttft_ms": (cell.get("ttft_ms") or {}).get("mean"),
                         "osl": (cell.get("osl") or {}).get("mean"), "tokens_per_s": row.get("output_tokens_per_s"),
-                        "coverage": _coverage(cell.get("acceptance") or {})}
+                        "coverage": _coverage(cell.get("acceptance") or {}),
+                        "engine_tpot_ms": (cell.get("engine_tpot_ms") or {}).get("mean"),
+                        "delivery_lag": cell.get("delivery_lag")}
     return {"tpot_ms": row.get("tpot_ms"), "statistic": "median", "ttft_ms": None, "osl": None,
-            "tokens_per_s": row.get("output_tokens_per_s"), "coverage": None}
+            "tokens_per_s": row.get("output_tokens_per_s"), "coverage": None, "engine_tpot_ms": None,
+            "delivery_lag": None}
 
 
 def _coverage(acceptance: dict) -> float | None:
@@ -183,6 +192,7 @@ def _level(inp, c: int, tau: float, base: dict, spec: dict) -> dict[str, Any]:
     outside = None
     if measured_tpot is not None:
         outside = max(band[0] / measured_tpot - 1, measured_tpot / band[1] - 1, 0.0)
+    lag = {"baseline": _round(base["delivery_lag"]), "speculative": _round(spec["delivery_lag"])}
     return {
         "concurrency": c, "tau_measured": round(tau, 3), "draft_coverage": round(inp.acceptance.coverage, 3),
         "forecast_tpot_ratio": round(forecast, 3), "band": [round(band[0], 3), round(band[1], 3)],
@@ -194,7 +204,19 @@ def _level(inp, c: int, tau: float, base: dict, spec: dict) -> dict[str, Any]:
         "serving_fed_back_tpot_ratio": _round(with_serving),
         "serving_fed_back_error": _round(measured_tpot / with_serving - 1 if measured_tpot and with_serving else None),
         "worth_a_look": outside is not None and outside > WORTH_A_LOOK,
+        "measured_engine_tpot_ratio": _round(_ratio(base["engine_tpot_ms"], spec["engine_tpot_ms"])),
+        "delivery_lag": lag, "delivery_bound": delivery_bound(lag),
     }
+
+
+def delivery_bound(lag: dict) -> bool:
+    """The baseline's tokens reached the client :data:`DELIVERY_LOOK` (relative) later than the
+    speculative arm's, against the engines' own token times: the serving path or the load
+    generator, not the engine, set the baseline's TPOT there. It streams one response per token,
+    the speculative arm one per step, so a path that cannot keep up slows the baseline more, and
+    the measured speedup then includes delivery."""
+    base, spec = lag.get("baseline"), lag.get("speculative")
+    return base is not None and spec is not None and base - spec > DELIVERY_LOOK
 
 
 def _throughput_ratio(base: dict, spec: dict, tpot_ratio: float) -> float | None:
@@ -241,12 +263,19 @@ def forecast_table(data: dict) -> dict | None:
                      f"{lv['forecast_tpot_ratio']:.2f} [{lv['band'][0]:.2f}, {lv['band'][1]:.2f}]",
                      _fmt(lv["measured_tpot_ratio"]), _pct(lv["tpot_error"]),
                      _fmt(lv.get("baseline_beyond_model_ms")), _fmt(lv.get("serving_fed_back_tpot_ratio")),
-                     _fmt(lv["measured_throughput_ratio"]), _pct(lv["throughput_error"]),
-                     "worth a look" if lv["worth_a_look"] else ""])
-        classes.append([""] * 9 + ["bad" if lv["worth_a_look"] else ""])
+                     _fmt(lv["measured_throughput_ratio"]), _pct(lv["throughput_error"]), _lag(lv.get("delivery_lag")),
+                     "; ".join(flag for flag, on in (("worth a look", lv["worth_a_look"]),
+                                                      ("delivery-bound", lv.get("delivery_bound"))) if on)])
+        classes.append([""] * 10 + ["bad" if lv["worth_a_look"] or lv.get("delivery_bound") else ""])
     return table(["concurrency", "τ measured", "forecast speedup [band]", "measured TPOT ratio", "error",
                   "baseline beyond the model (ms/step)", "forecast if that is serving", "measured throughput ratio",
-                  "error", ""], rows, classes)
+                  "error", "delivery lag (baseline / speculative)", ""], rows, classes)
+
+
+def _lag(lag: dict | None) -> str:
+    if not lag or (lag.get("baseline") is None and lag.get("speculative") is None):
+        return "–"
+    return f"{_pct(lag.get('baseline'))} / {_pct(lag.get('speculative'))}"
 
 
 def forecast_note(data: dict) -> str:
@@ -256,8 +285,12 @@ def forecast_note(data: dict) -> str:
     dev = fc["device"]
     where = dev.get("hardware") or "CPU calibration of " + str(dev.get("calibrated"))
     context = f" at context {fc['context_tokens']} tokens ({fc['context_source']})" if fc.get("context_source") else ""
+    bound = fc.get("delivery_bound") or []
+    delivery = (f" Delivery-bound at concurrency {', '.join(map(str, bound))}: the baseline's tokens reached the client "
+                f"over {DELIVERY_LOOK:.0%} later than the speculative arm's, against the engines' own token times, so "
+                "the measured speedup there includes the serving path and load generator falling behind." if bound else "")
     return (f"Forecast on {where} ({dev.get('engine', 'reference engine')}) with {fc['acceptance']}{context}; "
-            f"mean |TPOT error| {_pct(fc['mean_abs_tpot_error'])}. {fc['note']}.")
+            f"mean |TPOT error| {_pct(fc['mean_abs_tpot_error'])}. {fc['note']}.{delivery}")
 
 
 def compare_line(data_a: dict, data_b: dict) -> str:

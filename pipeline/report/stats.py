@@ -8,7 +8,9 @@ per-category acceptance; the spec-vs-base comparisons the gate reads are in
 bucketed statistics. Formulas (docs/report.md): TTFT = t_first_token − t_sent (the first token of
 any kind: a reasoning model's thinking counts); first answer = t_first_answer − t_sent (the first
 answer token after the reasoning; equal to TTFT for other models);
-E2E = t_last − t_sent; TPOT = (E2E − TTFT)/(OSL − 1) for OSL > 1; inter-chunk latency = gaps
+E2E = t_last − t_sent; TPOT = (E2E − TTFT)/(OSL − 1) for OSL > 1; engine TPOT = the same from the
+server's own first and last token times, where its responses carry them (the delivery lag compares
+the two); inter-chunk latency = gaps
 between non-empty chunks (a chunk may carry several tokens); throughput denominator = first
 send → last response of the measured window.
 """
@@ -63,6 +65,28 @@ def tpot_ms(rec: dict) -> float | None:
     if osl <= 1 or rec.get("t_first_token") is None or rec.get("t_last") is None:
         return None
     return (rec["t_last"] - rec["t_first_token"]) / (osl - 1) / NS_PER_MS
+
+
+def engine_tpot_ms(rec: dict) -> float | None:
+    """TPOT as the engine made the tokens: (last − first token time, the server's perf outputs) /
+    (OSL − 1); None without both times or for OSL ≤ 1."""
+    times, osl = rec.get("server_times_ns") or {}, rec.get("osl") or 0
+    first, last = times.get("first_token_time_ns"), times.get("last_token_time_ns")
+    if osl <= 1 or not first or not last or last < first:
+        return None
+    return (last - first) / (osl - 1) / NS_PER_MS
+
+
+def delivery_lag(records: list[dict]) -> float | None:
+    """How much slower the client saw tokens arrive than the engine made them: mean TPOT ÷ mean
+    engine TPOT − 1 over the requests that have both. Near 0 when the serving path and the load
+    generator keep up; a cell where it is large measured its delivery, not its engine. None
+    without the server's token times (OpenAI endpoints, a backend without perf outputs)."""
+    pairs = [(tpot_ms(r), engine_tpot_ms(r)) for r in records]
+    pairs = [(client, engine) for client, engine in pairs if client is not None and engine]
+    if not pairs:
+        return None
+    return sum(c for c, _ in pairs) / sum(e for _, e in pairs) - 1
 
 
 def chunk_gaps_ms(rec: dict) -> list[float]:
@@ -275,6 +299,8 @@ def cell_summary(runs: list[RunData], slo_ttft_ms: float, slo_tpot_ms: float) ->
         "first_answer_ms": percentiles(first_answer_ms(r) for r in ok),
         "reasoning_requests": sum(bool(r.get("reasoning_text")) for r in ok),
         "tpot_ms": percentiles(tpot_ms(r) for r in ok),
+        "engine_tpot_ms": percentiles(engine_tpot_ms(r) for r in ok),
+        "delivery_lag": delivery_lag(ok),
         "e2e_ms": percentiles(e2e_ms(r) for r in ok),
         "e2e_from_scheduled_ms": percentiles(e2e_ms(r, from_scheduled=True) for r in ok),
         "inter_chunk_latency_ms": percentiles(gaps),  # per CHUNK, not per token

@@ -279,3 +279,61 @@ def test_a_forecast_from_a_stale_calibration_says_so():
     fresh = CpuDevice({**cal, "machine": {}}).describe()
     assert fresh["stale"] is None
     assert not any("stale" in line for line in summary_lines({**fc, "device": fresh}))
+
+
+def _cells_with_engine_times(base: tuple[float, float], spec: tuple[float, float]) -> list[dict]:
+    """Cells at concurrency 8 whose (client, engine) mean TPOTs are given, as stats.cell_summary
+    writes them from the records."""
+    from pipeline.report.stats import delivery_lag, engine_tpot_ms, tpot_ms
+
+    def cell(arm, client_ms, engine_ms, draft_len=None):
+        rec = {"osl": 11, "t_first_token": 0, "t_last": int(10 * client_ms * 1e6),
+               "server_times_ns": {"first_token_time_ns": 5, "last_token_time_ns": 5 + int(10 * engine_ms * 1e6)}}
+        assert tpot_ms(rec) == pytest.approx(client_ms) and engine_tpot_ms(rec) == pytest.approx(engine_ms)
+        return {"arm": arm, "concurrency": 8, "draft_len": draft_len, "tpot_ms": {"mean": client_ms, "p50": client_ms},
+                "engine_tpot_ms": {"mean": engine_ms}, "delivery_lag": delivery_lag([rec]),
+                "ttft_ms": {"mean": 20.0}, "osl": {"mean": 11.0}}
+
+    return [cell("baseline", *base), cell("speculative", *spec, 4)]
+
+
+def test_a_baseline_whose_tokens_reach_the_client_late_is_marked_delivery_bound():
+    """The engines' own token times say the speculative engine was no faster (ratio 0.95), but the
+    baseline's 8 streams reached the client 14 % behind its engine: the measured 1.09× is delivery."""
+    cfg = load_config(DRAFT_CFG)
+    data = _report_rows({8: 8.5}, {8: 7.8}, 3.0)
+    data["cells"] = _cells_with_engine_times((8.5, 7.45), (7.8, 7.85))
+    section = forecast_section(data, cfg)
+    lv = section["levels"][0]
+    assert lv["delivery_lag"] == {"baseline": pytest.approx(0.141, abs=1e-3), "speculative": pytest.approx(-0.006, abs=1e-3)}
+    assert lv["measured_engine_tpot_ratio"] == pytest.approx(0.949, abs=1e-3)
+    assert lv["delivery_bound"] and section["delivery_bound"] == [8]
+    from pipeline.report.forecast_check import forecast_note, forecast_table
+
+    data["forecast"] = section
+    assert "Delivery-bound at concurrency 8" in forecast_note(data)
+    assert "delivery-bound" in json.dumps(forecast_table(data))
+
+
+@pytest.mark.parametrize("base, spec", [
+    ((8.5, 7.45), (7.8, 6.9)),  # both arms behind by the same: delivery slows both, the ratio holds
+    ((8.5, 8.4), (7.8, 7.85)),  # both on time
+])
+def test_a_level_is_delivery_bound_only_when_the_baseline_lags_beyond_the_speculative_arm(base, spec):
+    data = _report_rows({8: base[0]}, {8: spec[0]}, 3.0)
+    data["cells"] = _cells_with_engine_times(base, spec)
+    section = forecast_section(data, load_config(DRAFT_CFG))
+    assert not section["levels"][0]["delivery_bound"] and section["delivery_bound"] == []
+
+
+def test_without_the_servers_token_times_there_is_no_delivery_lag():
+    from pipeline.report.stats import delivery_lag, engine_tpot_ms
+
+    openai = {"osl": 11, "t_first_token": 0, "t_last": 10_000_000, "server_times_ns": {}}
+    assert engine_tpot_ms(openai) is None and delivery_lag([openai]) is None
+    one_token = {"osl": 1, "t_first_token": 0, "t_last": 0, "server_times_ns": {"first_token_time_ns": 1, "last_token_time_ns": 1}}
+    assert engine_tpot_ms(one_token) is None
+    data = _report_rows({1: 10.0}, {1: 5.0}, 3.0)  # rows only: no cells
+    lv = forecast_section(data, load_config(DRAFT_CFG))["levels"][0]
+    assert lv["delivery_lag"] == {"baseline": None, "speculative": None} and not lv["delivery_bound"]
+    assert lv["measured_engine_tpot_ratio"] is None
