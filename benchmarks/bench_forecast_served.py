@@ -31,7 +31,8 @@ TOLERANCE = 0.15
 LEVEL_FIELDS = ("concurrency", "tau_measured", "draft_coverage", "forecast_tpot_ratio", "band", "measured_tpot_ratio", "tpot_statistic",
                 "tpot_error", "forecast_throughput_ratio", "measured_throughput_ratio", "throughput_error",
                 "forecast_baseline_tpot_ms", "baseline_beyond_model_ms", "serving_fed_back_tpot_ratio",
-                "serving_fed_back_error", "worth_a_look", "measured_engine_tpot_ratio", "delivery_lag", "delivery_bound")
+                "serving_fed_back_error", "worth_a_look", "measured_engine_tpot_ratio", "delivery_lag", "delivery_bound", "decoding_sequences",
+                "forecast_speculative_tpot_ms", "measured_engine_tpot_ms")
 
 
 def _measured_inputs(report: dict, concurrency: int) -> dict:
@@ -46,6 +47,7 @@ def _measured_inputs(report: dict, concurrency: int) -> dict:
                        "tpot_ms": {"mean": c["tpot_ms"]["mean"], "p50": c["tpot_ms"]["p50"]},
                        "ttft_ms": {"mean": c["ttft_ms"]["mean"]}, "osl": {"mean": c["osl"]["mean"]},
                        "engine_tpot_ms": {"mean": (c.get("engine_tpot_ms") or {}).get("mean")},
+                       "e2e_ms": {"mean": c["e2e_ms"]["mean"]},
                        "delivery_lag": c.get("delivery_lag"),
                        "acceptance": {k: (c.get("acceptance") or {}).get(k)
                                       for k in ("accepted_tokens", "decode_steps", "mean_acceptance_length")}}

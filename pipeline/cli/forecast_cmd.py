@@ -48,6 +48,19 @@ def acceptance_from_options(cfg, alpha: Optional[float], tau: Optional[float], r
     return acc.from_tau(case["acceptance_length"], case["plan"]["depth"], f"published: {case['source']}")
 
 
+def requests_from_options(cfg, prompt_tokens: Optional[int], output_tokens: Optional[int]):
+    """The load test's requests: the config's defaults, with what the options give in their place."""
+    from pipeline.forecast.model import Requests, config_requests
+
+    default = config_requests(cfg)
+    if prompt_tokens is None and output_tokens is None:
+        return default
+    given = " and ".join(f"--{name} {value}" for name, value in (("prompt-tokens", prompt_tokens),
+                                                                 ("output-tokens", output_tokens)) if value is not None)
+    return Requests(prompt_tokens or default.prompt_tokens, output_tokens or default.output_tokens,
+                    f"{given}; otherwise {default.source}")
+
+
 def calibrate_machine(cfg) -> tuple[Path, str]:
     """Calibrate the CPU cost model on this machine for the config's models and proposer, timed on
     its load-test prompts; store it. Returns (where it is stored, which prompts it was timed on)."""
@@ -68,8 +81,15 @@ def register(app: typer.Typer) -> None:
         bench: Optional[Path] = typer.Option(None, "--from-bench", help="A `specdeploy bench --output` JSON."),
         published: Optional[str] = typer.Option(None, "--published", help="A published case id (data/published.yaml)."),
         engine: Optional[str] = typer.Option(None, "--engine", help="Engine figures: trtllm (default), sglang, research."),
-        context: Optional[int] = typer.Option(None, "--context", help="Context tokens per sequence (default: half the "
-                                              "max input + half the load test's max tokens)."),
+        context: Optional[int] = typer.Option(None, "--context", help="Context tokens per sequence (default: the "
+                                              "prompt tokens + half the output tokens)."),
+        prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", min=1,
+                                                    help="Mean prompt tokens of the load test's requests: each "
+                                                         "admission's prefill holds up the others' steps (default: "
+                                                         "half the max input)."),
+        output_tokens: Optional[int] = typer.Option(None, "--output-tokens", min=2,
+                                                    help="Mean output tokens per request (default: the load "
+                                                         "test's max tokens)."),
         calibrate: bool = typer.Option(False, "--calibrate", help="CPU configs: microbenchmark the reference engine "
                                        "on this machine first, on the config's load-test prompts, and store the calibration."),
         as_json: bool = typer.Option(False, "--json", help="Print the forecast as JSON."),
@@ -85,7 +105,8 @@ def register(app: typer.Typer) -> None:
             path, prompts = calibrate_machine(cfg)
             typer.echo(f"calibration stored: {path} (timed on {prompts})", err=True)
         acceptance = acceptance_from_options(cfg, alpha, tau, report, bench, published)
-        fc = forecast_config(cfg, acceptance, engine=engine, context=context)
+        fc = forecast_config(cfg, acceptance, engine=engine, context=context,
+                             requests=requests_from_options(cfg, prompt_tokens, output_tokens))
         if plot is not None:
             fc["plot"] = str(write_plot(fc, plot))
         if as_json:

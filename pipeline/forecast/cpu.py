@@ -389,6 +389,11 @@ class CpuDevice:
         seconds = (fit["a"] * fixed_share + (fit["b"] + fit["c"] * context) * rows * row_share) / self.factor
         return ForwardTime(seconds, 0.0, seconds, 0.0, fit["a"] * fixed_share / self.factor)
 
+    def prefill_seconds(self, model: ModelCost, prompt_tokens: int, batch: int, width: float, context: int) -> float:
+        """One admission's prefill: the reference engine runs it as a forward of its own (the
+        admitted sequence alone, over its prompt), between two steps of the others."""
+        return self.forward(model, 1, prompt_tokens, prompt_tokens // 2).seconds
+
     def step_overhead(self, batch: int) -> float:
         """The engine's per-step cost beyond the forward, interpolated over the calibrated batches."""
         return _linear(sorted((int(b), s) for b, s in self.calibration["engine_overhead_s"].items()), batch)
@@ -451,7 +456,7 @@ def bench_forecast(cfg, calibration: dict, tau: float, coverage: float, context:
     depth = config_inputs(cfg, Acceptance("probe", tau=tau), device=CpuDevice(calibration)).plan.depth
     acceptance = Acceptance("bench, same run (τ per verify step, draft coverage)", tau=tau, tau_low=tau,
                             tau_high=tau, at_depth=depth, coverage=coverage)
-    inp = config_inputs(cfg, acceptance, context=context, device=CpuDevice(calibration))
+    inp = config_inputs(cfg, acceptance, context=context, device=CpuDevice(calibration), requests=None)  # static batches
     inp.device = CpuDevice(calibration, inp.target)
     base_s, spec_s = step_times(inp, batch, inp.plan, tau)
     fit = calibration["forward_fits"]["target"]

@@ -13,7 +13,10 @@ Per concurrency c (closed loop: c sequences decode together, context L):
 
 w is the verify width (K+1 for a chain, the tree's nodes + 1), t_draft the method's proposer
 cost (:data:`pipeline.forecast.proposers.PROPOSER_COSTS`), τ the tokens a step gains
-(:mod:`pipeline.forecast.acceptance`). A proposer that drafts on a fraction f of the steps only
+(:mod:`pipeline.forecast.acceptance`). A load test's closed loop also admits new requests while
+others decode: over one request's N output tokens the c − 1 others each finish and start one, and
+every admission's prefill (P prompt tokens; the draft's too, where there is one) holds up the
+step it joins, so both arms' TPOT gain (c − 1) · t_prefill / (N − 1) (:func:`prefill_per_token`). A proposer that drafts on a fraction f of the steps only
 (n-gram without a match) verifies 1 + f·(w − 1) tokens and gains f·τ + (1 − f) per step. Speedup = TPOT_base / TPOT_spec; in a closed loop the
 throughput ratio is the same number.
 """
@@ -35,6 +38,18 @@ WORTH_A_LOOK = 0.25  # a measurement this far outside the band (relative) is fla
 _DTYPE_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "float64": 8.0}
 
 
+@dataclass(frozen=True)
+class Requests:
+    """The requests of a closed-loop load test: mean prompt and output tokens, and where they come from."""
+
+    prompt_tokens: int
+    output_tokens: int
+    source: str
+
+    def describe(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens, "source": self.source}
+
+
 @dataclass
 class Inputs:
     """Everything one forecast rests on."""
@@ -48,30 +63,49 @@ class Inputs:
     dense_bytes: float
     context: int
     band: float  # relative uncertainty of the device's efficiencies
+    requests: Requests | None = None  # a closed loop's admissions (None: a static batch, no prefill mid-decode)
 
 
 def step_times(inp: Inputs, batch: int, plan: DraftPlan, tau: float, device=None,
-               serving_s: float = 0.0) -> tuple[float, float]:
+               serving_s: float = 0.0, decoding: tuple[float, float] | None = None) -> tuple[float, float]:
     """(baseline TPOT, speculative TPOT) in seconds at ``batch`` sequences. ``serving_s``: a cost
     per engine step outside the engine (a served run's response path, which streams one response
-    per sequence per step whatever its tokens), charged to both arms' steps."""
+    per sequence per step whatever its tokens), charged to both arms' steps. ``decoding``: how many
+    of the ``batch`` sequences decode together in each arm (baseline, speculative) — fewer than
+    ``batch`` where requests spend part of their life before their first token (default: all)."""
     device = device or inp.device
-    engine_step = device.step_overhead(batch) + serving_s  # CPU: the engine's own step cost
-    base = device.forward(inp.target, batch, 1, inp.context).seconds + engine_step
+    base_b, spec_b = decoding or (batch, batch)
+    base = (device.forward(inp.target, base_b, 1, inp.context).seconds + device.step_overhead(base_b) + serving_s
+            + prefill_per_token(inp, batch, base_b, 1, device, with_draft=False))
     # steps without drafts (coverage < 1) verify one token and gain one
     coverage = inp.acceptance.coverage
     width = 1 + coverage * (plan.verify_width - 1)
     tau = coverage * tau + (1 - coverage)
-    verify = device.forward(inp.target, batch, width, inp.context).seconds + engine_step
-    measured = device.proposer_seconds(plan.method, batch)  # CPU calibration
+    verify = device.forward(inp.target, spec_b, width, inp.context).seconds + device.step_overhead(spec_b) + serving_s
+    measured = device.proposer_seconds(plan.method, spec_b)  # CPU calibration
     if measured is not None:
         draft = measured
     else:
-        ctx = StepContext(device, inp.target, inp.draft, inp.dense_bytes, inp.vocab, batch, inp.context, tau)
+        ctx = StepContext(device, inp.target, inp.draft, inp.dense_bytes, inp.vocab, spec_b, inp.context, tau)
         draft = PROPOSER_COSTS[plan.method](ctx, plan)
     # CPU: the per-sequence work of a batched speculative step the forward does not cover
-    extra = device.spec_step_extra(plan.method, batch)
-    return base, (verify + draft + extra) / tau
+    extra = device.spec_step_extra(plan.method, spec_b)
+    return base, (verify + draft + extra) / tau + prefill_per_token(inp, batch, spec_b, width, device, with_draft=True)
+
+
+def prefill_per_token(inp: Inputs, concurrency: int, step_batch: float, width: float, device=None,
+                      with_draft: bool = False) -> float:
+    """What other requests' prefills add to each output token in a closed loop of ``concurrency``
+    requests: concurrency − 1 admissions over one request's output tokens − 1, each costing a
+    prefill beside a step of ``step_batch`` × ``width`` rows; the speculative arm's admissions
+    prefill the draft model too. 0 without :attr:`Inputs.requests` or with one request."""
+    req = inp.requests
+    if req is None or concurrency <= 1 or req.output_tokens <= 1:
+        return 0.0
+    device = device or inp.device
+    models = [inp.target] + ([inp.draft] if with_draft and inp.draft is not None else [])
+    prefill = sum(device.prefill_seconds(m, req.prompt_tokens, step_batch, width, inp.context) for m in models)
+    return (concurrency - 1) * prefill / (req.output_tokens - 1)
 
 
 def speedup_at(inp: Inputs, batch: int, plan: DraftPlan | None = None, edge: str = "point") -> float:
@@ -121,6 +155,8 @@ def forecast(inp: Inputs, levels: list[int]) -> dict:
         rows.append({
             "concurrency": c, "tau": round(tau, 3),
             "baseline_tpot_ms": round(base * 1e3, 4), "speculative_tpot_ms": round(spec * 1e3, 4),
+            "prefill_per_token_ms": [round(prefill_per_token(inp, c, c, 1) * 1e3, 4),
+                                     round(prefill_per_token(inp, c, c, inp.plan.verify_width, with_draft=True) * 1e3, 4)],
             "speedup": round(base / spec, 3), "band": [round(low, 3), round(high, 3)],
             "throughput_ratio": round(base / spec, 3), "verify_regime": fwd.regime,
             "best": best_depth(inp, c),
@@ -128,9 +164,11 @@ def forecast(inp: Inputs, levels: list[int]) -> dict:
     return {
         "method": inp.plan.method, "draft_len": inp.plan.depth, "verify_width": inp.plan.verify_width,
         "tree": inp.plan.tree, "context_tokens": inp.context, "device": inp.device.describe(),
+        "requests": inp.requests.describe() if inp.requests else None,
         "acceptance": inp.acceptance.describe(), "efficiency_band": inp.band,
         "levels": rows, "crossover_concurrency": crossover(inp),
-        "formula": "speedup = t(target;B,1,L) / ((t(target;B,w,L) + t_draft(B)) / τ); "
+        "formula": "speedup = (t(target;B,1,L) + p) / ((t(target;B,w,L) + t_draft(B)) / τ + p'); "
+                   "p = (B − 1)·t_prefill(P)/(N − 1), the closed loop's admissions per output token; "
                    "t = max(bytes/(BW·η_mem), FLOPs/(peak·η_comp)) + overhead + all-reduce",
     }
 
@@ -162,9 +200,17 @@ def checkpoint_shape(checkpoint: str) -> ModelShape:
     return shape
 
 
+CONFIG_REQUESTS = "the config's default: half build.max_input_len prompt tokens, loadtest.max_tokens output tokens"
+
+
+def config_requests(cfg) -> Requests:
+    return Requests(cfg.build.max_input_len // 2, cfg.loadtest.max_tokens, CONFIG_REQUESTS)
+
+
 def config_inputs(cfg, acceptance: Acceptance, engine: str | None = None, context: int | None = None,
-                  device=None) -> Inputs:
-    """Forecast inputs of a deployment config (speculation method ≠ none)."""
+                  device=None, requests: Requests | None | str = "config") -> Inputs:
+    """Forecast inputs of a deployment config (speculation method ≠ none). ``requests``: the load
+    test's requests (``"config"``: the config's defaults; None: a static batch, as ``bench`` runs)."""
     from pipeline.validate.memory_fit import kv_bytes, weight_bytes_per_param  # noqa: PLC0415 - heavy config import
 
     try:
@@ -191,10 +237,13 @@ def config_inputs(cfg, acceptance: Acceptance, engine: str | None = None, contex
             device = stored_device(target, calibration_key(cfg))
         else:
             device = GpuDevice(gpu_figures(cfg.hardware), engine_figures(engine or "trtllm"))
-    if context is None:
-        context = cfg.build.max_input_len // 2 + cfg.loadtest.max_tokens // 2
+    if requests == "config":
+        requests = config_requests(cfg)
+    if context is None:  # a request's mean context over its decode
+        context = (requests.prompt_tokens + requests.output_tokens // 2 if requests is not None
+                   else cfg.build.max_input_len // 2 + cfg.loadtest.max_tokens // 2)
     band = getattr(getattr(device, "engine", None), "band", None) or getattr(device, "band", 0.1)
-    return Inputs(device, target, draft, plan, acceptance, shape.vocab_size, dense, context, band)
+    return Inputs(device, target, draft, plan, acceptance, shape.vocab_size, dense, context, band, requests)
 
 
 def forecast_config(cfg, acceptance: Acceptance, levels: list[int] | None = None, **kw) -> dict:

@@ -17,6 +17,10 @@ def summary_lines(fc: dict) -> list[str]:
              f"{where} [{dev.get('engine', dev['kind'])}], context {fc['context_tokens']} tokens",
              f"  acceptance: {acc['source']}" + (f", α {acc['alpha']}" if acc.get("alpha") is not None else "")
              + (f", τ {acc['tau']}" if acc.get("tau") is not None else "")]
+    req = fc.get("requests")
+    if req:
+        lines.append(f"  closed loop: {req['prompt_tokens']} prompt and {req['output_tokens']} output tokens per request "
+                     f"({req['source']}); the others' prefills are charged to every output token")
     if dev.get("stale"):
         lines.append(f"  calibration stale ({dev['stale']}): remake it with `specdeploy forecast CONFIG --calibrate`")
     for row in fc["levels"]:

@@ -114,6 +114,24 @@ class GpuDevice:
         overhead_s = self.engine.step_overhead_ms * 1e-3 * model.overhead_share
         return ForwardTime(max(memory_s, compute_s) + allreduce_s + overhead_s, memory_s, compute_s, allreduce_s, overhead_s)
 
+    def prefill_seconds(self, model: ModelCost, prompt_tokens: int, batch: int, width: float, context: int) -> float:
+        """One admission's prefill as in-flight batching runs it, inside a step of the others
+        (``batch`` sequences × ``width`` tokens): what the step costs with the prompt's rows (and
+        the KV they write) beyond what it costs without them — the weights are read once for both."""
+        rows = batch * width
+        alone = self._time(model, rows, batch * (context + width) * model.kv_bytes_per_ctx_token, rows * context)
+        joined = self._time(model, rows + prompt_tokens,
+                            (batch * (context + width) + prompt_tokens) * model.kv_bytes_per_ctx_token,
+                            rows * context + prompt_tokens * prompt_tokens / 2)
+        return max(joined - alone, 0.0)
+
+    def _time(self, model: ModelCost, rows: float, kv_bytes: float, attended: float) -> float:
+        """The roofline time of a forward over ``rows`` tokens that moves ``kv_bytes`` of KV and
+        attends over ``attended`` (row, context token) pairs."""
+        memory_s = (model.weight_bytes + kv_bytes) / (self.gpu.bandwidth * self.engine.memory_efficiency)
+        flops = rows * model.flops_per_token + attended * model.attn_flops_per_ctx_token
+        return max(memory_s, flops / (self.gpu.peak_flops(model.compute_dtype) * self.engine.compute_efficiency))
+
     def round_trip_s(self, orchestration: str | None) -> float:
         """Extra cost per step of an orchestration: the BLS pays a model call per round."""
         return {"bls": self.engine.bls_round_trip_ms * 1e-3}.get(orchestration or "", 0.0)

@@ -98,6 +98,17 @@ def _context(measured: dict | None) -> tuple[int | None, str]:
                                 f"{measured['requests']} requests")
 
 
+def _requests(measured: dict | None, cfg):
+    """The closed loop's requests the forecast charges admissions for: this run's mean prompt and
+    output tokens when its records carry them, else the config's defaults."""
+    from pipeline.forecast.model import Requests, config_requests  # noqa: PLC0415 - keeps yaml off this module's import
+
+    if measured is None:
+        return config_requests(cfg)
+    return Requests(round(measured["prompt_tokens_mean"]), round(measured["generated_tokens_mean"]),
+                    f"this run's records: mean prompt and generated tokens over {measured['requests']} requests")
+
+
 def forecast_section(data: dict, cfg, measured_context: dict | None = None) -> dict[str, Any]:
     """The report's forecast-vs-measured section (``available: false`` with a reason when it
     cannot be made), at the run's measured context (:func:`run_context`) when given."""
@@ -115,7 +126,7 @@ def forecast_section(data: dict, cfg, measured_context: dict | None = None) -> d
         if acceptance is None:
             return {"available": False, "reason": "the run measured no acceptance length, so there is nothing to feed back"}
         context, context_source = _context(measured_context)
-        inp = config_inputs(cfg, acceptance, context=context)
+        inp = config_inputs(cfg, acceptance, context=context, requests=_requests(measured_context, cfg))
     except (SpecdeployError, KeyError, ValueError, OSError) as exc:
         return {"available": False, "reason": f"forecast not available: {exc}"}
     levels, flagged = [], []
@@ -130,6 +141,7 @@ def forecast_section(data: dict, cfg, measured_context: dict | None = None) -> d
     return {"available": True, "device": inp.device.describe(), "acceptance": acceptance.source,
             "method": inp.plan.method, "draft_len": inp.plan.depth, "context_tokens": inp.context,
             "context_source": context_source, "context_measured": measured_context,
+            "requests": inp.requests.describe() if inp.requests else None,
             "calibration_prompts": getattr(inp.device, "calibration", {}).get("prompts"),
             "levels": levels, "mean_abs_tpot_error": _round(sum(errors) / len(errors) if errors else None),
             "worth_a_look": flagged, "delivery_bound": [lv["concurrency"] for lv in levels if lv["delivery_bound"]],
@@ -149,10 +161,22 @@ def _measured(data: dict, row: dict, arm: str, concurrency: int) -> dict:
                         "osl": (cell.get("osl") or {}).get("mean"), "tokens_per_s": row.get("output_tokens_per_s"),
                         "coverage": _coverage(cell.get("acceptance") or {}),
                         "engine_tpot_ms": (cell.get("engine_tpot_ms") or {}).get("mean"),
-                        "delivery_lag": cell.get("delivery_lag")}
+                        "delivery_lag": cell.get("delivery_lag"), "e2e_ms": (cell.get("e2e_ms") or {}).get("mean")}
     return {"tpot_ms": row.get("tpot_ms"), "statistic": "median", "ttft_ms": None, "osl": None,
             "tokens_per_s": row.get("output_tokens_per_s"), "coverage": None, "engine_tpot_ms": None,
-            "delivery_lag": None}
+            "delivery_lag": None, "e2e_ms": None}
+
+
+def _decoding(arm: dict, concurrency: int) -> float:
+    """How many sequences a decoding sequence of the arm shares its steps with, itself included:
+    each of the ``concurrency`` requests spends TTFT of its E2E before its first token (waiting
+    for admission, prefilling, reaching the client) and a closed loop refills its slot only after
+    its last, so each of the others decodes a fraction (E2E − TTFT) / E2E of the time. All of them
+    without the cell's means."""
+    ttft, e2e = arm.get("ttft_ms"), arm.get("e2e_ms")
+    if not (ttft is not None and e2e and 0 <= ttft < e2e):
+        return float(concurrency)
+    return 1 + (concurrency - 1) * (e2e - ttft) / e2e
 
 
 def _coverage(acceptance: dict) -> float | None:
@@ -180,27 +204,31 @@ def _level(inp, c: int, tau: float, base: dict, spec: dict) -> dict[str, Any]:
     a cost per step that the speculative step pays too."""
     from pipeline.forecast.model import WORTH_A_LOOK, step_times  # noqa: PLC0415 - keeps yaml off this module's import
 
-    base_s, spec_s = step_times(inp, c, inp.plan, tau)
-    edges = [step_times(inp, c, inp.plan, tau, inp.device.scaled(f)) for f in (1 - inp.band, 1 + inp.band)]
+    decoding = (_decoding(base, c), _decoding(spec, c))
+    base_s, spec_s = step_times(inp, c, inp.plan, tau, decoding=decoding)
+    edges = [step_times(inp, c, inp.plan, tau, inp.device.scaled(f), decoding=decoding) for f in (1 - inp.band, 1 + inp.band)]
     band = [min(b / s for b, s in edges), max(b / s for b, s in edges)]
     forecast = base_s / spec_s
     measured_tpot = _ratio(base["tpot_ms"], spec["tpot_ms"])
     measured_tput = _ratio(spec["tokens_per_s"], base["tokens_per_s"])
     forecast_tput = _throughput_ratio(base, spec, forecast) or forecast
     beyond = (base["tpot_ms"] / 1e3 - base_s) if base["tpot_ms"] else 0.0
-    with_serving = _ratio(*step_times(inp, c, inp.plan, tau, serving_s=beyond))
+    with_serving = _ratio(*step_times(inp, c, inp.plan, tau, serving_s=beyond, decoding=decoding))
     outside = None
     if measured_tpot is not None:
         outside = max(band[0] / measured_tpot - 1, measured_tpot / band[1] - 1, 0.0)
     lag = {"baseline": _round(base["delivery_lag"]), "speculative": _round(spec["delivery_lag"])}
     return {
         "concurrency": c, "tau_measured": round(tau, 3), "draft_coverage": round(inp.acceptance.coverage, 3),
+        "decoding_sequences": [round(d, 3) for d in decoding],
         "forecast_tpot_ratio": round(forecast, 3), "band": [round(band[0], 3), round(band[1], 3)],
         "measured_tpot_ratio": _round(measured_tpot), "tpot_statistic": base["statistic"],
         "tpot_error": _round(measured_tpot / forecast - 1 if measured_tpot else None),
         "forecast_throughput_ratio": round(forecast_tput, 3), "measured_throughput_ratio": _round(measured_tput),
         "throughput_error": _round(measured_tput / forecast_tput - 1 if measured_tput else None),
-        "forecast_baseline_tpot_ms": round(base_s * 1e3, 4), "baseline_beyond_model_ms": round(beyond * 1e3, 4),
+        "forecast_baseline_tpot_ms": round(base_s * 1e3, 4), "forecast_speculative_tpot_ms": round(spec_s * 1e3, 4),
+        "measured_engine_tpot_ms": [_round(base["engine_tpot_ms"]), _round(spec["engine_tpot_ms"])],
+        "baseline_beyond_model_ms": round(beyond * 1e3, 4),
         "serving_fed_back_tpot_ratio": _round(with_serving),
         "serving_fed_back_error": _round(measured_tpot / with_serving - 1 if measured_tpot and with_serving else None),
         "worth_a_look": outside is not None and outside > WORTH_A_LOOK,

@@ -337,3 +337,78 @@ def test_without_the_servers_token_times_there_is_no_delivery_lag():
     lv = forecast_section(data, load_config(DRAFT_CFG))["levels"][0]
     assert lv["delivery_lag"] == {"baseline": None, "speculative": None} and not lv["delivery_bound"]
     assert lv["measured_engine_tpot_ratio"] is None
+
+
+def _gpu_inputs(requests):
+    cfg = load_config(EAGLE3_CFG)
+    return config_inputs(cfg, acc.Acceptance("x", tau=2.5, tau_low=2.5, tau_high=2.5, at_depth=3), requests=requests,
+                         context=1024)
+
+
+def test_a_closed_loops_admissions_add_the_others_prefills_to_every_output_token():
+    """Over one request's N output tokens the c − 1 other slots each admit a request, and each
+    admission's prefill holds up every decoding sequence: (c − 1)·t_prefill/(N − 1) per token,
+    for both arms; nothing at one request, for a static batch, or before the first admission."""
+    from pipeline.forecast.model import Requests, prefill_per_token
+
+    inp = _gpu_inputs(Requests(2000, 257, "test"))
+    per = [prefill_per_token(inp, c, c, 1) for c in (1, 2, 5, 9)]
+    assert per[0] == 0.0 and per[1] > 0
+    assert per[2] / per[1] == pytest.approx(4, rel=0.05) and per[3] / per[1] == pytest.approx(8, rel=0.1)
+    longer = prefill_per_token(replace(inp, requests=Requests(2000, 513, "test")), 5, 5, 1)
+    assert longer == pytest.approx(per[2] / 2, rel=1e-6)  # over twice the tokens
+    static = replace(inp, requests=None)
+    assert prefill_per_token(static, 9, 9, 1) == 0.0
+    base, spec = step_times(inp, 16, inp.plan, 2.5)
+    base0, spec0 = step_times(static, 16, inp.plan, 2.5)
+    assert base - base0 == pytest.approx(spec - spec0, rel=0.05)  # the same per token in both arms
+    assert base / spec < base0 / spec0  # so the gain shrinks
+
+
+def test_in_flight_batching_charges_a_prefill_its_rows_not_the_weights_again():
+    """On a GPU an admission's prefill rides in a step of the others: its cost is the step with the
+    prompt's rows minus the step without — a short prompt adds little to a memory-bound step, a
+    long one turns the step compute-bound."""
+    inp = _gpu_inputs(None)
+    device, target = inp.device, inp.target
+    short = device.prefill_seconds(target, 16, 8, 1, 1024)
+    long = device.prefill_seconds(target, 4000, 8, 1, 1024)
+    alone = device.forward(target, 1, 16, 8).seconds
+    assert 0 <= short < 0.2 * alone  # the weights are read once for the step and the prefill
+    assert long > 20 * short
+    assert device.forward(target, 1, 4000, 2000).regime == "compute"
+
+
+def test_the_reference_engine_prefills_an_admission_in_a_forward_of_its_own():
+    cal = {"forward_fits": {"target": {"a": 4e-3, "b": 1.4e-4, "c": 5e-7}}, "engine_overhead_s": {"1": 0.0}}
+    dev = CpuDevice(cal)
+    target = _gpu_inputs(None).target
+    assert dev.prefill_seconds(target, 64, 8, 1, 65) == pytest.approx(4e-3 + (1.4e-4 + 5e-7 * 32) * 64)
+
+
+def test_the_forecast_charges_longer_prompts_more_and_says_which_requests_it_assumed(capsys):
+    cfg = str(EAGLE3_CFG)
+    run(["forecast", cfg, "--acceptance", "0.7", "--json", "--prompt-tokens", "100"])
+    short = json.loads(capsys.readouterr().out)
+    run(["forecast", cfg, "--acceptance", "0.7", "--json", "--prompt-tokens", "3000", "--output-tokens", "128"])
+    long = json.loads(capsys.readouterr().out)
+    assert short["requests"]["prompt_tokens"] == 100 and short["requests"]["source"].startswith("--prompt-tokens 100;")
+    assert long["requests"] == {**long["requests"], "prompt_tokens": 3000, "output_tokens": 128}
+    assert short["context_tokens"] == 100 + 128 and long["context_tokens"] == 3000 + 64  # prompt + half the output
+    top = -1
+    assert long["levels"][top]["speedup"] < short["levels"][top]["speedup"]
+    assert long["levels"][0]["prefill_per_token_ms"] == [0.0, 0.0]  # one request: nobody else's prefill
+    assert all(b > 0 for b, _ in (lv["prefill_per_token_ms"] for lv in long["levels"][1:]))
+
+
+@pytest.mark.parametrize("ttft, e2e, concurrency, expected", [
+    (25.0, 100.0, 4, 1 + 3 * 0.75),  # each other request decodes three quarters of the time
+    (25.0, 100.0, 1, 1.0),  # alone: always a batch of one when it decodes
+    (None, 100.0, 4, 4.0),  # no means: all of them
+    (100.0, 100.0, 4, 4.0),  # an impossible cell: all of them
+])
+def test_the_decode_batch_a_sequence_sees_follows_the_time_requests_spend_before_their_first_token(
+        ttft, e2e, concurrency, expected):
+    from pipeline.report.forecast_check import _decoding
+
+    assert _decoding({"ttft_ms": ttft, "e2e_ms": e2e}, concurrency) == pytest.approx(expected)

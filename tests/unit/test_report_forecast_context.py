@@ -63,6 +63,10 @@ def test_report_forecast_takes_its_context_from_the_run_records(tmp_path):
     assert fc["context_tokens"] == round(100 + _mean_osl(run_dir) / 2)
     assert fc["context_source"].startswith("this run's records")
     assert fc["context_measured"]["prompt_tokens_mean"] == 100
+    # the closed loop's admissions are charged for the same requests
+    assert fc["requests"]["prompt_tokens"] == 100 and fc["requests"]["output_tokens"] == round(_mean_osl(run_dir))
+    assert fc["requests"]["source"].startswith("this run's records")
+    assert all(len(lv["decoding_sequences"]) == 2 for lv in fc["levels"])
 
 
 def test_report_forecast_without_prompt_counts_keeps_the_config_default_and_says_so(tmp_path):
@@ -73,6 +77,8 @@ def test_report_forecast_without_prompt_counts_keeps_the_config_default_and_says
     assert fc["context_tokens"] == cfg["build"]["max_input_len"] // 2 + cfg["loadtest"]["max_tokens"] // 2
     assert fc["context_source"].startswith("the config's default") and "no prompt token counts" in fc["context_source"]
     assert fc["context_measured"] is None
+    assert fc["requests"]["prompt_tokens"] == cfg["build"]["max_input_len"] // 2
+    assert fc["requests"]["output_tokens"] == cfg["loadtest"]["max_tokens"]
 
 
 def test_the_forecast_is_checked_against_the_primary_draft_length_only():
