@@ -218,6 +218,7 @@ def _level(inp, c: int, tau: float, base: dict, spec: dict) -> dict[str, Any]:
     if measured_tpot is not None:
         outside = max(band[0] / measured_tpot - 1, measured_tpot / band[1] - 1, 0.0)
     lag = {"baseline": _round(base["delivery_lag"]), "speculative": _round(spec["delivery_lag"])}
+    engine_ratio = _ratio(base["engine_tpot_ms"], spec["engine_tpot_ms"])
     return {
         "concurrency": c, "tau_measured": round(tau, 3), "draft_coverage": round(inp.acceptance.coverage, 3),
         "decoding_sequences": [round(d, 3) for d in decoding],
@@ -232,7 +233,8 @@ def _level(inp, c: int, tau: float, base: dict, spec: dict) -> dict[str, Any]:
         "serving_fed_back_tpot_ratio": _round(with_serving),
         "serving_fed_back_error": _round(measured_tpot / with_serving - 1 if measured_tpot and with_serving else None),
         "worth_a_look": outside is not None and outside > WORTH_A_LOOK,
-        "measured_engine_tpot_ratio": _round(_ratio(base["engine_tpot_ms"], spec["engine_tpot_ms"])),
+        "measured_engine_tpot_ratio": _round(engine_ratio),
+        "engine_tpot_error": _round(engine_ratio / forecast - 1 if engine_ratio else None),
         "delivery_lag": lag, "delivery_bound": delivery_bound(lag),
     }
 

@@ -307,6 +307,7 @@ def test_a_baseline_whose_tokens_reach_the_client_late_is_marked_delivery_bound(
     lv = section["levels"][0]
     assert lv["delivery_lag"] == {"baseline": pytest.approx(0.141, abs=1e-3), "speculative": pytest.approx(-0.006, abs=1e-3)}
     assert lv["measured_engine_tpot_ratio"] == pytest.approx(0.949, abs=1e-3)
+    assert lv["engine_tpot_error"] == pytest.approx(0.949 / lv["forecast_tpot_ratio"] - 1, abs=2e-3)
     assert lv["delivery_bound"] and section["delivery_bound"] == [8]
     from pipeline.report.forecast_check import forecast_note, forecast_table
 
