@@ -170,16 +170,27 @@ def forecast_cpu_section(name: str, data: dict) -> str:
                    "forecast decode", "measured decode (wall)"], rows)
 
 
+def _signed(value) -> str:
+    return "–" if value is None else f"{value:+.0%}"
+
+
+def _lags(level: dict) -> str:
+    lag = level.get("delivery_lag") or {}
+    text = f"{_signed(lag.get('baseline'))} / {_signed(lag.get('speculative'))}" if lag else "–"
+    return text + (" (delivery-bound)" if level.get("delivery_bound") else "")
+
+
 def forecast_served_section(name: str, data: dict) -> str:
-    """Served runs (`specdeploy run`) against the report's forecast, per concurrency."""
+    """Served runs (`specdeploy run`) against the report's forecast, per concurrency; the engines'
+    own TPOT ratio and each arm's delivery lag where the file has them."""
     rows = [[c["config"], lv["concurrency"], lv["tau_measured"], lv["forecast_tpot_ratio"], lv["measured_tpot_ratio"],
-             f"{lv['tpot_error']:+.0%}", lv["forecast_throughput_ratio"], lv["measured_throughput_ratio"],
-             f"{lv['throughput_error']:+.0%}", lv["baseline_beyond_model_ms"], lv["serving_fed_back_tpot_ratio"],
-             f"{lv['serving_fed_back_error']:+.0%}"]
+             _signed(lv["tpot_error"]), lv.get("measured_engine_tpot_ratio", "–"), _signed(lv.get("engine_tpot_error")),
+             _lags(lv), lv["forecast_throughput_ratio"], lv["measured_throughput_ratio"], _signed(lv["throughput_error"]),
+             lv["baseline_beyond_model_ms"], lv["serving_fed_back_tpot_ratio"], _signed(lv["serving_fed_back_error"])]
             for c in data["configs"] for lv in c["levels"]]
-    return _table(["config", "concurrency", "τ", "forecast", "measured (mean TPOT)", "error", "forecast throughput",
-                   "measured throughput", "error", "baseline beyond the model (ms/step)", "forecast if that is serving",
-                   "error"], rows)
+    return _table(["config", "concurrency", "τ", "forecast", "measured (mean TPOT)", "error", "measured at the engines",
+                   "error", "delivery lag (baseline / speculative)", "forecast throughput", "measured throughput",
+                   "error", "baseline beyond the model (ms/step)", "forecast if that is serving", "error"], rows)
 
 
 def int8_gemm_section(name: str, data: dict) -> str:

@@ -48,11 +48,18 @@ def acceptance_from_options(cfg, alpha: Optional[float], tau: Optional[float], r
     return acc.from_tau(case["acceptance_length"], case["plan"]["depth"], f"published: {case['source']}")
 
 
-def requests_from_options(cfg, prompt_tokens: Optional[int], output_tokens: Optional[int]):
-    """The load test's requests: the config's defaults, with what the options give in their place."""
+def requests_from_options(cfg, prompt_tokens: Optional[int], output_tokens: Optional[int],
+                          report: Optional[Path] = None):
+    """The load test's requests: the options', else an earlier run's (``--from-report``: its measured
+    means), else the config's defaults."""
     from pipeline.forecast.model import Requests, config_requests
 
     default = config_requests(cfg)
+    if report is not None:
+        measured = (json.loads(Path(report).read_text(encoding="utf-8")).get("forecast") or {}).get("context_measured")
+        if measured:
+            default = Requests(round(measured["prompt_tokens_mean"]), round(measured["generated_tokens_mean"]),
+                               f"{report}: that run's mean prompt and generated tokens")
     if prompt_tokens is None and output_tokens is None:
         return default
     given = " and ".join(f"--{name} {value}" for name, value in (("prompt-tokens", prompt_tokens),
@@ -106,7 +113,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"calibration stored: {path} (timed on {prompts})", err=True)
         acceptance = acceptance_from_options(cfg, alpha, tau, report, bench, published)
         fc = forecast_config(cfg, acceptance, engine=engine, context=context,
-                             requests=requests_from_options(cfg, prompt_tokens, output_tokens))
+                             requests=requests_from_options(cfg, prompt_tokens, output_tokens, report))
         if plot is not None:
             fc["plot"] = str(write_plot(fc, plot))
         if as_json:

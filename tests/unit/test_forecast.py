@@ -413,3 +413,21 @@ def test_the_decode_batch_a_sequence_sees_follows_the_time_requests_spend_before
     from pipeline.report.forecast_check import _decoding
 
     assert _decoding({"ttft_ms": ttft, "e2e_ms": e2e}, concurrency) == pytest.approx(expected)
+
+
+def test_a_forecast_from_an_earlier_report_takes_that_runs_requests(tmp_path, capsys):
+    report = {"primary_draft_len": 3, "rows": [{"arm": "speculative", "concurrency": 4, "speculation_length": 3,
+                                                "mean_acceptance_length": 2.6}],
+              "forecast": {"context_measured": {"prompt_tokens_mean": 812.4, "generated_tokens_mean": 190.6}}}
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    run(["forecast", str(EAGLE3_CFG), "--from-report", str(path), "--json"])
+    got = json.loads(capsys.readouterr().out)["requests"]
+    assert (got["prompt_tokens"], got["output_tokens"]) == (812, 191) and got["source"].startswith(str(path))
+    run(["forecast", str(EAGLE3_CFG), "--from-report", str(path), "--json", "--output-tokens", "64"])
+    got = json.loads(capsys.readouterr().out)["requests"]
+    assert (got["prompt_tokens"], got["output_tokens"]) == (812, 64)
+    report.pop("forecast")
+    path.write_text(json.dumps(report))  # a report without measured means: the config's defaults
+    run(["forecast", str(EAGLE3_CFG), "--from-report", str(path), "--json"])
+    assert json.loads(capsys.readouterr().out)["requests"]["source"].startswith("the config's default")
