@@ -16,7 +16,8 @@ cost (:data:`pipeline.forecast.proposers.PROPOSER_COSTS`), τ the tokens a step 
 (:mod:`pipeline.forecast.acceptance`). A load test's closed loop also admits new requests while
 others decode: over one request's N output tokens the c − 1 others each finish and start one, and
 every admission's prefill (P prompt tokens; the draft's too, where there is one) holds up the
-step it joins, so both arms' TPOT gain (c − 1) · t_prefill / (N − 1) (:func:`prefill_per_token`). A proposer that drafts on a fraction f of the steps only
+step it joins, so both arms' TPOT gain (c − 1) · t_prefill / (N − 1) (:func:`prefill_per_token`;
+a report counts only the others decoding while a request decodes). A proposer that drafts on a fraction f of the steps only
 (n-gram without a match) verifies 1 + f·(w − 1) tokens and gains f·τ + (1 − f) per step. Speedup = TPOT_base / TPOT_spec; in a closed loop the
 throughput ratio is the same number.
 """
@@ -76,7 +77,7 @@ def step_times(inp: Inputs, batch: int, plan: DraftPlan, tau: float, device=None
     device = device or inp.device
     base_b, spec_b = decoding or (batch, batch)
     base = (device.forward(inp.target, base_b, 1, inp.context).seconds + device.step_overhead(base_b) + serving_s
-            + prefill_per_token(inp, batch, base_b, 1, device, with_draft=False))
+            + prefill_per_token(inp, base_b, 1, device, with_draft=False))
     # steps without drafts (coverage < 1) verify one token and gain one
     coverage = inp.acceptance.coverage
     width = 1 + coverage * (plan.verify_width - 1)
@@ -90,22 +91,22 @@ def step_times(inp: Inputs, batch: int, plan: DraftPlan, tau: float, device=None
         draft = PROPOSER_COSTS[plan.method](ctx, plan)
     # CPU: the per-sequence work of a batched speculative step the forward does not cover
     extra = device.spec_step_extra(plan.method, spec_b)
-    return base, (verify + draft + extra) / tau + prefill_per_token(inp, batch, spec_b, width, device, with_draft=True)
+    return base, (verify + draft + extra) / tau + prefill_per_token(inp, spec_b, width, device, with_draft=True)
 
 
-def prefill_per_token(inp: Inputs, concurrency: int, step_batch: float, width: float, device=None,
-                      with_draft: bool = False) -> float:
-    """What other requests' prefills add to each output token in a closed loop of ``concurrency``
-    requests: concurrency − 1 admissions over one request's output tokens − 1, each costing a
-    prefill beside a step of ``step_batch`` × ``width`` rows; the speculative arm's admissions
-    prefill the draft model too. 0 without :attr:`Inputs.requests` or with one request."""
+def prefill_per_token(inp: Inputs, step_batch: float, width: float, device=None, with_draft: bool = False) -> float:
+    """What other requests' prefills add to each output token in a closed loop where a decoding
+    sequence shares its steps with ``step_batch`` − 1 others: over its output tokens − 1 each of
+    those finishes and is replaced once, each admission costing a prefill beside a step of
+    ``step_batch`` × ``width`` rows (the speculative arm's admissions prefill the draft model
+    too). 0 without :attr:`Inputs.requests` or alone."""
     req = inp.requests
-    if req is None or concurrency <= 1 or req.output_tokens <= 1:
+    if req is None or step_batch <= 1 or req.output_tokens <= 1:
         return 0.0
     device = device or inp.device
     models = [inp.target] + ([inp.draft] if with_draft and inp.draft is not None else [])
     prefill = sum(device.prefill_seconds(m, req.prompt_tokens, step_batch, width, inp.context) for m in models)
-    return (concurrency - 1) * prefill / (req.output_tokens - 1)
+    return (step_batch - 1) * prefill / (req.output_tokens - 1)
 
 
 def speedup_at(inp: Inputs, batch: int, plan: DraftPlan | None = None, edge: str = "point") -> float:
@@ -155,8 +156,8 @@ def forecast(inp: Inputs, levels: list[int]) -> dict:
         rows.append({
             "concurrency": c, "tau": round(tau, 3),
             "baseline_tpot_ms": round(base * 1e3, 4), "speculative_tpot_ms": round(spec * 1e3, 4),
-            "prefill_per_token_ms": [round(prefill_per_token(inp, c, c, 1) * 1e3, 4),
-                                     round(prefill_per_token(inp, c, c, inp.plan.verify_width, with_draft=True) * 1e3, 4)],
+            "prefill_per_token_ms": [round(prefill_per_token(inp, c, 1) * 1e3, 4),
+                                     round(prefill_per_token(inp, c, inp.plan.verify_width, with_draft=True) * 1e3, 4)],
             "speedup": round(base / spec, 3), "band": [round(low, 3), round(high, 3)],
             "throughput_ratio": round(base / spec, 3), "verify_regime": fwd.regime,
             "best": best_depth(inp, c),

@@ -353,13 +353,13 @@ def test_a_closed_loops_admissions_add_the_others_prefills_to_every_output_token
     from pipeline.forecast.model import Requests, prefill_per_token
 
     inp = _gpu_inputs(Requests(2000, 257, "test"))
-    per = [prefill_per_token(inp, c, c, 1) for c in (1, 2, 5, 9)]
+    per = [prefill_per_token(inp, c, 1) for c in (1, 2, 5, 9)]
     assert per[0] == 0.0 and per[1] > 0
     assert per[2] / per[1] == pytest.approx(4, rel=0.05) and per[3] / per[1] == pytest.approx(8, rel=0.1)
-    longer = prefill_per_token(replace(inp, requests=Requests(2000, 513, "test")), 5, 5, 1)
+    longer = prefill_per_token(replace(inp, requests=Requests(2000, 513, "test")), 5, 1)
     assert longer == pytest.approx(per[2] / 2, rel=1e-6)  # over twice the tokens
     static = replace(inp, requests=None)
-    assert prefill_per_token(static, 9, 9, 1) == 0.0
+    assert prefill_per_token(static, 9, 1) == 0.0
     base, spec = step_times(inp, 16, inp.plan, 2.5)
     base0, spec0 = step_times(static, 16, inp.plan, 2.5)
     assert base - base0 == pytest.approx(spec - spec0, rel=0.05)  # the same per token in both arms
