@@ -22,7 +22,7 @@ TOLERANCE = 0.15
 METHODS = {"draft_target", "medusa", "eagle", "eagle3", "ngram"}
 # the committed run's levels beyond ±15 % and those its reports mark delivery-bound (docs/forecast.md
 # says why); a new run updates these sets
-DOCUMENTED_MISSES = {("tiny-cpu-draft-target", 8), ("tiny-cpu-medusa", 8)}
+DOCUMENTED_MISSES: set[tuple[str, int]] = set()
 DELIVERY_BOUND = {(name, 8) for name in ("tiny-cpu-draft-target", "tiny-cpu-medusa", "tiny-cpu-eagle", "tiny-cpu-eagle3",
                                          "tiny-cpu-ngram")}
 
@@ -72,9 +72,9 @@ def test_the_stored_forecasts_recompute_from_the_stored_inputs(result, monkeypat
 
 def test_the_closed_loops_admissions_bring_the_baseline_tpot_to_the_engines(result, monkeypatch, tmp_path):
     """The admissions' prefills are what a served closed loop's engine spends beyond a static
-    batch's steps: with them the forecast baseline TPOT is within ±15 % of the engine's own at
-    every level; without them it falls short at every level with company, by more than 15 % at
-    concurrency 8, where each request waits for seven others' prefills."""
+    batch's steps: with them the forecast baseline TPOT is within ±10 % of the engine's own at
+    every level with company; without them it falls short at each of them, and by more than 10 %
+    at concurrency 8, where each request waits for seven others' prefills."""
     with_term, without_term = {}, {}
     for entry in result["configs"]:
         section = _section(entry, monkeypatch, tmp_path, requests=None)
@@ -84,8 +84,8 @@ def test_the_closed_loops_admissions_bring_the_baseline_tpot_to_the_engines(resu
             without_term[entry["config"], c] = without["forecast_baseline_tpot_ms"] / engine - 1
             if c > 1:
                 assert without["forecast_baseline_tpot_ms"] < stored["forecast_baseline_tpot_ms"]
-    assert all(abs(err) <= TOLERANCE for err in with_term.values()), with_term
-    assert all(err < -TOLERANCE for (_, c), err in without_term.items() if c == 8), without_term
+    assert all(abs(err) <= 0.10 for (_, c), err in with_term.items() if c > 1), with_term
+    assert all(err < -0.10 for (_, c), err in without_term.items() if c == 8), without_term
 
 
 def test_delivery_bound_levels_are_where_the_baselines_tokens_lagged_its_engine(result):
