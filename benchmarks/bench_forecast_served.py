@@ -31,8 +31,8 @@ TOLERANCE = 0.15
 LEVEL_FIELDS = ("concurrency", "tau_measured", "draft_coverage", "forecast_tpot_ratio", "band", "measured_tpot_ratio", "tpot_statistic",
                 "tpot_error", "forecast_throughput_ratio", "measured_throughput_ratio", "throughput_error",
                 "forecast_baseline_tpot_ms", "baseline_beyond_model_ms", "serving_fed_back_tpot_ratio",
-                "serving_fed_back_error", "worth_a_look", "measured_engine_tpot_ratio", "engine_tpot_error", "delivery_lag", "delivery_bound", "decoding_sequences",
-                "forecast_speculative_tpot_ms", "measured_engine_tpot_ms")
+                "serving_fed_back_error", "worth_a_look", "measured_engine_tpot_ratio", "engine_tpot_error", "delivery_lag", "delivery_bound",
+                "decoding_sequences", "forecast_speculative_tpot_ms", "measured_engine_tpot_ms")
 
 
 def _measured_inputs(report: dict, concurrency: int) -> dict:

@@ -194,10 +194,9 @@ def _check_cpu_ids(ctx: CheckContext) -> None:
         ctx.add(WARNING, "cpu-ids", "CPU pinning applies to the CPU reference engine only; backend trtllm ignores it",
                 "remove reference.cpu_pinning", "reference.cpu_pinning")
         return
+    from pipeline.artefacts.deployment import describe_arm  # noqa: PLC0415 - how many engines the arms decode with
     from pipeline.render.renderer import llm_models  # noqa: PLC0415 - the engine models each arm's repository holds
     from pipeline.serve.cpu_pinning import allowed_cpus, pinning_problems  # noqa: PLC0415 - only this path needs it
-
-    from pipeline.artefacts.deployment import describe_arm  # noqa: PLC0415 - how many engines the arms decode with
 
     manifest = {"engines": dict.fromkeys(("baseline", "speculative", "target", "draft"), "")}
     arms = {arm: [m.model_name for m in llm_models(cfg, manifest, arm)] for arm in ("baseline", "speculative")}
