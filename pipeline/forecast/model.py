@@ -13,13 +13,15 @@ Per concurrency c (closed loop: c sequences decode together, context L):
 
 w is the verify width (K+1 for a chain, the tree's nodes + 1), t_draft the method's proposer
 cost (:data:`pipeline.forecast.proposers.PROPOSER_COSTS`), τ the tokens a step gains
-(:mod:`pipeline.forecast.acceptance`). A load test's closed loop also admits new requests while
-others decode: over one request's N output tokens the c − 1 others each finish and start one, and
-every admission's prefill (P prompt tokens; the draft's too, where there is one) holds up the
-step it joins, so both arms' TPOT gain (c − 1) · t_prefill / (N − 1) (:func:`prefill_per_token`;
-a report counts only the others decoding while a request decodes). A proposer that drafts on a fraction f of the steps only
-(n-gram without a match) verifies 1 + f·(w − 1) tokens and gains f·τ + (1 − f) per step. Speedup = TPOT_base / TPOT_spec; in a closed loop the
-throughput ratio is the same number.
+(:mod:`pipeline.forecast.acceptance`). A proposer that drafts on a fraction f of the steps only
+(n-gram without a match) verifies 1 + f·(w − 1) tokens and gains f·τ + (1 − f) per step.
+Speedup = TPOT_base / TPOT_spec; in a closed loop the throughput ratio is the same number.
+
+A load test's closed loop also admits new requests while others decode: over one request's N
+output tokens the c − 1 others each finish and start one, and every admission's prefill (P prompt
+tokens; the draft's too, where there is one) holds up the step it joins, so both arms' TPOT gain
+(c − 1) · t_prefill / (N − 1) (:func:`prefill_per_token`; a report counts only the others
+decoding while a request decodes).
 """
 
 from __future__ import annotations
