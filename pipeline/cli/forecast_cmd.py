@@ -52,14 +52,13 @@ def requests_from_options(cfg, prompt_tokens: Optional[int], output_tokens: Opti
                           report: Optional[Path] = None):
     """The load test's requests: the options', else an earlier run's (``--from-report``: its measured
     means), else the config's defaults."""
-    from pipeline.forecast.model import Requests, config_requests
+    from pipeline.forecast.model import Requests, config_requests, measured_requests
 
     default = config_requests(cfg)
     if report is not None:
         measured = (json.loads(Path(report).read_text(encoding="utf-8")).get("forecast") or {}).get("context_measured")
         if measured:
-            default = Requests(round(measured["prompt_tokens_mean"]), round(measured["generated_tokens_mean"]),
-                               f"{report}: that run's mean prompt and generated tokens")
+            default = measured_requests(measured, f"{report}: that run's mean prompt and generated tokens")
     if prompt_tokens is None and output_tokens is None:
         return default
     given = " and ".join(f"--{name} {value}" for name, value in (("prompt-tokens", prompt_tokens),

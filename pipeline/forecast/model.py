@@ -203,6 +203,11 @@ def checkpoint_shape(checkpoint: str) -> ModelShape:
     return shape
 
 
+def measured_requests(measured: dict, source: str) -> Requests:
+    """Requests from a run's measured means (a report's ``context_measured``)."""
+    return Requests(round(measured["prompt_tokens_mean"]), round(measured["generated_tokens_mean"]), source)
+
+
 CONFIG_REQUESTS = "the config's default: half build.max_input_len prompt tokens, loadtest.max_tokens output tokens"
 
 

@@ -102,10 +102,8 @@ class GpuDevice:
 
     def forward(self, model: ModelCost, batch: int, tokens: int, context: int) -> ForwardTime:
         rows = batch * tokens
-        moved = model.weight_bytes + batch * (context + tokens) * model.kv_bytes_per_ctx_token
-        flops = rows * model.flops_per_token + rows * context * model.attn_flops_per_ctx_token
-        memory_s = moved / (self.gpu.bandwidth * self.engine.memory_efficiency)
-        compute_s = flops / (self.gpu.peak_flops(model.compute_dtype) * self.engine.compute_efficiency)
+        memory_s, compute_s = self._roofline(model, rows, batch * (context + tokens) * model.kv_bytes_per_ctx_token,
+                                             rows * context)
         allreduce_s = 0.0
         if model.tp > 1:
             ring = 2 * (model.tp - 1) / model.tp * rows * model.hidden * ACTIVATION_BYTES
@@ -119,18 +117,18 @@ class GpuDevice:
         (``batch`` sequences × ``width`` tokens): what the step costs with the prompt's rows (and
         the KV they write) beyond what it costs without them — the weights are read once for both."""
         rows = batch * width
-        alone = self._time(model, rows, batch * (context + width) * model.kv_bytes_per_ctx_token, rows * context)
-        joined = self._time(model, rows + prompt_tokens,
-                            (batch * (context + width) + prompt_tokens) * model.kv_bytes_per_ctx_token,
-                            rows * context + prompt_tokens * prompt_tokens / 2)
-        return max(joined - alone, 0.0)
+        alone = self._roofline(model, rows, batch * (context + width) * model.kv_bytes_per_ctx_token, rows * context)
+        joined = self._roofline(model, rows + prompt_tokens,
+                                (batch * (context + width) + prompt_tokens) * model.kv_bytes_per_ctx_token,
+                                rows * context + prompt_tokens * prompt_tokens / 2)
+        return max(max(joined) - max(alone), 0.0)
 
-    def _time(self, model: ModelCost, rows: float, kv_bytes: float, attended: float) -> float:
-        """The roofline time of a forward over ``rows`` tokens that moves ``kv_bytes`` of KV and
-        attends over ``attended`` (row, context token) pairs."""
+    def _roofline(self, model: ModelCost, rows: float, kv_bytes: float, attended: float) -> tuple[float, float]:
+        """(memory, compute) seconds of a forward over ``rows`` tokens that moves the weights and
+        ``kv_bytes`` of KV and attends over ``attended`` (row, context token) pairs."""
         memory_s = (model.weight_bytes + kv_bytes) / (self.gpu.bandwidth * self.engine.memory_efficiency)
         flops = rows * model.flops_per_token + attended * model.attn_flops_per_ctx_token
-        return max(memory_s, flops / (self.gpu.peak_flops(model.compute_dtype) * self.engine.compute_efficiency))
+        return memory_s, flops / (self.gpu.peak_flops(model.compute_dtype) * self.engine.compute_efficiency)
 
     def round_trip_s(self, orchestration: str | None) -> float:
         """Extra cost per step of an orchestration: the BLS pays a model call per round."""

@@ -101,12 +101,12 @@ def _context(measured: dict | None) -> tuple[int | None, str]:
 def _requests(measured: dict | None, cfg):
     """The closed loop's requests the forecast charges admissions for: this run's mean prompt and
     output tokens when its records carry them, else the config's defaults."""
-    from pipeline.forecast.model import Requests, config_requests  # noqa: PLC0415 - keeps yaml off this module's import
+    from pipeline.forecast.model import config_requests, measured_requests  # noqa: PLC0415 - keeps yaml off this module's import
 
     if measured is None:
         return config_requests(cfg)
-    return Requests(round(measured["prompt_tokens_mean"]), round(measured["generated_tokens_mean"]),
-                    f"this run's records: mean prompt and generated tokens over {measured['requests']} requests")
+    return measured_requests(measured, f"this run's records: mean prompt and generated tokens over "
+                                       f"{measured['requests']} requests")
 
 
 def forecast_section(data: dict, cfg, measured_context: dict | None = None) -> dict[str, Any]:
