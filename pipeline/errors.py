@@ -3,14 +3,40 @@ problem) and exits non-zero, never with a traceback. Programming errors stay ord
 
 from __future__ import annotations
 
+# The one exit-code table every command follows (docs/ci.md). A CI job tells a losing
+# speculation (1) from a broken pipeline (5) and a mistyped command or config (2).
+EXIT_GO = 0
+EXIT_NO_GO = 1
+EXIT_USAGE = 2            # bad flag, config field, path, model name: fix the invocation
+EXIT_INCONCLUSIVE = 3
+EXIT_STOPPED_EARLY = 4    # the load test stopped early: the server refused every request
+EXIT_FAILURE = 5          # environment or pipeline failure: a build step, a server, an endpoint, the load harness
+EXIT_INTERRUPTED = 130
+
+EXIT_CODE_TABLE: dict[int, str] = {
+    EXIT_GO: "GO: speculation pays at the gated concurrency levels",
+    EXIT_NO_GO: "NO-GO: measured, and speculation does not pay (or breaks a guardrail)",
+    EXIT_USAGE: "usage or config error: bad flag, field, path or model name",
+    EXIT_INCONCLUSIVE: "INCONCLUSIVE: the runs cannot support a decision",
+    EXIT_STOPPED_EARLY: "stopped early: the server refused every request",
+    EXIT_FAILURE: "environment or pipeline failure: build step, server, endpoint or load harness",
+    EXIT_INTERRUPTED: "interrupted",
+}
+
 
 class SpecdeployError(Exception):
     """A user-facing failure: bad input, a failed external step, a missing dependency."""
 
-    exit_code = 1
+    exit_code = EXIT_NO_GO  # being sorted into EXIT_USAGE / EXIT_FAILURE (issue 42)
 
     def lines(self) -> list[str]:
         return [str(self)]
+
+
+class UsageError(SpecdeployError):
+    """The invocation itself is wrong (flag, path, model name): nothing ran."""
+
+    exit_code = EXIT_USAGE
 
 
 class ConfigError(SpecdeployError):
