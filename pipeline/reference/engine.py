@@ -35,6 +35,7 @@ from pipeline.reference.api import (
     GenerationRequest,
     GenerationResult,
     RequestStats,
+    check_prompt_length,
 )
 from pipeline.reference.draft_len import engine_max_draft_len
 from pipeline.reference.fast.models import FAST_MODELS
@@ -156,6 +157,7 @@ class ReferenceEngine:
         self.max_batch_size = scheduler.max_batch_size
         self.max_seq_len = scheduler.max_seq_len
         self.eos_token_id = scheduler.target.shape.eos_token_id
+        self.max_input_len = descriptor.get("max_input_len")  # None: max_seq_len bounds the prompt alone
         self._lock = threading.Condition()
         self._waiting: list[SeqState] = []
         self._handles: dict[str, Handle] = {}  # request id → its newest live handle (cancel by id)
@@ -167,6 +169,7 @@ class ReferenceEngine:
     # -- public API ------------------------------------------------------------------------
 
     def submit(self, request: GenerationRequest, on_chunk: Callable[[Chunk], object] | None = None) -> Handle:
+        check_prompt_length(len(request.input_ids), self.max_input_len)  # first, as TensorRT-LLM's validate
         self.scheduler.check(request)
         if not request.request_id:
             request.request_id = uuid.uuid4().hex

@@ -49,11 +49,11 @@ from pathlib import Path
 from typing import IO, Callable
 
 from pipeline.errors import SpecdeployError
-from pipeline.reference.api import Chunk, GenerationRequest, RequestStats, SamplingParams
+from pipeline.reference.api import Chunk, GenerationRequest, RequestStats, SamplingParams, check_prompt_length
 from pipeline.reference.engine import ChunkStream
 from pipeline.reference.scheduler import check_request
 
-LIMITS = ("max_seq_len", "max_draft_len", "max_batch_size", "eos_token_id", "vocab_size")
+LIMITS = ("max_seq_len", "max_draft_len", "max_batch_size", "eos_token_id", "vocab_size", "max_input_len")
 MAX_RESTARTS_ENV = "SPECDEPLOY_WORKER_MAX_RESTARTS"
 PARENT_ENV = "SPECDEPLOY_WORKER_PARENT_PID"  # the stub's pid, set by the proxy that starts the worker
 BACKOFF_ENV = "SPECDEPLOY_WORKER_RESTART_BACKOFF_S"
@@ -290,7 +290,7 @@ class EngineProcess:
         self._stats_token = 0
         self._process, ready = self._start()
         for key in LIMITS:
-            setattr(self, key, ready[key])
+            setattr(self, key, ready.get(key))
         self._started_at = time.monotonic()
         self._supervisor = threading.Thread(target=self._supervise, name="engine-worker-supervisor", daemon=True)
         self._supervisor.start()
@@ -300,6 +300,7 @@ class EngineProcess:
         return self._process.pid
 
     def submit(self, request: GenerationRequest, on_chunk: Callable[[Chunk], object] | None = None) -> RemoteHandle:
+        check_prompt_length(len(request.input_ids), self.max_input_len)
         check_request(request, self.vocab_size, self.max_draft_len, self.max_seq_len)
         if not request.request_id:
             request.request_id = uuid.uuid4().hex
