@@ -215,17 +215,22 @@ def main() -> int:
                 for t in threads:
                     t.join()
                 hangs = sum(v for k, v in tally.items() if k.startswith("hang"))
+                alive = server.alive()
                 record = {"orchestration": orchestration, "run": run, "seconds": round(time.monotonic() - started, 1),
-                          "clients": args.clients, "burners": args.burners, "server_alive": server.alive(),
+                          "clients": args.clients, "burners": args.burners, "server_alive": alive,
                           "hangs": hangs, **dict(tally), "errors": dict(errors.most_common(5))}
                 records.append(record)
                 print(json.dumps(record), flush=True)
+                if not alive:  # tritonserver died (its log says why): the next run gets a new one
+                    server.stop()
+                    server, _models = deploy(workdir, orchestration)
         finally:
             for burner in burners:
                 burner.kill()
                 burner.wait()
             server.stop()
     summary = {orch: {"runs": sum(1 for r in records if r["orchestration"] == orch),
+                      "server_died": sum(1 for r in records if r["orchestration"] == orch and not r["server_alive"]),
                       "runs_with_a_hang": sum(1 for r in records if r["orchestration"] == orch and r["hangs"]),
                       "hangs": sum(r["hangs"] for r in records if r["orchestration"] == orch),
                       "rounds_ok": sum(r.get("ok", 0) for r in records if r["orchestration"] == orch)}

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.reference.api import ENGINE_DESCRIPTOR, ENGINE_FORMAT, GenerationRequest
+from pipeline.reference.api import ENGINE_DESCRIPTOR, ENGINE_FORMAT, GenerationRequest, PromptTooLongError
 from pipeline.reference.engine import RequestStalled, create_engine
 from pipeline.reference.worker import EngineProcess
 from tests.reference_fixtures import one_thread, random_prompts, shared_checkpoints
@@ -143,3 +143,151 @@ def test_worker_cancel_by_a_finished_id_does_not_touch_its_successor(worker):
     second = worker.submit(_draft_round("again", drafts=None, new_tokens=10))
     first.cancel()  # late: its request is over; the new one under the same id must go on
     assert second.result(timeout=HANG_GUARD_S).finish_reason == "length"
+
+
+def test_the_engine_refuses_a_prompt_over_max_input_len_first(ckpt):
+    """TensorRT-LLM's LlmRequest::validate checks the prompt against max_input_len before any
+    other length: a prompt over both bounds gets the max_input_len message."""
+    engine = create_engine(ckpt["target"], role="target", max_draft_len=4, max_seq_len=32, max_input_len=8)
+    try:
+        with pytest.raises(PromptTooLongError, match=r"^Prompt length \(9\) exceeds maximum input length \(8\)\."):
+            engine.submit(GenerationRequest(list(range(1, 10)), 40))
+        assert len(engine.generate(GenerationRequest(list(range(1, 9)), 2)).output_ids) == 2  # 8 is allowed
+    finally:
+        engine.shutdown()
+
+
+# -- the Triton model's drain (pipeline/triton_models/cpu_engine_model.py), in process --------------
+
+
+class _Counters:
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def __getattr__(self, name):
+        return lambda *args: self.calls.append((name, *args))
+
+
+class _Sender:
+    def __init__(self, cancelled: bool = False, fails: bool = False):
+        self.sent: list[tuple] = []
+        self._cancelled, self._fails = cancelled, fails
+
+    def send(self, response=None, flags=0):
+        if self._fails:
+            raise RuntimeError("the client is gone")
+        self.sent.append((response, flags))
+
+    def is_cancelled(self) -> bool:
+        return self._cancelled
+
+
+class _Stream:
+    """A request's stream fed by hand; records cancel and abandon."""
+
+    def __init__(self, max_new_tokens: int = 4):
+        from pipeline.reference.engine import ChunkStream
+
+        self.stream = ChunkStream(GenerationRequest([1, 2, 3], max_new_tokens, request_id="r1"))
+        self.cancels = self.abandons = 0
+        self.max_new_tokens, self.request_id = max_new_tokens, "r1"
+
+    def next_chunk(self, timeout=None):
+        return self.stream.next_chunk(timeout)
+
+    def cancel(self):
+        self.cancels += 1
+
+    def abandon(self):
+        self.abandons += 1
+
+
+@pytest.fixture()
+def drain_model(monkeypatch):
+    """A CpuEngineModel without an engine, imported against a stand-in for the Triton stub."""
+    import sys
+    import types
+
+    import pipeline.triton_models as package
+
+    stub = types.ModuleType("triton_python_backend_utils")
+    stub.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", stub)
+    for name in ("cpu_engine_model", "metrics", "stall"):
+        monkeypatch.delitem(sys.modules, f"pipeline.triton_models.{name}", raising=False)
+        monkeypatch.delattr(package, name, raising=False)
+    from pipeline.triton_models import cpu_engine_model
+    from pipeline.triton_models.stall import StallBound
+
+    model = cpu_engine_model.CpuEngineModel()
+    model.stall_bound, model.model_name = StallBound(floor_s=0.3, per_token_s=0.05), "tensorrt_llm"
+    model.counters, model.latency = _Counters(), _Counters()
+    model._lock, model._inflight = threading.Lock(), {}
+    model._error_response = lambda message: ("error", message)
+    yield model
+    for name in ("cpu_engine_model", "metrics", "stall"):  # not bound to this stand-in in later tests
+        sys.modules.pop(f"pipeline.triton_models.{name}", None)
+
+
+def _drain_in_thread(model, stream, sender, respond=lambda *a: True) -> bool:
+    """Run the drain; True when it returned (a guard: the old drain waited for ever)."""
+    thread = threading.Thread(target=model._drain, args=("r1", stream, sender, 0, respond), daemon=True)
+    thread.start()
+    thread.join(HANG_GUARD_S)
+    return not thread.is_alive()
+
+
+def test_drain_fails_a_stalled_request_after_its_bound(drain_model, capfd):
+    stream, sender = _Stream(max_new_tokens=4), _Sender()
+    assert _drain_in_thread(drain_model, stream, sender)
+    (response, flags), = sender.sent
+    assert flags == 1 and response[0] == "error"
+    assert response[1] == ("request 'r1' stalled: the engine sent no final response within 0.5 s "
+                           "(0.3 s + 4 tokens x 0.05 s); it was cancelled and the server keeps serving, retry it")
+    assert stream.abandons == 1 and ("stalled",) in drain_model.counters.calls
+    assert "specdeploy: tensorrt_llm: request 'r1' stalled" in capfd.readouterr().err
+
+
+def test_drain_cancels_a_request_whose_client_left_before_its_first_chunk(drain_model):
+    """No chunk yet (queued, prefilling): the cancel check runs anyway."""
+    from pipeline.reference.api import Chunk
+
+    stream, sender = _Stream(max_new_tokens=400), _Sender(cancelled=True)
+    drain_model.stall_bound = type(drain_model.stall_bound)(floor_s=600.0, per_token_s=0.0)
+
+    def finish_when_cancelled():
+        while not stream.cancels:
+            threading.Event().wait(0.01)
+        stream.stream._put(Chunk(tokens=[], finished=True, finish_reason="cancelled"))
+
+    threading.Thread(target=finish_when_cancelled, daemon=True).start()
+    assert _drain_in_thread(drain_model, stream, sender)
+    assert stream.cancels == 1 and stream.abandons == 0
+
+
+def test_drain_cancels_when_a_response_cannot_be_sent(drain_model):
+    """A send that fails (nobody takes the responses) cancels the request in the engine."""
+    from pipeline.reference.api import Chunk
+
+    stream = _Stream(max_new_tokens=400)
+    drain_model.stall_bound = type(drain_model.stall_bound)(floor_s=600.0, per_token_s=0.0)
+    stream.stream._put(Chunk(tokens=[5], finished=False))
+
+    def finish_when_cancelled():
+        while not stream.cancels:
+            threading.Event().wait(0.01)
+        stream.stream._put(Chunk(tokens=[], finished=True, finish_reason="cancelled"))
+
+    threading.Thread(target=finish_when_cancelled, daemon=True).start()
+    assert _drain_in_thread(drain_model, stream, _Sender(), respond=lambda chunk, generated, stats: chunk.finished)
+    assert stream.cancels == 1
+    assert ("cancelled", 1) in drain_model.counters.calls  # one token was generated for nobody
+
+
+def test_stall_bound_reads_the_environment():
+    from pipeline.triton_models.stall import FLOOR_ENV, PER_TOKEN_ENV, StallBound
+
+    assert StallBound.from_env({}).seconds(48) == 120 + 48 * 2
+    assert StallBound.from_env({FLOOR_ENV: "3", PER_TOKEN_ENV: "0.05"}).seconds(20) == pytest.approx(4.0)
+    with pytest.raises(ValueError, match=FLOOR_ENV):
+        StallBound.from_env({FLOOR_ENV: "0"})
