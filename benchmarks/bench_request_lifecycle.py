@@ -20,7 +20,10 @@ Usage (from the project root, or from another checkout to measure its code)::
 
     .venv/bin/python benchmarks/bench_request_lifecycle.py --runs 5 --seconds 60 --clients 6 --burners 1
 
-Prints one JSON line per run and a summary; ``--out FILE`` writes them as JSON.
+Prints one JSON line per run and a summary; ``--out FILE`` writes them as JSON. A run whose
+``tritonserver`` died is recorded as such and the next run gets a new server. The figures before
+and after the fix of issue 44 are in ``benchmarks/results/request-lifecycle.json`` (the old code
+was run from an export of its commit, with this file copied next to it).
 """
 
 from __future__ import annotations

@@ -138,7 +138,7 @@ def test_http_disconnect_mid_stream_cancels_in_the_engine(lifecycle, model, body
     before = [_counter(server, f) for f in ("specdeploy_requests_cancelled_total",
                                             "specdeploy_cancelled_output_tokens_total", "specdeploy_output_tokens_total")]
     host, port = _host_port(server.http_url)
-    assert _read_events_then_close(host, port, f"/v2/models/{model}/generate_stream", body) == 2
+    assert _read_events_then_close(host, port, f"/v2/models/{model}/generate_stream", body) >= 2
     _assert_cancelled_in_engine(server, *before)
     assert server.alive()
 
@@ -155,7 +155,7 @@ def test_openai_frontend_disconnect_stops_the_ensemble_request(lifecycle):
         before = [_counter(server, f) for f in ("specdeploy_requests_cancelled_total",
                                                 "specdeploy_cancelled_output_tokens_total", "specdeploy_output_tokens_total")]
         body = {"model": cfg.name, "prompt": "def add(a, b):", "max_tokens": MAX_TOKENS, "stream": True}
-        assert _read_events_then_close(*_host_port(frontend.url), "/v1/completions", body) == 2
+        assert _read_events_then_close(*_host_port(frontend.url), "/v1/completions", body) >= 2
         _assert_cancelled_in_engine(server, *before)
         assert frontend.alive() and server.alive()
     finally:
