@@ -176,3 +176,14 @@ def test_bls_missing_input(baseline_server, missing, stream):
     assert missing in _error(lambda: grpc_stream(url, "tensorrt_llm_bls", inputs))
     responses = grpc_stream(url, "tensorrt_llm_bls", text_inputs("The quick brown", 4, stream=stream))
     assert "".join(r["text_output"].reshape(-1)[0].decode() for r in responses)
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streaming"])
+def test_prompt_over_max_input_len_within_max_seq_len_is_refused(medusa_server, streaming):
+    """The issue's case: a prompt longer than build.max_input_len (128 here) that still fits
+    max_seq_len (256) with its output was answered on CPU; TensorRT-LLM refuses it."""
+    url = medusa_server.grpc_url
+    message = _error(lambda: grpc_stream(url, "tensorrt_llm", _ids_request([40] * 150, 3, streaming)))
+    assert "Prompt length (150) exceeds maximum input length (128)." in message
+    answered = grpc_stream(url, "tensorrt_llm", _ids_request([40] * 128, 3, streaming))  # the bound itself is allowed
+    assert answered and all(r["output_ids"].size for r in answered)
