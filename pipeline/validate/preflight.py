@@ -23,7 +23,7 @@ from pipeline.config import DeploymentConfig, DraftTargetSpec
 from pipeline.errors import PreflightError
 from pipeline.plan.gpu_layout import validate_estimate
 from pipeline.trtllm import llmapi_checks
-from pipeline.validate.checkpoints import check_files, check_heads, check_tokenizers, load_shapes
+from pipeline.validate.checkpoints import check_files, check_heads, check_tokenizers, check_weights, load_shapes
 from pipeline.validate.findings import ERROR, INFO, WARNING, CheckContext, Finding, spec_models
 from pipeline.validate.hardware import get_profile
 from pipeline.validate.memory_fit import MemoryEstimate
@@ -215,6 +215,7 @@ _CHECKS: list[Callable[[CheckContext], None]] = [
     check_build_limits,
     check_scripts,
     check_files,
+    check_weights,
     load_shapes,
     check_shapes,
     check_tokenizers,
