@@ -41,10 +41,10 @@ from typing import Iterator
 
 from pipeline.artefacts.deployment import ArmDeployment, load_arm
 from pipeline.config import DeploymentConfig
-from pipeline.errors import ServeError
+from pipeline.errors import ServeError, UsageError
 from pipeline.infra.processes import OwnedProcess, free_ports, spawn
 from pipeline.infra.readiness import models_not_ready
-from pipeline.paths import PROJECT_ROOT, logs_dir
+from pipeline.paths import PROJECT_ROOT, logs_dir, served_repository_problem
 from pipeline.plan.gpu_layout import ArmPlacement, GpuInfo, query_gpus
 from pipeline.reference.api import ENGINE_PROCESS_ENV
 from pipeline.serve.command import (
@@ -187,6 +187,9 @@ def start_server(repo_dir: Path, *, argv: list[str] | None = None, env: dict | N
     repo_dir = Path(repo_dir).resolve()
     if not repo_dir.is_dir():
         raise ServeError(f"no model repository at {repo_dir}: run `specdeploy render` first")
+    problem = served_repository_problem(repo_dir)
+    if problem:  # refused now, not after the startup timeout
+        raise UsageError(problem)
     picked = iter(free_ports(3, host))
     ports = Ports(http_port or next(picked), grpc_port or next(picked), metrics_port or next(picked))
     if len({ports.http, ports.grpc, ports.metrics}) != 3:
