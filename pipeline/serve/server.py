@@ -62,6 +62,7 @@ from pipeline.serve.command import (
 )
 from pipeline.serve.cpu_pinning import CpuPlan, allowed_cpus, plan_pinning, spawn_on
 from pipeline.serve.llmapi_launch import llmapi_launch
+from pipeline.serve.server_log import failure_report
 from pipeline.serve.stale_server import check_no_stale_server
 from pipeline.validate.hardware import get_profile
 
@@ -119,6 +120,14 @@ class RunningServer:
             return ""
         return "\n".join(lines[-n:])
 
+    def log_report(self, n: int = 40) -> str:
+        """The log's first errors (a model's load failure is logged long before the tail), then
+        its last ``n`` lines (:func:`pipeline.serve.server_log.failure_report`)."""
+        try:
+            return failure_report(self.log_path.read_text(errors="replace"), n)
+        except OSError:
+            return ""
+
     def family(self) -> list[int]:
         """The server and every descendant seen so far that still runs (stubs, engine workers)."""
         return sorted({self.pid, *(p.pid for p in self.process.descendants())})
@@ -162,12 +171,12 @@ def wait_ready(server: RunningServer, models: list[str], timeout_s: float) -> No
     while time.monotonic() < deadline:
         if not server.alive():
             raise ServeError(f"tritonserver {death(server.exit_status())} while starting; "
-                             f"log {server.log_path}:\n{server.log_tail()}")
+                             f"log {server.log_path}:\n{server.log_report()}")
         pending = models_not_ready(server.http_url, pending)
         if not pending:
             return
         time.sleep(0.5)
-    tail = server.log_tail()
+    tail = server.log_report()
     server.stop()
     raise ServeError(f"tritonserver not ready within {timeout_s:.0f} s (models not ready: "
                      f"{', '.join(pending) or 'server health'}); log {server.log_path}:\n{tail}")
@@ -381,7 +390,7 @@ def serve_foreground(cfg: DeploymentConfig, variant: str, *, http_port: int | No
                 status = server.exit_status()
                 server.stop()  # whatever of its tree is left, before the message is read
                 raise ServeError(f"tritonserver (pid {server.pid}) died: {death(status)}; its processes are stopped "
-                                 f"and its ports free. Log {server.log_path}, last lines:\n{server.log_tail()}")
+                                 f"and its ports free. Log {server.log_path}:\n{server.log_report()}")
             return 0
         finally:
             server.stop()
