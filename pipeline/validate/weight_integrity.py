@@ -248,8 +248,10 @@ REFERENCE_LLAMA = ArchitectureRule(("llama",), ("LlamaForCausalLM",), "the CPU r
 
 def expected_architecture(cfg: DeploymentConfig, role: str) -> ArchitectureRule | None:
     """The architecture ``role``'s checkpoint must declare for ``cfg`` to load it; None when the
-    route takes what the checkpoint says (heads carry the base's architecture or none; the
-    TensorRT-LLM routes are checked by their converters and by ``validate --live``)."""
+    route takes what the checkpoint says: heads carry the base's architecture or none, and
+    TensorRT-LLM's Llama converter keeps whatever ``architectures[0]`` a Llama-shaped config names
+    (``LLaMAConfig.from_hugging_face``, tensorrt_llm/models/llama/config.py), so the engine route
+    has no list to hold a draft to (the EAGLE base rule is ``methods.eagle``'s)."""
     if cfg.backend == "reference" and role in MODEL_ROLES:
         return REFERENCE_LLAMA
     return None
