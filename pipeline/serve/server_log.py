@@ -85,11 +85,8 @@ def first_errors(text: str, limit: int = 5) -> list[str]:
 
 
 def failure_report(text: str, tail_lines: int = 40) -> str:
-    """The first errors (when there are any), then the last ``tail_lines`` lines."""
-    lines = text.splitlines()
-    tail = "\n".join(lines[-tail_lines:])
+    """The first errors (when there are any), then ``last lines:`` and the last ``tail_lines`` lines."""
+    tail = "\n".join(text.splitlines()[-tail_lines:])
     errors = first_errors(text)
-    if not errors:
-        return tail
-    return ("first errors in the log:\n" + "\n".join(f"  {e}" for e in errors)
-            + f"\nlast {min(tail_lines, len(lines))} lines:\n{tail}")
+    head = "first errors in the log:\n" + "".join(f"  {e}\n" for e in errors) if errors else ""
+    return f"{head}last lines:\n{tail}"
