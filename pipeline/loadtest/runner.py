@@ -294,7 +294,8 @@ def run_loadtest(
         sweep = sorted(set(sweep_draft_len)) if sweep_draft_len else list(lt.sweep_draft_len)
         check_sweep(cfg, sweep)
         run_dir = _new_run_dir(cfg, out_dir, now)
-        run_id = f"{cfg.name}-{now.strftime('%Y%m%dT%H%M%SZ')}"
+        # the directory's name when it is the stamp: unique (a same-second run gets `-2`), as records need
+        run_id = f"{cfg.name}-{run_dir.name if out_dir is None else now.strftime('%Y%m%dT%H%M%SZ')}"
         tokenizer_dir = tokenizer_dir or served_tokenizer_dir(cfg)
         meta = {**run_metadata(cfg, run_id, now, dataset, sweep, concurrency, duration_s, warmup_s, repeats,
                                tokenizer_dir), **(meta_extra or {}), "arms": list(arms)}
