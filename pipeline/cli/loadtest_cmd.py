@@ -5,6 +5,8 @@ subprocess per arm × concurrency × repeat (interleaved), writes RUN_DIR (raw r
 run.json, metrics) and then the report; exits with the verdict's code (0 GO, 1 NO-GO,
 3 INCONCLUSIVE; 2 stays the usage error), or 4 when it stopped early because the requests failed
 from the start (pipeline/loadtest/fail_fast.py: the first error verbatim and a likely fix).
+Exit 5 when the load generator itself failed (pipeline/loadtest/harness.py) or ``--resume`` /
+``--out`` names a run another live process is measuring (pipeline/loadtest/ownership.py).
 """
 
 from __future__ import annotations
