@@ -26,14 +26,14 @@ from tests.unit.cli_inproc import specdeploy
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "run_small"
 
-# claims argv[1], says so, then waits for stdin to close (or for its SIGKILL); with argv[2] == "fork"
-# it forks a child that does not exec and outlives it, then exits
+# claims argv[1] (lock file argv[3], default the run lock), says so, then waits for stdin to close (or
+# for its SIGKILL); with argv[2] == "fork" it forks a child that does not exec and outlives it, then exits
 HOLDER = """
 import os, sys, time
 from pipeline.infra import owner_lock
 with owner_lock.holding():
-    owner_lock.claim(sys.argv[1], "measuring a load test")
-    if len(sys.argv) > 2:
+    owner_lock.claim(sys.argv[1], "measuring a load test", name=(sys.argv[3:] or [owner_lock.LOCK_NAME])[0])
+    if len(sys.argv) > 2 and sys.argv[2] == "fork":
         if os.fork() == 0:
             time.sleep(60)
             os._exit(0)
@@ -183,3 +183,32 @@ def test_report_into_a_live_run_refuses_and_into_a_dead_ones_writes(tmp_path, ho
     proc = specdeploy("report", run_dir)
     assert proc.returncode in (0, 1, 3), proc.stderr
     assert (run_dir / "report.json").is_file()
+
+
+def test_run_waits_for_a_concurrent_build_and_build_alone_refuses_naming_it(tmp_path, holder, capsys):
+    import threading
+
+    from pipeline.build.builder import build_lock
+    from pipeline.errors import BuildError
+
+    root = tmp_path / "engines" / "dtm"
+    root.mkdir(parents=True)
+    other = holder(root, "-", ".build.lock")
+    with pytest.raises(BuildError, match=f"pid {other.proc.pid}"):  # `specdeploy build`: refuses
+        with build_lock(root):
+            pass
+    events: list[str] = []
+
+    def run_build() -> None:  # `specdeploy run`: waits
+        with build_lock(root, wait=True):
+            events.append("built")
+
+    waiter = threading.Thread(target=run_build)
+    waiter.start()
+    while f"by pid {other.proc.pid}" not in capsys.readouterr().out:  # it said whom it waits for
+        assert waiter.is_alive() and not events
+        waiter.join(0.05)
+    events.append("owner gone")
+    other.kill()
+    waiter.join(60)
+    assert events == ["owner gone", "built"]
