@@ -56,6 +56,8 @@ class Owner:
     doing: str
 
     def describe(self) -> str:
+        if self.pid is None:  # caught between its lock and its record
+            return "a live process (its owner record is not written yet)"
         where = f" on {self.host}" if self.host and self.host != socket.gethostname() else ""
         return f"pid {self.pid}{where} ({self.doing} since {self.started}: `{self.command}`)"
 
