@@ -170,6 +170,7 @@ def test_resume_of_a_live_run_refuses_with_its_owner_and_deletes_nothing(tmp_pat
     assert sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*")) == before
 
 
+@pytest.mark.slow  # a whole report (statistics, plots)
 def test_report_into_a_live_run_refuses_and_into_a_dead_ones_writes(tmp_path, holder):
     import shutil
 
