@@ -16,6 +16,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+import psutil
 import pytest
 
 from pipeline.errors import EXIT_FAILURE
@@ -34,10 +35,11 @@ from pipeline.infra import owner_lock
 with owner_lock.holding():
     owner_lock.claim(sys.argv[1], "measuring a load test", name=(sys.argv[3:] or [owner_lock.LOCK_NAME])[0])
     if len(sys.argv) > 2 and sys.argv[2] == "fork":
-        if os.fork() == 0:
+        child = os.fork()
+        if child == 0:
             time.sleep(60)
             os._exit(0)
-        print("forked", flush=True)
+        print("forked", child, flush=True)
         os._exit(0)
     print("claimed", flush=True)
     sys.stdin.read()
@@ -65,7 +67,7 @@ def holder(tmp_path):
 
     def start(directory: Path, *extra: str) -> Holder:
         made.append(Holder(directory, *extra))
-        assert made[-1].said in ("claimed", "forked"), made[-1].said
+        assert made[-1].said.split()[0] in ("claimed", "forked"), made[-1].said
         return made[-1]
 
     yield start
@@ -120,8 +122,13 @@ def test_a_forked_child_does_not_keep_its_parents_lock(tmp_path, holder):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     parent = holder(run_dir, "fork")  # claims, forks a sleeping child without exec, exits
-    parent.proc.wait(timeout=10)
-    assert owner_lock.owner_of(run_dir) is None
+    child = int(parent.said.split()[1])
+    try:
+        parent.proc.wait(timeout=10)
+        assert psutil.pid_exists(child)  # the child lives on, with its copy of the descriptor closed
+        assert owner_lock.owner_of(run_dir) is None
+    finally:
+        os.kill(child, signal.SIGKILL)
 
 
 def test_two_new_runs_in_one_second_get_two_directories(tmp_path):
