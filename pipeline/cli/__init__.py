@@ -14,7 +14,7 @@ from typing import Sequence
 
 import typer
 
-from pipeline.errors import SpecdeployError
+from pipeline.errors import EXIT_INTERRUPTED, EXIT_USAGE, SpecdeployError, exit_code_epilog
 
 try:  # typer >= 0.20 vendors its own click; older typer uses click itself
     from typer._click.exceptions import ClickException as _ClickException
@@ -35,6 +35,7 @@ app = typer.Typer(
         "(`run` does all of it). Every command takes the config YAML; outputs go to "
         "engines/NAME/ and reports/NAME/ under --workdir (default: the current directory)."
     ),
+    epilog=exit_code_epilog(),
 )
 
 
@@ -71,6 +72,10 @@ def _register_commands() -> None:
         schema_cmd,
     ):
         module.register(app)
+    # Every command's --help ends with the one exit-code table (pipeline/errors.py), generated
+    # from EXIT_CODE_TABLE so help, README and docs/ci.md cannot drift apart.
+    for info in app.registered_commands:
+        info.epilog = info.epilog or exit_code_epilog()
 
 
 _register_commands()
@@ -95,11 +100,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = exc.exit_code
     except _ClickException as exc:
         exc.show()
-        code = exc.exit_code
+        # Click's own usage errors exit 2 already; its other exceptions (a file option it cannot
+        # open) exit 1, which is NO-GO in our table: every one of them is a bad invocation.
+        code = EXIT_USAGE
     except typer.Abort:
         print("aborted", file=sys.stderr)
-        code = 130
+        code = EXIT_INTERRUPTED
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        code = 130
+        code = EXIT_INTERRUPTED
     sys.exit(code)

@@ -15,19 +15,19 @@ from typing import Optional
 import typer
 
 from pipeline.cli.options import workdir_option
+from pipeline.errors import UsageError
 
 
 def _int_list(value: Optional[str], option: str) -> Optional[list[int]]:
-    from pipeline.errors import SpecdeployError
 
     if value is None:
         return None
     try:
         items = [int(v) for v in value.split(",") if v.strip()]
     except ValueError:
-        raise SpecdeployError(f"{option}: expected comma-separated integers like 1,4,16, got '{value}'") from None
+        raise UsageError(f"{option}: expected comma-separated integers like 1,4,16, got '{value}'") from None
     if not items or any(v < 1 for v in items):
-        raise SpecdeployError(f"{option}: expected positive integers, got '{value}'")
+        raise UsageError(f"{option}: expected positive integers, got '{value}'")
     return items
 
 
@@ -70,12 +70,11 @@ def register(app: typer.Typer) -> None:
             "server sends no usage)."),
     ) -> int:
         from pipeline.config import load_config
-        from pipeline.errors import SpecdeployError
         from pipeline.loadtest.runner import run_loadtest
         from pipeline.report.builder import make_report
 
         if endpoint and not arm:
-            raise SpecdeployError("--endpoint needs --arm baseline|speculative (or use --endpoint-baseline/--endpoint-speculative)")
+            raise UsageError("--endpoint needs --arm baseline|speculative (or use --endpoint-baseline/--endpoint-speculative)")
         if endpoint:
             endpoint_baseline = endpoint if arm == "baseline" else endpoint_baseline
             endpoint_speculative = endpoint if arm == "speculative" else endpoint_speculative
@@ -85,7 +84,7 @@ def register(app: typer.Typer) -> None:
                                    model_baseline, model_speculative)
         cfg = load_config(config, workdir)
         if resume and (out or concurrency or duration or repeats or sweep_draft_len):
-            raise SpecdeployError("--resume continues the run's own plan: drop --out, --concurrency, --duration, "
+            raise UsageError("--resume continues the run's own plan: drop --out, --concurrency, --duration, "
                                   "--repeats and --sweep-draft-len")
         run_dir = run_loadtest(
             cfg, out_dir=out, concurrency=_int_list(concurrency, "--concurrency"), duration=duration,
@@ -101,16 +100,15 @@ def register(app: typer.Typer) -> None:
 def _endpoints_only(config, loadtest_file, out, concurrency, duration, repeats, endpoint_baseline,
                     endpoint_speculative, arm, no_progress, transport, model, tokenizer,
                     model_baseline=None, model_speculative=None) -> int:
-    from pipeline.errors import SpecdeployError
     from pipeline.loadtest.endpoints_only import run_endpoint_loadtest
     from pipeline.report.builder import make_report
 
     if config is not None:
-        raise SpecdeployError("give a deployment config or --loadtest-file, not both")
+        raise UsageError("give a deployment config or --loadtest-file, not both")
     if not loadtest_file:
-        raise SpecdeployError("a deployment config (CONFIG) or --loadtest-file is needed")
+        raise UsageError("a deployment config (CONFIG) or --loadtest-file is needed")
     if not (endpoint_baseline or endpoint_speculative):
-        raise SpecdeployError("--loadtest-file: pass --endpoint-baseline and --endpoint-speculative (or one with --arm)")
+        raise UsageError("--loadtest-file: pass --endpoint-baseline and --endpoint-speculative (or one with --arm)")
     run_dir, cfg = run_endpoint_loadtest(
         loadtest_file, endpoint_baseline=endpoint_baseline, endpoint_speculative=endpoint_speculative, model=model,
         model_baseline=model_baseline, model_speculative=model_speculative,

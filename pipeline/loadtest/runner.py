@@ -44,7 +44,7 @@ from pipeline.loadtest import resume as resume_run
 from pipeline.loadtest.endpoints import ArmEndpoint, ManagedEndpoints, managed_endpoints, remote_endpoint
 from pipeline.loadtest.inputs import (
     ARMS,
-    LoadTestError,
+    LoadTestUsageError,
     check_sweep,
     load_prompt_set,
     primary_draft_len,
@@ -234,7 +234,7 @@ def _parse_duration(value: str | float | None) -> float | None:
         return float(value)
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", value)
     if not match:
-        raise LoadTestError(f"--duration: '{value}' is not a duration like 20s, 2m or 1.5h")
+        raise LoadTestUsageError(f"--duration: '{value}' is not a duration like 20s, 2m or 1.5h")
     scale = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[match.group(2)]
     return float(match.group(1)) * scale
 
@@ -272,7 +272,7 @@ def run_loadtest(
         concurrency, repeats, sweep = meta["concurrency"], meta["repeats"], meta.get("sweep_draft_len") or []
         duration_s, warmup_s, run_id = meta["duration_s"], meta["warmup_s"], meta["run_id"]
         if tuple(meta.get("arms") or arms) != arms:
-            raise LoadTestError(f"--resume: {run_dir} measures the arms {meta['arms']}, these options {list(arms)}: "
+            raise LoadTestUsageError(f"--resume: {run_dir} measures the arms {meta['arms']}, these options {list(arms)}: "
                                 "pass the --arm / --endpoint-* options it was started with")
         for name in ("report.json", "report.md", "report.html"):  # a report of the unfinished run
             (run_dir / name).unlink(missing_ok=True)
@@ -334,14 +334,14 @@ def _measure(cfg, specs, results, meta, run_dir, run_id, prompts, duration_s, wa
 def _arms_to_run(cfg: DeploymentConfig, arm: str | None, endpoint_baseline: str | None,
                  endpoint_speculative: str | None) -> tuple[str, ...]:
     if arm is not None and arm not in ARMS:
-        raise LoadTestError(f"--arm: expected one of {ARMS}, got '{arm}'")
+        raise LoadTestUsageError(f"--arm: expected one of {ARMS}, got '{arm}'")
     arms: tuple[str, ...] = (arm,) if arm else ARMS
     if not cfg.speculative and "speculative" in arms and not (endpoint_speculative or arm):
-        raise LoadTestError("speculation.method is 'none': there is no speculative arm to compare")
+        raise LoadTestUsageError("speculation.method is 'none': there is no speculative arm to compare")
     if endpoint_baseline or endpoint_speculative:
         missing = [a for a in arms if not {"baseline": endpoint_baseline, "speculative": endpoint_speculative}[a]]
         if missing:
-            raise LoadTestError(f"no endpoint for arm(s) {missing}: pass --endpoint-{missing[0]} (or --arm)")
+            raise LoadTestUsageError(f"no endpoint for arm(s) {missing}: pass --endpoint-{missing[0]} (or --arm)")
     return arms
 
 
@@ -349,7 +349,7 @@ def _new_run_dir(cfg: DeploymentConfig, out_dir: str | Path | None, created: dat
     run_dir = Path(out_dir) if out_dir else reports_root(cfg) / created.strftime("%Y%m%dT%H%M%SZ")
     run_dir = run_dir.resolve()  # locust runs with another working directory
     if run_dir.exists() and any(run_dir.iterdir()):
-        raise LoadTestError(f"--out: {run_dir} exists and is not empty")
+        raise LoadTestUsageError(f"--out: {run_dir} exists and is not empty")
     for sub in ("raw/parts", "settings", "metrics", "logs"):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
     return run_dir

@@ -24,7 +24,7 @@ from pipeline.artefacts.report import REPORT_SCHEMA
 from pipeline.artefacts.report import Report as ReportFile
 from pipeline.artefacts.runs import RunInfo
 from pipeline.config import DeploymentConfig, parse_config
-from pipeline.errors import SpecdeployError
+from pipeline.errors import EXIT_USAGE, SpecdeployError
 from pipeline.infra.atomic import write_json_atomic
 from pipeline.report import acceptance
 from pipeline.report.acceptance_reported import acceptance_reported
@@ -55,7 +55,8 @@ FORMULAS = {
 
 
 class ReportError(SpecdeployError):
-    """The run directory cannot be reported on."""
+    """The run directory cannot be reported on: a missing or wrong path is a usage error (2), a run
+    that holds no usable data a pipeline failure (5, the default)."""
 
 
 @dataclass
@@ -83,7 +84,7 @@ class Report:
 def _load_run_json(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "run.json"
     if not path.is_file():
-        raise ReportError(f"{run_dir}: no run.json — not a load-test run directory")
+        raise ReportError(f"{run_dir}: no run.json — not a load-test run directory", exit_code=EXIT_USAGE)
     data = json.loads(path.read_text(encoding="utf-8"))
     RunInfo.load(path, data)  # the right schema and fields, or one line naming the problem
     return data
@@ -289,7 +290,7 @@ def validate_report_json(data: dict) -> list[str]:
 def prepare(run_dir: Path, cfg: DeploymentConfig | None = None) -> tuple[dict[str, Any], dict[str, Any], GateResult]:
     """(report data, analysis, gate result) of RUN_DIR, checked against the report schema."""
     if not run_dir.is_dir():
-        raise ReportError(f"{run_dir}: no such run directory")
+        raise ReportError(f"{run_dir}: no such run directory", exit_code=EXIT_USAGE)
     cfg = cfg or config_from_run(run_dir)
     runs = _runs(run_dir)  # records are the bulk of a run: read once for the analysis and the report
     analysis = analyze(run_dir, cfg, runs)

@@ -189,7 +189,7 @@ def test_console_script_exit_codes(run_dir: Path, tmp_path: Path):
     usage = specdeploy("report")
     assert usage.returncode == 2
     missing = specdeploy("report", str(tmp_path / "nope"))
-    assert missing.returncode == 1 and "no such run directory" in missing.stderr
+    assert missing.returncode == 2 and "no such run directory" in missing.stderr
     assert "Traceback" not in missing.stderr
 
 
