@@ -26,7 +26,7 @@ from pipeline.artefacts.runs import RunInfo
 from pipeline.config import DeploymentConfig, parse_config
 from pipeline.errors import EXIT_USAGE, SpecdeployError
 from pipeline.infra.atomic import write_json_atomic
-from pipeline.report import acceptance
+from pipeline.report import acceptance, per_request
 from pipeline.report.acceptance_reported import acceptance_reported
 from pipeline.report.comparison import BootstrapSettings, best_ci, compare_cells, find_crossover
 from pipeline.report.forecast_check import run_context, safe_forecast_section
@@ -133,6 +133,7 @@ def analyze(run_dir: Path, cfg: DeploymentConfig, runs: list[RunData]) -> dict[s
             continue
         base_cell, spec_cell = cell_by_key[base_key], cell_by_key[(arm, conc, dl)]
         comp = compare_cells(groups[base_key], spec_runs, base_cell, spec_cell, boot)
+        comp["category_slower"] = per_request.slower_categories(_ok(groups[base_key]), _ok(spec_runs), cfg.gate.alpha)
         comp.update({
             "concurrency": conc, "draft_len": dl, "primary": dl == primary,
             "target_rate": spec_runs[0].info.get("target_rate"),
@@ -148,6 +149,8 @@ def analyze(run_dir: Path, cfg: DeploymentConfig, runs: list[RunData]) -> dict[s
     acceptance_rate, acceptance_source = acceptance.headline(spec_records, spec_deltas)
     all_summaries = [s for cell in cells for s in cell["runs"]]
     return {
+        "acceptance_per_request": per_request.acceptance_per_request(spec_records),
+        "acceptance_by_position": per_request.acceptance_by_position(spec_deltas),
         "runs": all_summaries,
         "cells": cells,
         "comparisons": comparisons,
@@ -161,6 +164,10 @@ def analyze(run_dir: Path, cfg: DeploymentConfig, runs: list[RunData]) -> dict[s
         "bootstrap": {"method": boot.method, "n_resamples": boot.n_resamples, "seed": boot.seed,
                       "confidence_level": boot.confidence_level, "unit": "run (replicate)"},
     }
+
+
+def _ok(runs: list[RunData]) -> list[dict]:
+    return [r for run in runs for r in run.measured if r.get("status") == "ok"]
 
 
 def recommend_draft_len(comparisons: list[dict]) -> dict[str, Any]:
@@ -249,6 +256,8 @@ def build_report_data(run_dir: Path, cfg: DeploymentConfig, analysis: dict, gate
         "acceptance_rate": analysis["acceptance_rate"],
         "acceptance_source": analysis["acceptance_source"],
         "acceptance_by_source": analysis["acceptance_by_source"],
+        "acceptance_per_request": analysis["acceptance_per_request"],
+        "acceptance_by_position": analysis["acceptance_by_position"],
         "comparisons": [_strip_comparison(c) for c in analysis["comparisons"]],
         "cells": [{k: v for k, v in cell.items() if k != "runs"} for cell in analysis["cells"]],
         "runs": [{k: v for k, v in r.items() if k != "throughput_timeline"} for r in analysis["runs"]],

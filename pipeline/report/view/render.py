@@ -56,6 +56,8 @@ def report_page(data: dict, plots: dict[str, str | None]) -> dict[str, Any]:
         "categories": tables.category_table(data),
         "acceptance_cells": tables.acceptance_cells_table(data),
         "acceptance_sources": tables.acceptance_source_table(data),
+        "acceptance_requests": tables.acceptance_request_table(data),
+        "acceptance_positions": tables.acceptance_position_table(data),
         "acceptance_source": data.get("acceptance_source")
         or (PER_REQUEST if data.get("acceptance_rate") is not None else NOT_REPORTED),
         "gate": tables.gate_tables(data),
