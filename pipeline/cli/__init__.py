@@ -2,7 +2,10 @@
 
 ``run(argv)`` executes one command and returns its exit code, raising on user errors
 (:class:`pipeline.errors.SpecdeployError`) and usage errors so tests can assert on them; ``main()`` is the console
-script: it prints a user error as one line per problem (no traceback) and exits non-zero.
+script: it prints a user error as one line per problem (no traceback) and exits with the error's
+code from the one table in :mod:`pipeline.errors` (docs/ci.md): 2 for a usage or config error
+(Click's included), 5 for a failure, and 5 with the traceback for an unexpected exception, so a
+crash never reads as NO-GO.
 Command modules import heavy libraries (torch, scipy, matplotlib) inside their functions only, so
 ``validate`` and ``plan`` stay fast.
 """
@@ -10,11 +13,12 @@ Command modules import heavy libraries (torch, scipy, matplotlib) inside their f
 from __future__ import annotations
 
 import sys
+import traceback
 from typing import Sequence
 
 import typer
 
-from pipeline.errors import EXIT_INTERRUPTED, EXIT_USAGE, SpecdeployError, exit_code_epilog
+from pipeline.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, SpecdeployError, exit_code_epilog
 
 try:  # typer >= 0.20 vendors its own click; older typer uses click itself
     from typer._click.exceptions import ClickException as _ClickException
@@ -109,4 +113,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         code = EXIT_INTERRUPTED
+    except Exception:  # noqa: BLE001 - a bug: its traceback, and the failure code, never NO-GO's 1 (Python's default)
+        traceback.print_exc()
+        code = EXIT_FAILURE
     sys.exit(code)

@@ -3,7 +3,7 @@
 Reads the config, starts both arms' servers (or uses ``--endpoint-*``), runs Locust headless as a
 subprocess per arm × concurrency × repeat (interleaved), writes RUN_DIR (raw records, runs.json,
 run.json, metrics) and then the report; exits with the verdict's code (0 GO, 1 NO-GO,
-3 INCONCLUSIVE; 2 stays the usage error), or 4 when it stopped early because the requests failed
+3 INCONCLUSIVE; 2 a usage error, 5 an unreachable endpoint or a load-harness failure), or 4 when it stopped early because the requests failed
 from the start (pipeline/loadtest/fail_fast.py: the first error verbatim and a likely fix).
 """
 

@@ -4,9 +4,10 @@ Reads the config YAML and (unless ``--offline``) the checkpoint directories it n
 TensorRT-LLM example scripts the build plan runs (under ``--trtllm-root``, the config's
 ``trtllm_root``, ``$SPECDEPLOY_TRTLLM_ROOT`` or the NGC image's ``/app``); prints the
 findings as a table (or JSON with ``--json``) plus the per-GPU memory estimate, and exits 0 when
-there are no errors, 1 otherwise (config errors: one ``field.path: message`` line each).
+there are no errors, 2 otherwise (config errors: one ``field.path: message`` line each).
 ``--live`` adds the live preflight (:mod:`pipeline.validate.live`): the installed TensorRT-LLM,
-Triton, scripts' parsers, LLM-args classes, packages and GPUs, one table; any failure exits 1.
+Triton, scripts' parsers, LLM-args classes, packages and GPUs, one table; a failure there is the
+host's, and exits 5 (docs/ci.md).
 """
 
 from __future__ import annotations

@@ -75,6 +75,17 @@ def test_every_commands_help_carries_the_table(command):
         assert f"{code} {text}" in lines, (command, code)
 
 
+def test_a_crash_is_a_failure_never_no_go(monkeypatch):
+    import pipeline.cli as cli
+
+    def crash(argv):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(cli, "run", crash)
+    proc = specdeploy("report", "x")
+    assert proc.returncode == EXIT_FAILURE and "RuntimeError: a bug" in proc.stderr
+
+
 def test_docs_ci_md_carries_the_same_table():
     rows = dict(re.findall(r"^\| (\d+) \| (.+?) \|$", (ROOT / "docs" / "ci.md").read_text(), re.M))
     assert {int(code): text for code, text in rows.items()} == EXIT_CODE_TABLE
