@@ -80,6 +80,10 @@ def _register_commands() -> None:
     # from EXIT_CODE_TABLE so help, README and docs/ci.md cannot drift apart.
     for info in app.registered_commands:
         info.epilog = info.epilog or exit_code_epilog()
+    for group in app.registered_groups:  # `demo train|info|prompts`
+        group.typer_instance.info.epilog = exit_code_epilog()
+        for info in group.typer_instance.registered_commands:
+            info.epilog = info.epilog or exit_code_epilog()
 
 
 _register_commands()

@@ -33,7 +33,9 @@ FIXTURE = ROOT / "tests" / "fixtures" / "run_small"
 TINY = ROOT / "configs" / "tiny-cpu-ngram.yaml"
 GPU = ROOT / "configs" / "llama31-8b-baseline-h100.yaml"
 GPU_SPEC = ROOT / "configs" / "llama31-8b-draft1b-fp8-h100.yaml"  # a GPU forecast needs no CPU calibration
-COMMANDS = sorted(cmd.name for cmd in app.registered_commands)
+COMMANDS = sorted([cmd.name for cmd in app.registered_commands]
+                  + [f"{grp.name} {cmd.name}" for grp in app.registered_groups for cmd in grp.typer_instance.registered_commands]
+                  + [grp.name for grp in app.registered_groups])
 
 
 def _all_error_classes() -> set[type]:
@@ -68,7 +70,7 @@ def test_the_table_has_distinct_codes_and_a_failure_is_never_no_go():
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_commands_help_carries_the_table(command):
-    proc = specdeploy(command, "--help")
+    proc = specdeploy(*command.split(), "--help")
     assert proc.returncode == 0
     lines = [" ".join(line.split()) for line in proc.stdout.splitlines()]
     for code, text in EXIT_CODE_TABLE.items():
