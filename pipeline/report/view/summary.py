@@ -192,7 +192,8 @@ def worse_line(data: dict) -> str | None:
     parts += [f"category {cat} ({', '.join(where)}; request level)" for cat, where in slow.items()]
     if not parts:
         return None
-    return "Worse with speculation, with 95% confidence: " + "; ".join(parts) + "."
+    level = (data.get("bootstrap") or {}).get("confidence_level") or 0.95
+    return f"Worse with speculation, with {fmt_pct(level)} confidence: " + "; ".join(parts) + "."
 
 
 def acceptance_line(data: dict) -> str:
