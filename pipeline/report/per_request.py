@@ -6,10 +6,11 @@ per-run server acceptance; writes nothing. Three figures:
 - acceptance per request: the distribution (p10/p50/p90, a histogram) of accepted / drafted over
   requests. The headline rate is pooled over drafted tokens, so long completions weigh more; the
   per-request view is what vLLM and AIPerf report, and shows a bimodal draft at a glance.
-- acceptance by draft position: accepted / verify steps at position 1..K, where a server counts
-  it (vLLM's ``spec_decode_num_accepted_tokens_per_pos``, captured per run by
-  :mod:`pipeline.loadtest.acceptance_sources`); otherwise "not reported by this server". Tells a team
-  whether K is too long (late positions rarely accepted).
+- acceptance by draft position: accepted / drafted at position 1..K where the server counts both
+  (our reference engine's ``specdeploy_spec_decode_{accepted,draft}_tokens_per_pos_total``), else
+  accepted / verify steps (vLLM's ``spec_decode_num_accepted_tokens_per_pos`` over its drafts, one
+  per verify step), captured per run by :mod:`pipeline.loadtest.acceptance_sources`; otherwise
+  "not reported by this server". Tells a team whether K is too long (late positions rarely accepted).
 - a prompt category slower with speculation, with confidence: a one-sided Mann-Whitney test of
   the category's per-request TPOT, speculative greater than baseline, at ``alpha``. Request level
   (a category has too few requests per run for a run-level interval), so it names a category on
@@ -43,25 +44,33 @@ def acceptance_per_request(records: list[dict]) -> dict[str, Any]:
 
 
 def acceptance_by_position(deltas: list[dict | None]) -> dict[str, Any]:
-    """Per draft position: accepted at that position / verify steps, summed over the runs whose
-    server counted it."""
+    """Per draft position: accepted there / drafted there (or / verify steps where the server counts
+    no drafts per position), summed over the runs whose server counted it."""
     accepted: dict[int, float] = {}
+    drafted: dict[int, float] = {}
     steps = 0.0
     sources = set()
     for delta in deltas:
         per_pos = (delta or {}).get("accepted_per_position")
-        if not per_pos or not delta.get("verify_steps"):
+        per_pos_drafted = (delta or {}).get("drafted_per_position")
+        if not per_pos or not (per_pos_drafted or delta.get("verify_steps")):
             continue
         sources.add(delta.get("source"))
-        steps += float(delta["verify_steps"])
         for pos, value in per_pos.items():
             accepted[int(pos)] = accepted.get(int(pos), 0.0) + float(value)
-    if not accepted or not steps:
+        if per_pos_drafted:
+            for pos, value in per_pos_drafted.items():
+                drafted[int(pos)] = drafted.get(int(pos), 0.0) + float(value)
+        else:  # vLLM: every draft offers K positions, one draft per verify step
+            steps += float(delta["verify_steps"])
+            for pos in per_pos:
+                drafted[int(pos)] = drafted.get(int(pos), 0.0) + float(delta["verify_steps"])
+    positions = [{"position": pos + 1, "accepted": accepted.get(pos, 0.0), "drafted": drafted[pos],
+                  "rate": accepted.get(pos, 0.0) / drafted[pos]}  # the server counts from 0, a reader from 1
+                 for pos in sorted(drafted) if drafted[pos]]
+    if not positions:
         return {"reported": False, "note": NOT_REPORTED_BY_SERVER, "positions": []}
-    return {"reported": True, "source": ", ".join(sorted(str(s) for s in sources)), "verify_steps": steps,
-            # the server numbers positions from 0; a reader counts the first draft token as 1
-            "positions": [{"position": pos + 1, "accepted": accepted[pos], "rate": accepted[pos] / steps}
-                          for pos in sorted(accepted)]}
+    return {"reported": True, "source": ", ".join(sorted(str(s) for s in sources)), "positions": positions}
 
 
 def slower_categories(base_ok: list[dict], spec_ok: list[dict], alpha: float) -> dict[str, dict[str, Any]]:

@@ -118,7 +118,7 @@ def test_acceptance_per_request_and_by_position():
     assert pooled == pytest.approx(0.7)  # 196 of 280: what the pooled headline says for the same requests
     vllm = {"source": "vllm", "verify_steps": 100.0, "accepted_per_position": {"0": 80.0, "1": 50.0, "2": 20.0}}
     by_pos = per_request.acceptance_by_position([vllm, dict(vllm), None])
-    assert by_pos["reported"] and [p["position"] for p in by_pos["positions"]] == [1, 2, 3]
+    assert by_pos["reported"] and [p["position"] for p in by_pos["positions"]] == [1, 2, 3]  # vLLM: ÷ its drafts
     assert [p["rate"] for p in by_pos["positions"]] == pytest.approx([0.8, 0.5, 0.2])
     assert per_request.acceptance_by_position([{"source": "specdeploy", "verify_steps": 5}]) == {
         "reported": False, "note": "not reported by this server", "positions": []}
@@ -126,7 +126,7 @@ def test_acceptance_per_request_and_by_position():
 
 @pytest.mark.slow  # renders the whole fixture report
 def test_the_page_and_report_json_carry_tails_and_acceptance_per_request(tmp_path):
-    from pipeline.report.builder import make_report
+    from pipeline.report.builder import make_report  # the slow path only: matplotlib and the whole builder
 
     report = make_report(copy_fixture(tmp_path / "run"))
     data = json.loads(report.json_path.read_text())
