@@ -115,7 +115,7 @@ def _memory_table(estimate: dict):
 
 def _validate_live(cfg, findings, as_json: bool, trtllm_root: str | None) -> int:
     """Preflight findings and the live checks; PreflightError naming every error and failure."""
-    from pipeline.errors import PreflightError
+    from pipeline.errors import EXIT_FAILURE, EXIT_USAGE, PreflightError
     from pipeline.validate.live import failures, run_live_preflight
     from pipeline.validate.live.table import print_checks
     from pipeline.validate.preflight import errors_of
@@ -130,5 +130,6 @@ def _validate_live(cfg, findings, as_json: bool, trtllm_root: str | None) -> int
         print_checks(cfg, checks, _console())
     problems = [f.line() for f in errors_of(findings)] + [f"live preflight: {c.line()}" for c in failures(checks)]
     if problems:
-        raise PreflightError(problems)
+        # a config error when the config itself is wrong, else the host's failure (docs/ci.md)
+        raise PreflightError(problems, exit_code=EXIT_USAGE if errors_of(findings) else EXIT_FAILURE)
     return 0
