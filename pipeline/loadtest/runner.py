@@ -41,7 +41,13 @@ from pipeline.infra.atomic import write_json_atomic
 from pipeline.infra.processes import spawn
 from pipeline.loadtest import acceptance_sources, fail_fast
 from pipeline.loadtest import resume as resume_run
-from pipeline.loadtest.endpoints import ArmEndpoint, ManagedEndpoints, managed_endpoints, remote_endpoint
+from pipeline.loadtest.endpoints import (
+    ArmEndpoint,
+    ManagedEndpoints,
+    managed_endpoints,
+    remote_endpoint,
+    require_reachable,
+)
 from pipeline.loadtest.inputs import (
     ARMS,
     LoadTestUsageError,
@@ -359,10 +365,10 @@ def _endpoints(cfg: DeploymentConfig, arms: tuple[str, ...], endpoint_baseline: 
                endpoint_speculative: str | None):
     """The arms' endpoints as a context manager: the user's URLs, or servers started here."""
     if endpoint_baseline or endpoint_speculative:
-        return contextlib.nullcontext({
-            a: remote_endpoint(cfg, a, url) for a, url in (("baseline", endpoint_baseline),
-                                                          ("speculative", endpoint_speculative)) if url and a in arms
-        })
+        remote = {a: remote_endpoint(cfg, a, url) for a, url in (("baseline", endpoint_baseline),
+                                                                 ("speculative", endpoint_speculative)) if url and a in arms}
+        require_reachable(remote)
+        return contextlib.nullcontext(remote)
     return managed_endpoints(cfg, arms)
 
 

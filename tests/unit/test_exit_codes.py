@@ -212,6 +212,16 @@ def test_loadtest_against_an_unreachable_endpoint_is_a_failure(tmp_path):
     assert "is the server up" in proc.stderr
 
 
+def test_loadtest_of_a_config_against_an_unreachable_endpoint_is_a_failure_not_no_go(tmp_path):
+    """Measured, the dead endpoint was a cell with "server died": NO-GO, exit 1 (before this change)."""
+    url = f"127.0.0.1:{_closed_port()}"
+    proc = specdeploy("loadtest", TINY, "--endpoint-baseline", url, "--endpoint-speculative", url,
+                      "--out", tmp_path / "run", "--no-progress", "--workdir", tmp_path)
+    assert proc.returncode == EXIT_FAILURE, proc.stdout + proc.stderr
+    assert "--endpoint-baseline" in proc.stderr and "is not ready" in proc.stderr
+    assert not (tmp_path / "run" / "runs.json").exists()  # nothing was measured
+
+
 # report: every verdict's code, 2 for a wrong path, 5 for a run that holds nothing --------------------------
 
 def _gated(run_dir: Path, tmp_path: Path, **gate) -> Path:
