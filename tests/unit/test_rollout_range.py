@@ -92,6 +92,8 @@ def test_a_gated_level_whose_tail_is_worse_stays_in_the_range_with_a_caution():
     assert window["up_to"] == 2 and window["excluded"] == [] and [c["concurrency"] for c in window["cautions"]] == [1]
     banner = decision(report_data(a))
     assert banner["verdict"] == "GO" and "do not enable" not in banner["rollout"]
+    assert ("1.67× faster per user (TPOT 0.60× baseline [0.55, 0.65], 95% CI), though its E2E p95 is 1.50× baseline "
+            "[1.30, 1.70], worse with confidence (tail guardrail), and still pays") in banner["sentence"]
     assert ("caution at 1 (gated), E2E p95 is 1.50× baseline [1.30, 1.70], worse with confidence (tail guardrail)"
             in banner["rollout"])
     assert "Worse with speculation, with 95% confidence: c=1 E2E p95 1.50× baseline [1.30, 1.70]." in banner["findings"]

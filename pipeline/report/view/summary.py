@@ -163,8 +163,11 @@ def headline_sentence(data: dict) -> str:
     tpot = ratio_ci(comps[level], "tpot_ratio")
     clause = range_clause(data)
     joint = ", " if clause.startswith("but ") else " and "
+    # the gated level's own tail, when worse with confidence, in the same sentence as its speed-up
+    caution = next((c for c in (data.get("rollout_range") or {}).get("cautions") or [] if c["concurrency"] == level), None)
+    tail = f", though its {excluded_reason(caution['checks'])}," if caution else ""
     return (f"At concurrency {level}, speculation makes decoding {speed_phrase(tpot)} per user "
-            f"(TPOT {ratio_phrase(tpot, 'baseline')}, 95% CI){joint}{clause}.")
+            f"(TPOT {ratio_phrase(tpot, 'baseline')}, 95% CI){tail}{joint}{clause}.")
 
 
 # ratio, label, lower is better: what "worse with confidence" is looked for in, per level
