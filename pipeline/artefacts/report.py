@@ -60,7 +60,8 @@ class Report(Artefact):
     crossover_concurrency: Any = None
     rollout_range: dict[str, Any] = Field(default_factory=dict, description=(
         "The recommended levels (levels, up_to) and the levels below the crossover left out, each with the "
-        "checks it fails (excluded); pipeline/report/rollout_range.py."))
+        "checks it fails (excluded); gated levels kept with a tail worse with confidence (cautions); "
+        "pipeline/report/rollout_range.py."))
     recommended_draft_len: dict[str, Any] = Field(default_factory=dict)
     acceptance_rate: float | None = None
     acceptance_source: str | None = Field(None, description=(
