@@ -93,7 +93,7 @@ def _method_spec(cfg: DeploymentConfig) -> dict:
     spec, method = cfg.speculation, cfg.method_info
     if method.proposer is None:
         raise UsageError(f"{cfg.name}: speculation.method is {cfg.method!r}; nothing to compare with "
-                              "(the CPU engine has no proposer for it)")
+                         "(the CPU engine has no proposer for it)")
     fields = {"method": method.proposer, **method.proposer_fields(spec)}
     if cfg.draft is not None:
         fields["draft_dir"] = str(resolve_checkpoint(cfg.draft.checkpoint))

@@ -85,7 +85,7 @@ def register(app: typer.Typer) -> None:
         cfg = load_config(config, workdir)
         if resume and (out or concurrency or duration or repeats or sweep_draft_len):
             raise UsageError("--resume continues the run's own plan: drop --out, --concurrency, --duration, "
-                                  "--repeats and --sweep-draft-len")
+                             "--repeats and --sweep-draft-len")
         run_dir = run_loadtest(
             cfg, out_dir=out, concurrency=_int_list(concurrency, "--concurrency"), duration=duration,
             repeats=repeats, sweep_draft_len=_int_list(sweep_draft_len, "--sweep-draft-len"),

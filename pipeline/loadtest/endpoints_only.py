@@ -111,7 +111,7 @@ def arm_models(model: str | None, model_baseline: str | None, model_speculative:
     missing = [arm for arm, url in urls.items() if url and not given[arm]]
     if missing:
         raise UsageError(f"--model-{missing[0]} (or --model for both arms): the model name the {missing[0]} "
-                              "server serves is needed with --loadtest-file (GET /v1/models lists it)")
+                         "server serves is needed with --loadtest-file (GET /v1/models lists it)")
     return {arm: name for arm, name in given.items() if urls.get(arm) and name}
 
 
@@ -142,8 +142,8 @@ def check_models_listed(endpoints: dict[str, ArmEndpoint]) -> dict[str, list[str
         if endpoint.model_name not in listed[arm]:
             names = ", ".join(repr(n) for n in listed[arm]) or "none"
             raise UsageError(f"{arm}: the server at {endpoint.url} does not list the model "
-                                  f"'{endpoint.model_name}' at GET /v1/models; it lists {names} (pass one with "
-                                  f"--model-{arm}, or --model for both arms)")
+                             f"'{endpoint.model_name}' at GET /v1/models; it lists {names} (pass one with "
+                             f"--model-{arm}, or --model for both arms)")
     return listed
 
 

@@ -91,7 +91,7 @@ def load_run_to_resume(run_dir: Path, cfg: DeploymentConfig) -> tuple[dict, list
     want = config_hash(cfg)
     if meta.get("config_hash") != want:
         raise LoadTestUsageError(f"--resume: {run_dir} was measured with config hash {meta.get('config_hash')}, this "
-                            f"config's is {want}: resume it with the config it was started with, or start afresh")
+                                 f"config's is {want}: resume it with the config it was started with, or start afresh")
     return meta, kept_results(run_dir)
 
 

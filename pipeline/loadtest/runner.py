@@ -278,8 +278,8 @@ def run_loadtest(
         concurrency, repeats, sweep = meta["concurrency"], meta["repeats"], meta.get("sweep_draft_len") or []
         duration_s, warmup_s, run_id = meta["duration_s"], meta["warmup_s"], meta["run_id"]
         if tuple(meta.get("arms") or arms) != arms:
-            raise LoadTestUsageError(f"--resume: {run_dir} measures the arms {meta['arms']}, these options {list(arms)}: "
-                                "pass the --arm / --endpoint-* options it was started with")
+            raise LoadTestUsageError(f"--resume: {run_dir} measures the arms {meta['arms']}, these options "
+                                     f"{list(arms)}: pass the --arm / --endpoint-* options it was started with")
         for name in ("report.json", "report.md", "report.html"):  # a report of the unfinished run
             (run_dir / name).unlink(missing_ok=True)
         tokenizer_dir = meta.get("tokenizer_dir") or tokenizer_dir or served_tokenizer_dir(cfg)

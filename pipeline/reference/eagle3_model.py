@@ -45,7 +45,7 @@ def capture_layers(cfg: dict, target_layers: int) -> tuple[int, ...]:
     if not ids:
         if target_layers <= 5:
             raise UsageError("EAGLE-3 head: no eagle_aux_hidden_state_layer_ids and the target has too few "
-                                  "layers for the default capture (TensorRT-LLM needs more than 5)")
+                             "layers for the default capture (TensorRT-LLM needs more than 5)")
         ids = [1, target_layers // 2 - 1, target_layers - 4]
     layers = tuple(int(i) for i in ids)
     if any(not 0 <= i < target_layers for i in layers):
@@ -96,7 +96,7 @@ class Eagle3Head:
         self.fc = take_linear(state, ["fc"], dtype, self.linear_type, bias="fc.bias" in state)
         if self.fc.weight.shape[1] != len(self.capture) * hidden:
             raise UsageError(f"{head_dir}: fc takes {self.fc.weight.shape[1]} inputs, "
-                                  f"{len(self.capture)} captured layers × {hidden} expected")
+                             f"{len(self.capture)} captured layers × {hidden} expected")
         self.embed = state["embed_tokens.weight"].to(dtype) if "embed_tokens.weight" in state else target.embed
         self.layer = Eagle3Layer(state, "midlayer.", shape, dtype, self.linear_type)
         self.norm = state["norm.weight"].to(dtype)

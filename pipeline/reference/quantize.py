@@ -32,7 +32,7 @@ def quantize_checkpoint(src_dir: Path, dst_dir: Path, fmt: str = "int8_wo") -> N
 
     if fmt not in FORMATS:
         raise UsageError(f"quantization format {fmt!r} is not supported by the reference engine "
-                              f"(supported: {', '.join(FORMATS)})")
+                         f"(supported: {', '.join(FORMATS)})")
     src_dir, dst_dir = Path(src_dir), Path(dst_dir)
     cfg = read_config(src_dir)
     if (cfg.get("quantization_config") or {}).get("quant_method"):
