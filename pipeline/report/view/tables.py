@@ -93,7 +93,7 @@ def headline_tables(data: dict) -> list[dict[str, Any]]:
 def category_table(data: dict) -> dict:
     rows = category_acceptance(data)
     levels = [c["concurrency"] for c in primary_comparisons(data)]
-    headers = ["category", "acceptance"] + [f"speedup c={level}" for level in levels]
+    headers = ["category", "acceptance (pooled over tokens)"] + [f"speedup c={level}" for level in levels]
     return table(headers, ([r["category"], fmt_pct(r["acceptance_rate"])] +
                            [fmt_value(r["speedup"].get(level)) for level in levels] for r in rows))
 
