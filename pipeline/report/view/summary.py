@@ -98,13 +98,13 @@ def rollout(data: dict) -> str:
 
 
 def cautions(data: dict) -> str:
-    """``; caution at 1 (gated): E2E p95 is … (tail guardrail, not a gate check) …`` or ``""``."""
+    """``; caution at 1 (gated), E2E p95 is …, worse with confidence (tail guardrail): …`` or ``""``:
+    the gate passed the level, and the tail is not one of its checks."""
     items = (data.get("rollout_range") or {}).get("cautions") or []
     if not items:
         return ""
     parts = [f"at {c['concurrency']} (gated), {excluded_reason(c['checks'])}" for c in items]
-    return ("; caution " + "; ".join(parts) + ": the gate passed this level but its slowest requests are slower "
-            "with speculation, so check them against your SLO before enabling")
+    return "; caution " + "; ".join(parts) + ": check the slowest requests against your SLO before enabling"
 
 
 RANGE_LABELS = {"benefit_tpot_ratio": "TPOT", "benefit_e2e_ratio": "E2E", "tail_e2e_p95": "E2E p95"}
