@@ -5,7 +5,7 @@ Reads installed package metadata (never imports torch or TensorRT-LLM), the trit
 importable). Prints a table, or JSON with ``--json``; writes nothing. Without CONFIG it always
 exits 0: missing pieces are reported, not raised. With CONFIG it runs the live preflight of that
 config (:mod:`pipeline.validate.live`, the same checks as ``validate CONFIG --live``) after the
-table and exits 1 when a check fails.
+table and exits 5 (an environment failure, docs/ci.md) when a check fails.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def register(app: typer.Typer) -> None:
 
 def _doctor_config(config: str, report: dict, as_json: bool, trtllm_root: str | None) -> int:
     from pipeline.config import load_config
-    from pipeline.errors import PreflightError
+    from pipeline.errors import EXIT_FAILURE, PreflightError
     from pipeline.validate.live import failures, run_live_preflight
     from pipeline.validate.live.table import print_checks
 
@@ -63,7 +63,7 @@ def _doctor_config(config: str, report: dict, as_json: bool, trtllm_root: str | 
         _print(report)
         print_checks(cfg, checks)
     if failures(checks):
-        raise PreflightError([f"live preflight: {c.line()}" for c in failures(checks)])
+        raise PreflightError([f"live preflight: {c.line()}" for c in failures(checks)], exit_code=EXIT_FAILURE)
     return 0
 
 

@@ -4,9 +4,10 @@ Reads the config YAML and (unless ``--offline``) the checkpoint directories it n
 TensorRT-LLM example scripts the build plan runs (under ``--trtllm-root``, the config's
 ``trtllm_root``, ``$SPECDEPLOY_TRTLLM_ROOT`` or the NGC image's ``/app``); prints the
 findings as a table (or JSON with ``--json``) plus the per-GPU memory estimate, and exits 0 when
-there are no errors, 1 otherwise (config errors: one ``field.path: message`` line each).
+there are no errors, 2 otherwise (config errors: one ``field.path: message`` line each).
 ``--live`` adds the live preflight (:mod:`pipeline.validate.live`): the installed TensorRT-LLM,
-Triton, scripts' parsers, LLM-args classes, packages and GPUs, one table; any failure exits 1.
+Triton, scripts' parsers, LLM-args classes, packages and GPUs, one table; a failure there is the
+host's, and exits 5 (docs/ci.md).
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ def _memory_table(estimate: dict):
 
 def _validate_live(cfg, findings, as_json: bool, trtllm_root: str | None) -> int:
     """Preflight findings and the live checks; PreflightError naming every error and failure."""
-    from pipeline.errors import PreflightError
+    from pipeline.errors import EXIT_FAILURE, EXIT_USAGE, PreflightError
     from pipeline.validate.live import failures, run_live_preflight
     from pipeline.validate.live.table import print_checks
     from pipeline.validate.preflight import errors_of
@@ -129,5 +130,6 @@ def _validate_live(cfg, findings, as_json: bool, trtllm_root: str | None) -> int
         print_checks(cfg, checks, _console())
     problems = [f.line() for f in errors_of(findings)] + [f"live preflight: {c.line()}" for c in failures(checks)]
     if problems:
-        raise PreflightError(problems)
+        # a config error when the config itself is wrong, else the host's failure (docs/ci.md)
+        raise PreflightError(problems, exit_code=EXIT_USAGE if errors_of(findings) else EXIT_FAILURE)
     return 0

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from pipeline.config import DeploymentConfig, ModelSpec
-from pipeline.errors import SpecdeployError
+from pipeline.errors import EXIT_FAILURE, EXIT_USAGE, SpecdeployError
 from pipeline.validate.hardware import HardwareProfile, get_profile
 from pipeline.validate.memory_fit import (
     ExecutorMemory,
@@ -48,7 +48,9 @@ KV_TOKEN_GRANULE = 128  # a whole number of KV blocks for every tokens_per_block
 
 
 class LayoutError(SpecdeployError):
-    """The arms cannot be placed on the GPUs the host offers."""
+    """The arms cannot be placed on the GPUs the host offers: the config asks for more (exit 2)."""
+
+    exit_code = EXIT_USAGE
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,7 @@ def query_gpus(nvidia_smi: str | None = None) -> list[GpuInfo] | None:
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
     except (OSError, subprocess.SubprocessError) as exc:
-        raise LayoutError(f"`{' '.join(argv)}` failed: {exc}") from None
+        raise LayoutError(f"`{' '.join(argv)}` failed: {exc}", exit_code=EXIT_FAILURE) from None  # the host, not the config
     gpus = []
     for line in filter(None, (raw.strip() for raw in out.splitlines())):
         index, memory = (part.strip() for part in line.split(",")[:2])

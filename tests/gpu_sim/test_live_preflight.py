@@ -224,6 +224,9 @@ def test_validate_live_prints_the_table_and_exits_nonzero(box, tmp_path, monkeyp
     out = capsys.readouterr().out
     assert "Live preflight" in out and "GPU count" in out and "FAILED" in out
     assert any(p.startswith("live preflight: GPU count: expected GPUs [0, 1]") for p in exc_info.value.problems)
+    # a config error among the problems makes it the config's (2), else the host's failure (5); never NO-GO's 1
+    config_errors = [p for p in exc_info.value.problems if not p.startswith("live preflight:")]
+    assert exc_info.value.exit_code == (2 if config_errors else 5)
 
 
 def test_doctor_config_passes_in_a_matching_container(box, tmp_path, capsys):
