@@ -35,11 +35,11 @@ import stat
 import sys
 import sysconfig
 import tempfile
-import tomllib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+import tomllib
 import yaml
 
 GPU_SIM_DIR = Path(__file__).resolve().parent
@@ -241,12 +241,12 @@ class FakeContainer:
 
     def apply(self, monkeypatch, *, examples_root_env: bool = True) -> None:
         """Enter the container for the rest of a test: PATH, the variables, this process's view of
-        the pynvml stand-in and (unless turned off) ``$SPECDEPLOY_TRTLLM_ROOT`` pointing at /app."""
+        the image (tensorrt_llm, pynvml) and (unless turned off) ``$SPECDEPLOY_TRTLLM_ROOT`` pointing at /app."""
         for key, value in self.environ().items():
             monkeypatch.setenv(key, value)
         for key in ("SPECDEPLOY_TRITONSERVER", "SPECDEPLOY_TRTLLM_PYTHON"):
             monkeypatch.delenv(key, raising=False)
-        monkeypatch.syspath_prepend(str(self.root / "pynvml-site"))
+        monkeypatch.syspath_prepend(str(self.root / "process-site"))
         if examples_root_env:
             monkeypatch.setenv("SPECDEPLOY_TRTLLM_ROOT", str(self.app))
         else:
@@ -278,10 +278,15 @@ def _install_venv(box: FakeContainer) -> None:
     write_dist(site, "specdeploy", "0.1.0", requires, extras)
     _executable(box.python, _PYTHON.format(site=site, modules=host_modules(), python=sys.executable))
     box.install_trtllm_build()
-    # the NVML binding: the same stand-in for this process (pynvml-site) and the image's interpreter
-    for where in (site, box.root / "pynvml-site"):
-        where.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(GPU_SIM_DIR / "fake_nvml.py", where / "pynvml.py")
+    # the NVML binding, in the image's interpreter and in this process's view of it (process-site:
+    # the tensorrt_llm package and pynvml, which specdeploy running inside the image finds; not the
+    # image's other metadata, which would shadow this machine's for the rest of the test process)
+    process_site = box.root / "process-site"
+    process_site.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(GPU_SIM_DIR / "fake_nvml.py", site / "pynvml.py")
+    shutil.copyfile(GPU_SIM_DIR / "fake_nvml.py", process_site / "pynvml.py")
+    (process_site / "tensorrt_llm").symlink_to(package)
+    write_dist(process_site, "tensorrt_llm", box.version)
 
 
 def _install_triton(box: FakeContainer) -> None:

@@ -258,8 +258,13 @@ def check_gpus(cfg: DeploymentConfig, need_gib: float | None = None, need_why: s
         why = "no planned GPU is readable"
         return out + [skipped(n, "-", "NVML", f"not checked: {why}") for n in ("GPU model", "GPU free memory",
                                                                               "GPU MIG mode")]
-    out.append(_model_row(cfg, profile, used))
-    out.append(_free_row(cfg, used, need_gib, need_why))
+    model = _model_row(cfg, profile, used)
+    out.append(model)
+    if model.failed:  # the plan's memory was made for the profile's GPU, not this one
+        out.append(skipped("GPU free memory", "free memory for the plan", "the plan's busiest GPU",
+                           f"not checked: the plan is sized for {profile.display_name}, not these GPUs (row GPU model)"))
+    else:
+        out.append(_free_row(cfg, used, need_gib, need_why))
     mig = [g.index for g in used if g.mig]
     if mig:
         out.append(failed("GPU MIG mode", "disabled", "the plan places models on whole GPUs",

@@ -132,16 +132,27 @@ def _applies(req: Requirement, env: dict[str, str], extra: str) -> bool:
 
 def installed_extras(env: Environment) -> list[str]:
     """The specdeploy extras whose own distributions (those TensorRT-LLM's requirements do not
-    already bring) are all installed; an extra with none of its own is not counted."""
+    already bring) are all installed; an extra with none of its own is not counted. An extra made
+    of other extras (``cpu = ["specdeploy[reference,serving,loadtest]"]``) counts when all of them do."""
     reqs = _requirements(env.specdeploy[1])
-    out = []
-    for extra in env.extras:
-        names = {canonicalize_name(r.name) for r in reqs if r.marker is not None and _applies(r, env.marker_env, extra)
-                 and not _applies(r, env.marker_env, "")}
-        own = names - env.closure - {"tensorrt-llm"}
-        if own and all(env.installed(n) for n in own):
-            out.append(extra)
-    return out
+
+    def members(extra: str) -> list[Requirement]:
+        return [r for r in reqs if r.marker is not None and _applies(r, env.marker_env, extra)
+                and not _applies(r, env.marker_env, "")]
+
+    def counted(extra: str, seen: frozenset[str] = frozenset()) -> bool:
+        own, nested = set(), []
+        for req in members(extra):
+            if canonicalize_name(req.name) == "specdeploy":
+                nested += [e for e in req.extras if e not in seen]
+            else:
+                own.add(canonicalize_name(req.name))
+        own -= env.closure | {"tensorrt-llm"}
+        if not own and not nested:
+            return False
+        return all(env.installed(n) for n in own) and all(counted(e, seen | {extra}) for e in nested)
+
+    return [extra for extra in env.extras if counted(extra)]
 
 
 def package_states(env: Environment) -> list[PackageState]:
@@ -172,7 +183,7 @@ def read_environment() -> tuple[Environment | None, str]:
     data, problem = run_probe(_CODE, list(WATCHED))
     if data is None:
         return None, problem
-    return Environment(data["python"], data["env"], data["versions"], tuple(data["tensorrt_llm"]),
+    return Environment(python_executable(), data["env"], data["versions"], tuple(data["tensorrt_llm"]),
                        tuple(data["specdeploy"]), data["extras"], set(data["closure"])), ""
 
 
