@@ -210,10 +210,9 @@ def check_packages(image: str = "the TensorRT-LLM image") -> list[LiveCheck]:
                        f"runs TensorRT-LLM (in {image}: python3 on PATH)")]
     extras = installed_extras(env)
     spec_version = env.specdeploy[0]
-    who = (f"specdeploy {spec_version} with extras {', '.join(extras) or 'none'}" if spec_version
-           else "specdeploy not installed there (its extras do not apply)")
-    source = (f"installed metadata in {env.python} ({python_source()}): tensorrt_llm "
-              f"{env.trtllm[0] or 'not installed'}, {who}; served models (pipeline/validate/served_packages.py)")
+    who = (f"specdeploy[{','.join(extras)}]" if extras else "specdeploy (no extra counted)") if spec_version \
+        else "no specdeploy there"
+    source = (f"metadata in {env.python}: tensorrt_llm {env.trtllm[0] or 'absent'}, {who}; the served models' needs")
     out = []
     for state in package_states(env):
         expected = "; ".join(f"{who}: {spec or 'any'}" for who, spec in state.requirements) or "not required"

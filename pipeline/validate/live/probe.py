@@ -34,7 +34,7 @@ def python_source() -> str:
     """Where :func:`python_executable` came from, for a row's "from" column."""
     if os.environ.get(ENV_PYTHON):
         return f"${ENV_PYTHON}"
-    return f"{PYTHON} on PATH (the interpreter the plan runs)" if shutil.which(PYTHON) else "this interpreter"
+    return f"{PYTHON} on PATH" if shutil.which(PYTHON) else "this interpreter"
 
 
 def run_probe(code: str, payload: Any = None) -> tuple[dict[str, Any] | None, str]:
