@@ -19,7 +19,7 @@ and triton-inference-server/server@rYY.MM ``build.py`` (figures with sources: ``
 - ``/usr/lib/x86_64-linux-gnu/libcuda.so.1``, which the NVIDIA Container Toolkit mounts under
   ``--gpus all``; the ``tensorrt_llm`` stand-in fails to import without it, with the real message;
 - a ``pynvml`` stand-in (:mod:`fake_nvml`) reporting the simulated GPUs, and ``nvidia-smi`` (from the
-  same GPUs) in ``/usr/local/bin``.
+  same GPUs) and ``mpirun`` in ``/usr/local/bin``.
 
 Every build stand-in appends one JSON line per call to :attr:`FakeContainer.log`. Reads this
 checkout's pyproject.toml and ``ngc_images.yaml``; writes only under the given directory (and a
@@ -313,5 +313,7 @@ def make_container(base: Path, *, omit: tuple[str, ...] = (), version: str = "1.
     (box.modelopt / "examples" / "llm_ptq" / "hf_ptq.py").write_text(_HF_PTQ, encoding="utf-8")
     box.libcuda.parent.mkdir(parents=True, exist_ok=True)
     box.libcuda.write_bytes(ELF_STAND_IN)
+    box.install_command("mpirun", "#!/bin/sh\necho 'stand-in for Open MPI mpirun: the live preflight does not run it' >&2\n"
+                        "exit 1\n")
     box.install_command("nvidia-smi", _NVIDIA_SMI.format(python=sys.executable, gpu_sim=str(GPU_SIM_DIR)))
     return box

@@ -142,6 +142,10 @@ def tritonserver_of_another_release(host: Host) -> None:
     host.monkeypatch.setenv("PATH", f"{other / 'bin'}:{host.box.environ()['PATH']}")
 
 
+def no_mpirun(host: Host) -> None:
+    (host.box.bin_dir / "mpirun").unlink()
+
+
 def backend_without_library(host: Host) -> None:
     (host.box.backends / "tensorrtllm" / "libtriton_tensorrtllm.so").unlink()
 
@@ -240,6 +244,7 @@ MISTAKES: dict[str, Mistake] = {
     "a tritonserver of another release first on PATH": Mistake(tritonserver_of_another_release, "tritonserver",
                                                                "the variable claims 2.68.0, but the binary that runs is 2.64.0",
                                                                "another tritonserver comes first on PATH"),
+    "no mpirun for the orchestrator launch": Mistake(no_mpirun, "mpirun", "no mpirun on PATH", "Open MPI"),
     "a tensorrtllm backend without its library": Mistake(backend_without_library, "backend tensorrtllm",
                                                          "libtriton_tensorrtllm.so absent", "SPECDEPLOY_TRITON_BACKENDS"),
     "a python backend without its stub": Mistake(python_backend_without_stub, "backend python",

@@ -66,6 +66,7 @@ def run_live_preflight(cfg: DeploymentConfig, trtllm_root: str | None = None,
     from pipeline.validate.live.software import (  # noqa: PLC0415 - import cycle: the live modules import this package
         Trtllm,
         check_backends,
+        check_mpirun,
         check_tritonserver,
         check_trtllm_version,
         installed_trtllm,
@@ -83,7 +84,7 @@ def run_live_preflight(cfg: DeploymentConfig, trtllm_root: str | None = None,
 
     checks = _guarded("tensorrt_llm version", trtllm_version)
     trtllm = trtllm_rows[0] if trtllm_rows else Trtllm(None, "unknown", "")
-    checks += _guarded("tritonserver", lambda: [check_tritonserver(cfg)])
+    checks += _guarded("tritonserver", lambda: [check_tritonserver(cfg), check_mpirun(cfg)])
     checks += _guarded("backends", lambda: check_backends(cfg))
 
     def parsers() -> list[LiveCheck]:

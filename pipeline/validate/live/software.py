@@ -147,6 +147,25 @@ def check_tritonserver(cfg: DeploymentConfig) -> LiveCheck:
     return passed(name, expected, source, found)
 
 
+def check_mpirun(cfg: DeploymentConfig) -> LiveCheck:
+    """``mpirun`` on PATH when serve launches through it: the LLM-API model always, the engine
+    runtime with several TensorRT-LLM models per arm (orchestrator mode) or TP×PP > 1 (one rank per
+    GPU): :func:`pipeline.serve.command.gpu_server_argv`, ``pipeline/serve/llmapi_launch.py``, as
+    upstream's ``launch_triton_server.py`` wraps ``tritonserver`` in ``mpirun``."""
+    name = "mpirun"
+    if cfg.runs_llm_api:
+        why = "the LLM-API launch (mpirun -n 1 tritonserver)"
+    elif cfg.draft is not None or cfg.target.world_size > 1:
+        why = "orchestrator or leader mode (a draft model, or TP×PP > 1)"
+    else:
+        return skipped(name, "not used", "one model on one GPU: serve runs tritonserver directly", "not needed")
+    found = shutil.which("mpirun")
+    if found is None:
+        return failed(name, "mpirun on PATH", why, "no mpirun on PATH",
+                      f"run inside {cfg.triton.container_image} (it ships Open MPI), or install Open MPI")
+    return passed(name, "mpirun on PATH", why, found)
+
+
 def backend_dirs() -> Path:
     return Path(os.environ.get("SPECDEPLOY_TRITON_BACKENDS") or BACKENDS_DIR)
 
