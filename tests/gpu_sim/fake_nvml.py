@@ -4,7 +4,7 @@ code, ``str()`` giving NVML's error string, as nvidia-ml-py generates them), and
 --query-gpu=index,memory.total`` over the same GPUs (:func:`smi_main`).
 
 The GPUs come from ``$GPU_SIM_NVML_JSON`` (a list of ``{"name", "mib", "used_mib", "mig", "lost",
-"processes": [{"pid", "mib"}]}``; ``lost`` is an error class name such as ``GpuIsLost``), else
+"processes": [{"pid", "mib"}], "mem_clock", "bus_width"}``; ``lost`` is an error class name such as ``GpuIsLost``), else
 ``$GPU_SIM_NVML`` (``count:MiB:name[:mig]``; ``none`` = driver not loaded, ``nolib`` = no NVML
 library), else ``$GPU_SIM_SM``: 80 → eight A100 SXM4 80 GB, otherwise eight H100 80 GB HBM3 (the
 names and totals NVML reports for them). An idle GPU shows ``IDLE_USED_MIB`` used, as a real one does
@@ -19,6 +19,11 @@ import sys
 from types import SimpleNamespace
 
 IDLE_USED_MIB = 512
+# memory bus width (bits) and max memory clock (MHz) NVML reports per product, as `nvidia-smi -q`
+# shows them (their product × 2 / 8 is the datasheet bandwidth: H100 SXM 3.35 TB/s, H100 PCIe and
+# A100 80 GB 2.0 TB/s, A100 40 GB 1.55 TB/s)
+MEMORY_BUS = {"NVIDIA H100 80GB HBM3": (5120, 2619), "NVIDIA H100 PCIe": (5120, 1593), "NVIDIA H100 NVL": (6144, 2619),
+              "NVIDIA A100-SXM4-80GB": (5120, 1593), "NVIDIA A100-SXM4-40GB": (5120, 1215)}
 
 
 class NVMLError(Exception):
@@ -98,6 +103,20 @@ def nvmlDeviceGetMemoryInfo(handle: int) -> SimpleNamespace:
 
 def nvmlDeviceGetComputeRunningProcesses(handle: int) -> list[SimpleNamespace]:
     return [SimpleNamespace(pid=p["pid"], usedGpuMemory=p["mib"] * 1024 * 1024) for p in _gpu(handle).get("processes", [])]
+
+
+def nvmlDeviceGetMemoryBusWidth(handle: int) -> int:
+    gpu = _gpu(handle)
+    if gpu["name"] not in MEMORY_BUS:
+        raise NVMLError_NotSupported()
+    return gpu.get("bus_width", MEMORY_BUS[gpu["name"]][0])
+
+
+def nvmlDeviceGetMaxClockInfo(handle: int, clock_type: int) -> int:
+    gpu = _gpu(handle)
+    if clock_type != 2 or gpu["name"] not in MEMORY_BUS:  # NVML_CLOCK_MEM
+        raise NVMLError_NotSupported()
+    return gpu.get("mem_clock", MEMORY_BUS[gpu["name"]][1])
 
 
 def nvmlDeviceGetMigMode(handle: int) -> tuple[int, int]:

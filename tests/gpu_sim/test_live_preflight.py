@@ -94,6 +94,8 @@ def test_every_supported_image_passes_on_every_shipped_gpu_config(host, tag):
         assert_honest(outcome.checks, f"{tag} {name}")
         (triton,) = rows(outcome.checks, "tritonserver")
         assert f"TRITON_VERSION {hosts.IMAGES_TRITON[tag]}" in triton.found
+        (model,) = rows(outcome.checks, "GPU model")  # the bandwidth NVML's bus width × memory clock gives
+        assert ("2039 GB/s" if cfg.hardware == "a100-80gb" else "3352 GB/s") in model.found
 
 
 def test_the_package_rule_is_the_installed_extras_beside_tensorrt_llms_pins(host):

@@ -1,7 +1,8 @@
 """The GPUs this host has (NVML, through ``nvidia-ml-py``'s ``pynvml``) against the plan: count,
 health, exact product, free memory, MIG mode.
 
-Reads NVML per device — name, memory (total, free, used), MIG mode, the compute processes holding
+Reads NVML per device — name, memory (total, free, used), peak memory bandwidth (bus width × max
+memory clock), MIG mode, the compute processes holding
 memory (named through ``psutil`` when their pid is visible here) — and, per device, any NVML error
 (``NVMLError_GpuIsLost``, ``NVMLError_Unknown``: a GPU that fell off the bus) instead of raising;
 the config (``triton.gpus``, the arms' TP×PP from :func:`pipeline.plan.gpu_layout.arm_gpu_need`, the
@@ -21,6 +22,8 @@ from pipeline.validate.hardware import PROFILES, HardwareProfile, get_profile
 from pipeline.validate.live.result import LiveCheck, failed, passed, skipped
 
 MEMORY_TOLERANCE_GIB = 0.5  # NVML's total vs the profile's nvidia-smi figure: rounding only
+BANDWIDTH_TOLERANCE = 0.10  # bus width × max memory clock vs the datasheet figure (H200: 4.9 vs 4.8 TB/s)
+NVML_CLOCK_MEM = 2  # nvmlClockType_t NVML_CLOCK_MEM (nvml.h)
 MIB = 1024**2
 GIB = 1024**3
 # Each GPU profile ↔ the product name NVML reports for it (nvmlDeviceGetName, as nvidia-smi prints
@@ -53,6 +56,7 @@ class NvmlGpu:
     free_gib: float = 0.0
     mig: bool = False
     processes: tuple[GpuProcess, ...] | None = ()
+    bandwidth_gbps: float | None = None  # peak memory bandwidth from NVML, None when not reported
     error: str = ""  # NVML's error for this device (lost, fallen off the bus): nothing else is known
 
     @property
@@ -99,6 +103,17 @@ def _processes(pynvml, handle) -> tuple[GpuProcess, ...] | None:
     return tuple(out)
 
 
+def _bandwidth(pynvml, handle) -> float | None:
+    """Peak memory bandwidth in GB/s: bus width (bits) × max memory clock (MHz) × 2 (double data
+    rate) / 8 — 5120 × 2619 MHz gives the H100 SXM's 3.35 TB/s, 5120 × 1593 MHz the PCIe's 2.0."""
+    try:
+        width = pynvml.nvmlDeviceGetMemoryBusWidth(handle)
+        clock = pynvml.nvmlDeviceGetMaxClockInfo(handle, NVML_CLOCK_MEM)
+    except Exception:  # noqa: BLE001 - NVMLError_NotSupported (older drivers, vGPU): the row says not checked
+        return None
+    return width * clock * 2 / 8 / 1000 if width and clock else None
+
+
 def _device(pynvml, index: int) -> NvmlGpu:
     try:
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
@@ -110,7 +125,8 @@ def _device(pynvml, index: int) -> NvmlGpu:
         mig = bool(pynvml.nvmlDeviceGetMigMode(handle)[0])
     except Exception:  # noqa: BLE001 - GPUs without MIG support raise NotSupported
         mig = False
-    return NvmlGpu(index, name, memory.total / GIB, memory.free / GIB, mig, _processes(pynvml, handle))
+    return NvmlGpu(index, name, memory.total / GIB, memory.free / GIB, mig, _processes(pynvml, handle),
+                   _bandwidth(pynvml, handle))
 
 
 def init_fix(error: str) -> str:
@@ -165,11 +181,18 @@ def planned_gpus(cfg: DeploymentConfig, readable: list[NvmlGpu] | None = None) -
     return tuple(range(need)), "the target's (and draft's) tp × pp"
 
 
+def _bandwidth_ok(gpu: NvmlGpu, profile: HardwareProfile) -> bool:
+    if gpu.bandwidth_gbps is None or not profile.bandwidth_gbps:
+        return True  # not reported: the name and memory decide, and the row says bandwidth was not checked
+    return abs(gpu.bandwidth_gbps - profile.bandwidth_gbps) <= BANDWIDTH_TOLERANCE * profile.bandwidth_gbps
+
+
 def profile_of(gpu: NvmlGpu) -> HardwareProfile | None:
-    """The profile whose NVML name and memory total this GPU has, if any."""
+    """The profile whose NVML name, memory total and bandwidth this GPU has, if any."""
     for name, names in NVML_NAMES.items():
         profile = PROFILES[name]
-        if gpu.name in names and abs(gpu.memory_gib - (profile.memory_gib or 0)) <= MEMORY_TOLERANCE_GIB:
+        if gpu.name in names and abs(gpu.memory_gib - (profile.memory_gib or 0)) <= MEMORY_TOLERANCE_GIB \
+                and _bandwidth_ok(gpu, profile):
             return profile
     return None
 
@@ -182,7 +205,9 @@ def _describe(profile: HardwareProfile) -> str:
 def _model_row(cfg: DeploymentConfig, profile: HardwareProfile, used: list[NvmlGpu]) -> LiveCheck:
     expected = f"{profile.display_name}: {_describe(profile)}"
     source = f"hardware: {cfg.hardware} (pipeline/validate/hardware.py; NVML names in pipeline/validate/live/gpus.py)"
-    found = "; ".join(f"{g.index}: {g.name}, {g.memory_gib:.1f} GiB" for g in used) or "-"
+    found = "; ".join(f"{g.index}: {g.name}, {g.memory_gib:.1f} GiB, " + (
+        f"{g.bandwidth_gbps:.0f} GB/s" if g.bandwidth_gbps else "bandwidth not reported (not checked)")
+        for g in used) or "-"
     wrong = [g for g in used if profile_of(g) is not profile]
     if not wrong:
         return passed("GPU model", expected, source, found)
