@@ -53,6 +53,12 @@ class LayoutError(SpecdeployError):
     exit_code = EXIT_USAGE
 
 
+class GpuLostError(LayoutError):
+    """nvidia-smi lists a GPU it cannot read (lost, fallen off the bus)."""
+
+    exit_code = EXIT_FAILURE
+
+
 @dataclass(frozen=True)
 class ModelPlacement:
     """One ``tensorrt_llm`` model of one arm."""
@@ -133,8 +139,15 @@ def query_gpus(nvidia_smi: str | None = None) -> list[GpuInfo] | None:
         raise LayoutError(f"`{' '.join(argv)}` failed: {exc}", exit_code=EXIT_FAILURE) from None  # the host, not the config
     gpus = []
     for line in filter(None, (raw.strip() for raw in out.splitlines())):
-        index, memory = (part.strip() for part in line.split(",")[:2])
-        gpus.append(GpuInfo(int(index), float(memory)))
+        parts = [part.strip() for part in line.split(",")]
+        try:
+            gpus.append(GpuInfo(int(parts[0]), float(parts[1])))
+        except (IndexError, ValueError):
+            # a GPU nvidia-smi cannot read prints "[GPU is lost]" / "[Unknown Error]" in its fields,
+            # or a message instead of the row: say which, not a traceback
+            raise GpuLostError(f"nvidia-smi cannot read a GPU: {line!r} — a GPU lost or fallen off the bus (dmesg: "
+                               "Xid 79); reset it (nvidia-smi -r -i N, idle, as root) or reboot the host, or leave "
+                               "it out with triton.gpus") from None
     return gpus
 
 
