@@ -443,28 +443,6 @@ def average_calibrations(a: dict, b: dict) -> dict:
                                   for m in a.get("spec_step_extra_s", {})}}
 
 
-def bench_forecast(cfg, calibration: dict, tau: float, coverage: float, context: int, prompt_len: float,
-                   max_tokens: int, batch: int) -> tuple[float, float]:
-    """(end-to-end, decode-only) forecast speedup of a CPU ``bench`` run of ``cfg`` at ``batch``
-    from a calibration and the measured acceptance: per request one prefill of ``prompt_len``
-    tokens (both arms alike) and ``max_tokens − 1`` decode steps. What
-    ``benchmarks/bench_forecast_cpu.py`` compares with the measurement, and what the result
-    file's test recomputes from the calibrations it stores."""
-    from pipeline.forecast.acceptance import Acceptance  # noqa: PLC0415 - model imports this module lazily
-    from pipeline.forecast.model import config_inputs, speedup_at, step_times  # noqa: PLC0415 - model imports this module lazily too
-
-    depth = config_inputs(cfg, Acceptance("probe", tau=tau), device=CpuDevice(calibration)).plan.depth
-    acceptance = Acceptance("bench, same run (τ per verify step, draft coverage)", tau=tau, tau_low=tau,
-                            tau_high=tau, at_depth=depth, coverage=coverage)
-    inp = config_inputs(cfg, acceptance, context=context, device=CpuDevice(calibration), requests=None)  # static batches
-    inp.device = CpuDevice(calibration, inp.target)
-    base_s, spec_s = step_times(inp, batch, inp.plan, tau)
-    fit = calibration["forward_fits"]["target"]
-    prefill = fit["a"] + (fit["b"] + fit["c"] * prompt_len / 2) * prompt_len
-    e2e = (prefill + (max_tokens - 1) * base_s) / (prefill + (max_tokens - 1) * spec_s)
-    return e2e, speedup_at(inp, batch)
-
-
 def stored_device(target_cost: ModelCost | None = None, key: str = "") -> CpuDevice:
     """The stored calibration of this machine for ``key`` (:func:`calibration_key`)."""
     path = calibration_path()

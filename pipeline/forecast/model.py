@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.forecast.acceptance import Acceptance
+from pipeline.forecast.cpu import CpuDevice, calibration_key, stored_device
 from pipeline.forecast.hardware import PEAK_DTYPE, ForecastInputError, engine_figures, gpu_figures
 from pipeline.forecast.proposers import PLANS, PROPOSER_COSTS, DraftPlan, StepContext, plan_for
 from pipeline.forecast.roofline import GpuDevice, ModelCost, model_cost
@@ -240,8 +241,6 @@ def config_inputs(cfg, acceptance: Acceptance, engine: str | None = None, contex
                            dense, kv_bytes(d, cfg.backend, compute), d.tp, PEAK_DTYPE.get(d.quantization.format) or d.dtype)
     if device is None:
         if cfg.hardware == "cpu":
-            from pipeline.forecast.cpu import calibration_key, stored_device  # noqa: PLC0415 - only this path needs it
-
             device = stored_device(target, calibration_key(cfg))
         else:
             device = GpuDevice(gpu_figures(cfg.hardware), engine_figures(engine or "trtllm"))
@@ -303,3 +302,22 @@ def section_lines(cfg) -> list[str]:
             parts.append(f"c={row['concurrency']}: τ ≥ {row['tau']:.2f}" + (f" (α ≥ {row['alpha']:.2f})" if row["alpha"] is not None else ""))
     return [f"forecast ({inp.plan.method}, K={inp.plan.depth}): speculation pays when " + "; ".join(parts),
             f"  then: specdeploy forecast {cfg._source_path or cfg.name} --acceptance A (or --from-report / --from-bench)"]
+
+
+def bench_forecast(cfg, calibration: dict, tau: float, coverage: float, context: int, prompt_len: float,
+                   max_tokens: int, batch: int) -> tuple[float, float]:
+    """(end-to-end, decode-only) forecast speedup of a CPU ``bench`` run of ``cfg`` at ``batch``
+    from a calibration and the measured acceptance: per request one prefill of ``prompt_len``
+    tokens (both arms alike) and ``max_tokens − 1`` decode steps. What
+    ``benchmarks/bench_forecast_cpu.py`` compares with the measurement, and what the result
+    file's test recomputes from the calibrations it stores."""
+    depth = config_inputs(cfg, Acceptance("probe", tau=tau), device=CpuDevice(calibration)).plan.depth
+    acceptance = Acceptance("bench, same run (τ per verify step, draft coverage)", tau=tau, tau_low=tau,
+                            tau_high=tau, at_depth=depth, coverage=coverage)
+    inp = config_inputs(cfg, acceptance, context=context, device=CpuDevice(calibration), requests=None)  # static batches
+    inp.device = CpuDevice(calibration, inp.target)
+    base_s, spec_s = step_times(inp, batch, inp.plan, tau)
+    fit = calibration["forward_fits"]["target"]
+    prefill = fit["a"] + (fit["b"] + fit["c"] * prompt_len / 2) * prompt_len
+    e2e = (prefill + (max_tokens - 1) * base_s) / (prefill + (max_tokens - 1) * spec_s)
+    return e2e, speedup_at(inp, batch)
