@@ -34,9 +34,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Protocol
 
-from pipeline.artefacts.manifest import MANIFEST_FORMAT, BuildManifest  # noqa: F401 - MANIFEST_FORMAT re-exported
+from pipeline.artefacts.manifest import MANIFEST_FORMAT, BuildManifest, read_manifest  # noqa: F401 - MANIFEST_FORMAT re-exported
 from pipeline.config import DeploymentConfig, config_hash
-from pipeline.errors import EXIT_INTERRUPTED, BuildError, StaleInputError
+from pipeline.errors import EXIT_INTERRUPTED, BuildError
 from pipeline.infra.atomic import write_json_atomic
 from pipeline.infra.processes import spawn
 from pipeline.infra.provenance import git_sha, package_version, versions
@@ -463,18 +463,5 @@ def build(
 def load_manifest(cfg: DeploymentConfig, *, check_engine_dirs: bool = True) -> dict[str, Any]:
     """The manifest of the last build of ``cfg``; :class:`StaleInputError` when it is missing or was
     built from another version of the config."""
-    path = manifest_path(cfg)
-    if not path.is_file():
-        raise StaleInputError(f"{path} does not exist: run `specdeploy build` for '{cfg.name}' first")
-    manifest = BuildManifest.load(path).dump()
-    current = config_hash(cfg)
-    if manifest.get("config_hash") != current:
-        raise StaleInputError(
-            f"{path} was built from another config (config_hash {manifest.get('config_hash')} ≠ {current}): "
-            "re-run `specdeploy build`"
-        )
-    missing = [f"{role}={d}" for role, d in manifest.get("engines", {}).items() if not Path(d).is_dir()]
-    if missing and check_engine_dirs:
-        raise StaleInputError(f"{path} names engine dirs that are gone ({', '.join(missing)}): re-run `specdeploy build`")
-    return manifest
+    return read_manifest(manifest_path(cfg), config_hash(cfg), check_engine_dirs=check_engine_dirs)
 

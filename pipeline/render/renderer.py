@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.artefacts.deployment import arms_of, check_arm, describe_arm, descriptor_path, load_arm
-from pipeline.artefacts.manifest import MANIFEST_FORMAT  # noqa: F401 - re-exported for callers
-from pipeline.config import DeploymentConfig, ngram_through_bls
+from pipeline.artefacts.manifest import MANIFEST_FORMAT, read_manifest  # noqa: F401 - MANIFEST_FORMAT re-exported for callers
+from pipeline.config import DeploymentConfig, config_hash, ngram_through_bls
 from pipeline.errors import EXIT_USAGE, StaleInputError
-from pipeline.paths import PROJECT_ROOT, model_repo_dir
+from pipeline.paths import PROJECT_ROOT, manifest_path, model_repo_dir
 from pipeline.plan.gpu_layout import ArmLayout, ArmPlacement, LayoutError, deployment_layout
 from pipeline.render.model_code import copy_model_code
 from pipeline.render.monitoring import write_operations_view
@@ -58,9 +58,7 @@ def load_manifest(cfg: DeploymentConfig) -> dict:
     """The build manifest of ``cfg`` (StaleInputError when missing or from another config).
     Engine dirs are not required here: a repository may be rendered for engines that live on
     another host (they are checked when the server starts)."""
-    from pipeline.build.builder import load_manifest as load_build_manifest  # noqa: PLC0415 - keeps psutil off this module's import
-
-    return load_build_manifest(cfg, check_engine_dirs=False)
+    return read_manifest(manifest_path(cfg), config_hash(cfg), check_engine_dirs=False)
 
 
 def variants_for(cfg: DeploymentConfig) -> tuple[str, ...]:
