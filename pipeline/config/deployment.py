@@ -110,7 +110,7 @@ class DeploymentConfig(Section):
     @field_validator("hardware")
     @classmethod
     def _known_hardware(cls, value: str) -> str:
-        from pipeline.validate.hardware import PROFILES  # noqa: PLC0415 - hardware has no config import
+        from pipeline.facts.hardware import PROFILES  # noqa: PLC0415 - reads gpus.yaml: only validating a config needs it
 
         if value not in PROFILES:
             raise ValueError(f"unknown hardware profile '{value}'; valid: {', '.join(PROFILES)}")

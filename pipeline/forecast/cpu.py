@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.forecast.hardware import ForecastInputError
+from pipeline.forecast.figures import ForecastInputError
 from pipeline.forecast.roofline import ForwardTime, ModelCost
 
 # the calibration method's version: a stored calibration made by another one is not reused

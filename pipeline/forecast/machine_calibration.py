@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from pipeline.forecast import cpu
-from pipeline.forecast.hardware import ForecastInputError
+from pipeline.forecast.figures import ForecastInputError
 
 
 def calibrate_config(cfg) -> tuple[Path, dict]:

@@ -2,8 +2,8 @@
 the best draft length per level, with a band from the inputs' uncertainty.
 
 Reads the deployment config's checkpoints' ``config.json`` (or the known shapes of named public
-models, :mod:`pipeline.validate.model_shapes`), the hardware and engine figures
-(:mod:`pipeline.forecast.hardware`) or, for ``hardware: cpu``, the stored CPU calibration
+models, :mod:`pipeline.facts.model_shapes`), the hardware and engine figures
+(:mod:`pipeline.forecast.figures`) or, for ``hardware: cpu``, the stored CPU calibration
 (:mod:`pipeline.forecast.cpu`). Writes nothing; :func:`forecast_config` returns a JSON-able dict.
 
 Per concurrency c (closed loop: c sequences decode together, context L):
@@ -29,12 +29,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.facts.model_shapes import KNOWN_MODELS, ModelShape, known_shape, read_config_json, shape_from_config
 from pipeline.forecast.acceptance import Acceptance
 from pipeline.forecast.cpu import CpuDevice, calibration_key, stored_device
-from pipeline.forecast.hardware import PEAK_DTYPE, ForecastInputError, engine_figures, gpu_figures
+from pipeline.forecast.figures import PEAK_DTYPE, ForecastInputError, engine_figures, gpu_figures
 from pipeline.forecast.proposers import PLANS, PROPOSER_COSTS, DraftPlan, StepContext, plan_for
 from pipeline.forecast.roofline import GpuDevice, ModelCost, model_cost
-from pipeline.validate.model_shapes import KNOWN_MODELS, ModelShape, known_shape, read_config_json, shape_from_config
 
 CROSSOVER_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 K_SWEEP = tuple(range(1, 9))
@@ -220,7 +220,7 @@ def config_inputs(cfg, acceptance: Acceptance, engine: str | None = None, contex
                   device=None, requests: Requests | None | str = "config") -> Inputs:
     """Forecast inputs of a deployment config (speculation method ≠ none). ``requests``: the load
     test's requests (``"config"``: the config's defaults; None: a static batch, as ``bench`` runs)."""
-    from pipeline.validate.memory_fit import kv_bytes, weight_bytes_per_param  # noqa: PLC0415 - heavy config import
+    from pipeline.facts.memory_fit import kv_bytes, weight_bytes_per_param  # noqa: PLC0415 - heavy config import
 
     try:
         plan = plan_for(cfg.speculation)

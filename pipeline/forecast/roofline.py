@@ -2,8 +2,8 @@
 
 Reads nothing, writes nothing. A :class:`ModelCost` is what one forward of a model (or a drafting
 head) moves and computes on its busiest rank, derived from its shapes
-(:class:`pipeline.validate.model_shapes.ModelShape`) and formats (bytes per weight and per KV
-element as :mod:`pipeline.validate.memory_fit` sizes them). A device turns it into seconds:
+(:class:`pipeline.facts.model_shapes.ModelShape`) and formats (bytes per weight and per KV
+element as :mod:`pipeline.facts.memory_fit` sizes them). A device turns it into seconds:
 
 - :class:`GpuDevice` — the roofline ``max(bytes / (BW·η_mem), FLOPs / (peak·η_comp))`` plus a fixed
   per-step overhead, plus, under tensor parallelism, two all-reduces per layer
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.forecast.hardware import EngineFigures, GpuFigures
-from pipeline.validate.model_shapes import ModelShape
+from pipeline.facts.model_shapes import ModelShape
+from pipeline.forecast.figures import EngineFigures, GpuFigures
 
 ACTIVATION_BYTES = 2  # fp16/bf16 activations on the wire of an all-reduce
 

@@ -251,7 +251,7 @@ def engine_max_input_len(cfg: DeploymentConfig) -> int:
 
 def paged_context_fmha_kept(cfg: DeploymentConfig, spec: ModelSpec) -> bool:
     """Whether trtllm-build keeps ``--use_paged_context_fmha enable`` for this model's KV dtype."""
-    from pipeline.validate.hardware import get_profile  # noqa: PLC0415 - small, no config import cycle
+    from pipeline.facts.hardware import get_profile  # noqa: PLC0415 - small, no config import cycle
 
     q = spec.quantization
     return tc.paged_context_fmha_survives(q.format, q.kv_cache_dtype, get_profile(cfg.hardware).sm)

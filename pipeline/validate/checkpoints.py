@@ -15,10 +15,10 @@ from pathlib import Path
 
 from pipeline.config import DeploymentConfig, Eagle3Spec, EagleSpec, MedusaSpec
 from pipeline.errors import SpecdeployError
+from pipeline.facts.model_shapes import known_shape, read_config_json, shape_from_config
 from pipeline.methods.eagle import fp8_route
 from pipeline.trtllm import llmapi_checks
 from pipeline.validate.findings import ERROR, INFO, CheckContext, spec_checkpoints, spec_roles
-from pipeline.validate.model_shapes import known_shape, read_config_json, shape_from_config
 from pipeline.validate.weight_files import UnreadableWeights, index_problems, tensor_shapes
 from pipeline.validate.weight_integrity import checkpoint_problems
 

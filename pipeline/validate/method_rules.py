@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from pipeline.config import DeploymentConfig, ModelSpec
 from pipeline.errors import SpecdeployError
+from pipeline.facts.hardware import HardwareProfile, formats_supported_on
 from pipeline.trtllm import llmapi_checks
 from pipeline.trtllm.commands import paged_context_fmha_survives
 from pipeline.validate.findings import ERROR, INFO, WARNING, CheckContext, spec_models, spec_roles
-from pipeline.validate.hardware import HardwareProfile, formats_supported_on
 
 # ----------------------------------------------------------------------------------------------
 # GPU architecture × quantization × KV-cache dtype

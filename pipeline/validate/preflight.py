@@ -21,13 +21,13 @@ from typing import Callable
 
 from pipeline.config import DeploymentConfig, DraftTargetSpec
 from pipeline.errors import PreflightError
+from pipeline.facts.hardware import get_profile
+from pipeline.facts.memory_fit import MemoryEstimate
 from pipeline.paths import model_repo_dir, served_repository_problem
 from pipeline.plan.gpu_layout import validate_estimate
 from pipeline.trtllm import llmapi_checks
 from pipeline.validate.checkpoints import check_files, check_heads, check_tokenizers, check_weights, load_shapes
 from pipeline.validate.findings import ERROR, INFO, WARNING, CheckContext, Finding, spec_models
-from pipeline.validate.hardware import get_profile
-from pipeline.validate.memory_fit import MemoryEstimate
 from pipeline.validate.method_rules import (
     check_build_limits,
     check_method,

@@ -3,7 +3,7 @@
 Reads a checkpoint's ``config.json`` (HF LlamaConfig keys) when the files are present; offline it
 falls back to a small table of well-known example models matched by the checkpoint's directory
 name (Llama-3.1-8B/70B, Llama-3.2-1B/3B, Llama-3-8B, Vicuna-7B, Qwen2.5-(Coder-)7B). Writes nothing. Parameter counts
-here feed the memory-fit estimate in ``pipeline.validate.memory_fit``.
+here feed the memory-fit estimate in ``pipeline.facts.memory_fit``.
 """
 
 from __future__ import annotations
