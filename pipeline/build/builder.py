@@ -379,7 +379,7 @@ def require_trtllm(cfg: DeploymentConfig) -> None:
     if reason:
         raise BuildError(
             f"TensorRT-LLM is not installed here ({reason}), so backend 'trtllm' cannot build. "
-            f"Run `specdeploy plan {cfg._source_path or 'CONFIG'}` to print the exact commands for a GPU host "
+            f"Run `specdeploy plan {cfg.source_path or 'CONFIG'}` to print the exact commands for a GPU host "
             f"(NGC image {cfg.triton.container_image}), or set `backend: reference` to build the CPU reference engines."
         )
 

@@ -198,7 +198,13 @@ class DeploymentConfig(Section):
 
     @property
     def source_path(self) -> Path | None:
+        """The file this config was loaded from (relative paths in it resolve beside it); None when
+        it was built in memory."""
         return self._source_path
+
+    def set_source_path(self, path: Path | None) -> None:
+        """Record the file this config came from (``load_config``, the endpoints-only load test)."""
+        self._source_path = path
 
     @property
     def workdir(self) -> Path | None:

@@ -54,10 +54,6 @@ class HardwareProfile:
         major, minor = self.compute_capability
         return major * 10 + minor
 
-    @property
-    def has_fp8(self) -> bool:
-        return self.sm >= 89
-
 
 def _bandwidths(path: Path = GPUS_FILE) -> dict[str, float]:
     """GB/s per GPU name, from the datasheet table every user of a GPU figure reads."""

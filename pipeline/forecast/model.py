@@ -301,7 +301,7 @@ def section_lines(cfg) -> list[str]:
         else:
             parts.append(f"c={row['concurrency']}: τ ≥ {row['tau']:.2f}" + (f" (α ≥ {row['alpha']:.2f})" if row["alpha"] is not None else ""))
     return [f"forecast ({inp.plan.method}, K={inp.plan.depth}): speculation pays when " + "; ".join(parts),
-            f"  then: specdeploy forecast {cfg._source_path or cfg.name} --acceptance A (or --from-report / --from-bench)"]
+            f"  then: specdeploy forecast {cfg.source_path or cfg.name} --acceptance A (or --from-report / --from-bench)"]
 
 
 def bench_forecast(cfg, calibration: dict, tau: float, coverage: float, context: int, prompt_len: float,

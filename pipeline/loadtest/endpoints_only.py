@@ -83,7 +83,7 @@ def deployment_config(lt: EndpointLoadTestFile, model: str, transport: str, sour
         "name": lt.name, "description": lt.description, "backend": "reference", "hardware": "cpu",
         "target": {"checkpoint": model}, "loadtest": loadtest.model_dump(), "gate": lt.gate.model_dump(),
     })
-    cfg._source_path = source.resolve() if source else None  # relative prompt paths: beside the file too
+    cfg.set_source_path(source.resolve() if source else None)  # relative prompt paths: beside the file too
     return cfg
 
 

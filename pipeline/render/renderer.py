@@ -378,8 +378,3 @@ def _check_runtime_knobs(cfg: DeploymentConfig, repo: Path) -> None:
                             f"context FMHA, and {engine}/config.json has use_paged_context_fmha off")
     if problems:
         raise RenderError(problems)
-
-
-def check_rendered(cfg: DeploymentConfig, variant: str) -> Path:
-    """The rendered repository of ``variant``; refused when missing or rendered from another config."""
-    return load_arm(cfg, variant)[0]

@@ -132,9 +132,6 @@ class RunningServer:
         """The server and every descendant seen so far that still runs (stubs, engine workers)."""
         return sorted({self.pid, *(p.pid for p in self.process.descendants())})
 
-    def leftover_processes(self) -> list[int]:
-        return [p.pid for p in self.process.descendants()]
-
     def stop(self, timeout: float | None = None) -> None:
         """Stop the server's whole tree: SIGTERM, wait ``timeout``, SIGKILL what is left."""
         self.process.stop(self.exit_timeout_s + KILL_GRACE_S if timeout is None else timeout)
