@@ -29,6 +29,8 @@ from pathlib import Path
 
 from pipeline.forecast.figures import ForecastInputError
 from pipeline.forecast.roofline import ForwardTime, ModelCost
+from pipeline.infra.atomic import write_json_atomic
+from pipeline.reference.api import GenerationRequest
 
 # the calibration method's version: a stored calibration made by another one is not reused
 CALIBRATION_SCHEMA = "specdeploy-cpu-calibration/2"  # 2: baseline and speculative steps timed side by side
@@ -120,8 +122,6 @@ def _model_points(model, reps: int) -> list[tuple[int, int, float]]:
 def _engine_step(engine, batch: int, tokens: int, rounds: int = 5) -> float:
     """Baseline engine CPU seconds per step with ``batch`` requests in flight (process CPU time:
     the engine's thread included, other processes on shared cores not)."""
-    from pipeline.reference.api import GenerationRequest  # noqa: PLC0415 - only this path needs it
-
     per_step = []
     for round_ in range(rounds + 1):
         start = time.process_time()
@@ -194,8 +194,6 @@ class _Instrumented:
         per chunk would add a per-step cost the engine does not have). Returns CPU seconds spent
         (admission and prefill excluded), drafting seconds, the fitted forward's seconds and the
         full-batch steps."""
-        from pipeline.reference.api import GenerationRequest  # noqa: PLC0415 - only this path needs it
-
         self.records.clear()
         self.admitted.clear()
         limit, self.engine.max_batch_size = self.engine.max_batch_size, batch
@@ -344,8 +342,6 @@ def calibration_key(cfg) -> str:
 
 def store(calibration: dict, key: str, path: Path | None = None) -> Path:
     """Add ``calibration`` under ``key`` to this machine's calibration file (other keys kept)."""
-    from pipeline.infra.atomic import write_json_atomic  # noqa: PLC0415 - only this path needs it
-
     path = path or calibration_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     stored = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"entries": {}}

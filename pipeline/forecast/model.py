@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.facts.model_shapes import KNOWN_MODELS, ModelShape, known_shape, read_config_json, shape_from_config
-from pipeline.forecast.acceptance import Acceptance
+from pipeline.forecast.acceptance import Acceptance, alpha_for_tau
 from pipeline.forecast.cpu import CpuDevice, calibration_key, stored_device
 from pipeline.forecast.figures import PEAK_DTYPE, ForecastInputError, engine_figures, gpu_figures
 from pipeline.forecast.proposers import PLANS, PROPOSER_COSTS, DraftPlan, StepContext, plan_for
@@ -264,8 +264,6 @@ def forecast_config(cfg, acceptance: Acceptance, levels: list[int] | None = None
 def break_even(inp: Inputs, batch: int) -> dict:
     """The τ (and, for a chain, the i.i.d. α) at which speculation exactly pays at ``batch``: no
     acceptance input needed. τ above the verify width means it cannot pay at all."""
-    from pipeline.forecast.acceptance import alpha_for_tau  # noqa: PLC0415 - only this path needs it
-
     def gain(tau: float) -> float:
         base, spec = step_times(inp, batch, inp.plan, tau)
         return base / spec
@@ -285,8 +283,6 @@ def section_lines(cfg) -> list[str]:
     """The short forecast section of ``plan`` and ``validate``: the acceptance at which
     speculation pays at each concurrency of the config (needs no acceptance source), or why no
     forecast can be made."""
-    from pipeline.forecast.acceptance import Acceptance  # noqa: PLC0415 - only this path needs it
-
     if cfg.method not in PLANS:
         return []
     try:

@@ -14,7 +14,7 @@ element as :mod:`pipeline.facts.memory_fit` sizes them). A device turns it into 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipeline.facts.model_shapes import ModelShape
 from pipeline.forecast.figures import EngineFigures, GpuFigures
@@ -88,14 +88,10 @@ class GpuDevice:
                 "step_overhead_ms": self.engine.step_overhead_ms, "source": self.gpu.source}
 
     def with_overhead(self, step_overhead_ms: float) -> GpuDevice:
-        from dataclasses import replace  # noqa: PLC0415 - only published cases re-derive the overhead
-
         return GpuDevice(self.gpu, replace(self.engine, step_overhead_ms=step_overhead_ms))
 
     def scaled(self, factor: float) -> GpuDevice:
         """Efficiencies × ``factor`` (the band's edges)."""
-        from dataclasses import replace  # noqa: PLC0415 - only this path needs it
-
         e = self.engine
         return GpuDevice(self.gpu, replace(e, memory_efficiency=min(1.0, e.memory_efficiency * factor),
                                            compute_efficiency=min(1.0, e.compute_efficiency * factor)))

@@ -31,6 +31,8 @@ from pipeline.config import DeploymentConfig, config_hash, ngram_through_bls
 from pipeline.errors import EXIT_USAGE, StaleInputError
 from pipeline.paths import PROJECT_ROOT, manifest_path, model_repo_dir
 from pipeline.plan.gpu_layout import ArmLayout, ArmPlacement, LayoutError, deployment_layout
+from pipeline.render.llmapi import render_llmapi
+from pipeline.render.llmapi_cpu import render_reference_llmapi
 from pipeline.render.model_code import copy_model_code
 from pipeline.render.monitoring import write_operations_view
 from pipeline.render.templating import jinja_environment, render_atomically, render_text, triton_bool
@@ -334,12 +336,8 @@ def render(cfg: DeploymentConfig, templates_dir: Path = TEMPLATES_DIR) -> dict[s
     manifest = load_manifest(cfg)
     layout = arm_layout(cfg)
     if cfg.runs_llm_api:
-        from pipeline.render.llmapi import render_llmapi  # noqa: PLC0415 - only this path needs it
-
         return render_llmapi(cfg, manifest, templates_dir, layout)
     if cfg.llmapi_layout:  # the CPU reference engine behind the llmapi layout
-        from pipeline.render.llmapi_cpu import render_reference_llmapi  # noqa: PLC0415 - only this path needs it
-
         return render_reference_llmapi(cfg, manifest, templates_dir)
     out = {}
     for variant in variants_for(cfg):

@@ -19,6 +19,7 @@ from pipeline.facts.model_shapes import eagle_head_layers, known_shape, read_con
 from pipeline.methods.eagle import fp8_route
 from pipeline.trtllm import llmapi_checks
 from pipeline.validate.findings import ERROR, INFO, CheckContext, spec_checkpoints, spec_roles
+from pipeline.validate.tokenizer_compat import compare_tokenizers
 from pipeline.validate.weight_files import UnreadableWeights, index_problems, tensor_shapes
 from pipeline.validate.weight_integrity import checkpoint_problems
 
@@ -190,8 +191,6 @@ def check_tokenizers(ctx: CheckContext) -> None:
         return
     if not _has_tokenizer(target_dir) or not _has_tokenizer(draft_dir):
         return  # already reported as missing files
-    from pipeline.validate.tokenizer_compat import compare_tokenizers  # noqa: PLC0415 - only this path needs it
-
     try:
         problems = compare_tokenizers(target_dir, draft_dir)
     except (OSError, ValueError) as exc:

@@ -20,14 +20,18 @@ from __future__ import annotations
 
 from typing import Callable
 
+from pipeline.artefacts.deployment import describe_arm
 from pipeline.config import DeploymentConfig, DraftTargetSpec
 from pipeline.errors import PreflightError, SpecdeployError
 from pipeline.facts.hardware import get_profile
 from pipeline.facts.memory_fit import MemoryEstimate
+from pipeline.loadtest.inputs import PromptSetError, load_prompt_set
 from pipeline.paths import model_repo_dir, served_repository_problem
 from pipeline.plan.gpu_layout import validate_estimate
 from pipeline.plan.llmapi import missing_modelopt_scripts
 from pipeline.plan.planner import make_plan
+from pipeline.render.renderer import llm_models
+from pipeline.serve.cpu_pinning import allowed_cpus, pinning_problems
 from pipeline.trtllm import llmapi_checks
 from pipeline.trtllm.layout import missing_scripts, missing_scripts_fix
 from pipeline.validate.checkpoints import check_files, check_heads, check_tokenizers, check_weights, load_shapes
@@ -179,8 +183,6 @@ def _report_memory(ctx: CheckContext, est: MemoryEstimate) -> None:
 def _check_prompt_set(ctx: CheckContext) -> None:
     """``loadtest.prompts`` exists and holds readable prompts, resolved and parsed exactly as the
     load test will (``pipeline.loadtest.inputs.load_prompt_set``)."""
-    from pipeline.loadtest.inputs import PromptSetError, load_prompt_set  # noqa: PLC0415 - loadtest-only code
-
     try:
         load_prompt_set(ctx.cfg)
     except PromptSetError as exc:
@@ -198,10 +200,6 @@ def _check_cpu_ids(ctx: CheckContext) -> None:
         ctx.add(WARNING, "cpu-ids", "CPU pinning applies to the CPU reference engine only; backend trtllm ignores it",
                 "remove reference.cpu_pinning", "reference.cpu_pinning")
         return
-    from pipeline.artefacts.deployment import describe_arm  # noqa: PLC0415 - how many engines the arms decode with
-    from pipeline.render.renderer import llm_models  # noqa: PLC0415 - the engine models each arm's repository holds
-    from pipeline.serve.cpu_pinning import allowed_cpus, pinning_problems  # noqa: PLC0415 - only this path needs it
-
     manifest = {"engines": dict.fromkeys(("baseline", "speculative", "target", "draft"), "")}
     arms = {arm: [m.model_name for m in llm_models(cfg, manifest, arm)] for arm in ("baseline", "speculative")}
     most = describe_arm(cfg, "speculative").engine_models
