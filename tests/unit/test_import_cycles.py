@@ -1,20 +1,28 @@
 """No import cycle between the modules of ``pipeline/``, counting every import: at module level,
 inside functions (a deferred import still ties two modules together; it only hides the tie) and
-under ``TYPE_CHECKING``.
+under ``TYPE_CHECKING``; and imports that point down the layers of docs/architecture.md.
 
 The graph is read with ``ast``, not by importing: one node per module, an edge from a module to
 each ``pipeline`` module it names (``from pkg import mod`` names ``pkg.mod`` when that is a module,
 else ``pkg``). A cycle is a strongly connected component of more than one module. ``ALLOWED``
 lists the cycles still in the tree, each with its owner; it may only shrink: a cycle that is not
 listed fails the test, and so does a listed one that is gone or has changed (take it off the list).
+
+The layers are the picture in docs/architecture.md ("Module layering"), read from the page: a
+module belongs to the most specific package or module the picture names, and imports only from its
+own layer or below. ``BACK_EDGES`` lists the imports that still point up, each with its reason; it
+may only shrink, like ``ALLOWED``.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from pipeline.paths import PROJECT_ROOT
+
+ARCHITECTURE = PROJECT_ROOT / "docs" / "architecture.md"
 
 ALLOWED: list[frozenset[str]] = [
     # The config schema builds the `speculation` union from each method module's section, and the
@@ -32,6 +40,20 @@ ALLOWED: list[frozenset[str]] = [
     # this session: the next change there removes it.
     frozenset({"pipeline.loadtest.resume", "pipeline.loadtest.runner"}),
 ]
+
+
+BACK_EDGES: set[tuple[str, str]] = {
+    # the CPU engine and its served model pin the decode thread with serve's helper (a host fact;
+    # its place is a host layer beneath them). Both files are edited elsewhere this session.
+    ("pipeline.reference.engine", "pipeline.serve.cpu_pinning"),
+    ("pipeline.triton_models.cpu_engine_model", "pipeline.serve.cpu_pinning"),
+    # the OpenAI-compatible server records the load test's provenance of the tokenizer it serves
+    ("pipeline.serve.openai_serve", "pipeline.loadtest.provenance"),
+    # the load test writes the report at its end (issue 45 deliverable 2's file)
+    ("pipeline.loadtest.runner", "pipeline.report.builder"),
+    # a trtllm build records the live preflight's outcome in its manifest (deferred: start-up)
+    ("pipeline.build.builder", "pipeline.validate.live.gate"),
+}
 
 
 def modules(root: Path, package: str) -> dict[str, Path]:
@@ -161,3 +183,49 @@ def test_a_type_checking_import_counts_and_a_vanished_listed_cycle_fails(tmp_pat
         "listed cycle gone or changed, take it off ALLOWED: pkg.a ↔ pkg.c"]
     grown = [frozenset({"pkg.a", "pkg.b", "pkg.c"})]  # a module joining a listed cycle is a new cycle
     assert problems(grown, [frozenset({"pkg.a", "pkg.b"})])[0].startswith("new import cycle")
+
+
+def documented_layers(text: str) -> dict[str, int]:
+    """``{"pipeline.x": layer}`` from the layer picture under "## Module layering": lines
+    ``<layer>  a/, b.py, c/d.py    description`` inside its first fenced block."""
+    block = text.split("## Module layering", 1)[1].split("```", 2)[1]
+    layers = {}
+    for line in block.splitlines():
+        match = re.match(r"^\s*(\d+)\s{2,}(\S.*?)(?:\s{3,}.*)?$", line)
+        if match:
+            for name in (n.strip() for n in match.group(2).split(",")):
+                dotted = ("pipeline." + name.removesuffix("/").removesuffix(".py").replace("/", ".")).removesuffix(".__init__")
+                layers[dotted] = int(match.group(1))
+    return layers
+
+
+def layer_of(module: str, layers: dict[str, int]) -> int | None:
+    """The layer of the most specific package or module named; None when only the root package is."""
+    name = module
+    while name not in layers and "." in name:
+        name = name.rpartition(".")[0]
+    if name not in layers or (name == module.partition(".")[0] and name != module):
+        return None
+    return layers[name]
+
+
+def upward(graph: dict[str, set[str]], layers: dict[str, int]) -> set[tuple[str, str]]:
+    return {(a, b) for a, targets in graph.items() for b in targets if layer_of(a, layers) < layer_of(b, layers)}
+
+
+def test_imports_point_down_the_documented_layers():
+    layers = documented_layers(ARCHITECTURE.read_text(encoding="utf-8"))
+    graph = import_graph(PROJECT_ROOT, "pipeline")
+    assert [m for m in graph if layer_of(m, layers) is None] == [], "a module the layer picture does not place"
+    found = upward(graph, layers)
+    assert sorted(found - BACK_EDGES) == [], "imports pointing up a layer: move the code down, or the module up"
+    assert sorted(BACK_EDGES - found) == [], "back edges gone: take them off BACK_EDGES"
+
+
+def test_the_layer_check_sees_an_upward_import():
+    page = "## Module layering\n\n```\n 1  pkg/top.py, pkg/mid/   the upper layer\n 0  pkg/low.py, __init__.py   the rest\n```\n"
+    layers = {k.replace("pipeline.", "", 1): v for k, v in documented_layers(page).items()}
+    assert layers == {"pkg.top": 1, "pkg.mid": 1, "pkg.low": 0, "pipeline": 0}
+    graph = {"pkg.low": {"pkg.top"}, "pkg.top": {"pkg.low"}, "pkg.mid.x": {"pkg.low"}}
+    assert upward(graph, layers) == {("pkg.low", "pkg.top")}
+    assert layer_of("pkg.elsewhere", {"pkg.mid": 1, "pkg": 0}) is None  # unplaced, not the root's layer
