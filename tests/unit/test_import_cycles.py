@@ -49,8 +49,10 @@ BACK_EDGES: set[tuple[str, str]] = {
     ("pipeline.triton_models.cpu_engine_model", "pipeline.serve.cpu_pinning"),
     # the OpenAI-compatible server records the load test's provenance of the tokenizer it serves
     ("pipeline.serve.openai_serve", "pipeline.loadtest.provenance"),
-    # the load test writes the report at its end (issue 45 deliverable 2's file)
-    ("pipeline.loadtest.runner", "pipeline.report.builder"),
+    # the report reads a run's acceptance figures with the load test's reader of the counters
+    ("pipeline.report.acceptance", "pipeline.loadtest.acceptance_sources"),
+    # a CPU calibration is timed on the deployment's prompt set, loaded as the load test loads it
+    ("pipeline.forecast.calibration_prompts", "pipeline.loadtest.inputs"),
     # a trtllm build records the live preflight's outcome in its manifest (deferred: start-up)
     ("pipeline.build.builder", "pipeline.validate.live.gate"),
 }
