@@ -104,8 +104,8 @@ def _method_spec(cfg: DeploymentConfig) -> dict:
 
 def load_prompts(cfg: DeploymentConfig, per_category: int) -> dict[str, list[str]]:
     candidates = [Path(cfg.loadtest.prompts)]
-    if cfg._source_path is not None and not candidates[0].is_absolute():
-        candidates += [parent / cfg.loadtest.prompts for parent in cfg._source_path.parents]
+    if cfg.source_path is not None and not candidates[0].is_absolute():
+        candidates += [parent / cfg.loadtest.prompts for parent in cfg.source_path.parents]
     candidates.append(Path("loadtests/prompts/tiny"))
     for root in candidates:
         files = sorted(root.glob("*.jsonl")) if root.is_dir() else ([root] if root.is_file() else [])

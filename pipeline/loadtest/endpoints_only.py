@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import re
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -83,7 +85,7 @@ def deployment_config(lt: EndpointLoadTestFile, model: str, transport: str, sour
         "name": lt.name, "description": lt.description, "backend": "reference", "hardware": "cpu",
         "target": {"checkpoint": model}, "loadtest": loadtest.model_dump(), "gate": lt.gate.model_dump(),
     })
-    cfg._source_path = source.resolve() if source else None  # relative prompt paths: beside the file too
+    cfg.set_source_path(source.resolve() if source else None)  # relative prompt paths: beside the file too
     return cfg
 
 
@@ -117,9 +119,6 @@ def arm_models(model: str | None, model_baseline: str | None, model_speculative:
 
 def listed_models(url: str, timeout_s: float = 10.0) -> list[str]:
     """The model ids ``GET /v1/models`` lists; SpecdeployError (the server's words) when it does not answer."""
-    import urllib.error  # noqa: PLC0415 - only this path needs it
-    import urllib.request  # noqa: PLC0415 - only this path needs it
-
     base = url.rstrip("/").removesuffix("/v1")
     try:
         with urllib.request.urlopen(base + "/v1/models", timeout=timeout_s) as resp:  # noqa: S310 - user URL
@@ -155,8 +154,6 @@ def _alive(transport: str, url: str, model: str):
 
 def openai_alive(url: str, timeout_s: float = 5.0) -> bool:
     """``GET /v1/models`` answers 200 (vLLM, SGLang, trtllm-serve and our frontend all serve it)."""
-    import urllib.request  # noqa: PLC0415 - only this path needs it
-
     base = url.rstrip("/").removesuffix("/v1")
     try:
         with urllib.request.urlopen(base + "/v1/models", timeout=timeout_s) as resp:  # noqa: S310 - user URL

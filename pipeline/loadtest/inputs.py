@@ -49,8 +49,8 @@ def prompt_set_candidates(cfg: DeploymentConfig) -> list[Path]:
     working directory, the project root and the config file's directory."""
     base = Path(cfg.loadtest.prompts)
     candidates = [base] if base.is_absolute() else [Path.cwd() / base, PROJECT_ROOT / base]
-    if cfg._source_path is not None and not base.is_absolute():
-        candidates.append(cfg._source_path.parent / base)
+    if cfg.source_path is not None and not base.is_absolute():
+        candidates.append(cfg.source_path.parent / base)
     return list(dict.fromkeys(candidates))
 
 

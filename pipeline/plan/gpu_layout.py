@@ -1,7 +1,7 @@
 """Where each load-test arm's TensorRT-LLM models run on the GPU host, and how much KV cache each gets.
 
 Reads the config, its hardware profile, the model shapes (a checkpoint's ``config.json``, else the
-known-model table of ``pipeline.validate.model_shapes``) and the GPUs the host offers (``triton.gpus``, else
+known-model table of ``pipeline.facts.model_shapes``) and the GPUs the host offers (``triton.gpus``, else
 ``nvidia-smi``); writes nothing. ``render`` bakes the result into the repositories (``gpu_device_ids``,
 ``kv_cache_free_gpu_mem_fraction``, ``max_tokens_in_paged_kv_cache``) and its stamp, ``serve`` turns
 it into the launch (``CUDA_VISIBLE_DEVICES``, leader or orchestrator mode), ``loadtest`` records it
@@ -31,8 +31,8 @@ from pathlib import Path
 
 from pipeline.config import DeploymentConfig, ModelSpec
 from pipeline.errors import EXIT_FAILURE, EXIT_USAGE, SpecdeployError
-from pipeline.validate.hardware import HardwareProfile, get_profile
-from pipeline.validate.memory_fit import (
+from pipeline.facts.hardware import HardwareProfile, get_profile
+from pipeline.facts.memory_fit import (
     ExecutorMemory,
     MemoryEstimate,
     baseline_executor,
@@ -41,7 +41,7 @@ from pipeline.validate.memory_fit import (
     gpu_estimate,
     speculative_executors,
 )
-from pipeline.validate.model_shapes import ModelShape, known_shape, read_config_json, shape_from_config
+from pipeline.facts.model_shapes import ModelShape, known_shape, read_config_json, shape_from_config
 
 ARMS = ("baseline", "speculative")
 KV_TOKEN_GRANULE = 128  # a whole number of KV blocks for every tokens_per_block the builder offers

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pipeline.errors import SpecdeployError
 from pipeline.methods import METHODS
+from pipeline.trtllm.engine_config import SPEC_MODE_BITS
 
 
 class RenderError(SpecdeployError):
@@ -164,8 +165,6 @@ def _engine_method(engine_dir: str, backend: str | None) -> str | None:
         return data.get("proposer", {}).get("method", "none") if data.get("role") != "target" else "draft_target"
     config = path / "config.json"
     if config.is_file():
-        from pipeline.trtllm.engine_config import SPEC_MODE_BITS  # noqa: PLC0415 - only this path needs it
-
         # TensorRT-LLM writes the mode as an integer bit flag (SpeculativeDecodingMode); names pass too
         raw = json.loads(config.read_text()).get("build_config", {}).get("speculative_decoding_mode")
         if raw in (None, "") or isinstance(raw, bool):

@@ -42,6 +42,7 @@ from typing import Iterator
 from pipeline.artefacts.deployment import ArmDeployment, load_arm
 from pipeline.config import DeploymentConfig
 from pipeline.errors import EXIT_USAGE, ServeError, UsageError
+from pipeline.facts.hardware import get_profile
 from pipeline.infra.processes import OwnedProcess, free_ports, spawn
 from pipeline.infra.readiness import models_not_ready
 from pipeline.paths import PROJECT_ROOT, logs_dir, served_repository_problem
@@ -64,7 +65,6 @@ from pipeline.serve.cpu_pinning import CpuPlan, allowed_cpus, plan_pinning, spaw
 from pipeline.serve.llmapi_launch import llmapi_launch
 from pipeline.serve.server_log import failure_report
 from pipeline.serve.stale_server import check_no_stale_server
-from pipeline.validate.hardware import get_profile
 
 KILL_GRACE_S = 10.0
 OWNER_GONE_GRACE_S = 2.0  # when specdeploy is gone nobody waits for results: stop soon after the exit timeout
@@ -131,9 +131,6 @@ class RunningServer:
     def family(self) -> list[int]:
         """The server and every descendant seen so far that still runs (stubs, engine workers)."""
         return sorted({self.pid, *(p.pid for p in self.process.descendants())})
-
-    def leftover_processes(self) -> list[int]:
-        return [p.pid for p in self.process.descendants()]
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop the server's whole tree: SIGTERM, wait ``timeout``, SIGKILL what is left."""

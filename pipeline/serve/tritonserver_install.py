@@ -15,6 +15,7 @@ import importlib.util
 import os
 import shutil
 import sys
+import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,8 +80,6 @@ def _interpreter_libdir(python_version: str) -> tuple[Path, ...]:
     The wheel's stub links ``libpython3.X.so.1.0`` by name; found in the system directory, a
     different patch release can lack symbols this interpreter's C extensions need (``_ssl``:
     ``_PyModule_Add``), so the stub must load the libpython the venv's stdlib was built with."""
-    import sysconfig  # noqa: PLC0415 - only this path needs it
-
     libdir, soname = sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INSTSONAME")
     if python_version != _python_version() or not libdir or not soname or not (Path(libdir) / soname).is_file():
         return ()

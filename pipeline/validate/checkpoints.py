@@ -15,10 +15,11 @@ from pathlib import Path
 
 from pipeline.config import DeploymentConfig, Eagle3Spec, EagleSpec, MedusaSpec
 from pipeline.errors import SpecdeployError
+from pipeline.facts.model_shapes import eagle_head_layers, known_shape, read_config_json, shape_from_config
 from pipeline.methods.eagle import fp8_route
 from pipeline.trtllm import llmapi_checks
 from pipeline.validate.findings import ERROR, INFO, CheckContext, spec_checkpoints, spec_roles
-from pipeline.validate.model_shapes import known_shape, read_config_json, shape_from_config
+from pipeline.validate.tokenizer_compat import compare_tokenizers
 from pipeline.validate.weight_files import UnreadableWeights, index_problems, tensor_shapes
 from pipeline.validate.weight_integrity import checkpoint_problems
 
@@ -190,8 +191,6 @@ def check_tokenizers(ctx: CheckContext) -> None:
         return
     if not _has_tokenizer(target_dir) or not _has_tokenizer(draft_dir):
         return  # already reported as missing files
-    from pipeline.validate.tokenizer_compat import compare_tokenizers  # noqa: PLC0415 - only this path needs it
-
     try:
         problems = compare_tokenizers(target_dir, draft_dir)
     except (OSError, ValueError) as exc:
@@ -291,8 +290,6 @@ def _check_eagle_head(ctx: CheckContext, head_cfg: dict, shapes: dict, weights: 
 
 def _check_eagle_layers(ctx: CheckContext, shapes: dict, weights: Path, directory: Path, field_path: str) -> None:
     """quantize.py copies layers.{i}.* for i < --eagle_num_layers (the head's num_hidden_layers)."""
-    from pipeline.plan.planner import eagle_head_layers  # noqa: PLC0415 - only this path needs it
-
     layers = eagle_head_layers(str(directory))
     absent = [i for i in range(layers) if f"layers.{i}.self_attn.q_proj.weight" not in shapes]
     if absent:

@@ -16,7 +16,6 @@ from pathlib import Path
 from pipeline.validate.weight_integrity import PICKLE_SUFFIXES, HeaderError, read_safetensors_header
 
 Shapes = dict[str, tuple[int, ...]]
-HF_WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 
 
 class UnreadableWeights(Exception):
@@ -56,14 +55,6 @@ def tensor_shapes(path: Path) -> Shapes:
     if path.suffix in PICKLE_SUFFIXES:
         return pickle_shapes(path)
     raise UnreadableWeights(f"{path}: unknown weight format")
-
-
-def hf_weight_files(directory: Path) -> list[Path]:
-    """Weight files a Hugging Face ``from_pretrained`` loader reads (safetensors or .bin shards)."""
-    found: list[Path] = []
-    for pattern in HF_WEIGHT_PATTERNS:
-        found += sorted(p for p in directory.glob(pattern) if p not in found)
-    return found
 
 
 def index_problems(directory: Path) -> list[str]:

@@ -10,10 +10,10 @@ import pytest
 
 from pipeline.config import parse_config
 from pipeline.errors import ConfigError
+from pipeline.facts.hardware import get_profile
+from pipeline.facts.memory_fit import estimate_memory, params_text
+from pipeline.facts.model_shapes import ModelShape, known_shape
 from pipeline.plan.gpu_layout import GpuInfo, LayoutError, deployment_layout, plan_layout, validate_estimate
-from pipeline.validate.hardware import get_profile
-from pipeline.validate.memory_fit import estimate_memory, params_text
-from pipeline.validate.model_shapes import ModelShape, known_shape
 from pipeline.validate.preflight import run_preflight
 
 TARGET, DRAFT = "/models/Meta-Llama-3.1-8B-Instruct", "/models/Llama-3.2-1B-Instruct"

@@ -18,9 +18,9 @@ from pipeline.config import (
     tree_non_leaves_per_level,
     tree_problems,
 )
-from pipeline.validate.hardware import get_profile
-from pipeline.validate.memory_fit import GIB, estimate_memory
-from pipeline.validate.model_shapes import known_shape
+from pipeline.facts.hardware import get_profile
+from pipeline.facts.memory_fit import GIB, estimate_memory
+from pipeline.facts.model_shapes import known_shape
 from pipeline.validate.preflight import errors_of, run_preflight
 from pipeline.validate.tokenizer_compat import compare_tokenizers
 from tests.gpu_sim.container import make_container

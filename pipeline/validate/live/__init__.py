@@ -18,8 +18,24 @@ from dataclasses import dataclass
 from typing import Callable
 
 from pipeline.config import DeploymentConfig
+from pipeline.errors import SpecdeployError
+from pipeline.plan.planner import make_plan
 from pipeline.validate.findings import Finding
+from pipeline.validate.live.checkpoints import check_checkpoints
+from pipeline.validate.live.gpus import check_gpus
+from pipeline.validate.live.llmapi import check_llm_args
+from pipeline.validate.live.packages import check_packages
+from pipeline.validate.live.parsers import check_plan_parsers
 from pipeline.validate.live.result import FAIL, PASS, SKIP, LiveCheck, failed
+from pipeline.validate.live.software import (
+    Trtllm,
+    check_backends,
+    check_mpirun,
+    check_tritonserver,
+    check_trtllm_version,
+    installed_trtllm,
+)
+from pipeline.validate.preflight import errors_of, memory_estimate_of, run_preflight
 
 
 @dataclass
@@ -30,8 +46,6 @@ class HostPreflight:
     checks: list[LiveCheck]
 
     def problems(self) -> list[str]:
-        from pipeline.validate.preflight import errors_of  # noqa: PLC0415 - import cycle: preflight imports the plan
-
         return [f.line() for f in errors_of(self.findings)] + [f"live preflight: {c.line()}" for c in failures(self.checks)]
 
 
@@ -45,8 +59,6 @@ def _guarded(name: str, check: Callable[[], list[LiveCheck]]) -> list[LiveCheck]
 
 
 def _plan_need(findings: list[Finding]) -> tuple[float | None, str]:
-    from pipeline.validate.preflight import memory_estimate_of  # noqa: PLC0415 - import cycle: preflight imports the plan
-
     estimate = memory_estimate_of(findings)
     if estimate is None:
         return None, "the plan's memory is not estimated (model shapes unknown: see validate's findings)"
@@ -56,22 +68,6 @@ def _plan_need(findings: list[Finding]) -> tuple[float | None, str]:
 def run_live_preflight(cfg: DeploymentConfig, trtllm_root: str | None = None,
                        findings: list[Finding] | None = None) -> list[LiveCheck]:
     """The live rows (``findings``: validate's, when the caller already ran it)."""
-    from pipeline.errors import SpecdeployError  # noqa: PLC0415 - keep the package import light
-    from pipeline.plan.planner import make_plan  # noqa: PLC0415 - only this path needs it
-    from pipeline.validate.live.checkpoints import check_checkpoints  # noqa: PLC0415 - import cycle: the live modules import this package
-    from pipeline.validate.live.gpus import check_gpus  # noqa: PLC0415 - import cycle: the live modules import this package
-    from pipeline.validate.live.llmapi import check_llm_args  # noqa: PLC0415 - import cycle: the live modules import this package
-    from pipeline.validate.live.packages import check_packages  # noqa: PLC0415 - import cycle: the live modules import this package
-    from pipeline.validate.live.parsers import check_plan_parsers  # noqa: PLC0415 - import cycle: the live modules import this package
-    from pipeline.validate.live.software import (  # noqa: PLC0415 - import cycle: the live modules import this package
-        Trtllm,
-        check_backends,
-        check_mpirun,
-        check_tritonserver,
-        check_trtllm_version,
-        installed_trtllm,
-    )
-    from pipeline.validate.preflight import run_preflight  # noqa: PLC0415 - import cycle: preflight imports the plan
 
     if findings is None:
         findings = run_preflight(cfg, offline=False, trtllm_root=trtllm_root)
@@ -106,8 +102,6 @@ def run_live_preflight(cfg: DeploymentConfig, trtllm_root: str | None = None,
 def run_host_preflight(cfg: DeploymentConfig, trtllm_root: str | None = None) -> HostPreflight:
     """validate's findings (with the checkpoints) and the live rows: the one preflight of
     ``validate --live`` and ``doctor CONFIG``."""
-    from pipeline.validate.preflight import run_preflight  # noqa: PLC0415 - import cycle: preflight imports the plan
-
     findings = run_preflight(cfg, offline=False, trtllm_root=trtllm_root)
     return HostPreflight(findings, run_live_preflight(cfg, trtllm_root, findings))
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from pipeline.config import DeploymentConfig
 from pipeline.errors import SpecdeployError
+from pipeline.facts.hardware import PROFILES, HardwareProfile, get_profile
 from pipeline.plan.gpu_layout import GpuInfo, arm_gpu_need, deployment_layout
-from pipeline.validate.hardware import PROFILES, HardwareProfile, get_profile
 from pipeline.validate.live.result import LiveCheck, failed, passed, skipped
 
 MEMORY_TOLERANCE_GIB = 0.5  # NVML's total vs the profile's nvidia-smi figure: rounding only
@@ -204,7 +204,7 @@ def _describe(profile: HardwareProfile) -> str:
 
 def _model_row(cfg: DeploymentConfig, profile: HardwareProfile, used: list[NvmlGpu]) -> LiveCheck:
     expected = f"{profile.display_name}: {_describe(profile)}"
-    source = f"hardware: {cfg.hardware} (pipeline/validate/hardware.py; NVML names in pipeline/validate/live/gpus.py)"
+    source = f"hardware: {cfg.hardware} (pipeline/facts/hardware.py; NVML names in pipeline/validate/live/gpus.py)"
     found = "; ".join(f"{g.index}: {g.name}, {g.memory_gib:.1f} GiB, " + (
         f"{g.bandwidth_gbps:.0f} GB/s" if g.bandwidth_gbps else "bandwidth not reported (not checked)")
         for g in used) or "-"
@@ -218,7 +218,7 @@ def _model_row(cfg: DeploymentConfig, profile: HardwareProfile, used: list[NvmlG
     else:
         fix = (f"no hardware profile describes {wrong[0].name} with {wrong[0].memory_gib:.1f} GiB: run on "
                f"{profile.display_name} GPUs, or add its profile (bandwidth, memory, formats) to "
-               "pipeline/validate/hardware.py and pipeline/validate/live/gpus.py")
+               "pipeline/facts/hardware.py and pipeline/validate/live/gpus.py")
     return failed("GPU model", expected, source, found, fix)
 
 
