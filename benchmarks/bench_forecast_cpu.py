@@ -52,7 +52,8 @@ def _measured_acceptance(results: list[dict], method: str, batch: int) -> tuple[
 def check_config(name: str, prompts: int, max_tokens: int) -> dict:
     from pipeline.bench.engine_bench import _encode, load_prompts, proposer_spec, resolve_checkpoint, run_bench
     from pipeline.config import load_config
-    from pipeline.forecast.cpu import average_calibrations, bench_forecast, calibrate
+    from pipeline.forecast.cpu import average_calibrations, calibrate
+    from pipeline.forecast.model import bench_forecast
 
     path = ROOT / "configs" / f"{name}.yaml"
     cfg = load_config(path)

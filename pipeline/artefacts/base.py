@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pipeline.errors import StaleInputError
+from pipeline.infra.atomic import write_text_atomic
 
 
 class ArtefactError(StaleInputError):
@@ -135,7 +136,5 @@ class Artefact(BaseModel):
         return self.model_dump(mode="json", by_alias=True)
 
     def write(self, path: Path | str) -> Path:
-        from pipeline.infra.atomic import write_text_atomic  # noqa: PLC0415 - only this path needs it
-
         write_text_atomic(Path(path), self.to_json())
         return Path(path)

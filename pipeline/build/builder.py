@@ -34,14 +34,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Protocol
 
-from pipeline.artefacts.manifest import MANIFEST_FORMAT, BuildManifest  # noqa: F401 - MANIFEST_FORMAT re-exported
+from pipeline import __version__
+from pipeline.artefacts.manifest import MANIFEST_FORMAT, BuildManifest, read_manifest  # noqa: F401 - MANIFEST_FORMAT re-exported
 from pipeline.config import DeploymentConfig, config_hash
-from pipeline.errors import BuildError, StaleInputError
+from pipeline.errors import EXIT_INTERRUPTED, BuildError
 from pipeline.infra.atomic import write_json_atomic
 from pipeline.infra.processes import spawn
 from pipeline.infra.provenance import git_sha, package_version, versions
 from pipeline.methods import get_method
 from pipeline.paths import PROJECT_ROOT, engine_root, manifest_path
+from pipeline.plan.llmapi import missing_modelopt_scripts
 from pipeline.plan.planner import BuildPlan, Step, make_plan
 from pipeline.trtllm.checkpoint_config import validate_checkpoint_dir
 from pipeline.trtllm.engine_config import draft_target_pair_problems, validate_engine_dir
@@ -55,7 +57,7 @@ LOG_TAIL_LINES = 8
 class BuildInterrupted(BuildError):
     """Ctrl-C or SIGTERM during a step; nothing half-built is left behind."""
 
-    exit_code = 130
+    exit_code = EXIT_INTERRUPTED
 
 
 class StepExecutor(Protocol):
@@ -164,19 +166,22 @@ def _log_tail(log_path: Path) -> str:
 
 
 @contextlib.contextmanager
-def build_lock(root: Path) -> Iterator[None]:
-    """One build per deployment at a time (an exclusive lock on ``<root>/.build.lock``)."""
-    import fcntl  # noqa: PLC0415 - POSIX only, like the rest of the serving path
+def build_lock(root: Path, wait: bool = False) -> Iterator[None]:
+    """One build per deployment at a time: ``<root>/.build.lock``, owned as a run directory is
+    (:mod:`pipeline.infra.owner_lock`). Taken: BuildError naming the owner, or with ``wait`` a
+    wait for it (``specdeploy run``: a second run of the config builds nothing after the first)."""
+    from pipeline.infra.owner_lock import DirectoryBusy, owned  # noqa: PLC0415 - POSIX only, like the serving path
 
-    with open(root / ".build.lock", "w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise BuildError(f"another `specdeploy build` is running for {root} (lock {root / '.build.lock'})") from None
-        try:
+    def waiting(owner) -> None:
+        print(f"  waiting for the build of {root} by {owner.describe() if owner else 'another process'}",
+              flush=True)
+
+    try:
+        with owned(root, "building", name=".build.lock", wait=wait, on_wait=waiting):
             yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    except DirectoryBusy as busy:
+        who = busy.owner.describe() if busy.owner else "its owner wrote no record"
+        raise BuildError(f"another `specdeploy build` is running for {root}: {who} (lock {root / '.build.lock'})") from None
 
 
 @contextlib.contextmanager
@@ -333,13 +338,11 @@ class _Runner:
 
 
 def _versions(cfg: DeploymentConfig) -> dict[str, str | None]:
-    from pipeline import __version__  # noqa: PLC0415 - only this path needs it
-
     found = {**versions(()), "specdeploy": __version__}
     if cfg.backend == "trtllm":
         found["tensorrt_llm_pinned"] = cfg.trtllm_version
         found["tensorrt_llm"] = package_version("tensorrt_llm", "tensorrt-llm")
-        from pipeline.validate.live.gate import provenance_line  # noqa: PLC0415 - trtllm builds only
+        from pipeline.validate.live.gate import provenance_line  # noqa: PLC0415 - start-up: the live preflight's modules (about 0.3 s) load for trtllm builds only
 
         found["live_preflight"] = provenance_line(cfg)
     else:
@@ -348,8 +351,6 @@ def _versions(cfg: DeploymentConfig) -> dict[str, str | None]:
 
 
 def _manifest(cfg: DeploymentConfig, plan: BuildPlan, records: list[dict[str, Any]]) -> dict[str, Any]:
-    from pipeline import __version__  # noqa: PLC0415 - only this path needs it
-
     return BuildManifest(
         name=cfg.name, config_hash=plan.config_hash, backend=cfg.backend, method=cfg.method,
         trtllm_version=plan.trtllm_version,
@@ -376,7 +377,7 @@ def require_trtllm(cfg: DeploymentConfig) -> None:
     if reason:
         raise BuildError(
             f"TensorRT-LLM is not installed here ({reason}), so backend 'trtllm' cannot build. "
-            f"Run `specdeploy plan {cfg._source_path or 'CONFIG'}` to print the exact commands for a GPU host "
+            f"Run `specdeploy plan {cfg.source_path or 'CONFIG'}` to print the exact commands for a GPU host "
             f"(NGC image {cfg.triton.container_image}), or set `backend: reference` to build the CPU reference engines."
         )
 
@@ -385,8 +386,6 @@ def require_scripts(plan: BuildPlan, cfg: DeploymentConfig) -> None:
     """Raise :class:`BuildError` before any step runs when a TensorRT-LLM script the plan runs is
     missing under the resolved examples root, naming each one and how to get them."""
     if cfg.runs_llm_api:
-        from pipeline.plan.llmapi import missing_modelopt_scripts  # noqa: PLC0415 - only this path needs it
-
         problems = missing_modelopt_scripts(plan)
         if problems:
             raise BuildError("; ".join(f"{message}. Fix: {fix}" for message, fix in problems))
@@ -428,8 +427,10 @@ def build(
     executor: StepExecutor | None = None,
     progress: bool = True,
     trtllm_root: str | None = None,
+    wait_for_lock: bool = False,
 ) -> dict[str, Any]:
     """Run the plan of ``cfg`` and write ``engines/<name>/manifest.json``; return the manifest.
+    ``wait_for_lock``: wait for another process's build of the deployment instead of refusing.
 
     Without an injected ``executor`` a ``trtllm`` build needs TensorRT-LLM on this machine and
     stops at once otherwise."""
@@ -441,7 +442,7 @@ def build(
             require_scripts(plan, cfg)
         executor = SubprocessExecutor()
     engine_root(cfg).mkdir(parents=True, exist_ok=True)
-    with build_lock(Path(plan.root)):
+    with build_lock(Path(plan.root), wait=wait_for_lock):
         reporter = _RichReporter() if progress else _Reporter()
         runner = _Runner(cfg, plan, executor, force, reporter)
         try:
@@ -458,18 +459,5 @@ def build(
 def load_manifest(cfg: DeploymentConfig, *, check_engine_dirs: bool = True) -> dict[str, Any]:
     """The manifest of the last build of ``cfg``; :class:`StaleInputError` when it is missing or was
     built from another version of the config."""
-    path = manifest_path(cfg)
-    if not path.is_file():
-        raise StaleInputError(f"{path} does not exist: run `specdeploy build` for '{cfg.name}' first")
-    manifest = BuildManifest.load(path).dump()
-    current = config_hash(cfg)
-    if manifest.get("config_hash") != current:
-        raise StaleInputError(
-            f"{path} was built from another config (config_hash {manifest.get('config_hash')} ≠ {current}): "
-            "re-run `specdeploy build`"
-        )
-    missing = [f"{role}={d}" for role, d in manifest.get("engines", {}).items() if not Path(d).is_dir()]
-    if missing and check_engine_dirs:
-        raise StaleInputError(f"{path} names engine dirs that are gone ({', '.join(missing)}): re-run `specdeploy build`")
-    return manifest
+    return read_manifest(manifest_path(cfg), config_hash(cfg), check_engine_dirs=check_engine_dirs)
 

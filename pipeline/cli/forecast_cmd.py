@@ -21,7 +21,7 @@ def acceptance_from_options(cfg, alpha: Optional[float], tau: Optional[float], r
                             bench: Optional[Path], published: Optional[str]):
     """The one acceptance source the options name (ForecastInputError when none or several)."""
     from pipeline.forecast import acceptance as acc
-    from pipeline.forecast.hardware import ForecastInputError
+    from pipeline.forecast.figures import ForecastInputError
     from pipeline.forecast.proposers import plan_for
 
     given = [x for x in (alpha, tau, report, bench, published) if x is not None]

@@ -103,10 +103,6 @@ class ModelSpec(Section):
         return self.checkpoint.startswith(BUILTIN_PREFIX)
 
     @property
-    def builtin_name(self) -> str | None:
-        return self.checkpoint[len(BUILTIN_PREFIX) :] if self.is_builtin else None
-
-    @property
     def world_size(self) -> int:
         return self.tp * self.pp
 

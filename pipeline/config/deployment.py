@@ -110,7 +110,7 @@ class DeploymentConfig(Section):
     @field_validator("hardware")
     @classmethod
     def _known_hardware(cls, value: str) -> str:
-        from pipeline.validate.hardware import PROFILES  # noqa: PLC0415 - hardware has no config import
+        from pipeline.facts.hardware import PROFILES  # noqa: PLC0415 - reads gpus.yaml: only validating a config needs it
 
         if value not in PROFILES:
             raise ValueError(f"unknown hardware profile '{value}'; valid: {', '.join(PROFILES)}")
@@ -198,7 +198,13 @@ class DeploymentConfig(Section):
 
     @property
     def source_path(self) -> Path | None:
+        """The file this config was loaded from (relative paths in it resolve beside it); None when
+        it was built in memory."""
         return self._source_path
+
+    def set_source_path(self, path: Path | None) -> None:
+        """Record the file this config came from (``load_config``, the endpoints-only load test)."""
+        self._source_path = path
 
     @property
     def workdir(self) -> Path | None:

@@ -189,7 +189,7 @@ def load_config(path: str | Path, workdir: str | Path | None = None) -> Deployme
     except UnicodeDecodeError:
         raise ConfigError(str(path), ["(file): not UTF-8 text"]) from None
     cfg = parse_config(data, str(path))
-    cfg._source_path = path.resolve()
+    cfg.set_source_path(path.resolve())
     return with_workdir(cfg, workdir)
 
 

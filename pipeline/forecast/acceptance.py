@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pipeline.forecast.hardware import ForecastInputError
+from pipeline.forecast.figures import ForecastInputError
 
 DEFAULT_ALPHA_BAND = 0.05  # ± on α when the source gives no spread of its own
 

@@ -27,8 +27,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.forecast.hardware import ForecastInputError
+from pipeline.forecast.figures import ForecastInputError
 from pipeline.forecast.roofline import ForwardTime, ModelCost
+from pipeline.infra.atomic import write_json_atomic
+from pipeline.reference.api import GenerationRequest
 
 # the calibration method's version: a stored calibration made by another one is not reused
 CALIBRATION_SCHEMA = "specdeploy-cpu-calibration/2"  # 2: baseline and speculative steps timed side by side
@@ -120,8 +122,6 @@ def _model_points(model, reps: int) -> list[tuple[int, int, float]]:
 def _engine_step(engine, batch: int, tokens: int, rounds: int = 5) -> float:
     """Baseline engine CPU seconds per step with ``batch`` requests in flight (process CPU time:
     the engine's thread included, other processes on shared cores not)."""
-    from pipeline.reference.api import GenerationRequest  # noqa: PLC0415 - only this path needs it
-
     per_step = []
     for round_ in range(rounds + 1):
         start = time.process_time()
@@ -194,8 +194,6 @@ class _Instrumented:
         per chunk would add a per-step cost the engine does not have). Returns CPU seconds spent
         (admission and prefill excluded), drafting seconds, the fitted forward's seconds and the
         full-batch steps."""
-        from pipeline.reference.api import GenerationRequest  # noqa: PLC0415 - only this path needs it
-
         self.records.clear()
         self.admitted.clear()
         limit, self.engine.max_batch_size = self.engine.max_batch_size, batch
@@ -344,8 +342,6 @@ def calibration_key(cfg) -> str:
 
 def store(calibration: dict, key: str, path: Path | None = None) -> Path:
     """Add ``calibration`` under ``key`` to this machine's calibration file (other keys kept)."""
-    from pipeline.infra.atomic import write_json_atomic  # noqa: PLC0415 - only this path needs it
-
     path = path or calibration_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     stored = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"entries": {}}
@@ -441,28 +437,6 @@ def average_calibrations(a: dict, b: dict) -> dict:
             "proposer_s": {m: mean(a["proposer_s"][m], b["proposer_s"][m]) for m in a.get("proposer_s", {})},
             "spec_step_extra_s": {m: mean(a["spec_step_extra_s"][m], b["spec_step_extra_s"][m])
                                   for m in a.get("spec_step_extra_s", {})}}
-
-
-def bench_forecast(cfg, calibration: dict, tau: float, coverage: float, context: int, prompt_len: float,
-                   max_tokens: int, batch: int) -> tuple[float, float]:
-    """(end-to-end, decode-only) forecast speedup of a CPU ``bench`` run of ``cfg`` at ``batch``
-    from a calibration and the measured acceptance: per request one prefill of ``prompt_len``
-    tokens (both arms alike) and ``max_tokens − 1`` decode steps. What
-    ``benchmarks/bench_forecast_cpu.py`` compares with the measurement, and what the result
-    file's test recomputes from the calibrations it stores."""
-    from pipeline.forecast.acceptance import Acceptance  # noqa: PLC0415 - model imports this module lazily
-    from pipeline.forecast.model import config_inputs, speedup_at, step_times  # noqa: PLC0415 - model imports this module lazily too
-
-    depth = config_inputs(cfg, Acceptance("probe", tau=tau), device=CpuDevice(calibration)).plan.depth
-    acceptance = Acceptance("bench, same run (τ per verify step, draft coverage)", tau=tau, tau_low=tau,
-                            tau_high=tau, at_depth=depth, coverage=coverage)
-    inp = config_inputs(cfg, acceptance, context=context, device=CpuDevice(calibration), requests=None)  # static batches
-    inp.device = CpuDevice(calibration, inp.target)
-    base_s, spec_s = step_times(inp, batch, inp.plan, tau)
-    fit = calibration["forward_fits"]["target"]
-    prefill = fit["a"] + (fit["b"] + fit["c"] * prompt_len / 2) * prompt_len
-    e2e = (prefill + (max_tokens - 1) * base_s) / (prefill + (max_tokens - 1) * spec_s)
-    return e2e, speedup_at(inp, batch)
 
 
 def stored_device(target_cost: ModelCost | None = None, key: str = "") -> CpuDevice:

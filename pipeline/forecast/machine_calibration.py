@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Callable
 
 from pipeline.forecast import cpu
-from pipeline.forecast.hardware import ForecastInputError
+from pipeline.forecast.calibration_prompts import config_prompt_groups
+from pipeline.forecast.figures import ForecastInputError
 
 
 def calibrate_config(cfg) -> tuple[Path, dict]:
@@ -22,7 +23,6 @@ def calibrate_config(cfg) -> tuple[Path, dict]:
     load-test prompts (synthetic ones when those cannot be used); store it. Returns (the file it
     is stored in, the calibration)."""
     from pipeline.bench.engine_bench import proposer_spec, resolve_checkpoint  # noqa: PLC0415 - torch only here
-    from pipeline.forecast.calibration_prompts import config_prompt_groups  # noqa: PLC0415 - only this path needs it
 
     if cfg.hardware != "cpu":
         raise ForecastInputError(f"--calibrate: {cfg.name} runs on {cfg.hardware}; only the CPU reference engine is calibrated")

@@ -2,8 +2,8 @@
 the best draft length per level, with a band from the inputs' uncertainty.
 
 Reads the deployment config's checkpoints' ``config.json`` (or the known shapes of named public
-models, :mod:`pipeline.validate.model_shapes`), the hardware and engine figures
-(:mod:`pipeline.forecast.hardware`) or, for ``hardware: cpu``, the stored CPU calibration
+models, :mod:`pipeline.facts.model_shapes`), the hardware and engine figures
+(:mod:`pipeline.forecast.figures`) or, for ``hardware: cpu``, the stored CPU calibration
 (:mod:`pipeline.forecast.cpu`). Writes nothing; :func:`forecast_config` returns a JSON-able dict.
 
 Per concurrency c (closed loop: c sequences decode together, context L):
@@ -29,11 +29,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.forecast.acceptance import Acceptance
-from pipeline.forecast.hardware import PEAK_DTYPE, ForecastInputError, engine_figures, gpu_figures
+from pipeline.facts.model_shapes import KNOWN_MODELS, ModelShape, known_shape, read_config_json, shape_from_config
+from pipeline.forecast.acceptance import Acceptance, alpha_for_tau
+from pipeline.forecast.cpu import CpuDevice, calibration_key, stored_device
+from pipeline.forecast.figures import PEAK_DTYPE, ForecastInputError, engine_figures, gpu_figures
 from pipeline.forecast.proposers import PLANS, PROPOSER_COSTS, DraftPlan, StepContext, plan_for
 from pipeline.forecast.roofline import GpuDevice, ModelCost, model_cost
-from pipeline.validate.model_shapes import KNOWN_MODELS, ModelShape, known_shape, read_config_json, shape_from_config
 
 CROSSOVER_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 K_SWEEP = tuple(range(1, 9))
@@ -219,7 +220,7 @@ def config_inputs(cfg, acceptance: Acceptance, engine: str | None = None, contex
                   device=None, requests: Requests | None | str = "config") -> Inputs:
     """Forecast inputs of a deployment config (speculation method ≠ none). ``requests``: the load
     test's requests (``"config"``: the config's defaults; None: a static batch, as ``bench`` runs)."""
-    from pipeline.validate.memory_fit import kv_bytes, weight_bytes_per_param  # noqa: PLC0415 - heavy config import
+    from pipeline.facts.memory_fit import kv_bytes, weight_bytes_per_param  # noqa: PLC0415 - heavy config import
 
     try:
         plan = plan_for(cfg.speculation)
@@ -240,8 +241,6 @@ def config_inputs(cfg, acceptance: Acceptance, engine: str | None = None, contex
                            dense, kv_bytes(d, cfg.backend, compute), d.tp, PEAK_DTYPE.get(d.quantization.format) or d.dtype)
     if device is None:
         if cfg.hardware == "cpu":
-            from pipeline.forecast.cpu import calibration_key, stored_device  # noqa: PLC0415 - only this path needs it
-
             device = stored_device(target, calibration_key(cfg))
         else:
             device = GpuDevice(gpu_figures(cfg.hardware), engine_figures(engine or "trtllm"))
@@ -265,8 +264,6 @@ def forecast_config(cfg, acceptance: Acceptance, levels: list[int] | None = None
 def break_even(inp: Inputs, batch: int) -> dict:
     """The τ (and, for a chain, the i.i.d. α) at which speculation exactly pays at ``batch``: no
     acceptance input needed. τ above the verify width means it cannot pay at all."""
-    from pipeline.forecast.acceptance import alpha_for_tau  # noqa: PLC0415 - only this path needs it
-
     def gain(tau: float) -> float:
         base, spec = step_times(inp, batch, inp.plan, tau)
         return base / spec
@@ -286,8 +283,6 @@ def section_lines(cfg) -> list[str]:
     """The short forecast section of ``plan`` and ``validate``: the acceptance at which
     speculation pays at each concurrency of the config (needs no acceptance source), or why no
     forecast can be made."""
-    from pipeline.forecast.acceptance import Acceptance  # noqa: PLC0415 - only this path needs it
-
     if cfg.method not in PLANS:
         return []
     try:
@@ -302,4 +297,23 @@ def section_lines(cfg) -> list[str]:
         else:
             parts.append(f"c={row['concurrency']}: τ ≥ {row['tau']:.2f}" + (f" (α ≥ {row['alpha']:.2f})" if row["alpha"] is not None else ""))
     return [f"forecast ({inp.plan.method}, K={inp.plan.depth}): speculation pays when " + "; ".join(parts),
-            f"  then: specdeploy forecast {cfg._source_path or cfg.name} --acceptance A (or --from-report / --from-bench)"]
+            f"  then: specdeploy forecast {cfg.source_path or cfg.name} --acceptance A (or --from-report / --from-bench)"]
+
+
+def bench_forecast(cfg, calibration: dict, tau: float, coverage: float, context: int, prompt_len: float,
+                   max_tokens: int, batch: int) -> tuple[float, float]:
+    """(end-to-end, decode-only) forecast speedup of a CPU ``bench`` run of ``cfg`` at ``batch``
+    from a calibration and the measured acceptance: per request one prefill of ``prompt_len``
+    tokens (both arms alike) and ``max_tokens − 1`` decode steps. What
+    ``benchmarks/bench_forecast_cpu.py`` compares with the measurement, and what the result
+    file's test recomputes from the calibrations it stores."""
+    depth = config_inputs(cfg, Acceptance("probe", tau=tau), device=CpuDevice(calibration)).plan.depth
+    acceptance = Acceptance("bench, same run (τ per verify step, draft coverage)", tau=tau, tau_low=tau,
+                            tau_high=tau, at_depth=depth, coverage=coverage)
+    inp = config_inputs(cfg, acceptance, context=context, device=CpuDevice(calibration), requests=None)  # static batches
+    inp.device = CpuDevice(calibration, inp.target)
+    base_s, spec_s = step_times(inp, batch, inp.plan, tau)
+    fit = calibration["forward_fits"]["target"]
+    prefill = fit["a"] + (fit["b"] + fit["c"] * prompt_len / 2) * prompt_len
+    e2e = (prefill + (max_tokens - 1) * base_s) / (prefill + (max_tokens - 1) * spec_s)
+    return e2e, speedup_at(inp, batch)

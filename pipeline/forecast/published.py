@@ -15,12 +15,12 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.facts.model_shapes import KNOWN_MODELS, ModelShape
 from pipeline.forecast.acceptance import Acceptance
-from pipeline.forecast.hardware import ForecastInputError, engine_figures, gpu_figures
+from pipeline.forecast.figures import ForecastInputError, engine_figures, gpu_figures
 from pipeline.forecast.model import Inputs, step_times
 from pipeline.forecast.proposers import DraftPlan
 from pipeline.forecast.roofline import GpuDevice, model_cost
-from pipeline.validate.model_shapes import KNOWN_MODELS, ModelShape
 
 CASES_FILE = Path(__file__).with_name("data") / "published.yaml"
 TOLERANCE = 0.25

@@ -2,8 +2,8 @@
 
 Reads nothing, writes nothing. A :class:`ModelCost` is what one forward of a model (or a drafting
 head) moves and computes on its busiest rank, derived from its shapes
-(:class:`pipeline.validate.model_shapes.ModelShape`) and formats (bytes per weight and per KV
-element as :mod:`pipeline.validate.memory_fit` sizes them). A device turns it into seconds:
+(:class:`pipeline.facts.model_shapes.ModelShape`) and formats (bytes per weight and per KV
+element as :mod:`pipeline.facts.memory_fit` sizes them). A device turns it into seconds:
 
 - :class:`GpuDevice` — the roofline ``max(bytes / (BW·η_mem), FLOPs / (peak·η_comp))`` plus a fixed
   per-step overhead, plus, under tensor parallelism, two all-reduces per layer
@@ -14,10 +14,10 @@ element as :mod:`pipeline.validate.memory_fit` sizes them). A device turns it in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from pipeline.forecast.hardware import EngineFigures, GpuFigures
-from pipeline.validate.model_shapes import ModelShape
+from pipeline.facts.model_shapes import ModelShape
+from pipeline.forecast.figures import EngineFigures, GpuFigures
 
 ACTIVATION_BYTES = 2  # fp16/bf16 activations on the wire of an all-reduce
 
@@ -88,14 +88,10 @@ class GpuDevice:
                 "step_overhead_ms": self.engine.step_overhead_ms, "source": self.gpu.source}
 
     def with_overhead(self, step_overhead_ms: float) -> GpuDevice:
-        from dataclasses import replace  # noqa: PLC0415 - only published cases re-derive the overhead
-
         return GpuDevice(self.gpu, replace(self.engine, step_overhead_ms=step_overhead_ms))
 
     def scaled(self, factor: float) -> GpuDevice:
         """Efficiencies × ``factor`` (the band's edges)."""
-        from dataclasses import replace  # noqa: PLC0415 - only this path needs it
-
         e = self.engine
         return GpuDevice(self.gpu, replace(e, memory_efficiency=min(1.0, e.memory_efficiency * factor),
                                            compute_efficiency=min(1.0, e.compute_efficiency * factor)))

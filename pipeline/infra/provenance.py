@@ -4,8 +4,13 @@ metadata; writes nothing."""
 
 from __future__ import annotations
 
+import datetime as dt
+import os
 import platform
+import shlex
 import subprocess
+import sys
+from importlib import metadata
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -24,8 +29,6 @@ def git_sha(root: Path = PROJECT_ROOT) -> str | None:
 def package_version(*names: str) -> str | None:
     """The installed version of the first of ``names`` that is installed (a distribution can go by
     two spellings, e.g. tensorrt_llm / tensorrt-llm); None when none is."""
-    from importlib import metadata  # noqa: PLC0415 - only this path needs it
-
     for name in names:
         try:
             return metadata.version(name)
@@ -45,11 +48,6 @@ def result_provenance(argv: list[str] | None = None, root: Path = PROJECT_ROOT) 
     """The ``provenance`` block every benchmark result records: the command that wrote it, the
     checkout it ran on (HEAD and whether the tree had changes), when, and on what machine. A
     result file without it cannot be reproduced (tests/unit/test_benchmark_results.py)."""
-    import datetime as dt  # noqa: PLC0415 - only result writers need it
-    import os  # noqa: PLC0415 - only result writers need it
-    import shlex  # noqa: PLC0415 - only result writers need it
-    import sys  # noqa: PLC0415 - only result writers need it
-
     argv = list(sys.argv if argv is None else argv)
     status = _git(root, "status", "--porcelain", "--untracked-files=no")
     return {

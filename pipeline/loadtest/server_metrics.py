@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import urllib.request
-from typing import Any
 
 COUNTERS = {
     "draft_tokens": "specdeploy_spec_decode_draft_tokens_total",
@@ -25,20 +24,6 @@ VLLM_COUNTERS = {
 
 # ------------------------------------------------------------------------------------------------
 # Metrics and memory
-
-
-def scrape_counters(metrics_url: str | None, timeout_s: float = 5.0) -> dict[str, Any] | None:
-    """Sum of each acceptance counter over all label sets, and ``source``: whose counters they are
-    (``specdeploy``, ``vllm``, or ``not reported`` when the server exports none); None when unreachable."""
-    text = metrics_text(metrics_url, timeout_s)
-    return None if text is None else {**parse_counters(text), "source": counters_source(text)}
-
-
-def counters_source(text: str) -> str:
-    for source, table in (("specdeploy", COUNTERS), ("vllm", VLLM_COUNTERS)):
-        if any(name in text for name in table.values()):
-            return source
-    return "not reported"
 
 
 def metrics_text(metrics_url: str | None, timeout_s: float = 5.0) -> str | None:

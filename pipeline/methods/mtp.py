@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import Field
 
 from pipeline.config.base import Section, described
+from pipeline.facts.model_shapes import read_config_json
 from pipeline.methods.base import LLM_API, Method
 from pipeline.trtllm.llmapi_facts import load_facts
-from pipeline.validate.model_shapes import read_config_json
 from pipeline.validate.severity import ERROR, INFO
 
 if TYPE_CHECKING:

@@ -36,6 +36,8 @@ from pipeline.config import (
     ngram_through_bls,
 )
 from pipeline.errors import ConfigError
+from pipeline.facts.hardware import get_profile
+from pipeline.facts.model_shapes import eagle_head_layers
 from pipeline.infra.trees import choices_or_chain
 from pipeline.methods.eagle import EAGLE_MAX_BATCH_SIZE
 from pipeline.paths import engine_root
@@ -252,8 +254,6 @@ def engine_max_input_len(cfg: DeploymentConfig) -> int:
 
 def paged_context_fmha_kept(cfg: DeploymentConfig, spec: ModelSpec) -> bool:
     """Whether trtllm-build keeps ``--use_paged_context_fmha enable`` for this model's KV dtype."""
-    from pipeline.validate.hardware import get_profile  # noqa: PLC0415 - small, no config import cycle
-
     q = spec.quantization
     return tc.paged_context_fmha_survives(q.format, q.kv_cache_dtype, get_profile(cfg.hardware).sm)
 
@@ -326,16 +326,6 @@ def _medusa_checkpoint(p: _Planner, v: tc.Version, spec: MedusaSpec, base: str) 
     expect = _checkpoint_expectation("speculative", cfg.target, architecture="MedusaForCausalLM", num_medusa_heads=spec.num_heads)
     p.add(Step(f"{kind}-speculative", argv, [base, heads], [out], kind=kind, expect_checkpoint=expect))
     return out
-
-
-def eagle_head_layers(head_dir: str) -> int:
-    """Decoder layers of an EAGLE head: its config.json ``num_hidden_layers`` (EAGLE-1 heads have
-    one). Plan reads this one file when it exists; elsewhere it assumes 1 and validate checks it."""
-    try:
-        layers = json.loads((Path(head_dir).expanduser() / "config.json").read_text(encoding="utf-8"))["num_hidden_layers"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return 1
-    return layers if isinstance(layers, int) and not isinstance(layers, bool) and layers >= 1 else 1
 
 
 def _eagle_checkpoint(p: _Planner, v: tc.Version, spec: EagleSpec, base: str) -> str:

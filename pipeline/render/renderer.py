@@ -26,11 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.artefacts.deployment import arms_of, check_arm, describe_arm, descriptor_path, load_arm
-from pipeline.artefacts.manifest import MANIFEST_FORMAT  # noqa: F401 - re-exported for callers
-from pipeline.config import DeploymentConfig, ngram_through_bls
-from pipeline.errors import StaleInputError
-from pipeline.paths import PROJECT_ROOT, model_repo_dir
+from pipeline.artefacts.manifest import MANIFEST_FORMAT, read_manifest  # noqa: F401 - MANIFEST_FORMAT re-exported for callers
+from pipeline.config import DeploymentConfig, config_hash, ngram_through_bls
+from pipeline.errors import EXIT_USAGE, StaleInputError
+from pipeline.paths import PROJECT_ROOT, manifest_path, model_repo_dir
 from pipeline.plan.gpu_layout import ArmLayout, ArmPlacement, LayoutError, deployment_layout
+from pipeline.render.llmapi import render_llmapi
+from pipeline.render.llmapi_cpu import render_reference_llmapi
 from pipeline.render.model_code import copy_model_code
 from pipeline.render.monitoring import write_operations_view
 from pipeline.render.templating import jinja_environment, render_atomically, render_text, triton_bool
@@ -58,9 +60,7 @@ def load_manifest(cfg: DeploymentConfig) -> dict:
     """The build manifest of ``cfg`` (StaleInputError when missing or from another config).
     Engine dirs are not required here: a repository may be rendered for engines that live on
     another host (they are checked when the server starts)."""
-    from pipeline.build.builder import load_manifest as load_build_manifest  # noqa: PLC0415 - keeps psutil off this module's import
-
-    return load_build_manifest(cfg, check_engine_dirs=False)
+    return read_manifest(manifest_path(cfg), config_hash(cfg), check_engine_dirs=False)
 
 
 def variants_for(cfg: DeploymentConfig) -> tuple[str, ...]:
@@ -200,7 +200,7 @@ def trtllm_parameters(cfg: DeploymentConfig, llm: LlmSettings, manifest: dict,
     }
     unknown = set(llm.method_parameters) - set(parameters)
     if unknown:
-        raise RenderError(f"method {cfg.method} sets tensorrt_llm parameters upstream's model has not: {sorted(unknown)}")
+        raise RenderError([f"method {cfg.method} sets tensorrt_llm parameters upstream's model has not: {sorted(unknown)}"])
     return parameters | llm.method_parameters
 
 
@@ -309,7 +309,7 @@ def arm_layout(cfg: DeploymentConfig) -> ArmLayout:
     try:
         return deployment_layout(cfg)
     except LayoutError as exc:
-        raise RenderError([f"GPU placement: {exc}"]) from None
+        raise RenderError([f"GPU placement: {exc}"], exit_code=EXIT_USAGE) from None
 
 
 def render_repository(cfg: DeploymentConfig, manifest: dict, variant: str, dest: Path,
@@ -336,12 +336,8 @@ def render(cfg: DeploymentConfig, templates_dir: Path = TEMPLATES_DIR) -> dict[s
     manifest = load_manifest(cfg)
     layout = arm_layout(cfg)
     if cfg.runs_llm_api:
-        from pipeline.render.llmapi import render_llmapi  # noqa: PLC0415 - only this path needs it
-
         return render_llmapi(cfg, manifest, templates_dir, layout)
     if cfg.llmapi_layout:  # the CPU reference engine behind the llmapi layout
-        from pipeline.render.llmapi_cpu import render_reference_llmapi  # noqa: PLC0415 - only this path needs it
-
         return render_reference_llmapi(cfg, manifest, templates_dir)
     out = {}
     for variant in variants_for(cfg):
@@ -380,8 +376,3 @@ def _check_runtime_knobs(cfg: DeploymentConfig, repo: Path) -> None:
                             f"context FMHA, and {engine}/config.json has use_paged_context_fmha off")
     if problems:
         raise RenderError(problems)
-
-
-def check_rendered(cfg: DeploymentConfig, variant: str) -> Path:
-    """The rendered repository of ``variant``; refused when missing or rendered from another config."""
-    return load_arm(cfg, variant)[0]

@@ -14,14 +14,15 @@ from pathlib import Path
 
 from pipeline.errors import SpecdeployError
 from pipeline.methods import METHODS
+from pipeline.trtllm.engine_config import SPEC_MODE_BITS
 
 
 class RenderError(SpecdeployError):
     """A template or a rendered config is broken; names the file and the reason."""
 
-    def __init__(self, problems: list[str]):
+    def __init__(self, problems: list[str], *, exit_code: int | None = None):
         self.problems = problems
-        super().__init__("; ".join(problems))
+        super().__init__("; ".join(problems), exit_code=exit_code)
 
     def lines(self) -> list[str]:
         return [f"render failed: {len(self.problems)} problem(s)"] + [f"  {p}" for p in self.problems]
@@ -164,8 +165,6 @@ def _engine_method(engine_dir: str, backend: str | None) -> str | None:
         return data.get("proposer", {}).get("method", "none") if data.get("role") != "target" else "draft_target"
     config = path / "config.json"
     if config.is_file():
-        from pipeline.trtllm.engine_config import SPEC_MODE_BITS  # noqa: PLC0415 - only this path needs it
-
         # TensorRT-LLM writes the mode as an integer bit flag (SpeculativeDecodingMode); names pass too
         raw = json.loads(config.read_text()).get("build_config", {}).get("speculative_decoding_mode")
         if raw in (None, "") or isinstance(raw, bool):

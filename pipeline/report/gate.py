@@ -7,7 +7,7 @@ Any failed check → NO-GO; else any inconclusive check → INCONCLUSIVE; else G
 checked", such as acceptance no one reports, is listed and changes nothing). A run whose
 server died is invalid and makes the verdict NO-GO: such a run can never be a GO; so does a run in
 which speculative requests fell back to target-only after a draft failure (``draft_fallbacks``).
-Exit codes: GO 0, NO-GO 1, INCONCLUSIVE 3 (2 is Click's usage error).
+Exit codes: GO 0, NO-GO 1, INCONCLUSIVE 3, from the one table in ``pipeline.errors`` (docs/ci.md).
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.config import GateSettings
+from pipeline.errors import EXIT_GO, EXIT_INCONCLUSIVE, EXIT_NO_GO
 from pipeline.report.comparison import best_ci
 
 GO, NO_GO, INCONCLUSIVE = "GO", "NO-GO", "INCONCLUSIVE"
-EXIT_CODES = {GO: 0, NO_GO: 1, INCONCLUSIVE: 3}
+EXIT_CODES = {GO: EXIT_GO, NO_GO: EXIT_NO_GO, INCONCLUSIVE: EXIT_INCONCLUSIVE}
 PASS, FAIL, UNSURE = "pass", "fail", "inconclusive"
 NOT_CHECKED = "not checked"  # shown with the checks, no reason for the verdict
 CLIENT_CPU_MAX = 0.9  # Locust's own warning threshold

@@ -26,10 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.config import DeploymentConfig
-from pipeline.errors import ServeError
+from pipeline.errors import EXIT_USAGE, ServeError
 from pipeline.infra.provenance import package_version
 from pipeline.paths import PROJECT_ROOT
 from pipeline.plan.gpu_layout import ArmPlacement
+from pipeline.render.triton_rules import parse_config_file
+from pipeline.serve import tritonserver_install  # called through the module: tests swap find_tritonserver
 
 STUB_NAME = "triton_python_backend_stub"
 DEFAULT_HOST = "127.0.0.1"
@@ -55,9 +57,7 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def prepare_cpu_server(cache_root: Path | None = None) -> CpuServer:
     """Find the wheel's tritonserver and make ``backends/python`` hold this Python's stub."""
-    from pipeline.serve.tritonserver_install import find_tritonserver  # noqa: PLC0415 - only this path needs it
-
-    install = find_tritonserver()
+    install = tritonserver_install.find_tritonserver()
     if install.stub_path is None:
         raise ServeError(
             f"the tritonserver in {install.binary.parent.parent} has no Python-backend stub for "
@@ -136,7 +136,7 @@ def malloc_env(choice: str, base: dict, dirs: tuple[Path, ...] | None = None) ->
     is missing is an error."""
     dirs = LIBRARY_DIRS if dirs is None else dirs
     if choice not in MALLOC_CHOICES:
-        raise ServeError(f"{MALLOC_ENV}={choice!r}: expected one of {', '.join(MALLOC_CHOICES)}")
+        raise ServeError(f"{MALLOC_ENV}={choice!r}: expected one of {', '.join(MALLOC_CHOICES)}", exit_code=EXIT_USAGE)
     names = [n for n in MALLOC_LIBRARIES if choice in ("auto", n)]
     found = next(filter(None, (find_malloc_library(n, dirs) for n in names)), None)
     if found is None and choice not in ("auto", "glibc"):
@@ -255,8 +255,6 @@ def repository_paths(repo: Path) -> list[Path]:
     """Every host path the repository's models read: the repository itself and each absolute path
     in a model parameter (engines, tokenizer and checkpoint dirs), nested ones folded into their
     parents; paths the container image provides are left out."""
-    from pipeline.render.triton_rules import parse_config_file  # noqa: PLC0415 - only this path needs it
-
     found = {Path(repo).resolve()}
     for config_path in Path(repo).glob("*/config.pbtxt"):
         for param in parse_config_file(config_path).parameters.values():

@@ -15,6 +15,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from pipeline.methods import get_method
+
 # the CPU engine publishes its gauges from a thread that starts with the model; its first reading
 # may land just after the server reports ready, so the start-up read waits for it (bounded)
 REPORTED_WAIT_S = 30.0
@@ -36,8 +38,6 @@ def planned_kv_tokens(cfg, placement: dict[str, Any] | None, engine_models: tupl
 def arm_engine_models(method: str, drafts: str) -> tuple[str, ...]:
     """The models of one arm that hold a KV cache: ``tensorrt_llm``, and ``tensorrt_llm_draft``
     where a BLS calls a draft model (draft-target; ``drafts`` as the rendered arm records it)."""
-    from pipeline.methods import get_method  # noqa: PLC0415 - only this path needs the registry
-
     two_models = drafts == "bls" and get_method(method).draft_model  # a BLS calling a draft model
     return ("tensorrt_llm", "tensorrt_llm_draft") if two_models else ("tensorrt_llm",)
 

@@ -15,10 +15,11 @@ import importlib.util
 import os
 import shutil
 import sys
+import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.errors import SpecdeployError
+from pipeline.errors import SpecdeployError, UsageError
 
 STUB_NAME = "triton_python_backend_stub"
 ENV_OVERRIDE = "SPECDEPLOY_TRITONSERVER"
@@ -79,8 +80,6 @@ def _interpreter_libdir(python_version: str) -> tuple[Path, ...]:
     The wheel's stub links ``libpython3.X.so.1.0`` by name; found in the system directory, a
     different patch release can lack symbols this interpreter's C extensions need (``_ssl``:
     ``_PyModule_Add``), so the stub must load the libpython the venv's stdlib was built with."""
-    import sysconfig  # noqa: PLC0415 - only this path needs it
-
     libdir, soname = sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INSTSONAME")
     if python_version != _python_version() or not libdir or not soname or not (Path(libdir) / soname).is_file():
         return ()
@@ -120,7 +119,7 @@ def find_tritonserver() -> TritonInstall:
     if override:
         binary = Path(override)
         if not binary.is_file():
-            raise SpecdeployError(f"{ENV_OVERRIDE}={override} is not a file")
+            raise UsageError(f"{ENV_OVERRIDE}={override} is not a file")
         return _from_binary(binary, "env")
     root = _pytriton_root()
     if root is not None:

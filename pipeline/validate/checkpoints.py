@@ -1,7 +1,8 @@
 """Preflight checks on the checkpoint directories: resolution, files, shapes, tokenizers, heads.
 
 Reads (unless ``offline``) each checkpoint directory the config names — ``config.json``, weight-file
-headers and tensor lists (:mod:`pipeline.validate.weight_files`), ``tokenizer.json`` or SentencePiece
+headers and tensor lists (:mod:`pipeline.validate.weight_files`), whether each weight file is whole
+and of the architecture the deployment loads (:mod:`pipeline.validate.weight_integrity`), ``tokenizer.json`` or SentencePiece
 ``tokenizer.model``, ``tokenizer_config.json`` — in the formats each build route reads; ``builtin:``
 checkpoints resolve through ``pipeline.demo.resolve_builtin``. Writes nothing: findings go to the
 :class:`~pipeline.validate.findings.CheckContext`.
@@ -14,11 +15,13 @@ from pathlib import Path
 
 from pipeline.config import DeploymentConfig, Eagle3Spec, EagleSpec, MedusaSpec
 from pipeline.errors import SpecdeployError
+from pipeline.facts.model_shapes import eagle_head_layers, known_shape, read_config_json, shape_from_config
 from pipeline.methods.eagle import fp8_route
 from pipeline.trtllm import llmapi_checks
 from pipeline.validate.findings import ERROR, INFO, CheckContext, spec_checkpoints, spec_roles
-from pipeline.validate.model_shapes import known_shape, read_config_json, shape_from_config
+from pipeline.validate.tokenizer_compat import compare_tokenizers
 from pipeline.validate.weight_files import UnreadableWeights, index_problems, tensor_shapes
+from pipeline.validate.weight_integrity import checkpoint_problems
 
 # ----------------------------------------------------------------------------------------------
 # Checkpoints: resolution, files, shapes
@@ -134,6 +137,18 @@ def _check_dir(ctx: CheckContext, role: str, path: str, directory: Path) -> None
         ctx.add(ERROR, "files", f"{role}: {problem}", "download every shard the index names", path)
 
 
+def check_weights(ctx: CheckContext) -> None:
+    """Each resolved checkpoint's weight files whole, its tensors matching its config.json and
+    its architecture one the deployment loads (:func:`~pipeline.validate.weight_integrity.checkpoint_problems`):
+    a truncated download or a draft of another architecture fails here, not when ``serve`` loads it."""
+    for role, path, _ in spec_checkpoints(ctx.cfg):
+        directory = ctx.dirs.get(role)
+        if directory is None:
+            continue
+        for problem in checkpoint_problems(ctx.cfg, role, directory):
+            ctx.add(ERROR, "weights", f"{role}: {problem.message}", problem.fix, path)
+
+
 def _missing_fix(cfg: DeploymentConfig, directory: Path, what: str, patterns: tuple[str, ...]) -> str:
     pickles = [p.name for p in directory.glob("*") if p.suffix in (".bin", ".pt", ".pth")]
     if cfg.backend == "reference" and what == "weights" and pickles:
@@ -176,8 +191,6 @@ def check_tokenizers(ctx: CheckContext) -> None:
         return
     if not _has_tokenizer(target_dir) or not _has_tokenizer(draft_dir):
         return  # already reported as missing files
-    from pipeline.validate.tokenizer_compat import compare_tokenizers  # noqa: PLC0415 - only this path needs it
-
     try:
         problems = compare_tokenizers(target_dir, draft_dir)
     except (OSError, ValueError) as exc:
@@ -277,8 +290,6 @@ def _check_eagle_head(ctx: CheckContext, head_cfg: dict, shapes: dict, weights: 
 
 def _check_eagle_layers(ctx: CheckContext, shapes: dict, weights: Path, directory: Path, field_path: str) -> None:
     """quantize.py copies layers.{i}.* for i < --eagle_num_layers (the head's num_hidden_layers)."""
-    from pipeline.plan.planner import eagle_head_layers  # noqa: PLC0415 - only this path needs it
-
     layers = eagle_head_layers(str(directory))
     absent = [i for i in range(layers) if f"layers.{i}.self_attn.q_proj.weight" not in shapes]
     if absent:

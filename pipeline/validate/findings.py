@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import DeploymentConfig, ModelSpec
-from pipeline.validate.hardware import HardwareProfile
-from pipeline.validate.model_shapes import ModelShape
+from pipeline.facts.hardware import HardwareProfile
+from pipeline.facts.model_shapes import ModelShape
 from pipeline.validate.severity import ERROR, INFO, WARNING  # noqa: F401 - re-exported: every check imports them from here
 
 

@@ -1,8 +1,9 @@
 """Preflight checks of the config as a whole: quantization on the GPU, the speculation method's
-rules, build limits and parallelism, the TensorRT-LLM scripts the plan runs.
+rules, build limits and parallelism (the plan's scripts are checked by ``preflight``, which dry-runs
+the plan; these rules import no stage).
 
-Reads the config, the hardware profile, the model shapes an earlier check loaded and (``trtllm``
-backend) the examples root the plan resolves; writes nothing: findings go to the
+Reads the config, the hardware profile and the model shapes an earlier check loaded; writes
+nothing: findings go to the
 :class:`~pipeline.validate.findings.CheckContext`. Structure alone is validated in ``pipeline.config``;
 these rules need the whole picture.
 """
@@ -10,11 +11,10 @@ these rules need the whole picture.
 from __future__ import annotations
 
 from pipeline.config import DeploymentConfig, ModelSpec
-from pipeline.errors import SpecdeployError
+from pipeline.facts.hardware import HardwareProfile, formats_supported_on
 from pipeline.trtllm import llmapi_checks
 from pipeline.trtllm.commands import paged_context_fmha_survives
 from pipeline.validate.findings import ERROR, INFO, WARNING, CheckContext, spec_models, spec_roles
-from pipeline.validate.hardware import HardwareProfile, formats_supported_on
 
 # ----------------------------------------------------------------------------------------------
 # GPU architecture × quantization × KV-cache dtype
@@ -126,36 +126,6 @@ def check_build_limits(ctx: CheckContext) -> None:
         if ctx.profile.is_gpu and spec.world_size > devices:
             ctx.add(ERROR, "parallelism", f"TP×PP = {spec.world_size} exceeds the {devices} GPUs of one node",
                     f"use tp × pp ≤ {devices}", f"{path}.tp")
-
-
-def check_scripts(ctx: CheckContext) -> None:
-    """Each TensorRT-LLM script the plan runs exists under the resolved examples root (on the
-    build host only: offline there is nothing to look at)."""
-    cfg = ctx.cfg
-    if cfg.backend != "trtllm":
-        return
-    if ctx.offline:
-        ctx.add(INFO, "offline", "offline: TensorRT-LLM example scripts not looked for",
-                "run `specdeploy validate` without --offline on the build host")
-        return
-    from pipeline.plan.planner import make_plan  # noqa: PLC0415 - plan imports preflight's neighbours
-    from pipeline.trtllm.layout import missing_scripts, missing_scripts_fix  # noqa: PLC0415 - only this path needs it
-
-    try:
-        plan = make_plan(cfg, ctx.trtllm_root)
-    except SpecdeployError:
-        return  # the config problem is reported by the checks that own it
-    if cfg.runs_llm_api:
-        from pipeline.plan.llmapi import missing_modelopt_scripts  # noqa: PLC0415 - only this path needs it
-
-        for message, fix in missing_modelopt_scripts(plan):
-            ctx.add(ERROR, "scripts", message, fix, "llm_api.modelopt_root")
-        return
-    missing = missing_scripts(plan.steps, plan.trtllm_root.path)
-    fix = missing_scripts_fix(missing, plan.trtllm_root.path, cfg.trtllm_version) if missing else ""
-    for script in missing:
-        ctx.add(ERROR, "scripts", f"{script.path} (step {script.step}) does not exist under the TensorRT-LLM "
-                f"examples root {plan.trtllm_root.path} (from {plan.trtllm_root.source})", fix, "trtllm_root")
 
 
 def check_shapes(ctx: CheckContext) -> None:

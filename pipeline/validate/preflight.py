@@ -11,27 +11,35 @@ backend × hardware, GPU architecture × quantization and KV-cache dtype, the sp
 rules, parallelism, files (in the formats each build route reads), tokenizer compatibility and the
 memory fit per GPU rank. The checks live beside it: :mod:`~pipeline.validate.checkpoints` (files,
 shapes, tokenizers, heads; ``builtin:`` checkpoints resolve through ``pipeline.demo.resolve_builtin``)
-and :mod:`~pipeline.validate.method_rules` (quantization, method rules, build limits, scripts);
-this module runs them in order and holds the backend, memory-fit and later-stage checks.
+and :mod:`~pipeline.validate.method_rules` (quantization, method rules, build limits);
+this module runs them in order and holds the backend, memory-fit and later-stage checks (the
+plan's scripts, the prompt set, CPU pinning: dry runs of the stages after this one).
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
+from pipeline.artefacts.deployment import describe_arm
 from pipeline.config import DeploymentConfig, DraftTargetSpec
-from pipeline.errors import PreflightError
+from pipeline.errors import PreflightError, SpecdeployError
+from pipeline.facts.hardware import get_profile
+from pipeline.facts.memory_fit import MemoryEstimate
+from pipeline.loadtest.inputs import PromptSetError, load_prompt_set
+from pipeline.paths import model_repo_dir, served_repository_problem
 from pipeline.plan.gpu_layout import validate_estimate
+from pipeline.plan.llmapi import missing_modelopt_scripts
+from pipeline.plan.planner import make_plan
+from pipeline.render.renderer import llm_models
+from pipeline.serve.cpu_pinning import allowed_cpus, pinning_problems
 from pipeline.trtllm import llmapi_checks
-from pipeline.validate.checkpoints import check_files, check_heads, check_tokenizers, load_shapes
+from pipeline.trtllm.layout import missing_scripts, missing_scripts_fix
+from pipeline.validate.checkpoints import check_files, check_heads, check_tokenizers, check_weights, load_shapes
 from pipeline.validate.findings import ERROR, INFO, WARNING, CheckContext, Finding, spec_models
-from pipeline.validate.hardware import get_profile
-from pipeline.validate.memory_fit import MemoryEstimate
 from pipeline.validate.method_rules import (
     check_build_limits,
     check_method,
     check_quantization,
-    check_scripts,
     check_shapes,
 )
 from pipeline.validate.version_rules import check_versions
@@ -175,8 +183,6 @@ def _report_memory(ctx: CheckContext, est: MemoryEstimate) -> None:
 def _check_prompt_set(ctx: CheckContext) -> None:
     """``loadtest.prompts`` exists and holds readable prompts, resolved and parsed exactly as the
     load test will (``pipeline.loadtest.inputs.load_prompt_set``)."""
-    from pipeline.loadtest.inputs import PromptSetError, load_prompt_set  # noqa: PLC0415 - loadtest-only code
-
     try:
         load_prompt_set(ctx.cfg)
     except PromptSetError as exc:
@@ -194,16 +200,48 @@ def _check_cpu_ids(ctx: CheckContext) -> None:
         ctx.add(WARNING, "cpu-ids", "CPU pinning applies to the CPU reference engine only; backend trtllm ignores it",
                 "remove reference.cpu_pinning", "reference.cpu_pinning")
         return
-    from pipeline.artefacts.deployment import describe_arm  # noqa: PLC0415 - how many engines the arms decode with
-    from pipeline.render.renderer import llm_models  # noqa: PLC0415 - the engine models each arm's repository holds
-    from pipeline.serve.cpu_pinning import allowed_cpus, pinning_problems  # noqa: PLC0415 - only this path needs it
-
     manifest = {"engines": dict.fromkeys(("baseline", "speculative", "target", "draft"), "")}
     arms = {arm: [m.model_name for m in llm_models(cfg, manifest, arm)] for arm in ("baseline", "speculative")}
     most = describe_arm(cfg, "speculative").engine_models
     for problem in pinning_problems(pinning, arms, cfg.reference.threads, allowed_cpus(), most):
         ctx.add(ERROR, "cpu-ids", problem, "name CPUs from the allowed set, or use cpu_pinning: auto",
                 "reference.cpu_pinning")
+
+
+def _check_output_root(ctx: CheckContext) -> None:
+    """The CPU path serves the repository where ``render`` writes it: its path must be one the
+    Python backend's stub can load (``pipeline.paths.served_repository_problem``)."""
+    if ctx.offline or ctx.cfg.backend != "reference":
+        return  # GPU repositories are served from where the container mounts them
+    problem = served_repository_problem(model_repo_dir(ctx.cfg, "baseline"))
+    if problem:
+        ctx.add(ERROR, "output-root", problem, "run from (or pass --workdir) a plain ASCII path without spaces")
+
+
+def check_scripts(ctx: CheckContext) -> None:
+    """Each TensorRT-LLM script the plan runs exists under the resolved examples root (on the
+    build host only: offline there is nothing to look at): a dry run of the plan stage."""
+    cfg = ctx.cfg
+    if cfg.backend != "trtllm":
+        return
+    if ctx.offline:
+        ctx.add(INFO, "offline", "offline: TensorRT-LLM example scripts not looked for",
+                "run `specdeploy validate` without --offline on the build host")
+        return
+    try:
+        plan = make_plan(cfg, ctx.trtllm_root)
+    except SpecdeployError:
+        return  # the config problem is reported by the checks that own it
+    if cfg.runs_llm_api:
+        for message, fix in missing_modelopt_scripts(plan):
+            ctx.add(ERROR, "scripts", message, fix, "llm_api.modelopt_root")
+        return
+    missing = missing_scripts(plan.steps, plan.trtllm_root.path)
+    fix = missing_scripts_fix(missing, plan.trtllm_root.path, cfg.trtllm_version) if missing else ""
+    for script in missing:
+        ctx.add(ERROR, "scripts", f"{script.path} (step {script.step}) does not exist under the TensorRT-LLM "
+                f"examples root {plan.trtllm_root.path} (from {plan.trtllm_root.source})", fix, "trtllm_root")
+
 
 
 _CHECKS: list[Callable[[CheckContext], None]] = [
@@ -215,6 +253,7 @@ _CHECKS: list[Callable[[CheckContext], None]] = [
     check_build_limits,
     check_scripts,
     check_files,
+    check_weights,
     load_shapes,
     check_shapes,
     check_tokenizers,
@@ -222,4 +261,5 @@ _CHECKS: list[Callable[[CheckContext], None]] = [
     _check_memory,
     _check_prompt_set,
     _check_cpu_ids,
+    _check_output_root,
 ]

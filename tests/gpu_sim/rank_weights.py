@@ -1,6 +1,6 @@
 """The bytes of one engine rank's weights, counted tensor by tensor in the layout of a TensorRT-LLM
 checkpoint, for the simulated builds (``serve_tools.fake_build``) — a count independent of the
-project's own estimate (``pipeline.validate.memory_fit``, parameters × bytes per weight), so that
+project's own estimate (``pipeline.facts.memory_fit``, parameters × bytes per weight), so that
 "both arms fit" in the simulation is checked against a second reckoning, not against itself.
 
 Layout (TL ``docs/source/architecture/checkpoint.md``: rank weights named

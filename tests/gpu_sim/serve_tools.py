@@ -546,9 +546,9 @@ def fake_build(cfg) -> dict:
 
     from pipeline.build.builder import MANIFEST_FORMAT
     from pipeline.config import config_hash
+    from pipeline.facts.model_shapes import read_config_json, shape_from_config
     from pipeline.paths import manifest_path
     from pipeline.plan.planner import make_plan
-    from pipeline.validate.model_shapes import read_config_json, shape_from_config
 
     plan = make_plan(cfg)
     target_shape = shape_from_config(read_config_json(Path(cfg.target.checkpoint)))
@@ -605,7 +605,7 @@ def shipped_config(name: str, root: Path, **triton):
     import yaml
 
     from pipeline.config import parse_config
-    from pipeline.validate.model_shapes import known_shape
+    from pipeline.facts.model_shapes import known_shape
 
     text = (ROOT / "configs" / f"{name}.yaml").read_text().replace("/models/", f"{root}/models/")
     data = yaml.safe_load(text)

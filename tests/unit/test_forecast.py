@@ -11,14 +11,14 @@ import pytest
 
 from pipeline.cli import run
 from pipeline.config import load_config
+from pipeline.facts.model_shapes import KNOWN_MODELS
 from pipeline.forecast import acceptance as acc
 from pipeline.forecast.cpu import CALIBRATION_SCHEMA, CpuDevice, calibration_key, store, stored_device
-from pipeline.forecast.hardware import ForecastInputError, engine_figures, gpu_figures
+from pipeline.forecast.figures import ForecastInputError, engine_figures, gpu_figures
 from pipeline.forecast.model import checkpoint_shape, config_inputs, crossover, forecast, speedup_at, step_times
 from pipeline.forecast.proposers import PLANS, PROPOSER_COSTS
 from pipeline.forecast.roofline import GpuDevice, model_cost
 from pipeline.report.forecast_check import forecast_section
-from pipeline.validate.model_shapes import KNOWN_MODELS
 
 ROOT = Path(__file__).resolve().parents[2]
 DRAFT_CFG = ROOT / "configs" / "llama31-8b-draft1b-fp8-h100.yaml"

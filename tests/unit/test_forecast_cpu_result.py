@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import load_config
-from pipeline.forecast.cpu import average_calibrations, bench_forecast
+from pipeline.forecast.cpu import average_calibrations
+from pipeline.forecast.model import bench_forecast
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULT = ROOT / "benchmarks" / "results" / "forecast-cpu.json"

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from pipeline.forecast.hardware import gpu_figures
+from pipeline.forecast.figures import gpu_figures
 from pipeline.forecast.proposers import PROPOSER_COSTS
 from pipeline.forecast.published import TOLERANCE, load_cases, reproduce, reproduce_all
 
@@ -60,7 +60,7 @@ def test_a_curve_whose_speedup_falls_with_batch_is_reproduced_and_falls(case_id)
 @pytest.mark.parametrize("case_id", FALLING_CURVES)
 def test_without_the_compute_roof_the_falling_curve_is_not_reproduced(case_id, monkeypatch):
     """The fall comes from the verify turning compute-bound: a GPU with unlimited FLOP/s loses it."""
-    from pipeline.forecast.hardware import GpuFigures
+    from pipeline.forecast.figures import GpuFigures
 
     data = load_cases()
     case = next(c for c in data["cases"] if c["id"] == case_id)

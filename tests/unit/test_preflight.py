@@ -18,9 +18,9 @@ from pipeline.config import (
     tree_non_leaves_per_level,
     tree_problems,
 )
-from pipeline.validate.hardware import get_profile
-from pipeline.validate.memory_fit import GIB, estimate_memory
-from pipeline.validate.model_shapes import known_shape
+from pipeline.facts.hardware import get_profile
+from pipeline.facts.memory_fit import GIB, estimate_memory
+from pipeline.facts.model_shapes import known_shape
 from pipeline.validate.preflight import errors_of, run_preflight
 from pipeline.validate.tokenizer_compat import compare_tokenizers
 from tests.gpu_sim.container import make_container
@@ -344,7 +344,7 @@ def test_shard_index_names_missing_shards(tmp_path):
     target = write_checkpoint(tmp_path / "target")
     draft = write_checkpoint(tmp_path / "draft")
     (draft / "model.safetensors.index.json").write_text(json.dumps(
-        {"weight_map": {"a": "model.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+        {"weight_map": {"model.embed_tokens.weight": "model.safetensors", "b": "model-00002-of-00002.safetensors"}}))
     errors = errors_of(run_preflight(dt_config(target, draft), offline=False))
     assert [f.message for f in errors] == [
         "draft: model.safetensors.index.json names shards that are missing: model-00002-of-00002.safetensors"]

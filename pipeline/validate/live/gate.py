@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import DeploymentConfig
-from pipeline.errors import PreflightError
+from pipeline.errors import EXIT_FAILURE, PreflightError
 from pipeline.paths import engine_root
+from pipeline.validate.live import failures, run_live_preflight
+from pipeline.validate.live.table import print_checks
 
 RECORD_NAME = "live-preflight.json"
 
@@ -60,9 +62,6 @@ def require_live(cfg: DeploymentConfig, *, skip: bool, stage: str, trtllm_root: 
         record = {"status": "skipped", "by": "--skip-live", "stage": stage, "at": when}
         _write(cfg, record)
         return record
-    from pipeline.validate.live import failures, run_live_preflight  # noqa: PLC0415 - only this path needs it
-    from pipeline.validate.live.table import print_checks  # noqa: PLC0415 - only this path needs it
-
     checks = run_live_preflight(cfg, trtllm_root)
     failed = failures(checks)
     record = {"status": "failed" if failed else "passed", "stage": stage, "at": when,
@@ -72,5 +71,5 @@ def require_live(cfg: DeploymentConfig, *, skip: bool, stage: str, trtllm_root: 
         if console is not None:
             print_checks(cfg, checks, console)
         raise PreflightError([f"live preflight: {c.line()}" for c in failed]
-                             + ["(to start anyway: --skip-live; it is recorded in the provenance)"])
+                             + ["(to start anyway: --skip-live; it is recorded in the provenance)"], exit_code=EXIT_FAILURE)
     return record

@@ -1,15 +1,23 @@
 """Hardware profiles: what each GPU (or the CPU path) can run and how much memory it has.
 
-Reads nothing and writes nothing: a static table keyed by the config's ``hardware`` name. Each
-profile carries the compute capability, memory per device, memory bandwidth, devices per node and
-the weight formats / KV-cache dtypes the TensorRT-LLM engine flow supports on that architecture
-(TensorRT-LLM docs/source/reference/support-matrix.md). Preflight (``pipeline.validate.preflight``) turns these facts into findings;
-the config validator uses :func:`profile_names` to reject unknown names.
+Reads ``pipeline/facts/data/gpus.yaml`` (:data:`GPUS_FILE`, the one table of GPU datasheet figures:
+memory bandwidth for every GPU, with its source; the forecast's roofline reads the same file for
+its peaks) and writes nothing: a table keyed by the config's ``hardware`` name. Each profile
+carries the compute capability, memory per device, memory bandwidth, devices per node and the
+weight formats / KV-cache dtypes the TensorRT-LLM engine flow supports on that architecture
+(TensorRT-LLM docs/source/reference/support-matrix.md). Preflight (``pipeline.validate.preflight``)
+turns these facts into findings; the config validator uses :func:`profile_names` to reject unknown
+names.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+GPUS_FILE = Path(__file__).with_name("data") / "gpus.yaml"
 
 # Formats by architecture (TensorRT-LLM docs/source/reference/support-matrix.md). sm80: no FP8 / W4A8 / NVFP4. sm89/sm90: no NVFP4.
 # sm100 (Blackwell): NVFP4 yes; SmoothQuant and weight-only INT8/INT4 are not supported there.
@@ -28,7 +36,7 @@ class HardwareProfile:
     display_name: str
     compute_capability: tuple[int, int] | None  # None for cpu
     memory_gib: float | None  # usable GiB per device as nvidia-smi reports it; None = host memory
-    bandwidth_gbps: float | None  # GB/s HBM bandwidth per device
+    bandwidth_gbps: float | None  # GB/s memory bandwidth per device (gpus.yaml)
     devices_per_node: int
     weight_formats: tuple[str, ...]
     kv_cache_dtypes: tuple[str, ...]
@@ -46,25 +54,30 @@ class HardwareProfile:
         major, minor = self.compute_capability
         return major * 10 + minor
 
-    @property
-    def has_fp8(self) -> bool:
-        return self.sm >= 89
+
+def _bandwidths(path: Path = GPUS_FILE) -> dict[str, float]:
+    """GB/s per GPU name, from the datasheet table every user of a GPU figure reads."""
+    table = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return {name: float(entry["hbm_bandwidth_gb_s"]) for name, entry in table.items()}
 
 
-def _gpu(name, display, cc, mem, bw, formats, kv=_KV_GPU, dtypes=("float16", "bfloat16", "float32")):
-    return HardwareProfile(name, display, cc, mem, bw, 8, formats, kv, dtypes)
+_BANDWIDTH = _bandwidths()
+
+
+def _gpu(name, display, cc, mem, formats, kv=_KV_GPU, dtypes=("float16", "bfloat16", "float32")):
+    return HardwareProfile(name, display, cc, mem, _BANDWIDTH[name], 8, formats, kv, dtypes)
 
 
 PROFILES: dict[str, HardwareProfile] = {
     p.name: p
     for p in (
-        _gpu("h100-sxm-80gb", "NVIDIA H100 SXM 80 GB", (9, 0), 79.6, 3350.0, _FORMATS_SM89),
-        _gpu("h100-pcie-80gb", "NVIDIA H100 PCIe 80 GB", (9, 0), 79.6, 2000.0, _FORMATS_SM89),
-        _gpu("h200-141gb", "NVIDIA H200 SXM 141 GB", (9, 0), 140.4, 4800.0, _FORMATS_SM89),
-        _gpu("a100-80gb", "NVIDIA A100 SXM 80 GB", (8, 0), 80.0, 2039.0, _FORMATS_SM80),
-        _gpu("a100-40gb", "NVIDIA A100 SXM 40 GB", (8, 0), 40.0, 1555.0, _FORMATS_SM80),
-        _gpu("l40s-48gb", "NVIDIA L40S 48 GB", (8, 9), 45.0, 864.0, _FORMATS_SM89),
-        _gpu("b200-180gb", "NVIDIA B200 180 GB", (10, 0), 179.1, 8000.0, _FORMATS_SM100),
+        _gpu("h100-sxm-80gb", "NVIDIA H100 SXM 80 GB", (9, 0), 79.6, _FORMATS_SM89),
+        _gpu("h100-pcie-80gb", "NVIDIA H100 PCIe 80 GB", (9, 0), 79.6, _FORMATS_SM89),
+        _gpu("h200-141gb", "NVIDIA H200 SXM 141 GB", (9, 0), 140.4, _FORMATS_SM89),
+        _gpu("a100-80gb", "NVIDIA A100 SXM 80 GB", (8, 0), 80.0, _FORMATS_SM80),
+        _gpu("a100-40gb", "NVIDIA A100 SXM 40 GB", (8, 0), 40.0, _FORMATS_SM80),
+        _gpu("l40s-48gb", "NVIDIA L40S 48 GB", (8, 9), 45.0, _FORMATS_SM89),
+        _gpu("b200-180gb", "NVIDIA B200 180 GB", (10, 0), 179.1, _FORMATS_SM100),
         HardwareProfile(
             name="cpu",
             display_name="CPU (PyTorch reference engine)",

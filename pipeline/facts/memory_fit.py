@@ -1,6 +1,6 @@
 """Memory fit per GPU rank: weights by format + KV cache + activations + a runtime margin.
 
-Reads a :class:`DeploymentConfig`, the model shapes (``pipeline.validate.model_shapes``) and the hardware
+Reads a :class:`DeploymentConfig`, the model shapes (``pipeline.facts.model_shapes``) and the hardware
 profile; writes nothing. The estimate follows the usual sizing rule (docs/validate.md): weights ≈ params × bytes/weight ÷
 (TP×PP) with embeddings and ``lm_head`` left unquantized; KV per token per rank =
 2 × layers/PP × (KV heads × head_dim / TP) × bytes(KV dtype), sized for max batch × (max sequence
@@ -15,8 +15,8 @@ import os
 from dataclasses import dataclass, field
 
 from pipeline.config import DeploymentConfig, Eagle3Spec, EagleSpec, MedusaSpec, ModelSpec
-from pipeline.validate.hardware import HardwareProfile
-from pipeline.validate.model_shapes import ModelShape
+from pipeline.facts.hardware import HardwareProfile
+from pipeline.facts.model_shapes import ModelShape
 
 GIB = 1024**3
 # CUDA context, cuBLAS/NCCL workspaces, Triton + Python backends: the project's own allowance, neither

@@ -1,8 +1,9 @@
 """GPU and engine figures for the forecast's roofline.
 
-Reads ``pipeline/forecast/data/gpus.yaml`` (datasheet figures per hardware profile, each with its
-source) and ``data/engines.yaml`` (an engine's efficiency per regime, fixed per-step overhead,
-all-reduce latency: stated assumptions). Writes nothing. A missing figure is a
+Reads ``pipeline/facts/data/gpus.yaml`` (the facts library's table of GPU datasheet figures,
+each with its source; the hardware profiles take their bandwidth from it too) and
+``data/engines.yaml`` (an engine's efficiency per regime, fixed per-step overhead, all-reduce
+latency: stated assumptions). Writes nothing. A missing figure is a
 :class:`ForecastInputError` naming the profile, the field and the file to add it to — never a
 silent default.
 """
@@ -15,10 +16,10 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.errors import SpecdeployError
+from pipeline.errors import EXIT_USAGE, SpecdeployError
+from pipeline.facts.hardware import GPUS_FILE
 
 DATA = Path(__file__).with_name("data")
-GPUS_FILE = DATA / "gpus.yaml"
 ENGINES_FILE = DATA / "engines.yaml"
 
 # weight / activation format → the tensor-core dtype whose peak applies
@@ -27,7 +28,9 @@ PEAK_DTYPE = {"none": None, "fp8": "fp8", "int8_sq": "int8", "int8_wo": None, "i
 
 
 class ForecastInputError(SpecdeployError):
-    """An input the forecast needs is missing or unreadable; the message says how to provide it."""
+    """An input the forecast needs is missing or unreadable; the message says how to provide it (exit 2)."""
+
+    exit_code = EXIT_USAGE
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Reads a checkpoint's ``config.json`` (HF LlamaConfig keys) when the files are present; offline it
 falls back to a small table of well-known example models matched by the checkpoint's directory
 name (Llama-3.1-8B/70B, Llama-3.2-1B/3B, Llama-3-8B, Vicuna-7B, Qwen2.5-(Coder-)7B). Writes nothing. Parameter counts
-here feed the memory-fit estimate in ``pipeline.validate.memory_fit``.
+here feed the memory-fit estimate in ``pipeline.facts.memory_fit``.
 """
 
 from __future__ import annotations
@@ -110,3 +110,14 @@ def read_config_json(directory: Path) -> dict:
     if not isinstance(data, dict):
         raise ValueError("config.json is not a JSON object")
     return data
+
+
+def eagle_head_layers(head_dir: str) -> int:
+    """Decoder layers of an EAGLE head: its config.json ``num_hidden_layers`` (EAGLE-1 heads have
+    one). Plan reads this one file when it exists (elsewhere it assumes 1) and validate checks the
+    head's weights against it."""
+    try:
+        layers = json.loads((Path(head_dir).expanduser() / "config.json").read_text(encoding="utf-8"))["num_hidden_layers"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return 1
+    return layers if isinstance(layers, int) and not isinstance(layers, bool) and layers >= 1 else 1
