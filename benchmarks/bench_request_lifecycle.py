@@ -50,6 +50,7 @@ sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
 import tiny_deploy  # noqa: E402 - tests/integration, on sys.path above
 from pipeline.config import load_config  # noqa: E402 - the checkout this file is in, on sys.path above
+from pipeline.infra.provenance import result_provenance  # noqa: E402 - as above
 from pipeline.render.renderer import render  # noqa: E402 - as above
 from pipeline.serve.server import start_deployment  # noqa: E402 - as above
 
@@ -240,7 +241,8 @@ def main() -> int:
                for orch in args.orchestration}
     print(json.dumps({"summary": summary}), flush=True)
     if args.out:
-        args.out.write_text(json.dumps({"records": records, "summary": summary}, indent=2) + "\n")
+        args.out.write_text(json.dumps({"provenance": result_provenance(), "records": records, "summary": summary},
+                                       indent=2) + "\n")
     return 1 if any(r["hangs"] for r in records) else 0
 
 

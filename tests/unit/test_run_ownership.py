@@ -29,17 +29,17 @@ FIXTURE = ROOT / "tests" / "fixtures" / "run_small"
 
 # claims argv[1] (lock file argv[3], default the run lock), says so, then waits for stdin to close (or
 # for its SIGKILL); with argv[2] == "fork" it forks a child that does not exec and outlives it, then exits
+# (the child says "forked PID" once it runs, so the test never looks before the child closed its copy)
 HOLDER = """
 import os, sys, time
 from pipeline.infra import owner_lock
 with owner_lock.holding():
     owner_lock.claim(sys.argv[1], "measuring a load test", name=(sys.argv[3:] or [owner_lock.LOCK_NAME])[0])
     if len(sys.argv) > 2 and sys.argv[2] == "fork":
-        child = os.fork()
-        if child == 0:
+        if os.fork() == 0:  # the child speaks: os.fork returns here only after its at-fork hooks ran
+            print("forked", os.getpid(), flush=True)
             time.sleep(60)
             os._exit(0)
-        print("forked", child, flush=True)
         os._exit(0)
     print("claimed", flush=True)
     sys.stdin.read()
