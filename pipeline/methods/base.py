@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from pipeline.methods.drafting import DraftHead, DraftPlan
+
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
@@ -64,6 +66,20 @@ class Method:
         """(extra KV positions per sequence, draft tokens per step) the memory estimate adds."""
         k = self.engine_max_draft_len(spec)
         return k, k
+
+    def draft_head(self, spec: Any) -> DraftHead | None:
+        """The head inside the target's engine that drafts (None: no head, or a separate draft model)."""
+        return None
+
+    # -- forecast ------------------------------------------------------------------------------
+    def draft_plan(self, spec: Any) -> DraftPlan | None:
+        """How deep it drafts and how wide the target verifies (None: nothing to forecast)."""
+        return None
+
+    def draft_seconds(self, ctx: Any, plan: DraftPlan) -> float:
+        """Seconds one speculative step spends drafting for ``ctx.batch`` sequences (the forecast's
+        ``StepContext``); 0: a host-side lookup or no proposer, free against a forward."""
+        return 0.0
 
     # -- Triton orchestration ------------------------------------------------------------------
     def renders_bls(self, spec: Any) -> bool:

@@ -14,6 +14,7 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from pipeline.config.base import ModelSpec, Section, described
 from pipeline.methods.base import ENGINE, LLM_API, REFERENCE, Method
+from pipeline.methods.drafting import DraftPlan, chain_plan
 from pipeline.validate.severity import ERROR, INFO, WARNING
 
 if TYPE_CHECKING:
@@ -73,6 +74,19 @@ class DraftTargetMethod(Method):
     draft_model = True
     per_request_draft_len = True
     min_engine_version = None
+
+    def draft_plan(self, spec: DraftTargetSpec) -> DraftPlan:
+        return chain_plan(self.name, spec.num_draft_tokens, spec)
+
+    def draft_seconds(self, ctx: Any, plan: DraftPlan) -> float:
+        """K sequential forwards of the draft model over B rows (the first also consumes the tokens
+        accepted last step), each a step of its own; the BLS orchestration adds a round trip per step."""
+        if ctx.draft is None:
+            raise ValueError("draft-target needs the draft model's shapes")
+        catch_up = max(1, round(ctx.tokens_per_step))
+        first = ctx.device.forward(ctx.draft, ctx.batch, catch_up, ctx.context).seconds
+        rest = (plan.depth - 1) * ctx.device.forward(ctx.draft, ctx.batch, 1, ctx.context).seconds
+        return first + rest + ctx.device.round_trip_s(plan.orchestration)
 
     def primary_draft_len(self, spec: DraftTargetSpec) -> int:
         return spec.num_draft_tokens

@@ -23,6 +23,7 @@ from pipeline.config.base import (
 )
 from pipeline.infra.trees import brace_choices
 from pipeline.methods.base import ENGINE, REFERENCE, Method
+from pipeline.methods.drafting import DraftHead, DraftPlan, head_cost, tree_plan
 from pipeline.trtllm.commands import KV_CACHE_QUANT_ALGO
 from pipeline.validate.severity import ERROR
 
@@ -117,6 +118,22 @@ class EagleMethod(Method):
 
     def memory_draft_len(self, spec: EagleSpec) -> tuple[int, int]:
         return spec.engine_max_draft_len + spec.num_layers, spec.engine_max_draft_len  # + the EAGLE layers' KV
+
+    def draft_head(self, spec: EagleSpec | None) -> DraftHead:
+        # one EagleNet per level, each a full copy: embedding, fc (2H→H, bias), one layer, lm_head
+        layers = spec.num_layers if spec is not None else 1
+        return DraftHead("EAGLE head", f"{layers} EagleNets × (embed + fc + 1 layer + lm_head)",
+                         copies=layers, fc_inputs=2, fc_bias=True, decoder_layers=1, embedding=True,
+                         kv_name="EAGLE KV cache")
+
+    def draft_plan(self, spec: EagleSpec) -> DraftPlan:
+        return tree_plan(self.name, spec)
+
+    def draft_seconds(self, ctx: Any, plan: DraftPlan) -> float:
+        """One EagleNet per tree level, over that level's nodes."""
+        head = head_cost(ctx, self.draft_head(None), "eagle head")  # one copy: the same whatever num_layers
+        widths = plan.level_widths or (1,) * plan.depth
+        return sum(ctx.device.forward(head, ctx.batch, w, ctx.context).seconds for w in widths)
 
     def paged_fmha_needed_by(self, cfg: DeploymentConfig) -> str | None:
         return ("EAGLE needs it: the builder turns it back on and the attention plugin then refuses this KV dtype "

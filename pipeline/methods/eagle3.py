@@ -12,6 +12,7 @@ from pydantic import Field
 
 from pipeline.config.base import Section, described
 from pipeline.methods.base import LLM_API, REFERENCE, Method
+from pipeline.methods.drafting import DraftHead, DraftPlan, chain_plan, head_cost
 from pipeline.trtllm.llmapi_facts import facts_for
 from pipeline.validate.severity import ERROR
 
@@ -38,6 +39,17 @@ class Eagle3Spec(Section):
     )
 
 
+# fc over three fused target layers (no bias), one decoder layer, its own lm_head
+EAGLE3_HEAD = DraftHead("EAGLE-3 head", "fc (3H→H) + 1 layer + lm_head", copies=1, fc_inputs=3, fc_bias=False,
+                        decoder_layers=1, kv_name="EAGLE-3 KV cache")
+
+
+def chain_head_seconds(ctx: Any, plan: DraftPlan) -> float:
+    """K sequential chain steps of the EAGLE-3 head."""
+    head = head_cost(ctx, EAGLE3_HEAD, "eagle head")
+    return plan.depth * ctx.device.forward(head, ctx.batch, 1, ctx.context).seconds
+
+
 class Eagle3Method(Method):
     name = "eagle3"
     section = Eagle3Spec
@@ -46,6 +58,15 @@ class Eagle3Method(Method):
     proposer = "eagle3"
     llmapi_decoding_type = "Eagle3"
     head_field, head_role = "head_dir", "EAGLE-3 head"
+
+    def draft_head(self, spec: Eagle3Spec | None) -> DraftHead:
+        return EAGLE3_HEAD
+
+    def draft_plan(self, spec: Eagle3Spec) -> DraftPlan:
+        return chain_plan(self.name, spec.max_draft_len, spec)
+
+    def draft_seconds(self, ctx: Any, plan: DraftPlan) -> float:
+        return chain_head_seconds(ctx, plan)
 
     def check_llm_api(self, ctx: CheckContext, facts: Any) -> None:
         if ctx.cfg.speculation.model_mode not in facts.eagle3_modes:

@@ -14,6 +14,7 @@ from pydantic import Field, ValidationInfo, field_validator
 from pipeline.config.base import Section, TreeChoices, TreeDrafts, check_tree, described, tree_depth
 from pipeline.infra.trees import brace_choices
 from pipeline.methods.base import ENGINE, REFERENCE, Method
+from pipeline.methods.drafting import DraftHead, DraftPlan, tree_plan
 from pipeline.validate.severity import INFO, WARNING
 
 if TYPE_CHECKING:
@@ -74,6 +75,18 @@ class MedusaMethod(Method):
     def primary_draft_len(self, spec: MedusaSpec) -> int:
         return spec.engine_max_draft_len
 
+    def draft_head(self, spec: MedusaSpec) -> DraftHead:
+        return _heads(spec.num_heads)
+
+    def draft_plan(self, spec: MedusaSpec) -> DraftPlan:
+        return tree_plan(self.name, spec)
+
+    def draft_seconds(self, ctx: Any, plan: DraftPlan) -> float:
+        """All heads over B rows inside the target's step."""
+        params = _heads(plan.params.get("num_heads") or plan.depth).resident_params(ctx.target.hidden, ctx.vocab, 0)
+        cost = ctx.target.scaled("medusa heads", 0, params, ctx.dense_bytes)
+        return ctx.device.forward(cost, ctx.batch, 1, 0).seconds
+
     def triton_parameters(self, spec: MedusaSpec) -> dict[str, str]:
         return {"medusa_choices": brace_choices(spec.tree)}
 
@@ -92,6 +105,11 @@ class MedusaMethod(Method):
 
     def proposer_fields(self, spec: MedusaSpec) -> dict[str, Any]:
         return {"num_heads": spec.num_heads, "choices": spec.choices}  # None: the proposer's chain
+
+
+def _heads(n: int) -> DraftHead:
+    """n heads, each a ResBlock (H→H with bias) and its own lm_head on the target's last hidden state."""
+    return DraftHead("Medusa heads", f"{n} heads × (H² + V·H)", copies=n, fc_inputs=1, fc_bias=True, decoder_layers=0)
 
 
 METHOD = MedusaMethod()

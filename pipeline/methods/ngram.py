@@ -15,6 +15,7 @@ from pydantic import Field, ValidationInfo, field_validator
 from pipeline.config.base import Section, described
 from pipeline.methods.base import ENGINE, LLM_API, REFERENCE, Method
 from pipeline.methods.draft_target import check_bls_context_lengths
+from pipeline.methods.drafting import DraftPlan, chain_plan
 from pipeline.validate.severity import ERROR
 
 if TYPE_CHECKING:
@@ -93,6 +94,9 @@ class NgramMethod(Method):
     proposer = "ngram"
     engine_mode = "draft_tokens_external"  # the target of the BLS flow
     llmapi_decoding_type = "NGram"
+
+    def draft_plan(self, spec: NgramSpec) -> DraftPlan:
+        return chain_plan(self.name, spec.max_draft_len, spec)  # drafting: a host-side lookup (the default 0 s)
 
     def primary_draft_len(self, spec: NgramSpec) -> int:
         return spec.engine_max_draft_len
