@@ -17,11 +17,15 @@ every method module while it builds :class:`~pipeline.config.DeploymentConfig`.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pipeline.methods.drafting import DraftHead, DraftPlan
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
     from pydantic import BaseModel
 
     from pipeline.config import DeploymentConfig
@@ -71,6 +75,31 @@ class Method:
         """The head inside the target's engine that drafts (None: no head, or a separate draft model)."""
         return None
 
+    # -- plan: the build route ------------------------------------------------------------------
+    # ``p`` is the planner (pipeline.plan.planner._Planner): its ``source``, ``reference_*``,
+    # ``trtllm_*``, ``checkpoint_expectation`` and ``add_step`` add the steps; the method names the
+    # engines and the order (the plan goldens hold it).
+    def plan_reference(self, p: Any, spec: Any, target: tuple[str, str]) -> None:
+        """The CPU reference backend's engines after the target's model (``target``: dir, quantization):
+        the baseline, then, for a checkpoint-free method, the speculative engine with its proposer's fields."""
+        p.reference_baseline(target)
+        if self.proposer:
+            proposer = ["--method", self.proposer, "--proposer-fields",
+                        json.dumps(self.proposer_fields(spec), separators=(",", ":"), sort_keys=True)]
+            p.reference_engine("speculative", target, proposer, self.engine_max_draft_len(spec), [])
+
+    def plan_trtllm(self, p: Any, spec: Any, v: Any, target_ckpt: str, tokenizer: str) -> None:
+        """The engine runtime's checkpoints and engines after the target's checkpoint: the baseline, then,
+        for a method built from the target's own checkpoint, that engine in the method's mode."""
+        p.trtllm_baseline(v, target_ckpt)
+        if self.engine_from_target:
+            p.trtllm_engine(v, "speculative", target_ckpt, p.cfg.target, mode=self.engine_mode,
+                            k=self.engine_max_draft_len(spec), logits=p.cfg.build.gather_generation_logits)
+
+    def resends_context(self, spec: Any) -> bool:
+        """The BLS re-sends the whole context every round (the engines' max_input_len is then max_seq_len − 1)."""
+        return False
+
     # -- forecast ------------------------------------------------------------------------------
     def draft_plan(self, spec: Any) -> DraftPlan | None:
         """How deep it drafts and how wide the target verifies (None: nothing to forecast)."""
@@ -108,6 +137,20 @@ class Method:
 
     def check_shapes(self, ctx: CheckContext) -> None:
         """Preflight rules that need the models' shapes (``ctx.shapes``, ``ctx.dirs``)."""
+
+    def check_head(self, ctx: CheckContext, head_cfg: dict, tensors: Callable[[], tuple[dict, Path] | None],
+                   directory: Path) -> None:
+        """Rules of the head directory (``head_field``) against its ``config.json`` (``head_cfg``) and,
+        when a rule needs them, its tensors: ``tensors()`` reads (shapes, weights file), or None when
+        validate already reported them missing or unreadable."""
+
+    def quantizes_with_head(self, cfg: DeploymentConfig) -> bool:
+        """The build quantizes target and head together (EAGLE's FP8 route: examples/eagle/quantize.py)."""
+        return False
+
+    def uses_draft_logits(self, spec: Any) -> bool:
+        """Acceptance reads the draft's logits (fast logits; TensorRT-LLM ≥ 0.15)."""
+        return False
 
     def check_llm_api(self, ctx: CheckContext, facts: Any) -> None:
         """Rules of the LLM-API runtime (and the CPU llmapi layout) against the release's recorded

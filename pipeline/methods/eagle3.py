@@ -59,6 +59,13 @@ class Eagle3Method(Method):
     llmapi_decoding_type = "Eagle3"
     head_field, head_role = "head_dir", "EAGLE-3 head"
 
+    def plan_reference(self, p: Any, spec: Eagle3Spec, target: tuple[str, str]) -> None:
+        head = p.source("eagle", spec.head_dir, "eagle", always_resolve=True)
+        p.reference_baseline(target)
+        # a chain; model_mode is the LLM API's (one engine either way here)
+        proposer = ["--method", "eagle3", "--head-dir", head, "--num-draft-tokens", str(spec.max_draft_len)]
+        p.reference_engine("speculative", target, proposer + p.draft_weights(), spec.max_draft_len, [head])
+
     def draft_head(self, spec: Eagle3Spec | None) -> DraftHead:
         return EAGLE3_HEAD
 
@@ -67,6 +74,18 @@ class Eagle3Method(Method):
 
     def draft_seconds(self, ctx: Any, plan: DraftPlan) -> float:
         return chain_head_seconds(ctx, plan)
+
+    def check_head(self, ctx: CheckContext, head_cfg: dict, tensors: Any, directory: Any) -> None:
+        """An EAGLE-3 head predicts into the target's vocabulary from its hidden states: both sizes
+        must match the target (a smaller ``draft_vocab_size`` is the head's own and maps back)."""
+        target = ctx.shapes.get("target")  # config.json alone: the LLM API reads the weights itself
+        if target is None:
+            return
+        for key, expected in (("hidden_size", target.hidden_size), ("vocab_size", target.vocab_size)):
+            value = head_cfg.get(key)
+            if value is not None and value != expected:
+                ctx.add(ERROR, "heads", f"EAGLE-3 head {key} {value} does not match the target's {expected}",
+                        "use the EAGLE-3 checkpoint trained for this target", "speculation.head_dir")
 
     def check_llm_api(self, ctx: CheckContext, facts: Any) -> None:
         if ctx.cfg.speculation.model_mode not in facts.eagle3_modes:

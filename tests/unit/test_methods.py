@@ -2,13 +2,15 @@
 the method object instead of comparing its name.
 
 The name check reads every module under pipeline/ outside pipeline/methods/ for a comparison of
-the method's name (``method ==``, ``method !=``, ``method in (``…) and fails on any: a new method
-must not need a tour of the house. Lookahead's facts (its draft length, its Triton parameters, the
+the method's name (``method ==``, ``method !=``, ``method in (``…) and fails on any; the type check
+fails on an ``isinstance`` against a method's config section (its ``…Spec`` class) there: a new
+method must not need a tour of the house, and a stage asks the method's hooks instead. Lookahead's facts (its draft length, its Triton parameters, the
 LLM API's refusal) are checked against what upstream's sources say (tags in the method module).
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -58,6 +60,42 @@ def test_the_name_check_finds_what_it_looks_for(tmp_path):
                  'ok = args.method not in ["ngram"]', 'x = method in {"eagle"}'):
         (tmp_path / "stage.py").write_text(line + "\n")
         assert len(name_comparisons(tmp_path)) == 1, line
+
+
+SECTION_NAMES = frozenset(m.section.__name__ for m in METHODS.values())
+
+
+def section_type_checks(root: Path, sections: frozenset[str] = SECTION_NAMES) -> list[str]:
+    """``isinstance(x, <Section>)`` (or a tuple naming one) outside ``root/methods``, read with ``ast``."""
+    hits = []
+    for path in sorted(root.rglob("*.py")):
+        if (root / "methods") in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance"
+                    and len(node.args) == 2):
+                continue
+            kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+            names = {k.id if isinstance(k, ast.Name) else getattr(k, "attr", None) for k in kinds}
+            if names & sections:
+                hits.append(f"{path.relative_to(root)}:{node.lineno}: isinstance on {', '.join(sorted(names & sections))}")
+    return hits
+
+
+def test_no_stage_checks_a_method_section_type():
+    hits = section_type_checks(PIPELINE)
+    assert hits == [], "add a hook to pipeline/methods/base.py and override it in the method:\n" + "\n".join(hits)
+
+
+def test_the_type_check_finds_what_it_looks_for(tmp_path):
+    (tmp_path / "methods").mkdir()
+    (tmp_path / "methods" / "medusa.py").write_text("ok = isinstance(spec, MedusaSpec)\n")  # the method's own home
+    (tmp_path / "stage.py").write_text("ok = isinstance(spec, ModelSpec)\n")  # not a method's section
+    assert section_type_checks(tmp_path) == []
+    for line in ("if isinstance(spec, MedusaSpec): pass", "x = isinstance(cfg.speculation, (EagleSpec, Eagle3Spec))",
+                 "x = isinstance(s, config.DraftTargetSpec)"):
+        (tmp_path / "stage.py").write_text(line + "\n")
+        assert len(section_type_checks(tmp_path)) == 1, line
 
 
 def test_registry_lists_every_method_once_in_the_config_order():
