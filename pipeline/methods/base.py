@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from pipeline.config.registry import register_method
 from pipeline.methods.drafting import DraftHead, DraftPlan
 
 if TYPE_CHECKING:
@@ -28,8 +29,12 @@ if TYPE_CHECKING:
 
     from pydantic import BaseModel
 
-    from pipeline.config import DeploymentConfig
-    from pipeline.validate.findings import CheckContext
+
+# The hooks' argument types, by name only: pipeline.config.DeploymentConfig and validate's
+# CheckContext. Importing them, even for type checking, would close a cycle: the config builds its
+# ``speculation`` union from these modules' sections, and validate.findings reads the config.
+DeploymentConfig = Any
+CheckContext = Any
 
 ENGINE, LLM_API, REFERENCE = "engine", "llm_api", "reference"  # runtimes: trtllm-build engines, the LLM API, the CPU engine
 
@@ -55,6 +60,9 @@ class Method:
     head_field: ClassVar[str | None] = None  # the spec field naming a head/heads directory
     head_role: ClassVar[str | None] = None  # how validate names that directory
     min_engine_version: ClassVar[tuple[int, int] | None] = None  # oldest trtllm-build that has the mode
+
+    def __init__(self) -> None:
+        register_method(self)  # the config finds its section's method here (pipeline.config.registry)
 
     # -- draft lengths -------------------------------------------------------------------------
     def primary_draft_len(self, spec: Any) -> int | None:

@@ -18,8 +18,7 @@ from pipeline.methods.drafting import DraftPlan, chain_plan
 from pipeline.validate.severity import ERROR, INFO, WARNING
 
 if TYPE_CHECKING:
-    from pipeline.config import DeploymentConfig
-    from pipeline.validate.findings import CheckContext
+    from pipeline.methods.base import CheckContext, DeploymentConfig
 
 
 class DraftTargetSpec(Section):

@@ -36,8 +36,8 @@ from pipeline.validate.severity import ERROR, INFO
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from pipeline.config import DeploymentConfig
-    from pipeline.validate.findings import CheckContext
+    from pipeline.methods.base import CheckContext, DeploymentConfig
+
 
 
 class EagleSpec(TreeDrafts, Section):

@@ -17,8 +17,7 @@ from pipeline.trtllm.llmapi_facts import facts_for
 from pipeline.validate.severity import ERROR
 
 if TYPE_CHECKING:
-    from pipeline.config import DeploymentConfig
-    from pipeline.validate.findings import CheckContext
+    from pipeline.methods.base import CheckContext, DeploymentConfig
 
 
 class Eagle3Spec(Section):

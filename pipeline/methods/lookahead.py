@@ -31,7 +31,7 @@ from pipeline.methods.drafting import DraftPlan
 from pipeline.validate.severity import WARNING
 
 if TYPE_CHECKING:
-    from pipeline.validate.findings import CheckContext
+    from pipeline.methods.base import CheckContext
 
 # Upstream's defaults (the C++ executor's LookaheadDecodingConfig, read through
 # get_default_lookahead_decoding_{window,ngram,verification_set} in tensorrt_llm/llmapi/llm_args.py).

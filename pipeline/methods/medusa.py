@@ -25,7 +25,8 @@ from pipeline.validate.severity import ERROR, INFO, WARNING
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from pipeline.validate.findings import CheckContext
+    from pipeline.methods.base import CheckContext
+
 
 
 class MedusaSpec(TreeDrafts, Section):

@@ -21,8 +21,7 @@ from pipeline.trtllm.llmapi_facts import load_facts
 from pipeline.validate.severity import ERROR, INFO
 
 if TYPE_CHECKING:
-    from pipeline.config import DeploymentConfig
-    from pipeline.validate.findings import CheckContext
+    from pipeline.methods.base import CheckContext, DeploymentConfig
 
 
 class MtpSpec(Section):

@@ -19,8 +19,7 @@ from pipeline.methods.drafting import DraftPlan, chain_plan
 from pipeline.validate.severity import ERROR
 
 if TYPE_CHECKING:
-    from pipeline.config import DeploymentConfig
-    from pipeline.validate.findings import CheckContext
+    from pipeline.methods.base import CheckContext, DeploymentConfig
 
 NGRAM_POOL_SWITCHES = ("is_keep_all", "is_use_oldest", "is_public_pool")
 
