@@ -152,6 +152,11 @@ class Method:
         when a rule needs them, its tensors: ``tensors()`` reads (shapes, weights file), or None when
         validate already reported them missing or unreadable."""
 
+    def head_weights(self, cfg: DeploymentConfig) -> tuple[str, tuple[str, ...], str]:
+        """("weights", glob patterns of which one must match, why) for the head directory the build
+        route of ``cfg.backend`` reads (beside its ``config.json``)."""
+        raise NotImplementedError(f"{self.name} has no head directory")
+
     def quantizes_with_head(self, cfg: DeploymentConfig) -> bool:
         """The build quantizes target and head together (EAGLE's FP8 route: examples/eagle/quantize.py)."""
         return False

@@ -195,6 +195,13 @@ class EagleMethod(Method):
     def quantizes_with_head(self, cfg: DeploymentConfig) -> bool:
         return fp8_route(cfg.target)
 
+    def head_weights(self, cfg: DeploymentConfig) -> tuple[str, tuple[str, ...], str]:
+        if cfg.backend != "trtllm":
+            return "weights", ("model.safetensors",), ""
+        if fp8_route(cfg.target):
+            return "weights", ("pytorch_model.bin",), "examples/eagle/quantize.py loads exactly pytorch_model.bin from the EAGLE dir"
+        return "weights", ("*.safetensors", "pytorch_model*.bin", "*.pth"), ""  # the converter's ModelWeightsLoader
+
     def check_head(self, ctx: CheckContext, head_cfg: dict, tensors: Callable[[], tuple[dict, Path] | None],
                    directory: Path) -> None:
         read = tensors()

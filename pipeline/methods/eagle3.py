@@ -74,6 +74,11 @@ class Eagle3Method(Method):
     def draft_seconds(self, ctx: Any, plan: DraftPlan) -> float:
         return chain_head_seconds(ctx, plan)
 
+    def head_weights(self, cfg: DeploymentConfig) -> tuple[str, tuple[str, ...], str]:
+        if cfg.backend == "trtllm":  # the LLM API's EAGLE-3 drafter loads an HF-style checkpoint
+            return "weights", ("*.safetensors", "pytorch_model*.bin"), ""
+        return "weights", ("model.safetensors",), ""
+
     def check_head(self, ctx: CheckContext, head_cfg: dict, tensors: Any, directory: Any) -> None:
         """An EAGLE-3 head predicts into the target's vocabulary from its hidden states: both sizes
         must match the target (a smaller ``draft_vocab_size`` is the head's own and maps back)."""

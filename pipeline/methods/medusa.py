@@ -25,7 +25,7 @@ from pipeline.validate.severity import ERROR, INFO, WARNING
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from pipeline.methods.base import CheckContext
+    from pipeline.methods.base import CheckContext, DeploymentConfig
 
 
 
@@ -125,6 +125,11 @@ class MedusaMethod(Method):
         if cfg.build.max_batch_size > 16:
             ctx.add(INFO, "method", f"Medusa gains shrink with batch size (max_batch_size {cfg.build.max_batch_size})",
                     "load-test the concurrency you deploy at", "build.max_batch_size")
+
+    def head_weights(self, cfg: DeploymentConfig) -> tuple[str, tuple[str, ...], str]:
+        if cfg.backend == "trtllm":  # tensorrt_llm/models/medusa/weight.py load_medusa_hf tries .pt, then .safetensors
+            return "weights", ("medusa_lm_head.pt", "medusa_lm_head.safetensors"), ""
+        return "weights", ("medusa_lm_head.safetensors",), ""
 
     def check_head(self, ctx: CheckContext, head_cfg: dict, tensors: Callable[[], tuple[dict, Path] | None],
                    directory: Path) -> None:

@@ -64,41 +64,21 @@ def _resolve(ctx: CheckContext, role: str, path: str, checkpoint: str) -> Path |
     return Path(checkpoint).expanduser()
 
 
-# (what, glob patterns: any one match satisfies it, why) per role, for the files each route reads.
-_REFERENCE_FILES = {
-    "medusa heads": [("config.json", ("config.json",), ""), ("weights", ("medusa_lm_head.safetensors",), "")],
-    "EAGLE head": [("config.json", ("config.json",), ""), ("weights", ("model.safetensors",), "")],
-    "EAGLE-3 head": [("config.json", ("config.json",), ""), ("weights", ("model.safetensors",), "")],
-    "model": [("config.json", ("config.json",), ""), ("weights", ("*.safetensors",), ""),
-              ("tokenizer", ("tokenizer.json",), "")],
+# (what, glob patterns: any one match satisfies it, why) for the files a model's route reads (a
+# head's are its method's: Method.head_files). TensorRT-LLM's HF loaders read safetensors or .bin.
+_MODEL_FILES = {
+    "reference": [("config.json", ("config.json",), ""), ("weights", ("*.safetensors",), ""),
+                  ("tokenizer", ("tokenizer.json",), "")],
+    "trtllm": [("config.json", ("config.json",), ""), ("weights", ("*.safetensors", "pytorch_model*.bin"), ""),
+               ("tokenizer", ("tokenizer.json", "tokenizer.model"), "")],
 }
-# TensorRT-LLM routes: HF loaders read safetensors or .bin shards; the Medusa loader tries
-# medusa_lm_head.pt then .safetensors (tensorrt_llm/models/medusa/weight.py load_medusa_hf); the
-# EAGLE converter's ModelWeightsLoader reads safetensors, .bin or .pth.
-_TRTLLM_FILES = {
-    "medusa heads": [("config.json", ("config.json",), ""),
-                     ("weights", ("medusa_lm_head.pt", "medusa_lm_head.safetensors"), "")],
-    "EAGLE head": [("config.json", ("config.json",), ""), ("weights", ("*.safetensors", "pytorch_model*.bin", "*.pth"), "")],
-    "model": [("config.json", ("config.json",), ""), ("weights", ("*.safetensors", "pytorch_model*.bin"), ""),
-              ("tokenizer", ("tokenizer.json", "tokenizer.model"), "")],
-    # the LLM API's EAGLE-3 drafter loads an HF-style checkpoint (safetensors or .bin)
-    "EAGLE-3 head": [("config.json", ("config.json",), ""), ("weights", ("*.safetensors", "pytorch_model*.bin"), "")],
-}
-_EAGLE_FP8_WEIGHTS = ("weights", ("pytorch_model.bin",),
-                      "examples/eagle/quantize.py loads exactly pytorch_model.bin from the EAGLE dir")
-
-
-def eagle_fp8_route(cfg: DeploymentConfig) -> bool:
-    """The quantized EAGLE route (examples/eagle/quantize.py, then convert_checkpoint.py)."""
-    return cfg.method_info.quantizes_with_head(cfg)
 
 
 def _required_files(cfg: DeploymentConfig, role: str) -> list[tuple[str, tuple[str, ...], str]]:
-    table = _TRTLLM_FILES if cfg.backend == "trtllm" else _REFERENCE_FILES
-    rules = table.get(role, table["model"])
-    if role == "EAGLE head" and cfg.backend == "trtllm" and eagle_fp8_route(cfg):
-        rules = [rules[0], _EAGLE_FP8_WEIGHTS]
-    return rules
+    method = cfg.method_info
+    if role == method.head_role:
+        return [("config.json", ("config.json",), ""), method.head_weights(cfg)]
+    return _MODEL_FILES[cfg.backend]
 
 
 def check_files(ctx: CheckContext) -> None:
