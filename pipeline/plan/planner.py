@@ -161,7 +161,7 @@ def _reference_engine(p: _Planner, role: str, model: tuple[str, str], proposer: 
         "--model-dir", model[0], "--quantization", model[1], *proposer,
         "--max-draft-len", str(max_draft_len),
         "--max-batch-size", str(cfg.reference.max_batch_size or cfg.build.max_batch_size),
-        "--max-seq-len", str(cfg.build.max_seq_len), "--max-input-len", str(cfg.build.max_input_len),
+        "--max-seq-len", str(cfg.build.max_seq_len), "--max-input-len", str(engine_max_input_len(cfg)),
         "--compute-dtype", cfg.reference.compute_dtype, "--threads", str(cfg.reference.threads),
         "--prefix-cache-entries", str(cfg.reference.prefix_cache_entries),
         *([] if cfg.reference.fast_paths else ["--no-fast-paths"]),
@@ -215,7 +215,8 @@ def _trtllm_checkpoint(p: _Planner, v: tc.Version, label: str, spec: ModelSpec) 
 
 
 def engine_max_input_len(cfg: DeploymentConfig) -> int:
-    """``--max_input_len`` of every engine of ``cfg``. Draft-target: the BLS sends the whole context
+    """``--max_input_len`` of every engine of ``cfg``, TensorRT-LLM's and the reference engine's
+    alike (both refuse a longer prompt, docs/request-validation.md). Draft-target: the BLS sends the whole context
     (prompt + every accepted token) as the input of each draft and verify call, and the executor
     rejects an input longer than the engine's max_input_len, so those engines accept inputs up to
     max_seq_len − 1 (the baseline too, so both arms take the same prompts)."""

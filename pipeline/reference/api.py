@@ -145,6 +145,24 @@ ENGINE_STATS = ("kv_slots_in_use", "kv_slots", "draft_kv_slots_in_use", "prefix_
                 "prefix_cache_capacity", "open_requests", "kv_tokens_per_slot")
 
 
+class PromptTooLongError(ValueError):
+    """A prompt longer than the engine's ``max_input_len`` (``build.max_input_len``), in
+    TensorRT-LLM's words: ``LlmRequest::validate`` in cpp/tensorrt_llm/batch_manager/llmRequest.cpp
+    (NVIDIA/TensorRT-LLM @119c6e60) throws "Prompt length (%d) exceeds maximum input length
+    (%d)." before any other length check; its second sentence points at TRTGptModel logs, which
+    the CPU engine has none of, so ours names the setting instead."""
+
+    def __init__(self, prompt_len: int, max_input_len: int):
+        super().__init__(f"Prompt length ({prompt_len}) exceeds maximum input length ({max_input_len}). "
+                         "The engine's max_input_len is build.max_input_len")
+
+
+def check_prompt_length(prompt_len: int, max_input_len: int | None) -> None:
+    """Raise :class:`PromptTooLongError` for a prompt the engine's ``max_input_len`` refuses."""
+    if max_input_len and prompt_len > max_input_len:
+        raise PromptTooLongError(prompt_len, max_input_len)
+
+
 class DraftTooLongError(ValueError):
     def __init__(self, num_draft: int, max_draft: int):
         super().__init__(

@@ -6,6 +6,12 @@ on a background thread around :class:`pipeline.reference.scheduler.Scheduler`.
 requests join the batch between iterations and leave as soon as they finish. Each handle streams
 :class:`~pipeline.reference.api.Chunk` objects (new tokens only; the last one ``finished``);
 ``cancel`` ends a stream with ``finish_reason='cancelled'``. Reads the engine dir; writes nothing.
+
+A request's chunks go to the handle its ``submit`` returned, never to whichever handle holds its
+``request_id`` now: clients reuse ids (upstream's speculative-decoding client sends every round
+of a request under one id), and a round submitted while the previous round under that id was
+being retired used to lose its handle and wait for ever (issue 44). ``request_id`` is only the
+name :meth:`ReferenceEngine.cancel` looks up.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from pipeline.reference.api import (
     GenerationRequest,
     GenerationResult,
     RequestStats,
+    check_prompt_length,
 )
 from pipeline.reference.draft_len import engine_max_draft_len
 from pipeline.reference.fast.models import FAST_MODELS
@@ -43,14 +50,20 @@ NO_PROPOSER = "none"  # engine.json proposer.method of an engine that drafts not
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
+class RequestStalled(TimeoutError):
+    """No chunk of a request came before its deadline: the engine lost it or is stuck."""
+
+
 class ChunkStream:
     """A request's stream of chunks (see :class:`pipeline.reference.api.RequestHandle`): fed by
     ``_put`` from the thread that produces chunks, read by ``chunks``/``result``. ``cancel`` is
     the producer's business (:class:`Handle` here, the worker proxy in
-    :mod:`pipeline.reference.worker`)."""
+    :mod:`pipeline.reference.worker`); ``abandon`` is a cancel by a reader that will not wait
+    for the cancelled final chunk (a stalled request: its producer may never send one)."""
 
     def __init__(self, request: GenerationRequest, on_chunk: Callable[[Chunk], object] | None = None):
         self.request_id = request.request_id
+        self.max_new_tokens = request.max_new_tokens
         self._prompt = list(request.input_ids)
         self._on_chunk = on_chunk
         self._queue: "queue.SimpleQueue[Chunk]" = queue.SimpleQueue()
@@ -65,15 +78,35 @@ class ChunkStream:
                 chunk.payload = None
         self._queue.put(chunk)
 
-    def chunks(self, timeout: float | None = None) -> Iterator[Chunk]:
+    def next_chunk(self, timeout: float | None = None) -> Chunk | None:
+        """The next chunk, or None when none came within ``timeout`` seconds (None: wait)."""
+        try:
+            chunk = self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        self._tokens.extend(chunk.tokens)
+        if chunk.finished:
+            self._final = chunk
+        return chunk
+
+    @property
+    def done(self) -> bool:
+        return self._final is not None
+
+    def chunks(self, timeout: float | None = None, deadline_s: float | None = None) -> Iterator[Chunk]:
+        """``timeout``: the longest wait for one chunk (TimeoutError); ``deadline_s``: the
+        longest wait for the final chunk from now (:class:`RequestStalled`)."""
+        deadline = None if deadline_s is None else time.monotonic() + deadline_s
         while self._final is None:
-            try:
-                chunk = self._queue.get(timeout=timeout)
-            except queue.Empty:
-                raise TimeoutError(f"request {self.request_id!r}: no chunk within {timeout} s") from None
-            self._tokens.extend(chunk.tokens)
-            if chunk.finished:
-                self._final = chunk
+            wait = timeout
+            if deadline is not None:
+                left = max(0.0, deadline - time.monotonic())
+                wait = left if wait is None else min(wait, left)
+            chunk = self.next_chunk(wait)
+            if chunk is None:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise RequestStalled(f"request {self.request_id!r} stalled: no final chunk within {deadline_s:g} s")
+                raise TimeoutError(f"request {self.request_id!r}: no chunk within {timeout} s")
             yield chunk
 
     def result(self, timeout: float | None = None) -> GenerationResult:
@@ -87,6 +120,9 @@ class ChunkStream:
     def cancel(self) -> None:
         raise NotImplementedError
 
+    def abandon(self) -> None:
+        self.cancel()
+
 
 class Handle(ChunkStream):
     """A request of this process's engine."""
@@ -99,6 +135,12 @@ class Handle(ChunkStream):
     def cancel(self) -> None:
         self._seq.cancelled = True
         self._engine._wake()
+
+    def abandon(self) -> None:
+        """Cancel; if the engine loop never took the request (it is stuck), end the stream here."""
+        self.cancel()
+        if self._engine._withdraw(self._seq):
+            self._put(Chunk(tokens=[], finished=True, finish_reason="cancelled", stats=_copy_stats(self._seq.stats)))
 
 
 class ReferenceEngine:
@@ -115,9 +157,11 @@ class ReferenceEngine:
         self.max_batch_size = scheduler.max_batch_size
         self.max_seq_len = scheduler.max_seq_len
         self.eos_token_id = scheduler.target.shape.eos_token_id
+        self.max_input_len = descriptor.get("max_input_len")  # None: max_seq_len bounds the prompt alone
         self._lock = threading.Condition()
         self._waiting: list[SeqState] = []
-        self._handles: dict[str, Handle] = {}
+        self._handles: dict[str, Handle] = {}  # request id → its newest live handle (cancel by id)
+        self._streams: dict[int, Handle] = {}  # id(seq) → its handle: where its chunks go
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="reference-engine", daemon=True)
         self._thread.start()
@@ -125,6 +169,7 @@ class ReferenceEngine:
     # -- public API ------------------------------------------------------------------------
 
     def submit(self, request: GenerationRequest, on_chunk: Callable[[Chunk], object] | None = None) -> Handle:
+        check_prompt_length(len(request.input_ids), self.max_input_len)  # first, as TensorRT-LLM's validate
         self.scheduler.check(request)
         if not request.request_id:
             request.request_id = uuid.uuid4().hex
@@ -136,6 +181,7 @@ class ReferenceEngine:
             if self._stopped:
                 raise RuntimeError("engine is shut down")
             self._handles[request.request_id] = handle
+            self._streams[id(seq)] = handle
             self._waiting.append(seq)
             self._lock.notify()
         return handle
@@ -157,7 +203,7 @@ class ReferenceEngine:
         open stream. Read from any thread; each number is one read of a length."""
         draft_pool = getattr(self.scheduler.proposer, "pool", None)
         with self._lock:
-            open_requests = len(self._handles)
+            open_requests = len(self._streams)
         return {"kv_slots_in_use": self.scheduler.pool.in_use(), "kv_slots": self.scheduler.pool.slots,
                 "draft_kv_slots_in_use": draft_pool.in_use() if draft_pool is not None else 0,
                 "prefix_cache_entries": len(self.scheduler.prefix),
@@ -173,6 +219,22 @@ class ReferenceEngine:
     def _wake(self) -> None:
         with self._lock:
             self._lock.notify()
+
+    def _withdraw(self, seq: SeqState) -> bool:
+        """Take a request the loop has not started yet out of the queue (True), else False."""
+        with self._lock:
+            at = next((i for i, s in enumerate(self._waiting) if s is seq), None)
+            if at is None:
+                return False
+            del self._waiting[at]
+            self._forget(seq)
+        return True
+
+    def _forget(self, seq: SeqState) -> None:
+        """Drop ``seq``'s handle (under ``_lock``); its id goes only if no newer request took it."""
+        handle = self._streams.pop(id(seq), None)
+        if handle is not None and self._handles.get(seq.request.request_id) is handle:
+            del self._handles[seq.request.request_id]
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -231,7 +293,7 @@ class ReferenceEngine:
         seq.emitted = len(seq.output)
         chunk = Chunk(tokens=list(new), finished=finished, finish_reason=seq.finish_reason if finished else None,
                       stats=_copy_stats(seq.stats), error=error)
-        handle = self._handles.get(seq.request.request_id)
+        handle = self._streams.get(id(seq))
         if handle is not None:
             handle._put(chunk)
 
@@ -241,7 +303,7 @@ class ReferenceEngine:
         finally:
             self._send(seq, finished=True, error=error)
             with self._lock:
-                self._handles.pop(seq.request.request_id, None)
+                self._forget(seq)
 
 
 def _copy_stats(stats: RequestStats) -> RequestStats:

@@ -10,7 +10,9 @@ stdout, one JSON object a line (the vLLM V1 "engine core process" split):
 
 - to the worker: ``{"op": "submit", "request": {GenerationRequest fields}}``,
   ``{"op": "cancel", "id": ...}``, ``{"op": "stats", "token": n}``; end of input shuts the
-  engine down;
+  engine down. The ``request_id`` the worker sees is the proxy's own, one per submit (a
+  counter), never the client's: clients reuse ids (upstream's speculative client sends every
+  round under one), and chunks or a cancel routed by a reused id reached the wrong request;
 - from the worker: first ``{"op": "ready", <limits>}`` (or ``{"op": "failed", "error": ...}``),
   then ``{"op": "chunk", "id": ..., <Chunk fields>}`` for every chunk of every request, and
   ``{"op": "stats", "token": n, "stats": {...}}`` for every stats op (``ReferenceEngine.stats``).
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import queue
@@ -46,11 +49,11 @@ from pathlib import Path
 from typing import IO, Callable
 
 from pipeline.errors import SpecdeployError
-from pipeline.reference.api import Chunk, GenerationRequest, RequestStats, SamplingParams
+from pipeline.reference.api import Chunk, GenerationRequest, RequestStats, SamplingParams, check_prompt_length
 from pipeline.reference.engine import ChunkStream
 from pipeline.reference.scheduler import check_request
 
-LIMITS = ("max_seq_len", "max_draft_len", "max_batch_size", "eos_token_id", "vocab_size")
+LIMITS = ("max_seq_len", "max_draft_len", "max_batch_size", "eos_token_id", "vocab_size", "max_input_len")
 MAX_RESTARTS_ENV = "SPECDEPLOY_WORKER_MAX_RESTARTS"
 PARENT_ENV = "SPECDEPLOY_WORKER_PARENT_PID"  # the stub's pid, set by the proxy that starts the worker
 BACKOFF_ENV = "SPECDEPLOY_WORKER_RESTART_BACKOFF_S"
@@ -234,12 +237,21 @@ def exit_reason(code: int) -> str:
 
 
 class RemoteHandle(ChunkStream):
-    def __init__(self, owner: "EngineProcess", request: GenerationRequest, on_chunk):
+    """A request of the worker; ``wire_id`` is its name between proxy and worker."""
+
+    def __init__(self, owner: "EngineProcess", request: GenerationRequest, on_chunk, wire_id: str):
         super().__init__(request, on_chunk)
         self._owner = owner
+        self.wire_id = wire_id
 
     def cancel(self) -> None:
-        self._owner.cancel(self.request_id)
+        self._owner._cancel_wire(self.wire_id)
+
+    def abandon(self) -> None:
+        """Cancel in the worker and stop routing: the stream ends here, whatever the worker does."""
+        self._owner._cancel_wire(self.wire_id)
+        if self._owner._drop(self.wire_id):
+            self._put(Chunk(tokens=[], finished=True, finish_reason="cancelled"))
 
 
 # `python -m` puts the working directory first on sys.path, so a checkout there would shadow the
@@ -266,7 +278,8 @@ class EngineProcess:
         self._name = name or Path(engine_dir).name
         self._policy = policy or RestartPolicy.from_env()
         self._on_health = on_health
-        self._streams: dict[str, RemoteHandle] = {}
+        self._streams: dict[str, RemoteHandle] = {}  # wire id → stream
+        self._wire_ids = itertools.count(1)
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._down: str | None = None  # why the worker cannot take requests now
@@ -277,7 +290,7 @@ class EngineProcess:
         self._stats_token = 0
         self._process, ready = self._start()
         for key in LIMITS:
-            setattr(self, key, ready[key])
+            setattr(self, key, ready.get(key))
         self._started_at = time.monotonic()
         self._supervisor = threading.Thread(target=self._supervise, name="engine-worker-supervisor", daemon=True)
         self._supervisor.start()
@@ -287,27 +300,40 @@ class EngineProcess:
         return self._process.pid
 
     def submit(self, request: GenerationRequest, on_chunk: Callable[[Chunk], object] | None = None) -> RemoteHandle:
+        check_prompt_length(len(request.input_ids), self.max_input_len)
         check_request(request, self.vocab_size, self.max_draft_len, self.max_seq_len)
         if not request.request_id:
             request.request_id = uuid.uuid4().hex
-        stream = RemoteHandle(self, request, on_chunk)
         with self._lock:
             if self._down:
                 raise EngineUnavailable(self._down)
-            self._streams[request.request_id] = stream
+            stream = RemoteHandle(self, request, on_chunk, str(next(self._wire_ids)))
+            self._streams[stream.wire_id] = stream
             process = self._process
-        self._write(process, request_message(request))
+        self._write(process, request_message(dataclasses.replace(request, request_id=stream.wire_id)))
         return stream
 
     def generate(self, request: GenerationRequest):
         return self.submit(request).result()
 
     def cancel(self, request_id: str) -> bool:
+        """Cancel every open request submitted under the client's ``request_id``."""
         with self._lock:
-            known, process = request_id in self._streams, self._process
+            wires = [wire for wire, stream in self._streams.items() if stream.request_id == request_id]
+        for wire in wires:
+            self._cancel_wire(wire)
+        return bool(wires)
+
+    def _cancel_wire(self, wire_id: str) -> None:
+        with self._lock:
+            known, process = wire_id in self._streams, self._process
         if known:
-            self._write(process, {"op": "cancel", "id": request_id})
-        return known
+            self._write(process, {"op": "cancel", "id": wire_id})
+
+    def _drop(self, wire_id: str) -> bool:
+        """Stop routing ``wire_id``'s chunks (True if it was still routed)."""
+        with self._lock:
+            return self._streams.pop(wire_id, None) is not None
 
     def stats(self, timeout: float = 5.0) -> dict | None:
         """The worker engine's :data:`~pipeline.reference.api.ENGINE_STATS`, plus

@@ -93,16 +93,26 @@ def triton_inputs(req: _Sampling, text: str, default_max_tokens: int) -> dict[st
 
 class TritonStream:
     """Sends one request on its own ``ModelStreamInfer`` call; yields ``(text, n_tokens)`` per
-    response until Triton flags the final one. Cancelling the consumer cancels the call, and Triton
-    cancels the request."""
+    response until Triton flags the final one. Cancelling the consumer (the HTTP client went away:
+    Starlette cancels the streaming response) cancels the call, and Triton cancels the request.
+
+    Triton does not pass that cancellation on to an ensemble step already running (core
+    ``EnsembleContext::ScheduleSteps`` cancels only the steps it schedules afterwards, r24.10 to
+    r25.10), so the ensemble's ``tensorrt_llm`` would generate on to ``max_tokens`` for nobody.
+    With ``engine_model`` set (the ensemble's, ``tensorrt_llm``), a request that ends before its
+    final response is also stopped there: tensorrtllm_backend's ``stop`` input under the
+    request's id, which the ensemble gives its steps (``EnsembleContext`` ``SetId``)."""
 
     _DTYPES = {"text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "exclude_input_in_output": "BOOL",
                "return_num_output_tokens": "BOOL", "top_k": "INT32", "top_p": "FP32", "temperature": "FP32",
                "seed": "UINT64", "num_draft_tokens": "INT32"}
 
-    def __init__(self, grpc_url: str, model_name: str, extra_inputs: dict[str, Any] | None = None):
+    def __init__(self, grpc_url: str, model_name: str, extra_inputs: dict[str, Any] | None = None,
+                 engine_model: str | None = None):
         self.grpc_url, self.model_name, self.extra_inputs = grpc_url, model_name, dict(extra_inputs or {})
+        self.engine_model = engine_model
         self._stub = None
+        self._stops: set = set()  # stop calls in flight (a task nobody holds may be collected)
 
     @property
     def stub(self):
@@ -114,20 +124,21 @@ class TritonStream:
             self._stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.aio.insecure_channel(self.grpc_url))
         return self._stub
 
-    def _request(self, inputs: dict[str, Any], request_id: str):
+    def _request(self, inputs: dict[str, Any], request_id: str, model_name: str | None = None,
+                 dtypes: dict[str, str] | None = None, extra: bool = True):
         import numpy as np  # noqa: PLC0415 - numpy is loaded only when this path runs
         from tritonclient.grpc import InferInput  # noqa: PLC0415 - tritonclient is loaded only when this path runs
         from tritonclient.grpc._utils import _get_inference_request  # noqa: PLC0415 - tritonclient is loaded only when this path runs
 
         np_types = {"BYTES": object, "INT32": np.int32, "BOOL": bool, "FP32": np.float32, "UINT64": np.uint64}
         tensors = []
-        for name, value in {**inputs, **self.extra_inputs}.items():
-            dtype = self._DTYPES.get(name, "INT32")
+        for name, value in ({**inputs, **self.extra_inputs} if extra else inputs).items():
+            dtype = (dtypes or self._DTYPES).get(name, "INT32")
             data = np.array([[value.encode("utf-8") if dtype == "BYTES" else value]], dtype=np_types[dtype])
             tensor = InferInput(name, list(data.shape), dtype)
             tensor.set_data_from_numpy(data)
             tensors.append(tensor)
-        request = _get_inference_request(model_name=self.model_name, inputs=tensors, model_version="",
+        request = _get_inference_request(model_name=model_name or self.model_name, inputs=tensors, model_version="",
                                          request_id=request_id, outputs=None, sequence_id=0, sequence_start=False,
                                          sequence_end=False, priority=0, timeout=None, parameters=None)
         request.parameters["triton_enable_empty_final_response"].bool_param = True
@@ -138,7 +149,9 @@ class TritonStream:
         from tritonclient.grpc import InferResult  # noqa: PLC0415 - tritonclient is loaded only when this path runs
 
         done = asyncio.Event()
-        request = self._request(inputs, uuid.uuid4().hex)
+        request_id = uuid.uuid4().hex
+        request = self._request(inputs, request_id)
+        finished = False
 
         async def requests():
             yield request
@@ -156,12 +169,44 @@ class TritonStream:
                 yield piece, (0 if ntok is None else int(ntok.reshape(-1)[0]))
                 final = response.infer_response.parameters.get("triton_final_response")
                 if final is not None and final.bool_param:
+                    finished = True
                     return
             raise TritonError("the stream ended without a final response")
         except grpc.aio.AioRpcError as exc:  # Triton unreachable, or the call failed
             raise TritonError(f"Triton gRPC {exc.code().name}: {exc.details()}") from None
         finally:
             done.set()
+            call.cancel()
+            if not finished and self.engine_model:
+                # a task of its own: this one is being cancelled, and an await here would be too
+                task = asyncio.get_running_loop().create_task(self.stop_in_engine(request_id))
+                self._stops.add(task)
+                task.add_done_callback(self._stops.discard)
+
+    _STOP_DTYPES = {"input_ids": "INT32", "input_lengths": "INT32", "request_output_len": "INT32", "stop": "BOOL"}
+
+    async def stop_in_engine(self, request_id: str, timeout_s: float = 10.0) -> None:
+        """Send ``engine_model`` a ``stop`` for ``request_id`` (the inputs upstream's BLS sends to
+        stop a call, tensorrtllm_backend@r25.05 ``send_cancellation_request``); wait for its answer."""
+        stop = self._request({"input_ids": 0, "input_lengths": 0, "request_output_len": 0, "stop": True}, request_id,
+                             self.engine_model, self._STOP_DTYPES, extra=False)
+        answered = asyncio.Event()
+
+        async def requests():
+            yield stop
+            await answered.wait()  # keep the call open until the answer (closing early ends it)
+
+        async def first_answer(call) -> None:
+            async for _ in call:
+                return
+
+        call = self.stub.ModelStreamInfer(requests())
+        try:
+            await asyncio.wait_for(first_answer(call), timeout_s)
+        except Exception:  # noqa: BLE001 - best effort: the request may have ended meanwhile
+            pass
+        finally:
+            answered.set()
             call.cancel()
 
     async def ready(self) -> bool:
@@ -346,12 +391,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokenizer", default=None)
     parser.add_argument("--extra-inputs", default="{}", help="JSON object sent with every request")
     parser.add_argument("--default-max-tokens", type=int, default=16)
+    parser.add_argument("--engine-model", default=None,
+                        help="the engine model a request that ends early is stopped in "
+                             "(default: tensorrt_llm behind an ensemble, none otherwise)")
     parser.add_argument("--host", default=DEFAULT_HOST)
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args(argv)
     import uvicorn  # noqa: PLC0415 - uvicorn is loaded only when this path runs
 
-    frontend = Frontend(TritonStream(args.grpc_url, args.triton_model, json.loads(args.extra_inputs)),
+    engine_model = args.engine_model if args.engine_model is not None else (
+        "tensorrt_llm" if args.triton_model == "ensemble" else "")
+    frontend = Frontend(TritonStream(args.grpc_url, args.triton_model, json.loads(args.extra_inputs), engine_model),
                         args.served_model_name, PromptTokenizer(args.tokenizer), args.default_max_tokens)
     uvicorn.run(frontend.app(), host=args.host, port=args.port, log_level="warning", access_log=False)
 

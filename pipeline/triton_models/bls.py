@@ -14,6 +14,10 @@ so ``[1]`` per response; the other outputs are the target's, passed through (``[
 outputs, ``batch_index`` when the batch is > 1). A batch > 1 is forwarded to a decoupled target
 and answered with one response stream per row, tagged with ``batch_index``.
 
+A client that goes away (gRPC cancellation, HTTP disconnect) is noticed between two target
+responses: the pass-through sends the target a ``stop`` under the id it gave the call (as upstream
+stops a call on a stop word), and the draft-target rounds stop after the round in flight.
+
 Speculative requests (``num_draft_tokens`` K > 0) run the rounds of :mod:`.draft_target` (or of
 :mod:`.ngram_bls`);
 a K above the target engine's ``max_draft_len`` is refused before any model runs. Each instance
@@ -25,6 +29,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -264,10 +269,18 @@ class TritonPythonModel:
         inputs = self._forward_inputs(request, streaming, batch)
         wanted = ["output_ids", "sequence_length"] + PASSTHROUGH_OUTPUTS
         accumulated: dict[int, list[int]] = {}
-        sent_any = False
+        sent_any = stopped = False
         one_response = not streaming and batch == 1
-        for response in self.call_iter(self.target_name, inputs, wanted, self.target_decoupled):
-            if "output_ids" not in response:
+        # named, as upstream's BLS names its target calls (a fresh uuid), so that it can be stopped
+        target_id = uuid.uuid4().hex
+        for response in self.call_iter(self.target_name, inputs, wanted, self.target_decoupled, target_id):
+            if not stopped and self.cancelled(sender):
+                # the client is gone (gRPC cancel, HTTP disconnect): stop the target's request
+                # in its engine, the way upstream's BLS stops one (a `stop` request under its
+                # id), and drain what it still sends; nothing more goes to the client
+                self.stop(self.target_name, target_id, self.target_decoupled)
+                stopped = True
+            if stopped or "output_ids" not in response:
                 continue
             length = int(response["sequence_length"].reshape(-1)[0])
             ids = [int(t) for t in response["output_ids"].reshape(-1)[:length]]
@@ -278,6 +291,9 @@ class TritonPythonModel:
             extra = {k: v for k, v in response.items() if k in PASSTHROUGH_OUTPUTS}
             self.send_text(sender, ids, extra, final=one_response)
             sent_any = True
+        if stopped:
+            self._send_final_flag(sender)
+            return
         if not sent_any and one_response:
             raise BlsError(f"{self.target_name} returned no output")
         if not one_response:
@@ -334,15 +350,28 @@ class TritonPythonModel:
         merged["sequence_length"] = np.array([[len(ids)]], dtype=np.int32)
         return merged
 
-    def call_iter(self, model: str, inputs: dict, wanted: list[str], decoupled: bool):
+    def call_iter(self, model: str, inputs: dict, wanted: list[str], decoupled: bool, request_id: str = ""):
         tensors = [pb_utils.Tensor(name, np.ascontiguousarray(value)) for name, value in inputs.items()]
-        infer = pb_utils.InferenceRequest(model_name=model, requested_output_names=wanted, inputs=tensors)
+        infer = pb_utils.InferenceRequest(model_name=model, requested_output_names=wanted, inputs=tensors,
+                                          request_id=request_id)
         results = infer.exec(decoupled=True) if decoupled else [infer.exec()]
         for response in results:
             if response.has_error():
                 raise BlsError(response.error().message())
             # copied: the arrays outlive ``response``, whose shared memory the stub may reuse
             yield {t.name(): np.array(t.as_numpy(), copy=True) for t in response.output_tensors()}
+
+    def stop(self, model: str, request_id: str, decoupled: bool) -> None:
+        """Stop ``model``'s request ``request_id`` (tensorrtllm_backend's `stop` input; the inputs
+        upstream's BLS sends, lib/triton_decoder.py ``send_cancellation_request`` @r25.05). From
+        this thread, between two responses of the call it stops, as upstream does."""
+        inputs = {"input_ids": np.zeros([1, 1], dtype=np.int32), "input_lengths": np.zeros([1, 1], dtype=np.int32),
+                  "request_output_len": np.zeros([1, 1], dtype=np.int32), "stop": np.array([[True]])}
+        try:
+            for _ in self.call_iter(model, inputs, [], decoupled, request_id):
+                pass
+        except Exception:  # noqa: BLE001 - the request may have ended meanwhile; the drain goes on either way
+            pass
 
     @staticmethod
     def cancelled(sender) -> bool:

@@ -13,8 +13,10 @@ contract: text in, text out, as TensorRT-LLM's Triton llmapi model). Here:
   single responses returned through a :class:`ResponseCollector` (sending a non-decoupled
   response after ``execute`` returned crashed tritonserver 2.51 intermittently under a BLS
   caller, so neither adapter does);
-- one request's drain (:meth:`CpuEngineModel._drain`): the periodic cancel check, the error
-  response, the first-token time, the latency and spec-decode counters, the in-flight table;
+- one request's drain (:meth:`CpuEngineModel._drain`): the periodic cancel check (also while
+  the request waits for its first chunk), the error response, the first-token time, the latency
+  and spec-decode counters, the in-flight table, and the stall bound (:mod:`.stall`): a request
+  with no final chunk by then is failed, cancelled in the engine, logged and counted;
 - :func:`send_quietly` (a gone client is not an error) and the KV-block arithmetic of the perf
   outputs (:func:`kv_blocks`; the CPU engine has no blocks, a nominal size turns tokens into them).
 
@@ -37,11 +39,13 @@ import triton_python_backend_utils as pb_utils
 from pipeline.reference.api import ENGINE_PROCESS_ENV
 from pipeline.serve.cpu_pinning import engine_cpus_from_env
 from pipeline.triton_models.metrics import RequestLatency, SpecDecodeCounters
+from pipeline.triton_models.stall import StallBound, stalled_message
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # request threads hand chunks on quickly (the default 5 ms GIL switch interval adds latency per chunk)
 SWITCH_INTERVAL_S = 0.0005
 CANCEL_CHECK_PERIOD_S = 0.02  # how often a request thread asks Triton whether its client cancelled
+IDLE_CHECK_PERIOD_S = 0.25  # the same while no chunk comes (queued, prefilling, or stalled)
 TOKENS_PER_KV_BLOCK = 64  # nominal block size for the kv_cache_* perf outputs (the CPU engine has none)
 
 
@@ -68,12 +72,14 @@ def start_engine(engine_dir: Path, name: str, version: str):
     return EngineProcess(engine_dir, cpus, name=name, on_health=WorkerHealthMetrics(name, version))
 
 
-def send_quietly(sender, response, final: bool) -> None:
-    """Send, and ignore a client that is gone (cancelled, disconnected): nothing to tell it."""
+def send_quietly(sender, response, final: bool) -> bool:
+    """Send, and ignore a client that is gone (cancelled, disconnected): nothing to tell it.
+    False when the send failed (the drain then cancels the request: nobody reads it)."""
     try:
         sender.send(response, flags=FINAL if final else 0)
     except Exception:  # noqa: BLE001 - the client is gone; nothing to tell it
-        pass
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -123,6 +129,8 @@ class CpuEngineModel:
     def _start_serving(self, config: dict, engine_dir: Path, name: str, version: str) -> None:
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        self.stall_bound = StallBound.from_env()
+        self.model_name = name
         self.engine = start_engine(engine_dir, name, version)
         self.counters = SpecDecodeCounters(name, version)
         self.latency = RequestLatency(name, version)
@@ -161,21 +169,36 @@ class CpuEngineModel:
         return [sender.wait() for sender in senders]
 
     def _drain(self, key: str, handle, sender, arrival_ns: int,
-               respond: Callable[[object, list[int], object], None]) -> None:
+               respond: Callable[[object, list[int], object], bool | None]) -> None:
         """Drain one request's chunks; ``respond(chunk, generated, stats)`` sends what the
-        contract sends for that chunk (``generated``: every token so far). Only this thread
+        contract sends for that chunk (``generated``: every token so far) and returns False when
+        the send failed: the client is gone, so the request is cancelled. Only this thread
         talks to ``sender`` (concurrent IPC on one sender is unsafe); it always ends the
-        request with a final response."""
+        request with a final response: the engine's, an error, or after the stall bound
+        (counted from the request's arrival) the stalled error."""
         generated: list[int] = []
         stats, first_token_ns = None, 0
         next_check = time.monotonic() + CANCEL_CHECK_PERIOD_S
+        deadline = (arrival_ns / 1e9 if arrival_ns else time.monotonic()) + self.stall_bound.seconds(handle.max_new_tokens)
+        cancel_sent = False
         try:
-            for chunk in handle.chunks():
+            while True:
+                now = time.monotonic()
+                if now >= deadline:
+                    self._stalled(key, handle, sender)
+                    return
+                chunk = handle.next_chunk(min(IDLE_CHECK_PERIOD_S, deadline - now))
+                if chunk is None:  # nothing yet: a client that went away meanwhile cancels here too
+                    if not cancel_sent and sender.is_cancelled():
+                        handle.cancel()
+                        cancel_sent = True
+                    continue
                 stats = chunk.stats or stats
-                if not chunk.finished and time.monotonic() >= next_check:
+                if not chunk.finished and not cancel_sent and time.monotonic() >= next_check:
                     next_check = time.monotonic() + CANCEL_CHECK_PERIOD_S
                     if sender.is_cancelled():
                         handle.cancel()
+                        cancel_sent = True
                 if chunk.error:
                     send_quietly(sender, self._error_response(chunk.error), final=True)
                     return
@@ -183,8 +206,10 @@ class CpuEngineModel:
                 first_token_ns = first_token_ns or (time.monotonic_ns() if generated else 0)
                 cancelled = chunk.finished and chunk.finish_reason == "cancelled"
                 if cancelled:
-                    self.counters.cancelled()
-                respond(chunk, generated, stats)
+                    self.counters.cancelled(len(generated))
+                if respond(chunk, generated, stats) is False and not cancel_sent and not chunk.finished:
+                    handle.cancel()  # nobody takes the responses (a cancelled ensemble, a closed stream)
+                    cancel_sent = True
                 if chunk.finished:
                     if not cancelled:
                         self.latency.observe(arrival_ns, first_token_ns, time.monotonic_ns(), len(generated))
@@ -197,3 +222,14 @@ class CpuEngineModel:
             if stats is not None:
                 self.counters.add(stats.draft_tokens, stats.accepted_tokens, stats.verify_steps,
                                   stats.accepted_per_position, stats.drafted_per_position)
+
+    def _stalled(self, key: str, handle, sender) -> None:
+        """Fail a request the engine did not finish within its bound: cancel it in the engine
+        (and stop waiting for it), say so in the server log and on /metrics, answer the client."""
+        message = stalled_message(key, self.stall_bound, handle.max_new_tokens)
+        try:
+            handle.abandon()
+        finally:
+            self.counters.stalled()
+            print(f"specdeploy: {self.model_name}: {message}", file=sys.stderr, flush=True)
+            send_quietly(sender, self._error_response(message), final=True)

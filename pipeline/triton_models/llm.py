@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import queue
+import sys
 import threading
 import time
 import uuid
@@ -38,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from pipeline.reference.api import Chunk
+from pipeline.reference.api import Chunk, check_prompt_length
 from pipeline.triton_models import io, parent_watch, request_rules
 from pipeline.triton_models.cpu_engine_model import (
     CANCEL_CHECK_PERIOD_S,
@@ -47,6 +48,7 @@ from pipeline.triton_models.cpu_engine_model import (
     send_quietly,
 )
 from pipeline.triton_models.engine_gauges import EngineGauges, period_from_env, start_publisher
+from pipeline.triton_models.stall import stalled_message
 
 STREAMING_NEEDS_DECOUPLED = "Streaming is only supported if model is deployed using decoupled mode."
 BATCH_NEEDS_DECOUPLED = (
@@ -197,6 +199,10 @@ class InflightBatcherModel(CpuEngineModel):
         if max_new is None:
             raise io.RequestError("request_output_len is not present in the request")  # upstream's text
         max_new = int(max_new)
+        try:  # the prompt's own bound first, as TensorRT-LLM's LlmRequest::validate
+            check_prompt_length(len(prompt), getattr(self.engine, "max_input_len", None))
+        except ValueError as exc:
+            raise io.RequestError(str(exc)) from None
         limit = int(getattr(self.engine, "max_seq_len", 0) or 0)
         if limit and len(prompt) + max_new > limit:
             raise io.RequestError(
@@ -279,15 +285,16 @@ class InflightBatcherModel(CpuEngineModel):
     # -- responses -----------------------------------------------------------------------------
 
     def _drain(self, key, handle, sender, prompt, options: ResponseOptions, arrival_ns: int = 0) -> None:
-        def respond(chunk, generated, stats) -> None:
+        def respond(chunk, generated, stats) -> bool:
             if options.streaming:
                 response = chunk.payload  # built in the engine thread (see _streamed_response)
                 if response is None:
                     response = self._response(chunk.tokens, len(chunk.tokens), prompt, stats, options)
-                send_quietly(sender, response, final=chunk.finished)
-            elif chunk.finished:
+                return send_quietly(sender, response, final=chunk.finished)
+            if chunk.finished:
                 ids = generated if options.exclude_input else list(prompt) + generated
-                send_quietly(sender, self._response(ids, len(generated), prompt, stats, options), final=True)
+                return send_quietly(sender, self._response(ids, len(generated), prompt, stats, options), final=True)
+            return True
 
         super()._drain(key, handle, sender, arrival_ns, respond)
 
@@ -299,8 +306,14 @@ class InflightBatcherModel(CpuEngineModel):
 
         def feed(row: int, handle) -> None:
             try:
-                for chunk in handle.chunks():
+                for chunk in handle.chunks(deadline_s=self.stall_bound.seconds(handle.max_new_tokens)):
                     merged.put((row, chunk))
+            except TimeoutError:  # RequestStalled: the row's bound (pipeline.triton_models.stall) passed
+                message = stalled_message(handle.request_id, self.stall_bound, handle.max_new_tokens)
+                handle.abandon()
+                self.counters.stalled()
+                print(f"specdeploy: {self.model_name}: {message}", file=sys.stderr, flush=True)
+                merged.put((row, Chunk(tokens=[], finished=True, finish_reason="error", error=message)))
             except Exception as exc:  # noqa: BLE001 - report the failure to the client, keep serving
                 merged.put((row, Chunk(tokens=[], finished=True, finish_reason="error", error=str(exc))))
 

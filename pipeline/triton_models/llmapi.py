@@ -125,7 +125,7 @@ class LlmapiModel(CpuEngineModel):
         return lambda: self._drain(gen_request, handle, sender, options, time.monotonic_ns())
 
     def _parse(self, inputs: dict, user_id: str):
-        from pipeline.reference.api import GenerationRequest, SamplingParams
+        from pipeline.reference.api import GenerationRequest, SamplingParams, check_prompt_length
 
         text = inputs.get("text_input")
         if text is None:
@@ -146,6 +146,10 @@ class LlmapiModel(CpuEngineModel):
             raise LlmapiError(str(exc)) from None
         prompt = self.tokenizer.encode(prompt_text, add_special_tokens=True)
         max_new = int(get("sampling_param_max_tokens") or llmapi_spec.DEFAULT_MAX_TOKENS)
+        try:  # the executor's first length check (LlmRequest::validate), before max_seq_len's
+            check_prompt_length(len(prompt), getattr(self.engine, "max_input_len", None))
+        except ValueError as exc:
+            raise LlmapiError(str(exc)) from None
         limit = int(getattr(self.engine, "max_seq_len", 0) or 0)
         if limit and len(prompt) + max_new > limit:
             raise LlmapiError(f"Prompt length ({len(prompt)}) + requested output tokens ({max_new}) exceeds the "
@@ -178,11 +182,12 @@ class LlmapiModel(CpuEngineModel):
     # -- responses -----------------------------------------------------------------------------
 
     def _drain(self, gen_request, handle, sender, options: dict, arrival_ns: int) -> None:
-        def respond(chunk, generated, stats) -> None:
+        def respond(chunk, generated, stats) -> bool:
             if chunk.finished and chunk.finish_reason == "cancelled":
-                send_quietly(sender, _error(CANCELLED, cancelled=True), final=True)
-            elif options["streaming"] or chunk.finished:
-                send_quietly(sender, self._response(generated, chunk, stats, options), final=chunk.finished)
+                return send_quietly(sender, _error(CANCELLED, cancelled=True), final=True)
+            if options["streaming"] or chunk.finished:
+                return send_quietly(sender, self._response(generated, chunk, stats, options), final=chunk.finished)
+            return True
 
         super()._drain(gen_request.request_id, handle, sender, arrival_ns, respond)
 

@@ -1,8 +1,9 @@
 """Our Prometheus counters (outside ``nv_*``; docs/operations.md): draft tokens offered, draft tokens
 accepted (in total, and both per draft position, label ``position`` from 0, like vLLM's
 ``spec_decode_num_accepted_tokens_per_pos``; only an engine model counts positions) and verify
-steps, cancelled requests, and speculation fallbacks (requests that went on target-only after a
-draft failure, label ``reason`` = error | timeout), labelled ``model`` and ``version``, published
+steps, cancelled requests and the tokens generated for them, stalled requests (failed after their
+bound, :mod:`.stall`), and speculation fallbacks (requests that went on target-only after a draft
+failure, label ``reason`` = error | timeout), labelled ``model`` and ``version``, published
 through the Python backend's ``pb_utils.MetricFamily`` on Triton's metrics port and updated once per
 request; and, per request that produced tokens, its latency as histograms (time to first token, time
 per output token after the first, end to end, in seconds) and its output tokens
@@ -27,6 +28,8 @@ VERIFY_STEPS = "specdeploy_spec_decode_verify_steps_total"
 ACCEPTED_PER_POSITION = "specdeploy_spec_decode_accepted_tokens_per_pos_total"
 DRAFTED_PER_POSITION = "specdeploy_spec_decode_draft_tokens_per_pos_total"
 CANCELLED = "specdeploy_requests_cancelled_total"
+STALLED = "specdeploy_requests_stalled_total"
+CANCELLED_TOKENS = "specdeploy_cancelled_output_tokens_total"
 FALLBACKS = "specdeploy_spec_decode_fallbacks_total"
 FALLBACK_REASONS = ("error", "timeout")
 TTFT = "specdeploy_request_ttft_seconds"
@@ -58,6 +61,14 @@ class SpecDecodeCounters:
         self._per_position: dict[tuple[str, int], object] = {}  # made at a position's first count: K is the engine's
         self._cancelled_family = pb_utils.MetricFamily(CANCELLED, "Requests that ended by cancellation", pb_utils.MetricFamily.COUNTER)
         self._cancelled = self._cancelled_family.Metric(labels=labels)
+        # what cancelling saves shows here: a client gone mid-stream should leave few tokens behind
+        self._cancelled_tokens_family = pb_utils.MetricFamily(
+            CANCELLED_TOKENS, "Output tokens generated for requests that ended by cancellation", pb_utils.MetricFamily.COUNTER)
+        self._cancelled_tokens = self._cancelled_tokens_family.Metric(labels=labels)
+        self._stalled_family = pb_utils.MetricFamily(
+            STALLED, "Requests failed because the engine sent no final response within their bound",
+            pb_utils.MetricFamily.COUNTER)
+        self._stalled = self._stalled_family.Metric(labels=labels)
         self._fallback_family = pb_utils.MetricFamily(
             FALLBACKS, "Speculative requests that continued target-only after a draft failure", pb_utils.MetricFamily.COUNTER)
         self._fallbacks = {reason: self._fallback_family.Metric(labels={**labels, "reason": reason})
@@ -67,9 +78,15 @@ class SpecDecodeCounters:
         with _METRICS_LOCK:
             self._fallbacks[reason].increment(1.0)
 
-    def cancelled(self) -> None:
+    def cancelled(self, output_tokens: int = 0) -> None:
         with _METRICS_LOCK:
             self._cancelled.increment(1.0)
+            if output_tokens > 0:
+                self._cancelled_tokens.increment(float(output_tokens))
+
+    def stalled(self) -> None:
+        with _METRICS_LOCK:
+            self._stalled.increment(1.0)
 
     def add(self, draft_tokens: int, accepted_tokens: int, verify_steps: int,
             accepted_per_position: list[int] | tuple[int, ...] = (),

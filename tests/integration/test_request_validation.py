@@ -7,13 +7,11 @@ inputs per request); a missing required input is an error naming it, on
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from tests.request_rule_table import accepted_batches
+from tests.request_rule_table import REFUSED, VOCAB, accepted_batches
 from triton_clients import grpc_infer, grpc_stream, text_inputs
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -21,15 +19,9 @@ pytestmark = [pytest.mark.triton, pytest.mark.slow]
 PROMPT_IDS = [1, 40, 41, 42]
 F32, I32 = np.float32, np.int32
 
-# one row per rule function and kind of message (tests/request_rule_table.py has them all, checked
-# row by row in tests/unit/test_request_rule_table.py): a NaN, a message with the client's name
-# too, end_id against the served model's vocabulary, a CPU-engine limit
-SERVED_REFUSED = [
-    ("temperature", math.nan, "temperature must be >= 0, got nan"),
-    ("runtime_top_p", 5.0, "runtime_top_p (top_p on the ensemble and the BLS) must be <= 1 (a value <= 0 means unset), got 5"),
-    ("end_id", 100000, "end_id (100000) is not within acceptable range [-1, "),
-    ("repetition_penalty", 1.2, "repetition_penalty 1.2 is not supported by the CPU reference engine"),
-]
+# every refused row of the table (docs/request-validation.md), each on the wire: the message, and
+# the server answers the next request
+SERVED_REFUSED = REFUSED
 
 
 def _llm_request(name: str | None = None, value=None, streaming: bool = False, **more) -> dict:
@@ -58,6 +50,47 @@ def test_tensorrt_llm_refuses_out_of_range(dt_server, name, value, message):
     assert message in _error(lambda: grpc_infer(url, "tensorrt_llm", _llm_request(name, value)))
     out = grpc_infer(url, "tensorrt_llm", _llm_request())  # the server is up, the next request works
     assert out["output_ids"].shape == (1, 1, len(PROMPT_IDS) + 3)
+
+
+def _ids_request(ids: list[int], output_len: int, streaming: bool = False, **more) -> dict:
+    inputs = {"input_ids": np.array([ids], dtype=I32), "input_lengths": np.array([[len(ids)]], dtype=I32),
+              "request_output_len": np.array([[output_len]], dtype=I32), "streaming": np.array([[streaming]])}
+    inputs.update({k: np.array([v], dtype=I32) for k, v in more.items()})
+    return inputs
+
+
+# the length rows of the table: (case, request, message); the tiny serving engines have
+# max_seq_len 256 and, as the BLS's engines on GPUs (plan: max_seq_len - 1), max_input_len 255
+LENGTH_ROWS = [
+    ("prompt-over-max_input_len", lambda: _ids_request([40] * 256, 1),
+     "Prompt length (256) exceeds maximum input length (255)."),
+    ("prompt-plus-output-over-max_seq_len", lambda: _ids_request([40] * 200, 100),
+     "Prompt length (200) + requested output tokens (100) exceeds the maximum sequence length (256)"),
+    ("id-outside-the-vocabulary", lambda: _ids_request([1, VOCAB + 5], 3),
+     f"input_ids contain ids outside the vocabulary [0, {VOCAB}): [{VOCAB + 5}]"),
+    ("empty-prompt", lambda: {**_ids_request([1], 3), "input_lengths": np.array([[0]], dtype=I32)}, "input_ids is empty"),
+    ("drafts-over-max_draft_len", lambda: _ids_request([1, 40, 41], 3, draft_input_ids=[40] * 9),
+     "Number of draft tokens (9) is larger than maximum number of draft tokens (3)"),
+]
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["unary", "streaming"])
+@pytest.mark.parametrize("case,make,message", LENGTH_ROWS, ids=[c for c, _, _ in LENGTH_ROWS])
+def test_tensorrt_llm_refuses_lengths(dt_server, baseline_server, case, make, message, streaming):
+    """The length ranges, unary (draft-target's target, as upstream's speculative client calls it)
+    and streaming (the decoupled baseline): TensorRT-LLM's wording, then the next request works."""
+    if streaming:
+        if case == "drafts-over-max_draft_len":
+            pytest.skip("the baseline engine takes no drafts; the unary case covers the row")
+        url, call = baseline_server.grpc_url, lambda inputs: grpc_stream(baseline_server.grpc_url, "tensorrt_llm", inputs)
+        request = {**make(), "streaming": np.array([[True]])}
+    else:
+        url, call = dt_server.grpc_url, lambda inputs: grpc_infer(dt_server.grpc_url, "tensorrt_llm", inputs)
+        request = make()
+    assert message in _error(lambda: call(request))
+    answered = grpc_stream(url, "tensorrt_llm", _llm_request(streaming=streaming)) if streaming \
+        else [grpc_infer(url, "tensorrt_llm", _llm_request())]
+    assert answered and all(r["output_ids"].size for r in answered)
 
 
 def test_tensorrt_llm_accepts_upstream_values(dt_server):
@@ -143,3 +176,14 @@ def test_bls_missing_input(baseline_server, missing, stream):
     assert missing in _error(lambda: grpc_stream(url, "tensorrt_llm_bls", inputs))
     responses = grpc_stream(url, "tensorrt_llm_bls", text_inputs("The quick brown", 4, stream=stream))
     assert "".join(r["text_output"].reshape(-1)[0].decode() for r in responses)
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streaming"])
+def test_prompt_over_max_input_len_within_max_seq_len_is_refused(medusa_server, streaming):
+    """The issue's case: a prompt longer than build.max_input_len (128 here) that still fits
+    max_seq_len (256) with its output was answered on CPU; TensorRT-LLM refuses it."""
+    url = medusa_server.grpc_url
+    message = _error(lambda: grpc_stream(url, "tensorrt_llm", _ids_request([40] * 150, 3, streaming)))
+    assert "Prompt length (150) exceeds maximum input length (128)." in message
+    answered = grpc_stream(url, "tensorrt_llm", _ids_request([40] * 128, 3, streaming))  # the bound itself is allowed
+    assert answered and all(r["output_ids"].size for r in answered)

@@ -167,6 +167,9 @@ def make_deployment(workdir: Path, models: dict[str, Path], method: str, name: s
     elif method == "eagle":
         engines["speculative"] = _descriptor(
             "speculative", models["target"], {"method": "eagle", "head_dir": str(models["eagle"]), "num_layers": k, "choices": chain(k)}, k)
+    if method == "draft_target":  # as the plan builds them (planner.engine_max_input_len): the BLS re-sends the context
+        for descriptor in engines.values():
+            descriptor["max_input_len"] = MAX_SEQ_LEN - 1
     engine_dirs = {}
     for role, descriptor in engines.items():
         d = root / "engine" / role

@@ -74,5 +74,6 @@ def test_reference_bls_target_verifies_external_drafts_exact_argv(tmp_path, monk
     assert plan.step("engine-target").argv == [
         sys.executable, "-m", "pipeline.build.reference_step", "engine", "--out", f"{root}/target", "--role", "target",
         "--model-dir", f"{root}/checkpoints/target-hf", "--quantization", "none", "--method", "none",
-        "--max-draft-len", "3", "--max-batch-size", "4", "--max-seq-len", "256", "--max-input-len", "128",
+        # the BLS re-sends the whole context each round: max_seq_len - 1, as the GPU engines
+        "--max-draft-len", "3", "--max-batch-size", "4", "--max-seq-len", "256", "--max-input-len", "255",
         "--compute-dtype", "float32", "--threads", "1", "--prefix-cache-entries", "64", "--name", "cpu-ngram-bls"]
