@@ -21,6 +21,7 @@ from pipeline.config.base import (
     TrtllmRuntime,
     described,
 )
+from pipeline.config.registry import method_of
 from pipeline.config.sections import (
     BuildLimits,
     GateSettings,
@@ -157,10 +158,9 @@ class DeploymentConfig(Section):
 
     @property
     def method_info(self) -> Method:
-        """The speculation method's deployment knowledge (:mod:`pipeline.methods`)."""
-        from pipeline.methods import get_method  # noqa: PLC0415 - pipeline.methods imports this package first
-
-        return get_method(self.speculation.method)
+        """The speculation method's deployment knowledge (:mod:`pipeline.methods`), found through the
+        registry its object joined when its module loaded (the config imports no methods package)."""
+        return method_of(self.speculation)
 
     @property
     def speculative(self) -> bool:

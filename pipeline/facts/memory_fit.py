@@ -14,7 +14,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from pipeline.config import DeploymentConfig, Eagle3Spec, EagleSpec, MedusaSpec, ModelSpec
+from pipeline.config import DeploymentConfig, ModelSpec
 from pipeline.facts.hardware import HardwareProfile
 from pipeline.facts.model_shapes import ModelShape
 
@@ -145,23 +145,16 @@ def _effective_num_tokens(cfg: DeploymentConfig, draft_len: int) -> int:
 
 
 def _heads_rows(cfg: DeploymentConfig, shape: ModelShape, dense: float) -> tuple[list[MemoryRow], list[KvPart]]:
-    """Weights of the speculative engine's own drafting heads, and the KV its EAGLE layer keeps."""
-    spec = cfg.speculation
-    h, v, tp = shape.hidden_size, shape.vocab_size, cfg.target.tp
-    if isinstance(spec, MedusaSpec):
-        params = spec.num_heads * (h * h + h + v * h)
-        return [MemoryRow("Medusa heads", params * dense / tp / GIB, f"{spec.num_heads} heads × (H² + V·H)")], []
-    if isinstance(spec, EagleSpec):
-        params = 2 * h * h + h + shape.layer_params() + v * h + spec.num_layers * v * h
-        per_token = kv_cache_gib(shape, cfg.target, 1, cfg.backend, cfg.reference.compute_dtype, layers=1)
-        row = MemoryRow("EAGLE head", params * dense / tp / GIB, f"fc + 1 layer + embed + {spec.num_layers} lm_head copies")
-        return [row], [KvPart("EAGLE KV cache", per_token, "1 layer × {tokens} tokens")]
-    if isinstance(spec, Eagle3Spec):  # fc over three fused layers, one decoder layer, its own lm_head
-        params = 3 * h * h + shape.layer_params() + v * h
-        per_token = kv_cache_gib(shape, cfg.target, 1, cfg.backend, cfg.reference.compute_dtype, layers=1)
-        row = MemoryRow("EAGLE-3 head", params * dense / tp / GIB, "fc (3H→H) + 1 layer + lm_head")
-        return [row], [KvPart("EAGLE-3 KV cache", per_token, "1 layer × {tokens} tokens")]
-    return [], []
+    """Weights of the speculative engine's own drafting heads, and the KV their decoder layer keeps."""
+    head = cfg.method_info.draft_head(cfg.speculation)
+    if head is None:
+        return [], []
+    params = head.resident_params(shape.hidden_size, shape.vocab_size, shape.layer_params())
+    rows = [MemoryRow(head.name, params * dense / cfg.target.tp / GIB, head.detail)]
+    if head.kv_name is None:
+        return rows, []
+    per_token = kv_cache_gib(shape, cfg.target, 1, cfg.backend, cfg.reference.compute_dtype, layers=1)
+    return rows, [KvPart(head.kv_name, per_token, "1 layer × {tokens} tokens")]
 
 
 @dataclass(frozen=True)

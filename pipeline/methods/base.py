@@ -17,13 +17,24 @@ every method module while it builds :class:`~pipeline.config.DeploymentConfig`.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from pipeline.config.registry import register_method
+from pipeline.methods.drafting import DraftHead, DraftPlan
+
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
     from pydantic import BaseModel
 
-    from pipeline.config import DeploymentConfig
-    from pipeline.validate.findings import CheckContext
+
+# The hooks' argument types, by name only: pipeline.config.DeploymentConfig and validate's
+# CheckContext. Importing them, even for type checking, would close a cycle: the config builds its
+# ``speculation`` union from these modules' sections, and validate.findings reads the config.
+DeploymentConfig = Any
+CheckContext = Any
 
 ENGINE, LLM_API, REFERENCE = "engine", "llm_api", "reference"  # runtimes: trtllm-build engines, the LLM API, the CPU engine
 
@@ -50,6 +61,9 @@ class Method:
     head_role: ClassVar[str | None] = None  # how validate names that directory
     min_engine_version: ClassVar[tuple[int, int] | None] = None  # oldest trtllm-build that has the mode
 
+    def __init__(self) -> None:
+        register_method(self)  # the config finds its section's method here (pipeline.config.registry)
+
     # -- draft lengths -------------------------------------------------------------------------
     def primary_draft_len(self, spec: Any) -> int | None:
         """Draft tokens per step the deployment is known by (None: not fixed by the config)."""
@@ -64,6 +78,45 @@ class Method:
         """(extra KV positions per sequence, draft tokens per step) the memory estimate adds."""
         k = self.engine_max_draft_len(spec)
         return k, k
+
+    def draft_head(self, spec: Any) -> DraftHead | None:
+        """The head inside the target's engine that drafts (None: no head, or a separate draft model)."""
+        return None
+
+    # -- plan: the build route ------------------------------------------------------------------
+    # ``p`` is the planner (pipeline.plan.planner._Planner): its ``source``, ``reference_*``,
+    # ``trtllm_*``, ``checkpoint_expectation`` and ``add_step`` add the steps; the method names the
+    # engines and the order (the plan goldens hold it).
+    def plan_reference(self, p: Any, spec: Any, target: tuple[str, str]) -> None:
+        """The CPU reference backend's engines after the target's model (``target``: dir, quantization):
+        the baseline, then, for a checkpoint-free method, the speculative engine with its proposer's fields."""
+        p.reference_baseline(target)
+        if self.proposer:
+            proposer = ["--method", self.proposer, "--proposer-fields",
+                        json.dumps(self.proposer_fields(spec), separators=(",", ":"), sort_keys=True)]
+            p.reference_engine("speculative", target, proposer, self.engine_max_draft_len(spec), [])
+
+    def plan_trtllm(self, p: Any, spec: Any, v: Any, target_ckpt: str, tokenizer: str) -> None:
+        """The engine runtime's checkpoints and engines after the target's checkpoint: the baseline, then,
+        for a method built from the target's own checkpoint, that engine in the method's mode."""
+        p.trtllm_baseline(v, target_ckpt)
+        if self.engine_from_target:
+            p.trtllm_engine(v, "speculative", target_ckpt, p.cfg.target, mode=self.engine_mode,
+                            k=self.engine_max_draft_len(spec), logits=p.cfg.build.gather_generation_logits)
+
+    def resends_context(self, spec: Any) -> bool:
+        """The BLS re-sends the whole context every round (the engines' max_input_len is then max_seq_len − 1)."""
+        return False
+
+    # -- forecast ------------------------------------------------------------------------------
+    def draft_plan(self, spec: Any) -> DraftPlan | None:
+        """How deep it drafts and how wide the target verifies (None: nothing to forecast)."""
+        return None
+
+    def draft_seconds(self, ctx: Any, plan: DraftPlan) -> float:
+        """Seconds one speculative step spends drafting for ``ctx.batch`` sequences (the forecast's
+        ``StepContext``); 0: a host-side lookup or no proposer, free against a forward."""
+        return 0.0
 
     # -- Triton orchestration ------------------------------------------------------------------
     def renders_bls(self, spec: Any) -> bool:
@@ -92,6 +145,25 @@ class Method:
 
     def check_shapes(self, ctx: CheckContext) -> None:
         """Preflight rules that need the models' shapes (``ctx.shapes``, ``ctx.dirs``)."""
+
+    def check_head(self, ctx: CheckContext, head_cfg: dict, tensors: Callable[[], tuple[dict, Path] | None],
+                   directory: Path) -> None:
+        """Rules of the head directory (``head_field``) against its ``config.json`` (``head_cfg``) and,
+        when a rule needs them, its tensors: ``tensors()`` reads (shapes, weights file), or None when
+        validate already reported them missing or unreadable."""
+
+    def head_weights(self, cfg: DeploymentConfig) -> tuple[str, tuple[str, ...], str]:
+        """("weights", glob patterns of which one must match, why) for the head directory the build
+        route of ``cfg.backend`` reads (beside its ``config.json``)."""
+        raise NotImplementedError(f"{self.name} has no head directory")
+
+    def quantizes_with_head(self, cfg: DeploymentConfig) -> bool:
+        """The build quantizes target and head together (EAGLE's FP8 route: examples/eagle/quantize.py)."""
+        return False
+
+    def uses_draft_logits(self, spec: Any) -> bool:
+        """Acceptance reads the draft's logits (fast logits; TensorRT-LLM ≥ 0.15)."""
+        return False
 
     def check_llm_api(self, ctx: CheckContext, facts: Any) -> None:
         """Rules of the LLM-API runtime (and the CPU llmapi layout) against the release's recorded

@@ -14,11 +14,11 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from pipeline.config.base import ModelSpec, Section, described
 from pipeline.methods.base import ENGINE, LLM_API, REFERENCE, Method
+from pipeline.methods.drafting import DraftPlan, chain_plan
 from pipeline.validate.severity import ERROR, INFO, WARNING
 
 if TYPE_CHECKING:
-    from pipeline.config import DeploymentConfig
-    from pipeline.validate.findings import CheckContext
+    from pipeline.methods.base import CheckContext, DeploymentConfig
 
 
 class DraftTargetSpec(Section):
@@ -73,6 +73,42 @@ class DraftTargetMethod(Method):
     draft_model = True
     per_request_draft_len = True
     min_engine_version = None
+
+    def plan_reference(self, p: Any, spec: DraftTargetSpec, target: tuple[str, str]) -> None:
+        draft = p.reference_model("draft", spec.draft, "speculation.draft")
+        p.reference_baseline(target)
+        k = spec.engine_max_draft_len
+        p.reference_baseline(target, "target", k)
+        p.reference_baseline(draft, "draft")
+        proposer = ["--method", "draft_target", "--draft-dir", draft[0], "--draft-quantization", draft[1],
+                    "--num-draft-tokens", str(spec.num_draft_tokens)]
+        p.reference_engine("speculative", target, proposer + p.draft_weights(), k, [draft[0]])
+
+    def plan_trtllm(self, p: Any, spec: DraftTargetSpec, v: Any, target_ckpt: str, tokenizer: str) -> None:
+        _, draft_ckpt = p.trtllm_checkpoint(v, "draft", spec.draft)
+        p.trtllm_baseline(v, target_ckpt)
+        k, logits = spec.engine_max_draft_len, spec.use_draft_logits
+        p.trtllm_engine(v, "target", target_ckpt, p.cfg.target, mode=self.engine_mode, k=k, logits=logits)
+        p.trtllm_engine(v, "draft", draft_ckpt, spec.draft, logits=logits)
+
+    def resends_context(self, spec: DraftTargetSpec) -> bool:
+        return True
+
+    def draft_plan(self, spec: DraftTargetSpec) -> DraftPlan:
+        return chain_plan(self.name, spec.num_draft_tokens, spec)
+
+    def draft_seconds(self, ctx: Any, plan: DraftPlan) -> float:
+        """K sequential forwards of the draft model over B rows (the first also consumes the tokens
+        accepted last step), each a step of its own; the BLS orchestration adds a round trip per step."""
+        if ctx.draft is None:
+            raise ValueError("draft-target needs the draft model's shapes")
+        catch_up = max(1, round(ctx.tokens_per_step))
+        first = ctx.device.forward(ctx.draft, ctx.batch, catch_up, ctx.context).seconds
+        rest = (plan.depth - 1) * ctx.device.forward(ctx.draft, ctx.batch, 1, ctx.context).seconds
+        return first + rest + ctx.device.round_trip_s(plan.orchestration)
+
+    def uses_draft_logits(self, spec: DraftTargetSpec) -> bool:
+        return spec.use_draft_logits
 
     def primary_draft_len(self, spec: DraftTargetSpec) -> int:
         return spec.num_draft_tokens

@@ -7,6 +7,8 @@ Reads and writes nothing; registered in :mod:`pipeline.methods` as ``eagle``.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
@@ -21,14 +23,21 @@ from pipeline.config.base import (
     tree_depth,
     tree_non_leaves_per_level,
 )
-from pipeline.infra.trees import brace_choices
+from pipeline.errors import ConfigError
+from pipeline.facts.model_shapes import eagle_head_layers
+from pipeline.infra.trees import brace_choices, choices_or_chain
 from pipeline.methods.base import ENGINE, REFERENCE, Method
+from pipeline.methods.drafting import DraftHead, DraftPlan, head_cost, tree_plan
+from pipeline.methods.heads import check_head_dims
+from pipeline.trtllm import commands as tc
 from pipeline.trtllm.commands import KV_CACHE_QUANT_ALGO
-from pipeline.validate.severity import ERROR
+from pipeline.validate.severity import ERROR, INFO
 
 if TYPE_CHECKING:
-    from pipeline.config import DeploymentConfig
-    from pipeline.validate.findings import CheckContext
+    from collections.abc import Callable
+
+    from pipeline.methods.base import CheckContext, DeploymentConfig
+
 
 
 class EagleSpec(TreeDrafts, Section):
@@ -112,11 +121,43 @@ class EagleMethod(Method):
     head_field, head_role = "head_dir", "EAGLE head"
     min_engine_version = (0, 15)
 
+    def plan_reference(self, p: Any, spec: EagleSpec, target: tuple[str, str]) -> None:
+        head = p.source("eagle", spec.head_dir, "eagle", always_resolve=True)
+        p.reference_baseline(target)
+        choices = choices_or_chain(spec.choices, spec.num_layers)
+        proposer = ["--method", "eagle", "--head-dir", head, "--num-layers", str(spec.num_layers),
+                    "--choices", json.dumps(choices, separators=(",", ":"))]
+        p.reference_engine("speculative", target, proposer + p.draft_weights(), spec.engine_max_draft_len, [head])
+
+    def plan_trtllm(self, p: Any, spec: EagleSpec, v: Any, target_ckpt: str, tokenizer: str) -> None:
+        _check_build_limits(p.cfg)
+        spec_ckpt = _trtllm_checkpoint(p, v, spec, tokenizer)
+        p.trtllm_baseline(v, target_ckpt)
+        p.trtllm_engine(v, "speculative", spec_ckpt, p.cfg.target, mode=self.engine_mode, k=spec.engine_max_draft_len,
+                        logits=p.cfg.build.gather_generation_logits, architecture="EagleForCausalLM",
+                        num_eagle_layers=spec.num_layers)
+
     def primary_draft_len(self, spec: EagleSpec) -> int:
         return spec.engine_max_draft_len
 
     def memory_draft_len(self, spec: EagleSpec) -> tuple[int, int]:
         return spec.engine_max_draft_len + spec.num_layers, spec.engine_max_draft_len  # + the EAGLE layers' KV
+
+    def draft_head(self, spec: EagleSpec | None) -> DraftHead:
+        # one EagleNet per level, each a full copy: embedding, fc (2H→H, bias), one layer, lm_head
+        layers = spec.num_layers if spec is not None else 1
+        return DraftHead("EAGLE head", f"{layers} EagleNets × (embed + fc + 1 layer + lm_head)",
+                         copies=layers, fc_inputs=2, fc_bias=True, decoder_layers=1, embedding=True,
+                         kv_name="EAGLE KV cache")
+
+    def draft_plan(self, spec: EagleSpec) -> DraftPlan:
+        return tree_plan(self.name, spec)
+
+    def draft_seconds(self, ctx: Any, plan: DraftPlan) -> float:
+        """One EagleNet per tree level, over that level's nodes."""
+        head = head_cost(ctx, self.draft_head(None), "eagle head")  # one copy: the same whatever num_layers
+        widths = plan.level_widths or (1,) * plan.depth
+        return sum(ctx.device.forward(head, ctx.batch, w, ctx.context).seconds for w in widths)
 
     def paged_fmha_needed_by(self, cfg: DeploymentConfig) -> str | None:
         return ("EAGLE needs it: the builder turns it back on and the attention plugin then refuses this KV dtype "
@@ -151,8 +192,84 @@ class EagleMethod(Method):
             ctx.add(ERROR, "method", f"EAGLE in TensorRT-LLM needs a LLaMA-architecture base, got {target.architecture}",
                     "use a LLaMA-family target or another method", "target.checkpoint")
 
+    def quantizes_with_head(self, cfg: DeploymentConfig) -> bool:
+        return fp8_route(cfg.target)
+
+    def head_weights(self, cfg: DeploymentConfig) -> tuple[str, tuple[str, ...], str]:
+        if cfg.backend != "trtllm":
+            return "weights", ("model.safetensors",), ""
+        if fp8_route(cfg.target):
+            return "weights", ("pytorch_model.bin",), "examples/eagle/quantize.py loads exactly pytorch_model.bin from the EAGLE dir"
+        return "weights", ("*.safetensors", "pytorch_model*.bin", "*.pth"), ""  # the converter's ModelWeightsLoader
+
+    def check_head(self, ctx: CheckContext, head_cfg: dict, tensors: Callable[[], tuple[dict, Path] | None],
+                   directory: Path) -> None:
+        read = tensors()
+        if read is not None:
+            _check_fc_and_layers(ctx, head_cfg, *read, directory)
+
     def proposer_fields(self, spec: EagleSpec) -> dict[str, Any]:
         return {"num_layers": spec.num_layers, "choices": spec.choices}  # None: the proposer's chain
+
+
+def _check_fc_and_layers(ctx: CheckContext, head_cfg: dict, shapes: dict, weights: Path, directory: Path) -> None:
+    field_path = "speculation.head_dir"
+    check_head_dims(ctx, "EAGLE head", field_path, {k: head_cfg.get(k) for k in ("hidden_size", "vocab_size")})
+    quantized = ctx.cfg.backend == "trtllm" and fp8_route(ctx.cfg.target)
+    missing = [k for k in ("fc.weight", "fc.bias") if k not in shapes]
+    if quantized and missing == ["fc.bias"]:
+        ctx.add(INFO, "heads", "EAGLE head has no fc.bias; examples/eagle/quantize.py uses zeros for it", "", field_path)
+    elif missing:
+        ctx.add(ERROR, "heads", f"EAGLE head lacks {missing} in {weights.name} (convert_checkpoint.py fails with "
+                "KeyError, NVIDIA/TensorRT-LLM#2588)", "use an EAGLE-1 checkpoint whose fc layer has a bias "
+                "(the verified one is yuhuili/EAGLE-Vicuna-7B-v1.3), or the FP8 route, which tolerates its absence",
+                field_path)
+    if quantized:
+        _check_eagle_layers(ctx, shapes, weights, directory, field_path)
+
+
+def _check_eagle_layers(ctx: CheckContext, shapes: dict, weights: Path, directory: Path, field_path: str) -> None:
+    """quantize.py copies layers.{i}.* for i < --eagle_num_layers (the head's num_hidden_layers)."""
+    layers = eagle_head_layers(str(directory))
+    absent = [i for i in range(layers) if f"layers.{i}.self_attn.q_proj.weight" not in shapes]
+    if absent:
+        ctx.add(ERROR, "heads", f"EAGLE head config.json has num_hidden_layers {layers} but {weights.name} lacks "
+                f"layers {absent} (examples/eagle/quantize.py --eagle_num_layers {layers} reads each)",
+                "use the head's original config.json and weights", field_path)
+
+
+def _trtllm_checkpoint(p: Any, v: tc.Version, spec: EagleSpec, base: str) -> str:
+    cfg, q = p.cfg, p.cfg.target.quantization
+    head = p.source("eagle", spec.head_dir, "eagle", always_resolve=False)
+    out = p.path("checkpoints", "speculative-trtllm")
+    common = dict(output_dir=out, dtype=cfg.target.dtype, max_draft_len=spec.engine_max_draft_len, num_layers=spec.num_layers,
+                  max_non_leaves_per_layer=spec.max_non_leaves_per_layer, tp=cfg.target.tp)
+    expect = p.checkpoint_expectation("speculative", cfg.target, architecture="EagleForCausalLM", num_eagle_layers=spec.num_layers)
+    if q.format == "none" and q.kv_cache_dtype not in tc.KV_CACHE_QUANT_ALGO:
+        argv = tc.convert_eagle(v, p.trtllm_root, model_dir=base, head_dir=head, **common)
+        p.add_step("convert-speculative", argv, [base, head], [out], kind="convert", expect_checkpoint=expect)
+        return out
+    if q.format != "fp8" or q.kv_cache_dtype == "int8":
+        raise ConfigError("config", ["target.quantization: quantized EAGLE is FP8 only (format fp8, kv_cache_dtype fp8 or auto)"])
+    quantized = p.path("checkpoints", "speculative-fp8-modelopt")
+    argv = tc.quantize_eagle(v, p.trtllm_root, model_dir=base, head_dir=head, output_dir=quantized,
+                             head_layers=eagle_head_layers(head), kv_cache_dtype=q.kv_cache_dtype,
+                             calib_dataset=q.calibration_dataset, calib_size=q.calibration_size)
+    p.add_step("quantize-speculative", argv, [base, head], [quantized], kind="quantize")
+    argv = tc.convert_eagle(v, p.trtllm_root, model_dir=quantized, head_dir=None, **common)
+    p.add_step("convert-speculative", argv, [quantized], [out], kind="convert", expect_checkpoint=expect)
+    return out
+
+
+def _check_build_limits(cfg: DeploymentConfig) -> None:
+    """The planner's own refusal (validate reports the same as findings)."""
+    problems = []
+    if cfg.target.pp != 1:
+        problems.append(f"target.pp: EAGLE needs pp 1, got {cfg.target.pp}")
+    if cfg.build.max_batch_size > EAGLE_MAX_BATCH_SIZE:
+        problems.append(f"build.max_batch_size: EAGLE allows at most {EAGLE_MAX_BATCH_SIZE}, got {cfg.build.max_batch_size}")
+    if problems:
+        raise ConfigError("config", problems)
 
 
 METHOD = EagleMethod()

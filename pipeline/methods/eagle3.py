@@ -12,12 +12,12 @@ from pydantic import Field
 
 from pipeline.config.base import Section, described
 from pipeline.methods.base import LLM_API, REFERENCE, Method
+from pipeline.methods.drafting import DraftHead, DraftPlan, chain_plan, head_cost
 from pipeline.trtllm.llmapi_facts import facts_for
 from pipeline.validate.severity import ERROR
 
 if TYPE_CHECKING:
-    from pipeline.config import DeploymentConfig
-    from pipeline.validate.findings import CheckContext
+    from pipeline.methods.base import CheckContext, DeploymentConfig
 
 
 class Eagle3Spec(Section):
@@ -38,6 +38,17 @@ class Eagle3Spec(Section):
     )
 
 
+# fc over three fused target layers (no bias), one decoder layer, its own lm_head
+EAGLE3_HEAD = DraftHead("EAGLE-3 head", "fc (3H→H) + 1 layer + lm_head", copies=1, fc_inputs=3, fc_bias=False,
+                        decoder_layers=1, kv_name="EAGLE-3 KV cache")
+
+
+def chain_head_seconds(ctx: Any, plan: DraftPlan) -> float:
+    """K sequential chain steps of the EAGLE-3 head."""
+    head = head_cost(ctx, EAGLE3_HEAD, "eagle head")
+    return plan.depth * ctx.device.forward(head, ctx.batch, 1, ctx.context).seconds
+
+
 class Eagle3Method(Method):
     name = "eagle3"
     section = Eagle3Spec
@@ -46,6 +57,39 @@ class Eagle3Method(Method):
     proposer = "eagle3"
     llmapi_decoding_type = "Eagle3"
     head_field, head_role = "head_dir", "EAGLE-3 head"
+
+    def plan_reference(self, p: Any, spec: Eagle3Spec, target: tuple[str, str]) -> None:
+        head = p.source("eagle", spec.head_dir, "eagle", always_resolve=True)
+        p.reference_baseline(target)
+        # a chain; model_mode is the LLM API's (one engine either way here)
+        proposer = ["--method", "eagle3", "--head-dir", head, "--num-draft-tokens", str(spec.max_draft_len)]
+        p.reference_engine("speculative", target, proposer + p.draft_weights(), spec.max_draft_len, [head])
+
+    def draft_head(self, spec: Eagle3Spec | None) -> DraftHead:
+        return EAGLE3_HEAD
+
+    def draft_plan(self, spec: Eagle3Spec) -> DraftPlan:
+        return chain_plan(self.name, spec.max_draft_len, spec)
+
+    def draft_seconds(self, ctx: Any, plan: DraftPlan) -> float:
+        return chain_head_seconds(ctx, plan)
+
+    def head_weights(self, cfg: DeploymentConfig) -> tuple[str, tuple[str, ...], str]:
+        if cfg.backend == "trtllm":  # the LLM API's EAGLE-3 drafter loads an HF-style checkpoint
+            return "weights", ("*.safetensors", "pytorch_model*.bin"), ""
+        return "weights", ("model.safetensors",), ""
+
+    def check_head(self, ctx: CheckContext, head_cfg: dict, tensors: Any, directory: Any) -> None:
+        """An EAGLE-3 head predicts into the target's vocabulary from its hidden states: both sizes
+        must match the target (a smaller ``draft_vocab_size`` is the head's own and maps back)."""
+        target = ctx.shapes.get("target")  # config.json alone: the LLM API reads the weights itself
+        if target is None:
+            return
+        for key, expected in (("hidden_size", target.hidden_size), ("vocab_size", target.vocab_size)):
+            value = head_cfg.get(key)
+            if value is not None and value != expected:
+                ctx.add(ERROR, "heads", f"EAGLE-3 head {key} {value} does not match the target's {expected}",
+                        "use the EAGLE-3 checkpoint trained for this target", "speculation.head_dir")
 
     def check_llm_api(self, ctx: CheckContext, facts: Any) -> None:
         if ctx.cfg.speculation.model_mode not in facts.eagle3_modes:

@@ -27,10 +27,11 @@ from pydantic import Field
 
 from pipeline.config.base import Section, described
 from pipeline.methods.base import ENGINE, REFERENCE, Method
+from pipeline.methods.drafting import DraftPlan
 from pipeline.validate.severity import WARNING
 
 if TYPE_CHECKING:
-    from pipeline.validate.findings import CheckContext
+    from pipeline.methods.base import CheckContext
 
 # Upstream's defaults (the C++ executor's LookaheadDecodingConfig, read through
 # get_default_lookahead_decoding_{window,ngram,verification_set} in tensorrt_llm/llmapi/llm_args.py).
@@ -86,6 +87,12 @@ class LookaheadMethod(Method):
     engine_only_decoding_type = "Lookahead"
     engine_only_reason = LLM_API_REASON
     min_engine_version = (0, 13)
+
+    def draft_plan(self, spec: LookaheadSpec) -> DraftPlan:
+        """No proposer (the default 0 s), a wider verify: lookahead and verification branches ride in
+        the target's forward. Upstream's LookaheadDecodingConfig names: window W, n-gram N, verification set G."""
+        w, n, g = spec.max_window_size, spec.max_ngram_size, spec.max_verification_set_size
+        return DraftPlan(self.name, n - 1, (w + g) * (n - 1) + 1, params={"W": w, "N": n, "G": g})
 
     def primary_draft_len(self, spec: LookaheadSpec) -> int:
         return spec.engine_max_draft_len

@@ -15,12 +15,13 @@ from pydantic import Field
 from pipeline.config.base import Section, described
 from pipeline.facts.model_shapes import read_config_json
 from pipeline.methods.base import LLM_API, Method
+from pipeline.methods.drafting import DraftPlan, chain_plan
+from pipeline.methods.eagle3 import chain_head_seconds
 from pipeline.trtllm.llmapi_facts import load_facts
 from pipeline.validate.severity import ERROR, INFO
 
 if TYPE_CHECKING:
-    from pipeline.config import DeploymentConfig
-    from pipeline.validate.findings import CheckContext
+    from pipeline.methods.base import CheckContext, DeploymentConfig
 
 
 class MtpSpec(Section):
@@ -39,6 +40,13 @@ class MtpMethod(Method):
     title = "MTP"
     runtimes = frozenset({LLM_API})
     llmapi_decoding_type = "MTP"
+
+    def draft_plan(self, spec: MtpSpec) -> DraftPlan:
+        return chain_plan(self.name, spec.num_nextn_predict_layers, spec)
+
+    def draft_seconds(self, ctx: Any, plan: DraftPlan) -> float:
+        """Priced as an EAGLE-3 head's chain: one MTP module per drafted token."""
+        return chain_head_seconds(ctx, plan)
 
     def check_shapes(self, ctx: CheckContext) -> None:
         target_dir, target_config = ctx.dirs.get("target"), None

@@ -15,11 +15,11 @@ from pydantic import Field, ValidationInfo, field_validator
 from pipeline.config.base import Section, described
 from pipeline.methods.base import ENGINE, LLM_API, REFERENCE, Method
 from pipeline.methods.draft_target import check_bls_context_lengths
+from pipeline.methods.drafting import DraftPlan, chain_plan
 from pipeline.validate.severity import ERROR
 
 if TYPE_CHECKING:
-    from pipeline.config import DeploymentConfig
-    from pipeline.validate.findings import CheckContext
+    from pipeline.methods.base import CheckContext, DeploymentConfig
 
 NGRAM_POOL_SWITCHES = ("is_keep_all", "is_use_oldest", "is_public_pool")
 
@@ -94,6 +94,26 @@ class NgramMethod(Method):
     engine_mode = "draft_tokens_external"  # the target of the BLS flow
     llmapi_decoding_type = "NGram"
 
+    def plan_reference(self, p: Any, spec: NgramSpec, target: tuple[str, str]) -> None:
+        p.reference_baseline(target)
+        if spec.orchestration == "bls":  # the BLS drafts: a target that verifies external drafts, as draft-target's
+            p.reference_baseline(target, "target", spec.max_draft_len)
+        else:
+            p.reference_engine("speculative", target, ngram_args(spec), spec.max_draft_len, [])
+
+    def plan_trtllm(self, p: Any, spec: NgramSpec, v: Any, target_ckpt: str, tokenizer: str) -> None:
+        p.trtllm_baseline(v, target_ckpt)
+        if spec.orchestration == "bls":
+            # TensorRT-LLM's V1 n-gram workflow (examples/ngram/README.md): the target alone, built for
+            # external drafts; the drafts come from the BLS's lookup
+            p.trtllm_engine(v, "target", target_ckpt, p.cfg.target, mode=self.engine_mode, k=spec.max_draft_len)
+
+    def resends_context(self, spec: NgramSpec) -> bool:
+        return spec.orchestration == "bls"
+
+    def draft_plan(self, spec: NgramSpec) -> DraftPlan:
+        return chain_plan(self.name, spec.max_draft_len, spec)  # drafting: a host-side lookup (the default 0 s)
+
     def primary_draft_len(self, spec: NgramSpec) -> int:
         return spec.engine_max_draft_len
 
@@ -163,6 +183,15 @@ class NgramMethod(Method):
         # the pool switches as written (unset: upstream's default, which equals ours)
         out.update({k: getattr(spec, k) for k in NGRAM_POOL_SWITCHES if k in spec.model_fields_set})
         return out
+
+
+def ngram_args(spec: NgramSpec) -> list[str]:
+    """build_step arguments of the n-gram proposer (no checkpoint: the engine drafts from the tokens)."""
+    flags = [(f"--{knob.replace('_', '-')}", "true" if getattr(spec, knob) else "false")
+             for knob in ("is_keep_all", "is_use_oldest", "is_public_pool")]
+    return ["--method", "ngram", "--num-draft-tokens", str(spec.max_draft_len),
+            "--max-matching-ngram-size", str(spec.max_matching_ngram_size),
+            "--min-matching-ngram-size", str(spec.min_matching_ngram_size), *[a for pair in flags for a in pair]]
 
 
 METHOD = NgramMethod()

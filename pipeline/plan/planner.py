@@ -17,29 +17,14 @@ method gets a separate **baseline** engine (the A/B control). Paths in steps are
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import (
-    BUILTIN_PREFIX,
-    DeploymentConfig,
-    DraftTargetSpec,
-    Eagle3Spec,
-    EagleSpec,
-    MedusaSpec,
-    ModelSpec,
-    NgramSpec,
-    config_hash,
-    ngram_through_bls,
-)
+from pipeline.config import BUILTIN_PREFIX, DeploymentConfig, ModelSpec, config_hash
 from pipeline.errors import ConfigError
 from pipeline.facts.hardware import get_profile
-from pipeline.facts.model_shapes import eagle_head_layers
-from pipeline.infra.trees import choices_or_chain
-from pipeline.methods.eagle import EAGLE_MAX_BATCH_SIZE
 from pipeline.paths import engine_root
 from pipeline.plan.llmapi import plan_llm_api
 from pipeline.plan.step import Step
@@ -112,6 +97,37 @@ class _Planner:
         self.add(Step(f"resolve-{label}", argv, inputs, [link], _reference_env(), kind="resolve"))
         return link
 
+    # -- what a method's route hooks call (Method.plan_reference, Method.plan_trtllm) -----------
+    def add_step(self, name: str, argv: list[str], inputs: list[str], outputs: list[str], *, kind: str,
+                 expect_checkpoint: ExpectedCheckpoint | None = None) -> None:
+        self.add(Step(name, argv, inputs, outputs, kind=kind, expect_checkpoint=expect_checkpoint))
+
+    def reference_model(self, label: str, spec: ModelSpec, field_path: str) -> tuple[str, str]:
+        return _reference_model(self, label, spec, field_path)
+
+    def reference_engine(self, role: str, model: tuple[str, str], proposer: list[str], max_draft_len: int,
+                         inputs: list[str]) -> None:
+        _reference_engine(self, role, model, proposer, max_draft_len, inputs)
+
+    def reference_baseline(self, target: tuple[str, str], role: str = "baseline", max_draft_len: int = 0) -> None:
+        """An engine of the target alone (``--method none``): the baseline, or a verifier of external drafts."""
+        _reference_engine(self, role, target, ["--method", "none"], max_draft_len, [])
+
+    def draft_weights(self) -> list[str]:
+        return _draft_weights(self.cfg)
+
+    def checkpoint_expectation(self, role: str, spec: ModelSpec, **extra: Any) -> ExpectedCheckpoint:
+        return _checkpoint_expectation(role, spec, **extra)
+
+    def trtllm_checkpoint(self, v: tc.Version, label: str, spec: ModelSpec) -> tuple[str, str]:
+        return _trtllm_checkpoint(self, v, label, spec)
+
+    def trtllm_engine(self, v: tc.Version, role: str, ckpt: str, spec: ModelSpec, **options: Any) -> None:
+        _trtllm_engine(self, v, role, ckpt, spec, **options)
+
+    def trtllm_baseline(self, v: tc.Version, target_ckpt: str) -> None:
+        _trtllm_engine(self, v, "baseline", target_ckpt, self.cfg.target, logits=self.cfg.build.gather_generation_logits)
+
 
 def _reference_env() -> dict[str, str]:
     return {"OMP_NUM_THREADS": "1"}
@@ -156,56 +172,11 @@ def _reference_engine(p: _Planner, role: str, model: tuple[str, str], proposer: 
 
 
 def _plan_reference(p: _Planner) -> str:
-    cfg, spec, method = p.cfg, p.cfg.speculation, p.cfg.method_info
+    cfg = p.cfg
     target = _reference_model(p, "target", cfg.target, "target")
     tokenizer = p.path("checkpoints", "target-hf")
-    none = ["--method", "none"]
-    if isinstance(spec, DraftTargetSpec):
-        draft = _reference_model(p, "draft", spec.draft, "speculation.draft")
-    elif isinstance(spec, MedusaSpec):
-        heads = p.source("medusa", spec.heads_dir, "medusa", always_resolve=True)
-    elif isinstance(spec, (EagleSpec, Eagle3Spec)):
-        head = p.source("eagle", spec.head_dir, "eagle", always_resolve=True)
-    _reference_engine(p, "baseline", target, none, 0, [])
-    if isinstance(spec, DraftTargetSpec):
-        k = spec.engine_max_draft_len
-        _reference_engine(p, "target", target, none, k, [])
-        _reference_engine(p, "draft", draft, none, 0, [])
-        proposer = ["--method", "draft_target", "--draft-dir", draft[0], "--draft-quantization", draft[1],
-                    "--num-draft-tokens", str(spec.num_draft_tokens)]
-        _reference_engine(p, "speculative", target, proposer + _draft_weights(cfg), k, [draft[0]])
-    elif isinstance(spec, MedusaSpec):
-        choices = choices_or_chain(spec.choices, spec.num_heads)
-        proposer = ["--method", "medusa", "--heads-dir", heads, "--num-heads", str(spec.num_heads),
-                    "--choices", json.dumps(choices, separators=(",", ":"))]
-        _reference_engine(p, "speculative", target, proposer + _draft_weights(cfg), spec.engine_max_draft_len, [heads])
-    elif isinstance(spec, EagleSpec):
-        choices = choices_or_chain(spec.choices, spec.num_layers)
-        proposer = ["--method", "eagle", "--head-dir", head, "--num-layers", str(spec.num_layers),
-                    "--choices", json.dumps(choices, separators=(",", ":"))]
-        _reference_engine(p, "speculative", target, proposer + _draft_weights(cfg), spec.engine_max_draft_len, [head])
-    elif ngram_through_bls(cfg):
-        # the BLS drafts: a target that verifies external drafts, as draft-target's
-        _reference_engine(p, "target", target, none, spec.max_draft_len, [])
-    elif isinstance(spec, Eagle3Spec):  # a chain; model_mode is the LLM API's (one engine either way here)
-        proposer = ["--method", "eagle3", "--head-dir", head, "--num-draft-tokens", str(spec.max_draft_len)]
-        _reference_engine(p, "speculative", target, proposer + _draft_weights(cfg), spec.max_draft_len, [head])
-    elif isinstance(spec, NgramSpec):
-        _reference_engine(p, "speculative", target, ngram_args(spec), spec.max_draft_len, [])
-    elif method.proposer:  # a checkpoint-free method: its proposer's fields as the method gives them
-        proposer = ["--method", method.proposer, "--proposer-fields",
-                    json.dumps(method.proposer_fields(spec), separators=(",", ":"), sort_keys=True)]
-        _reference_engine(p, "speculative", target, proposer, method.engine_max_draft_len(spec), [])
+    cfg.method_info.plan_reference(p, cfg.speculation, target)
     return tokenizer
-
-
-def ngram_args(spec: NgramSpec) -> list[str]:
-    """build_step arguments of the n-gram proposer (no checkpoint: the engine drafts from the tokens)."""
-    flags = [(f"--{knob.replace('_', '-')}", "true" if getattr(spec, knob) else "false")
-             for knob in ("is_keep_all", "is_use_oldest", "is_public_pool")]
-    return ["--method", "ngram", "--num-draft-tokens", str(spec.max_draft_len),
-            "--max-matching-ngram-size", str(spec.max_matching_ngram_size),
-            "--min-matching-ngram-size", str(spec.min_matching_ngram_size), *[a for pair in flags for a in pair]]
 
 
 def _draft_weights(cfg: DeploymentConfig) -> list[str]:
@@ -278,7 +249,7 @@ def _expect(p: _Planner, role: str, spec: ModelSpec, mode: str, k: int, logits: 
 
 def _is_dtm(cfg: DeploymentConfig) -> bool:
     """The BLS re-sends the whole context every round: draft-target, and n-gram through the BLS."""
-    return isinstance(cfg.speculation, DraftTargetSpec) or ngram_through_bls(cfg)
+    return cfg.method_info.resends_context(cfg.speculation)
 
 
 def _trtllm_engine(p: _Planner, v: tc.Version, role: str, ckpt: str, spec: ModelSpec, *, mode: str | None = None,
@@ -304,94 +275,12 @@ def _trtllm_engine(p: _Planner, v: tc.Version, role: str, ckpt: str, spec: Model
     p.engines[role] = out
 
 
-def _medusa_checkpoint(p: _Planner, v: tc.Version, spec: MedusaSpec, base: str) -> str:
-    cfg, q = p.cfg, p.cfg.target.quantization
-    heads = p.source("medusa", spec.heads_dir, "medusa", always_resolve=False)
-    out = p.path("checkpoints", "speculative-trtllm")
-    k = spec.engine_max_draft_len
-    if q.format == "none" and q.kv_cache_dtype not in tc.KV_CACHE_QUANT_ALGO:
-        argv = tc.convert_medusa(v, p.trtllm_root, model_dir=base, heads_dir=heads, output_dir=out, dtype=cfg.target.dtype,
-                                 num_heads=spec.num_heads, max_draft_len=k, tp=cfg.target.tp)
-        kind = "convert"
-    elif q.format in ("none", "fp8"):
-        extra = tc.medusa_quantize_extra(v, heads_dir=heads, num_heads=spec.num_heads, max_draft_len=k)
-        argv = tc.quantize_modelopt(
-            v, p.trtllm_root, model_dir=base, output_dir=out, dtype=cfg.target.dtype, qformat=q.format,
-            kv_cache_dtype=q.kv_cache_dtype, calib_dataset=q.calibration_dataset, calib_size=q.calibration_size,
-            awq_block_size=q.awq_block_size, tp=cfg.target.tp, pp=cfg.target.pp, extra=extra,
-        )
-        kind = "quantize"
-    else:
-        raise ConfigError("config", [f"target.quantization.format: Medusa supports none or fp8, not '{q.format}'"])
-    expect = _checkpoint_expectation("speculative", cfg.target, architecture="MedusaForCausalLM", num_medusa_heads=spec.num_heads)
-    p.add(Step(f"{kind}-speculative", argv, [base, heads], [out], kind=kind, expect_checkpoint=expect))
-    return out
-
-
-def _eagle_checkpoint(p: _Planner, v: tc.Version, spec: EagleSpec, base: str) -> str:
-    cfg, q = p.cfg, p.cfg.target.quantization
-    head = p.source("eagle", spec.head_dir, "eagle", always_resolve=False)
-    out = p.path("checkpoints", "speculative-trtllm")
-    common = dict(output_dir=out, dtype=cfg.target.dtype, max_draft_len=spec.engine_max_draft_len, num_layers=spec.num_layers,
-                  max_non_leaves_per_layer=spec.max_non_leaves_per_layer, tp=cfg.target.tp)
-    expect = _checkpoint_expectation("speculative", cfg.target, architecture="EagleForCausalLM", num_eagle_layers=spec.num_layers)
-    if q.format == "none" and q.kv_cache_dtype not in tc.KV_CACHE_QUANT_ALGO:
-        argv = tc.convert_eagle(v, p.trtllm_root, model_dir=base, head_dir=head, **common)
-        p.add(Step("convert-speculative", argv, [base, head], [out], kind="convert", expect_checkpoint=expect))
-        return out
-    if q.format != "fp8" or q.kv_cache_dtype == "int8":
-        raise ConfigError("config", ["target.quantization: quantized EAGLE is FP8 only (format fp8, kv_cache_dtype fp8 or auto)"])
-    quantized = p.path("checkpoints", "speculative-fp8-modelopt")
-    argv = tc.quantize_eagle(v, p.trtllm_root, model_dir=base, head_dir=head, output_dir=quantized,
-                             head_layers=eagle_head_layers(head), kv_cache_dtype=q.kv_cache_dtype,
-                             calib_dataset=q.calibration_dataset, calib_size=q.calibration_size)
-    p.add(Step("quantize-speculative", argv, [base, head], [quantized], kind="quantize"))
-    argv = tc.convert_eagle(v, p.trtllm_root, model_dir=quantized, head_dir=None, **common)
-    p.add(Step("convert-speculative", argv, [quantized], [out], kind="convert", expect_checkpoint=expect))
-    return out
-
-
 def _plan_trtllm(p: _Planner) -> str:
-    cfg, spec, method = p.cfg, p.cfg.speculation, p.cfg.method_info
+    cfg = p.cfg
     v = tc.Version.parse(cfg.trtllm_version)
     tokenizer, target_ckpt = _trtllm_checkpoint(p, v, "target", cfg.target)
-    base_logits = cfg.build.gather_generation_logits
-    if isinstance(spec, DraftTargetSpec):
-        _, draft_ckpt = _trtllm_checkpoint(p, v, "draft", spec.draft)
-    elif isinstance(spec, MedusaSpec):
-        spec_ckpt = _medusa_checkpoint(p, v, spec, tokenizer)
-    elif isinstance(spec, EagleSpec):
-        _check_eagle(cfg)
-        spec_ckpt = _eagle_checkpoint(p, v, spec, tokenizer)
-    _trtllm_engine(p, v, "baseline", target_ckpt, cfg.target, logits=base_logits)
-    if isinstance(spec, DraftTargetSpec):
-        k, logits = spec.engine_max_draft_len, spec.use_draft_logits
-        _trtllm_engine(p, v, "target", target_ckpt, cfg.target, mode="draft_tokens_external", k=k, logits=logits)
-        _trtllm_engine(p, v, "draft", draft_ckpt, spec.draft, logits=logits)
-    elif ngram_through_bls(cfg):
-        # TensorRT-LLM's V1 n-gram workflow (examples/ngram/README.md): the target alone, built for
-        # external drafts; the drafts come from the BLS's lookup
-        _trtllm_engine(p, v, "target", target_ckpt, cfg.target, mode="draft_tokens_external", k=spec.max_draft_len)
-    elif isinstance(spec, MedusaSpec):
-        _trtllm_engine(p, v, "speculative", spec_ckpt, cfg.target, mode="medusa", k=spec.engine_max_draft_len, logits=base_logits,
-                       architecture="MedusaForCausalLM", num_medusa_heads=spec.num_heads)
-    elif isinstance(spec, EagleSpec):
-        _trtllm_engine(p, v, "speculative", spec_ckpt, cfg.target, mode="eagle", k=spec.engine_max_draft_len, logits=base_logits,
-                       architecture="EagleForCausalLM", num_eagle_layers=spec.num_layers)
-    elif method.engine_from_target:  # the target's own checkpoint, built in the method's mode
-        _trtllm_engine(p, v, "speculative", target_ckpt, cfg.target, mode=method.engine_mode,
-                       k=method.engine_max_draft_len(spec), logits=base_logits)
+    cfg.method_info.plan_trtllm(p, cfg.speculation, v, target_ckpt, tokenizer)
     return tokenizer
-
-
-def _check_eagle(cfg: DeploymentConfig) -> None:
-    problems = []
-    if cfg.target.pp != 1:
-        problems.append(f"target.pp: EAGLE needs pp 1, got {cfg.target.pp}")
-    if cfg.build.max_batch_size > EAGLE_MAX_BATCH_SIZE:
-        problems.append(f"build.max_batch_size: EAGLE allows at most {EAGLE_MAX_BATCH_SIZE}, got {cfg.build.max_batch_size}")
-    if problems:
-        raise ConfigError("config", problems)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -419,6 +308,6 @@ def make_plan(cfg: DeploymentConfig, trtllm_root: str | None = None) -> BuildPla
         engines=planner.engines,
         tokenizer_dir=tokenizer,
         max_draft_len=max_draft_len,
-        num_draft_tokens=spec.num_draft_tokens if isinstance(spec, DraftTargetSpec) else None,
+        num_draft_tokens=spec.num_draft_tokens if cfg.method_info.per_request_draft_len else None,
         trtllm_root=planner.trtllm,
     )

@@ -12,8 +12,6 @@ types; the quantization ModelOpt can export; MTP's DeepSeek-family target; the E
 
 from __future__ import annotations
 
-from typing import Any
-
 from pipeline.config import ENGINE_RUNTIME_MAX_VERSION
 from pipeline.methods import ENGINE, LLM_API, METHODS, REFERENCE
 from pipeline.trtllm.llmapi_args import decoding_problems, llm_args
@@ -176,15 +174,3 @@ def check_quantization(ctx) -> None:
         if q.kv_cache_dtype not in LLM_API_KV_DTYPES:
             ctx.add(ERROR, "kv-dtype", f"KV-cache dtype {q.kv_cache_dtype} is not planned on the LLM-API runtime",
                     "use auto or fp8", f"{path}.quantization.kv_cache_dtype")
-
-
-def check_eagle3_head(ctx, head_config: dict[str, Any], target) -> None:
-    """An EAGLE-3 head predicts into the target's vocabulary from its hidden states: both sizes
-    must match the target (a smaller ``draft_vocab_size`` is the head's own and maps back)."""
-    if target is None:
-        return
-    for key, expected in (("hidden_size", target.hidden_size), ("vocab_size", target.vocab_size)):
-        value = head_config.get(key)
-        if value is not None and value != expected:
-            ctx.add(ERROR, "heads", f"EAGLE-3 head {key} {value} does not match the target's {expected}",
-                    "use the EAGLE-3 checkpoint trained for this target", "speculation.head_dir")

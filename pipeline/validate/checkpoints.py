@@ -13,11 +13,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pipeline.config import DeploymentConfig, Eagle3Spec, EagleSpec, MedusaSpec
+from pipeline.config import DeploymentConfig
 from pipeline.errors import SpecdeployError
-from pipeline.facts.model_shapes import eagle_head_layers, known_shape, read_config_json, shape_from_config
-from pipeline.methods.eagle import fp8_route
-from pipeline.trtllm import llmapi_checks
+from pipeline.facts.model_shapes import known_shape, read_config_json, shape_from_config
 from pipeline.validate.findings import ERROR, INFO, CheckContext, spec_checkpoints, spec_roles
 from pipeline.validate.tokenizer_compat import compare_tokenizers
 from pipeline.validate.weight_files import UnreadableWeights, index_problems, tensor_shapes
@@ -66,41 +64,21 @@ def _resolve(ctx: CheckContext, role: str, path: str, checkpoint: str) -> Path |
     return Path(checkpoint).expanduser()
 
 
-# (what, glob patterns: any one match satisfies it, why) per role, for the files each route reads.
-_REFERENCE_FILES = {
-    "medusa heads": [("config.json", ("config.json",), ""), ("weights", ("medusa_lm_head.safetensors",), "")],
-    "EAGLE head": [("config.json", ("config.json",), ""), ("weights", ("model.safetensors",), "")],
-    "EAGLE-3 head": [("config.json", ("config.json",), ""), ("weights", ("model.safetensors",), "")],
-    "model": [("config.json", ("config.json",), ""), ("weights", ("*.safetensors",), ""),
-              ("tokenizer", ("tokenizer.json",), "")],
+# (what, glob patterns: any one match satisfies it, why) for the files a model's route reads (a
+# head's are its method's: Method.head_files). TensorRT-LLM's HF loaders read safetensors or .bin.
+_MODEL_FILES = {
+    "reference": [("config.json", ("config.json",), ""), ("weights", ("*.safetensors",), ""),
+                  ("tokenizer", ("tokenizer.json",), "")],
+    "trtllm": [("config.json", ("config.json",), ""), ("weights", ("*.safetensors", "pytorch_model*.bin"), ""),
+               ("tokenizer", ("tokenizer.json", "tokenizer.model"), "")],
 }
-# TensorRT-LLM routes: HF loaders read safetensors or .bin shards; the Medusa loader tries
-# medusa_lm_head.pt then .safetensors (tensorrt_llm/models/medusa/weight.py load_medusa_hf); the
-# EAGLE converter's ModelWeightsLoader reads safetensors, .bin or .pth.
-_TRTLLM_FILES = {
-    "medusa heads": [("config.json", ("config.json",), ""),
-                     ("weights", ("medusa_lm_head.pt", "medusa_lm_head.safetensors"), "")],
-    "EAGLE head": [("config.json", ("config.json",), ""), ("weights", ("*.safetensors", "pytorch_model*.bin", "*.pth"), "")],
-    "model": [("config.json", ("config.json",), ""), ("weights", ("*.safetensors", "pytorch_model*.bin"), ""),
-              ("tokenizer", ("tokenizer.json", "tokenizer.model"), "")],
-    # the LLM API's EAGLE-3 drafter loads an HF-style checkpoint (safetensors or .bin)
-    "EAGLE-3 head": [("config.json", ("config.json",), ""), ("weights", ("*.safetensors", "pytorch_model*.bin"), "")],
-}
-_EAGLE_FP8_WEIGHTS = ("weights", ("pytorch_model.bin",),
-                      "examples/eagle/quantize.py loads exactly pytorch_model.bin from the EAGLE dir")
-
-
-def eagle_fp8_route(cfg: DeploymentConfig) -> bool:
-    """The quantized EAGLE route (examples/eagle/quantize.py, then convert_checkpoint.py)."""
-    return isinstance(cfg.speculation, EagleSpec) and fp8_route(cfg.target)
 
 
 def _required_files(cfg: DeploymentConfig, role: str) -> list[tuple[str, tuple[str, ...], str]]:
-    table = _TRTLLM_FILES if cfg.backend == "trtllm" else _REFERENCE_FILES
-    rules = table.get(role, table["model"])
-    if role == "EAGLE head" and cfg.backend == "trtllm" and eagle_fp8_route(cfg):
-        rules = [rules[0], _EAGLE_FP8_WEIGHTS]
-    return rules
+    method = cfg.method_info
+    if role == method.head_role:
+        return [("config.json", ("config.json",), ""), method.head_weights(cfg)]
+    return _MODEL_FILES[cfg.backend]
 
 
 def check_files(ctx: CheckContext) -> None:
@@ -204,8 +182,8 @@ def check_tokenizers(ctx: CheckContext) -> None:
 
 
 def check_heads(ctx: CheckContext) -> None:
-    spec = ctx.cfg.speculation
-    role = {"medusa": "medusa heads", "eagle": "EAGLE head", "eagle3": "EAGLE-3 head"}.get(ctx.cfg.method)
+    method = ctx.cfg.method_info
+    role = method.head_role
     directory = ctx.dirs.get(role) if role else None
     if directory is None or not (directory / "config.json").is_file():
         return
@@ -215,21 +193,20 @@ def check_heads(ctx: CheckContext) -> None:
         ctx.add(ERROR, "files", f"{role}: unreadable config.json ({exc})", "restore the head's config.json",
                 "speculation")
         return
-    if isinstance(spec, Eagle3Spec):
-        llmapi_checks.check_eagle3_head(ctx, head_cfg, ctx.shapes.get("target"))
-        return
+    method.check_head(ctx, head_cfg, lambda: _head_tensors(ctx, role, directory), directory)
+
+
+def _head_tensors(ctx: CheckContext, role: str, directory: Path) -> tuple[dict, Path] | None:
+    """(tensor shapes, weights file) of a head directory; None when the file is missing (reported as
+    such) or unreadable (reported here)."""
     weights = _head_weights(ctx.cfg, role, directory)
     if weights is None:
-        return  # reported as a missing file
+        return None
     try:
-        shapes = tensor_shapes(weights)
+        return tensor_shapes(weights), weights
     except UnreadableWeights as exc:
         ctx.add(INFO, "heads", f"{role}: tensor names not checked ({exc})", "", "speculation")
-        return
-    if isinstance(spec, MedusaSpec):
-        _check_medusa_heads(ctx, spec, head_cfg, shapes, weights)
-    else:
-        _check_eagle_head(ctx, head_cfg, shapes, weights, directory)
+        return None
 
 
 def _head_weights(cfg: DeploymentConfig, role: str, directory: Path) -> Path | None:
@@ -240,59 +217,3 @@ def _head_weights(cfg: DeploymentConfig, role: str, directory: Path) -> Path | N
         if matches:
             return matches[0]
     return None
-
-
-def _check_head_dims(ctx: CheckContext, role: str, field_path: str, dims: dict[str, int | None]) -> None:
-    target = ctx.shapes.get("target")
-    if target is None:
-        return
-    for key, expected in (("hidden_size", target.hidden_size), ("vocab_size", target.vocab_size)):
-        if dims.get(key) is not None and dims[key] != expected:
-            ctx.add(ERROR, "heads", f"{role} {key} {dims[key]} does not match the target's {expected}",
-                    "use heads trained for this target", field_path)
-
-
-def _check_medusa_heads(ctx: CheckContext, spec: MedusaSpec, head_cfg: dict, shapes: dict, weights: Path) -> None:
-    """Heads are counted in the weights: FasterDecoding's config.json says medusa_num_heads 2 for
-    files holding more, and upstream builds with the explicit --num_medusa_heads."""
-    field_path = "speculation.heads_dir"
-    in_weights = 0
-    while f"{in_weights}.1.weight" in shapes:
-        in_weights += 1
-    lm_head = shapes.get("0.1.weight")
-    dims = {"vocab_size": lm_head[0], "hidden_size": lm_head[1]} if lm_head and len(lm_head) == 2 else {}
-    _check_head_dims(ctx, "medusa heads", field_path, {**{k: head_cfg.get(k) for k in ("hidden_size", "vocab_size")}, **dims})
-    if spec.num_heads > in_weights:
-        missing = [f"{i}.1.weight" for i in range(in_weights, spec.num_heads)]
-        ctx.add(ERROR, "heads", f"num_heads {spec.num_heads} but {weights.name} holds {in_weights} heads "
-                f"(missing {', '.join(missing)})", f"set speculation.num_heads ≤ {in_weights}", "speculation.num_heads")
-    declared = head_cfg.get("medusa_num_heads")
-    if isinstance(declared, int) and declared != in_weights:
-        ctx.add(INFO, "heads", f"medusa heads: config.json says medusa_num_heads {declared}, {weights.name} holds "
-                f"{in_weights}; the build passes --num_medusa_heads {spec.num_heads} explicitly", "", field_path)
-
-
-def _check_eagle_head(ctx: CheckContext, head_cfg: dict, shapes: dict, weights: Path, directory: Path) -> None:
-    field_path = "speculation.head_dir"
-    _check_head_dims(ctx, "EAGLE head", field_path, {k: head_cfg.get(k) for k in ("hidden_size", "vocab_size")})
-    fp8_route = ctx.cfg.backend == "trtllm" and eagle_fp8_route(ctx.cfg)
-    missing = [k for k in ("fc.weight", "fc.bias") if k not in shapes]
-    if fp8_route and missing == ["fc.bias"]:
-        ctx.add(INFO, "heads", "EAGLE head has no fc.bias; examples/eagle/quantize.py uses zeros for it", "", field_path)
-    elif missing:
-        ctx.add(ERROR, "heads", f"EAGLE head lacks {missing} in {weights.name} (convert_checkpoint.py fails with "
-                "KeyError, NVIDIA/TensorRT-LLM#2588)", "use an EAGLE-1 checkpoint whose fc layer has a bias "
-                "(the verified one is yuhuili/EAGLE-Vicuna-7B-v1.3), or the FP8 route, which tolerates its absence",
-                field_path)
-    if fp8_route:
-        _check_eagle_layers(ctx, shapes, weights, directory, field_path)
-
-
-def _check_eagle_layers(ctx: CheckContext, shapes: dict, weights: Path, directory: Path, field_path: str) -> None:
-    """quantize.py copies layers.{i}.* for i < --eagle_num_layers (the head's num_hidden_layers)."""
-    layers = eagle_head_layers(str(directory))
-    absent = [i for i in range(layers) if f"layers.{i}.self_attn.q_proj.weight" not in shapes]
-    if absent:
-        ctx.add(ERROR, "heads", f"EAGLE head config.json has num_hidden_layers {layers} but {weights.name} lacks "
-                f"layers {absent} (examples/eagle/quantize.py --eagle_num_layers {layers} reads each)",
-                "use the head's original config.json and weights", field_path)

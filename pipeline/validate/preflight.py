@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Callable
 
 from pipeline.artefacts.deployment import describe_arm
-from pipeline.config import DeploymentConfig, DraftTargetSpec
+from pipeline.config import DeploymentConfig
 from pipeline.errors import PreflightError, SpecdeployError
 from pipeline.facts.hardware import get_profile
 from pipeline.facts.memory_fit import MemoryEstimate
@@ -112,7 +112,7 @@ def _check_draft_weights(ctx: CheckContext) -> None:
     elif cfg.reference.compute_dtype != "float32":
         ctx.add(WARNING, "draft-weights", f"int8 draft weights are ignored with compute_dtype {cfg.reference.compute_dtype}",
                 "use compute_dtype: float32, or draft_weights: float", "reference.draft_weights")
-    elif isinstance(cfg.speculation, DraftTargetSpec) and cfg.speculation.orchestration == "bls":
+    elif cfg.method_info.draft_model and cfg.method_info.bls_orchestrated(cfg.speculation):
         ctx.add(WARNING, "draft-weights", "int8 draft weights reach the in-engine draft only: with orchestration "
                 "bls the served tensorrt_llm_draft engine keeps the checkpoint's weights",
                 "set speculation.orchestration: engine, or speculation.draft.quantization.format: int8_wo",
@@ -130,7 +130,7 @@ def _check_trtllm_version(ctx: CheckContext) -> None:
     if needs is not None and version < needs:
         ctx.add(ERROR, "version", f"{cfg.method_info.title} needs TensorRT-LLM ≥ {needs[0]}.{needs[1]}",
                 "raise trtllm_version", "trtllm_version")
-    draft_logits = isinstance(cfg.speculation, DraftTargetSpec) and cfg.speculation.use_draft_logits
+    draft_logits = cfg.method_info.uses_draft_logits(cfg.speculation)
     if draft_logits and version < (0, 15):
         ctx.add(ERROR, "version", "draft logits (fast logits) need TensorRT-LLM ≥ 0.15", "raise trtllm_version",
                 "trtllm_version")

@@ -2,19 +2,26 @@
 the method object instead of comparing its name.
 
 The name check reads every module under pipeline/ outside pipeline/methods/ for a comparison of
-the method's name (``method ==``, ``method !=``, ``method in (``…) and fails on any: a new method
-must not need a tour of the house. Lookahead's facts (its draft length, its Triton parameters, the
+the method's name (``method ==``, ``method !=``, ``method in (``…) and fails on any; the type check
+fails on an ``isinstance`` against a method's config section (its ``…Spec`` class) there: a new
+method must not need a tour of the house, and a stage asks the method's hooks instead. Lookahead's facts (its draft length, its Triton parameters, the
 LLM API's refusal) are checked against what upstream's sources say (tags in the method module).
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
 import pytest
 
 from pipeline.config import METHOD_NAMES, METHOD_SECTIONS, parse_config
+from pipeline.facts.hardware import get_profile
+from pipeline.facts.memory_fit import GIB, estimate_memory
+from pipeline.facts.model_shapes import known_shape
+from pipeline.forecast.proposers import PLANS, PROPOSER_COSTS, StepContext
+from pipeline.forecast.roofline import model_cost
 from pipeline.methods import ENGINE, LLM_API, METHODS, REFERENCE, get_method, method_for_engine_mode
 from pipeline.methods.lookahead import lookahead_max_draft_len
 from pipeline.paths import PROJECT_ROOT
@@ -53,6 +60,42 @@ def test_the_name_check_finds_what_it_looks_for(tmp_path):
                  'ok = args.method not in ["ngram"]', 'x = method in {"eagle"}'):
         (tmp_path / "stage.py").write_text(line + "\n")
         assert len(name_comparisons(tmp_path)) == 1, line
+
+
+SECTION_NAMES = frozenset(m.section.__name__ for m in METHODS.values())
+
+
+def section_type_checks(root: Path, sections: frozenset[str] = SECTION_NAMES) -> list[str]:
+    """``isinstance(x, <Section>)`` (or a tuple naming one) outside ``root/methods``, read with ``ast``."""
+    hits = []
+    for path in sorted(root.rglob("*.py")):
+        if (root / "methods") in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance"
+                    and len(node.args) == 2):
+                continue
+            kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+            names = {k.id if isinstance(k, ast.Name) else getattr(k, "attr", None) for k in kinds}
+            if names & sections:
+                hits.append(f"{path.relative_to(root)}:{node.lineno}: isinstance on {', '.join(sorted(names & sections))}")
+    return hits
+
+
+def test_no_stage_checks_a_method_section_type():
+    hits = section_type_checks(PIPELINE)
+    assert hits == [], "add a hook to pipeline/methods/base.py and override it in the method:\n" + "\n".join(hits)
+
+
+def test_the_type_check_finds_what_it_looks_for(tmp_path):
+    (tmp_path / "methods").mkdir()
+    (tmp_path / "methods" / "medusa.py").write_text("ok = isinstance(spec, MedusaSpec)\n")  # the method's own home
+    (tmp_path / "stage.py").write_text("ok = isinstance(spec, ModelSpec)\n")  # not a method's section
+    assert section_type_checks(tmp_path) == []
+    for line in ("if isinstance(spec, MedusaSpec): pass", "x = isinstance(cfg.speculation, (EagleSpec, Eagle3Spec))",
+                 "x = isinstance(s, config.DraftTargetSpec)"):
+        (tmp_path / "stage.py").write_text(line + "\n")
+        assert len(section_type_checks(tmp_path)) == 1, line
 
 
 def test_registry_lists_every_method_once_in_the_config_order():
@@ -139,3 +182,47 @@ def test_lookahead_reference_engine_gets_the_proposer_fields(tmp_path):
     assert argv[argv.index("--proposer-fields") + 1] == \
         '{"max_ngram_size":3,"max_verification_set_size":4,"max_window_size":3}'
     assert argv[argv.index("--max-draft-len") + 1] == str(lookahead_max_draft_len(3, 3, 4))
+
+
+def _eagle1_cfg(num_layers: int):
+    return parse_config({
+        "name": "eagle1", "backend": "trtllm", "hardware": "h100-sxm-80gb",
+        "target": {"checkpoint": "/models/Meta-Llama-3.1-8B-Instruct"},
+        "speculation": {"method": "eagle", "head_dir": "/models/EAGLE-LLaMA3-Instruct-8B", "num_layers": num_layers},
+        "build": {"max_batch_size": 8, "max_input_len": 1024, "max_seq_len": 2048},
+    })
+
+
+def test_eagle1_engine_holds_one_full_head_per_level():
+    """Upstream's EAGLE-1 engine is num_eagle_layers EagleNets, each its own embedding, fc, layer and
+    lm_head (tensorrt_llm/models/eagle/model.py; examples/eagle/convert_checkpoint.py copies the head
+    into every eagle_nets.{i}); the memory estimate used to count one head with extra lm_heads only."""
+    shape = known_shape("/models/Meta-Llama-3.1-8B-Instruct")
+    h, v, layer = shape.hidden_size, shape.vocab_size, shape.layer_params()
+    cfg = _eagle1_cfg(3)
+    est = estimate_memory(cfg, get_profile("h100-sxm-80gb"), shape)
+    row = next(r for r in est.rows if r.component == "EAGLE head")
+    assert row.gib == pytest.approx(3 * (2 * h * h + h + layer + 2 * v * h) * 2 / GIB, rel=1e-9)
+
+
+def test_forecast_prices_the_head_the_memory_estimate_counts():
+    """One formula: a tree level's forward multiplies exactly one copy's weights but its embedding."""
+    cfg = _eagle1_cfg(3)
+    head = cfg.method_info.draft_head(cfg.speculation)
+    shape = known_shape("/models/Meta-Llama-3.1-8B-Instruct")
+    seen = []
+
+    class Device:  # records the costs the proposer asks for (a boundary, not the roofline)
+        def forward(self, cost, batch, tokens, context):
+            seen.append((cost, tokens))
+            return type("T", (), {"seconds": 1.0})()
+
+    target = model_cost("target", shape, 2.0, 2.0, 2.0)
+    ctx = StepContext(Device(), target, None, 2.0, shape.vocab_size, 4, 100, 2.0)
+    plan = PLANS["eagle"](cfg.speculation)
+    assert PROPOSER_COSTS["eagle"](ctx, plan) == len(plan.level_widths)
+    per_copy = head.forward_params(shape.hidden_size, shape.vocab_size, shape.layer_params())
+    for cost, _ in seen:
+        assert cost.weight_bytes == pytest.approx(per_copy * 2.0, rel=1e-6)
+    embed = shape.vocab_size * shape.hidden_size
+    assert head.resident_params(shape.hidden_size, shape.vocab_size, shape.layer_params()) == 3 * (per_copy + embed)

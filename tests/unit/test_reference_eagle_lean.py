@@ -248,15 +248,15 @@ def test_chain_shaped_choices_run_as_a_chain(ckpt):
     """``specdeploy plan`` hands the engine the default chain as a tree ([[0], [0, 0], …]); the
     proposer runs it as a chain (same drafts; the lean path, a chain verify). Real trees stay
     trees, and a gap in a chain is still an error."""
-    from pipeline.reference.proposers.eagle import EagleProposer
+    from pipeline.reference.proposers.eagle import EagleDrafter
 
     head = _head(ckpt, torch.float64)
-    chain = EagleProposer(head, 4, 1, 32, [[0, 0], [0], [0, 0, 0, 0, 0], [0, 0, 0], [0, 0, 0, 0]])
+    chain = EagleDrafter(head, 4, 1, 32, [[0, 0], [0], [0, 0, 0, 0, 0], [0, 0, 0], [0, 0, 0, 0]])
     assert chain.choices is None and chain.depth == 5 and chain.max_draft_len == 5
-    tree = EagleProposer(head, 4, 1, 32, [[0], [1], [0, 0]])
+    tree = EagleDrafter(head, 4, 1, 32, [[0], [1], [0, 0]])
     assert tree.choices == [[0], [1], [0, 0]] and tree.depth == 2
     with pytest.raises(ValueError, match="no parent"):
-        EagleProposer(head, 4, 1, 32, [[0], [0, 0, 0]])
+        EagleDrafter(head, 4, 1, 32, [[0], [0, 0, 0]])
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["fast", "plain"])

@@ -21,7 +21,7 @@ from pipeline.reference import verify
 from pipeline.reference.api import GenerationRequest, SamplingParams
 from pipeline.reference.draft_len import check_lookahead_sizes, lookahead_max_draft_len
 from pipeline.reference.engine import create_engine, load_engine
-from pipeline.reference.proposers.lookahead import LookaheadProposer, NgramPool
+from pipeline.reference.proposers.lookahead import LookaheadDrafter, NgramPool
 from pipeline.reference.sequence import SeqState, make_generator
 from tests.reference_fixtures import VOCAB, chi2_pvalue, one_thread, random_prompts, shared_checkpoints
 
@@ -85,7 +85,7 @@ def test_pool_keeps_the_newest_distinct_continuations():
 
 
 def test_tree_holds_the_window_columns_and_the_guesses():
-    proposer = LookaheadProposer(3, 3, 2)
+    proposer = LookaheadDrafter(3, 3, 2)
     prompt = [7, 8, 9, 7, 8, 10]
     seq = SeqState(request=GenerationRequest(prompt, 4), params=SamplingParams(), generator=make_generator(None),
                    tokens=list(prompt))

@@ -37,7 +37,7 @@ class _EagleState:
     features: torch.Tensor | None = None  # [n, H] target features not consumed yet
 
 
-class EagleProposer:
+class EagleDrafter:
     def __init__(self, head: EagleHead, depth: int, slots: int, max_rows: int,
                  choices: list[list[int]] | None = None):
         self.head = head
@@ -171,6 +171,6 @@ class EagleProposer:
         return self.head.forward(self.pool, [step], parents.unsqueeze(0))[0]
 
 
-def build(spec: dict, ctx: BuildContext) -> EagleProposer:
+def build(spec: dict, ctx: BuildContext) -> EagleDrafter:
     head = ctx.models.eagle(ctx.path(spec["head_dir"]), ctx.target, ctx.dtype)
-    return EagleProposer(head, eagle_depth(spec), ctx.slots, ctx.max_rows, spec.get("choices"))
+    return EagleDrafter(head, eagle_depth(spec), ctx.slots, ctx.max_rows, spec.get("choices"))

@@ -27,7 +27,7 @@ class _Eagle3State:
     captured: torch.Tensor | None = None  # [n, 3H] target hidden states not consumed yet
 
 
-class Eagle3Proposer:
+class Eagle3Drafter:
     def __init__(self, head: Eagle3Head, depth: int, slots: int, max_rows: int):
         self.head = head
         self.depth = self.max_draft_len = depth
@@ -74,6 +74,6 @@ class Eagle3Proposer:
         return proposals
 
 
-def build(spec: dict, ctx: BuildContext) -> Eagle3Proposer:
+def build(spec: dict, ctx: BuildContext) -> Eagle3Drafter:
     head = Eagle3Head(ctx.path(spec["head_dir"]), ctx.target, ctx.dtype)
-    return Eagle3Proposer(head, int(spec["max_draft_len"]), ctx.slots, ctx.max_rows)
+    return Eagle3Drafter(head, int(spec["max_draft_len"]), ctx.slots, ctx.max_rows)

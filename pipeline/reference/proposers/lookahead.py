@@ -123,7 +123,7 @@ class _TreeBuilder:
         return parent
 
 
-class LookaheadProposer:
+class LookaheadDrafter:
     """Jacobi window + n-gram pool drafting (see the module docstring)."""
 
     def __init__(self, max_window_size: int = DEFAULT_WINDOW, max_ngram_size: int = DEFAULT_NGRAM,
@@ -135,7 +135,7 @@ class LookaheadProposer:
         self.max_draft_len = lookahead_max_draft_len(max_window_size, max_ngram_size, max_verification_set_size)
 
     @classmethod
-    def from_spec(cls, spec: dict) -> "LookaheadProposer":
+    def from_spec(cls, spec: dict) -> "LookaheadDrafter":
         """From an engine.json ``proposer`` entry (``{"method": "lookahead", "max_window_size": …}``)."""
         return cls(int(spec.get("max_window_size", DEFAULT_WINDOW)), int(spec.get("max_ngram_size", DEFAULT_NGRAM)),
                    int(spec.get("max_verification_set_size", DEFAULT_VERIFICATION_SET)))
@@ -208,6 +208,6 @@ class LookaheadProposer:
         state.tops = []
 
 
-def build(spec: dict, ctx: BuildContext) -> LookaheadProposer:
+def build(spec: dict, ctx: BuildContext) -> LookaheadDrafter:
     """No checkpoint to load: the proposer is its three sizes (``ctx`` unused)."""
-    return LookaheadProposer.from_spec(spec)
+    return LookaheadDrafter.from_spec(spec)

@@ -29,7 +29,7 @@ class _MedusaState:
     last_hidden: torch.Tensor | None  # [H] target final hidden state of the last cached position
 
 
-class MedusaProposer:
+class MedusaDrafter:
     def __init__(self, heads: MedusaHeads, num_draft_tokens: int, choices: list[list[int]] | None):
         self.heads = heads
         self.num_heads = min(num_draft_tokens, heads.num_heads)  # drafting heads: the chain length
@@ -86,6 +86,6 @@ class MedusaProposer:
         return tree_proposal(self.choices, {tuple(c): top[len(c) - 1][c[-1]] for c in self.choices})
 
 
-def build(spec: dict, ctx: BuildContext) -> MedusaProposer:
+def build(spec: dict, ctx: BuildContext) -> MedusaDrafter:
     heads = ctx.models.medusa(ctx.path(spec["heads_dir"]), ctx.dtype, medusa_heads(spec))
-    return MedusaProposer(heads, medusa_heads(spec) or heads.num_heads, spec.get("choices"))
+    return MedusaDrafter(heads, medusa_heads(spec) or heads.num_heads, spec.get("choices"))

@@ -12,7 +12,7 @@ Semantics follow upstream's two n-gram drafters (read, not copied):
   only the first); ``is_use_oldest`` proposes from the oldest occurrence (False: the newest);
   ``is_public_pool`` shares one pool between all requests (False: each request sees only its own
   tokens).
-- vLLM's ``NgramProposer`` (``vllm/v1/spec_decode/ngram_proposer.py``; the knobs in
+- vLLM's ``NgramDrafter`` (``vllm/v1/spec_decode/ngram_proposer.py``; the knobs in
   ``vllm/config/speculative.py``): ``prompt_lookup_min`` / ``prompt_lookup_max`` bound the
   pattern length; here ``min_matching_ngram_size`` is the lower bound (TensorRT-LLM's is 1) and
   ``max_matching_ngram_size`` the upper one. vLLM's choice — the longest suffix n-gram, earliest
@@ -56,7 +56,7 @@ class _NgramState:
     drafts: list[int] = field(default_factory=list)  # the last proposal (for tests and debugging)
 
 
-class NgramProposer:
+class NgramDrafter:
     """Prompt-lookup drafting over a private or a shared :class:`NgramPool` (see the module
     docstring for the knobs and their upstream sources)."""
 
@@ -73,7 +73,7 @@ class NgramProposer:
         self.public = NgramPool(is_keep_all, PUBLIC_POOL_PATTERNS) if is_public_pool else None
 
     @classmethod
-    def from_spec(cls, spec: dict) -> "NgramProposer":
+    def from_spec(cls, spec: dict) -> "NgramDrafter":
         """From an engine.json ``proposer`` entry (``{"method": "ngram", "max_draft_len": …}``)."""
         return cls(int(spec["max_draft_len"]), int(spec.get("max_matching_ngram_size", 2)),
                    int(spec.get("min_matching_ngram_size", 1)), bool(spec.get("is_keep_all", True)),
@@ -108,6 +108,6 @@ class NgramProposer:
         return self.matcher.lookup(pool, tokens, k)
 
 
-def build(spec: dict, ctx: BuildContext) -> NgramProposer:
+def build(spec: dict, ctx: BuildContext) -> NgramDrafter:
     """No checkpoint to load: the proposer is its knobs (``ctx`` unused)."""
-    return NgramProposer.from_spec(spec)
+    return NgramDrafter.from_spec(spec)
