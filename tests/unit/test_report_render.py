@@ -63,6 +63,7 @@ def test_report_files_and_schema(rendered: Path):
     assert "TPOT" in data["formulas"] and "CHUNK" in data["formulas"]["inter-chunk latency"]
 
 
+@pytest.mark.budget(4)  # the first quick test of this module pays its report (seven figures since issue 42)
 def test_report_md_has_verdict_and_tables(rendered: Path):
     md = (rendered / "report.md").read_text()
     assert md.startswith("# GO: Roll out speculative decoding (draft\\_target, K=3)\n")  # Markdown-escaped name
