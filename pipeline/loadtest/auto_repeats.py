@@ -83,10 +83,16 @@ def undecided_checks(gate) -> list[str]:
 def look(run_dir: Path, cfg) -> dict[str, Any]:
     """The gate on the repeats measured so far (the report's own analysis at the per-look level)."""
     from pipeline.report.builder import analyze  # noqa: PLC0415 - numpy/scipy only when a look happens
-    from pipeline.report.gate import NO_GO, evaluate_gate  # noqa: PLC0415 - as above
+    from pipeline.report.gate import evaluate_gate  # noqa: PLC0415 - as above
     from pipeline.report.stats import load_runs  # noqa: PLC0415 - as above
 
-    gate = evaluate_gate(analyze(run_dir, cfg, load_runs(run_dir)), cfg.gate)
+    return stop_decision(evaluate_gate(analyze(run_dir, cfg, load_runs(run_dir)), cfg.gate))
+
+
+def stop_decision(gate) -> dict[str, Any]:
+    """Whether a look's gate result ends an auto run: a NO-GO, or nothing left undecided."""
+    from pipeline.report.gate import NO_GO  # noqa: PLC0415 - the report is loaded only at a look
+
     undecided = undecided_checks(gate)
     return {"verdict": gate.verdict, "undecided": undecided,
             "decided": gate.verdict == NO_GO or not undecided, "repeats_to_decide": gate.repeats_to_decide}

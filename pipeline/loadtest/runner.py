@@ -90,7 +90,10 @@ class RunSpec:
 
 def plan_runs(cfg: DeploymentConfig, arms: tuple[str, ...], concurrency: list[int], repeats: int,
               sweep: list[int], *, aa: bool = False) -> list[RunSpec]:
-    """Interleaved: for each repeat, for each level, baseline then speculative (each draft length).
+    """Interleaved and counterbalanced: for each repeat, for each level, baseline then speculative (each
+    draft length) in even repeats, speculative first in odd ones (A B, B A, ...), so a slow drift of
+    the machine favours neither arm: in the paired intervals its effect alternates in sign and
+    cancels over each two repeats instead of biasing every pair the same way.
     ``aa``: the second arm is the baseline measured again (no draft length)."""
     primary = primary_draft_len(cfg)
     spec_lens = [None] if aa else (sweep or [primary])
@@ -102,7 +105,7 @@ def plan_runs(cfg: DeploymentConfig, arms: tuple[str, ...], concurrency: list[in
     out = []
     for rep in range(repeats):
         for level, rate in levels:
-            for arm in arms:
+            for arm in (arms if rep % 2 == 0 else arms[::-1]):
                 for dl in (spec_lens if arm == "speculative" else [None]):
                     out.append(RunSpec(arm, level, rep, dl, rate))
     return out

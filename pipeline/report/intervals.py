@@ -24,6 +24,7 @@ SD of the per-pair log ratios and the distance of their mean to the threshold.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Any, Iterable
 
 METHOD = "paired t on per-repeat log ratios (t, n-1 df)"
@@ -50,6 +51,20 @@ def paired_values(spec_runs: Iterable[dict], base_runs: Iterable[dict], metric: 
     return pairs
 
 
+def paired_bounds(values, confidence: float):
+    """Vectorised core of :func:`paired_ci`: per-pair values along the last axis → (center, sd, low,
+    high) on the analysis scale, each with the leading shape (the simulation in
+    tests/unit/interval_simulation.py runs thousands of trials through this same code)."""
+    import numpy as np  # noqa: PLC0415 - numpy is loaded only when an interval is computed
+
+    values = np.asarray(values, dtype=float)
+    n = values.shape[-1]
+    center = values.mean(axis=-1)
+    sd = values.std(axis=-1, ddof=1)
+    half = t_quantile(confidence, n - 1) * sd / math.sqrt(n)
+    return center, sd, center - half, center + half
+
+
 def paired_ci(pairs: list[tuple[float, float]], kind: str, confidence: float) -> dict[str, Any]:
     """The paired t interval of spec/base (``kind='ratio'``) or spec − base (``'diff'``).
 
@@ -59,26 +74,26 @@ def paired_ci(pairs: list[tuple[float, float]], kind: str, confidence: float) ->
     usable = [(s, b) for s, b in pairs if not log_scale or (s > 0 and b > 0)]
     values = [math.log(s / b) if log_scale else s - b for s, b in usable]
     n = len(values)
-    out: dict[str, Any] = {
-        "point": None, "low": None, "high": None, "n_pairs": n, "n_spec": n, "n_base": n,
-        "method": METHOD if log_scale else METHOD_DIFF, "confidence_level": confidence,
-        "statistic": "geometric mean of per-repeat spec/base ratios" if log_scale else "mean of per-repeat spec - base",
-        "scale": "log" if log_scale else "linear", "center": None, "sd": None,
-    }
     if n == 0:
-        out["note"] = "no repeat measured by both arms: no CI"
-        return out
-    center = sum(values) / n
-    out["center"] = center
-    out["point"] = math.exp(center) if log_scale else center
+        return {**ci_dict(None, None, None, None, 0, kind, confidence), "note": "no repeat measured by both arms: no CI"}
     if n < 2:
-        out["note"] = "fewer than 2 paired repeats: no CI"
-        return out
-    sd = math.sqrt(sum((v - center) ** 2 for v in values) / (n - 1))
-    half = t_quantile(confidence, n - 1) * sd / math.sqrt(n)
-    low, high = center - half, center + half
-    out.update({"sd": sd, "low": math.exp(low) if log_scale else low, "high": math.exp(high) if log_scale else high})
-    return out
+        return {**ci_dict(values[0], None, None, None, 1, kind, confidence), "note": "fewer than 2 paired repeats: no CI"}
+    center, sd, low, high = paired_bounds(values, confidence)
+    return ci_dict(float(center), float(sd), float(low), float(high), n, kind, confidence)
+
+
+def ci_dict(center: float | None, sd: float | None, low: float | None, high: float | None, n: int, kind: str,
+            confidence: float) -> dict[str, Any]:
+    """The interval as the comparisons carry it (bounds back on the ratio scale for ratios)."""
+    log_scale = kind == "ratio"
+
+    def back(x: float | None) -> float | None:
+        return None if x is None else math.exp(x) if log_scale else x
+
+    return {"point": back(center), "low": back(low), "high": back(high), "n_pairs": n, "n_spec": n, "n_base": n,
+            "method": METHOD if log_scale else METHOD_DIFF, "confidence_level": confidence,
+            "statistic": "geometric mean of per-repeat spec/base ratios" if log_scale else "mean of per-repeat spec - base",
+            "scale": "log" if log_scale else "linear", "center": center, "sd": sd}
 
 
 def repeats_to_decide(ci: dict[str, Any], threshold: float) -> int | None:
@@ -97,11 +112,21 @@ def repeats_to_decide(ci: dict[str, Any], threshold: float) -> int | None:
         return None
     if sd == 0:
         return n
-    confidence = ci.get("confidence_level", 0.95)
-    for m in range(max(2, n), MAX_REPEATS_ESTIMATE + 1):
-        if t_quantile(confidence, m - 1) * sd / math.sqrt(m) < distance:
-            return m
-    return None
+    import numpy as np  # noqa: PLC0415 - numpy is loaded only when an interval is computed
+
+    m, t_over_root_m = _t_table(ci.get("confidence_level", 0.95))
+    enough = np.flatnonzero((m >= n) & (t_over_root_m * sd < distance))
+    return int(m[enough[0]]) if enough.size else None
+
+
+@lru_cache(maxsize=8)
+def _t_table(confidence: float):
+    """m = 2..MAX_REPEATS_ESTIMATE and t(1 − α/2, m − 1)/√m: a half-width per unit SD at m pairs."""
+    import numpy as np  # noqa: PLC0415 - numpy/scipy are loaded only when an interval is computed
+    from scipy import stats as sps  # noqa: PLC0415 - as above
+
+    m = np.arange(2, MAX_REPEATS_ESTIMATE + 1)
+    return m, sps.t.ppf(1.0 - (1.0 - confidence) / 2.0, m - 1) / np.sqrt(m)
 
 
 def decided(low: float | None, high: float | None, threshold: float) -> bool:
