@@ -328,6 +328,7 @@ def make_report(run_dir: str | Path, cfg: DeploymentConfig | None = None) -> Rep
     from pipeline.report.view.render import render_report  # noqa: PLC0415 - only this path needs it
 
     run_dir = Path(run_dir)
+    cfg = cfg or config_from_run(run_dir)
     data, analysis, gate = prepare(run_dir, cfg)
     markdown, html = render_report(data, report_plots(data, analysis, load_runs(run_dir)))
     json_path, md_path, html_path = run_dir / "report.json", run_dir / "report.md", run_dir / "report.html"

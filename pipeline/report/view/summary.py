@@ -18,6 +18,7 @@ from pipeline.report.view.model import (
     target_levels,
     weakest_category,
 )
+from pipeline.report.view.evidence import aa_decision, repeats_line, rig_noise_line
 from pipeline.report.view.rounding import fmt_ci, fmt_pct, invert_ci, tidy_text
 
 TITLES = {"GO": "Roll out speculative decoding", "NO-GO": "Do not roll out speculative decoding",
@@ -201,13 +202,15 @@ def check_line(check: dict) -> str:
 def decision(data: dict) -> dict[str, Any]:
     """The banner (verdict, title, sentence, rollout) and the findings list under it."""
     verdict = data["verdict"]
+    if data.get("aa"):  # an A/A of the rig: its verdict and noise, no rollout
+        return aa_decision(data, [check_line(c) for c in open_checks(data)], _status_counts(data))
     crossover = data["crossover_concurrency"]
     targets = target_levels(data)
     findings = [level_line(c, targets, crossover) for c in primary_comparisons(data)]
     findings += [line for line in (draft_length_line(data),) if line]
     findings += [acceptance_line(data), equivalence_line(data)]
     findings += [line for line in (noise_line(data),) if line]
-    findings += [line for line in (sessions_line(data),) if line]
+    findings += [line for line in (sessions_line(data), repeats_line(data), rig_noise_line(data)) if line]
     if data.get("synthetic_data"):
         findings.append("Data: synthetic prompts were used; acceptance and speedup are likely understated.")
     prefix = {"GO": "Recommended rollout", "NO-GO": "Where speculation would pay once the failures are fixed",
