@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from pipeline.report.builder import make_report
 from pipeline.report.gate import EXIT_CODES
 from tests.unit.cli_inproc import specdeploy
 from tests.unit.report_fixtures import copy_fixture, slow_down_speculative
+from tests.unit.test_loadtest_fake_server import FakeServer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,9 +92,6 @@ def test_aa_refuses_a_speculative_endpoint():
 
 @pytest.mark.slow  # four real Locust runs against one fake server
 def test_cli_aa_runs_one_served_baseline_as_both_arms(tmp_path, monkeypatch):
-    sys.path.insert(0, str(ROOT / "tests" / "unit"))
-    from test_loadtest_fake_server import FakeServer  # noqa: PLC0415 - the fake server helper of that test
-
     monkeypatch.chdir(tmp_path)
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"prompt {i}"}) + "\n"
                                                     for i in range(6)))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.report.acceptance_reported import missing_acceptance_line
+from pipeline.report.view.evidence import aa_decision, repeats_line, rig_noise_line
 from pipeline.report.view.model import (
     category_acceptance,
     primary_comparisons,
@@ -18,7 +19,6 @@ from pipeline.report.view.model import (
     target_levels,
     weakest_category,
 )
-from pipeline.report.view.evidence import aa_decision, repeats_line, rig_noise_line
 from pipeline.report.view.rounding import fmt_ci, fmt_pct, invert_ci, tidy_text
 
 TITLES = {"GO": "Roll out speculative decoding", "NO-GO": "Do not roll out speculative decoding",
