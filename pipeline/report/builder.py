@@ -328,12 +328,11 @@ def make_report(run_dir: str | Path, cfg: DeploymentConfig | None = None) -> Rep
     from pipeline.report.view.render import render_report  # noqa: PLC0415 - only this path needs it
 
     run_dir = Path(run_dir)
-    cfg = cfg or config_from_run(run_dir)
     data, analysis, gate = prepare(run_dir, cfg)
     markdown, html = render_report(data, report_plots(data, analysis, load_runs(run_dir)))
     json_path, md_path, html_path = run_dir / "report.json", run_dir / "report.md", run_dir / "report.html"
     if data.get("aa"):  # the noise record the A/B reports of this config quote
-        aa.write_record(data["aa"]["noise"], run_dir, reports_root(cfg))
+        aa.write_record(data["aa"]["noise"], run_dir, reports_root(cfg or config_from_run(run_dir)))
     write_json_atomic(json_path, data, default=_json_default)
     md_path.write_text(markdown, encoding="utf-8")
     html_path.write_text(html, encoding="utf-8")
