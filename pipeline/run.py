@@ -106,6 +106,9 @@ def run_pipeline(
     from rich.console import Console  # noqa: PLC0415 - rich is loaded only when this path runs
 
     from pipeline.build.builder import build  # noqa: PLC0415 - keeps psutil off this module's import
+    from pipeline.infra import owner_lock  # noqa: PLC0415 - only this path needs it
+    from pipeline.infra.owner_lock import DirectoryBusy  # noqa: PLC0415 - only this path needs it
+    from pipeline.loadtest.ownership import live_owner  # noqa: PLC0415 - only this path needs it
     from pipeline.loadtest.resume import kept_results  # noqa: PLC0415 - only this path needs it
     from pipeline.loadtest.runner import run_loadtest  # noqa: PLC0415 - keeps psutil off this module's import
     from pipeline.render.renderer import render  # noqa: PLC0415 - only this path needs it
@@ -126,7 +129,7 @@ def run_pipeline(
         return None, f"{len(errors_of(findings))} errors, {warnings} warnings"
 
     def build_stage():
-        manifest = build(cfg, progress=True)
+        manifest = build(cfg, progress=True, wait_for_lock=True)  # a concurrent run's build: wait, then all cached
         statuses = [s.get("status") for s in manifest.get("steps", [])]
         return manifest, f"{statuses.count('cached')} cached, {len(statuses) - statuses.count('cached')} built"
 
@@ -135,19 +138,36 @@ def run_pipeline(
         return repos, ", ".join(f"{variant}: {path}" for variant, (path, _) in repos.items())
 
     def loadtest_stage():
+        # a run another live process owns is never resumed nor reused (pipeline/loadtest/ownership.py)
         reuse = None if (new_run or overrides) else completed_run_dir(cfg)
         resume = None if (new_run or overrides) else unfinished_run_dir(cfg)
+        left_alone = False
+        if resume is not None and (owner := live_owner(resume)) is not None:
+            console.print(f"  the newest load test {resume} is being measured by {owner.describe()}: "
+                          "leaving it to its owner (two load tests on one host share its cores)")
+            resume, left_alone = None, True
         if resume is not None and (reuse is None or resume.name > reuse.name):
             kept = len(kept_results(resume))
             console.print(f"  resuming the unfinished load test {resume}: {kept} finished cells kept "
                           "(pass --fresh to start over)")
-            run_dir = run_loadtest(cfg, progress=True, report=False, resume=resume)
-            return run_dir, f"resumed {run_dir} ({kept} cells kept)"
+            try:
+                run_dir = run_loadtest(cfg, progress=True, report=False, resume=resume)
+                return run_dir, f"resumed {run_dir} ({kept} cells kept)"
+            except DirectoryBusy as busy:  # another process adopted it first
+                console.print(f"  {busy}")
+                left_alone = True
         if reuse is not None:
-            console.print(f"  reusing the finished load test {reuse} (same config; pass --fresh to measure again)")
-            return reuse, f"reused {reuse}"
+            try:
+                owner_lock.claim(reuse, "reporting a finished load test")
+                console.print(f"  reusing the finished load test {reuse} (same config; pass --fresh to measure again)")
+                return reuse, f"reused {reuse}"
+            except DirectoryBusy as busy:  # its owner is still writing its report
+                console.print(f"  {busy}")
+                left_alone = True
+        if left_alone:
+            console.print("  measuring into a new run directory of its own")
         run_dir = run_loadtest(cfg, progress=True, report=False, **overrides)
-        return run_dir, str(run_dir)
+        return run_dir, str(run_dir) + (" (a new run: the newest was another process's)" if left_alone else "")
 
     log.run(console, "validate", validate_stage)
     log.run(console, "build", build_stage)
@@ -155,10 +175,11 @@ def run_pipeline(
     calibration = None
     if "calibrate" in log.stages:
         calibration = log.run(console, "calibrate", lambda: calibrate_stage(cfg, console, recalibrate))
-    run_dir = log.run(console, "loadtest", loadtest_stage)
-    if calibration is not None:
-        record_calibration(run_dir, calibration)
-    report = log.run(console, "report", lambda: (make_report(run_dir, cfg), str(run_dir / "report.html")))
+    with owner_lock.holding():  # the run dir is this process's from the load test until its report is written
+        run_dir = log.run(console, "loadtest", loadtest_stage)
+        if calibration is not None:
+            record_calibration(run_dir, calibration)
+        report = log.run(console, "report", lambda: (make_report(run_dir, cfg), str(run_dir / "report.html")))
     _print_summary(console, log, report)
     return report
 

@@ -91,6 +91,9 @@ class RunResult(Strict):
     stopped_early: dict[str, Any] | None = Field(None, description=(
         "The run's Locust stopped itself (pipeline/loadtest/fail_fast.py): the first error verbatim, its HTTP "
         "status, the counts in the window, the likely fix."))
+    harness_fault: str | None = Field(None, description=(
+        "The load generator itself failed in this cell (pipeline/loadtest/harness.py): what and the cause from its "
+        "log; the load test then stopped with exit code 5."))
     session: int = Field(1, description="Which start of the load test measured this cell (2 and on: resumed; "
                                         "run.json `sessions`).")
 

@@ -164,19 +164,22 @@ def _log_tail(log_path: Path) -> str:
 
 
 @contextlib.contextmanager
-def build_lock(root: Path) -> Iterator[None]:
-    """One build per deployment at a time (an exclusive lock on ``<root>/.build.lock``)."""
-    import fcntl  # noqa: PLC0415 - POSIX only, like the rest of the serving path
+def build_lock(root: Path, wait: bool = False) -> Iterator[None]:
+    """One build per deployment at a time: ``<root>/.build.lock``, owned as a run directory is
+    (:mod:`pipeline.infra.owner_lock`). Taken: BuildError naming the owner, or with ``wait`` a
+    wait for it (``specdeploy run``: a second run of the config builds nothing after the first)."""
+    from pipeline.infra.owner_lock import DirectoryBusy, owned  # noqa: PLC0415 - POSIX only, like the serving path
 
-    with open(root / ".build.lock", "w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise BuildError(f"another `specdeploy build` is running for {root} (lock {root / '.build.lock'})") from None
-        try:
+    def waiting(owner) -> None:
+        print(f"  waiting for the build of {root} by {owner.describe() if owner else 'another process'}",
+              flush=True)
+
+    try:
+        with owned(root, "building", name=".build.lock", wait=wait, on_wait=waiting):
             yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    except DirectoryBusy as busy:
+        who = busy.owner.describe() if busy.owner else "its owner wrote no record"
+        raise BuildError(f"another `specdeploy build` is running for {root}: {who} (lock {root / '.build.lock'})") from None
 
 
 @contextlib.contextmanager
@@ -428,8 +431,10 @@ def build(
     executor: StepExecutor | None = None,
     progress: bool = True,
     trtllm_root: str | None = None,
+    wait_for_lock: bool = False,
 ) -> dict[str, Any]:
     """Run the plan of ``cfg`` and write ``engines/<name>/manifest.json``; return the manifest.
+    ``wait_for_lock``: wait for another process's build of the deployment instead of refusing.
 
     Without an injected ``executor`` a ``trtllm`` build needs TensorRT-LLM on this machine and
     stops at once otherwise."""
@@ -441,7 +446,7 @@ def build(
             require_scripts(plan, cfg)
         executor = SubprocessExecutor()
     engine_root(cfg).mkdir(parents=True, exist_ok=True)
-    with build_lock(Path(plan.root)):
+    with build_lock(Path(plan.root), wait=wait_for_lock):
         reporter = _RichReporter() if progress else _Reporter()
         runner = _Runner(cfg, plan, executor, force, reporter)
         try:

@@ -14,7 +14,7 @@ from typing import Sequence
 
 import typer
 
-from pipeline.errors import SpecdeployError
+from pipeline.errors import EXIT_FAILURE, SpecdeployError
 
 try:  # typer >= 0.20 vendors its own click; older typer uses click itself
     from typer._click.exceptions import ClickException as _ClickException
@@ -96,6 +96,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     except _ClickException as exc:
         exc.show()
         code = exc.exit_code
+    except OSError as exc:  # disk full, permission denied, …: one line naming the path (cli/os_errors.py)
+        from pipeline.cli.os_errors import os_error_line, stage_of  # here: only a failed command needs it
+
+        commands = [c.name for c in app.registered_commands] + [g.name for g in app.registered_groups]
+        print(f"error: {os_error_line(stage_of(argv, commands), exc)}", file=sys.stderr)
+        code = EXIT_FAILURE
     except typer.Abort:
         print("aborted", file=sys.stderr)
         code = 130

@@ -5,6 +5,8 @@ subprocess per arm × concurrency × repeat (interleaved), writes RUN_DIR (raw r
 run.json, metrics) and then the report; exits with the verdict's code (0 GO, 1 NO-GO,
 3 INCONCLUSIVE; 2 stays the usage error), or 4 when it stopped early because the requests failed
 from the start (pipeline/loadtest/fail_fast.py: the first error verbatim and a likely fix).
+Exit 5 when the load generator itself failed (pipeline/loadtest/harness.py) or ``--resume`` /
+``--out`` names a run another live process is measuring (pipeline/loadtest/ownership.py).
 ``--aa`` measures the baseline against itself (pipeline/report/aa.py): exit 0 NO DIFFERENCE, 1
 DIFFERENCE (the rig shows one between identical arms), 3 INCONCLUSIVE; it writes the rig's noise to
 aa.json, which later A/B reports of the config quote.
@@ -78,6 +80,7 @@ def register(app: typer.Typer) -> None:
     ) -> int:
         from pipeline.config import load_config
         from pipeline.errors import SpecdeployError
+        from pipeline.infra.owner_lock import holding
         from pipeline.loadtest.runner import run_loadtest
         from pipeline.report.builder import make_report
 
@@ -94,13 +97,14 @@ def register(app: typer.Typer) -> None:
         if resume and (out or concurrency or duration or repeats or sweep_draft_len):
             raise SpecdeployError("--resume continues the run's own plan: drop --out, --concurrency, --duration, "
                                   "--repeats and --sweep-draft-len")
-        run_dir = run_loadtest(
-            cfg, out_dir=out, concurrency=_int_list(concurrency, "--concurrency"), duration=duration,
-            repeats=repeats, sweep_draft_len=_int_list(sweep_draft_len, "--sweep-draft-len"),
-            endpoint_baseline=endpoint_baseline, endpoint_speculative=endpoint_speculative, arm=arm,
-            progress=not no_progress, report=False, resume=resume, aa=aa,
-        )
-        report = make_report(run_dir, cfg)
+        with holding():  # the run dir stays this process's until its report is written
+            run_dir = run_loadtest(
+                cfg, out_dir=out, concurrency=_int_list(concurrency, "--concurrency"), duration=duration,
+                repeats=repeats, sweep_draft_len=_int_list(sweep_draft_len, "--sweep-draft-len"),
+                endpoint_baseline=endpoint_baseline, endpoint_speculative=endpoint_speculative, arm=arm,
+                progress=not no_progress, report=False, resume=resume, aa=aa,
+            )
+            report = make_report(run_dir, cfg)
         _print_summary(report)
         return report.exit_code
 
@@ -109,6 +113,7 @@ def _endpoints_only(config, loadtest_file, out, concurrency, duration, repeats, 
                     endpoint_speculative, arm, no_progress, transport, model, tokenizer,
                     model_baseline=None, model_speculative=None, aa=False) -> int:
     from pipeline.errors import SpecdeployError
+    from pipeline.infra.owner_lock import holding
     from pipeline.loadtest.endpoints_only import run_endpoint_loadtest
     from pipeline.report.builder import make_report
 
@@ -120,13 +125,13 @@ def _endpoints_only(config, loadtest_file, out, concurrency, duration, repeats, 
         raise SpecdeployError("--loadtest-file --aa: pass --endpoint-baseline (the server measured against itself)")
     if not (endpoint_baseline or endpoint_speculative):
         raise SpecdeployError("--loadtest-file: pass --endpoint-baseline and --endpoint-speculative (or one with --arm)")
-    run_dir, cfg = run_endpoint_loadtest(
-        loadtest_file, endpoint_baseline=endpoint_baseline, endpoint_speculative=endpoint_speculative, model=model,
-        model_baseline=model_baseline, model_speculative=model_speculative,
-        transport=transport, tokenizer=tokenizer, out_dir=out, concurrency=_int_list(concurrency, "--concurrency"),
-        duration=duration, repeats=repeats, arm=arm, progress=not no_progress, report=False,
-        aa=aa)
-    report = make_report(run_dir, cfg)
+    with holding():  # the run dir stays this process's until its report is written
+        run_dir, cfg = run_endpoint_loadtest(
+            loadtest_file, endpoint_baseline=endpoint_baseline, endpoint_speculative=endpoint_speculative,
+            model=model, model_baseline=model_baseline, model_speculative=model_speculative,
+            transport=transport, tokenizer=tokenizer, out_dir=out, concurrency=_int_list(concurrency, "--concurrency"),
+            duration=duration, repeats=repeats, arm=arm, progress=not no_progress, report=False, aa=aa)
+        report = make_report(run_dir, cfg)
     _print_summary(report)
     return report.exit_code
 

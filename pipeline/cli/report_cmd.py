@@ -4,6 +4,8 @@
 Reads RUN_DIR (run.json, runs.json, raw/*.jsonl; ``--config`` overrides the config snapshot in
 run.json, e.g. to re-gate with other thresholds) and writes report.json / report.md / report.html
 into it. Exit code = verdict: 0 GO, 1 NO-GO, 3 INCONCLUSIVE (2 stays Click's usage error).
+A run another live process is still measuring is not reported on (exit 5, naming that process):
+its owner writes the report when it ends (pipeline/loadtest/ownership.py).
 With ``--compare`` it reads both run directories and writes compare.json / compare.md /
 compare.html into ``--out`` (default RUN_B); exit 0, or 1 with ``--fail-on-worse`` when a ratio
 moved beyond its CI for the worse (docs/report.md defines "moved").
@@ -42,14 +44,21 @@ def register(app: typer.Typer) -> None:
 
 
 def _report(run_dir: str, config: Optional[str], as_json: bool) -> int:
+    import contextlib
     import json
+    from pathlib import Path
 
     from pipeline.cli.loadtest_cmd import _print_summary
     from pipeline.config import load_config
+    from pipeline.infra.owner_lock import owned
     from pipeline.report.builder import make_report
 
     cfg = load_config(config) if config else None
-    report = make_report(run_dir, cfg)
+    # a run being measured gets its report from its owner when it ends: report.* has one writer
+    own = (owned(run_dir, "writing the report", advice="its load test writes the report when it ends")
+           if Path(run_dir).is_dir() else contextlib.nullcontext())  # not a directory: make_report says so
+    with own:
+        report = make_report(run_dir, cfg)
     if as_json:
         print(json.dumps({"verdict": report.verdict, "exit_code": report.exit_code, "reasons": report.gate.reasons,
                           "report_json": str(report.json_path), "report_html": str(report.html_path)}, indent=2))

@@ -17,6 +17,12 @@ def write_text_atomic(path: Path, text: str) -> None:
     try:
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.filename is None or exc.filename == str(tmp):
+            # a failed write() names no file, a failed open the temporary one: name the file meant
+            exc.filename, exc.filename2 = str(path), None
+        raise
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -37,9 +37,10 @@ from typing import Any, Callable, Iterable, Iterator
 
 from pipeline.artefacts.runs import RunInfo, RunResults, RunSettings
 from pipeline.config import DeploymentConfig
+from pipeline.infra import owner_lock
 from pipeline.infra.atomic import write_json_atomic
 from pipeline.infra.processes import spawn
-from pipeline.loadtest import acceptance_sources, auto_repeats, fail_fast
+from pipeline.loadtest import acceptance_sources, auto_repeats, fail_fast, harness, ownership
 from pipeline.loadtest import resume as resume_run
 from pipeline.loadtest.endpoints import ArmEndpoint, ManagedEndpoints, managed_endpoints, remote_endpoint
 from pipeline.loadtest.inputs import (
@@ -111,14 +112,17 @@ def plan_runs(cfg: DeploymentConfig, arms: tuple[str, ...], concurrency: list[in
     return out
 
 
-def locust_command(cfg: DeploymentConfig, spec: RunSpec, duration_s: float) -> list[str]:
+def locust_command(cfg: DeploymentConfig, spec: RunSpec, duration_s: float,
+                   master: tuple[str, int] | None = None) -> list[str]:
+    """The Locust command of one cell; ``master``: its RPC address with processes ≥ 2
+    (:func:`pipeline.loadtest.harness.master_address`; loopback unless configured)."""
     lt = cfg.loadtest
     users = 1 if lt.mode == "open" else spec.concurrency
     argv = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "-u", str(users), "-r", str(users),
             "-t", f"{locust_seconds(duration_s)}s", "--stop-timeout", f"{lt.stop_timeout_s:g}", "--only-summary",
             "--loglevel", "WARNING", "--exit-code-on-error", "0"]
     if lt.processes > 1:
-        argv += ["--processes", str(lt.processes)]
+        argv += ["--processes", str(lt.processes), *harness.master_args(master)]
     argv.append(USER_CLASSES[(lt.transport, lt.mode)])
     return argv
 
@@ -174,7 +178,7 @@ def execute_run(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run
     settings = run_settings(cfg, spec, endpoint, run_dir, run_id, prompts, duration_s, warmup_s, tokenizer_dir)
     settings_path = run_dir / "settings" / f"{spec.key}.json"
     settings_path.write_text(json.dumps(RunSettings.checked(settings), indent=1), encoding="utf-8")
-    argv = locust_command(cfg, spec, duration_s)
+    argv = locust_command(cfg, spec, duration_s, harness.master_address(cfg.loadtest.processes))
     env = {**os.environ, "SPECDEPLOY_LOADTEST_CONFIG": str(settings_path), "OMP_NUM_THREADS": "1",
            "PYTHONUNBUFFERED": "1"}
     before = acceptance_sources.scrape(endpoint.metrics_url)
@@ -215,6 +219,9 @@ def execute_run(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run
         reasons.append(f"locust exited with {exit_code}")
     if n_records == 0:
         reasons.append("no raw records")
+    harness_fault = harness.fault(exit_code, timed_out, n_records, alive, log_path)
+    if harness_fault:
+        reasons.append(f"load harness: {harness_fault}")
     stopped = fail_fast.read_abort(run_dir, spec.key)
     if stopped:
         reasons.append(f"stopped early: {stopped['errors']} of the first {stopped['finished']} requests failed")
@@ -230,7 +237,7 @@ def execute_run(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run
         "client_cpu_s": client_cpu_s, "client_cpus": list(endpoint.client_cpus) if endpoint.client_cpus else None,
         "client_cpu_fraction": client_cpu_s / max(1e-9, (time.time() - started) * cfg.loadtest.processes),
         "server_log_tail": endpoint.log_tail(30) if (not alive and endpoint.log_tail) else None,
-        "stopped_early": stopped,
+        "stopped_early": stopped, "harness_fault": harness_fault,
     }
 
 
@@ -250,6 +257,7 @@ def _parse_duration(value: str | float | None) -> float | None:
     return float(match.group(1)) * scale
 
 
+@owner_lock.holding(hand_up=True)  # the run dir is this process's until the report: pipeline/loadtest/ownership.py
 def run_loadtest(
     cfg: DeploymentConfig,
     *,
@@ -284,6 +292,7 @@ def run_loadtest(
     now = datetime.now(timezone.utc)
     if resume is not None:
         run_dir = Path(resume).resolve()
+        ownership.claim_to_resume(run_dir)  # only a run whose owner is gone
         meta, results = resume_run.load_run_to_resume(run_dir, cfg)
         aa = bool(meta.get("aa"))
         concurrency, repeats, sweep = meta["concurrency"], meta["repeats"], meta.get("sweep_draft_len") or []
@@ -301,9 +310,9 @@ def run_loadtest(
         repeats = repeats or lt.repeats
         sweep = [] if aa else sorted(set(sweep_draft_len)) if sweep_draft_len else list(lt.sweep_draft_len)
         check_sweep(cfg, sweep)
-        run_dir = _new_run_dir(cfg, out_dir or (reports_root(cfg) / "aa" / now.strftime("%Y%m%dT%H%M%SZ") if aa else None),
-                               now)
-        run_id = f"{cfg.name}-{now.strftime('%Y%m%dT%H%M%SZ')}"
+        run_dir = _new_run_dir(cfg, out_dir, now, aa=aa)
+        # the directory's name when it is the stamp: unique (a same-second run gets `-2`), as records need
+        run_id = f"{cfg.name}-{run_dir.name if out_dir is None else now.strftime('%Y%m%dT%H%M%SZ')}"
         tokenizer_dir = tokenizer_dir or served_tokenizer_dir(cfg)
         auto = auto_repeats.is_auto(repeats)
         meta = {**run_metadata(cfg, run_id, now, dataset, sweep, concurrency, duration_s, warmup_s,
@@ -317,6 +326,7 @@ def run_loadtest(
         results = []
     kept = {r["key"] for r in results}
     specs, total = _planned_specs(cfg, ARMS if aa else arms, concurrency, repeats, sweep, kept, results, meta, run_dir)
+    harness.master_address(lt.processes)  # a taken Locust RPC port stops here, before any server or cell
     if specs:  # else every cell was kept: nothing to serve or measure, only the report is missing
         _measure(cfg, specs, results, meta, run_dir, run_id, prompts, duration_s, warmup_s, tokenizer_dir,
                  progress, given_endpoints, arms, endpoint_baseline, endpoint_speculative,
@@ -368,6 +378,9 @@ def _measure(cfg, specs: Iterable[RunSpec], results, meta, run_dir, run_id, prom
             results.append({**result, "session": session})
             meta["commands"].append(" ".join(result["command"]))
             _write_json(run_dir / "runs.json", RunResults.checked({"runs": results}))
+            if result["harness_fault"]:  # Locust broke, not the server: a pipeline failure, never a verdict
+                raise harness.LoadHarnessError(f"the load generator failed in cell {result['key']}: "
+                                               f"{result['harness_fault']} (log {run_dir / result['log']})")
             if not result["server_alive"] or result["stopped_early"]:
                 break  # a dead server invalidates the rest; the report can never be GO
         meta["endpoints"] = _endpoints_provenance(endpoints)  # restarts and reported KV capacity
@@ -394,14 +407,9 @@ def _arms_to_run(cfg: DeploymentConfig, arm: str | None, endpoint_baseline: str 
     return arms
 
 
-def _new_run_dir(cfg: DeploymentConfig, out_dir: str | Path | None, created: datetime) -> Path:
-    run_dir = Path(out_dir) if out_dir else reports_root(cfg) / created.strftime("%Y%m%dT%H%M%SZ")
-    run_dir = run_dir.resolve()  # locust runs with another working directory
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise LoadTestError(f"--out: {run_dir} exists and is not empty")
-    for sub in ("raw/parts", "settings", "metrics", "logs"):
-        (run_dir / sub).mkdir(parents=True, exist_ok=True)
-    return run_dir
+def _new_run_dir(cfg: DeploymentConfig, out_dir: str | Path | None, created: datetime, aa: bool = False) -> Path:
+    # created and owned by this process; an A/A of the rig under reports/NAME/aa/, beside the A/B runs
+    return ownership.new_run_dir(reports_root(cfg) / "aa" if aa else reports_root(cfg), out_dir, created)
 
 
 def _endpoints(cfg: DeploymentConfig, arms: tuple[str, ...], endpoint_baseline: str | None,

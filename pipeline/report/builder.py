@@ -25,7 +25,7 @@ from pipeline.artefacts.report import Report as ReportFile
 from pipeline.artefacts.runs import RunInfo
 from pipeline.config import DeploymentConfig, parse_config
 from pipeline.errors import SpecdeployError
-from pipeline.infra.atomic import write_json_atomic
+from pipeline.infra.atomic import write_json_atomic, write_text_atomic
 from pipeline.loadtest import auto_repeats
 from pipeline.paths import reports_root
 from pipeline.report import aa, acceptance
@@ -334,8 +334,8 @@ def make_report(run_dir: str | Path, cfg: DeploymentConfig | None = None) -> Rep
     if data.get("aa"):  # the noise record the A/B reports of this config quote
         aa.write_record(data["aa"]["noise"], run_dir, reports_root(cfg or config_from_run(run_dir)))
     write_json_atomic(json_path, data, default=_json_default)
-    md_path.write_text(markdown, encoding="utf-8")
-    html_path.write_text(html, encoding="utf-8")
+    write_text_atomic(md_path, markdown)  # a full disk leaves the old file, not half a new one
+    write_text_atomic(html_path, html)
     return Report(run_dir, data, gate, json_path, md_path, html_path)
 
 
@@ -367,8 +367,8 @@ def make_comparison(run_a: str | Path, run_b: str | Path, out_dir: str | Path | 
     markdown, html = render_comparison(data_a, data_b, comp, compare_plot(data_a, data_b))
     paths = out / "compare.json", out / "compare.md", out / "compare.html"
     write_json_atomic(paths[0], comp, default=_json_default)
-    paths[1].write_text(markdown, encoding="utf-8")
-    paths[2].write_text(html, encoding="utf-8")
+    write_text_atomic(paths[1], markdown)
+    write_text_atomic(paths[2], html)
     return Comparison(comp, *paths)
 
 

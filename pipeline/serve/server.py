@@ -41,10 +41,10 @@ from typing import Iterator
 
 from pipeline.artefacts.deployment import ArmDeployment, load_arm
 from pipeline.config import DeploymentConfig
-from pipeline.errors import ServeError
+from pipeline.errors import ServeError, UsageError
 from pipeline.infra.processes import OwnedProcess, free_ports, spawn
 from pipeline.infra.readiness import models_not_ready
-from pipeline.paths import PROJECT_ROOT, logs_dir
+from pipeline.paths import PROJECT_ROOT, logs_dir, served_repository_problem
 from pipeline.plan.gpu_layout import ArmPlacement, GpuInfo, query_gpus
 from pipeline.reference.api import ENGINE_PROCESS_ENV
 from pipeline.serve.command import (
@@ -62,6 +62,7 @@ from pipeline.serve.command import (
 )
 from pipeline.serve.cpu_pinning import CpuPlan, allowed_cpus, plan_pinning, spawn_on
 from pipeline.serve.llmapi_launch import llmapi_launch
+from pipeline.serve.server_log import failure_report
 from pipeline.serve.stale_server import check_no_stale_server
 from pipeline.validate.hardware import get_profile
 
@@ -119,6 +120,14 @@ class RunningServer:
             return ""
         return "\n".join(lines[-n:])
 
+    def log_report(self, n: int = 40) -> str:
+        """The log's first errors (a model's load failure is logged long before the tail), then
+        its last ``n`` lines (:func:`pipeline.serve.server_log.failure_report`)."""
+        try:
+            return failure_report(self.log_path.read_text(errors="replace"), n)
+        except OSError:
+            return ""
+
     def family(self) -> list[int]:
         """The server and every descendant seen so far that still runs (stubs, engine workers)."""
         return sorted({self.pid, *(p.pid for p in self.process.descendants())})
@@ -162,12 +171,12 @@ def wait_ready(server: RunningServer, models: list[str], timeout_s: float) -> No
     while time.monotonic() < deadline:
         if not server.alive():
             raise ServeError(f"tritonserver {death(server.exit_status())} while starting; "
-                             f"log {server.log_path}:\n{server.log_tail()}")
+                             f"log {server.log_path}:\n{server.log_report()}")
         pending = models_not_ready(server.http_url, pending)
         if not pending:
             return
         time.sleep(0.5)
-    tail = server.log_tail()
+    tail = server.log_report()
     server.stop()
     raise ServeError(f"tritonserver not ready within {timeout_s:.0f} s (models not ready: "
                      f"{', '.join(pending) or 'server health'}); log {server.log_path}:\n{tail}")
@@ -187,6 +196,9 @@ def start_server(repo_dir: Path, *, argv: list[str] | None = None, env: dict | N
     repo_dir = Path(repo_dir).resolve()
     if not repo_dir.is_dir():
         raise ServeError(f"no model repository at {repo_dir}: run `specdeploy render` first")
+    problem = served_repository_problem(repo_dir)
+    if problem:  # refused now, not after the startup timeout
+        raise UsageError(problem)
     picked = iter(free_ports(3, host))
     ports = Ports(http_port or next(picked), grpc_port or next(picked), metrics_port or next(picked))
     if len({ports.http, ports.grpc, ports.metrics}) != 3:
@@ -378,7 +390,7 @@ def serve_foreground(cfg: DeploymentConfig, variant: str, *, http_port: int | No
                 status = server.exit_status()
                 server.stop()  # whatever of its tree is left, before the message is read
                 raise ServeError(f"tritonserver (pid {server.pid}) died: {death(status)}; its processes are stopped "
-                                 f"and its ports free. Log {server.log_path}, last lines:\n{server.log_tail()}")
+                                 f"and its ports free. Log {server.log_path}:\n{server.log_report()}")
             return 0
         finally:
             server.stop()

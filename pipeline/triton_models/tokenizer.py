@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipeline.triton_models.fs_paths import fs_path, read_text
+
 
 def _token_content(value) -> str | None:
     if isinstance(value, dict):
@@ -41,7 +43,8 @@ class _TokenizerFile:
     def __init__(self, tokenizer_dir: Path, config: dict):
         from tokenizers import Tokenizer
 
-        self._tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+        # from_str, not from_file: the Rust reader refuses a stub's surrogate-escaped path (fs_paths)
+        self._tok = Tokenizer.from_str(read_text(tokenizer_dir / "tokenizer.json"))
         self.bos_id = self._id_of(_token_content(config.get("bos_token")))
         self.eos_id = self._id_of(_token_content(config.get("eos_token")))
         pad = self._id_of(_token_content(config.get("pad_token")))
@@ -109,7 +112,7 @@ class TextTokenizer:
     """The tokenizer in ``tokenizer_dir``; ``backend`` names the library that loaded it."""
 
     def __init__(self, tokenizer_dir: str | Path, trust_remote_code: bool = False):
-        tokenizer_dir = Path(tokenizer_dir)
+        tokenizer_dir = fs_path(tokenizer_dir)
         if not tokenizer_dir.is_dir():
             raise FileNotFoundError(f"tokenizer directory {tokenizer_dir} does not exist")
         config = _read_json(tokenizer_dir / "tokenizer_config.json")

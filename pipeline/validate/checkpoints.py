@@ -1,7 +1,8 @@
 """Preflight checks on the checkpoint directories: resolution, files, shapes, tokenizers, heads.
 
 Reads (unless ``offline``) each checkpoint directory the config names — ``config.json``, weight-file
-headers and tensor lists (:mod:`pipeline.validate.weight_files`), ``tokenizer.json`` or SentencePiece
+headers and tensor lists (:mod:`pipeline.validate.weight_files`), whether each weight file is whole
+and of the architecture the deployment loads (:mod:`pipeline.validate.weight_integrity`), ``tokenizer.json`` or SentencePiece
 ``tokenizer.model``, ``tokenizer_config.json`` — in the formats each build route reads; ``builtin:``
 checkpoints resolve through ``pipeline.demo.resolve_builtin``. Writes nothing: findings go to the
 :class:`~pipeline.validate.findings.CheckContext`.
@@ -19,6 +20,7 @@ from pipeline.trtllm import llmapi_checks
 from pipeline.validate.findings import ERROR, INFO, CheckContext, spec_checkpoints, spec_roles
 from pipeline.validate.model_shapes import known_shape, read_config_json, shape_from_config
 from pipeline.validate.weight_files import UnreadableWeights, index_problems, tensor_shapes
+from pipeline.validate.weight_integrity import checkpoint_problems
 
 # ----------------------------------------------------------------------------------------------
 # Checkpoints: resolution, files, shapes
@@ -132,6 +134,18 @@ def _check_dir(ctx: CheckContext, role: str, path: str, directory: Path) -> None
                 ctx.add(ERROR, "files", f"{role}: {match} is not readable", "fix its permissions", path)
     for problem in index_problems(directory):
         ctx.add(ERROR, "files", f"{role}: {problem}", "download every shard the index names", path)
+
+
+def check_weights(ctx: CheckContext) -> None:
+    """Each resolved checkpoint's weight files whole, its tensors matching its config.json and
+    its architecture one the deployment loads (:func:`~pipeline.validate.weight_integrity.checkpoint_problems`):
+    a truncated download or a draft of another architecture fails here, not when ``serve`` loads it."""
+    for role, path, _ in spec_checkpoints(ctx.cfg):
+        directory = ctx.dirs.get(role)
+        if directory is None:
+            continue
+        for problem in checkpoint_problems(ctx.cfg, role, directory):
+            ctx.add(ERROR, "weights", f"{role}: {problem.message}", problem.fix, path)
 
 
 def _missing_fix(cfg: DeploymentConfig, directory: Path, what: str, patterns: tuple[str, ...]) -> str:

@@ -21,9 +21,10 @@ from typing import Callable
 
 from pipeline.config import DeploymentConfig, DraftTargetSpec
 from pipeline.errors import PreflightError
+from pipeline.paths import model_repo_dir, served_repository_problem
 from pipeline.plan.gpu_layout import validate_estimate
 from pipeline.trtllm import llmapi_checks
-from pipeline.validate.checkpoints import check_files, check_heads, check_tokenizers, load_shapes
+from pipeline.validate.checkpoints import check_files, check_heads, check_tokenizers, check_weights, load_shapes
 from pipeline.validate.findings import ERROR, INFO, WARNING, CheckContext, Finding, spec_models
 from pipeline.validate.hardware import get_profile
 from pipeline.validate.memory_fit import MemoryEstimate
@@ -206,6 +207,16 @@ def _check_cpu_ids(ctx: CheckContext) -> None:
                 "reference.cpu_pinning")
 
 
+def _check_output_root(ctx: CheckContext) -> None:
+    """The CPU path serves the repository where ``render`` writes it: its path must be one the
+    Python backend's stub can load (``pipeline.paths.served_repository_problem``)."""
+    if ctx.offline or ctx.cfg.backend != "reference":
+        return  # GPU repositories are served from where the container mounts them
+    problem = served_repository_problem(model_repo_dir(ctx.cfg, "baseline"))
+    if problem:
+        ctx.add(ERROR, "output-root", problem, "run from (or pass --workdir) a plain ASCII path without spaces")
+
+
 _CHECKS: list[Callable[[CheckContext], None]] = [
     check_versions,
     _check_backend,
@@ -215,6 +226,7 @@ _CHECKS: list[Callable[[CheckContext], None]] = [
     check_build_limits,
     check_scripts,
     check_files,
+    check_weights,
     load_shapes,
     check_shapes,
     check_tokenizers,
@@ -222,4 +234,5 @@ _CHECKS: list[Callable[[CheckContext], None]] = [
     _check_memory,
     _check_prompt_set,
     _check_cpu_ids,
+    _check_output_root,
 ]

@@ -11,11 +11,11 @@ check their shapes.
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 
+from pipeline.validate.weight_integrity import PICKLE_SUFFIXES, HeaderError, read_safetensors_header
+
 Shapes = dict[str, tuple[int, ...]]
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
 HF_WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 
 
@@ -25,12 +25,9 @@ class UnreadableWeights(Exception):
 
 def safetensors_shapes(path: Path) -> Shapes:
     try:
-        with path.open("rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(length))
-    except (OSError, ValueError, struct.error) as exc:
+        return read_safetensors_header(path).shapes()
+    except (OSError, HeaderError) as exc:
         raise UnreadableWeights(f"{path}: not a readable safetensors header ({exc})") from None
-    return {name: tuple(info.get("shape", ())) for name, info in header.items() if name != "__metadata__"}
 
 
 def pickle_shapes(path: Path) -> Shapes:

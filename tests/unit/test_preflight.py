@@ -344,7 +344,7 @@ def test_shard_index_names_missing_shards(tmp_path):
     target = write_checkpoint(tmp_path / "target")
     draft = write_checkpoint(tmp_path / "draft")
     (draft / "model.safetensors.index.json").write_text(json.dumps(
-        {"weight_map": {"a": "model.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+        {"weight_map": {"model.embed_tokens.weight": "model.safetensors", "b": "model-00002-of-00002.safetensors"}}))
     errors = errors_of(run_preflight(dt_config(target, draft), offline=False))
     assert [f.message for f in errors] == [
         "draft: model.safetensors.index.json names shards that are missing: model-00002-of-00002.safetensors"]
