@@ -101,8 +101,10 @@ def evaluate_gate(analysis: dict[str, Any], gate: GateSettings) -> GateResult:
     result = GateResult(verdict, checks, advice)
     needed = result.repeats_to_decide
     if verdict == INCONCLUSIVE and needed is not None:
-        advice.append(f"about {needed} paired repeats per arm would likely decide every undecided interval check "
-                      "(from the observed spread of the per-repeat ratios; loadtest.repeats: auto stops when they are)")
+        have = max((c.value.get("n_pairs") or 0 for c in checks if isinstance(c.value, dict)), default=0)
+        advice.append(f"about {needed} paired repeats per arm ({needed - have} more) would likely decide every "
+                      "undecided interval check (from the observed spread of the per-repeat ratios; "
+                      "loadtest.repeats: auto stops when they are)")
     return result
 
 
@@ -218,7 +220,8 @@ def _more_repeats(value: dict) -> str:
     needed = value.get("repeats_to_decide")
     if needed is None:
         return "; more repeats are unlikely to decide it soon (the estimate sits on the threshold)"
-    return f"; about {needed} paired repeats would likely decide it"
+    more = needed - (value.get("n_pairs") or 0)
+    return f"; about {needed} paired repeats ({more} more) would likely decide it"
 
 
 def _ratio_check(rule: str, scope: str, ci: dict, limit: float) -> Check:

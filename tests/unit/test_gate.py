@@ -172,9 +172,9 @@ def test_straddling_check_says_how_many_repeats_would_decide_it():
     assert result.verdict == "INCONCLUSIVE"
     check = next(c for c in result.checks if c.rule == "benefit_tpot_ratio")
     # |log 0.8 - log 0.9| = 0.118; t(0.975, n-1) * 0.1 / sqrt(n) < 0.118 first at n = 6
-    assert check.value["repeats_to_decide"] == 6 and "about 6 paired repeats" in check.detail
+    assert check.value["repeats_to_decide"] == 6 and "about 6 paired repeats (4 more)" in check.detail
     assert result.repeats_to_decide == 6
-    assert any("about 6 paired repeats per arm" in a for a in result.advice)
+    assert any("about 6 paired repeats per arm (4 more)" in a for a in result.advice)
 
 
 def test_achieved_concurrency_off_target_is_inconclusive():
