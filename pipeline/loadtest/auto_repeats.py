@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-AUTO = "auto"
-SPENDING = "Bonferroni alpha spending: alpha split equally over the possible looks (min_repeats..max_repeats)"
+from pipeline.report.alpha_spending import AUTO, confidence_level, plan, summary  # noqa: F401 - this module's API too
+
 DECIDED, CAP_REPEATS, CAP_MINUTES = "decided", "max_repeats", "max_minutes"
 # undecided non-interval checks that more repeats can settle (they count requests and runs)
 MORE_DATA_RULES = ("sample_size", "runs")
@@ -39,22 +39,6 @@ MORE_DATA_RULES = ("sample_size", "runs")
 
 def is_auto(repeats: Any) -> bool:
     return repeats == AUTO
-
-
-def plan(cfg, alpha: float | None = None) -> dict[str, Any]:
-    """The ``repeats_auto`` entry of run.json for this config."""
-    lt = cfg.loadtest
-    alpha = cfg.gate.alpha if alpha is None else alpha
-    looks = lt.max_repeats - lt.min_repeats + 1
-    return {"min_repeats": lt.min_repeats, "max_repeats": lt.max_repeats, "max_minutes": lt.max_minutes,
-            "alpha": alpha, "looks_planned": looks, "alpha_per_look": alpha / looks, "spending": SPENDING,
-            "looks": [], "stopped": None}
-
-
-def confidence_level(meta: dict, alpha: float) -> float:
-    """The intervals' confidence level for a run: 1 − alpha, or 1 − alpha/K for an auto run."""
-    auto = meta.get("repeats_auto")
-    return 1.0 - (auto["alpha_per_look"] if auto else alpha)
 
 
 def pending(meta: dict) -> bool:
@@ -145,16 +129,3 @@ def _minutes_cap(results: list[dict], repeats_done: int, max_minutes: float | No
 def _stop(auto: dict, reason: str, repeats: int, detail: str, write_meta: Callable[[], None]) -> None:
     auto["stopped"] = {"reason": reason, "repeats": repeats, "detail": detail}
     write_meta()
-
-
-def summary(meta: dict) -> dict[str, Any]:
-    """What the report says about the repeats: fixed or auto, how many, why it stopped."""
-    auto = meta.get("repeats_auto")
-    if not auto:
-        return {"mode": "fixed", "repeats": meta.get("repeats")}
-    stopped = auto.get("stopped") or {}
-    return {"mode": AUTO, "repeats": stopped.get("repeats", meta.get("repeats")), "stopped": stopped.get("reason"),
-            "detail": stopped.get("detail"), "min_repeats": auto["min_repeats"], "max_repeats": auto["max_repeats"],
-            "max_minutes": auto["max_minutes"], "looks": len(auto.get("looks") or []),
-            "looks_planned": auto["looks_planned"], "alpha_per_look": auto["alpha_per_look"],
-            "spending": auto["spending"]}

@@ -26,9 +26,8 @@ from pipeline.artefacts.runs import RunInfo
 from pipeline.config import DeploymentConfig, parse_config
 from pipeline.errors import SpecdeployError
 from pipeline.infra.atomic import write_json_atomic, write_text_atomic
-from pipeline.loadtest import auto_repeats
 from pipeline.paths import reports_root
-from pipeline.report import aa, acceptance
+from pipeline.report import aa, acceptance, alpha_spending
 from pipeline.report.acceptance_reported import acceptance_reported
 from pipeline.report.comparison import BootstrapSettings, best_ci, compare_cells, find_crossover
 from pipeline.report.forecast_check import run_context, safe_forecast_section
@@ -114,8 +113,8 @@ def analyze(run_dir: Path, cfg: DeploymentConfig, runs: list[RunData]) -> dict[s
     """Cells, comparisons, crossover and acceptance of RUN_DIR's ``runs`` (:func:`_runs`)."""
     meta = _load_run_json(run_dir)
     slo = cfg.gate.slo
-    # an auto run's looks each spend alpha / K (pipeline/loadtest/auto_repeats.py): its intervals too
-    confidence = auto_repeats.confidence_level(meta, cfg.gate.alpha)
+    # an auto run's looks each spend alpha / K (pipeline/report/alpha_spending.py): its intervals too
+    confidence = alpha_spending.confidence_level(meta, cfg.gate.alpha)
     boot = BootstrapSettings(cfg.gate.bootstrap_resamples, cfg.gate.bootstrap_seed, confidence)
     groups: dict[tuple, list[RunData]] = defaultdict(list)
     for run in runs:
@@ -264,7 +263,7 @@ def build_report_data(run_dir: Path, cfg: DeploymentConfig, analysis: dict, gate
         "runs": [{k: v for k, v in r.items() if k != "throughput_timeline"} for r in analysis["runs"]],
         "bootstrap": analysis["bootstrap"],
         "intervals": analysis["intervals"],
-        "repeats": auto_repeats.summary(meta),
+        "repeats": alpha_spending.summary(meta),
         "aa": meta.get("aa"),
         "rig_noise": None if meta.get("aa") else aa.quote(reports_root(cfg)),
         "primary_draft_len": analysis["primary_draft_len"],
