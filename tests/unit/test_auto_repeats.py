@@ -154,3 +154,12 @@ def test_auto_run_stops_when_the_gate_is_decided(tmp_path):
         assert report["verdict"] == "GO" and last["undecided"] == []
     else:
         assert auto["stopped"]["repeats"] == 4 and last["undecided"]
+
+
+def test_min_repeats_above_max_repeats_names_the_field():
+    from pipeline.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="loadtest.min_repeats"):
+        make_cfg(min_repeats=5, max_repeats=3)
+    with pytest.raises(ConfigError, match="loadtest.repeats"):
+        make_cfg(repeats="sometimes")
