@@ -106,12 +106,19 @@ def auto_specs(plan_repeat: Callable[[int], list], kept: set[str], results: list
             outcome = {"repeats": n, "at": time.time(), **look_fn(run_dir, cfg)}
             auto["looks"].append(outcome)
             if outcome["decided"]:
-                _stop(auto, DECIDED, n, "every gated check is decided" if outcome["verdict"] != "NO-GO"
-                      else "a gated check failed (NO-GO)", write_meta)
+                _stop(auto, DECIDED, n, _decided_detail(outcome["verdict"]), write_meta)
                 return
             write_meta()
     _stop(auto, CAP_REPEATS, auto["max_repeats"],
           f"max_repeats ({auto['max_repeats']}) reached with checks undecided", write_meta)
+
+
+def _decided_detail(verdict: str) -> str:
+    if verdict == "NO-GO":
+        return "a gated check failed (NO-GO)"
+    if verdict == "INCONCLUSIVE":  # e.g. achieved concurrency off target: not a matter of more repeats
+        return "every gated interval is decided; the checks still inconclusive are ones more repeats cannot settle"
+    return "every gated check is decided"
 
 
 def _minutes_cap(results: list[dict], repeats_done: int, max_minutes: float | None) -> str | None:
