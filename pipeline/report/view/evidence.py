@@ -18,6 +18,12 @@ AA_TITLES = {"NO DIFFERENCE": "A/A: no difference between identical arms",
              "INCONCLUSIVE": "A/A: not decided"}
 
 
+def ci_words(data: dict) -> str:
+    """``95% CI``, or the level a ``repeats: auto`` run's intervals have (``98.33% CI``)."""
+    level = (data.get("intervals") or {}).get("confidence_level") or 0.95
+    return f"{round(100 * level, 2):g}% CI"
+
+
 def repeats_line(data: dict) -> str | None:
     repeats = data.get("repeats") or {}
     if repeats.get("mode") != "auto":

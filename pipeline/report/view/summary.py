@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.report.acceptance_reported import missing_acceptance_line
-from pipeline.report.view.evidence import aa_decision, repeats_line, rig_noise_line
+from pipeline.report.view.evidence import aa_decision, ci_words, repeats_line, rig_noise_line
 from pipeline.report.view.model import (
     category_acceptance,
     primary_comparisons,
@@ -122,7 +122,7 @@ def headline_sentence(data: dict) -> str:
     tail = (f"stops paying at concurrency {crossover}" if crossover is not None
             else f"still pays at the highest measured concurrency, {max(comps)}")
     return (f"At concurrency {level}, speculation makes decoding {speed_phrase(tpot)} per user "
-            f"(TPOT {ratio_phrase(tpot, 'baseline')}, 95% CI) and {tail}.")
+            f"(TPOT {ratio_phrase(tpot, 'baseline')}, {ci_words(data)}) and {tail}.")
 
 
 def acceptance_line(data: dict) -> str:
