@@ -36,6 +36,21 @@ def _int_list(value: Optional[str], option: str) -> Optional[list[int]]:
     return items
 
 
+def _repeats(value: Optional[str]) -> int | str | None:
+    """--repeats: a positive integer or ``auto``."""
+    from pipeline.errors import UsageError  # as every command here: the CLI loads its modules when a command runs
+
+    if value is None or value == "auto":
+        return value
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise UsageError(f"--repeats: expected a positive integer or auto, got '{value}'")
+    return number
+
+
 def register(app: typer.Typer) -> None:
     @app.command("loadtest", help="Load-test speculative vs baseline under a concurrency sweep (Locust); "
                                   "exit code = verdict (0 GO, 1 NO-GO, 3 INCONCLUSIVE); 4 = stopped early, "
@@ -48,7 +63,9 @@ def register(app: typer.Typer) -> None:
             "the others (its own levels, repeats and durations; the same --arm / --endpoint-* options)."),
         concurrency: Optional[str] = typer.Option(None, "--concurrency", help="Override levels, e.g. 1,4,16."),
         duration: Optional[str] = typer.Option(None, "--duration", help="Seconds per run, e.g. 20s or 2m."),
-        repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Runs per cell."),
+        repeats_option: Optional[str] = typer.Option(
+            None, "--repeats", help="Runs per cell, or auto: until every gated check is decided, within the config's "
+            "loadtest.min_repeats / max_repeats / max_minutes (docs/report.md)."),
         sweep_draft_len: Optional[str] = typer.Option(
             None, "--sweep-draft-len",
             help="Repeat the speculative arm per draft length, e.g. 2,4,6,8 (draft_target only: per-request "
@@ -84,6 +101,7 @@ def register(app: typer.Typer) -> None:
         from pipeline.loadtest.runner import run_loadtest
         from pipeline.report.builder import make_report
 
+        repeats = _repeats(repeats_option)
         if endpoint and not arm:
             raise SpecdeployError("--endpoint needs --arm baseline|speculative (or use --endpoint-baseline/--endpoint-speculative)")
         if endpoint:

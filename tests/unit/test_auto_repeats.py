@@ -163,3 +163,12 @@ def test_min_repeats_above_max_repeats_names_the_field():
         make_cfg(min_repeats=5, max_repeats=3)
     with pytest.raises(ConfigError, match="loadtest.repeats"):
         make_cfg(repeats="sometimes")
+
+
+def test_cli_repeats_takes_auto_or_a_positive_integer():
+    from pipeline.cli.loadtest_cmd import _repeats
+    from tests.unit.cli_inproc import specdeploy
+
+    assert _repeats("auto") == "auto" and _repeats("4") == 4 and _repeats(None) is None
+    proc = specdeploy("loadtest", str(ROOT / "configs" / "tiny-cpu-medusa.yaml"), "--repeats", "often")
+    assert proc.returncode == 2 and "--repeats: expected a positive integer or auto, got 'often'" in proc.stderr
