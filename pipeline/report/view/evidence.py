@@ -28,9 +28,10 @@ def repeats_line(data: dict) -> str | None:
     repeats = data.get("repeats") or {}
     if repeats.get("mode") != "auto":
         return None
-    return (f"Repeats: {repeats.get('repeats')} per cell (repeats: auto, {repeats.get('looks')} looks of at most "
-            f"{repeats.get('looks_planned')}, each interval at {1 - repeats.get('alpha_per_look', 0.05):.2%}); stopped "
-            f"because {STOP_WORDS.get(repeats.get('stopped'), repeats.get('stopped'))}.")
+    return (f"Repeats: {repeats.get('repeats')} per cell (repeats: auto; looked at the verdict {repeats.get('looks')} "
+            f"of at most {repeats.get('looks_planned')} times, each interval at "
+            f"{1 - repeats.get('alpha_per_look', 0.05):.2%}); stopped because "
+            f"{STOP_WORDS.get(repeats.get('stopped'), repeats.get('stopped'))}.")
 
 
 def rig_noise_line(data: dict) -> str | None:
