@@ -24,10 +24,24 @@ EXIT_CODE_TABLE: dict[int, str] = {
 }
 
 
-class SpecdeployError(Exception):
-    """A user-facing failure: bad input, a failed external step, a missing dependency."""
+def exit_code_epilog() -> str:
+    """The table as the epilog of every command's ``--help``: generated, so it cannot drift."""
+    # "\b" stops Click from re-flowing the paragraph, so the table keeps one line per code.
+    return "\b\nExit codes:\n" + "\n".join(f"  {code:<4} {text}" for code, text in EXIT_CODE_TABLE.items())
 
-    exit_code = EXIT_NO_GO  # being sorted into EXIT_USAGE / EXIT_FAILURE (issue 42)
+
+class SpecdeployError(Exception):
+    """A user-facing failure: bad input, a failed external step, a missing dependency.
+
+    Exits :data:`EXIT_FAILURE` unless its class (or ``exit_code=`` at the raise site, for a class
+    whose sites differ) says otherwise: a failure is never NO-GO, which only a measurement may say."""
+
+    exit_code = EXIT_FAILURE
+
+    def __init__(self, *args: object, exit_code: int | None = None):
+        super().__init__(*args)
+        if exit_code is not None:
+            self.exit_code = exit_code
 
     def lines(self) -> list[str]:
         return [str(self)]
@@ -42,6 +56,8 @@ class UsageError(SpecdeployError):
 class ConfigError(SpecdeployError):
     """An invalid config file: one ``field.path: message`` line per problem."""
 
+    exit_code = EXIT_USAGE
+
     def __init__(self, source: str, problems: list[str]):
         self.source = source
         self.problems = problems
@@ -52,23 +68,30 @@ class ConfigError(SpecdeployError):
 
 
 class PreflightError(SpecdeployError):
-    """Preflight found problems that would fail the build or the deployment."""
+    """Preflight found problems that would fail the build or the deployment. The static checks
+    (config against checkpoints and hardware profile) are a config error; the live ones (this
+    host's GPUs, driver, container) pass ``exit_code=EXIT_FAILURE``."""
 
-    def __init__(self, problems: list[str]):
+    exit_code = EXIT_USAGE
+
+    def __init__(self, problems: list[str], *, exit_code: int | None = None):
         self.problems = problems
-        super().__init__("; ".join(problems))
+        super().__init__("; ".join(problems), exit_code=exit_code)
 
     def lines(self) -> list[str]:
         return [f"preflight failed: {len(self.problems)} problem(s)"] + [f"  {p}" for p in self.problems]
 
 
 class BuildError(SpecdeployError):
-    """A build step failed or produced an engine that does not match the config."""
+    """A build step failed or produced an engine that does not match the config (exit 5)."""
 
 
 class ServeError(SpecdeployError):
-    """The server did not start, or died."""
+    """The server did not start, or died (exit 5)."""
 
 
 class StaleInputError(SpecdeployError):
-    """A stage's input was produced from another config (config hash mismatch)."""
+    """A stage's input is missing or was produced from another config (config hash mismatch):
+    run the earlier stage, a usage error (exit 2)."""
+
+    exit_code = EXIT_USAGE

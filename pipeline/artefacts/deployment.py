@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field
 
 from pipeline.artefacts.base import Artefact
-from pipeline.errors import SpecdeployError, StaleInputError
+from pipeline.errors import StaleInputError, UsageError
 
 if TYPE_CHECKING:
     from pipeline.config import DeploymentConfig
@@ -127,7 +127,7 @@ def arms_of(cfg: "DeploymentConfig") -> tuple[str, ...]:
 
 def check_arm(cfg: "DeploymentConfig", arm: str) -> None:
     if arm not in arms_of(cfg):
-        raise SpecdeployError(
+        raise UsageError(
             f"variant {arm!r} does not exist for speculation method {cfg.method!r} "
             f"(choose from: {', '.join(arms_of(cfg))})"
         )

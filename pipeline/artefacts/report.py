@@ -61,13 +61,21 @@ class Report(Artefact):
     crossover_concurrency: Any = None
     rollout_range: dict[str, Any] = Field(default_factory=dict, description=(
         "The recommended levels (levels, up_to) and the levels below the crossover left out, each with the "
-        "checks it fails (excluded); pipeline/report/rollout_range.py."))
+        "checks it fails (excluded); gated levels kept with a tail worse with confidence (cautions); "
+        "pipeline/report/rollout_range.py."))
     recommended_draft_len: dict[str, Any] = Field(default_factory=dict)
     acceptance_rate: float | None = None
     acceptance_source: str | None = Field(None, description=(
         "Where acceptance_rate comes from: per-request outputs, a server's metrics (named), or not reported."))
     acceptance_by_source: list[dict[str, Any]] = Field(default_factory=list, description=(
         "Per acceptance source over the speculative runs: the runs, kind, rate and mean acceptance length."))
+    acceptance_per_request: dict[str, Any] = Field(default_factory=dict, description=(
+        "Per-request acceptance (accepted / drafted) over the speculative requests that drafted: n, p10, p50, p90, "
+        "mean and a 10-bin histogram (edges, counts); acceptance_rate is pooled over tokens instead "
+        "(pipeline/report/per_request.py)."))
+    acceptance_by_position: dict[str, Any] = Field(default_factory=dict, description=(
+        "Accepted / verify steps per draft position (1..K) where the server counts it (reported, source, "
+        "positions); 'not reported by this server' otherwise."))
     comparisons: list[dict[str, Any]]
     cells: list[dict[str, Any]]
     runs: list[dict[str, Any]]

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.config import BUILTIN_PREFIX, DeploymentConfig, load_config
-from pipeline.errors import SpecdeployError
+from pipeline.errors import UsageError
 
 FALLBACK_PROMPTS = {
     "builtin": [
@@ -78,7 +78,7 @@ def resolve_checkpoint(value: str) -> Path:
         return Path(resolve_builtin(value))
     path = Path(value).expanduser()
     if not path.is_dir():
-        raise SpecdeployError(f"checkpoint {value!r} is not a directory")
+        raise UsageError(f"checkpoint {value!r} is not a directory")
     return path.resolve()
 
 
@@ -92,8 +92,8 @@ def proposer_spec(cfg: DeploymentConfig) -> dict:
 def _method_spec(cfg: DeploymentConfig) -> dict:
     spec, method = cfg.speculation, cfg.method_info
     if method.proposer is None:
-        raise SpecdeployError(f"{cfg.name}: speculation.method is {cfg.method!r}; nothing to compare with "
-                              "(the CPU engine has no proposer for it)")
+        raise UsageError(f"{cfg.name}: speculation.method is {cfg.method!r}; nothing to compare with "
+                         "(the CPU engine has no proposer for it)")
     fields = {"method": method.proposer, **method.proposer_fields(spec)}
     if cfg.draft is not None:
         fields["draft_dir"] = str(resolve_checkpoint(cfg.draft.checkpoint))
@@ -128,7 +128,7 @@ def _encode(tokenizer_dir: Path):
 
     path = tokenizer_dir / "tokenizer.json"
     if not path.is_file():
-        raise SpecdeployError(f"{tokenizer_dir}: no tokenizer.json")
+        raise UsageError(f"{tokenizer_dir}: no tokenizer.json")
     tokenizer = Tokenizer.from_file(str(path))
     return lambda text: tokenizer.encode(text).ids
 
@@ -258,7 +258,7 @@ def run_bench(config_path: str | Path, prompts_per_category: int = 8, max_tokens
     encode = _encode(target)
     categories = {c: [encode(p) for p in ps] for c, ps in load_prompts(cfg, prompts_per_category).items()}
     if any(b not in (1, max(batches)) for b in batches):
-        raise SpecdeployError(f"batches {batches}: only 1 and one larger size are supported")
+        raise UsageError(f"batches {batches}: only 1 and one larger size are supported")
     limits = dict(max_batch_size=max(batches), max_seq_len=cfg.build.max_seq_len,
                   compute_dtype=cfg.reference.compute_dtype, prefix_cache_entries=0,
                   fast_paths=cfg.reference.fast_paths)
@@ -288,7 +288,7 @@ def run_bench(config_path: str | Path, prompts_per_category: int = 8, max_tokens
     if peer == "hf":
         report["peer"] = hf_peer(cfg, target, spec, categories, max_tokens, results, stop_at_eos)
     elif peer is not None:
-        raise SpecdeployError(f"--peer {peer!r}: only 'hf' is supported")
+        raise UsageError(f"--peer {peer!r}: only 'hf' is supported")
     return report
 
 
@@ -308,9 +308,9 @@ def _versus_variant(cfg: DeploymentConfig, target: Path, versus: str | Path) -> 
     """(rows' method, model dir, proposer spec) of the ``--versus`` config: same target required."""
     other = load_config(versus)
     if resolve_checkpoint(other.target.checkpoint) != target:
-        raise SpecdeployError(f"--versus {versus}: target {other.target.checkpoint} is not {cfg.target.checkpoint}")
+        raise UsageError(f"--versus {versus}: target {other.target.checkpoint} is not {cfg.target.checkpoint}")
     if other.method == cfg.method:
-        raise SpecdeployError(f"--versus {versus}: same method {cfg.method!r}; its rows would mix with the config's")
+        raise UsageError(f"--versus {versus}: same method {cfg.method!r}; its rows would mix with the config's")
     return other.method, target, proposer_spec(other)
 
 

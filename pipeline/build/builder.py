@@ -36,7 +36,7 @@ from typing import Any, Iterator, Protocol
 
 from pipeline.artefacts.manifest import MANIFEST_FORMAT, BuildManifest  # noqa: F401 - MANIFEST_FORMAT re-exported
 from pipeline.config import DeploymentConfig, config_hash
-from pipeline.errors import BuildError, StaleInputError
+from pipeline.errors import EXIT_INTERRUPTED, BuildError, StaleInputError
 from pipeline.infra.atomic import write_json_atomic
 from pipeline.infra.processes import spawn
 from pipeline.infra.provenance import git_sha, package_version, versions
@@ -55,7 +55,7 @@ LOG_TAIL_LINES = 8
 class BuildInterrupted(BuildError):
     """Ctrl-C or SIGTERM during a step; nothing half-built is left behind."""
 
-    exit_code = 130
+    exit_code = EXIT_INTERRUPTED
 
 
 class StepExecutor(Protocol):

@@ -2,7 +2,10 @@
 
 ``run(argv)`` executes one command and returns its exit code, raising on user errors
 (:class:`pipeline.errors.SpecdeployError`) and usage errors so tests can assert on them; ``main()`` is the console
-script: it prints a user error as one line per problem (no traceback) and exits non-zero.
+script: it prints a user error as one line per problem (no traceback) and exits with the error's
+code from the one table in :mod:`pipeline.errors` (docs/ci.md): 2 for a usage or config error
+(Click's included), 5 for a failure, and 5 with the traceback for an unexpected exception, so a
+crash never reads as NO-GO.
 Command modules import heavy libraries (torch, scipy, matplotlib) inside their functions only, so
 ``validate`` and ``plan`` stay fast.
 """
@@ -10,11 +13,12 @@ Command modules import heavy libraries (torch, scipy, matplotlib) inside their f
 from __future__ import annotations
 
 import sys
+import traceback
 from typing import Sequence
 
 import typer
 
-from pipeline.errors import EXIT_FAILURE, SpecdeployError
+from pipeline.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, SpecdeployError, exit_code_epilog
 
 try:  # typer >= 0.20 vendors its own click; older typer uses click itself
     from typer._click.exceptions import ClickException as _ClickException
@@ -35,6 +39,7 @@ app = typer.Typer(
         "(`run` does all of it). Every command takes the config YAML; outputs go to "
         "engines/NAME/ and reports/NAME/ under --workdir (default: the current directory)."
     ),
+    epilog=exit_code_epilog(),
 )
 
 
@@ -71,6 +76,14 @@ def _register_commands() -> None:
         schema_cmd,
     ):
         module.register(app)
+    # Every command's --help ends with the one exit-code table (pipeline/errors.py), generated
+    # from EXIT_CODE_TABLE so help, README and docs/ci.md cannot drift apart.
+    for info in app.registered_commands:
+        info.epilog = info.epilog or exit_code_epilog()
+    for group in app.registered_groups:  # `demo train|info|prompts`
+        group.typer_instance.info.epilog = exit_code_epilog()
+        for info in group.typer_instance.registered_commands:
+            info.epilog = info.epilog or exit_code_epilog()
 
 
 _register_commands()
@@ -95,7 +108,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = exc.exit_code
     except _ClickException as exc:
         exc.show()
-        code = exc.exit_code
+        # Click's own usage errors exit 2 already; its other exceptions (a file option it cannot
+        # open) exit 1, which is NO-GO in our table: every one of them is a bad invocation.
+        code = EXIT_USAGE
     except OSError as exc:  # disk full, permission denied, …: one line naming the path (cli/os_errors.py)
         from pipeline.cli.os_errors import os_error_line, stage_of  # here: only a failed command needs it
 
@@ -104,8 +119,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = EXIT_FAILURE
     except typer.Abort:
         print("aborted", file=sys.stderr)
-        code = 130
+        code = EXIT_INTERRUPTED
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        code = 130
+        code = EXIT_INTERRUPTED
+    except Exception:  # noqa: BLE001 - a bug: its traceback, and the failure code, never NO-GO's 1 (Python's default)
+        traceback.print_exc()
+        code = EXIT_FAILURE
     sys.exit(code)

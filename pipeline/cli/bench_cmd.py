@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from pipeline.errors import SpecdeployError
+from pipeline.errors import UsageError
 
 
 def _table(report: dict) -> str:
@@ -60,7 +60,7 @@ def register(app: typer.Typer) -> None:
         from pipeline.bench.engine_bench import run_bench
 
         if peer not in (None, "hf"):
-            raise SpecdeployError(f"--peer {peer!r}: only 'hf' is supported")
+            raise UsageError(f"--peer {peer!r}: only 'hf' is supported")
         report = run_bench(config, prompts_per_category=prompts, max_tokens=max_tokens,
                            batches=tuple(sorted(set(batch))), peer=peer, int8=int8,
                            draft_int8=draft_int8, stop_at_eos=stop_at_eos, versus=versus)

@@ -17,7 +17,7 @@ from typing import Optional
 
 import typer
 
-from pipeline.errors import SpecdeployError
+from pipeline.errors import SpecdeployError, UsageError
 
 
 def _param_count(weights: Path) -> int:
@@ -77,7 +77,7 @@ def register(app: typer.Typer) -> None:
 
         only_name = None if only is None else only.removeprefix("builtin:")
         if only_name is not None and only_name not in demo.BUILTIN_NAMES:
-            raise SpecdeployError(f"--only: unknown demo model '{only}'; choose one of {', '.join(demo.BUILTIN_NAMES)}")
+            raise UsageError(f"--only: unknown demo model '{only}'; choose one of {', '.join(demo.BUILTIN_NAMES)}")
         target_dir = (out or demo.cache_dir()).resolve()
         from pipeline.demo import train
 

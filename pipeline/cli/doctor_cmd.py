@@ -4,8 +4,10 @@ Reads installed package metadata (never imports torch or TensorRT-LLM), the trit
 (``pipeline.serve.tritonserver_install.find_tritonserver``) and GPUs through NVML (``pynvml`` when
 importable). Prints a table, or JSON with ``--json``; writes nothing. Without CONFIG it always
 exits 0: missing pieces are reported, not raised. With CONFIG it runs the live preflight of that
-config (:mod:`pipeline.validate.live`, the same checks as ``validate CONFIG --live``) after the
-table and exits 1 when a check fails.
+config after the table — :func:`pipeline.cli.validate_cmd.report_host_preflight`, the one function
+``validate CONFIG --live`` runs too (validate's findings, checkpoints included, and the live rows) —
+and exits 2 when the config itself is wrong, 5 (an environment failure, docs/ci.md) when a
+host check fails.
 """
 
 from __future__ import annotations
@@ -50,21 +52,12 @@ def register(app: typer.Typer) -> None:
 
 
 def _doctor_config(config: str, report: dict, as_json: bool, trtllm_root: str | None) -> int:
+    """The machine report, then the host preflight of ``config``: the very function and printing
+    of ``validate CONFIG --live``."""
+    from pipeline.cli.validate_cmd import report_host_preflight
     from pipeline.config import load_config
-    from pipeline.errors import PreflightError
-    from pipeline.validate.live import failures, run_live_preflight
-    from pipeline.validate.live.table import print_checks
 
-    cfg = load_config(config)
-    checks = run_live_preflight(cfg, trtllm_root)
-    if as_json:
-        print(json.dumps({**report, "live": [c.to_dict() for c in checks]}, indent=2))
-    else:
-        _print(report)
-        print_checks(cfg, checks)
-    if failures(checks):
-        raise PreflightError([f"live preflight: {c.line()}" for c in failures(checks)])
-    return 0
+    return report_host_preflight(load_config(config), trtllm_root, as_json, extra=report, print_extra=_print)
 
 
 def package_version(names: tuple[str, ...]) -> str:
@@ -109,25 +102,37 @@ def gpu_report() -> dict:
     except Exception as exc:  # noqa: BLE001 - NVMLError subclasses vary by driver
         return {"nvml": f"unavailable ({exc})", "gpus": []}
     try:
-        gpus = []
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            name = pynvml.nvmlDeviceGetName(handle)
-            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            gpus.append({
-                "index": index,
-                "name": name.decode() if isinstance(name, bytes) else name,
-                "compute_capability": f"{major}.{minor}",
-                "memory_gib": round(memory.total / 1024**3, 1),
-            })
-        return {"nvml": "ok", "driver": _driver(pynvml), "gpus": gpus}
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        except Exception as exc:  # noqa: BLE001 - a driver in a bad state fails even the count
+            return {"nvml": f"unavailable ({type(exc).__name__}: {exc})", "gpus": []}
+        return {"nvml": "ok", "driver": _driver(pynvml), "gpus": [_gpu(pynvml, index) for index in range(count)]}
     finally:
-        pynvml.nvmlShutdown()
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001 - shutting down a half-broken NVML must not hide the report
+            pass
+
+
+def _gpu(pynvml, index: int) -> dict:
+    """One GPU's row; a GPU NVML cannot read (NVMLError_GpuIsLost, _Unknown: fallen off the bus)
+    is reported with its error instead of raising."""
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        name = pynvml.nvmlDeviceGetName(handle)
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+        memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    except Exception as exc:  # noqa: BLE001 - NVMLError subclasses are generated per error code
+        return {"index": index, "error": f"{type(exc).__name__}: {exc}"}
+    return {"index": index, "name": name.decode() if isinstance(name, bytes) else name,
+            "compute_capability": f"{major}.{minor}", "memory_gib": round(memory.total / 1024**3, 1)}
 
 
 def _driver(pynvml) -> str:
-    version = pynvml.nvmlSystemGetDriverVersion()
+    try:
+        version = pynvml.nvmlSystemGetDriverVersion()
+    except Exception as exc:  # noqa: BLE001 - NVMLError subclasses are generated per error code
+        return f"unknown ({type(exc).__name__})"
     return version.decode() if isinstance(version, bytes) else version
 
 
@@ -178,7 +183,11 @@ def _print(report: dict) -> None:
     gpus = report["gpus"]
     if gpus["gpus"]:
         for gpu in gpus["gpus"]:
-            table.add_row(f"GPU {gpu['index']}", f"{gpu['name']}, sm {gpu['compute_capability']}, {gpu['memory_gib']} GiB")
+            if "error" in gpu:
+                table.add_row(f"GPU {gpu['index']}", f"unreadable: {gpu['error']} (lost or fallen off the bus: "
+                              "dmesg shows Xid 79; reset it with nvidia-smi -r or reboot)")
+            else:
+                table.add_row(f"GPU {gpu['index']}", f"{gpu['name']}, sm {gpu['compute_capability']}, {gpu['memory_gib']} GiB")
     else:
         table.add_row("GPUs", f"none ({gpus['nvml']})")
     console.print(table)

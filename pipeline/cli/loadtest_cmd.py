@@ -3,7 +3,7 @@
 Reads the config, starts both arms' servers (or uses ``--endpoint-*``), runs Locust headless as a
 subprocess per arm × concurrency × repeat (interleaved), writes RUN_DIR (raw records, runs.json,
 run.json, metrics) and then the report; exits with the verdict's code (0 GO, 1 NO-GO,
-3 INCONCLUSIVE; 2 stays the usage error), or 4 when it stopped early because the requests failed
+3 INCONCLUSIVE; 2 a usage error, 5 an unreachable endpoint or a load-harness failure), or 4 when it stopped early because the requests failed
 from the start (pipeline/loadtest/fail_fast.py: the first error verbatim and a likely fix).
 Exit 5 when the load generator itself failed (pipeline/loadtest/harness.py) or ``--resume`` /
 ``--out`` names a run another live process is measuring (pipeline/loadtest/ownership.py).
@@ -20,26 +20,24 @@ from typing import Optional
 import typer
 
 from pipeline.cli.options import workdir_option
+from pipeline.errors import UsageError
 
 
 def _int_list(value: Optional[str], option: str) -> Optional[list[int]]:
-    from pipeline.errors import SpecdeployError
 
     if value is None:
         return None
     try:
         items = [int(v) for v in value.split(",") if v.strip()]
     except ValueError:
-        raise SpecdeployError(f"{option}: expected comma-separated integers like 1,4,16, got '{value}'") from None
+        raise UsageError(f"{option}: expected comma-separated integers like 1,4,16, got '{value}'") from None
     if not items or any(v < 1 for v in items):
-        raise SpecdeployError(f"{option}: expected positive integers, got '{value}'")
+        raise UsageError(f"{option}: expected positive integers, got '{value}'")
     return items
 
 
 def _repeats(value: Optional[str]) -> int | str | None:
     """--repeats: a positive integer or ``auto``."""
-    from pipeline.errors import UsageError  # as every command here: the CLI loads its modules when a command runs
-
     if value is None or value == "auto":
         return value
     try:
@@ -96,14 +94,13 @@ def register(app: typer.Typer) -> None:
             "server sends no usage)."),
     ) -> int:
         from pipeline.config import load_config
-        from pipeline.errors import SpecdeployError
         from pipeline.infra.owner_lock import holding
         from pipeline.loadtest.runner import run_loadtest
         from pipeline.report.builder import make_report
 
         repeats = _repeats(repeats_option)
         if endpoint and not arm:
-            raise SpecdeployError("--endpoint needs --arm baseline|speculative (or use --endpoint-baseline/--endpoint-speculative)")
+            raise UsageError("--endpoint needs --arm baseline|speculative (or use --endpoint-baseline/--endpoint-speculative)")
         if endpoint:
             endpoint_baseline = endpoint if arm == "baseline" else endpoint_baseline
             endpoint_speculative = endpoint if arm == "speculative" else endpoint_speculative
@@ -113,8 +110,8 @@ def register(app: typer.Typer) -> None:
                                    model_baseline, model_speculative, aa=aa)
         cfg = load_config(config, workdir)
         if resume and (out or concurrency or duration or repeats or sweep_draft_len):
-            raise SpecdeployError("--resume continues the run's own plan: drop --out, --concurrency, --duration, "
-                                  "--repeats and --sweep-draft-len")
+            raise UsageError("--resume continues the run's own plan: drop --out, --concurrency, --duration, "
+                             "--repeats and --sweep-draft-len")
         with holding():  # the run dir stays this process's until its report is written
             run_dir = run_loadtest(
                 cfg, out_dir=out, concurrency=_int_list(concurrency, "--concurrency"), duration=duration,
@@ -130,19 +127,18 @@ def register(app: typer.Typer) -> None:
 def _endpoints_only(config, loadtest_file, out, concurrency, duration, repeats, endpoint_baseline,
                     endpoint_speculative, arm, no_progress, transport, model, tokenizer,
                     model_baseline=None, model_speculative=None, aa=False) -> int:
-    from pipeline.errors import SpecdeployError
     from pipeline.infra.owner_lock import holding
     from pipeline.loadtest.endpoints_only import run_endpoint_loadtest
     from pipeline.report.builder import make_report
 
     if config is not None:
-        raise SpecdeployError("give a deployment config or --loadtest-file, not both")
+        raise UsageError("give a deployment config or --loadtest-file, not both")
     if not loadtest_file:
-        raise SpecdeployError("a deployment config (CONFIG) or --loadtest-file is needed")
+        raise UsageError("a deployment config (CONFIG) or --loadtest-file is needed")
     if aa and not endpoint_baseline:
-        raise SpecdeployError("--loadtest-file --aa: pass --endpoint-baseline (the server measured against itself)")
+        raise UsageError("--loadtest-file --aa: pass --endpoint-baseline (the server measured against itself)")
     if not (endpoint_baseline or endpoint_speculative):
-        raise SpecdeployError("--loadtest-file: pass --endpoint-baseline and --endpoint-speculative (or one with --arm)")
+        raise UsageError("--loadtest-file: pass --endpoint-baseline and --endpoint-speculative (or one with --arm)")
     with holding():  # the run dir stays this process's until its report is written
         run_dir, cfg = run_endpoint_loadtest(
             loadtest_file, endpoint_baseline=endpoint_baseline, endpoint_speculative=endpoint_speculative,

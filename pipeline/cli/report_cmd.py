@@ -3,9 +3,9 @@
 
 Reads RUN_DIR (run.json, runs.json, raw/*.jsonl; ``--config`` overrides the config snapshot in
 run.json, e.g. to re-gate with other thresholds) and writes report.json / report.md / report.html
-into it. Exit code = verdict: 0 GO, 1 NO-GO, 3 INCONCLUSIVE (2 stays Click's usage error).
-A run another live process is still measuring is not reported on (exit 5, naming that process):
-its owner writes the report when it ends (pipeline/loadtest/ownership.py).
+into it. Exit code = verdict: 0 GO, 1 NO-GO, 3 INCONCLUSIVE (2: a wrong path or flag; 5: a run
+directory with no usable data, or one another live process is still measuring, named: its owner
+writes the report when it ends, pipeline/loadtest/ownership.py; docs/ci.md).
 With ``--compare`` it reads both run directories and writes compare.json / compare.md /
 compare.html into ``--out`` (default RUN_B); exit 0, or 1 with ``--fail-on-worse`` when a ratio
 moved beyond its CI for the worse (docs/report.md defines "moved").

@@ -1,7 +1,8 @@
 """`specdeploy run CONFIG`: validate → build → render → serve → loadtest → report in one command.
 
 Prints one stage display and, at the end, where the report is and the verdict; the exit code is
-the verdict (0 GO, 1 NO-GO, 3 INCONCLUSIVE), so CI can gate on it. Resumable: a re-run skips
+the verdict (0 GO, 1 NO-GO, 3 INCONCLUSIVE), so CI can gate on it; a stage's usage or config
+error exits 2, its failure 5 (the one table: docs/ci.md). Resumable: a re-run skips
 cached build steps, reuses a finished load test of the same config and resumes an unfinished one
 (its complete cells kept; ``--fresh``, or ``--new-run``, measures again from the start). The load-test overrides are those of ``specdeploy loadtest``.
 On a CPU config, ``run`` calibrates the forecast's CPU cost model before the load test when this

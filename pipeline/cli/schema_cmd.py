@@ -18,6 +18,8 @@ import typer
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from pipeline.errors import UsageError
+
 
 def register(app: typer.Typer) -> None:
     @app.command("schema", help="Print the config reference (JSON schema or Markdown) generated from the pydantic "
@@ -28,7 +30,6 @@ def register(app: typer.Typer) -> None:
                                                   "run-settings, record, report, compare); omit for the config."),
         fmt: str = typer.Option("markdown", "--format", help="json or markdown (the config only)."),
     ) -> int:
-        from pipeline.errors import SpecdeployError
 
         if artefact is not None:
             print(json.dumps(artefact_schema(artefact), indent=2, ensure_ascii=False))
@@ -37,16 +38,15 @@ def register(app: typer.Typer) -> None:
         elif fmt == "markdown":
             print(markdown_reference())
         else:
-            raise SpecdeployError(f"--format: '{fmt}' is not one of json, markdown")
+            raise UsageError(f"--format: '{fmt}' is not one of json, markdown")
         return 0
 
 
 def artefact_schema(name: str) -> dict:
     from pipeline.artefacts import ARTEFACTS, artefact_model
-    from pipeline.errors import SpecdeployError
 
     if name not in ARTEFACTS:
-        raise SpecdeployError(f"schema: '{name}' is not an artefact (choose from: {', '.join(ARTEFACTS)})")
+        raise UsageError(f"schema: '{name}' is not an artefact (choose from: {', '.join(ARTEFACTS)})")
     return artefact_model(name).model_json_schema(by_alias=True)
 
 

@@ -17,6 +17,7 @@ from typing import Optional
 import typer
 
 from pipeline.cli.options import workdir_option
+from pipeline.errors import UsageError
 
 
 def register(app: typer.Typer) -> None:
@@ -40,9 +41,8 @@ def register(app: typer.Typer) -> None:
                                        "(installed TensorRT-LLM, Triton, GPUs); recorded in the provenance."),
     ) -> int:
         if frontend not in ("triton", "openai"):
-            from pipeline.errors import SpecdeployError
 
-            raise SpecdeployError(f"--frontend must be 'triton' or 'openai', got {frontend!r}")
+            raise UsageError(f"--frontend must be 'triton' or 'openai', got {frontend!r}")
         if host is not None:
             _check_host(host)  # argument errors first, before the live preflight's seconds
         _live_gate(config, workdir, skip_live)
@@ -63,11 +63,10 @@ def _live_gate(config: str, workdir: Path | None, skip_live: bool) -> None:
 
 def _serve_openai(config, variant, http_port, grpc_port, metrics_port, foreground, host, openai_port, workdir) -> int:
     from pipeline.config import load_config
-    from pipeline.errors import SpecdeployError
     from pipeline.serve.openai_serve import serve_with_frontend
 
     if variant not in ("baseline", "speculative"):
-        raise SpecdeployError(f"--variant must be 'baseline' or 'speculative', got {variant!r}")
+        raise UsageError(f"--variant must be 'baseline' or 'speculative', got {variant!r}")
     cfg = load_config(config, workdir)
     if host is not None:
         _check_host(host)
@@ -79,11 +78,10 @@ def _serve_openai(config, variant, http_port, grpc_port, metrics_port, foregroun
 def serve(config: str, variant: str, http_port: int | None, grpc_port: int | None,
           metrics_port: int | None, foreground: bool, host: str | None = None, workdir: Path | None = None) -> int:
     from pipeline.config import load_config
-    from pipeline.errors import SpecdeployError
     from pipeline.serve.server import serve_foreground, start_deployment
 
     if variant not in ("baseline", "speculative"):
-        raise SpecdeployError(f"--variant must be 'baseline' or 'speculative', got {variant!r}")
+        raise UsageError(f"--variant must be 'baseline' or 'speculative', got {variant!r}")
     cfg = load_config(config, workdir)
     ports = dict(http_port=http_port or cfg.triton.http_port, grpc_port=grpc_port or cfg.triton.grpc_port,
                  metrics_port=metrics_port or cfg.triton.metrics_port)
@@ -102,9 +100,8 @@ def serve(config: str, variant: str, http_port: int | None, grpc_port: int | Non
 def _check_host(host: str) -> None:
     import ipaddress
 
-    from pipeline.errors import SpecdeployError
 
     try:
         ipaddress.ip_address(host)
     except ValueError:
-        raise SpecdeployError(f"--host: {host!r} is not an IP address (e.g. 127.0.0.1, 0.0.0.0)") from None
+        raise UsageError(f"--host: {host!r} is not an IP address (e.g. 127.0.0.1, 0.0.0.0)") from None

@@ -4,9 +4,11 @@ Reads the config YAML and (unless ``--offline``) the checkpoint directories it n
 TensorRT-LLM example scripts the build plan runs (under ``--trtllm-root``, the config's
 ``trtllm_root``, ``$SPECDEPLOY_TRTLLM_ROOT`` or the NGC image's ``/app``); prints the
 findings as a table (or JSON with ``--json``) plus the per-GPU memory estimate, and exits 0 when
-there are no errors, 1 otherwise (config errors: one ``field.path: message`` line each).
-``--live`` adds the live preflight (:mod:`pipeline.validate.live`): the installed TensorRT-LLM,
-Triton, scripts' parsers, LLM-args classes, packages and GPUs, one table; any failure exits 1.
+there are no errors, 2 otherwise (config errors: one ``field.path: message`` line each).
+``--live`` adds the live preflight (:func:`pipeline.validate.live.run_host_preflight`, the same
+function as ``doctor CONFIG``): the installed TensorRT-LLM, Triton, backends, scripts' parsers,
+LLM-args classes, packages, checkpoints and GPUs, one table; a failure there is the
+host's, and exits 5 (docs/ci.md).
 """
 
 from __future__ import annotations
@@ -40,9 +42,9 @@ def validate(config: str, offline: bool = False, as_json: bool = False, trtllm_r
     from pipeline.validate.preflight import errors_of, memory_estimate_of, raise_on_errors, run_preflight
 
     cfg = load_config(config)
-    findings = run_preflight(cfg, offline=offline, trtllm_root=trtllm_root)
     if live:
-        return _validate_live(cfg, findings, as_json, trtllm_root)
+        return report_host_preflight(cfg, trtllm_root, as_json)
+    findings = run_preflight(cfg, offline=offline, trtllm_root=trtllm_root)
     if as_json:
         payload = {
             "config": config,
@@ -112,22 +114,30 @@ def _memory_table(estimate: dict):
     return table
 
 
-def _validate_live(cfg, findings, as_json: bool, trtllm_root: str | None) -> int:
-    """Preflight findings and the live checks; PreflightError naming every error and failure."""
-    from pipeline.errors import PreflightError
-    from pipeline.validate.live import failures, run_live_preflight
+def report_host_preflight(cfg, trtllm_root: str | None, as_json: bool, extra: dict | None = None,
+                          print_extra=None) -> int:
+    """The host preflight (:func:`pipeline.validate.live.run_host_preflight`) printed, or as JSON;
+    PreflightError naming every error and failure. ``validate --live`` and ``doctor CONFIG`` both
+    call this, so they run and print the same checks (``extra``: doctor's machine report, printed
+    first by ``print_extra`` or merged into the JSON)."""
+    from pipeline.errors import EXIT_FAILURE, EXIT_USAGE, PreflightError
+    from pipeline.validate.live import failures, run_host_preflight
     from pipeline.validate.live.table import print_checks
     from pipeline.validate.preflight import errors_of
 
-    checks = run_live_preflight(cfg, trtllm_root)
+    outcome = run_host_preflight(cfg, trtllm_root)
     if as_json:
-        print(json.dumps({"config": cfg.name, "ok": not errors_of(findings) and not failures(checks),
-                          "findings": [f.to_dict() for f in findings], "live": [c.to_dict() for c in checks]},
-                         indent=2, ensure_ascii=False))
+        print(json.dumps({**(extra or {}), "config": cfg.name,
+                          "ok": not errors_of(outcome.findings) and not failures(outcome.checks),
+                          "findings": [f.to_dict() for f in outcome.findings],
+                          "live": [c.to_dict() for c in outcome.checks]}, indent=2, ensure_ascii=False))
     else:
-        _print_report(cfg, findings, offline=False)
-        print_checks(cfg, checks, _console())
-    problems = [f.line() for f in errors_of(findings)] + [f"live preflight: {c.line()}" for c in failures(checks)]
+        if print_extra is not None:
+            print_extra(extra)
+        _print_report(cfg, outcome.findings, offline=False)
+        print_checks(cfg, outcome.checks, _console())
+    problems = outcome.problems()
     if problems:
-        raise PreflightError(problems)
+        # a config error when the config itself is wrong, else the host's failure (docs/ci.md)
+        raise PreflightError(problems, exit_code=EXIT_USAGE if errors_of(outcome.findings) else EXIT_FAILURE)
     return 0

@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from pipeline.errors import SpecdeployError
+from pipeline.errors import SpecdeployError, UsageError
 
 BUILTIN_NAMES = ("tiny-target", "tiny-draft", "tiny-medusa", "tiny-eagle", "tiny-eagle3")
 ARTIFACTS_DIR = Path(__file__).resolve().parent / "artifacts"
@@ -41,7 +41,7 @@ def cache_dir() -> Path:
 def _normalise(name: str) -> str:
     bare = name.removeprefix("builtin:").strip()
     if bare not in BUILTIN_NAMES:
-        raise SpecdeployError(f"unknown demo model 'builtin:{bare}'; built-in models: " + ", ".join(f"builtin:{n}" for n in BUILTIN_NAMES))
+        raise UsageError(f"unknown demo model 'builtin:{bare}'; built-in models: " + ", ".join(f"builtin:{n}" for n in BUILTIN_NAMES))
     return bare
 
 

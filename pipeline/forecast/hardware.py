@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.errors import SpecdeployError
+from pipeline.errors import EXIT_USAGE, SpecdeployError
 
 DATA = Path(__file__).with_name("data")
 GPUS_FILE = DATA / "gpus.yaml"
@@ -27,7 +27,9 @@ PEAK_DTYPE = {"none": None, "fp8": "fp8", "int8_sq": "int8", "int8_wo": None, "i
 
 
 class ForecastInputError(SpecdeployError):
-    """An input the forecast needs is missing or unreadable; the message says how to provide it."""
+    """An input the forecast needs is missing or unreadable; the message says how to provide it (exit 2)."""
+
+    exit_code = EXIT_USAGE
 
 
 @dataclass(frozen=True)

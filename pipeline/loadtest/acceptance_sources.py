@@ -8,7 +8,8 @@ run's figures, each carrying its source and kind. Writes nothing (the runner sto
 
 Where the names and shapes come from (upstream wins over any note here):
 
-- specdeploy: ``pipeline/triton_models/metrics.py`` (counters).
+- specdeploy: ``pipeline/triton_models/metrics.py`` (counters; accepted and drafted per draft
+  position, label ``position`` from 0).
 - vLLM: ``vllm/v1/spec_decode/metrics.py`` (``SpecDecodingProm``): counters
   ``vllm:spec_decode_num_drafts``, ``_num_draft_tokens``, ``_num_accepted_tokens`` and
   ``_num_accepted_tokens_per_pos{position=}``; one draft is one verify step.
@@ -58,7 +59,10 @@ _COUNTER_SAMPLES: dict[str, tuple[str, str]] = {
     "trtllm_spec_decode_drafted_tokens_total": ("draft_tokens", TRTLLM_PROM),
     "trtllm_spec_decode_accepted_tokens_total": ("accepted_tokens", TRTLLM_PROM),
 }
-_PER_POSITION = {"vllm:spec_decode_num_accepted_tokens_per_pos_total": "position"}
+# name -> (label, figure); per draft position, position numbered from 0
+_PER_POSITION = {"vllm:spec_decode_num_accepted_tokens_per_pos_total": ("position", "per_position"),
+                 "specdeploy_spec_decode_accepted_tokens_per_pos_total": ("position", "per_position"),
+                 "specdeploy_spec_decode_draft_tokens_per_pos_total": ("position", "drafted_per_position")}
 # trtllm-serve's iteration-level counters: a fallback when the per-request ones are absent (older releases)
 _TRTLLM_ITER_COUNTERS = {"trtllm_spec_decode_num_draft_tokens_total": "draft_tokens",
                          "trtllm_spec_decode_num_accepted_tokens_total": "accepted_tokens"}
@@ -98,7 +102,7 @@ def parse_prometheus(text: str) -> dict[str, Any]:
     counters: dict[str, dict[str, float]] = {}
     iter_counters: dict[str, float] = {}
     gauges: dict[str, dict[str, float]] = {}
-    per_position: dict[str, float] = {}
+    positions: dict[str, dict[str, float]] = {"per_position": {}, "drafted_per_position": {}}
     sglang_ranks: dict[tuple, dict[str, Any]] = {}  # label set -> {"labels", figures, "weight"}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -111,8 +115,9 @@ def parse_prometheus(text: str) -> dict[str, Any]:
                 figure = _TRTLLM_ITER_COUNTERS[name]
                 iter_counters[figure] = iter_counters.get(figure, 0.0) + value
             elif name in _PER_POSITION:
-                pos = sample.labels.get(_PER_POSITION[name], "?")
-                per_position[pos] = per_position.get(pos, 0.0) + value
+                label, figure = _PER_POSITION[name]
+                pos = sample.labels.get(label, "?")
+                positions[figure][pos] = positions[figure].get(pos, 0.0) + value
             elif name in _GAUGES and family.type in ("gauge", "unknown"):  # "unknown": text without # TYPE
                 figure, source = _GAUGES[name]
                 if source == SGLANG:
@@ -128,7 +133,7 @@ def parse_prometheus(text: str) -> dict[str, Any]:
         counters[TRTLLM_PROM] = iter_counters
     source = next((s for s in (SPECDEPLOY, VLLM, TRTLLM_PROM, SGLANG) if s in counters or s in gauges), NOT_REPORTED)
     out = {"source": source, "counters": counters.get(source, {}), "gauges": gauges.get(source, {}),
-           "per_position": per_position if source == VLLM else {}}
+           **{figure: by_pos if source in (VLLM, SPECDEPLOY) else {} for figure, by_pos in positions.items()}}
     if source == SGLANG:
         out["per_rank"], out["rank_aggregation"] = ranks, aggregation
     return out
@@ -204,9 +209,10 @@ def run_delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> di
         start = before.get("counters", {}) if before.get("source") == source else {}
         figures = {k: v - start.get(k, 0.0) for k, v in after["counters"].items()}
         out.update(kind=COUNTER_DELTA, **figures)
-        if after.get("per_position"):
-            start_pos = before.get("per_position", {}) if before.get("source") == source else {}
-            out["accepted_per_position"] = {p: v - start_pos.get(p, 0.0) for p, v in sorted(after["per_position"].items())}
+        for figure, name in (("per_position", "accepted_per_position"), ("drafted_per_position", "drafted_per_position")):
+            if after.get(figure):
+                start_pos = before.get(figure, {}) if before.get("source") == source else {}
+                out[name] = {p: v - start_pos.get(p, 0.0) for p, v in sorted(after[figure].items())}
     _rates(out)
     gauges = after.get("gauges") or {}
     if gauges:

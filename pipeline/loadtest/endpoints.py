@@ -171,6 +171,16 @@ def remote_endpoint(cfg: DeploymentConfig, arm: str, url: str, metrics_url: str 
                        deployment=target)
 
 
+def require_reachable(endpoints: dict[str, ArmEndpoint]) -> None:
+    """Before the first cell: every user-given endpoint serves its model and answers a probe.
+    Unreachable is the environment's failure (exit 5, docs/ci.md); measured, it would be a cell
+    with a dead server and read as NO-GO."""
+    for arm, endpoint in endpoints.items():
+        if endpoint.alive is not None and not endpoint.alive():
+            raise LoadTestError(f"--endpoint-{arm} {endpoint.url}: model '{endpoint.model_name}' is not ready or does "
+                                "not answer a one-token request (is the server up at that address, serving that model?)")
+
+
 def _managed_alive(server, model_name: str, extra_inputs: dict[str, Any], contract: str = "ensemble") -> Callable[[], bool]:
     """The server process runs, the model the client calls is ready AND answers a one-token probe
     (measured: a crashed Python stub leaves tritonserver running with the model still 'ready')."""

@@ -32,7 +32,7 @@ from pipeline.config import (
     load_yaml_strict,
 )
 from pipeline.config.base import Section, described
-from pipeline.errors import ConfigError, SpecdeployError
+from pipeline.errors import ConfigError, SpecdeployError, UsageError
 from pipeline.loadtest.endpoints import ArmEndpoint, endpoint_alive
 
 TRANSPORTS = ("openai", "http", "grpc")
@@ -110,8 +110,8 @@ def arm_models(model: str | None, model_baseline: str | None, model_speculative:
     given = {"baseline": model_baseline or model, "speculative": model_speculative or model}
     missing = [arm for arm, url in urls.items() if url and not given[arm]]
     if missing:
-        raise SpecdeployError(f"--model-{missing[0]} (or --model for both arms): the model name the {missing[0]} "
-                              "server serves is needed with --loadtest-file (GET /v1/models lists it)")
+        raise UsageError(f"--model-{missing[0]} (or --model for both arms): the model name the {missing[0]} "
+                         "server serves is needed with --loadtest-file (GET /v1/models lists it)")
     return {arm: name for arm, name in given.items() if urls.get(arm) and name}
 
 
@@ -141,9 +141,9 @@ def check_models_listed(endpoints: dict[str, ArmEndpoint]) -> dict[str, list[str
         listed[arm] = listed_models(endpoint.url)
         if endpoint.model_name not in listed[arm]:
             names = ", ".join(repr(n) for n in listed[arm]) or "none"
-            raise SpecdeployError(f"{arm}: the server at {endpoint.url} does not list the model "
-                                  f"'{endpoint.model_name}' at GET /v1/models; it lists {names} (pass one with "
-                                  f"--model-{arm}, or --model for both arms)")
+            raise UsageError(f"{arm}: the server at {endpoint.url} does not list the model "
+                             f"'{endpoint.model_name}' at GET /v1/models; it lists {names} (pass one with "
+                             f"--model-{arm}, or --model for both arms)")
     return listed
 
 
@@ -173,17 +173,17 @@ def run_endpoint_loadtest(lt_path: str | Path, *, endpoint_baseline: str | None,
     from pipeline.loadtest.runner import run_loadtest  # noqa: PLC0415 - keeps psutil off this module's import
 
     if transport not in TRANSPORTS:
-        raise SpecdeployError(f"--transport: expected one of {TRANSPORTS}, got '{transport}'")
+        raise UsageError(f"--transport: expected one of {TRANSPORTS}, got '{transport}'")
     urls = {"baseline": endpoint_baseline, "speculative": endpoint_speculative}
     if options.get("aa"):  # A/A: the baseline server against itself (runner.AA_DESIGN)
         if endpoint_speculative:
-            raise SpecdeployError("--aa measures the baseline against itself: drop --endpoint-speculative")
+            raise UsageError("--aa measures the baseline against itself: drop --endpoint-speculative")
         urls = {"baseline": endpoint_baseline}
     if options.get("arm"):
         urls = {arm: url for arm, url in urls.items() if arm == options["arm"]}
     models = arm_models(model, model_baseline, model_speculative, urls)
     if tokenizer and not (Path(tokenizer) / "tokenizer.json").is_file():
-        raise SpecdeployError(f"--tokenizer: {tokenizer} holds no tokenizer.json")
+        raise UsageError(f"--tokenizer: {tokenizer} holds no tokenizer.json")
     lt = load_loadtest_file(lt_path)
     cfg = deployment_config(lt, models.get("baseline") or next(iter(models.values())), transport, Path(lt_path))
     endpoints = given_endpoints(transport, models, urls,

@@ -4,7 +4,7 @@ Reads the ``raw/parts/<key>.<pid>.abort.json`` markers a Locust process writes w
 of its first seconds fail past ``loadtest.fail_fast_error_rate`` (``loadtests/locustfile.py``,
 ``_Run.watch_failures``). Writes nothing: the runner records what :func:`read_abort` returns in
 ``runs.json`` (``stopped_early``) and ``run.json``, then raises :class:`LoadTestStopped`, whose
-exit code is none of the verdicts' (0 GO, 1 NO-GO, 3 INCONCLUSIVE) nor the usage error's (2).
+exit code is :data:`pipeline.errors.EXIT_STOPPED_EARLY` (4), none of the verdicts' nor a failure's.
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import SpecdeployError
-
-EXIT_STOPPED_EARLY = 4
+from pipeline.errors import EXIT_STOPPED_EARLY, SpecdeployError
 
 # (test on the lowered error text and the HTTP status, the likely fix); the first that matches wins
 _FIXES: list[tuple[Any, str]] = [

@@ -14,14 +14,20 @@ from typing import Any
 
 from pipeline.artefacts.deployment import describe_arm
 from pipeline.config import DeploymentConfig
-from pipeline.errors import SpecdeployError
+from pipeline.errors import EXIT_USAGE, SpecdeployError
 from pipeline.paths import PROJECT_ROOT
 
 ARMS = ("baseline", "speculative")
 
 
 class LoadTestError(SpecdeployError):
-    """The load test could not be set up or run."""
+    """The load test could not be set up or run: the load harness failed (exit 5)."""
+
+
+class LoadTestUsageError(LoadTestError):
+    """A load-test option or input that cannot work as given (exit 2): nothing was measured."""
+
+    exit_code = EXIT_USAGE
 
 
 # ------------------------------------------------------------------------------------------------
@@ -29,7 +35,9 @@ class LoadTestError(SpecdeployError):
 
 
 class PromptSetError(LoadTestError):
-    """The prompt set cannot be used: ``field`` is the config field, ``detail`` what is wrong."""
+    """The prompt set cannot be used: ``field`` is the config field, ``detail`` what is wrong (exit 2)."""
+
+    exit_code = EXIT_USAGE
 
     def __init__(self, field: str, detail: str):
         self.field, self.detail = field, detail
@@ -117,12 +125,12 @@ def check_sweep(cfg: DeploymentConfig, sweep: list[int]) -> None:
         return
     method = cfg.method_info
     if method.per_request_draft_len and describe_arm(cfg, "speculative").drafts == "engine":
-        raise LoadTestError(
+        raise LoadTestUsageError(
             "--sweep-draft-len: speculation.orchestration 'engine' fixes num_draft_tokens in the engine; "
             "per-request draft lengths need orchestration 'bls'"
         )
     if not method.per_request_draft_len:
-        raise LoadTestError(
+        raise LoadTestUsageError(
             f"--sweep-draft-len: method '{cfg.method}' fixes its draft length when the engine is built "
             "(Medusa heads / EAGLE tree, max_draft_len); build one deployment per length and load-test "
             "each. Per-request draft lengths exist only for draft_target (num_draft_tokens)."
@@ -130,4 +138,4 @@ def check_sweep(cfg: DeploymentConfig, sweep: list[int]) -> None:
     limit = cfg.speculation.engine_max_draft_len
     too_long = [k for k in sweep if k > limit]
     if too_long:
-        raise LoadTestError(f"--sweep-draft-len: {too_long} exceed the engine's max_draft_len {limit}")
+        raise LoadTestUsageError(f"--sweep-draft-len: {too_long} exceed the engine's max_draft_len {limit}")

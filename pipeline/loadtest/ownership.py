@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pipeline.infra import owner_lock
 from pipeline.infra.owner_lock import LOCK_NAME, DirectoryBusy, Owner
-from pipeline.loadtest.inputs import LoadTestError
+from pipeline.loadtest.inputs import LoadTestError, LoadTestUsageError
 
 SUBDIRS = ("raw/parts", "settings", "metrics", "logs")
 MEASURING = "measuring a load test"
@@ -49,7 +49,7 @@ def new_run_dir(root: Path, out_dir: str | Path | None, created: datetime) -> Pa
         run_dir.mkdir(parents=True, exist_ok=True)
         owner_lock.claim(run_dir, MEASURING, advice="choose another --out")
         if any(p.name != LOCK_NAME for p in run_dir.iterdir()):
-            raise LoadTestError(f"--out: {run_dir} exists and is not empty")
+            raise LoadTestUsageError(f"--out: {run_dir} exists and is not empty")
     else:
         root.mkdir(parents=True, exist_ok=True)
         stamp = created.strftime("%Y%m%dT%H%M%SZ")

@@ -25,7 +25,7 @@ from typing import Any
 
 from pipeline.config import DeploymentConfig, config_hash
 from pipeline.loadtest.auto_repeats import pending
-from pipeline.loadtest.inputs import ARMS, LoadTestError
+from pipeline.loadtest.inputs import ARMS, LoadTestUsageError
 from pipeline.paths import reports_root
 
 CELL_FILES = ("raw/{key}.jsonl", "raw/{key}.workers.json", "metrics/{key}.json", "logs/{key}.log",
@@ -91,11 +91,11 @@ def load_run_to_resume(run_dir: Path, cfg: DeploymentConfig) -> tuple[dict, list
     try:
         meta = _read_json(run_dir / "run.json")
     except (OSError, ValueError):
-        raise LoadTestError(f"--resume: {run_dir} has no readable run.json: not a load test to resume") from None
+        raise LoadTestUsageError(f"--resume: {run_dir} has no readable run.json: not a load test to resume") from None
     want = config_hash(cfg)
     if meta.get("config_hash") != want:
-        raise LoadTestError(f"--resume: {run_dir} was measured with config hash {meta.get('config_hash')}, this "
-                            f"config's is {want}: resume it with the config it was started with, or start afresh")
+        raise LoadTestUsageError(f"--resume: {run_dir} was measured with config hash {meta.get('config_hash')}, this "
+                                 f"config's is {want}: resume it with the config it was started with, or start afresh")
     return meta, kept_results(run_dir)
 
 

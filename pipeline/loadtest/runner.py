@@ -42,10 +42,16 @@ from pipeline.infra.atomic import write_json_atomic
 from pipeline.infra.processes import spawn
 from pipeline.loadtest import acceptance_sources, auto_repeats, fail_fast, harness, ownership
 from pipeline.loadtest import resume as resume_run
-from pipeline.loadtest.endpoints import ArmEndpoint, ManagedEndpoints, managed_endpoints, remote_endpoint
+from pipeline.loadtest.endpoints import (
+    ArmEndpoint,
+    ManagedEndpoints,
+    managed_endpoints,
+    remote_endpoint,
+    require_reachable,
+)
 from pipeline.loadtest.inputs import (
     ARMS,
-    LoadTestError,
+    LoadTestUsageError,
     check_sweep,
     load_prompt_set,
     primary_draft_len,
@@ -252,7 +258,7 @@ def _parse_duration(value: str | float | None) -> float | None:
         return float(value)
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", value)
     if not match:
-        raise LoadTestError(f"--duration: '{value}' is not a duration like 20s, 2m or 1.5h")
+        raise LoadTestUsageError(f"--duration: '{value}' is not a duration like 20s, 2m or 1.5h")
     scale = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[match.group(2)]
     return float(match.group(1)) * scale
 
@@ -285,8 +291,8 @@ def run_loadtest(
     rig (:data:`AA_DESIGN`): the baseline against itself, under RUN_DIR ``aa/`` by default."""
     lt = cfg.loadtest
     if aa and (arm or endpoint_speculative or sweep_draft_len):
-        raise LoadTestError("--aa measures the baseline against itself: drop --arm, --endpoint-speculative and "
-                            "--sweep-draft-len")
+        raise LoadTestUsageError("--aa measures the baseline against itself: drop --arm, --endpoint-speculative "
+                                 "and --sweep-draft-len")
     arms = _arms_to_run(cfg, "baseline" if aa else arm, endpoint_baseline, None if aa else endpoint_speculative)
     prompts, dataset = load_prompt_set(cfg)
     now = datetime.now(timezone.utc)
@@ -298,8 +304,8 @@ def run_loadtest(
         concurrency, repeats, sweep = meta["concurrency"], meta["repeats"], meta.get("sweep_draft_len") or []
         duration_s, warmup_s, run_id = meta["duration_s"], meta["warmup_s"], meta["run_id"]
         if tuple(meta.get("arms") or arms) != (ARMS if aa else arms):
-            raise LoadTestError(f"--resume: {run_dir} measures the arms {meta['arms']}, these options {list(arms)}: "
-                                "pass the --arm / --endpoint-* options it was started with")
+            raise LoadTestUsageError(f"--resume: {run_dir} measures the arms {meta['arms']}, these options "
+                                     f"{list(arms)}: pass the --arm / --endpoint-* options it was started with")
         for name in ("report.json", "report.md", "report.html"):  # a report of the unfinished run
             (run_dir / name).unlink(missing_ok=True)
         tokenizer_dir = meta.get("tokenizer_dir") or tokenizer_dir or served_tokenizer_dir(cfg)
@@ -396,14 +402,14 @@ def _measure(cfg, specs: Iterable[RunSpec], results, meta, run_dir, run_id, prom
 def _arms_to_run(cfg: DeploymentConfig, arm: str | None, endpoint_baseline: str | None,
                  endpoint_speculative: str | None) -> tuple[str, ...]:
     if arm is not None and arm not in ARMS:
-        raise LoadTestError(f"--arm: expected one of {ARMS}, got '{arm}'")
+        raise LoadTestUsageError(f"--arm: expected one of {ARMS}, got '{arm}'")
     arms: tuple[str, ...] = (arm,) if arm else ARMS
     if not cfg.speculative and "speculative" in arms and not (endpoint_speculative or arm):
-        raise LoadTestError("speculation.method is 'none': there is no speculative arm to compare")
+        raise LoadTestUsageError("speculation.method is 'none': there is no speculative arm to compare")
     if endpoint_baseline or endpoint_speculative:
         missing = [a for a in arms if not {"baseline": endpoint_baseline, "speculative": endpoint_speculative}[a]]
         if missing:
-            raise LoadTestError(f"no endpoint for arm(s) {missing}: pass --endpoint-{missing[0]} (or --arm)")
+            raise LoadTestUsageError(f"no endpoint for arm(s) {missing}: pass --endpoint-{missing[0]} (or --arm)")
     return arms
 
 
@@ -416,10 +422,10 @@ def _endpoints(cfg: DeploymentConfig, arms: tuple[str, ...], endpoint_baseline: 
                endpoint_speculative: str | None):
     """The arms' endpoints as a context manager: the user's URLs, or servers started here."""
     if endpoint_baseline or endpoint_speculative:
-        return contextlib.nullcontext({
-            a: remote_endpoint(cfg, a, url) for a, url in (("baseline", endpoint_baseline),
-                                                          ("speculative", endpoint_speculative)) if url and a in arms
-        })
+        remote = {a: remote_endpoint(cfg, a, url) for a, url in (("baseline", endpoint_baseline),
+                                                                 ("speculative", endpoint_speculative)) if url and a in arms}
+        require_reachable(remote)
+        return contextlib.nullcontext(remote)
     return managed_endpoints(cfg, arms)
 
 

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from pipeline.config import DeploymentConfig, ModelSpec
-from pipeline.errors import SpecdeployError
+from pipeline.errors import EXIT_FAILURE, EXIT_USAGE, SpecdeployError
 from pipeline.validate.hardware import HardwareProfile, get_profile
 from pipeline.validate.memory_fit import (
     ExecutorMemory,
@@ -48,7 +48,15 @@ KV_TOKEN_GRANULE = 128  # a whole number of KV blocks for every tokens_per_block
 
 
 class LayoutError(SpecdeployError):
-    """The arms cannot be placed on the GPUs the host offers."""
+    """The arms cannot be placed on the GPUs the host offers: the config asks for more (exit 2)."""
+
+    exit_code = EXIT_USAGE
+
+
+class GpuLostError(LayoutError):
+    """nvidia-smi lists a GPU it cannot read (lost, fallen off the bus)."""
+
+    exit_code = EXIT_FAILURE
 
 
 @dataclass(frozen=True)
@@ -128,11 +136,18 @@ def query_gpus(nvidia_smi: str | None = None) -> list[GpuInfo] | None:
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
     except (OSError, subprocess.SubprocessError) as exc:
-        raise LayoutError(f"`{' '.join(argv)}` failed: {exc}") from None
+        raise LayoutError(f"`{' '.join(argv)}` failed: {exc}", exit_code=EXIT_FAILURE) from None  # the host, not the config
     gpus = []
     for line in filter(None, (raw.strip() for raw in out.splitlines())):
-        index, memory = (part.strip() for part in line.split(",")[:2])
-        gpus.append(GpuInfo(int(index), float(memory)))
+        parts = [part.strip() for part in line.split(",")]
+        try:
+            gpus.append(GpuInfo(int(parts[0]), float(parts[1])))
+        except (IndexError, ValueError):
+            # a GPU nvidia-smi cannot read prints "[GPU is lost]" / "[Unknown Error]" in its fields,
+            # or a message instead of the row: say which, not a traceback
+            raise GpuLostError(f"nvidia-smi cannot read a GPU: {line!r} — a GPU lost or fallen off the bus (dmesg: "
+                               "Xid 79); reset it (nvidia-smi -r -i N, idle, as root) or reboot the host, or leave "
+                               "it out with triton.gpus") from None
     return gpus
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.errors import SpecdeployError
+from pipeline.errors import UsageError
 
 QUANT_METHOD = "specdeploy_int8_wo"
 
@@ -39,7 +39,7 @@ class LlamaShape:
 def read_config(model_dir: Path) -> dict:
     path = Path(model_dir) / "config.json"
     if not path.is_file():
-        raise SpecdeployError(f"{model_dir}: no config.json (expected a Hugging Face checkpoint directory)")
+        raise UsageError(f"{model_dir}: no config.json (expected a Hugging Face checkpoint directory)")
     return json.loads(path.read_text(encoding="utf-8"))
 
 
@@ -48,7 +48,7 @@ def _rope_theta(cfg: dict, where: str) -> float:
     scaling = cfg.get("rope_scaling")
     rope_type = params.get("rope_type", "default")
     if scaling not in (None, {}) or rope_type != "default":
-        raise SpecdeployError(f"{where}: rope scaling {scaling or params} is not supported by the reference engine")
+        raise UsageError(f"{where}: rope scaling {scaling or params} is not supported by the reference engine")
     return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
 
 
@@ -63,7 +63,7 @@ def parse_shape(cfg: dict, where: str) -> LlamaShape:
     hidden = int(cfg["hidden_size"])
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
-        raise SpecdeployError(f"{where}: hidden_act {act!r} is not supported (only silu)")
+        raise UsageError(f"{where}: hidden_act {act!r} is not supported (only silu)")
     return LlamaShape(
         vocab_size=int(cfg["vocab_size"]),
         hidden_size=hidden,
@@ -97,11 +97,11 @@ def load_safetensors(model_dir: Path, filename: str = "model.safetensors") -> di
             state.update(load_file(str(model_dir / shard)))
         return state
     if any(model_dir.glob("*.bin")) or any(model_dir.glob("*.pt")):
-        raise SpecdeployError(
+        raise UsageError(
             f"{model_dir}: only safetensors weights are loaded (found pickle .bin/.pt files; "
             "convert them with safetensors first)"
         )
-    raise SpecdeployError(f"{model_dir}: no {filename}")
+    raise UsageError(f"{model_dir}: no {filename}")
 
 
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

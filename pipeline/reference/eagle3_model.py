@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from pipeline.errors import SpecdeployError
+from pipeline.errors import UsageError
 from pipeline.reference.checkpoint import load_safetensors, parse_shape, read_config
 from pipeline.reference.kv_cache import KVPool
 from pipeline.reference.modeling import (
@@ -44,12 +44,12 @@ def capture_layers(cfg: dict, target_layers: int) -> tuple[int, ...]:
         or cfg.get("eagle_aux_hidden_state_layer_ids")
     if not ids:
         if target_layers <= 5:
-            raise SpecdeployError("EAGLE-3 head: no eagle_aux_hidden_state_layer_ids and the target has too few "
-                                  "layers for the default capture (TensorRT-LLM needs more than 5)")
+            raise UsageError("EAGLE-3 head: no eagle_aux_hidden_state_layer_ids and the target has too few "
+                             "layers for the default capture (TensorRT-LLM needs more than 5)")
         ids = [1, target_layers // 2 - 1, target_layers - 4]
     layers = tuple(int(i) for i in ids)
     if any(not 0 <= i < target_layers for i in layers):
-        raise SpecdeployError(f"EAGLE-3 head: capture layers {list(layers)} outside the target's 0..{target_layers - 1}")
+        raise UsageError(f"EAGLE-3 head: capture layers {list(layers)} outside the target's 0..{target_layers - 1}")
     return layers
 
 
@@ -86,17 +86,17 @@ class Eagle3Head:
         shape = parse_shape({**cfg, "num_hidden_layers": 1}, str(head_dir))
         hidden = target.shape.hidden_size
         if shape.hidden_size != hidden or int(cfg.get("target_hidden_size", hidden)) != hidden:
-            raise SpecdeployError(f"{head_dir}: hidden_size {shape.hidden_size} != target {hidden}")
+            raise UsageError(f"{head_dir}: hidden_size {shape.hidden_size} != target {hidden}")
         if int(cfg.get("vocab_size", target.shape.vocab_size)) != target.shape.vocab_size:
-            raise SpecdeployError(f"{head_dir}: vocab_size {cfg.get('vocab_size')} != target {target.shape.vocab_size}")
+            raise UsageError(f"{head_dir}: vocab_size {cfg.get('vocab_size')} != target {target.shape.vocab_size}")
         self.shape, self.dtype = shape, dtype
         self.capture = capture_layers(cfg, target.shape.num_layers)
         state = {k.replace("layers.0.", "midlayer.", 1) if k.startswith("layers.0.") else k: v
                  for k, v in load_safetensors(head_dir).items()}  # both upstream namings
         self.fc = take_linear(state, ["fc"], dtype, self.linear_type, bias="fc.bias" in state)
         if self.fc.weight.shape[1] != len(self.capture) * hidden:
-            raise SpecdeployError(f"{head_dir}: fc takes {self.fc.weight.shape[1]} inputs, "
-                                  f"{len(self.capture)} captured layers × {hidden} expected")
+            raise UsageError(f"{head_dir}: fc takes {self.fc.weight.shape[1]} inputs, "
+                             f"{len(self.capture)} captured layers × {hidden} expected")
         self.embed = state["embed_tokens.weight"].to(dtype) if "embed_tokens.weight" in state else target.embed
         self.layer = Eagle3Layer(state, "midlayer.", shape, dtype, self.linear_type)
         self.norm = state["norm.weight"].to(dtype)
@@ -107,7 +107,7 @@ class Eagle3Head:
         self.target_ids = torch.arange(draft_vocab) + (d2t.long() if d2t is not None else 0)  # [draft_vocab]
         self.vocab_size = target.shape.vocab_size
         if int(self.target_ids.max()) >= self.vocab_size:
-            raise SpecdeployError(f"{head_dir}: d2t maps draft ids beyond the target vocabulary")
+            raise UsageError(f"{head_dir}: d2t maps draft ids beyond the target vocabulary")
         self.rotary = Rotary(shape.head_dim, shape.rope_theta, max(shape.max_positions, target.shape.max_positions), dtype)
 
     def new_pool(self, slots: int, max_rows: int) -> KVPool:

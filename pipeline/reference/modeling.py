@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from pipeline.errors import SpecdeployError
+from pipeline.errors import UsageError
 from pipeline.reference.checkpoint import LlamaShape, load_safetensors, parse_shape, quantize_weight, read_config
 from pipeline.reference.int8_gemm import int8_product, operand
 from pipeline.reference.kv_cache import KVPool, SlotCache
@@ -248,7 +248,7 @@ class LlamaModel:
         cfg = read_config(model_dir)
         archs = cfg.get("architectures") or ["LlamaForCausalLM"]
         if cfg.get("model_type", "llama") != "llama" or archs[0] != "LlamaForCausalLM":
-            raise SpecdeployError(f"{model_dir}: only Llama checkpoints are supported (got {archs[0]})")
+            raise UsageError(f"{model_dir}: only Llama checkpoints are supported (got {archs[0]})")
         self.shape = s = parse_shape(cfg, str(model_dir))
         self.dtype = dtype
         state = load_safetensors(model_dir)
@@ -320,7 +320,7 @@ class MedusaHeads:
     def __init__(self, heads_dir: Path, dtype: torch.dtype, num_heads: int | None = None):
         cfg = read_config(heads_dir)
         if int(cfg.get("medusa_num_layers", 1)) != 1:
-            raise SpecdeployError(f"{heads_dir}: only medusa_num_layers 1 is supported")
+            raise UsageError(f"{heads_dir}: only medusa_num_layers 1 is supported")
         available = int(cfg["medusa_num_heads"])
         self.num_heads = min(num_heads or available, available)
         state = load_safetensors(heads_dir, "medusa_lm_head.safetensors")
@@ -352,7 +352,7 @@ class EagleHead:
         cfg = read_config(head_dir)
         shape = parse_shape({**cfg, "num_hidden_layers": 1}, str(head_dir))
         if shape.hidden_size != target.shape.hidden_size:
-            raise SpecdeployError(f"{head_dir}: hidden_size {shape.hidden_size} != target {target.shape.hidden_size}")
+            raise UsageError(f"{head_dir}: hidden_size {shape.hidden_size} != target {target.shape.hidden_size}")
         self.shape = shape
         self.dtype = dtype
         state = load_safetensors(head_dir)

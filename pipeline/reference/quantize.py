@@ -18,7 +18,7 @@ import os
 import shutil
 from pathlib import Path
 
-from pipeline.errors import SpecdeployError
+from pipeline.errors import UsageError
 from pipeline.reference.checkpoint import QUANT_METHOD, load_safetensors, quantize_weight, read_config
 
 FORMATS = ("int8_wo",)
@@ -31,12 +31,12 @@ def quantize_checkpoint(src_dir: Path, dst_dir: Path, fmt: str = "int8_wo") -> N
     from safetensors.torch import save_file  # noqa: PLC0415 - safetensors is loaded only when this path runs
 
     if fmt not in FORMATS:
-        raise SpecdeployError(f"quantization format {fmt!r} is not supported by the reference engine "
-                              f"(supported: {', '.join(FORMATS)})")
+        raise UsageError(f"quantization format {fmt!r} is not supported by the reference engine "
+                         f"(supported: {', '.join(FORMATS)})")
     src_dir, dst_dir = Path(src_dir), Path(dst_dir)
     cfg = read_config(src_dir)
     if (cfg.get("quantization_config") or {}).get("quant_method"):
-        raise SpecdeployError(f"{src_dir}: checkpoint is already quantized")
+        raise UsageError(f"{src_dir}: checkpoint is already quantized")
     state = load_safetensors(src_dir)
     out: dict = {}
     modules = []

@@ -28,7 +28,7 @@ from pathlib import Path
 from pipeline.artefacts.deployment import arms_of, check_arm, describe_arm, descriptor_path, load_arm
 from pipeline.artefacts.manifest import MANIFEST_FORMAT  # noqa: F401 - re-exported for callers
 from pipeline.config import DeploymentConfig, ngram_through_bls
-from pipeline.errors import StaleInputError
+from pipeline.errors import EXIT_USAGE, StaleInputError
 from pipeline.paths import PROJECT_ROOT, model_repo_dir
 from pipeline.plan.gpu_layout import ArmLayout, ArmPlacement, LayoutError, deployment_layout
 from pipeline.render.model_code import copy_model_code
@@ -200,7 +200,7 @@ def trtllm_parameters(cfg: DeploymentConfig, llm: LlmSettings, manifest: dict,
     }
     unknown = set(llm.method_parameters) - set(parameters)
     if unknown:
-        raise RenderError(f"method {cfg.method} sets tensorrt_llm parameters upstream's model has not: {sorted(unknown)}")
+        raise RenderError([f"method {cfg.method} sets tensorrt_llm parameters upstream's model has not: {sorted(unknown)}"])
     return parameters | llm.method_parameters
 
 
@@ -309,7 +309,7 @@ def arm_layout(cfg: DeploymentConfig) -> ArmLayout:
     try:
         return deployment_layout(cfg)
     except LayoutError as exc:
-        raise RenderError([f"GPU placement: {exc}"]) from None
+        raise RenderError([f"GPU placement: {exc}"], exit_code=EXIT_USAGE) from None
 
 
 def render_repository(cfg: DeploymentConfig, manifest: dict, variant: str, dest: Path,

@@ -19,9 +19,9 @@ from pipeline.methods import METHODS
 class RenderError(SpecdeployError):
     """A template or a rendered config is broken; names the file and the reason."""
 
-    def __init__(self, problems: list[str]):
+    def __init__(self, problems: list[str], *, exit_code: int | None = None):
         self.problems = problems
-        super().__init__("; ".join(problems))
+        super().__init__("; ".join(problems), exit_code=exit_code)
 
     def lines(self) -> list[str]:
         return [f"render failed: {len(self.problems)} problem(s)"] + [f"  {p}" for p in self.problems]

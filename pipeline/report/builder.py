@@ -24,10 +24,10 @@ from pipeline.artefacts.report import REPORT_SCHEMA
 from pipeline.artefacts.report import Report as ReportFile
 from pipeline.artefacts.runs import RunInfo
 from pipeline.config import DeploymentConfig, parse_config
-from pipeline.errors import SpecdeployError
+from pipeline.errors import EXIT_USAGE, SpecdeployError
 from pipeline.infra.atomic import write_json_atomic, write_text_atomic
 from pipeline.paths import reports_root
-from pipeline.report import aa, acceptance, alpha_spending
+from pipeline.report import aa, acceptance, alpha_spending, per_request
 from pipeline.report.acceptance_reported import acceptance_reported
 from pipeline.report.comparison import BootstrapSettings, best_ci, compare_cells, find_crossover
 from pipeline.report.forecast_check import run_context, safe_forecast_section
@@ -57,7 +57,8 @@ FORMULAS = {
 
 
 class ReportError(SpecdeployError):
-    """The run directory cannot be reported on."""
+    """The run directory cannot be reported on: a missing or wrong path is a usage error (2), a run
+    that holds no usable data a pipeline failure (5, the default)."""
 
 
 @dataclass
@@ -85,7 +86,7 @@ class Report:
 def _load_run_json(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "run.json"
     if not path.is_file():
-        raise ReportError(f"{run_dir}: no run.json — not a load-test run directory")
+        raise ReportError(f"{run_dir}: no run.json — not a load-test run directory", exit_code=EXIT_USAGE)
     data = json.loads(path.read_text(encoding="utf-8"))
     RunInfo.load(path, data)  # the right schema and fields, or one line naming the problem
     return data
@@ -136,6 +137,7 @@ def analyze(run_dir: Path, cfg: DeploymentConfig, runs: list[RunData]) -> dict[s
             continue
         base_cell, spec_cell = cell_by_key[base_key], cell_by_key[(arm, conc, dl)]
         comp = compare_cells(groups[base_key], spec_runs, base_cell, spec_cell, boot)
+        comp["category_slower"] = per_request.slower_categories(_ok(groups[base_key]), _ok(spec_runs), cfg.gate.alpha)
         comp.update({
             "concurrency": conc, "draft_len": dl, "primary": dl == primary,
             "target_rate": spec_runs[0].info.get("target_rate"),
@@ -151,6 +153,8 @@ def analyze(run_dir: Path, cfg: DeploymentConfig, runs: list[RunData]) -> dict[s
     acceptance_rate, acceptance_source = acceptance.headline(spec_records, spec_deltas)
     all_summaries = [s for cell in cells for s in cell["runs"]]
     return {
+        "acceptance_per_request": per_request.acceptance_per_request(spec_records),
+        "acceptance_by_position": per_request.acceptance_by_position(spec_deltas),
         "runs": all_summaries,
         "cells": cells,
         "comparisons": comparisons,
@@ -170,6 +174,10 @@ def analyze(run_dir: Path, cfg: DeploymentConfig, runs: list[RunData]) -> dict[s
                              "cannot (docs/report.md); pairing removes load and drift common to a pair",
                       "alpha_spending": (meta.get("repeats_auto") or {}).get("spending")},
     }
+
+
+def _ok(runs: list[RunData]) -> list[dict]:
+    return [r for run in runs for r in run.measured if r.get("status") == "ok"]
 
 
 def recommend_draft_len(comparisons: list[dict]) -> dict[str, Any]:
@@ -258,6 +266,8 @@ def build_report_data(run_dir: Path, cfg: DeploymentConfig, analysis: dict, gate
         "acceptance_rate": analysis["acceptance_rate"],
         "acceptance_source": analysis["acceptance_source"],
         "acceptance_by_source": analysis["acceptance_by_source"],
+        "acceptance_per_request": analysis["acceptance_per_request"],
+        "acceptance_by_position": analysis["acceptance_by_position"],
         "comparisons": [_strip_comparison(c) for c in analysis["comparisons"]],
         "cells": [{k: v for k, v in cell.items() if k != "runs"} for cell in analysis["cells"]],
         "runs": [{k: v for k, v in r.items() if k != "throughput_timeline"} for r in analysis["runs"]],
@@ -303,7 +313,7 @@ def validate_report_json(data: dict) -> list[str]:
 def prepare(run_dir: Path, cfg: DeploymentConfig | None = None) -> tuple[dict[str, Any], dict[str, Any], GateResult]:
     """(report data, analysis, gate result) of RUN_DIR, checked against the report schema."""
     if not run_dir.is_dir():
-        raise ReportError(f"{run_dir}: no such run directory")
+        raise ReportError(f"{run_dir}: no such run directory", exit_code=EXIT_USAGE)
     cfg = cfg or config_from_run(run_dir)
     runs = _runs(run_dir)  # records are the bulk of a run: read once for the analysis and the report
     analysis = analyze(run_dir, cfg, runs)

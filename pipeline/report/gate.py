@@ -10,7 +10,7 @@ as acceptance below ``min_acceptance_rate``: a proxy warns, the measured benefit
 :mod:`pipeline.report.intervals`; an undecided one says how many paired repeats would likely decide it. A run whose
 server died is invalid and makes the verdict NO-GO: such a run can never be a GO; so does a run in
 which speculative requests fell back to target-only after a draft failure (``draft_fallbacks``).
-Exit codes: GO 0, NO-GO 1, INCONCLUSIVE 3 (pipeline/errors.py holds the one table).
+Exit codes: GO 0, NO-GO 1, INCONCLUSIVE 3, from the one table in ``pipeline.errors`` (docs/ci.md).
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.config import GateSettings
+from pipeline.errors import EXIT_GO, EXIT_INCONCLUSIVE, EXIT_NO_GO
 from pipeline.report.comparison import best_ci
 from pipeline.report.intervals import repeats_to_decide
 
 GO, NO_GO, INCONCLUSIVE = "GO", "NO-GO", "INCONCLUSIVE"
 NO_DIFFERENCE, DIFFERENCE = "NO DIFFERENCE", "DIFFERENCE"  # the A/A verdicts (pipeline/report/aa.py)
-EXIT_CODES = {GO: 0, NO_GO: 1, INCONCLUSIVE: 3, NO_DIFFERENCE: 0, DIFFERENCE: 1}
+EXIT_CODES = {GO: EXIT_GO, NO_GO: EXIT_NO_GO, INCONCLUSIVE: EXIT_INCONCLUSIVE, NO_DIFFERENCE: EXIT_GO, DIFFERENCE: EXIT_NO_GO}
 PASS, FAIL, UNSURE = "pass", "fail", "inconclusive"
 NOT_CHECKED = "not checked"  # shown with the checks, no reason for the verdict
 WARNING = "warning"  # shown with its explanation, no reason for the verdict

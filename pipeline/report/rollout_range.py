@@ -15,6 +15,10 @@ gate itself says INCONCLUSIVE for that at a gated level); a failed one does, and
 its figures. The range is the levels from the lowest up to the first excluded one (``enable up
 to``): enabling at a level means enabling at every level below it too. The verdict is not
 changed here: the gate checks ``gate.target_concurrency`` (default: the lowest level) only.
+
+The range never contradicts the verdict: up to the highest gated level the gate's verdict speaks,
+so a tail that is worse with confidence there (which the gate does not check) is a ``caution`` the
+banner names beside the range, not an exclusion that would say "do not enable" under a GO.
 """
 
 from __future__ import annotations
@@ -52,11 +56,20 @@ def rollout_range(analysis: dict[str, Any], gate: GateSettings) -> dict[str, Any
     crossover = analysis.get("crossover_concurrency")
     below = [level for level in sorted(comps) if crossover is None or level < crossover]
     greedy = analysis.get("greedy", True)
-    excluded = [{"concurrency": level, "checks": failed} for level in below
-                if (failed := failures(level, comps[level], gate, greedy))]
+    gated = [level for level in (gate.target_concurrency or sorted(comps)[:1]) if level in comps]
+    excluded, cautions = [], []
+    for level in below:
+        failed = failures(level, comps[level], gate, greedy)
+        gate_own = [c for c in failed if c["rule"] != "tail_e2e_p95"]
+        # up to the highest gated level the verdict speaks (a GO there enables every level below):
+        # a tail worse with confidence is named beside it, it does not empty the range under a GO
+        if gated and level <= max(gated) and not gate_own:
+            cautions += [{"concurrency": level, "checks": failed}] if failed else []
+        elif failed:
+            excluded.append({"concurrency": level, "checks": failed})
     first_bad = excluded[0]["concurrency"] if excluded else None
     levels = [level for level in below if first_bad is None or level < first_bad]
     return {"levels": levels, "up_to": levels[-1] if levels else None, "crossover": crossover,
-            "measured": sorted(comps), "excluded": excluded,
+            "measured": sorted(comps), "excluded": excluded, "cautions": cautions,
             "rule": "levels below the TPOT crossover up to the first one that fails a check the gate applies at a "
-                    "gated level, or whose E2E p95 is worse with confidence"}
+                    "gated level, or whose E2E p95 is worse with confidence (at a gated level: a caution)"}

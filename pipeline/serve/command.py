@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.config import DeploymentConfig
-from pipeline.errors import ServeError
+from pipeline.errors import EXIT_USAGE, ServeError
 from pipeline.infra.provenance import package_version
 from pipeline.paths import PROJECT_ROOT
 from pipeline.plan.gpu_layout import ArmPlacement
@@ -136,7 +136,7 @@ def malloc_env(choice: str, base: dict, dirs: tuple[Path, ...] | None = None) ->
     is missing is an error."""
     dirs = LIBRARY_DIRS if dirs is None else dirs
     if choice not in MALLOC_CHOICES:
-        raise ServeError(f"{MALLOC_ENV}={choice!r}: expected one of {', '.join(MALLOC_CHOICES)}")
+        raise ServeError(f"{MALLOC_ENV}={choice!r}: expected one of {', '.join(MALLOC_CHOICES)}", exit_code=EXIT_USAGE)
     names = [n for n in MALLOC_LIBRARIES if choice in ("auto", n)]
     found = next(filter(None, (find_malloc_library(n, dirs) for n in names)), None)
     if found is None and choice not in ("auto", "glibc"):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.config import DeploymentConfig
-from pipeline.errors import SpecdeployError
+from pipeline.errors import EXIT_USAGE, SpecdeployError
 from pipeline.infra.processes import OwnedProcess, free_ports, spawn
 from pipeline.paths import PROJECT_ROOT, logs_dir
 
@@ -68,7 +68,7 @@ def start_frontend(cfg: DeploymentConfig, variant: str, grpc_url: str, *, port: 
     if cfg.llmapi_layout:  # the frontend speaks the ensemble's tensors, not the llmapi model's
         raise FrontendError("--frontend openai sends the ensemble's inputs; the llmapi layout's tensorrt_llm model "
                             "takes text_input / sampling_param_* (docs/reference-engine.md): serve it without "
-                            "the frontend")
+                            "the frontend", exit_code=EXIT_USAGE)
     host = host or cfg.triton.host
     port = port or free_ports(1, host)[0]
     log_dir = log_dir or logs_dir(cfg)

@@ -41,7 +41,7 @@ from typing import Iterator
 
 from pipeline.artefacts.deployment import ArmDeployment, load_arm
 from pipeline.config import DeploymentConfig
-from pipeline.errors import ServeError, UsageError
+from pipeline.errors import EXIT_USAGE, ServeError, UsageError
 from pipeline.infra.processes import OwnedProcess, free_ports, spawn
 from pipeline.infra.readiness import models_not_ready
 from pipeline.paths import PROJECT_ROOT, logs_dir, served_repository_problem
@@ -195,14 +195,14 @@ def start_server(repo_dir: Path, *, argv: list[str] | None = None, env: dict | N
     server ends with this process at the latest (:mod:`pipeline.infra.processes`)."""
     repo_dir = Path(repo_dir).resolve()
     if not repo_dir.is_dir():
-        raise ServeError(f"no model repository at {repo_dir}: run `specdeploy render` first")
+        raise ServeError(f"no model repository at {repo_dir}: run `specdeploy render` first", exit_code=EXIT_USAGE)
     problem = served_repository_problem(repo_dir)
     if problem:  # refused now, not after the startup timeout
         raise UsageError(problem)
     picked = iter(free_ports(3, host))
     ports = Ports(http_port or next(picked), grpc_port or next(picked), metrics_port or next(picked))
     if len({ports.http, ports.grpc, ports.metrics}) != 3:
-        raise ServeError(f"http, grpc and metrics ports must differ, got {ports}")
+        raise ServeError(f"http, grpc and metrics ports must differ, got {ports}", exit_code=EXIT_USAGE)
     log_path = Path(log_path or repo_dir.parent / f"serve-{repo_dir.name}.log")
     check_no_stale_server(repo_dir, ports, host, log_path.with_suffix(".pid"))
     if argv is None:

@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.errors import SpecdeployError
+from pipeline.errors import SpecdeployError, UsageError
 
 STUB_NAME = "triton_python_backend_stub"
 ENV_OVERRIDE = "SPECDEPLOY_TRITONSERVER"
@@ -120,7 +120,7 @@ def find_tritonserver() -> TritonInstall:
     if override:
         binary = Path(override)
         if not binary.is_file():
-            raise SpecdeployError(f"{ENV_OVERRIDE}={override} is not a file")
+            raise UsageError(f"{ENV_OVERRIDE}={override} is not a file")
         return _from_binary(binary, "env")
     root = _pytriton_root()
     if root is not None:

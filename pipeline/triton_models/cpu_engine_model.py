@@ -195,4 +195,5 @@ class CpuEngineModel:
             with self._lock:
                 self._inflight.pop(key, None)
             if stats is not None:
-                self.counters.add(stats.draft_tokens, stats.accepted_tokens, stats.verify_steps)
+                self.counters.add(stats.draft_tokens, stats.accepted_tokens, stats.verify_steps,
+                                  stats.accepted_per_position, stats.drafted_per_position)

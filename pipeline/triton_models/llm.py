@@ -338,7 +338,8 @@ class InflightBatcherModel(CpuEngineModel):
                 with self._lock:
                     self._inflight.pop(gen_request.request_id, None)
                 if stats[row] is not None:
-                    self.counters.add(stats[row].draft_tokens, stats[row].accepted_tokens, stats[row].verify_steps)
+                    self.counters.add(stats[row].draft_tokens, stats[row].accepted_tokens, stats[row].verify_steps,
+                                      stats[row].accepted_per_position, stats[row].drafted_per_position)
 
     def _response(self, ids, new_count, prompt, stats, options: ResponseOptions, batch_index: int | None = None):
         outputs = [

@@ -1,11 +1,13 @@
 """Our Prometheus counters (outside ``nv_*``; docs/operations.md): draft tokens offered, draft tokens
-accepted and verify steps, cancelled requests, and speculation fallbacks (requests that went on
-target-only after a draft failure, label ``reason`` = error | timeout), labelled ``model`` and
-``version``, published through the Python backend's ``pb_utils.MetricFamily`` on Triton's
-metrics port and updated once per request; and, per request that produced tokens, its latency as
-histograms (time to first token, time per output token after the first, end to end, in seconds)
-and its output tokens (:class:`RequestLatency`), which the alerting rules and the dashboard
-``render`` writes read (:mod:`pipeline.render.monitoring`)."""
+accepted (in total, and both per draft position, label ``position`` from 0, like vLLM's
+``spec_decode_num_accepted_tokens_per_pos``; only an engine model counts positions) and verify
+steps, cancelled requests, and speculation fallbacks (requests that went on target-only after a
+draft failure, label ``reason`` = error | timeout), labelled ``model`` and ``version``, published
+through the Python backend's ``pb_utils.MetricFamily`` on Triton's metrics port and updated once per
+request; and, per request that produced tokens, its latency as histograms (time to first token, time
+per output token after the first, end to end, in seconds) and its output tokens
+(:class:`RequestLatency`), which the alerting rules and the dashboard ``render`` writes read
+(:mod:`pipeline.render.monitoring`)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ _METRICS_LOCK = threading.Lock()
 DRAFT_TOKENS = "specdeploy_spec_decode_draft_tokens_total"
 ACCEPTED_TOKENS = "specdeploy_spec_decode_accepted_tokens_total"
 VERIFY_STEPS = "specdeploy_spec_decode_verify_steps_total"
+ACCEPTED_PER_POSITION = "specdeploy_spec_decode_accepted_tokens_per_pos_total"
+DRAFTED_PER_POSITION = "specdeploy_spec_decode_draft_tokens_per_pos_total"
 CANCELLED = "specdeploy_requests_cancelled_total"
 FALLBACKS = "specdeploy_spec_decode_fallbacks_total"
 FALLBACK_REASONS = ("error", "timeout")
@@ -45,6 +49,13 @@ class SpecDecodeCounters:
             pb_utils.MetricFamily(VERIFY_STEPS, "Target passes that verified draft tokens", pb_utils.MetricFamily.COUNTER),
         ]
         self._draft, self._accepted, self._verify = (f.Metric(labels=labels) for f in self._families)
+        self._labels = labels
+        self._position_families = {
+            "accepted": pb_utils.MetricFamily(ACCEPTED_PER_POSITION, "Draft tokens accepted at each draft position "
+                                              "(0: the first)", pb_utils.MetricFamily.COUNTER),
+            "drafted": pb_utils.MetricFamily(DRAFTED_PER_POSITION, "Draft tokens offered at each draft position "
+                                             "(0: the first)", pb_utils.MetricFamily.COUNTER)}
+        self._per_position: dict[tuple[str, int], object] = {}  # made at a position's first count: K is the engine's
         self._cancelled_family = pb_utils.MetricFamily(CANCELLED, "Requests that ended by cancellation", pb_utils.MetricFamily.COUNTER)
         self._cancelled = self._cancelled_family.Metric(labels=labels)
         self._fallback_family = pb_utils.MetricFamily(
@@ -60,7 +71,9 @@ class SpecDecodeCounters:
         with _METRICS_LOCK:
             self._cancelled.increment(1.0)
 
-    def add(self, draft_tokens: int, accepted_tokens: int, verify_steps: int) -> None:
+    def add(self, draft_tokens: int, accepted_tokens: int, verify_steps: int,
+            accepted_per_position: list[int] | tuple[int, ...] = (),
+            drafted_per_position: list[int] | tuple[int, ...] = ()) -> None:
         with _METRICS_LOCK:
             if draft_tokens:
                 self._draft.increment(float(draft_tokens))
@@ -68,6 +81,14 @@ class SpecDecodeCounters:
                 self._accepted.increment(float(accepted_tokens))
             if verify_steps:
                 self._verify.increment(float(verify_steps))
+            for kind, counts in (("accepted", accepted_per_position), ("drafted", drafted_per_position)):
+                for position, count in enumerate(counts):
+                    if count:
+                        key = (kind, position)
+                        if key not in self._per_position:
+                            self._per_position[key] = self._position_families[kind].Metric(
+                                labels={**self._labels, "position": str(position)})
+                        self._per_position[key].increment(float(count))
 
 
 class RequestLatency:

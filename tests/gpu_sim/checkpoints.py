@@ -139,3 +139,54 @@ def write_eagle_head(directory: Path, *, layers: int = 1, fc_bias: bool = True, 
     else:
         _save_safetensors(directory / "model.safetensors", list(shapes))
     return directory
+
+
+# yuhuili/EAGLE3-LLaMA3.1-Instruct-8B: one decoder layer predicting into a 32000-token draft
+# vocabulary mapped back onto the target's 128256 (config.json as the repository ships it)
+EAGLE3_LLAMA31_8B = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": 4096,
+                     "intermediate_size": 14336, "num_hidden_layers": 1, "num_attention_heads": 32,
+                     "num_key_value_heads": 8, "vocab_size": 128256, "draft_vocab_size": 32000,
+                     "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "torch_dtype": "float16",
+                     "tie_word_embeddings": False}
+# Qwen/Qwen2.5-Coder-7B-Instruct
+QWEN25_CODER_7B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
+                   "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+                   "num_key_value_heads": 4, "vocab_size": 152064, "max_position_embeddings": 32768,
+                   "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "torch_dtype": "bfloat16",
+                   "tie_word_embeddings": False, "bos_token_id": 151643, "eos_token_id": 151645}
+
+
+def write_eagle3_head(directory: Path, config: dict = EAGLE3_LLAMA31_8B) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    _save_safetensors(directory / "model.safetensors", ["midlayer.self_attn.q_proj.weight", "fc.weight",
+                                                        "d2t", "t2d", "lm_head.weight"])
+    return directory
+
+
+# what each /models/<name> of the shipped GPU configs is, as its repository ships it
+MODELS = {
+    "Meta-Llama-3.1-8B-Instruct": lambda d: write_model(d, LLAMA31_8B, shards=4),
+    "Llama-3.2-1B-Instruct": lambda d: write_model(d, LLAMA32_1B, shards=1),
+    "Meta-Llama-3.1-70B-Instruct": lambda d: write_model(d, LLAMA31_70B, shards=30),
+    "vicuna-7b-v1.3": lambda d: write_model(d, VICUNA_7B, weights="bin", tokenizer="spm"),
+    "medusa-vicuna-7b-v1.3": lambda d: write_medusa_heads(d),
+    "EAGLE-Vicuna-7B-v1.3": lambda d: write_eagle_head(d),
+    "EAGLE3-LLaMA3.1-Instruct-8B": lambda d: write_eagle3_head(d),
+    "Qwen2.5-Coder-7B-Instruct": lambda d: write_model(d, QWEN25_CODER_7B, shards=4),
+}
+
+
+def localise(node, models: Path):
+    """``node`` (a loaded config) with every ``/models/<name>`` pointing at a simulated download
+    under ``models`` (written on first use)."""
+    if isinstance(node, dict):
+        return {k: localise(v, models) for k, v in node.items()}
+    if isinstance(node, list):
+        return [localise(v, models) for v in node]
+    if isinstance(node, str) and node.startswith("/models/"):
+        name = node.removeprefix("/models/")
+        if not (models / name).exists():
+            MODELS[name](models / name)
+        return str(models / name)
+    return node

@@ -33,39 +33,16 @@ CONFIGS = PROJECT_ROOT / "configs"
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 
-# what each /models/<name> of the shipped configs is, as its repository ships it
-MODELS = {
-    "Meta-Llama-3.1-8B-Instruct": lambda d: ck.write_model(d, ck.LLAMA31_8B, shards=4),
-    "Llama-3.2-1B-Instruct": lambda d: ck.write_model(d, ck.LLAMA32_1B, shards=1),
-    "Meta-Llama-3.1-70B-Instruct": lambda d: ck.write_model(d, ck.LLAMA31_70B, shards=30),
-    "vicuna-7b-v1.3": lambda d: ck.write_model(d, ck.VICUNA_7B, weights="bin", tokenizer="spm"),
-    "medusa-vicuna-7b-v1.3": lambda d: ck.write_medusa_heads(d),
-    "EAGLE-Vicuna-7B-v1.3": lambda d: ck.write_eagle_head(d),
-}
 # the engine runtime's configs (the LLM-API ones build no engine: tests/unit/test_llmapi_render.py)
 GPU_CONFIGS = sorted(p.stem for p in CONFIGS.glob("*.yaml")
                      if not p.stem.startswith("tiny-cpu-") and "trtllm_runtime: llm_api" not in p.read_text())
-
-
-def _localise(node, models: Path):
-    """The config with every /models/<name> pointing at a simulated download under ``models``."""
-    if isinstance(node, dict):
-        return {k: _localise(v, models) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_localise(v, models) for v in node]
-    if isinstance(node, str) and node.startswith("/models/"):
-        name = node.removeprefix("/models/")
-        if not (models / name).exists():
-            MODELS[name](models / name)
-        return str(models / name)
-    return node
 
 
 def deploy(tmp_path: Path, config: str, **changes) -> Path:
     data = yaml.safe_load((CONFIGS / f"{config}.yaml").read_text())
     data.update(changes)
     path = tmp_path / f"{data['name']}.yaml"
-    path.write_text(yaml.safe_dump(_localise(data, tmp_path / "models")))
+    path.write_text(yaml.safe_dump(ck.localise(data, tmp_path / "models")))
     return path
 
 

@@ -102,6 +102,12 @@ def test_dt_bls_non_streaming_equals_reference(dt_server, reference_outputs):
     assert after["tensorrt_llm_bls"] > before.get("tensorrt_llm_bls", 0)
     assert after["tensorrt_llm"] > before.get("tensorrt_llm", 0)
     assert accepted["tensorrt_llm_bls"] > 0  # the draft is a lightly perturbed target
+    # the engine model counts every accepted token at its draft position, and every drafted one
+    per_pos = metric_values(dt_server.metrics_url, "specdeploy_spec_decode_accepted_tokens_per_pos_total")
+    drafted_per_pos = metric_values(dt_server.metrics_url, "specdeploy_spec_decode_draft_tokens_per_pos_total")
+    assert per_pos["tensorrt_llm"] == accepted["tensorrt_llm"] > 0
+    assert drafted_per_pos["tensorrt_llm"] == after["tensorrt_llm"]
+    assert "tensorrt_llm_bls" not in per_pos  # the BLS only relays: counting there would double the positions
 
 
 def test_dt_bls_streaming_emits_rounds(dt_server, reference_outputs):

@@ -25,6 +25,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from pipeline.loadtest import acceptance_sources as acc
+from pipeline.report.per_request import acceptance_by_position
 
 
 def vllm_text(drafts: float, draft_tokens: float, accepted: float, per_pos: list[float]) -> str:
@@ -87,6 +88,20 @@ def specdeploy_text(draft: float, accepted: float, steps: float) -> str:
     return generate_latest(reg).decode()
 
 
+def specdeploy_positions_text(accepted: list[float], drafted: list[float]) -> str:
+    """Ours with the per-position counters pipeline/triton_models/metrics.py declares (two engine
+    models, as a draft-target deployment has: summed over them)."""
+    reg = CollectorRegistry()
+    Counter("specdeploy_spec_decode_verify_steps", "x", ["model", "version"], registry=reg).labels("llm", "1").inc(10)
+    for name, values in (("specdeploy_spec_decode_accepted_tokens_per_pos", accepted),
+                         ("specdeploy_spec_decode_draft_tokens_per_pos", drafted)):
+        family = Counter(name, "x", ["model", "version", "position"], registry=reg)
+        for i, value in enumerate(values):
+            family.labels("tensorrt_llm", "1", str(i)).inc(value / 2)
+            family.labels("tensorrt_llm_draft", "1", str(i)).inc(value / 2)
+    return generate_latest(reg).decode()
+
+
 def iteration_stats(rows: list[tuple[int, int, int]]) -> str:
     """Iteration stats as trtllm-serve's JSON /metrics returns them: (drafted, accepted, requests)."""
     return json.dumps([{"iter": i, "iterLatencyMS": 12.5, "numActiveRequests": n,
@@ -111,6 +126,17 @@ def test_vllm_counters_give_a_counter_delta_with_rate_tau_and_positions():
     assert delta["acceptance_rate"] == pytest.approx(0.75)
     assert delta["mean_acceptance_length"] == pytest.approx(1 + 60 / 20)  # vLLM's convention: bonus token counted
     assert delta["accepted_per_position"] == {"0": 20, "1": 18, "2": 15, "3": 7}
+
+
+def test_specdeploy_per_position_counters_give_accepted_and_drafted_per_position():
+    before = acc.parse(specdeploy_positions_text([2, 1, 0], [4, 4, 2]))
+    after = acc.parse(specdeploy_positions_text([12, 8, 3], [14, 14, 10]))
+    delta = acc.run_delta(before, after)
+    assert delta["source"] == "specdeploy"
+    assert delta["accepted_per_position"] == {"0": 10, "1": 7, "2": 3}
+    assert delta["drafted_per_position"] == {"0": 10, "1": 10, "2": 8}
+    by_pos = acceptance_by_position([delta])
+    assert [(p["position"], p["rate"]) for p in by_pos["positions"]] == [(1, 1.0), (2, 0.7), (3, 3 / 8)]
 
 
 def test_specdeploy_counters_are_ours():

@@ -23,12 +23,13 @@ def _cli(*args: str):
 
 def test_the_entry_point_runs_as_a_process(tmp_path):
     """``python -m pipeline`` (what the console script calls): a user error is one line on
-    stderr with exit code 1, and a usage error exits 2; neither shows a traceback."""
+    stderr with exit code 2 (a missing config is a usage error, never NO-GO's 1), and a bad
+    invocation exits 2; neither shows a traceback."""
     def run_module(*args):
         return subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True, text=True, timeout=120)
 
     missing = run_module("validate", str(tmp_path / "nope.yaml"))
-    assert missing.returncode == 1 and "no such config file" in missing.stderr
+    assert missing.returncode == 2 and "no such config file" in missing.stderr
     assert "Traceback" not in missing.stderr
     usage = run_module("validate")
     assert usage.returncode == 2 and "Traceback" not in usage.stderr
@@ -58,7 +59,7 @@ def test_top_level_help_lists_pipeline():
 
 def test_missing_config_is_one_clean_error_line(tmp_path):
     proc = _cli("validate", str(tmp_path / "nope.yaml"))
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert "no such config file" in proc.stderr
 

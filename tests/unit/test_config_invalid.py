@@ -158,7 +158,7 @@ def test_invalid_config_is_one_clear_line(tmp_path, capsys, changes, expected):
     problems = exc_info.value.problems
     assert any(p.startswith(expected) for p in problems), problems
     code, err = _cli(capsys, "validate", str(path), "--offline")
-    assert code != 0
+    assert code == 2  # a config error
     assert "Traceback" not in err
     assert err.startswith(f"error: {path}: {len(problems)} problem(s)")
     assert f"  {expected}" in err
@@ -178,7 +178,7 @@ def test_unparseable_files(tmp_path, capsys, text, expected):
     path = tmp_path / "bad.yaml"
     path.write_text(text, encoding="utf-8")
     code, err = _cli(capsys, "validate", str(path), "--offline")
-    assert code != 0 and "Traceback" not in err
+    assert code == 2 and "Traceback" not in err  # a config error
     assert expected in err
 
 
@@ -192,7 +192,7 @@ def test_all_problems_reported_at_once():
 
 def test_missing_file_is_a_config_error(tmp_path, capsys):
     code, err = _cli(capsys, "validate", str(tmp_path / "nope.yaml"))
-    assert code == 1 and "no such config file" in err and "Traceback" not in err
+    assert code == 2 and "no such config file" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize(
@@ -202,6 +202,6 @@ def test_missing_file_is_a_config_error(tmp_path, capsys):
 def test_console_script_exits_nonzero_without_traceback(tmp_path, changes, expected):
     path = _write(tmp_path, mutate(BASE, changes))
     proc = specdeploy("validate", str(path), "--offline")  # the console script's main, in this process
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # a config error, not NO-GO
     assert "Traceback" not in proc.stderr
     assert expected in proc.stderr

@@ -155,7 +155,7 @@ def test_validate_refuses_a_duplicate_key(tmp_path):
     text = medusa_yaml().replace("  concurrency: [1, 2]\n", "  concurrency: [1, 2]\n  concurrency: [4]\n")
     first = text.splitlines().index("  concurrency: [1, 2]") + 1
     proc = validate_here(write(tmp_path, text), "--offline")
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"loadtest.concurrency: duplicate key 'concurrency' at lines {first} and {first + 1}" in proc.stderr
     assert "Traceback" not in proc.stderr
 
@@ -234,7 +234,7 @@ def test_the_load_test_raises_the_same_error(tmp_path):
 
 def test_validate_refuses_a_missing_prompt_dir(tmp_path):
     proc = validate_cli(write(tmp_path, medusa_yaml(prompts="loadtests/prompts/nope")), "--offline", cwd=tmp_path)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "loadtest.prompts: loadtests/prompts/nope does not exist" in proc.stderr
     assert str(tmp_path / "loadtests/prompts/nope") in proc.stderr and "Traceback" not in proc.stderr
 
@@ -262,7 +262,7 @@ def test_a_relative_checkpoint_path_is_named_as_written_and_as_the_build_resolve
 
 def test_validate_names_a_missing_relative_checkpoint_in_both_forms(tmp_path):
     proc = validate_cli(write(tmp_path, GPU.format(target="models/llama-8b")), cwd=tmp_path)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.returncode == 2, proc.stdout + proc.stderr
     expected = (f"target.checkpoint: target checkpoint directory models/llama-8b (relative to the working "
                 f"directory: {tmp_path / 'models/llama-8b'}) does not exist")
     assert expected in proc.stderr, proc.stderr
@@ -271,7 +271,7 @@ def test_validate_names_a_missing_relative_checkpoint_in_both_forms(tmp_path):
 def test_validate_says_a_checkpoint_path_that_is_a_file_is_not_a_directory(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"\0")
     proc = validate_cli(write(tmp_path, GPU.format(target=tmp_path / "model.safetensors")), cwd=tmp_path)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"target checkpoint directory {tmp_path / 'model.safetensors'} is not a directory" in proc.stderr
 
 
@@ -288,7 +288,7 @@ def test_validate_refuses_a_cpu_beyond_the_allowed_set(tmp_path):
     beyond = max(ALLOWED) + 1
     config = write(tmp_path, medusa_yaml(reference=f"cpu_pinning: [{beyond}]"))
     proc = validate_here(config, "--offline")
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.returncode == 2, proc.stdout + proc.stderr
     assert (f"reference.cpu_pinning: CPU(s) [{beyond}] are not allowed here; this process may run on CPUs "
             f"{format_cpus(ALLOWED)} only") in proc.stderr, proc.stderr
 
@@ -301,7 +301,7 @@ def test_a_child_started_on_fewer_cpus_refuses_a_cpu_it_may_not_use(tmp_path):
     assert validate_cli(config, "--offline").returncode == 0  # the full set leaves CPU `lowest` to the server
     with spawn_on([lowest]):  # the child inherits this thread's affinity: a real, smaller mask
         proc = validate_cli(config, "--offline")
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"reference.cpu_pinning: CPU(s) [{highest}] are not allowed here; this process may run on CPUs {lowest} only" \
         in proc.stderr, proc.stderr
 

@@ -4,6 +4,8 @@ rules, and the memory table ``validate`` prints (co-resident arms, parameter cou
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from pipeline.config import parse_config
@@ -140,3 +142,23 @@ def test_parameter_counts_read_sensibly_for_tiny_models():
     assert detail.startswith(f"{params_text(tiny.total_params())} params") and "0.00 B" not in detail
     assert [params_text(n) for n in (8_030_261_248, 70_553_706_496, 350_000_000, 132_000, 512)] == \
         ["8.03 B", "70.6 B", "350 M", "132 K", "512"]
+
+
+@pytest.mark.parametrize("output", [
+    "0, 81559\\n1, [GPU is lost]\\n",  # the fields of a GPU nvidia-smi cannot read
+    "0, 81559\\nUnable to determine the device handle for GPU0000:1B:00.0: Unknown Error\\n",  # a message, not a row
+])
+def test_a_gpu_nvidia_smi_cannot_read_is_named_not_a_traceback(tmp_path, monkeypatch, output):
+    """Was a ValueError from float('[GPU is lost]') out of validate: now a LayoutError naming the
+    row and the fix, which validate reports as its memory-fit problem."""
+    from pipeline.plan.gpu_layout import GpuLostError, query_gpus
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\nprintf '{output}'\n")
+    smi.chmod(0o755)
+    with pytest.raises(GpuLostError, match=r"nvidia-smi cannot read a GPU: .*(GPU is lost|Unknown Error).*nvidia-smi -r"):
+        query_gpus(str(smi))
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    _, layout, problem = validate_estimate(dt_config(), get_profile("h100-sxm-80gb"), known_shape(TARGET),
+                                           known_shape(DRAFT))
+    assert layout is None and "nvidia-smi cannot read a GPU" in problem

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import parse_config
-from pipeline.errors import SpecdeployError
+from pipeline.errors import EXIT_FAILURE, SpecdeployError
+from pipeline.loadtest import runner
 from pipeline.loadtest.endpoints import ArmEndpoint
-from pipeline.loadtest.inputs import check_sweep
+from pipeline.loadtest.inputs import LoadTestError, check_sweep
 from pipeline.loadtest.runner import RunSpec, _parse_duration, plan_runs, run_loadtest, run_settings
 from pipeline.loadtest.server_metrics import parse_counters
 
@@ -79,9 +80,17 @@ def test_run_loadtest_against_fake_servers(tmp_path, fakes):
 
 
 @pytest.mark.slow
-def test_dead_server_marks_run_invalid_and_never_go(tmp_path, fakes):
+def test_dead_server_marks_run_invalid_and_never_go(tmp_path, fakes, monkeypatch):
     base, spec = fakes
-    spec.close()  # the speculative server is gone before its first run
+    real = runner.execute_run
+
+    def then_kill_speculative(cfg, run_spec, *args, **kwargs):
+        result = real(cfg, run_spec, *args, **kwargs)
+        if run_spec.key == "baseline-c1-r0":
+            spec.close()  # the speculative server dies after the first cell, before its own
+        return result
+
+    monkeypatch.setattr(runner, "execute_run", then_kill_speculative)
     run_dir = run_loadtest(make_cfg(concurrency=[1]), out_dir=tmp_path / "run", endpoint_baseline=base.url,
                            endpoint_speculative=spec.url, progress=False)
     runs = json.loads((run_dir / "runs.json").read_text())["runs"]
@@ -89,6 +98,16 @@ def test_dead_server_marks_run_invalid_and_never_go(tmp_path, fakes):
     assert dead and not dead[0]["server_alive"] and not dead[0]["valid"]
     report = json.loads((run_dir / "report.json").read_text())
     assert report["verdict"] == "NO-GO" and report["exit_code"] == 1
+
+
+def test_a_server_gone_before_the_first_cell_is_a_failure_not_a_verdict(tmp_path, fakes):
+    base, spec = fakes
+    spec.close()
+    with pytest.raises(LoadTestError, match="--endpoint-speculative") as err:
+        run_loadtest(make_cfg(concurrency=[1]), out_dir=tmp_path / "run", endpoint_baseline=base.url,
+                     endpoint_speculative=spec.url, progress=False)
+    assert err.value.exit_code == EXIT_FAILURE  # not NO-GO's 1: nothing was measured
+    assert not (tmp_path / "run" / "runs.json").exists()
 
 
 def test_input_errors_are_clear(tmp_path):

@@ -52,7 +52,7 @@ def test_a_slower_build_moves_tpot_for_the_worse(runs, tmp_path: Path):
     assert "<script" not in html and not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
     assert html.count('src="data:image/png;base64,') == 1
     md = result.md_path.read_text()
-    assert "| TPOT p50 | 0.500 [0.495, 0.505] |" in md and "moved, worse" in md
+    assert "| TPOT p50 | 0.500 \\[0.495, 0.505] |" in md and "moved, worse" in md  # a "[" of a value is escaped in Markdown
     assert not (a / "compare.html").exists() and not (b / "report.json").exists()  # inputs only read
 
 

@@ -68,14 +68,15 @@ def test_report_files_and_schema(rendered: Path):
 
 def test_report_md_has_verdict_and_tables(rendered: Path):
     md = (rendered / "report.md").read_text()
-    assert md.startswith("# GO: Roll out speculative decoding (draft_target, K=3)\n")
+    assert md.startswith("# GO: Roll out speculative decoding (draft\\_target, K=3)\n")  # Markdown-escaped name
     # the fake servers: speculation pays at both levels, no tail worse with confidence (rollout_range.py)
-    assert "**Recommended rollout: enable at every measured concurrency (up to 2)" in md
+    assert ("**Recommended rollout: enable at every measured concurrency (up to 2); no crossover was found, so measure "
+            "higher before running above 2") in md
     assert "### Concurrency 1 (gated)" in md
     # independent of the report code: the fixture's fake servers stream a token every 8 ms (baseline)
     # and three every 12 ms (speculative), so TPOT is 8 and 4 ms and their ratio 0.5, give or take
     # what the client's clock adds per chunk
-    row = re.search(r"^\| TPOT p50 \(ms\) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \[([\d.]+), ([\d.]+)\] \|",
+    row = re.search(r"^\| TPOT p50 \(ms\) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \\\[([\d.]+), ([\d.]+)\] \|",
                     md, re.MULTILINE)
     base, spec, ratio, low, high = map(float, row.groups())
     assert base == pytest.approx(8.0, rel=0.05) and spec == pytest.approx(4.0, rel=0.05)
@@ -149,7 +150,7 @@ def test_html_is_self_contained(rendered: Path):
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
     assert not re.search(r"url\(\s*['\"]?https?:", html)
     images = re.findall(r'<img [^>]*src="([^"]+)"', html)
-    assert len(images) == 6 and all(src.startswith("data:image/png;base64,") for src in images)
+    assert len(images) == 7 and all(src.startswith("data:image/png;base64,") for src in images)
     from PIL import Image
 
     for src in images:
@@ -192,7 +193,7 @@ def test_console_script_exit_codes(run_dir: Path, tmp_path: Path):
     usage = specdeploy("report")
     assert usage.returncode == 2
     missing = specdeploy("report", str(tmp_path / "nope"))
-    assert missing.returncode == 1 and "no such run directory" in missing.stderr
+    assert missing.returncode == 2 and "no such run directory" in missing.stderr
     assert "Traceback" not in missing.stderr
 
 

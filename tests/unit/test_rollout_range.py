@@ -46,7 +46,10 @@ def test_a_level_whose_tail_is_worse_with_confidence_is_left_out_and_named():
     banner = decision(data)
     assert data["verdict"] == "GO"  # the gate checks c=1 (the default target): unchanged
     assert banner["rollout"] == ("Recommended rollout: enable up to concurrency 4; at 8, E2E p95 is 1.29× baseline "
-                                 "[1.24, 1.35].")
+                                 "[1.24, 1.35], worse with confidence (tail guardrail).")
+    # the headline is worded from the same range: it does not say "still pays at 8"
+    assert banner["sentence"].endswith("and pays up to concurrency 4; at 8, E2E p95 is 1.29× baseline [1.24, 1.35], "
+                                       "worse with confidence (tail guardrail).")
     # what the old code said on the same records
     assert "up to 8" not in banner["rollout"]
 
@@ -81,10 +84,19 @@ def test_inconclusive_checks_do_not_shrink_the_range_and_the_crossover_still_bou
     assert rollout(report_data(a)) == "enable up to concurrency 2, disable from 4"
 
 
-def test_nothing_recommended_when_the_lowest_level_fails():
+def test_a_gated_level_whose_tail_is_worse_stays_in_the_range_with_a_caution():
+    """GO at the gated level never comes with "do not enable": the tail there is named beside the
+    range (the old code emptied the range under a GO)."""
     a = analysis(with_tail(comparison(1), e2e_p95=(1.5, 1.3, 1.7)), with_tail(comparison(2)))
-    assert rollout_range(a, GateSettings())["up_to"] is None
-    assert rollout(report_data(a)).startswith("do not enable; at 1, E2E p95 is 1.50× baseline [1.30, 1.70]")
+    window = rollout_range(a, GateSettings())
+    assert window["up_to"] == 2 and window["excluded"] == [] and [c["concurrency"] for c in window["cautions"]] == [1]
+    banner = decision(report_data(a))
+    assert banner["verdict"] == "GO" and "do not enable" not in banner["rollout"]
+    assert ("1.67× faster per user (TPOT 0.60× baseline [0.55, 0.65], 95% CI), though its E2E p95 is 1.50× baseline "
+            "[1.30, 1.70], worse with confidence (tail guardrail), and still pays") in banner["sentence"]
+    assert ("caution at 1 (gated), E2E p95 is 1.50× baseline [1.30, 1.70], worse with confidence (tail guardrail)"
+            in banner["rollout"])
+    assert "Worse with speculation, with 95% confidence: c=1 E2E p95 1.50× baseline [1.30, 1.70]." in banner["findings"]
 
 
 def test_target_concurrency_gates_the_excluded_level():
@@ -99,8 +111,9 @@ def test_report_json_carries_the_range(tmp_path):
     from pipeline.report.builder import make_report
 
     # the fixture's speculative tail at c=1 made worse (its slowest fifth decodes 4x slower): E2E p95
-    # at c=1 is worse with confidence, so nothing is recommended although the gate (c=1 by
-    # default, no tail check) says GO; the old banner said "up to 2"
+    # at c=1 is worse with confidence; the gate (c=1 by default, no tail check) says GO, so c=1
+    # stays in the range with the tail named as a caution (the old range was empty: "do not
+    # enable" under a GO)
     run = worsen_tail(copy_fixture(tmp_path / "run"), 4.0, concurrency=1, share=0.2)
     report = make_report(run)
     data = json.loads(report.json_path.read_text())
@@ -108,6 +121,6 @@ def test_report_json_carries_the_range(tmp_path):
     assert set(window) >= {"levels", "up_to", "crossover", "excluded", "measured"}
     assert window["measured"] == [1, 2] and window["crossover"] is None
     assert data["verdict"] == "GO"
-    assert window["levels"] == [] and window["excluded"][0]["concurrency"] == 1
-    assert window["excluded"][0]["checks"][0]["rule"] == "tail_e2e_p95"
-    assert "at 1, E2E p95 is" in report.md_path.read_text()
+    assert window["levels"] == [1, 2] and window["excluded"] == []
+    assert window["cautions"][0]["concurrency"] == 1 and window["cautions"][0]["checks"][0]["rule"] == "tail_e2e_p95"
+    assert "caution at 1 (gated), E2E p95 is" in report.md_path.read_text()

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pipeline.errors import SpecdeployError
+from pipeline.errors import UsageError
 from pipeline.reference.draft_len import draft_model_chain
 from pipeline.reference.kv_cache import SlotCache, common_prefix_length
 from pipeline.reference.modeling import LlamaModel, StepInput
@@ -107,5 +107,5 @@ class DraftModelProposer:
 def build(spec: dict, ctx: BuildContext) -> DraftModelProposer:
     draft = ctx.models.llama(ctx.path(spec["draft_dir"]), ctx.dtype)
     if draft.shape.vocab_size != ctx.target.shape.vocab_size:
-        raise SpecdeployError(f"draft vocab {draft.shape.vocab_size} != target vocab {ctx.target.shape.vocab_size}")
+        raise UsageError(f"draft vocab {draft.shape.vocab_size} != target vocab {ctx.target.shape.vocab_size}")
     return DraftModelProposer(draft, draft_model_chain(spec), ctx.slots, ctx.max_rows)

@@ -173,6 +173,29 @@ def acceptance_plot(categories: list[dict[str, Any]]) -> str | None:
     return png(fig)
 
 
+def acceptance_histogram_plot(data: dict) -> str | None:
+    """Per-request acceptance (accepted / drafted) over requests, with the pooled figure marked."""
+    dist = data.get("acceptance_per_request") or {}
+    hist = dist.get("histogram")
+    if not hist:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5, 2.6))
+    edges, counts = hist["edges"], hist["counts"]
+    ax.bar(edges[:-1], counts, width=[b - a for a, b in zip(edges[:-1], edges[1:])], align="edge",
+           color=SPEC_COLOR, edgecolor="white")
+    for q, style in (("p10", ":"), ("p50", "-"), ("p90", ":")):
+        ax.axvline(dist[q], color="black", lw=1, ls=style)
+    if data.get("acceptance_rate") is not None:
+        ax.axvline(data["acceptance_rate"], color="gray", lw=1.5, ls="--", label="pooled over tokens")
+        ax.legend(fontsize=7)
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("acceptance per request (p10, median, p90 in black)")
+    ax.set_ylabel("requests")
+    ax.set_title(f"Acceptance per request ({dist['n']} requests)")
+    return png(fig)
+
+
 def throughput_plot(analysis: dict) -> str | None:
     summaries = [s for s in analysis["runs"] if s["throughput_timeline"]]
     if not summaries:
@@ -226,5 +249,6 @@ def report_plots(data: dict, analysis: dict, runs: list[RunData]) -> dict[str, s
         "latency": latency_plot(data),
         "tpot_ecdf": tpot_ecdf_plot(data, runs),
         "acceptance": acceptance_plot(category_acceptance(data)),
+        "acceptance_per_request": acceptance_histogram_plot(data),
         "throughput": throughput_plot(analysis),
     }

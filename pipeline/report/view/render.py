@@ -1,12 +1,16 @@
 """Jinja rendering of the report pages (``report.html`` / ``report.md``, ``compare.html`` / ``compare.md``).
 
 Reads the templates shipped in ``pipeline/report/view/templates/`` and a page model (display
-strings, tables, base64 plots); returns the page text. HTML templates autoescape; every template
-runs under ``StrictUndefined`` so a missing field fails the render instead of printing nothing.
+strings, tables, base64 plots); returns the page text. Every format escapes what its template did
+not write: HTML templates autoescape, and the Markdown ones escape every interpolated value
+(:func:`md_escape`, Jinja's ``finalize``), so a config, category, prompt or model name can neither
+inject markup nor break a table. Every template runs under ``StrictUndefined`` so a missing field
+fails the render instead of printing nothing.
 """
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import Any
 
@@ -24,25 +28,52 @@ CI_NOTE = ("spec/base ratios are the geometric mean over paired repeats of each 
            "per arm), which is descriptive only. Green: the whole CI is on the better side of 1; red: on the worse side.")
 
 
-@lru_cache(maxsize=1)
-def environment():
+# Every character that starts Markdown (CommonMark + GitHub: emphasis, code, links, HTML, tables,
+# headings, strikethrough, math, entities) gets a backslash; CommonMark defines a backslash before
+# any ASCII punctuation as that character, so the rendered text is unchanged. A "]" needs no
+# escape once its "[" has one (no link or image can open).
+_MD_SPECIAL = re.compile(r"([\\`*_\[<>|#~&$])")
+
+
+class MdText(str):
+    """Markdown a filter already escaped (or wrote): ``finalize`` leaves it as it is."""
+
+
+def md_escape(value: Any) -> str:
+    """Any interpolated value as literal Markdown text, on one line."""
+    if isinstance(value, MdText):
+        return value
+    text = "" if value is None else str(value)
+    return _MD_SPECIAL.sub(r"\\\1", text.replace("\r", " ").replace("\n", " "))
+
+
+@lru_cache(maxsize=2)
+def environment(markdown: bool = False):
     import jinja2  # noqa: PLC0415 - jinja2 is loaded only when this path runs
 
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("pipeline.report.view", "templates"),
         undefined=jinja2.StrictUndefined,
         autoescape=jinja2.select_autoescape(enabled_extensions=("html.jinja",), default_for_string=False),
+        finalize=md_escape if markdown else None,
         trim_blocks=True,
         lstrip_blocks=True,
         keep_trailing_newline=True,
     )
     env.filters["mdcell"] = md_cell
+    env.filters["mdlines"] = md_lines
+    env.filters["md"] = MdText  # a macro's output: Markdown the template wrote, its values escaped inside
     return env
 
 
-def md_cell(text: Any) -> str:
-    """A Markdown table cell: pipes escaped, line breaks joined."""
-    return str(text).replace("|", "\\|").replace("\n", " ")
+def md_cell(text: Any) -> MdText:
+    """A Markdown table cell: every markup character escaped (pipes too), line breaks joined."""
+    return MdText(md_escape(text))
+
+
+def md_lines(lines: list[Any]) -> MdText:
+    """Lines in one table cell: each escaped, joined by the ``<br>`` this template writes."""
+    return MdText("<br>".join(md_escape(line) for line in lines))
 
 
 def report_page(data: dict, plots: dict[str, str | None]) -> dict[str, Any]:
@@ -57,6 +88,8 @@ def report_page(data: dict, plots: dict[str, str | None]) -> dict[str, Any]:
         "categories": tables.category_table(data),
         "acceptance_cells": tables.acceptance_cells_table(data),
         "acceptance_sources": tables.acceptance_source_table(data),
+        "acceptance_requests": tables.acceptance_request_table(data),
+        "acceptance_positions": tables.acceptance_position_table(data),
         "acceptance_source": data.get("acceptance_source")
         or (PER_REQUEST if data.get("acceptance_rate") is not None else NOT_REPORTED),
         "gate": tables.gate_tables(data),
@@ -85,7 +118,7 @@ def _meta_line(data: dict, prov: dict) -> str:
 
 
 def render(template: str, page: dict[str, Any]) -> str:
-    return environment().get_template(template).render(**page)
+    return environment(template.endswith(".md.jinja")).get_template(template).render(**page)
 
 
 def render_report(data: dict, plots: dict[str, str | None]) -> tuple[str, str]:

@@ -4,6 +4,12 @@ Reads the report data (``report.json`` content); writes nothing. Every sentence 
 the analysis and the gate: what speculation gives at each measured concurrency (with CIs), where
 it stops paying, the rollout that follows, acceptance overall and its weakest category, output
 equivalence, and every gate check that did not pass.
+
+One message: the headline's "where it stops paying" and the rollout line are both worded from the
+one recommended range (``rollout_range`` in report.json, which the verdict bounds: a gated level
+the gate passed stays in it), so they cannot disagree; the level that ends the range is named with
+its reason (the tail guardrail by name) in both. Every level or prompt category where speculation
+is worse with confidence is named on the first screen.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from pipeline.report.view.model import (
     target_levels,
     weakest_category,
 )
-from pipeline.report.view.rounding import fmt_ci, fmt_pct, invert_ci, tidy_text
+from pipeline.report.view.rounding import fmt_ci, fmt_p, fmt_pct, fmt_value, invert_ci, tidy_text
 
 TITLES = {"GO": "Roll out speculative decoding", "NO-GO": "Do not roll out speculative decoding",
           "INCONCLUSIVE": "Not decided: the evidence is not strong enough"}
@@ -52,13 +58,18 @@ def speed_phrase(tpot: dict) -> str:
     return f"{fmt_ci(point, tpot['low'], tpot['high'])['point']}× slower"
 
 
-def level_line(comp: dict, targets: list[int], crossover: int | None) -> str:
+def level_line(comp: dict, targets: list[int], crossover: int | None, window: dict | None = None) -> str:
     level = comp["concurrency"]
-    tags = [t for t, on in (("gated", level in targets), ("past crossover", crossover is not None and level >= crossover)) if on]
+    window = window or {}
+    outside = window.get("measured") is not None and level not in (window.get("levels") or []) \
+        and (crossover is None or level < crossover)
+    tags = [t for t, on in (("gated", level in targets), ("past crossover", crossover is not None and level >= crossover),
+                            ("outside the recommended range", outside)) if on]
     tpot = ratio_ci(comp, "tpot_ratio")
     label = f"Concurrency {level}" + (f" ({', '.join(tags)})" if tags else "")
     return (f"{label}: decoding {speed_phrase(tpot)} per user — TPOT {ratio_phrase(tpot, 'baseline')}, "
             f"E2E {ratio_phrase(ratio_ci(comp, 'e2e_ratio'))}, "
+            f"E2E p95 {ratio_phrase(ratio_ci(comp, 'e2e_p95_ratio'))}, "
             f"throughput {ratio_phrase(ratio_ci(comp, 'throughput_ratio'))}")
 
 
@@ -87,19 +98,52 @@ def rollout(data: dict) -> str:
     return f"{head}; {reasons}{tail}"
 
 
+def cautions(data: dict) -> str:
+    """``; caution at 1 (gated), E2E p95 is …, worse with confidence (tail guardrail): …`` or ``""``:
+    the gate passed the level, and the tail is not one of its checks."""
+    items = (data.get("rollout_range") or {}).get("cautions") or []
+    if not items:
+        return ""
+    parts = [f"at {c['concurrency']} (gated), {excluded_reason(c['checks'])}" for c in items]
+    return "; caution " + "; ".join(parts) + ": check the slowest requests against your SLO before enabling"
+
+
 RANGE_LABELS = {"benefit_tpot_ratio": "TPOT", "benefit_e2e_ratio": "E2E", "tail_e2e_p95": "E2E p95"}
+RULE_NAMES = {"tail_e2e_p95": "tail guardrail"}
 
 
 def excluded_reason(checks: list[dict]) -> str:
-    """``E2E p95 is 1.29× baseline [1.24, 1.35]`` (and the other failed checks) for one level."""
+    """``E2E p95 is 1.29× baseline [1.24, 1.35], worse with confidence (tail guardrail)`` (and the
+    other failed checks) for one level."""
     parts = []
     for check in checks:
         label, value = RANGE_LABELS.get(check["rule"]), check.get("value")
         if label and isinstance(value, dict):
-            parts.append(f"{label} is {ratio_phrase(value, 'baseline')}")
+            name = RULE_NAMES.get(check["rule"])
+            parts.append(f"{label} is {ratio_phrase(value, 'baseline')}"
+                         + (f", worse with confidence ({name})" if name else ""))
         else:
             parts.append(f"{check['rule']} fails ({tidy_text(str(check['detail']))})")
     return " and ".join(parts)
+
+
+def range_clause(data: dict) -> str:
+    """Where speculation stops paying, worded from the recommended range (the rollout line's source)."""
+    comps = [c["concurrency"] for c in primary_comparisons(data)]
+    window = data.get("rollout_range") or {}
+    crossover = data["crossover_concurrency"]
+    excluded = window.get("excluded") or []
+    if excluded:
+        first = excluded[0]
+        reason = f"at {first['concurrency']}, {excluded_reason(first['checks'])}"
+        if window.get("up_to") is None:
+            return f"but no measured level qualifies for a rollout: {reason}"
+        return f"pays up to concurrency {window['up_to']}; {reason}"
+    if crossover is not None:
+        if crossover == comps[0]:
+            return "shows no TPOT benefit at any measured level"
+        return f"stops paying at concurrency {crossover} (its TPOT CI no longer shows a benefit there)"
+    return f"still pays at the highest measured concurrency, {max(comps)}"
 
 
 def draft_length_line(data: dict) -> str | None:
@@ -118,11 +162,42 @@ def headline_sentence(data: dict) -> str:
         return "No concurrency level was measured with both arms."
     level = targets[0]
     tpot = ratio_ci(comps[level], "tpot_ratio")
-    crossover = data["crossover_concurrency"]
-    tail = (f"stops paying at concurrency {crossover}" if crossover is not None
-            else f"still pays at the highest measured concurrency, {max(comps)}")
+    clause = range_clause(data)
+    joint = ", " if clause.startswith("but ") else " and "
+    # the gated level's own tail, when worse with confidence, in the same sentence as its speed-up
+    caution = next((c for c in (data.get("rollout_range") or {}).get("cautions") or [] if c["concurrency"] == level), None)
+    tail = f", though its {excluded_reason(caution['checks'])}," if caution else ""
     return (f"At concurrency {level}, speculation makes decoding {speed_phrase(tpot)} per user "
-            f"(TPOT {ratio_phrase(tpot, 'baseline')}, {ci_words(data)}) and {tail}.")
+            f"(TPOT {ratio_phrase(tpot, 'baseline')}, {ci_words(data)}){tail}{joint}{clause}.")
+
+
+# ratio, label, lower is better: what "worse with confidence" is looked for in, per level
+WORSE_RATIOS = (("tpot_ratio", "TPOT", True), ("e2e_ratio", "E2E", True), ("e2e_p95_ratio", "E2E p95", True),
+                ("ttft_p95_ratio", "TTFT p95", True), ("throughput_ratio", "throughput", False))
+
+
+def worse_line(data: dict) -> str | None:
+    """Every level (run-level CI wholly on the worse side of 1) and prompt category (one-sided
+    request-level test, :mod:`pipeline.report.per_request`) where speculation is worse with confidence."""
+    parts = []
+    for comp in primary_comparisons(data):
+        for name, label, lower in WORSE_RATIOS:
+            ci = ratio_ci(comp, name)
+            if ci.get("level") != "run" or ci.get("low") is None:
+                continue
+            if (ci["low"] > 1.0) if lower else (ci["high"] < 1.0):
+                parts.append(f"c={comp['concurrency']} {label} {ratio_phrase(ci, 'baseline')}")
+    slow: dict[str, list[str]] = {}
+    for comp in primary_comparisons(data):
+        for cat, figures in (comp.get("category_slower") or {}).items():
+            if figures.get("slower"):
+                slow.setdefault(cat, []).append(f"c={comp['concurrency']} TPOT {fmt_value(figures['tpot_ratio'])}× "
+                                                f"(p {fmt_p(figures['p_slower'])})")
+    parts += [f"category {cat} ({', '.join(where)}; request level)" for cat, where in slow.items()]
+    if not parts:
+        return None
+    level = (data.get("bootstrap") or {}).get("confidence_level") or 0.95
+    return f"Worse with speculation, with {fmt_pct(level)} confidence: " + "; ".join(parts) + "."
 
 
 def acceptance_line(data: dict) -> str:
@@ -130,8 +205,12 @@ def acceptance_line(data: dict) -> str:
     if rate is None:
         return missing_acceptance_line(data.get("acceptance_reported") or {})
     floor = (data.get("gate_settings") or {}).get("min_acceptance_rate")
-    text = f"Acceptance: {fmt_pct(rate)} of drafted tokens accepted overall"
+    text = f"Acceptance: {fmt_pct(rate)} of drafted tokens accepted, pooled over tokens"
     text += f" (floor {fmt_pct(floor)})" if floor is not None else ""
+    per_request = data.get("acceptance_per_request") or {}
+    if per_request.get("n"):
+        text += (f"; per request p10 {fmt_pct(per_request['p10'])}, median {fmt_pct(per_request['p50'])}, "
+                 f"p90 {fmt_pct(per_request['p90'])} ({per_request['n']} requests)")
     weakest = weakest_category(category_acceptance(data))
     if weakest:
         text += f"; weakest category: {weakest['category']} at {fmt_pct(weakest['acceptance_rate'])}"
@@ -206,7 +285,9 @@ def decision(data: dict) -> dict[str, Any]:
         return aa_decision(data, [check_line(c) for c in open_checks(data)], _status_counts(data))
     crossover = data["crossover_concurrency"]
     targets = target_levels(data)
-    findings = [level_line(c, targets, crossover) for c in primary_comparisons(data)]
+    window = data.get("rollout_range") or {}
+    findings = [level_line(c, targets, crossover, window) for c in primary_comparisons(data)]
+    findings += [line for line in (worse_line(data),) if line]
     findings += [line for line in (draft_length_line(data),) if line]
     findings += [acceptance_line(data), equivalence_line(data)]
     findings += [line for line in (noise_line(data),) if line]
@@ -223,7 +304,7 @@ def decision(data: dict) -> dict[str, Any]:
         "exit_code": data["exit_code"],
         "title": f"{TITLES.get(verdict, verdict)}{what}",
         "sentence": headline_sentence(data),
-        "rollout": f"{prefix}: {rollout(data)}.",
+        "rollout": f"{prefix}: {rollout(data)}{cautions(data)}.",
         "findings": findings,
         "checks": [check_line(c) for c in open_checks(data)],
         "advice": [tidy_text(a) for a in data.get("advice", [])],

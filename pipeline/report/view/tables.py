@@ -15,14 +15,20 @@ from pipeline.report.view.evidence import ci_words
 from pipeline.report.view.model import category_acceptance, cell, primary_comparisons, ratio_ci, target_levels
 from pipeline.report.view.rounding import MISSING, fmt_ci, fmt_p, fmt_pct, fmt_value, tidy_text
 
-# label, cell statistic, percentile, run-level ratio, unit, lower is better
+# label, cell statistic, percentile, run-level ratio (None: the pooled percentiles' ratio, no CI),
+# unit, lower is better. TPOT p95/p99 are what latency SLOs are written in; p99s show the tail.
 HEADLINE_METRICS = (
     ("TTFT p50", "ttft_ms", "p50", "ttft_p50_ratio", "ms", True),
     ("TTFT p95", "ttft_ms", "p95", "ttft_p95_ratio", "ms", True),
+    ("TTFT p99", "ttft_ms", "p99", None, "ms", True),
     ("TPOT p50", "tpot_ms", "p50", "tpot_ratio", "ms", True),
+    ("TPOT p95", "tpot_ms", "p95", None, "ms", True),
+    ("TPOT p99", "tpot_ms", "p99", None, "ms", True),
     ("E2E p95", "e2e_ms", "p95", "e2e_p95_ratio", "ms", True),
+    ("E2E p99", "e2e_ms", "p99", None, "ms", True),
     ("output tokens/s", "output_tokens_per_s", None, "throughput_ratio", "", False),
 )
+NO_CI_MARK = " (pooled, no CI)"
 
 
 def table(headers: list[str], rows: Iterable[list[str]], classes: Iterable[list[str]] | None = None) -> dict:
@@ -64,8 +70,14 @@ def headline_tables(data: dict) -> list[dict[str, Any]]:
         base, spec = cell(data, "baseline", level), cell(data, "speculative", level)
         rows, classes = [], []
         for label, stat, q, ratio_name, unit, lower in HEADLINE_METRICS:
+            b, s = _stat(base, stat, q), _stat(spec, stat, q)
+            if ratio_name is None:  # a percentile of the pooled requests: its ratio, descriptive only
+                ratio = fmt_value(s / b) + NO_CI_MARK if b and s is not None else MISSING
+                rows.append([f"{label} ({unit})", fmt_value(b), fmt_value(s), ratio])
+                classes.append(["", "", "", ""])
+                continue
             ci = ratio_ci(comp, ratio_name)
-            rows.append([f"{label} ({unit})" if unit else label, fmt_value(_stat(base, stat, q)), fmt_value(_stat(spec, stat, q)), ratio_text(ci)])
+            rows.append([f"{label} ({unit})" if unit else label, fmt_value(b), fmt_value(s), ratio_text(ci)])
             classes.append(["", "", "", side_class(ci, lower)])
         if any((c or {}).get("reasoning_requests") for c in (base, spec)):  # reasoning model: answer after thinking
             rows.append(["first answer p50 (ms)", fmt_value(_stat(base, "first_answer_ms", "p50")),
@@ -74,14 +86,15 @@ def headline_tables(data: dict) -> list[dict[str, Any]]:
         tags = [t for t, on in (("gated", level in targets), ("past crossover", crossover is not None and level >= crossover)) if on]
         out.append({"concurrency": level, "tags": tags,
                     "table": table(["metric", "baseline", "speculative", f"spec/base [{ci_words(data)}]"], rows, classes),
-                    "request_level": any(ratio_ci(comp, m[3]).get("level") not in (None, "run") for m in HEADLINE_METRICS)})
+                    "request_level": any(ratio_ci(comp, m[3]).get("level") not in (None, "run")
+                                         for m in HEADLINE_METRICS if m[3])})
     return out
 
 
 def category_table(data: dict) -> dict:
     rows = category_acceptance(data)
     levels = [c["concurrency"] for c in primary_comparisons(data)]
-    headers = ["category", "acceptance"] + [f"speedup c={level}" for level in levels]
+    headers = ["category", "acceptance (pooled over tokens)"] + [f"speedup c={level}" for level in levels]
     return table(headers, ([r["category"], fmt_pct(r["acceptance_rate"])] +
                            [fmt_value(r["speedup"].get(level)) for level in levels] for r in rows))
 
@@ -99,6 +112,30 @@ def acceptance_cells_table(data: dict) -> dict:
             rows.append([str(c["concurrency"]), fmt_value(c["draft_len"]), cat, _acceptance_text(acc["acceptance_rate"]),
                          fmt_value(acc["mean_acceptance_length"]), fmt_value(acc["tokens_per_chunk_mean"])])
     return table(["concurrency", "K", "category", "acceptance", "τ", "tokens/chunk"], rows)
+
+
+def acceptance_request_table(data: dict) -> dict:
+    """Per-request acceptance: p10 / p50 / p90 over requests, beside the pooled figure."""
+    dist = data.get("acceptance_per_request") or {}
+    pooled = data.get("acceptance_rate")
+    if not dist.get("n"):
+        return table(["figure", "value"], [["per-request acceptance", dist.get("note") or NOT_REPORTED],
+                                           ["pooled over tokens", _acceptance_text(pooled)]])
+    return table(["figure", "value"], [
+        ["requests that drafted", str(dist["n"])],
+        ["per request p10", fmt_pct(dist["p10"])], ["per request median", fmt_pct(dist["p50"])],
+        ["per request p90", fmt_pct(dist["p90"])], ["per request mean", fmt_pct(dist["mean"])],
+        ["pooled over tokens (headline)", _acceptance_text(pooled)],
+    ])
+
+
+def acceptance_position_table(data: dict) -> dict:
+    """Acceptance by draft position (1..K): accepted at that position per verify step."""
+    by_pos = data.get("acceptance_by_position") or {}
+    if not by_pos.get("reported"):
+        return table(["draft position", "acceptance"], [["all", by_pos.get("note") or "not reported by this server"]])
+    return table(["draft position", "acceptance", "accepted"],
+                 ([str(p["position"]), fmt_pct(p["rate"]), fmt_value(p["accepted"])] for p in by_pos["positions"]))
 
 
 def acceptance_source_table(data: dict) -> dict:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import DeploymentConfig
-from pipeline.errors import PreflightError
+from pipeline.errors import EXIT_FAILURE, PreflightError
 from pipeline.paths import engine_root
 
 RECORD_NAME = "live-preflight.json"
@@ -72,5 +72,5 @@ def require_live(cfg: DeploymentConfig, *, skip: bool, stage: str, trtllm_root: 
         if console is not None:
             print_checks(cfg, checks, console)
         raise PreflightError([f"live preflight: {c.line()}" for c in failed]
-                             + ["(to start anyway: --skip-live; it is recorded in the provenance)"])
+                             + ["(to start anyway: --skip-live; it is recorded in the provenance)"], exit_code=EXIT_FAILURE)
     return record

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pipeline.config import DeploymentConfig
 from pipeline.plan.step import Step
-from pipeline.validate.live.result import LiveCheck, failed, passed
+from pipeline.validate.live.result import LiveCheck, failed, passed, skipped
 
 HELP_TIMEOUT_S = 300.0  # the scripts import tensorrt_llm (and torch) before parsing
 _OPTION_LINE = re.compile(r"^\s{1,24}(-{1,2}[A-Za-z0-9][\w-]*.*)$")
@@ -115,6 +115,8 @@ def _display(program: str) -> str:
 
 
 def _help(tool: Tool) -> tuple[str | None, str]:
+    """The help text, read from both streams: argparse prints it on stdout, but a wrapper (an MPI
+    launcher, a logging set-up that redirects stdout) can leave it on stderr."""
     cwd = str(tool.path.parent) if tool.path else None
     try:
         proc = subprocess.run([*tool.prefix, "--help"], capture_output=True, text=True, timeout=HELP_TIMEOUT_S,
@@ -124,10 +126,12 @@ def _help(tool: Tool) -> tuple[str | None, str]:
     if proc.returncode != 0:
         tail = [line for line in (proc.stderr or proc.stdout).splitlines() if line.strip()][-2:]
         return None, f"`{' '.join(tool.prefix[-1:])} --help` exited {proc.returncode}: {' | '.join(tail)}"
-    return proc.stdout, ""
+    return "\n".join(part for part in (proc.stdout, proc.stderr) if part), ""
 
 
-def check_tool(cfg: DeploymentConfig, tool: Tool) -> LiveCheck:
+def check_tool(cfg: DeploymentConfig, tool: Tool, trtllm_problem: str = "") -> LiveCheck:
+    """``trtllm_problem``: why ``import tensorrt_llm`` fails here, if it does (every script the plan
+    runs imports it before parsing, so its parser cannot be asked)."""
     name = f"parser {tool.name}"
     steps = ", ".join(s.name for s in tool.steps)
     source = f"the plan's steps {steps} (pipeline/trtllm/commands.py for TensorRT-LLM {cfg.trtllm_version})"
@@ -137,6 +141,10 @@ def check_tool(cfg: DeploymentConfig, tool: Tool) -> LiveCheck:
         return failed(name, expected, source, f"{tool.path}: no such file",
                       "point --trtllm-root / trtllm_root / $SPECDEPLOY_TRTLLM_ROOT at a TensorRT-LLM checkout "
                       f"of v{cfg.trtllm_version} (inside the NGC image: /app)")
+    # TensorRT-LLM's scripts and trtllm-build import tensorrt_llm first; ModelOpt's hf_ptq.py does not
+    if trtllm_problem and (tool.path is None or "/examples/llm_ptq/" not in str(tool.path)):
+        return skipped(name, expected, source, "not checked: the script imports tensorrt_llm, which does not import "
+                       "here (row tensorrt_llm version)")
     if tool.path is None and shutil.which(tool.prefix[0]) is None:
         return failed(name, expected, source, f"no `{tool.prefix[0]}` on PATH",
                       f"run inside {cfg.triton.container_image} (the tensorrt_llm wheel installs it)")
@@ -144,6 +152,9 @@ def check_tool(cfg: DeploymentConfig, tool: Tool) -> LiveCheck:
     if text is None:
         return failed(name, expected, source, problem, "install the script's requirements.txt, then run it by hand")
     spec = parse_help(text)
+    if not spec.options:
+        return failed(name, expected, source, f"`{tool.prefix[-1]} --help` printed no options on stdout or stderr",
+                      "run it by hand: a wrapper or a broken install swallows its help")
     problems = sorted({p for step in tool.steps for p in flag_problems(spec, planned_flags(step.argv))})
     if not problems:
         return passed(name, expected, source, f"{len(spec.options)} options; all planned flags accepted")
@@ -153,5 +164,5 @@ def check_tool(cfg: DeploymentConfig, tool: Tool) -> LiveCheck:
                   "tests/gpu_sim/build_tools.py) is wrong for this install")
 
 
-def check_plan_parsers(cfg: DeploymentConfig, steps: list[Step]) -> list[LiveCheck]:
-    return [check_tool(cfg, tool) for tool in plan_tools(steps)]
+def check_plan_parsers(cfg: DeploymentConfig, steps: list[Step], trtllm_problem: str = "") -> list[LiveCheck]:
+    return [check_tool(cfg, tool, trtllm_problem) for tool in plan_tools(steps)]

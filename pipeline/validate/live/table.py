@@ -32,3 +32,17 @@ def print_checks(cfg, checks: list[LiveCheck], console=None, as_json: bool = Fal
                                                                     else "") + f"\n  fix: {c.fix}", soft_wrap=True)
     verdict = "[bold red]FAILED[/]" if failed else "[bold green]OK[/]"
     console.print(f"{verdict}: {len(failed)} of {len(checks)} check(s) failed")
+
+
+def markdown_table(checks: list[LiveCheck], replace: dict[str, str] | None = None) -> str:
+    """The rows as a Markdown table (check · expected · from · found · verdict), each ``replace``
+    key substituted in the text (docs/gpu-runbook.md's passing table is generated with this from
+    the simulated honest host: tests/gpu_sim/test_runbook_table.py)."""
+    def cell(text: str) -> str:
+        for old, new in (replace or {}).items():
+            text = text.replace(old, new)
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| check | expected | from | found | verdict |", "|---|---|---|---|---|"]
+    lines += [f"| {cell(c.check)} | {cell(c.expected)} | {cell(c.source)} | {cell(c.found)} | {c.verdict} |" for c in checks]
+    return "\n".join(lines) + "\n"
