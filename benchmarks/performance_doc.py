@@ -200,6 +200,25 @@ def int8_gemm_section(name: str, data: dict) -> str:
     return head + _table(["rows", "in → out", "_int_mm (µs)", "exact float GEMM (µs)", "float ÷ _int_mm"], rows)
 
 
+def intervals_section(name: str, data: dict) -> str:
+    """Coverage of the run-level 95 % interval and the gate's false-GO rates, simulated (docs/report.md)."""
+    methods = sorted({r["method"] for r in data["coverage"]}, reverse=True)
+    cov = [[m, n, f"{min(r['coverage'] for r in data['coverage'] if r['method'] == m and r['n'] == n):.1%}"]
+           for m in methods for n in data["simulation"]["n_pairs"]]
+    words = {"new": "paired t (report)", "old": "old bootstrap"}
+    gate = [[words[m], n, f"{max(r['go'] for r in data['gate'] if r['method'] == m and r['n'] == n and r['effect'] >= 0.9):.1%}",
+             f"{max(r['no_go'] for r in data['gate'] if r['method'] == m and r['n'] == n and r['effect'] == 1.0):.1%}"]
+            for m in ("new", "old") for n in data["simulation"]["n_pairs"]]
+    auto = [[f"{r['min_repeats']}–{r['max_repeats']}", "spent over looks" if r["spend"] else "95 % at every look",
+             f"{r['cv']:.0%}", r["effect"], f"{r['go']:.1%}", f"{r['no_go']:.1%}", r["median_repeats"]] for r in data["auto"]]
+    return ("Lowest coverage over CV 5–30 % and true ratios 1, 0.8, 0.5:\n\n"
+            + _table(["method", "repeat pairs", "lowest coverage"], cov)
+            + "\n\nThe real gate at fixed repeats (worst over CV; false GO: true ratio 0.9 or 1):\n\n"
+            + _table(["intervals", "repeat pairs", "false GO", "A/A NO-GO"], gate)
+            + "\n\n`repeats: auto` (the real gate and stopping rule):\n\n"
+            + _table(["repeats", "alpha", "CV", "true ratio", "GO", "NO-GO", "median repeats"], auto))
+
+
 def generic_section(name: str, data: dict) -> str:
     """Files without a renderer of their own: their top-level scalars."""
     if not isinstance(data, dict):
@@ -221,6 +240,7 @@ RENDERERS: list[tuple[str, Callable[[str, dict], str]]] = [
     ("forecast-cpu", forecast_cpu_section),
     ("forecast-served", forecast_served_section),
     ("int8-gemm", int8_gemm_section),
+    ("intervals", intervals_section),
 ]
 
 

@@ -234,5 +234,9 @@ def _print_summary(console, log: StageLog, report) -> None:
     style = {"GO": "bold green", "NO-GO": "bold red"}.get(report.verdict, "bold yellow")
     console.print(f"report: {report.html_path}  (json: {report.json_path})")
     console.print(f"verdict: [{style}]{report.verdict}[/] (exit code {report.exit_code})")
+    repeats = (getattr(report, "data", None) or {}).get("repeats") or {}  # stand-ins without data: nothing to say
+    if repeats.get("mode") == "auto":  # loadtest.repeats: auto — how many it took and why it stopped
+        console.print(f"  repeats: {repeats.get('repeats')} per cell (auto; stopped: {repeats.get('stopped')} — "
+                      f"{repeats.get('detail')})", markup=False)
     for reason in report.gate.reasons[:8] if hasattr(report.gate, "reasons") else []:
         console.print(f"  - {reason}")

@@ -50,7 +50,8 @@ class Report(Artefact):
 
     name: str
     run_dir: str
-    verdict: Literal["GO", "NO-GO", "INCONCLUSIVE"]
+    verdict: Literal["GO", "NO-GO", "INCONCLUSIVE", "NO DIFFERENCE", "DIFFERENCE"] = Field(description=(
+        "The gate's verdict; an A/A run (loadtest --aa) says NO DIFFERENCE or DIFFERENCE instead of GO / NO-GO."))
     exit_code: int
     reasons: list[str]
     advice: list[str] = Field(default_factory=list)
@@ -78,7 +79,17 @@ class Report(Artefact):
     comparisons: list[dict[str, Any]]
     cells: list[dict[str, Any]]
     runs: list[dict[str, Any]]
-    bootstrap: dict[str, Any]
+    bootstrap: dict[str, Any] = Field(description="The pooled request-level bootstrap (descriptive, never gated).")
+    intervals: dict[str, Any] = Field(default_factory=dict, description=(
+        "The run-level intervals the gate decides on: method (paired t on per-repeat log ratios), confidence level "
+        "(1 - alpha, or 1 - alpha/K for repeats: auto), why, alpha spending (pipeline/report/intervals.py)."))
+    repeats: dict[str, Any] = Field(default_factory=dict, description=(
+        "Repeats per cell: fixed, or auto with how many it took and why it stopped (decided / max_repeats / "
+        "max_minutes; pipeline/loadtest/auto_repeats.py)."))
+    aa: dict[str, Any] | None = Field(None, description=(
+        "An A/A run of the rig (loadtest --aa): its design and noise record (also aa.json; pipeline/report/aa.py)."))
+    rig_noise: dict[str, Any] | None = Field(None, description=(
+        "The latest A/A noise record of this config (reports/<name>/aa.json), quoted by an A/B report."))
     primary_draft_len: int | None = None
     greedy: bool
     provenance: dict[str, Any] = Field(description="run.json without the config snapshot.")

@@ -7,6 +7,9 @@ run.json, metrics) and then the report; exits with the verdict's code (0 GO, 1 N
 from the start (pipeline/loadtest/fail_fast.py: the first error verbatim and a likely fix).
 Exit 5 when the load generator itself failed (pipeline/loadtest/harness.py) or ``--resume`` /
 ``--out`` names a run another live process is measuring (pipeline/loadtest/ownership.py).
+``--aa`` measures the baseline against itself (pipeline/report/aa.py): exit 0 NO DIFFERENCE, 1
+DIFFERENCE (the rig shows one between identical arms), 3 INCONCLUSIVE; it writes the rig's noise to
+aa.json, which later A/B reports of the config quote.
 """
 
 from __future__ import annotations
@@ -33,6 +36,19 @@ def _int_list(value: Optional[str], option: str) -> Optional[list[int]]:
     return items
 
 
+def _repeats(value: Optional[str]) -> int | str | None:
+    """--repeats: a positive integer or ``auto``."""
+    if value is None or value == "auto":
+        return value
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise UsageError(f"--repeats: expected a positive integer or auto, got '{value}'")
+    return number
+
+
 def register(app: typer.Typer) -> None:
     @app.command("loadtest", help="Load-test speculative vs baseline under a concurrency sweep (Locust); "
                                   "exit code = verdict (0 GO, 1 NO-GO, 3 INCONCLUSIVE); 4 = stopped early, "
@@ -45,7 +61,9 @@ def register(app: typer.Typer) -> None:
             "the others (its own levels, repeats and durations; the same --arm / --endpoint-* options)."),
         concurrency: Optional[str] = typer.Option(None, "--concurrency", help="Override levels, e.g. 1,4,16."),
         duration: Optional[str] = typer.Option(None, "--duration", help="Seconds per run, e.g. 20s or 2m."),
-        repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Runs per cell."),
+        repeats_option: Optional[str] = typer.Option(
+            None, "--repeats", help="Runs per cell, or auto: until every gated check is decided, within the config's "
+            "loadtest.min_repeats / max_repeats / max_minutes (docs/report.md)."),
         sweep_draft_len: Optional[str] = typer.Option(
             None, "--sweep-draft-len",
             help="Repeat the speculative arm per draft length, e.g. 2,4,6,8 (draft_target only: per-request "
@@ -55,6 +73,10 @@ def register(app: typer.Typer) -> None:
         endpoint: Optional[str] = typer.Option(None, "--endpoint", help="One running server; needs --arm."),
         arm: Optional[str] = typer.Option(None, "--arm", help="baseline | speculative: test only this arm."),
         no_progress: bool = typer.Option(False, "--no-progress", help="No progress display."),
+        aa: bool = typer.Option(
+            False, "--aa", help="A/A check of the rig: the baseline against itself through the same sweep and "
+            "report; exit 0 NO DIFFERENCE, 1 DIFFERENCE, 3 INCONCLUSIVE; writes the noise (aa.json) the A/B reports "
+            "quote."),
         workdir: Optional[Path] = workdir_option(),
         loadtest_file: Optional[str] = typer.Option(
             None, "--loadtest-file", help="Endpoints only: a load-test file (name, loadtest, gate) instead of a "
@@ -76,6 +98,7 @@ def register(app: typer.Typer) -> None:
         from pipeline.loadtest.runner import run_loadtest
         from pipeline.report.builder import make_report
 
+        repeats = _repeats(repeats_option)
         if endpoint and not arm:
             raise UsageError("--endpoint needs --arm baseline|speculative (or use --endpoint-baseline/--endpoint-speculative)")
         if endpoint:
@@ -84,7 +107,7 @@ def register(app: typer.Typer) -> None:
         if loadtest_file or config is None:
             return _endpoints_only(config, loadtest_file, out, concurrency, duration, repeats, endpoint_baseline,
                                    endpoint_speculative, arm, no_progress, transport, model, tokenizer,
-                                   model_baseline, model_speculative)
+                                   model_baseline, model_speculative, aa=aa)
         cfg = load_config(config, workdir)
         if resume and (out or concurrency or duration or repeats or sweep_draft_len):
             raise UsageError("--resume continues the run's own plan: drop --out, --concurrency, --duration, "
@@ -94,7 +117,7 @@ def register(app: typer.Typer) -> None:
                 cfg, out_dir=out, concurrency=_int_list(concurrency, "--concurrency"), duration=duration,
                 repeats=repeats, sweep_draft_len=_int_list(sweep_draft_len, "--sweep-draft-len"),
                 endpoint_baseline=endpoint_baseline, endpoint_speculative=endpoint_speculative, arm=arm,
-                progress=not no_progress, report=False, resume=resume,
+                progress=not no_progress, report=False, resume=resume, aa=aa,
             )
             report = make_report(run_dir, cfg)
         _print_summary(report)
@@ -103,7 +126,7 @@ def register(app: typer.Typer) -> None:
 
 def _endpoints_only(config, loadtest_file, out, concurrency, duration, repeats, endpoint_baseline,
                     endpoint_speculative, arm, no_progress, transport, model, tokenizer,
-                    model_baseline=None, model_speculative=None) -> int:
+                    model_baseline=None, model_speculative=None, aa=False) -> int:
     from pipeline.infra.owner_lock import holding
     from pipeline.loadtest.endpoints_only import run_endpoint_loadtest
     from pipeline.report.builder import make_report
@@ -112,6 +135,8 @@ def _endpoints_only(config, loadtest_file, out, concurrency, duration, repeats, 
         raise UsageError("give a deployment config or --loadtest-file, not both")
     if not loadtest_file:
         raise UsageError("a deployment config (CONFIG) or --loadtest-file is needed")
+    if aa and not endpoint_baseline:
+        raise UsageError("--loadtest-file --aa: pass --endpoint-baseline (the server measured against itself)")
     if not (endpoint_baseline or endpoint_speculative):
         raise UsageError("--loadtest-file: pass --endpoint-baseline and --endpoint-speculative (or one with --arm)")
     with holding():  # the run dir stays this process's until its report is written
@@ -119,7 +144,7 @@ def _endpoints_only(config, loadtest_file, out, concurrency, duration, repeats, 
             loadtest_file, endpoint_baseline=endpoint_baseline, endpoint_speculative=endpoint_speculative,
             model=model, model_baseline=model_baseline, model_speculative=model_speculative,
             transport=transport, tokenizer=tokenizer, out_dir=out, concurrency=_int_list(concurrency, "--concurrency"),
-            duration=duration, repeats=repeats, arm=arm, progress=not no_progress, report=False)
+            duration=duration, repeats=repeats, arm=arm, progress=not no_progress, report=False, aa=aa)
         report = make_report(run_dir, cfg)
     _print_summary(report)
     return report.exit_code
@@ -129,10 +154,30 @@ def _print_summary(report) -> None:
     from rich.console import Console
 
     console = Console()
-    style = {"GO": "bold green", "NO-GO": "bold red", "INCONCLUSIVE": "bold yellow"}[report.verdict]
+    style = {"GO": "bold green", "NO-GO": "bold red", "INCONCLUSIVE": "bold yellow", "NO DIFFERENCE": "bold green",
+             "DIFFERENCE": "bold red"}[report.verdict]
     console.print(f"verdict: [{style}]{report.verdict}[/]  (exit code {report.exit_code})")
+    repeats = report.data.get("repeats") or {}
+    if repeats.get("mode") == "auto":
+        console.print(f"  repeats: {repeats.get('repeats')} (auto; stopped: {repeats.get('stopped')} — "
+                      f"{repeats.get('detail')})", markup=False)
+    noise = (report.data.get("aa") or {}).get("noise") or report.data.get("rig_noise")
+    if noise:
+        summary = noise.get("summary", noise)
+        console.print(f"  rig noise{' (this A/A)' if report.data.get('aa') else ' (latest A/A: ' + str(noise.get('source')) + ')'}: "
+                      f"run-to-run CV of median TPOT {_pct(summary.get('run_to_run_cv_tpot'))}, request-level CV of TPOT "
+                      f"{_pct(summary.get('request_cv_tpot'))}, SD of paired log TPOT ratios "
+                      f"{_num(summary.get('paired_log_ratio_sd_tpot'))}", markup=False)
     for reason in report.gate.reasons:
         console.print(f"  {reason}", markup=False)
     for advice in report.gate.advice:
         console.print(f"  advice: {advice}", markup=False)
     console.print(f"report: {report.html_path}  {report.md_path}  {report.json_path}", markup=False)
+
+
+def _pct(value) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def _num(value) -> str:
+    return "n/a" if value is None else f"{value:.3g}"

@@ -217,7 +217,22 @@ class LoadTestSettings(Section):
     )
     duration_s: Annotated[float, Field(gt=0)] = described("Measured seconds per cell.", default=20.0)
     warmup_s: Annotated[float, Field(ge=0)] = described("Warm-up seconds excluded from statistics.", default=2.0)
-    repeats: Annotated[int, Field(ge=1, le=50)] = described("Runs per cell (arms interleaved).", default=3)
+    repeats: Annotated[int, Field(ge=1, le=50)] | Literal["auto"] = described(
+        "Runs per cell (arms interleaved), or auto: add interleaved repeats until every gated check is decided, "
+        "between min_repeats and max_repeats and within max_minutes (alpha split over the looks; docs/report.md).",
+        default=3,
+    )
+    min_repeats: Annotated[int, Field(ge=2, le=50)] = described(
+        "repeats: auto: the first look at the verdict is after this many repeats.", default=3,
+    )
+    max_repeats: Annotated[int, Field(ge=2, le=50)] = described(
+        "repeats: auto: never more repeats than this (the looks between min_repeats and max_repeats share alpha).",
+        default=8,
+    )
+    max_minutes: Annotated[float, Field(gt=0)] | None = described(
+        "repeats: auto: start no repeat that would end the measurement after this many minutes (null: no limit).",
+        default=60.0,
+    )
     max_tokens: Annotated[int, Field(ge=1)] = described("Tokens generated per request.", default=64)
     prompts: str = described(
         "Directory of <category>.jsonl prompt files, or one file.", default="loadtests/prompts"
@@ -246,6 +261,9 @@ class LoadTestSettings(Section):
         problems = []
         if self.mode == "open" and not self.request_rate:
             problems.append(("loadtest.request_rate", "mode 'open' needs request_rate levels (requests/s)"))
+        if self.min_repeats > self.max_repeats:
+            problems.append(("loadtest.min_repeats",
+                             f"min_repeats ({self.min_repeats}) must not exceed max_repeats ({self.max_repeats})"))
         if self.warmup_s >= self.duration_s:
             problems.append(
                 ("loadtest.warmup_s", f"warmup_s ({self.warmup_s}) must be shorter than duration_s ({self.duration_s})")
@@ -290,7 +308,12 @@ class GateSettings(Section):
     )
     min_runs: Annotated[int, Field(ge=1)] = described("Fewer repeated runs → INCONCLUSIVE.", default=2)
     min_acceptance_rate: Annotated[float, Field(ge=0, le=1)] = described(
-        "Acceptance rate below this is flagged.", default=0.5
+        "Acceptance rate below this is a warning (speculation usually does not pay there); the verdict follows the "
+        "measured benefit unless acceptance_is_gate.", default=0.5
+    )
+    acceptance_is_gate: bool = described(
+        "Acceptance below min_acceptance_rate fails the gate (NO-GO), e.g. to guard traffic unlike the measured "
+        "prompt mix.", default=False
     )
     require_output_equivalence: bool = described(
         "Greedy outputs of both arms must match (exactly on CPU).", default=True
@@ -304,7 +327,9 @@ class GateSettings(Section):
         default=True,
     )
     slo: Slo = described("Latency SLOs.", default_factory=Slo)
-    bootstrap_resamples: Annotated[int, Field(ge=100)] = described("Bootstrap resamples for CIs.", default=9999)
+    bootstrap_resamples: Annotated[int, Field(ge=100)] = described(
+        "Bootstrap resamples for the pooled request-level CIs (descriptive; the gate uses paired t intervals).",
+        default=9999)
     bootstrap_seed: int = described("Bootstrap seed.", default=0)
     alpha: Annotated[float, Field(gt=0, lt=1)] = described("Significance level (CI = 1 − alpha).", default=0.05)
 

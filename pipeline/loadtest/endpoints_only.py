@@ -172,6 +172,10 @@ def run_endpoint_loadtest(lt_path: str | Path, *, endpoint_baseline: str | None,
     if transport not in TRANSPORTS:
         raise UsageError(f"--transport: expected one of {TRANSPORTS}, got '{transport}'")
     urls = {"baseline": endpoint_baseline, "speculative": endpoint_speculative}
+    if options.get("aa"):  # A/A: the baseline server against itself (runner.AA_DESIGN)
+        if endpoint_speculative:
+            raise UsageError("--aa measures the baseline against itself: drop --endpoint-speculative")
+        urls = {"baseline": endpoint_baseline}
     if options.get("arm"):
         urls = {arm: url for arm, url in urls.items() if arm == options["arm"]}
     models = arm_models(model, model_baseline, model_speculative, urls)

@@ -7,7 +7,9 @@ alive and the run valid, and its records are whole: ``raw/<key>.jsonl`` holds ex
 agree: completed + incomplete == sent. Any other planned cell, including the one a crash or a
 signal cut short, is measured again, after its files are removed (a half-written cell is never
 used). The plan is the run's own (``run.json``: levels, repeats, draft lengths, arms), in its
-order, so a resumed run keeps its A/B interleaving.
+order, so a resumed run keeps its A/B interleaving. With ``repeats: auto`` the plan is the repeats
+planned so far, and a run whose stopping rule has not stopped is unfinished
+(:mod:`pipeline.loadtest.auto_repeats`: the resume replays its looks, then goes on).
 
 Reads ``RUN_DIR/run.json``, ``runs.json`` and the cells' raw files; removes the files of the cells
 it measures again. ``run.json`` gets ``sessions`` (one entry per start: when, the gap since the
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import DeploymentConfig, config_hash
+from pipeline.loadtest.auto_repeats import pending
 from pipeline.loadtest.inputs import ARMS, LoadTestUsageError
 from pipeline.paths import reports_root
 
@@ -79,7 +82,8 @@ def planned_keys(meta: dict) -> list[str]:
 
     cfg = DeploymentConfig.model_validate(meta["config"])
     arms = tuple(meta.get("arms") or (ARMS if cfg.speculative else ("baseline",)))
-    return [s.key for s in plan_runs(cfg, arms, meta["concurrency"], meta["repeats"], meta.get("sweep_draft_len") or [])]
+    return [s.key for s in plan_runs(cfg, arms, meta["concurrency"], meta["repeats"], meta.get("sweep_draft_len") or [],
+                                     aa=bool(meta.get("aa")))]
 
 
 def load_run_to_resume(run_dir: Path, cfg: DeploymentConfig) -> tuple[dict, list[dict]]:
@@ -97,7 +101,7 @@ def load_run_to_resume(run_dir: Path, cfg: DeploymentConfig) -> tuple[dict, list
 
 def is_finished(run_dir: Path, meta: dict) -> bool:
     kept = {r["key"] for r in kept_results(run_dir)}
-    return set(planned_keys(meta)) <= kept
+    return set(planned_keys(meta)) <= kept and not pending(meta)
 
 
 def newest_run(cfg: DeploymentConfig) -> tuple[Path, bool] | None:

@@ -33,14 +33,14 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from pipeline.artefacts.runs import RunInfo, RunResults, RunSettings
 from pipeline.config import DeploymentConfig
 from pipeline.infra import owner_lock
 from pipeline.infra.atomic import write_json_atomic
 from pipeline.infra.processes import spawn
-from pipeline.loadtest import acceptance_sources, fail_fast, harness, ownership
+from pipeline.loadtest import acceptance_sources, auto_repeats, fail_fast, harness, ownership
 from pipeline.loadtest import resume as resume_run
 from pipeline.loadtest.endpoints import (
     ArmEndpoint,
@@ -69,6 +69,13 @@ USER_CLASSES = {("grpc", "closed"): "GrpcStreamUser", ("http", "closed"): "HttpS
                 ("http", "open"): "HttpOpenLoopUser", ("openai", "open"): "OpenAIOpenLoopUser"}
 
 
+# Why A/A measures the one baseline server as two interleaved arms rather than a second copy of it:
+# the paired intervals face the noise between two runs close in time on one rig, and that is what
+# an A/A of one server measures, at the cost of one server; a second copy would add its own
+# placement (other cores, a cold cache) that the A/B's baseline never has.
+AA_DESIGN = ("the baseline server measured as two interleaved arms (A = baseline, B = the same server again, "
+             "recorded as the 'speculative' arm): the run-to-run and request-level noise of this rig")
+
 # ------------------------------------------------------------------------------------------------
 # The plan and one Locust run
 
@@ -89,10 +96,14 @@ class RunSpec:
 
 
 def plan_runs(cfg: DeploymentConfig, arms: tuple[str, ...], concurrency: list[int], repeats: int,
-              sweep: list[int]) -> list[RunSpec]:
-    """Interleaved: for each repeat, for each level, baseline then speculative (each draft length)."""
+              sweep: list[int], *, aa: bool = False) -> list[RunSpec]:
+    """Interleaved and counterbalanced: for each repeat, for each level, baseline then speculative (each
+    draft length) in even repeats, speculative first in odd ones (A B, B A, ...), so a slow drift of
+    the machine favours neither arm: in the paired intervals its effect alternates in sign and
+    cancels over each two repeats instead of biasing every pair the same way.
+    ``aa``: the second arm is the baseline measured again (no draft length)."""
     primary = primary_draft_len(cfg)
-    spec_lens = sweep or [primary]
+    spec_lens = [None] if aa else (sweep or [primary])
     open_loop = cfg.loadtest.mode == "open"
     levels: list[tuple[int, float | None]] = (
         [(i + 1, rate) for i, rate in enumerate(cfg.loadtest.request_rate)] if open_loop
@@ -101,7 +112,7 @@ def plan_runs(cfg: DeploymentConfig, arms: tuple[str, ...], concurrency: list[in
     out = []
     for rep in range(repeats):
         for level, rate in levels:
-            for arm in arms:
+            for arm in (arms if rep % 2 == 0 else arms[::-1]):
                 for dl in (spec_lens if arm == "speculative" else [None]):
                     out.append(RunSpec(arm, level, rep, dl, rate))
     return out
@@ -270,23 +281,29 @@ def run_loadtest(
     tokenizer_dir: str | None = None,
     meta_extra: dict[str, Any] | None = None,
     resume: str | Path | None = None,
+    aa: bool = False,
 ) -> Path:
     """Run the whole load test; returns RUN_DIR (then the report is in it when ``report``).
     ``given_endpoints`` (with ``tokenizer_dir`` and ``meta_extra`` for run.json): arms served by
     someone else, as :mod:`pipeline.loadtest.endpoints_only` builds them. ``resume``: an
     interrupted RUN_DIR of this config to finish (:mod:`pipeline.loadtest.resume`): its plan, its
-    complete cells kept, the others measured again, in the plan's order."""
+    complete cells kept, the others measured again, in the plan's order. ``aa``: an A/A run of the
+    rig (:data:`AA_DESIGN`): the baseline against itself, under RUN_DIR ``aa/`` by default."""
     lt = cfg.loadtest
-    arms = _arms_to_run(cfg, arm, endpoint_baseline, endpoint_speculative)
+    if aa and (arm or endpoint_speculative or sweep_draft_len):
+        raise LoadTestUsageError("--aa measures the baseline against itself: drop --arm, --endpoint-speculative "
+                                 "and --sweep-draft-len")
+    arms = _arms_to_run(cfg, "baseline" if aa else arm, endpoint_baseline, None if aa else endpoint_speculative)
     prompts, dataset = load_prompt_set(cfg)
     now = datetime.now(timezone.utc)
     if resume is not None:
         run_dir = Path(resume).resolve()
         ownership.claim_to_resume(run_dir)  # only a run whose owner is gone
         meta, results = resume_run.load_run_to_resume(run_dir, cfg)
+        aa = bool(meta.get("aa"))
         concurrency, repeats, sweep = meta["concurrency"], meta["repeats"], meta.get("sweep_draft_len") or []
         duration_s, warmup_s, run_id = meta["duration_s"], meta["warmup_s"], meta["run_id"]
-        if tuple(meta.get("arms") or arms) != arms:
+        if tuple(meta.get("arms") or arms) != (ARMS if aa else arms):
             raise LoadTestUsageError(f"--resume: {run_dir} measures the arms {meta['arms']}, these options "
                                      f"{list(arms)}: pass the --arm / --endpoint-* options it was started with")
         for name in ("report.json", "report.md", "report.html"):  # a report of the unfinished run
@@ -297,22 +314,29 @@ def run_loadtest(
         duration_s = float(locust_seconds(_parse_duration(duration) or lt.duration_s))
         warmup_s = min(lt.warmup_s, duration_s / 2)
         repeats = repeats or lt.repeats
-        sweep = sorted(set(sweep_draft_len)) if sweep_draft_len else list(lt.sweep_draft_len)
+        sweep = [] if aa else sorted(set(sweep_draft_len)) if sweep_draft_len else list(lt.sweep_draft_len)
         check_sweep(cfg, sweep)
-        run_dir = _new_run_dir(cfg, out_dir, now)
+        run_dir = _new_run_dir(cfg, out_dir, now, aa=aa)
         # the directory's name when it is the stamp: unique (a same-second run gets `-2`), as records need
         run_id = f"{cfg.name}-{run_dir.name if out_dir is None else now.strftime('%Y%m%dT%H%M%SZ')}"
         tokenizer_dir = tokenizer_dir or served_tokenizer_dir(cfg)
-        meta = {**run_metadata(cfg, run_id, now, dataset, sweep, concurrency, duration_s, warmup_s, repeats,
-                               tokenizer_dir), **(meta_extra or {}), "arms": list(arms)}
+        auto = auto_repeats.is_auto(repeats)
+        meta = {**run_metadata(cfg, run_id, now, dataset, sweep, concurrency, duration_s, warmup_s,
+                               0 if auto else repeats, tokenizer_dir), **(meta_extra or {}),
+                "arms": list(ARMS if aa else arms)}
+        if aa:
+            meta.update({"aa": {"design": AA_DESIGN, "served": "baseline"}, "primary_draft_len": None,
+                         "method": f"A/A of the baseline ({cfg.method} config)", "draft_model": None})
+        if auto:  # repeats grows as the looks ask for more (auto_repeats)
+            meta["repeats_auto"] = auto_repeats.plan(cfg)
         results = []
     kept = {r["key"] for r in results}
-    specs = [s for s in plan_runs(cfg, arms, concurrency, repeats, sweep) if s.key not in kept]
+    specs, total = _planned_specs(cfg, ARMS if aa else arms, concurrency, repeats, sweep, kept, results, meta, run_dir)
     harness.master_address(lt.processes)  # a taken Locust RPC port stops here, before any server or cell
     if specs:  # else every cell was kept: nothing to serve or measure, only the report is missing
         _measure(cfg, specs, results, meta, run_dir, run_id, prompts, duration_s, warmup_s, tokenizer_dir,
                  progress, given_endpoints, arms, endpoint_baseline, endpoint_speculative,
-                 resume_run.new_session(meta, results, now.timestamp(), now.isoformat()))
+                 resume_run.new_session(meta, results, now.timestamp(), now.isoformat()), total)
     if report:
         from pipeline.report.builder import make_report  # noqa: PLC0415 - keeps numpy off this module's import
 
@@ -320,19 +344,43 @@ def run_loadtest(
     return run_dir
 
 
-def _measure(cfg, specs, results, meta, run_dir, run_id, prompts, duration_s, warmup_s, tokenizer_dir, progress,
-             given_endpoints, arms, endpoint_baseline, endpoint_speculative, session: int) -> None:
-    """Measure ``specs`` in order (after the kept ``results``), rewriting runs.json after each."""
-    for spec in specs:
-        resume_run.discard_cell(run_dir, spec.key)  # what a cut-short measurement left
+def _planned_specs(cfg, arms, concurrency, repeats, sweep, kept: set[str], results: list[dict], meta: dict,
+                   run_dir: Path) -> tuple[Iterable[RunSpec] | None, int]:
+    """The cells still to measure and how many at most: the fixed plan's missing cells, or for
+    ``repeats: auto`` the stopping rule's repeats (a generator; :mod:`pipeline.loadtest.auto_repeats`).
+    None when there is nothing to measure."""
+    aa = bool(meta.get("aa"))
+    if not meta.get("repeats_auto"):
+        specs = [s for s in plan_runs(cfg, arms, concurrency, repeats, sweep, aa=aa) if s.key not in kept]
+        return specs or None, len(specs)
+    if not auto_repeats.pending(meta):
+        return None, 0  # the run already stopped (its looks are in run.json)
+    max_repeats = meta["repeats_auto"]["max_repeats"]
+    every = plan_runs(cfg, arms, concurrency, max_repeats, sweep, aa=aa)
+    specs = auto_repeats.auto_specs(lambda r: [s for s in every if s.repeat == r], kept, results, meta, run_dir, cfg,
+                                    lambda: _write_json(run_dir / "run.json", RunInfo.checked(meta)))
+    return specs, len([s for s in every if s.key not in kept])
+
+
+def _measure(cfg, specs: Iterable[RunSpec], results, meta, run_dir, run_id, prompts, duration_s, warmup_s,
+             tokenizer_dir, progress, given_endpoints, arms, endpoint_baseline, endpoint_speculative, session: int,
+             total: int | None = None) -> None:
+    """Measure ``specs`` in order (after the kept ``results``), rewriting runs.json after each. ``specs``
+    may be a generator that decides what to measure next from the results so far (repeats: auto)."""
+
+    def measure(s: RunSpec) -> dict:
+        resume_run.discard_cell(run_dir, s.key)  # what a cut-short measurement left
+        # A/A: the second arm is the baseline's own server, measured as a second interleaved arm
+        endpoint = endpoints["baseline" if meta.get("aa") else s.arm]
+        return execute_run(cfg, s, endpoint, run_dir, run_id, prompts, duration_s, warmup_s, tokenizer_dir)
+
     _write_json(run_dir / "run.json", RunInfo.checked(meta))
     endpoints_cm = (contextlib.nullcontext({a: e for a, e in given_endpoints.items() if a in arms})
                     if given_endpoints is not None else _endpoints(cfg, arms, endpoint_baseline, endpoint_speculative))
     with endpoints_cm as endpoints:
         meta["endpoints"] = _endpoints_provenance(endpoints)
         _write_json(run_dir / "run.json", RunInfo.checked(meta))
-        for spec, result in _iterate(specs, progress, lambda s: execute_run(  # noqa: B007 - spec is bound by _iterate's tuple; only the result is used
-                cfg, s, endpoints[s.arm], run_dir, run_id, prompts, duration_s, warmup_s, tokenizer_dir)):
+        for _spec, result in _iterate(specs, progress, measure, total):
             results.append({**result, "session": session})
             meta["commands"].append(" ".join(result["command"]))
             _write_json(run_dir / "runs.json", RunResults.checked({"runs": results}))
@@ -365,8 +413,9 @@ def _arms_to_run(cfg: DeploymentConfig, arm: str | None, endpoint_baseline: str 
     return arms
 
 
-def _new_run_dir(cfg: DeploymentConfig, out_dir: str | Path | None, created: datetime) -> Path:
-    return ownership.new_run_dir(reports_root(cfg), out_dir, created)  # created and owned by this process
+def _new_run_dir(cfg: DeploymentConfig, out_dir: str | Path | None, created: datetime, aa: bool = False) -> Path:
+    # created and owned by this process; an A/A of the rig under reports/NAME/aa/, beside the A/B runs
+    return ownership.new_run_dir(reports_root(cfg) / "aa" if aa else reports_root(cfg), out_dir, created)
 
 
 def _endpoints(cfg: DeploymentConfig, arms: tuple[str, ...], endpoint_baseline: str | None,
@@ -387,7 +436,8 @@ def _endpoints_provenance(endpoints) -> dict[str, dict[str, Any]]:
                 "placement": None, "served": "by the user (--endpoint-*)"} for a, e in endpoints.items()}
 
 
-def _iterate(specs: list[RunSpec], progress: bool, fn: Callable[[RunSpec], dict]) -> Iterator[tuple[RunSpec, dict]]:
+def _iterate(specs: Iterable[RunSpec], progress: bool, fn: Callable[[RunSpec], dict],
+             total: int | None = None) -> Iterator[tuple[RunSpec, dict]]:
     if not progress:
         for spec in specs:
             yield spec, fn(spec)
@@ -396,7 +446,7 @@ def _iterate(specs: list[RunSpec], progress: bool, fn: Callable[[RunSpec], dict]
 
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), transient=False) as bar:
-        task = bar.add_task("load test", total=len(specs))
+        task = bar.add_task("load test", total=total)  # at most: repeats: auto may stop earlier
         for spec in specs:
             bar.update(task, description=f"run {spec.key}")
             result = fn(spec)

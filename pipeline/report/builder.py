@@ -26,11 +26,13 @@ from pipeline.artefacts.runs import RunInfo
 from pipeline.config import DeploymentConfig, parse_config
 from pipeline.errors import EXIT_USAGE, SpecdeployError
 from pipeline.infra.atomic import write_json_atomic, write_text_atomic
-from pipeline.report import acceptance, per_request
+from pipeline.paths import reports_root
+from pipeline.report import aa, acceptance, alpha_spending, per_request
 from pipeline.report.acceptance_reported import acceptance_reported
 from pipeline.report.comparison import BootstrapSettings, best_ci, compare_cells, find_crossover
 from pipeline.report.forecast_check import run_context, safe_forecast_section
 from pipeline.report.gate import GateResult, evaluate_gate
+from pipeline.report.intervals import METHOD as INTERVAL_METHOD
 from pipeline.report.kv_capacity_check import with_kv_capacity_check
 from pipeline.report.rollout_range import rollout_range
 from pipeline.report.sessions import sessions
@@ -112,7 +114,9 @@ def analyze(run_dir: Path, cfg: DeploymentConfig, runs: list[RunData]) -> dict[s
     """Cells, comparisons, crossover and acceptance of RUN_DIR's ``runs`` (:func:`_runs`)."""
     meta = _load_run_json(run_dir)
     slo = cfg.gate.slo
-    boot = BootstrapSettings(cfg.gate.bootstrap_resamples, cfg.gate.bootstrap_seed, 1 - cfg.gate.alpha)
+    # an auto run's looks each spend alpha / K (pipeline/report/alpha_spending.py): its intervals too
+    confidence = alpha_spending.confidence_level(meta, cfg.gate.alpha)
+    boot = BootstrapSettings(cfg.gate.bootstrap_resamples, cfg.gate.bootstrap_seed, confidence)
     groups: dict[tuple, list[RunData]] = defaultdict(list)
     for run in runs:
         groups[(run.info["arm"], run.info["concurrency"], run.info.get("draft_len"))].append(run)
@@ -162,7 +166,13 @@ def analyze(run_dir: Path, cfg: DeploymentConfig, runs: list[RunData]) -> dict[s
         "acceptance_by_source": acceptance.by_source(all_summaries),
         "recommended_draft_len": recommend_draft_len(comparisons) if meta.get("sweep_draft_len") else {},
         "bootstrap": {"method": boot.method, "n_resamples": boot.n_resamples, "seed": boot.seed,
-                      "confidence_level": boot.confidence_level, "unit": "run (replicate)"},
+                      "confidence_level": boot.confidence_level,
+                      "unit": "request (pooled over runs): descriptive only, never gated"},
+        "intervals": {"method": INTERVAL_METHOD, "confidence_level": confidence,
+                      "unit": "paired repeat (repeat r of each arm, interleaved)",
+                      "why": "holds its confidence level at 2-10 repeats per arm where a percentile bootstrap "
+                             "cannot (docs/report.md); pairing removes load and drift common to a pair",
+                      "alpha_spending": (meta.get("repeats_auto") or {}).get("spending")},
     }
 
 
@@ -262,6 +272,10 @@ def build_report_data(run_dir: Path, cfg: DeploymentConfig, analysis: dict, gate
         "cells": [{k: v for k, v in cell.items() if k != "runs"} for cell in analysis["cells"]],
         "runs": [{k: v for k, v in r.items() if k != "throughput_timeline"} for r in analysis["runs"]],
         "bootstrap": analysis["bootstrap"],
+        "intervals": analysis["intervals"],
+        "repeats": alpha_spending.summary(meta),
+        "aa": meta.get("aa"),
+        "rig_noise": None if meta.get("aa") else aa.quote(reports_root(cfg)),
         "primary_draft_len": analysis["primary_draft_len"],
         "greedy": analysis["greedy"],
         # every run.json entry but the config snapshot (config_hash names it), so whatever a stage
@@ -303,8 +317,14 @@ def prepare(run_dir: Path, cfg: DeploymentConfig | None = None) -> tuple[dict[st
     cfg = cfg or config_from_run(run_dir)
     runs = _runs(run_dir)  # records are the bulk of a run: read once for the analysis and the report
     analysis = analyze(run_dir, cfg, runs)
-    gate = with_kv_capacity_check(evaluate_gate(analysis, cfg.gate), _load_run_json(run_dir))
+    meta = _load_run_json(run_dir)
+    if meta.get("aa"):  # the rig against itself: "no difference" or not, and its noise
+        gate = aa.evaluate_aa(analysis, cfg.gate, analysis["intervals"]["confidence_level"])
+    else:
+        gate = with_kv_capacity_check(evaluate_gate(analysis, cfg.gate), meta)
     data = build_report_data(run_dir, cfg, analysis, gate, runs)
+    if meta.get("aa"):
+        data["aa"] = {**meta["aa"], "noise": aa.noise_record(analysis, runs, gate, meta, cfg, run_dir)}
     problems = validate_report_json(data)
     if problems:
         raise ReportError("report.json failed its schema check: " + "; ".join(problems))
@@ -320,6 +340,8 @@ def make_report(run_dir: str | Path, cfg: DeploymentConfig | None = None) -> Rep
     data, analysis, gate = prepare(run_dir, cfg)
     markdown, html = render_report(data, report_plots(data, analysis, load_runs(run_dir)))
     json_path, md_path, html_path = run_dir / "report.json", run_dir / "report.md", run_dir / "report.html"
+    if data.get("aa"):  # the noise record the A/B reports of this config quote
+        aa.write_record(data["aa"]["noise"], run_dir, reports_root(cfg or config_from_run(run_dir)))
     write_json_atomic(json_path, data, default=_json_default)
     write_text_atomic(md_path, markdown)  # a full disk leaves the old file, not half a new one
     write_text_atomic(html_path, html)

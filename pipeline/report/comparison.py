@@ -1,7 +1,9 @@
 """Speculative vs baseline: the comparisons the gate reads, from the summaries in :mod:`pipeline.report.stats`.
 
-Run-level bootstrap CIs of ratios (``scipy.stats.bootstrap``, percentile method, fixed seed),
-Mann-Whitney U with Cliff's δ, greedy output equivalence, output-length match and the crossover
+Run-level CIs of ratios, the ones the gate decides on: a paired t interval over repeats on log
+ratios (:mod:`pipeline.report.intervals`; docs/report.md says why). Pooled request-level CIs of
+ratios of medians (``scipy.stats.bootstrap``, percentile method, fixed seed; descriptive only,
+never gated), Mann-Whitney U with Cliff's δ, greedy output equivalence, output-length match and the crossover
 concurrency. Reads nothing from disk (the summaries come in as dicts); returns plain dicts.
 """
 
@@ -13,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.report.intervals import paired_ci, paired_values
 from pipeline.report.stats import RunData, e2e_ms, median_of, tpot_ms
 
 # ------------------------------------------------------------------------------------------------
@@ -136,12 +139,12 @@ DESCRIBED_RUN_METRICS = {
 
 def compare_cells(base_runs: list[RunData], spec_runs: list[RunData], base_cell: dict, spec_cell: dict,
                   settings: BootstrapSettings) -> dict[str, Any]:
-    """Spec vs base at one concurrency: run-level CIs (gate), pooled request-level CIs (descriptive)."""
+    """Spec vs base at one concurrency: run-level CIs (gate; paired by repeat), pooled request-level
+    CIs (descriptive)."""
     run_level = {}
     for name, (metric, kind) in {**GATED_RUN_METRICS, **DESCRIBED_RUN_METRICS}.items():
-        s = [r[metric] for r in spec_cell["runs"] if r.get(metric) is not None]
-        b = [r[metric] for r in base_cell["runs"] if r.get(metric) is not None]
-        run_level[name] = bootstrap_ci(s, b, kind, settings)
+        pairs = paired_values(spec_cell["runs"], base_cell["runs"], metric)
+        run_level[name] = paired_ci(pairs, kind, settings.confidence_level)
     base_ok = [r for run in base_runs for r in run.measured if r.get("status") == "ok"]
     spec_ok = [r for run in spec_runs for r in run.measured if r.get("status") == "ok"]
     pooled_settings = BootstrapSettings(min(settings.n_resamples, 1999), settings.seed)

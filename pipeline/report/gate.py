@@ -4,7 +4,10 @@ Reads the analysis dict built by ``pipeline.report.builder.analyze`` (run summar
 spec-vs-base comparisons per concurrency) and the ``GateSettings`` of the config; returns a
 :class:`GateResult` with every check (rule, scope, pass/fail/inconclusive, value, threshold).
 Any failed check → NO-GO; else any inconclusive check → INCONCLUSIVE; else GO (a check "not
-checked", such as acceptance no one reports, is listed and changes nothing). A run whose
+checked", such as acceptance no one reports, is listed and changes nothing; so is a "warning", such
+as acceptance below ``min_acceptance_rate``: a proxy warns, the measured benefit decides, unless
+``gate.acceptance_is_gate``). The interval checks use the run-level paired t intervals of
+:mod:`pipeline.report.intervals`; an undecided one says how many paired repeats would likely decide it. A run whose
 server died is invalid and makes the verdict NO-GO: such a run can never be a GO; so does a run in
 which speculative requests fell back to target-only after a draft failure (``draft_fallbacks``).
 Exit codes: GO 0, NO-GO 1, INCONCLUSIVE 3, from the one table in ``pipeline.errors`` (docs/ci.md).
@@ -18,11 +21,16 @@ from typing import Any
 from pipeline.config import GateSettings
 from pipeline.errors import EXIT_GO, EXIT_INCONCLUSIVE, EXIT_NO_GO
 from pipeline.report.comparison import best_ci
+from pipeline.report.intervals import repeats_to_decide
 
 GO, NO_GO, INCONCLUSIVE = "GO", "NO-GO", "INCONCLUSIVE"
-EXIT_CODES = {GO: EXIT_GO, NO_GO: EXIT_NO_GO, INCONCLUSIVE: EXIT_INCONCLUSIVE}
+NO_DIFFERENCE, DIFFERENCE = "NO DIFFERENCE", "DIFFERENCE"  # the A/A verdicts (pipeline/report/aa.py)
+EXIT_CODES = {GO: EXIT_GO, NO_GO: EXIT_NO_GO, INCONCLUSIVE: EXIT_INCONCLUSIVE, NO_DIFFERENCE: EXIT_GO, DIFFERENCE: EXIT_NO_GO}
 PASS, FAIL, UNSURE = "pass", "fail", "inconclusive"
 NOT_CHECKED = "not checked"  # shown with the checks, no reason for the verdict
+WARNING = "warning"  # shown with its explanation, no reason for the verdict
+# The checks decided by a run-level interval against a threshold: what `repeats: auto` waits for
+INTERVAL_RULES = ("benefit_tpot_ratio", "benefit_e2e_ratio", "guardrail_ttft_p95", "guardrail_peak_throughput")
 CLIENT_CPU_MAX = 0.9  # Locust's own warning threshold
 
 
@@ -55,9 +63,19 @@ class GateResult:
         return [f"[{c.status}] {c.rule} ({c.scope}): {c.detail}" for c in self.checks
                 if c.status not in (PASS, NOT_CHECKED)]
 
+    @property
+    def repeats_to_decide(self) -> int | None:
+        """Paired repeats per arm that would likely decide every undecided interval check (the most any
+        one needs); None when none is undecided or no estimate exists."""
+        wanted = [c.value.get("repeats_to_decide") for c in self.checks
+                  if c.status == UNSURE and c.rule in INTERVAL_RULES and isinstance(c.value, dict)]
+        wanted = [w for w in wanted if w is not None]
+        return max(wanted) if wanted else None
+
     def as_dict(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "exit_code": self.exit_code, "reasons": self.reasons,
-                "advice": self.advice, "checks": [c.as_dict() for c in self.checks]}
+                "advice": self.advice, "repeats_to_decide": self.repeats_to_decide,
+                "checks": [c.as_dict() for c in self.checks]}
 
 
 def evaluate_gate(analysis: dict[str, Any], gate: GateSettings) -> GateResult:
@@ -81,7 +99,14 @@ def evaluate_gate(analysis: dict[str, Any], gate: GateSettings) -> GateResult:
         checks.append(_peak_throughput_guardrail(levels[-1], comparisons[levels[-1]], gate, analysis, targets, advice))
     checks += _acceptance_checks(analysis, gate, advice)
     verdict = NO_GO if any(c.status == FAIL for c in checks) else INCONCLUSIVE if any(c.status == UNSURE for c in checks) else GO
-    return GateResult(verdict, checks, advice)
+    result = GateResult(verdict, checks, advice)
+    needed = result.repeats_to_decide
+    if verdict == INCONCLUSIVE and needed is not None:
+        have = max((c.value.get("n_pairs") or 0 for c in checks if isinstance(c.value, dict)), default=0)
+        advice.append(f"about {needed} paired repeats per arm ({needed - have} more) would likely decide every "
+                      "undecided interval check (from the observed spread of the per-repeat ratios; "
+                      "loadtest.repeats: auto stops when they are)")
+    return result
 
 
 def level_checks(level: int, comp: dict, gate: GateSettings, *, greedy: bool = True) -> list[Check]:
@@ -178,12 +203,34 @@ def _benefit_checks(level: int, comp: dict, gate: GateSettings) -> list[Check]:
     return out
 
 
+def _interval_value(ci: dict, threshold: float) -> dict[str, Any]:
+    """What a check records of its interval: the bounds, the method, the pairs, and (straddling) the
+    paired repeats that would likely decide it."""
+    value = {"point": ci.get("point"), "low": ci.get("low"), "high": ci.get("high"), "level": ci.get("level", "run"),
+             "method": ci.get("method"), "confidence_level": ci.get("confidence_level"), "n_pairs": ci.get("n_pairs")}
+    if ci.get("low") is not None and ci["low"] <= threshold <= ci["high"]:
+        value["repeats_to_decide"] = repeats_to_decide(ci, threshold)
+    return value
+
+
+def _ci_words(ci: dict) -> str:
+    return f"{round(100 * ci.get('confidence_level', 0.95), 2):g}% CI"
+
+
+def _more_repeats(value: dict) -> str:
+    needed = value.get("repeats_to_decide")
+    if needed is None:
+        return "; more repeats are unlikely to decide it soon (the estimate sits on the threshold)"
+    more = needed - (value.get("n_pairs") or 0)
+    return f"; about {needed} paired repeats ({more} more) would likely decide it"
+
+
 def _ratio_check(rule: str, scope: str, ci: dict, limit: float) -> Check:
     low, high, point = ci.get("low"), ci.get("high"), ci.get("point")
-    value = {"point": point, "low": low, "high": high, "level": ci.get("level")}
+    value = _interval_value(ci, limit)
     if low is None or high is None:
         return Check(rule, scope, UNSURE, f"no confidence interval (point {_fmt(point)})", value, limit)
-    text = f"spec/base {_fmt(point)} [95% CI {_fmt(low)}, {_fmt(high)}] ({ci.get('level')} level), need upper < {limit}"
+    text = f"spec/base {_fmt(point)} [{_ci_words(ci)} {_fmt(low)}, {_fmt(high)}] ({ci.get('level')} level), need upper < {limit}"
     if ci.get("level") != "run":
         return Check(rule, scope, UNSURE, text + "; request-level CI is descriptive only", value, limit)
     if high < limit:
@@ -191,8 +238,9 @@ def _ratio_check(rule: str, scope: str, ci: dict, limit: float) -> Check:
     if low > 1.0:
         return Check(rule, scope, FAIL, text + "; speculation is slower", value, limit)
     if low >= limit:  # no evidence of the required benefit, none of a loss either (NO-GO only above 1.0)
-        return Check(rule, scope, UNSURE, text + "; no evidence of the required benefit (CI above the threshold)", value, limit)
-    return Check(rule, scope, UNSURE, text + "; the CI straddles the threshold", value, limit)
+        return Check(rule, scope, UNSURE, text + "; no evidence of the required benefit (CI above the threshold; "
+                     "more repeats will not make it a GO)", value, limit)
+    return Check(rule, scope, UNSURE, text + "; the CI straddles the threshold" + _more_repeats(value), value, limit)
 
 
 def _ttft_guardrail(level: int, comp: dict, gate: GateSettings) -> Check:
@@ -200,15 +248,15 @@ def _ttft_guardrail(level: int, comp: dict, gate: GateSettings) -> Check:
     base = comp.get("base_ttft_p95_ms") or 0.0
     margin = max(gate.ttft_p95_delta_ms_max, base * gate.ttft_p95_delta_pct_max / 100.0)
     scope = f"c={level}"
-    value = {"point": ci.get("point"), "low": ci.get("low"), "high": ci.get("high")}
+    value = _interval_value(ci, margin)
     if ci.get("low") is None:
         return Check("guardrail_ttft_p95", scope, UNSURE, f"Δp95 TTFT {_fmt(ci.get('point'))} ms, no CI", value, margin)
-    text = f"Δp95 TTFT {_fmt(ci['point'])} ms [95% CI {_fmt(ci['low'])}, {_fmt(ci['high'])}], margin +{_fmt(margin)} ms"
+    text = f"Δp95 TTFT {_fmt(ci['point'])} ms [{_ci_words(ci)} {_fmt(ci['low'])}, {_fmt(ci['high'])}], margin +{_fmt(margin)} ms"
     if ci["high"] < margin:
         return Check("guardrail_ttft_p95", scope, PASS, text, value, margin)
     if ci["low"] > margin:
         return Check("guardrail_ttft_p95", scope, FAIL, text, value, margin)
-    return Check("guardrail_ttft_p95", scope, UNSURE, text + " (straddles)", value, margin)
+    return Check("guardrail_ttft_p95", scope, UNSURE, text + " (straddles)" + _more_repeats(value), value, margin)
 
 
 def _peak_throughput_guardrail(level: int, comp: dict, gate: GateSettings, analysis: dict,
@@ -216,11 +264,12 @@ def _peak_throughput_guardrail(level: int, comp: dict, gate: GateSettings, analy
     ci = best_ci(comp, "throughput_ratio")
     scope = f"peak c={level}"
     limit = gate.peak_throughput_ratio_min
-    value = {"point": ci.get("point"), "low": ci.get("low"), "high": ci.get("high")}
+    value = _interval_value(ci, limit)
     crossover = analysis.get("crossover_concurrency")
     if ci.get("low") is None:
         return Check("guardrail_peak_throughput", scope, UNSURE, f"throughput ratio {_fmt(ci.get('point'))}, no CI", value, limit)
-    text = f"output tok/s spec/base {_fmt(ci['point'])} [95% CI {_fmt(ci['low'])}, {_fmt(ci['high'])}], need lower > {limit}"
+    text = (f"output tok/s spec/base {_fmt(ci['point'])} [{_ci_words(ci)} {_fmt(ci['low'])}, {_fmt(ci['high'])}], "
+            f"need lower > {limit}")
     if ci["low"] > limit:
         return Check("guardrail_peak_throughput", scope, PASS, text, value, limit)
     cutoff_ok = gate.allow_cutoff_above_crossover and crossover is not None and all(t < crossover for t in targets)
@@ -229,7 +278,7 @@ def _peak_throughput_guardrail(level: int, comp: dict, gate: GateSettings, analy
             advice.append(f"disable speculation at concurrency >= {crossover} (the crossover)")
             return Check("guardrail_peak_throughput", scope, PASS, text + f"; passes with speculation off from c={crossover}", value, limit)
         return Check("guardrail_peak_throughput", scope, FAIL, text, value, limit)
-    return Check("guardrail_peak_throughput", scope, UNSURE, text + " (straddles)", value, limit)
+    return Check("guardrail_peak_throughput", scope, UNSURE, text + " (straddles)" + _more_repeats(value), value, limit)
 
 
 def _acceptance_checks(analysis: dict, gate: GateSettings, advice: list[str]) -> list[Check]:
@@ -241,10 +290,19 @@ def _acceptance_checks(analysis: dict, gate: GateSettings, advice: list[str]) ->
                          "acceptance not reported (no per-request figures, no server metrics): not checked"))
         return out
     rate_detail = "" if source == "per-request outputs" else f" (from {source})"
-    if rate < gate.min_acceptance_rate:
-        advice.append(f"acceptance rate {rate:.0%} is below {gate.min_acceptance_rate:.0%}: turn speculation off "
-                      "or use a better-aligned draft")
-        out.append(Check("acceptance_rate", "speculative", FAIL, f"{rate:.1%} < {gate.min_acceptance_rate:.0%}{rate_detail}",
+    if rate < gate.min_acceptance_rate and gate.acceptance_is_gate:
+        advice.append(f"acceptance rate {rate:.0%} is below {gate.min_acceptance_rate:.0%} (a gate in this config): "
+                      "use a better-aligned draft, or turn speculation off")
+        out.append(Check("acceptance_rate", "speculative", FAIL,
+                         f"{rate:.1%} < {gate.min_acceptance_rate:.0%}{rate_detail} (gate.acceptance_is_gate)",
+                         rate, gate.min_acceptance_rate))
+    elif rate < gate.min_acceptance_rate:
+        # a proxy: low acceptance *usually* means speculation does not pay; where the speed-up was
+        # measured, the measurement decides. It still warns: traffic unlike the measured mix may lose
+        out.append(Check("acceptance_rate", "speculative", WARNING,
+                         f"{rate:.1%} < {gate.min_acceptance_rate:.0%}{rate_detail}: below this, speculation usually "
+                         "does not pay; the verdict follows the measured benefit here, but traffic unlike the measured "
+                         "prompts may accept less and lose; gate.acceptance_is_gate: true makes this a gate",
                          rate, gate.min_acceptance_rate))
     else:
         out.append(Check("acceptance_rate", "speculative", PASS, f"{rate:.1%} ≥ {gate.min_acceptance_rate:.0%}{rate_detail}",

@@ -49,7 +49,7 @@ def verdict(a, **gate):
 def test_all_good_is_go_with_exit_code_0():
     result = verdict(GOOD)
     assert result.verdict == "GO" and result.exit_code == 0
-    assert EXIT_CODES == {"GO": 0, "NO-GO": 1, "INCONCLUSIVE": 3}
+    assert EXIT_CODES == {"GO": 0, "NO-GO": 1, "INCONCLUSIVE": 3, "NO DIFFERENCE": 0, "DIFFERENCE": 1}
 
 
 def test_server_died_is_no_go_even_if_everything_else_is_great():
@@ -139,10 +139,42 @@ def test_peak_throughput_guardrail():
     assert any("disable speculation at concurrency >= 8" in a for a in cutoff.advice)
 
 
-def test_low_acceptance_is_no_go_with_advice():
+def test_low_acceptance_warns_and_the_measured_benefit_decides():
+    # issue 42: vLLM's n-gram measured TPOT 0.78x with confidence at 39.9 % acceptance and was NO-GO
+    # solely for the 50 % floor; the floor is a rule of thumb, the measurement decides
     result = verdict(analysis(comparison(1), acceptance=0.3))
+    assert result.verdict == "GO"
+    check = next(c for c in result.checks if c.rule == "acceptance_rate")
+    assert check.status == "warning" and "usually does not pay" in check.detail
+    assert any("acceptance_rate" in r for r in result.reasons)  # the warning is listed with its explanation
+
+
+def test_low_acceptance_is_no_go_where_the_config_makes_it_a_gate():
+    result = verdict(analysis(comparison(1), acceptance=0.3), acceptance_is_gate=True)
     assert result.verdict == "NO-GO"
     assert any("turn speculation off" in a for a in result.advice)
+
+
+def test_low_acceptance_without_a_measured_benefit_stays_inconclusive():
+    result = verdict(analysis(comparison(1, tpot=(0.88, 0.8, 0.95)), acceptance=0.3))
+    assert result.verdict == "INCONCLUSIVE"
+
+
+def test_straddling_check_says_how_many_repeats_would_decide_it():
+    # a paired interval with its spread: the gate estimates the repeats from the SD and the distance
+    import math
+
+    tpot = {"point": 0.8, "low": 0.6, "high": 1.05, "center": math.log(0.8), "sd": 0.1, "n_pairs": 2,
+            "scale": "log", "confidence_level": 0.95}
+    comp = comparison(1)
+    comp["run_level"]["tpot_ratio"] = tpot
+    result = verdict(analysis(comp))
+    assert result.verdict == "INCONCLUSIVE"
+    check = next(c for c in result.checks if c.rule == "benefit_tpot_ratio")
+    # |log 0.8 - log 0.9| = 0.118; t(0.975, n-1) * 0.1 / sqrt(n) < 0.118 first at n = 6
+    assert check.value["repeats_to_decide"] == 6 and "about 6 paired repeats (4 more)" in check.detail
+    assert result.repeats_to_decide == 6
+    assert any("about 6 paired repeats per arm (4 more)" in a for a in result.advice)
 
 
 def test_achieved_concurrency_off_target_is_inconclusive():

@@ -48,11 +48,11 @@ def test_a_slower_build_moves_tpot_for_the_worse(runs, tmp_path: Path):
     assert result.moved_worse and result.data["schema"] == "specdeploy-compare/1"
     html = result.html_path.read_text()
     assert "WORSE" in html[:html.index('id="per-concurrency"')]
-    assert re.search(r"TPOT p50 at c=1: 0\.515× \[0\.510, 0\.519\] → 0\.\d+× \[[^]]+\], worse \(CIs disjoint\)", html)
+    assert re.search(r"TPOT p50 at c=1: 0\.500× \[0\.495, 0\.505\] → 0\.\d+× \[[^]]+\], worse \(CIs disjoint\)", html)
     assert "<script" not in html and not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
     assert html.count('src="data:image/png;base64,') == 1
     md = result.md_path.read_text()
-    assert "| TPOT p50 | 0.515 \\[0.510, 0.519] |" in md  # a "[" of a value is escaped in Markdown and "moved, worse" in md
+    assert "| TPOT p50 | 0.500 \\[0.495, 0.505] |" in md and "moved, worse" in md  # a "[" of a value is escaped in Markdown
     assert not (a / "compare.html").exists() and not (b / "report.json").exists()  # inputs only read
 
 

@@ -22,8 +22,9 @@ from pipeline.report.view.summary import decision
 ROUNDING_NOTE = ("Rounding: a value with a confidence interval is shown to the precision the interval supports "
                  "(its half-width keeps one or two significant digits, the Particle Data Group's rule, and the "
                  "point and bounds share those decimals); a value without one keeps three significant digits.")
-CI_NOTE = ("spec/base ratios are the mean over runs (repeats) of each run's statistic, speculative over baseline, "
-           "with a run-level percentile bootstrap 95% CI; * marks a pooled request-level CI (fewer than two runs "
+CI_NOTE = ("spec/base ratios are the geometric mean over paired repeats of each repeat's ratio, speculative over "
+           "baseline, with a paired t CI on the per-repeat log ratios (t, n-1 df; 1 - alpha/K per look with repeats: "
+           "auto, docs/report.md); * marks a pooled request-level CI (fewer than two runs "
            "per arm), which is descriptive only. Green: the whole CI is on the better side of 1; red: on the worse side.")
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.report.acceptance_reported import missing_acceptance_line
+from pipeline.report.view.evidence import aa_decision, ci_words, repeats_line, rig_noise_line
 from pipeline.report.view.model import (
     category_acceptance,
     primary_comparisons,
@@ -167,7 +168,7 @@ def headline_sentence(data: dict) -> str:
     caution = next((c for c in (data.get("rollout_range") or {}).get("cautions") or [] if c["concurrency"] == level), None)
     tail = f", though its {excluded_reason(caution['checks'])}," if caution else ""
     return (f"At concurrency {level}, speculation makes decoding {speed_phrase(tpot)} per user "
-            f"(TPOT {ratio_phrase(tpot, 'baseline')}, 95% CI){tail}{joint}{clause}.")
+            f"(TPOT {ratio_phrase(tpot, 'baseline')}, {ci_words(data)}){tail}{joint}{clause}.")
 
 
 # ratio, label, lower is better: what "worse with confidence" is looked for in, per level
@@ -280,6 +281,8 @@ def check_line(check: dict) -> str:
 def decision(data: dict) -> dict[str, Any]:
     """The banner (verdict, title, sentence, rollout) and the findings list under it."""
     verdict = data["verdict"]
+    if data.get("aa"):  # an A/A of the rig: its verdict and noise, no rollout
+        return aa_decision(data, [check_line(c) for c in open_checks(data)], _status_counts(data))
     crossover = data["crossover_concurrency"]
     targets = target_levels(data)
     window = data.get("rollout_range") or {}
@@ -288,7 +291,7 @@ def decision(data: dict) -> dict[str, Any]:
     findings += [line for line in (draft_length_line(data),) if line]
     findings += [acceptance_line(data), equivalence_line(data)]
     findings += [line for line in (noise_line(data),) if line]
-    findings += [line for line in (sessions_line(data),) if line]
+    findings += [line for line in (sessions_line(data), repeats_line(data), rig_noise_line(data)) if line]
     if data.get("synthetic_data"):
         findings.append("Data: synthetic prompts were used; acceptance and speedup are likely understated.")
     prefix = {"GO": "Recommended rollout", "NO-GO": "Where speculation would pay once the failures are fixed",

@@ -11,6 +11,7 @@ import json
 from typing import Any, Iterable
 
 from pipeline.report.acceptance_reported import NOT_REPORTED
+from pipeline.report.view.evidence import ci_words
 from pipeline.report.view.model import category_acceptance, cell, primary_comparisons, ratio_ci, target_levels
 from pipeline.report.view.rounding import MISSING, fmt_ci, fmt_p, fmt_pct, fmt_value, tidy_text
 
@@ -84,7 +85,7 @@ def headline_tables(data: dict) -> list[dict[str, Any]]:
             classes.append(["", "", "", ""])
         tags = [t for t, on in (("gated", level in targets), ("past crossover", crossover is not None and level >= crossover)) if on]
         out.append({"concurrency": level, "tags": tags,
-                    "table": table(["metric", "baseline", "speculative", "spec/base [95% CI]"], rows, classes),
+                    "table": table(["metric", "baseline", "speculative", f"spec/base [{ci_words(data)}]"], rows, classes),
                     "request_level": any(ratio_ci(comp, m[3]).get("level") not in (None, "run")
                                          for m in HEADLINE_METRICS if m[3])})
     return out
