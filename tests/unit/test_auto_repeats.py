@@ -6,8 +6,6 @@ gate is decided, says why in run.json and the report, and resumes after an inter
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ from pipeline.config import parse_config
 from pipeline.loadtest import auto_repeats
 from pipeline.loadtest.resume import is_finished
 from pipeline.loadtest.runner import RunSpec, plan_runs, run_loadtest
+from tests.unit.fake_servers import Fake
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ROOT / "tests" / "fixtures" / "prompts_small.jsonl"
@@ -101,18 +100,6 @@ def test_an_auto_run_that_has_not_stopped_is_unfinished(tmp_path):
     meta = {"repeats": 2, "repeats_auto": auto_repeats.plan(make_cfg()), "config": make_cfg().model_dump(mode="json"),
             "concurrency": [1], "arms": ["baseline", "speculative"]}
     assert auto_repeats.pending(meta) and not is_finished(tmp_path, meta)
-
-
-class Fake:
-    def __init__(self, *args: str):
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "loadtests" / "fake_server.py"), *args],
-                                     stdout=subprocess.PIPE, text=True)
-        self.url = f"http://127.0.0.1:{int(self.proc.stdout.readline().split()[1])}"
-
-    def close(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
 
 
 @pytest.mark.slow  # real Locust runs against two fake servers

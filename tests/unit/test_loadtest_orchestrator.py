@@ -5,8 +5,6 @@ the run invalid and the verdict NO-GO."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ from pipeline.loadtest.endpoints import ArmEndpoint
 from pipeline.loadtest.inputs import LoadTestError, check_sweep
 from pipeline.loadtest.runner import RunSpec, _parse_duration, plan_runs, run_loadtest, run_settings
 from pipeline.loadtest.server_metrics import parse_counters
+from tests.unit.fake_servers import Fake
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ROOT / "tests" / "fixtures" / "prompts_small.jsonl"
@@ -33,18 +32,6 @@ def make_cfg(orchestration: str = "bls", **loadtest):
                      "max_tokens": 7, "prompts": str(PROMPTS), "stop_timeout_s": 5, **loadtest},
         "gate": {"bootstrap_resamples": 200},
     })
-
-
-class Fake:
-    def __init__(self, *args: str):
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "loadtests" / "fake_server.py"), *args],
-                                     stdout=subprocess.PIPE, text=True)
-        self.url = f"http://127.0.0.1:{int(self.proc.stdout.readline().split()[1])}"
-
-    def close(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
 
 
 @pytest.fixture()

@@ -19,6 +19,7 @@ import yaml
 
 from pipeline.config import config_hash, load_config
 from pipeline.loadtest.resume import cell_complete, kept_results, newest_run, planned_keys
+from tests.unit.fake_servers import Fake
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ROOT / "tests" / "fixtures" / "prompts_small.jsonl"
@@ -38,18 +39,6 @@ def write_cfg(workdir: Path, **loadtest) -> Path:
         "gate": {"bootstrap_resamples": 200},
     }))
     return path
-
-
-class Fake:
-    def __init__(self, *args: str):
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "loadtests" / "fake_server.py"), *args],
-                                     stdout=subprocess.PIPE, text=True)
-        self.url = f"http://127.0.0.1:{int(self.proc.stdout.readline().split()[1])}"
-
-    def close(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
 
 
 @pytest.fixture()
