@@ -155,7 +155,8 @@ def test_draft_target_reference_build(checkpoints, tmp_path: Path) -> None:
     descriptors = {role: read_descriptor(path) for role, path in manifest["engines"].items()}
     for role, d in descriptors.items():
         assert d["format"] == ENGINE_FORMAT and d["role"] == role and Path(d["model_dir"]).is_absolute()
-        assert d["max_batch_size"] == 4 and d["max_seq_len"] == 128 and d["max_input_len"] == 64
+        # draft-target engines take the re-sent context plus drafts: max_input_len = max_seq_len - 1, as on GPU (issue 44)
+        assert d["max_batch_size"] == 4 and d["max_seq_len"] == 128 and d["max_input_len"] == 127
     assert descriptors["baseline"]["model_dir"] == str(checkpoints["target"].resolve())
     assert descriptors["target"]["max_draft_len"] == 3 and descriptors["baseline"]["max_draft_len"] == 0
     assert descriptors["draft"]["model_dir"] == str(quantized) and descriptors["draft"]["quantization"] == "int8_wo"
