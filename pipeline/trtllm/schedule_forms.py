@@ -114,3 +114,48 @@ def trtllm_form(triples: list[Triple], decoding_type: str | None, trtllm_version
                      "`specdeploy validate --live` loads it into the installed classes; if that refuses it, use "
                      f"max_concurrency: {off_from - 1 if off_from else '(none)'} with max_draft_len {k_first}")
     return {"line": line, "fields": fields, "expressible": True, "notes": notes, "sources": SOURCES}
+
+
+def _lowest_key(schedule: dict[int, int], batch: int) -> int:
+    """The read llm_args.py / bisect_right drafter: the K of the largest key <= batch (0 below the first)."""
+    keys = [k for k in sorted(schedule) if k <= batch]
+    return schedule[keys[-1]] if keys else 0
+
+
+def _highest_key(schedule: dict[int, int], batch: int) -> int:
+    """PR #10860: the K of the smallest key >= batch (0 above the largest)."""
+    keys = [k for k in sorted(schedule) if k >= batch]
+    return schedule[keys[0]] if keys else 0
+
+
+def triples_from_fields(spec: dict[str, Any], max_batch_size: int) -> list[Triple] | None:
+    """The ``(min, max, K)`` ranges a ``speculative_config``'s ``max_concurrency`` /
+    ``draft_len_schedule`` describe for batch sizes 1..``max_batch_size`` (None: neither given).
+    ValueError for a schedule whose K differs between the two key readings at some batch size
+    (the engine cannot know which build's meaning was intended) or that exceeds ``max_draft_len``."""
+    top = int(spec.get("max_draft_len") or 0)
+    schedule, limit = spec.get("draft_len_schedule"), spec.get("max_concurrency")
+    if schedule is None and limit is None:
+        return None
+    per_batch = []
+    for batch in range(1, max_batch_size + 2):  # one past the largest batch: what any larger batch gets
+        k = top
+        if schedule:
+            table = {int(key): int(value) for key, value in schedule.items()}
+            k, other = _lowest_key(table, batch), _highest_key(table, batch)
+            if k != other:
+                raise ValueError(f"draft_len_schedule {schedule} gives batch size {batch} K {k} read by its lowest "
+                                 f"key and K {other} by its highest (builds differ): name both ends of every range")
+            if k > top:
+                raise ValueError(f"draft_len_schedule: K {k} exceeds max_draft_len {top}")
+        if limit is not None and batch > int(limit):
+            k = 0
+        per_batch.append(k)
+    triples: list[Triple] = []
+    for batch, k in enumerate(per_batch, start=1):
+        if triples and triples[-1][2] == k:
+            triples[-1] = (triples[-1][0], batch, k)
+        else:
+            triples.append((batch, batch, k))
+    triples[-1] = (triples[-1][0], None, triples[-1][2])
+    return triples
