@@ -101,3 +101,11 @@ def test_schedule_command_without_a_report_names_the_command(tmp_path):
 
     result = specdeploy("schedule", str(tmp_path))
     assert result.returncode == 2 and "specdeploy report" in (result.stdout + result.stderr)
+
+
+def test_the_forecast_beyond_the_measured_levels_is_quoted_never_used_to_switch_on():
+    data = report(comparison(1), comparison(4))
+    data["forecast"] = {"available": True, "crossover": 16, "levels": []}
+    s = derive(data)
+    assert s.draft_len_for(5) == 0 and s.ranges[-1].basis == "unmeasured"
+    assert any("crossover at concurrency 16" in n and "never used to switch speculation on" in n for n in s.notes)
