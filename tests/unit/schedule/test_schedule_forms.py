@@ -114,3 +114,23 @@ def test_engine_runtime_says_what_it_cannot_express():
     assert "route traffic above concurrency 4" in text
     medusa = all_forms(sched((1, 4, 3), (5, None, 0), method="medusa"))
     assert medusa["trtllm_llmapi"]["1.2.1"]["expressible"] is False
+
+
+def test_a_line_without_draft_len_schedule_gets_max_concurrency_and_says_so(monkeypatch):
+    """A release line whose recorded decoding config lacks the field: the nearest honest form is
+    max_concurrency with K at concurrency 1, and the note says the lower K are lost."""
+    from pipeline.trtllm import schedule_forms
+
+    real = facts_for("1.2.1")
+
+    class Older:
+        line = "1.1"
+
+        def decoding_type(self, name):
+            entry = real.decoding_type(name)
+            return {**entry, "fields": {k: v for k, v in entry["fields"].items() if k != "draft_len_schedule"}}
+
+    monkeypatch.setattr(schedule_forms, "facts_for", lambda version: Older())
+    form = schedule_forms.trtllm_form(VARYING.triples(), "Draft_Target", "1.1.0")
+    assert form["fields"] == {"max_draft_len": 4, "max_concurrency": 12}
+    assert any("records no draft_len_schedule" in n for n in form["notes"])
