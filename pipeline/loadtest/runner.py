@@ -40,7 +40,7 @@ from pipeline.config import DeploymentConfig
 from pipeline.infra import owner_lock
 from pipeline.infra.atomic import write_json_atomic
 from pipeline.infra.processes import spawn
-from pipeline.loadtest import acceptance_sources, auto_repeats, fail_fast, harness, ownership
+from pipeline.loadtest import acceptance_sources, auto_repeats, fail_fast, harness, ownership, reach
 from pipeline.loadtest import resume as resume_run
 from pipeline.loadtest.endpoints import (
     ArmEndpoint,
@@ -63,6 +63,7 @@ from pipeline.paths import PROJECT_ROOT, reports_root
 from pipeline.serve.cpu_pinning import spawn_on
 
 LOCUSTFILE = PROJECT_ROOT / "loadtests" / "locustfile.py"
+RAMP_SHAPE = PROJECT_ROOT / "loadtests" / "ramp_shape.py"
 LOCUST_STOP_S = 5.0  # SIGTERM → SIGKILL for a Locust run that overran or was interrupted
 USER_CLASSES = {("grpc", "closed"): "GrpcStreamUser", ("http", "closed"): "HttpStreamUser",
                 ("openai", "closed"): "OpenAIStreamUser", ("grpc", "open"): "GrpcOpenLoopUser",
@@ -87,10 +88,11 @@ class RunSpec:
     repeat: int
     draft_len: int | None
     target_rate: float | None = None
+    level: str | None = None  # a ramp or a trace: one level of its own (loadtest.ramp, arrival: trace)
 
     @property
     def key(self) -> str:
-        level = f"q{self.target_rate:g}" if self.target_rate is not None else f"c{self.concurrency}"
+        level = self.level or (f"q{self.target_rate:g}" if self.target_rate is not None else f"c{self.concurrency}")
         dl = f"-k{self.draft_len}" if self.draft_len is not None and self.arm == "speculative" else ""
         return f"{self.arm}{dl}-{level}-r{self.repeat}"
 
@@ -109,13 +111,22 @@ def plan_runs(cfg: DeploymentConfig, arms: tuple[str, ...], concurrency: list[in
         [(i + 1, rate) for i, rate in enumerate(cfg.loadtest.request_rate)] if open_loop
         else [(c, None) for c in concurrency]
     )
+    label = pattern_level(cfg)
+    if label:  # a ramp or a trace is one level: its steps or arrivals run inside one Locust run
+        levels = [(max((s.users or 1) for s in cfg.loadtest.ramp) if cfg.loadtest.ramp and not open_loop else 1, None)]
     out = []
     for rep in range(repeats):
         for level, rate in levels:
             for arm in (arms if rep % 2 == 0 else arms[::-1]):
                 for dl in (spec_lens if arm == "speculative" else [None]):
-                    out.append(RunSpec(arm, level, rep, dl, rate))
+                    out.append(RunSpec(arm, level, rep, dl, rate, label))
     return out
+
+
+def pattern_level(cfg: DeploymentConfig) -> str | None:
+    """``ramp`` or ``trace`` when one run holds the whole arrival pattern; None for plain levels."""
+    lt = cfg.loadtest
+    return "ramp" if lt.ramp else "trace" if lt.mode == "open" and lt.arrival == "trace" else None
 
 
 def locust_command(cfg: DeploymentConfig, spec: RunSpec, duration_s: float,
@@ -124,7 +135,9 @@ def locust_command(cfg: DeploymentConfig, spec: RunSpec, duration_s: float,
     (:func:`pipeline.loadtest.harness.master_address`; loopback unless configured)."""
     lt = cfg.loadtest
     users = 1 if lt.mode == "open" else spec.concurrency
-    argv = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "-u", str(users), "-r", str(users),
+    # a closed-loop ramp: Locust's own load shape sets the users step by step (loadtests/ramp_shape.py)
+    files = f"{LOCUSTFILE},{RAMP_SHAPE}" if lt.ramp and lt.mode == "closed" else str(LOCUSTFILE)
+    argv = [sys.executable, "-m", "locust", "-f", files, "--headless", "-u", str(users), "-r", str(users),
             "-t", f"{locust_seconds(duration_s)}s", "--stop-timeout", f"{lt.stop_timeout_s:g}", "--only-summary",
             "--loglevel", "WARNING", "--exit-code-on-error", "0"]
     if lt.processes > 1:
@@ -151,7 +164,11 @@ def run_settings(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, ru
         "run_id": run_id, "arm": spec.arm, "repeat": spec.repeat, "endpoint": endpoint.url,
         "model_name": endpoint.model_name, "contract": endpoint.deployment.contract if endpoint.deployment else "ensemble",
         "transport": lt.transport, "mode": lt.mode,
-        "concurrency": spec.concurrency, "target_rate": spec.target_rate, "arrival": "poisson",
+        "concurrency": spec.concurrency, "target_rate": spec.target_rate, "arrival": lt.arrival,
+        "burstiness": lt.burstiness, "max_concurrency": lt.max_concurrency,
+        "ramp": [step.model_dump(exclude_none=True) for step in lt.ramp],
+        # the key's variable NAME only: the Locust process reads the key from its environment
+        "headers": dict(lt.headers), "api_key_env": reach.api_key_env(lt), "extra_body": dict(lt.extra_body),
         "prompts": prompts, "max_tokens": lt.max_tokens,
         "sampling": {"top_k": sampling.top_k, "top_p": sampling.top_p, "temperature": sampling.temperature,
                      "seed": sampling.seed},
@@ -239,7 +256,7 @@ def execute_run(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run
         "server_acceptance": acceptance,
         "server_alive": alive, "valid": not reasons, "invalid_reasons": reasons, "locust_exit_code": exit_code,
         "n_records": n_records, "sent": sum(m.get("sent", 0) for m in metas), "peak_rss_mb": rss.peak_mb,
-        "started_unix": started, "seconds": time.time() - started, "command": argv,
+        "started_unix": started, "seconds": time.time() - started, "command": argv, "level": spec.level,
         "client_cpu_s": client_cpu_s, "client_cpus": list(endpoint.client_cpus) if endpoint.client_cpus else None,
         "client_cpu_fraction": client_cpu_s / max(1e-9, (time.time() - started) * cfg.loadtest.processes),
         "server_log_tail": endpoint.log_tail(30) if (not alive and endpoint.log_tail) else None,
@@ -294,6 +311,7 @@ def run_loadtest(
         raise LoadTestUsageError("--aa measures the baseline against itself: drop --arm, --endpoint-speculative "
                                  "and --sweep-draft-len")
     arms = _arms_to_run(cfg, "baseline" if aa else arm, endpoint_baseline, None if aa else endpoint_speculative)
+    reach.api_key_env(lt)  # a named key variable that is unset stops here, before any server starts
     prompts, dataset = load_prompt_set(cfg)
     now = datetime.now(timezone.utc)
     if resume is not None:
@@ -311,7 +329,8 @@ def run_loadtest(
         tokenizer_dir = meta.get("tokenizer_dir") or tokenizer_dir or served_tokenizer_dir(cfg)
     else:
         concurrency = sorted(set(concurrency)) if concurrency else list(lt.concurrency)
-        duration_s = float(locust_seconds(_parse_duration(duration) or lt.duration_s))
+        # a ramp lasts its steps together (loadtest.run_seconds)
+        duration_s = float(locust_seconds(_parse_duration(duration) or lt.run_seconds))
         warmup_s = min(lt.warmup_s, duration_s / 2)
         repeats = repeats or lt.repeats
         sweep = [] if aa else sorted(set(sweep_draft_len)) if sweep_draft_len else list(lt.sweep_draft_len)
