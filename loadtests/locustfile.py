@@ -595,7 +595,9 @@ class _OpenLoopUser(User):
         settings = _Run.settings
         if not settings.target_rate and not settings.ramp and settings.arrival != "trace":
             raise StopUser()
-        self.schedule = arrival_schedule(settings, settings.duration_s + 5)
+        # a ramp or a trace ends with the run (the orchestrator gives Locust's timer a margin past it)
+        patterned = bool(settings.ramp) or settings.arrival == "trace"
+        self.schedule = arrival_schedule(settings, settings.duration_s + (0 if patterned else 5))
         self.next_arrival = 0
         self.idle_sessions: list = []
         self.slots = BoundedSemaphore(settings.max_concurrency) if settings.max_concurrency else None

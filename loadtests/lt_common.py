@@ -226,9 +226,12 @@ class RequestState:
 class Clock:
     """perf_counter_ns relative to the process's run start."""
 
+    current: "Clock | None" = None  # the run's clock, for a load shape that must step on the records' time
+
     def __init__(self) -> None:
         self.t0 = time.perf_counter_ns()
         self.t0_unix = time.time()
+        Clock.current = self
 
     def now(self) -> int:
         return time.perf_counter_ns() - self.t0

@@ -12,7 +12,7 @@ from pathlib import Path
 from locust import LoadTestShape
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lt_common import RunSettings  # after the path set-up above
+from lt_common import Clock, RunSettings  # after the path set-up above
 
 
 class RampShape(LoadTestShape):
@@ -28,7 +28,9 @@ class RampShape(LoadTestShape):
         self.steps = ends
 
     def tick(self):
-        now = self.get_run_time()
+        # the records' clock (lt_common.Clock, started at test start), so a step here is the step a record
+        # names (ramp_step); before it exists the first step's users are being spawned
+        now = Clock.current.now() / 1e9 if Clock.current is not None else 0.0
         for end, users in self.steps:
             if now < end:
                 return users, users  # the whole step's users at once: a step, not a slope

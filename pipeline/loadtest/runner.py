@@ -64,6 +64,7 @@ from pipeline.serve.cpu_pinning import spawn_on
 
 LOCUSTFILE = PROJECT_ROOT / "loadtests" / "locustfile.py"
 RAMP_SHAPE = PROJECT_ROOT / "loadtests" / "ramp_shape.py"
+PATTERN_MARGIN_S = 3
 LOCUST_STOP_S = 5.0  # SIGTERM → SIGKILL for a Locust run that overran or was interrupted
 USER_CLASSES = {("grpc", "closed"): "GrpcStreamUser", ("http", "closed"): "HttpStreamUser",
                 ("openai", "closed"): "OpenAIStreamUser", ("grpc", "open"): "GrpcOpenLoopUser",
@@ -137,8 +138,11 @@ def locust_command(cfg: DeploymentConfig, spec: RunSpec, duration_s: float,
     users = 1 if lt.mode == "open" else spec.concurrency
     # a closed-loop ramp: Locust's own load shape sets the users step by step (loadtests/ramp_shape.py)
     files = f"{LOCUSTFILE},{RAMP_SHAPE}" if lt.ramp and lt.mode == "closed" else str(LOCUSTFILE)
+    # a ramp or trace ends with its schedule, not with Locust's timer, which starts before the
+    # dispatcher (measured: about a second earlier on a busy host): the timer gets a margin the schedule never uses
+    margin = PATTERN_MARGIN_S if spec.level else 0  # a closed-loop ramp: its load shape ends the run
     argv = [sys.executable, "-m", "locust", "-f", files, "--headless", "-u", str(users), "-r", str(users),
-            "-t", f"{locust_seconds(duration_s)}s", "--stop-timeout", f"{lt.stop_timeout_s:g}", "--only-summary",
+            "-t", f"{locust_seconds(duration_s) + margin}s", "--stop-timeout", f"{lt.stop_timeout_s:g}", "--only-summary",
             "--loglevel", "WARNING", "--exit-code-on-error", "0"]
     if lt.processes > 1:
         argv += ["--processes", str(lt.processes), *harness.master_args(master)]
@@ -206,7 +210,7 @@ def execute_run(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run
            "PYTHONUNBUFFERED": "1"}
     before = acceptance_sources.scrape(endpoint.metrics_url)
     log_path = run_dir / "logs" / f"{spec.key}.log"
-    timeout_s = duration_s + cfg.loadtest.stop_timeout_s + 90
+    timeout_s = duration_s + PATTERN_MARGIN_S + cfg.loadtest.stop_timeout_s + 90
     started = time.time()
     timed_out = False
     with RssSampler(endpoint.pid) as rss, open(log_path, "w", encoding="utf-8") as log:
@@ -313,6 +317,9 @@ def run_loadtest(
     arms = _arms_to_run(cfg, "baseline" if aa else arm, endpoint_baseline, None if aa else endpoint_speculative)
     reach.api_key_env(lt)  # a named key variable that is unset stops here, before any server starts
     prompts, dataset = load_prompt_set(cfg)
+    if lt.mode == "open" and lt.arrival == "trace" and not any(p.get("arrival_s") is not None for p in prompts):
+        raise LoadTestUsageError("arrival: trace replays each request's arrival_s: the dataset carries none "
+                                 "(use a trace file, docs/arrivals-and-goodput.md)")
     now = datetime.now(timezone.utc)
     if resume is not None:
         run_dir = Path(resume).resolve()

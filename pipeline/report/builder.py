@@ -100,6 +100,9 @@ def config_from_run(run_dir: Path) -> DeploymentConfig:
     snapshot = _load_run_json(run_dir).get("config")
     if not snapshot:
         raise ReportError(f"{run_dir}/run.json has no config snapshot")
+    slo = (snapshot.get("gate") or {}).get("slo")
+    if isinstance(slo, dict) and "declared" not in slo:  # written before SLOs could be declared: the defaults
+        snapshot = {**snapshot, "gate": {**snapshot["gate"], "slo": {**slo, "declared": False}}}
     return parse_config(snapshot, f"{run_dir}/run.json:config")
 
 
