@@ -266,6 +266,15 @@ def goodput_guardrail(level: int, comp: dict, gate: GateSettings) -> Check:
     slo = gate.slo
     bounds = ", ".join(f"{name} ≤ {bound:g} ms" for name, bound in
                        (("TTFT", slo.ttft_ms), ("TPOT", slo.tpot_ms), ("E2E", slo.e2e_ms)) if bound is not None)
+    good = comp.get("goodput") or {}
+    base_rps = (good.get("base") or {}).get("requests_per_s")
+    spec_rps = (good.get("spec") or {}).get("requests_per_s")
+    if ci.get("low") is None and base_rps is not None and spec_rps is not None and (base_rps == 0) != (spec_rps == 0):
+        # a ratio with a zero has no log: decided by which arm has none within the SLOs
+        worse = spec_rps == 0
+        return Check("guardrail_goodput", scope, FAIL if worse else PASS,
+                     f"goodput at the SLO ({bounds}): {'no speculative' if worse else 'no baseline'} request met the "
+                     f"SLOs (baseline {base_rps:.3g} req/s, speculative {spec_rps:.3g} req/s)", value, limit)
     if ci.get("low") is None:
         return Check("guardrail_goodput", scope, UNSURE,
                      f"goodput at the SLO ({bounds}) spec/base {_fmt(ci.get('point'))}, no CI "

@@ -213,17 +213,24 @@ def goodput_line(data: dict) -> str | None:
     for comp in primary_comparisons(data):
         good = comp.get("goodput") or {}
         base, spec = good.get("base") or {}, good.get("spec") or {}
-        missed = [f"{arm} p{fmt_value(figures['slo']['percentile'])} {name.upper()} {fmt_value(m['value_ms'])} ms"
+        missed = [f"{arm} p{figures['slo']['percentile']:g} {name.upper()} {fmt_value(m['value_ms'])} ms"
                   for arm, figures in (("baseline", base), ("speculative", spec)) if figures.get("slo")
                   for name, m in figures["slo"]["metrics"].items() if m.get("met") is False]
         parts.append(f"c={comp['concurrency']} baseline {fmt_value(base.get('requests_per_s'))} req/s "
                      f"({fmt_value(base.get('output_tokens_per_s'))} tok/s), speculative "
                      f"{fmt_value(spec.get('requests_per_s'))} req/s ({fmt_value(spec.get('output_tokens_per_s'))} tok/s), "
-                     f"{ratio_phrase(ratio_ci(comp, 'goodput_ratio'))}"
+                     f"{_goodput_ratio(comp, base, spec)}"
                      + (f"; over the bound: {', '.join(missed)}" if missed else ""))
     if not parts:
         return None
     return f"Goodput at the SLO (requests meeting {bounds}): " + "; ".join(parts) + "."
+
+
+def _goodput_ratio(comp: dict, base: dict, spec: dict) -> str:
+    if not base.get("requests_per_s") or not spec.get("requests_per_s"):  # a ratio with a zero: say which
+        none = [arm for arm, figures in (("baseline", base), ("speculative", spec)) if not figures.get("requests_per_s")]
+        return f"no {' and no '.join(none)} request within the SLOs"
+    return ratio_phrase(ratio_ci(comp, "goodput_ratio"))
 
 
 def acceptance_line(data: dict) -> str:
