@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 CONFIG_ENV = "SPECDEPLOY_LOADTEST_CONFIG"
+HEADERS_ENV = "SPECDEPLOY_LOADTEST_HEADERS"  # the header values (pipeline/loadtest/reach.py), never in a file
 RECORD_SCHEMA = "specdeploy-raw/1"  # pipeline.artefacts.records.RawRecord is its model
 RECORD_SCHEMA_VERSION = 1
 
@@ -154,7 +155,10 @@ def request_headers(settings: RunSettings, environ: dict[str, str] | None = None
     read from the environment variable ``api_key_env`` as ``Authorization: Bearer`` (vLLM's and
     OpenAI's convention). The key is read here, in the load generator, and never stored."""
     environ = os.environ if environ is None else environ
-    out = dict(settings.headers)
+    # the values come from the environment the orchestrator gives this process (its settings file names
+    # them only, pipeline/loadtest/reach.py); a settings file written by hand may carry them itself
+    given = environ.get(HEADERS_ENV)
+    out = json.loads(given) if given else dict(settings.headers)
     if settings.api_key_env:
         key = environ.get(settings.api_key_env)
         if not key:

@@ -102,14 +102,14 @@ def register(app: typer.Typer) -> None:
             None, "--burstiness", help="Gamma arrivals of this shape (vLLM's meaning: 1 = Poisson, < 1 burstier)."),
         max_concurrency: Optional[int] = typer.Option(
             None, "--max-concurrency", help="Open loop: at most this many requests in flight (an arrival waits)."),
-        goodput: Optional[str] = typer.Option(
-            None, "--goodput", help="SLOs as vLLM writes them, e.g. 'ttft:500 tpot:50 e2el:3000' (ms): goodput on "
-            "the first screen and gated (gate.slo)."),
+        goodput: Optional[list[str]] = typer.Option(
+            None, "--goodput", help="SLOs as vLLM writes them, e.g. 'ttft:500 tpot:50 e2el:3000' (ms; quoted, or "
+            "--goodput repeated): goodput on the first screen and gated (gate.slo)."),
         slo_percentile: Optional[float] = typer.Option(
             None, "--slo-percentile", help="With --goodput: the percentile checked against each bound (default 95)."),
         header: Optional[list[str]] = typer.Option(
-            None, "--header", help="KEY:VALUE sent with every request; repeatable (recorded: use --api-key-env for "
-            "secrets)."),
+            None, "--header", help="KEY:VALUE (or vLLM's KEY=VALUE) sent with every request; repeatable (recorded: "
+            "use --api-key-env for secrets)."),
         api_key_env: Optional[str] = typer.Option(
             None, "--api-key-env", help="Environment variable holding an API key (sent as Authorization: Bearer; "
             "never written). Default for OpenAI endpoints: OPENAI_API_KEY when set."),

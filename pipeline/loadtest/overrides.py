@@ -19,17 +19,22 @@ from pipeline.config.loading import format_validation_error
 from pipeline.errors import ConfigError, UsageError
 
 GOODPUT_KEYS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2el": "e2e_ms"}  # vLLM's --goodput names
+# AIPerf's metric tags for the same three (its inter_token_latency is the per-request TPOT formula)
+AIPERF_GOODPUT_KEYS = {"time_to_first_token": "ttft", "inter_token_latency": "tpot", "request_latency": "e2el"}
 
 
-def parse_goodput(value: str) -> dict[str, float | None]:
-    """vLLM's ``--goodput ttft:500 tpot:50 e2el:3000`` (milliseconds; any subset, space- or comma-separated)
+def parse_goodput(value: str | list[str]) -> dict[str, float | None]:
+    """vLLM's ``--goodput ttft:500 tpot:50 e2el:3000`` (milliseconds; any subset, space- or comma-separated,
+    in one value or repeated; AIPerf's tags time_to_first_token, inter_token_latency, request_latency too)
     → the ``gate.slo`` fields; the ones not given are no SLO (None), as in vLLM."""
     out: dict[str, float | None] = {field: None for field in GOODPUT_KEYS.values()}
-    items = [item for item in re.split(r"[\s,]+", value.strip()) if item]
+    text = " ".join(value) if isinstance(value, list) else value
+    items = [item for item in re.split(r"[\s,]+", text.strip()) if item]
     if not items:
         raise UsageError("--goodput: expected KEY:MS pairs like 'ttft:500 tpot:50 e2el:3000'")
     for item in items:
         key, _, ms = item.partition(":")
+        key = AIPERF_GOODPUT_KEYS.get(key, key)
         if key not in GOODPUT_KEYS:
             raise UsageError(f"--goodput: '{key}' is not one of {', '.join(GOODPUT_KEYS)} (vLLM's names), in '{item}'")
         try:
@@ -43,13 +48,15 @@ def parse_goodput(value: str) -> dict[str, float | None]:
 
 
 def parse_headers(values: list[str]) -> dict[str, str]:
-    """``--header KEY:VALUE`` (repeatable; AIPerf's and vLLM's spelling) → a dict; the value may hold colons."""
+    """``--header`` (repeatable) → a dict: AIPerf's ``Header:Value`` or vLLM's ``KEY=VALUE`` (whichever
+    separator comes first; the value may hold the other, e.g. ``Authorization: Bearer a=b``)."""
     out = {}
     for value in values:
-        key, sep, rest = value.partition(":")
-        if not sep or not key.strip():
-            raise UsageError(f"--header: expected KEY:VALUE, got '{value}'")
-        out[key.strip()] = rest.strip()
+        cuts = [i for i in (value.find(":"), value.find("=")) if i > 0]
+        if not cuts:
+            raise UsageError(f"--header: expected KEY:VALUE (or vLLM's KEY=VALUE), got '{value}'")
+        cut = min(cuts)
+        out[value[:cut].strip()] = value[cut + 1:].strip()
     return out
 
 

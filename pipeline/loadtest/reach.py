@@ -15,6 +15,18 @@ import os
 from pipeline.errors import EXIT_USAGE, SpecdeployError
 
 DEFAULT_OPENAI_KEY_ENV = "OPENAI_API_KEY"  # what the OpenAI clients (and vLLM's `bench serve`) read
+HEADERS_ENV = "SPECDEPLOY_LOADTEST_HEADERS"  # loadtests/lt_common.py reads the header values from here
+REDACTED = "<redacted: given to the load generator in its environment>"
+
+
+def redacted(config: dict) -> dict:
+    """A config dump with the header values replaced: vLLM's `bench serve` treats --header as sensitive
+    (an auth scheme of its own may travel there), so their values stay out of run.json and the settings
+    files, as the API key does; the names stay, to say what was sent."""
+    lt = config.get("loadtest") or {}
+    if not lt.get("headers"):
+        return config
+    return {**config, "loadtest": {**lt, "headers": {name: REDACTED for name in lt["headers"]}}}
 
 
 class ApiKeyError(SpecdeployError):

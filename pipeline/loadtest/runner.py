@@ -172,7 +172,9 @@ def run_settings(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, ru
         "burstiness": lt.burstiness, "max_concurrency": lt.max_concurrency,
         "ramp": [step.model_dump(exclude_none=True) for step in lt.ramp],
         # the key's variable NAME only: the Locust process reads the key from its environment
-        "headers": dict(lt.headers), "api_key_env": reach.api_key_env(lt), "extra_body": dict(lt.extra_body),
+        # header values travel in the Locust process's environment (reach.HEADERS_ENV), like the key
+        "headers": {name: reach.REDACTED for name in lt.headers}, "api_key_env": reach.api_key_env(lt),
+        "extra_body": dict(lt.extra_body),
         "prompts": prompts, "max_tokens": lt.max_tokens,
         "sampling": {"top_k": sampling.top_k, "top_p": sampling.top_p, "temperature": sampling.temperature,
                      "seed": sampling.seed},
@@ -207,7 +209,7 @@ def execute_run(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run
     settings_path.write_text(json.dumps(RunSettings.checked(settings), indent=1), encoding="utf-8")
     argv = locust_command(cfg, spec, duration_s, harness.master_address(cfg.loadtest.processes))
     env = {**os.environ, "SPECDEPLOY_LOADTEST_CONFIG": str(settings_path), "OMP_NUM_THREADS": "1",
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1", reach.HEADERS_ENV: json.dumps(cfg.loadtest.headers)}
     before = acceptance_sources.scrape(endpoint.metrics_url)
     log_path = run_dir / "logs" / f"{spec.key}.log"
     timeout_s = duration_s + PATTERN_MARGIN_S + cfg.loadtest.stop_timeout_s + 90

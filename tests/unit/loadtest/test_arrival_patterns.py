@@ -99,7 +99,10 @@ def test_vllm_goodput_and_header_syntax():
     for bad in ("ttft=5", "itl:5", "ttft:x", "ttft:-1", ""):
         with pytest.raises(UsageError, match="--goodput"):
             parse_goodput(bad)
-    assert parse_headers(["X-Route: a:b", "x-tenant:7"]) == {"X-Route": "a:b", "x-tenant": "7"}
+    assert parse_goodput(["ttft:500", "request_latency:900"]) == {"ttft_ms": 500.0, "tpot_ms": None, "e2e_ms": 900.0}
+    assert parse_headers(["X-Route: a:b", "x-tenant:7"]) == {"X-Route": "a:b", "x-tenant": "7"}  # AIPerf's form
+    assert parse_headers(["x-additional-info=0.3.3", "Authorization: Bearer a=b"]) == {  # vLLM's form too
+        "x-additional-info": "0.3.3", "Authorization": "Bearer a=b"}
     with pytest.raises(UsageError, match="KEY:VALUE"):
         parse_headers(["no-colon"])
 
