@@ -201,6 +201,11 @@ def _print_summary(report) -> None:
                       f"run-to-run CV of median TPOT {_pct(summary.get('run_to_run_cv_tpot'))}, request-level CV of TPOT "
                       f"{_pct(summary.get('request_cv_tpot'))}, SD of paired log TPOT ratios "
                       f"{_num(summary.get('paired_log_ratio_sd_tpot'))}", markup=False)
+    from pipeline.report.view.summary import goodput_line
+
+    goodput = goodput_line(report.data)  # the user's SLOs: goodput as the report's first screen says it
+    if goodput:
+        console.print(f"  {goodput}", markup=False)
     for reason in report.gate.reasons:
         console.print(f"  {reason}", markup=False)
     for advice in report.gate.advice:

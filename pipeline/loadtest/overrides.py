@@ -80,8 +80,8 @@ def parse_rates(value: str) -> list[float]:
     return rates
 
 
-def loadtest_changes(flags: dict[str, Any]) -> dict[str, Any]:
-    """The ``loadtest`` fields the given flags set (None: the flag was not given)."""
+def loadtest_changes(flags: dict[str, Any], mode: str = "closed") -> dict[str, Any]:
+    """The ``loadtest`` fields the given flags set (None: the flag was not given) over a config of ``mode``."""
     changes: dict[str, Any] = {}
     if flags.get("request_rate") is not None:
         changes.update(mode="open", request_rate=parse_rates(flags["request_rate"]))
@@ -94,7 +94,10 @@ def loadtest_changes(flags: dict[str, Any]) -> dict[str, Any]:
         if flags["burstiness"] != 1.0 and "arrival" not in changes:
             changes["arrival"] = "gamma"  # vLLM: a burstiness is a gamma process (1 is Poisson)
     if flags.get("max_concurrency") is not None:
-        changes["max_concurrency"] = flags["max_concurrency"]
+        if changes.get("mode", mode) == "open":
+            changes["max_concurrency"] = flags["max_concurrency"]
+        else:  # vLLM's --max-concurrency N without a rate (rate inf): N requests in flight, a closed loop at N
+            changes["concurrency"] = [flags["max_concurrency"]]
     if flags.get("headers"):
         changes["headers"] = parse_headers(flags["headers"])
     if flags.get("api_key_env") is not None:
@@ -106,7 +109,7 @@ def loadtest_changes(flags: dict[str, Any]) -> dict[str, Any]:
 
 def apply_overrides(cfg: DeploymentConfig, flags: dict[str, Any]) -> DeploymentConfig:
     """``cfg`` with the flags' fields set, each section validated again (a contradiction names its field)."""
-    lt_changes = loadtest_changes(flags)
+    lt_changes = loadtest_changes(flags, cfg.loadtest.mode)
     gate_changes: dict[str, Any] = {}
     if flags.get("goodput") is not None:
         slo = {**cfg.gate.slo.model_dump(), **parse_goodput(flags["goodput"]), "declared": True}

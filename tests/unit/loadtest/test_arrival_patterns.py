@@ -118,8 +118,10 @@ def test_flags_become_the_yaml_fields_of_the_same_meaning():
     assert (lt.headers, lt.extra_body, lt.api_key_env) == ({"X-A": "1"}, {"ignore_eos": True}, "MY_KEY")
     assert (slo.ttft_ms, slo.tpot_ms, slo.e2e_ms, slo.percentile, slo.declared) == (400.0, None, 2000.0, 90.0, True)
     assert apply_overrides(tiny_config, {}) is tiny_config
-    with pytest.raises(ConfigError, match="loadtest.max_concurrency"):  # the closed loop has its own cap
-        apply_overrides(tiny_config, {"max_concurrency": 3})
+    # vLLM's --max-concurrency without a rate sends at rate inf under the cap: a closed loop at that concurrency
+    assert apply_overrides(tiny_config, {"max_concurrency": 3}).loadtest.concurrency == [3]
+    with pytest.raises(ConfigError, match="loadtest.burstiness"):  # a burstiness needs a gamma schedule
+        apply_overrides(tiny_config, {"arrival": "constant", "burstiness": 0.5, "request_rate": "2"})
     with pytest.raises(UsageError, match="--extra-body"):
         apply_overrides(tiny_config, {"extra_body": "[1]"})
 
