@@ -52,8 +52,8 @@ FORMULAS = {
     "achieved concurrency": "Σ in-flight time / window (Little's law), clipped to the steady window",
     "goodput": "requests meeting every SLO set (TTFT ≤ slo.ttft_ms, TPOT ≤ slo.tpot_ms, E2E ≤ slo.e2e_ms; OSL ≤ 1: "
                "TPOT = 0) / duration; goodput tokens/s: their output tokens / duration",
-    "achieved rate": "open loop: (n − 1) / (last send − first send) per worker, against the same over the requests' "
-                     "scheduled arrivals (the schedule's own rate)",
+    "achieved rate": "open loop, per worker: offered = (n − 1) / (last − first scheduled arrival) of the requests sent, "
+                     "achieved = offered ÷ the least-squares slope of send times on scheduled times (1: on schedule)",
     "acceptance rate": "Σ accepted draft tokens / Σ draft tokens (token-weighted, pooled)",
     "mean acceptance length τ": "1 + accepted / verify steps (Prometheus steps, else chunks after the first)",
     "OSL": "server token count (num_output_tokens), not re-tokenized text",

@@ -261,7 +261,7 @@ def run_summary(run: RunData, slo_ttft_ms: float | None, slo_tpot_ms: float | No
         "requests_per_s": len(ok) / duration_s if duration_s > 0 else None,
         "goodput_rps": (sum(meets_slo(r, slo_ttft_ms, slo_tpot_ms, slo_e2e_ms) for r in ok) / duration_s)
         if duration_s > 0 else None,
-        # output tokens/s of the requests meeting every SLO (AIPerf's and vLLM's goodput, in tokens)
+        # the same in output tokens/s: what the requests within every SLO delivered (vLLM and AIPerf give req/s only)
         "goodput_tokens_per_s": (sum(r.get("osl") or 0 for r in ok if meets_slo(r, slo_ttft_ms, slo_tpot_ms, slo_e2e_ms))
                                  / duration_s) if duration_s > 0 else None,
         "achieved_concurrency": achieved_concurrency(
