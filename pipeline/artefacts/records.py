@@ -65,6 +65,7 @@ class RawRecord(Artefact):
     t_first_answer: int | None = None
     reasoning_text: str | None = None
     http_status: int | None = None  # the server's HTTP status when it refused the request
+    ramp_step: int | None = None  # loadtest.ramp: the step (level) the request was sent in
 
 # the hot-path form: the same keys, no validation (``schema`` is a keyword-free TypedDict key)
 RawRecordDict = TypedDict("RawRecordDict", {

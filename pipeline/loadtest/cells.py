@@ -21,10 +21,11 @@ class RunSpec:
     repeat: int
     draft_len: int | None
     target_rate: float | None = None
+    level: str | None = None  # a ramp or a trace: one level of its own (loadtest.ramp, arrival: trace)
 
     @property
     def key(self) -> str:
-        level = f"q{self.target_rate:g}" if self.target_rate is not None else f"c{self.concurrency}"
+        level = self.level or (f"q{self.target_rate:g}" if self.target_rate is not None else f"c{self.concurrency}")
         dl = f"-k{self.draft_len}" if self.draft_len is not None and self.arm == "speculative" else ""
         return f"{self.arm}{dl}-{level}-r{self.repeat}"
 
@@ -43,10 +44,19 @@ def plan_runs(cfg: DeploymentConfig, arms: tuple[str, ...], concurrency: list[in
         [(i + 1, rate) for i, rate in enumerate(cfg.loadtest.request_rate)] if open_loop
         else [(c, None) for c in concurrency]
     )
+    label = pattern_level(cfg)
+    if label:  # a ramp or a trace is one level: its steps or arrivals run inside one Locust run
+        levels = [(max((s.users or 1) for s in cfg.loadtest.ramp) if cfg.loadtest.ramp and not open_loop else 1, None)]
     out = []
     for rep in range(repeats):
         for level, rate in levels:
             for arm in (arms if rep % 2 == 0 else arms[::-1]):
                 for dl in (spec_lens if arm == "speculative" else [None]):
-                    out.append(RunSpec(arm, level, rep, dl, rate))
+                    out.append(RunSpec(arm, level, rep, dl, rate, label))
     return out
+
+
+def pattern_level(cfg: DeploymentConfig) -> str | None:
+    """``ramp`` or ``trace`` when one run holds the whole arrival pattern; None for plain levels."""
+    lt = cfg.loadtest
+    return "ramp" if lt.ramp else "trace" if lt.mode == "open" and lt.arrival == "trace" else None

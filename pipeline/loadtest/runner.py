@@ -41,7 +41,7 @@ from pipeline.config import DeploymentConfig
 from pipeline.infra import owner_lock
 from pipeline.infra.atomic import write_json_atomic
 from pipeline.infra.processes import spawn
-from pipeline.loadtest import acceptance_sources, auto_repeats, fail_fast, harness, ownership
+from pipeline.loadtest import acceptance_sources, auto_repeats, fail_fast, harness, ownership, reach
 from pipeline.loadtest import resume as resume_run
 from pipeline.loadtest.cells import RunSpec
 from pipeline.loadtest.endpoints import (
@@ -64,6 +64,8 @@ from pipeline.paths import PROJECT_ROOT, reports_root
 from pipeline.serve.cpu_pinning import spawn_on
 
 LOCUSTFILE = PROJECT_ROOT / "loadtests" / "locustfile.py"
+RAMP_SHAPE = PROJECT_ROOT / "loadtests" / "ramp_shape.py"
+PATTERN_MARGIN_S = 3
 LOCUST_STOP_S = 5.0  # SIGTERM → SIGKILL for a Locust run that overran or was interrupted
 USER_CLASSES = {("grpc", "closed"): "GrpcStreamUser", ("http", "closed"): "HttpStreamUser",
                 ("openai", "closed"): "OpenAIStreamUser", ("grpc", "open"): "GrpcOpenLoopUser",
@@ -87,8 +89,13 @@ def locust_command(cfg: DeploymentConfig, spec: RunSpec, duration_s: float,
     (:func:`pipeline.loadtest.harness.master_address`; loopback unless configured)."""
     lt = cfg.loadtest
     users = 1 if lt.mode == "open" else spec.concurrency
-    argv = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "-u", str(users), "-r", str(users),
-            "-t", f"{locust_seconds(duration_s)}s", "--stop-timeout", f"{lt.stop_timeout_s:g}", "--only-summary",
+    # a closed-loop ramp: Locust's own load shape sets the users step by step (loadtests/ramp_shape.py)
+    files = f"{LOCUSTFILE},{RAMP_SHAPE}" if lt.ramp and lt.mode == "closed" else str(LOCUSTFILE)
+    # a ramp or trace ends with its schedule, not with Locust's timer, which starts before the
+    # dispatcher (measured: about a second earlier on a busy host): the timer gets a margin the schedule never uses
+    margin = PATTERN_MARGIN_S if spec.level else 0  # a closed-loop ramp: its load shape ends the run
+    argv = [sys.executable, "-m", "locust", "-f", files, "--headless", "-u", str(users), "-r", str(users),
+            "-t", f"{locust_seconds(duration_s) + margin}s", "--stop-timeout", f"{lt.stop_timeout_s:g}", "--only-summary",
             "--loglevel", "WARNING", "--exit-code-on-error", "0"]
     if lt.processes > 1:
         argv += ["--processes", str(lt.processes), *harness.master_args(master)]
@@ -114,7 +121,13 @@ def run_settings(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, ru
         "run_id": run_id, "arm": spec.arm, "repeat": spec.repeat, "endpoint": endpoint.url,
         "model_name": endpoint.model_name, "contract": endpoint.deployment.contract if endpoint.deployment else "ensemble",
         "transport": lt.transport, "mode": lt.mode,
-        "concurrency": spec.concurrency, "target_rate": spec.target_rate, "arrival": "poisson",
+        "concurrency": spec.concurrency, "target_rate": spec.target_rate, "arrival": lt.arrival,
+        "burstiness": lt.burstiness, "max_concurrency": lt.max_concurrency,
+        "ramp": [step.model_dump(exclude_none=True) for step in lt.ramp],
+        # the key's variable NAME only: the Locust process reads the key from its environment
+        # header values travel in the Locust process's environment (reach.HEADERS_ENV), like the key
+        "headers": {name: reach.REDACTED for name in lt.headers}, "api_key_env": reach.api_key_env(lt),
+        "extra_body": dict(lt.extra_body),
         "prompts": prompts, "max_tokens": lt.max_tokens,
         "sampling": {"top_k": sampling.top_k, "top_p": sampling.top_p, "temperature": sampling.temperature,
                      "seed": sampling.seed},
@@ -149,10 +162,10 @@ def execute_run(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run
     settings_path.write_text(json.dumps(RunSettings.checked(settings), indent=1), encoding="utf-8")
     argv = locust_command(cfg, spec, duration_s, harness.master_address(cfg.loadtest.processes))
     env = {**os.environ, "SPECDEPLOY_LOADTEST_CONFIG": str(settings_path), "OMP_NUM_THREADS": "1",
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1", reach.HEADERS_ENV: json.dumps(cfg.loadtest.headers)}
     before = acceptance_sources.scrape(endpoint.metrics_url)
     log_path = run_dir / "logs" / f"{spec.key}.log"
-    timeout_s = duration_s + cfg.loadtest.stop_timeout_s + 90
+    timeout_s = duration_s + PATTERN_MARGIN_S + cfg.loadtest.stop_timeout_s + 90
     started = time.time()
     timed_out = False
     with RssSampler(endpoint.pid) as rss, open(log_path, "w", encoding="utf-8") as log:
@@ -202,7 +215,7 @@ def execute_run(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run
         "server_acceptance": acceptance,
         "server_alive": alive, "valid": not reasons, "invalid_reasons": reasons, "locust_exit_code": exit_code,
         "n_records": n_records, "sent": sum(m.get("sent", 0) for m in metas), "peak_rss_mb": rss.peak_mb,
-        "started_unix": started, "seconds": time.time() - started, "command": argv,
+        "started_unix": started, "seconds": time.time() - started, "command": argv, "level": spec.level,
         "client_cpu_s": client_cpu_s, "client_cpus": list(endpoint.client_cpus) if endpoint.client_cpus else None,
         "client_cpu_fraction": client_cpu_s / max(1e-9, (time.time() - started) * cfg.loadtest.processes),
         "server_log_tail": endpoint.log_tail(30) if (not alive and endpoint.log_tail) else None,
@@ -257,7 +270,11 @@ def run_loadtest(
         raise LoadTestUsageError("--aa measures the baseline against itself: drop --arm, --endpoint-speculative "
                                  "and --sweep-draft-len")
     arms = _arms_to_run(cfg, "baseline" if aa else arm, endpoint_baseline, None if aa else endpoint_speculative)
+    reach.api_key_env(lt)  # a named key variable that is unset stops here, before any server starts
     prompts, dataset = load_prompt_set(cfg)
+    if lt.mode == "open" and lt.arrival == "trace" and not any(p.get("arrival_s") is not None for p in prompts):
+        raise LoadTestUsageError("arrival: trace replays each request's arrival_s: the dataset carries none "
+                                 "(use a trace file, docs/arrivals-and-goodput.md)")
     # what each arm is, as render wrote it: a missing or stale descriptor stops here, before any run dir
     deployments = ({a: e.deployment for a, e in given_endpoints.items()} if given_endpoints is not None
                    else arm_deployments(cfg, arms, remote=bool(endpoint_baseline or endpoint_speculative)))
@@ -277,7 +294,8 @@ def run_loadtest(
         tokenizer_dir = meta.get("tokenizer_dir") or tokenizer_dir or served_tokenizer_dir(cfg)
     else:
         concurrency = sorted(set(concurrency)) if concurrency else list(lt.concurrency)
-        duration_s = float(locust_seconds(_parse_duration(duration) or lt.duration_s))
+        # a ramp lasts its steps together (loadtest.run_seconds)
+        duration_s = float(locust_seconds(_parse_duration(duration) or lt.run_seconds))
         warmup_s = min(lt.warmup_s, duration_s / 2)
         repeats = repeats or lt.repeats
         sweep = [] if aa else sorted(set(sweep_draft_len)) if sweep_draft_len else list(lt.sweep_draft_len)
