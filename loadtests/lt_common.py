@@ -55,6 +55,7 @@ class RunSettings:
     openai_top_k: bool | None = None  # transport openai: send top_k; None = only when sampling sets it (not greedy)
     fail_fast_error_rate: float | None = 0.5  # stop the run when errors / finished pass this in the first window
     fail_fast_window_s: float = 5.0  # seconds from the run's start the fail-fast check covers
+    ignore_eos: bool = False  # force each output to its max_tokens (min_tokens; OpenAI also ignore_eos)
 
     @classmethod
     def from_file(cls, path: str | Path) -> "RunSettings":
@@ -105,16 +106,25 @@ class PromptCursor:
         return index, self._rows[index]
 
 
-def request_inputs(settings: RunSettings, prompt_text: str, prompt_index: int) -> dict[str, Any]:
-    """The request shape, identical in both arms except ``extra_inputs`` (e.g. num_draft_tokens)."""
+def max_tokens_of(settings: RunSettings, prompt: dict[str, Any] | None) -> int:
+    """The request's output length: the prompt's own (drawn, or the dataset's), else the run's."""
+    own = (prompt or {}).get("max_tokens")
+    return int(own) if own else int(settings.max_tokens)
+
+
+def request_inputs(settings: RunSettings, prompt_text: str, prompt_index: int,
+                   prompt: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The request shape, identical in both arms except ``extra_inputs`` (e.g. num_draft_tokens).
+    ``prompt``: its ``max_tokens`` (per request) and, for the OpenAI chat API, its ``messages``."""
     if settings.contract == "llmapi":
         from llmapi_contract import llmapi_inputs  # noqa: PLC0415 - only this path needs it
 
-        return llmapi_inputs(settings, prompt_text, prompt_index)
+        return llmapi_inputs(settings, prompt_text, prompt_index, max_tokens_of(settings, prompt))
     sampling = dict(settings.sampling)
+    max_tokens = max_tokens_of(settings, prompt)
     inputs: dict[str, Any] = {
         "text_input": prompt_text,
-        "max_tokens": int(settings.max_tokens),
+        "max_tokens": max_tokens,
         "stream": True,
         "exclude_input_in_output": True,
         "return_perf_metrics": True,
@@ -132,6 +142,14 @@ def request_inputs(settings: RunSettings, prompt_text: str, prompt_index: int) -
             inputs.pop("temperature")
     if "seed" in sampling:
         inputs["seed"] = int(sampling["seed"]) + prompt_index  # same prompt → same seed in both arms
+    if settings.ignore_eos:
+        # TensorRT-LLM has no ignore_eos: min_tokens = max_tokens suppresses end_id until the length
+        # (the inflight-batcher ensemble's and BLS's optional min_tokens input); vLLM takes both fields
+        inputs["min_tokens"] = max_tokens
+        if settings.transport == "openai":
+            inputs["ignore_eos"] = True
+    if settings.transport == "openai" and (prompt or {}).get("messages"):
+        inputs["messages"] = prompt["messages"]  # a whole conversation (chat API; openai_user)
     inputs.update(settings.extra_inputs)
     return inputs
 
@@ -167,6 +185,7 @@ class RequestState:
     stream_text: Any = None  # llmapi contract: llmapi_contract.CumulativeText of this request
     reasoning_parts: list[str] = field(default_factory=list)  # a reasoning model's thinking, kept apart
     t_first_answer: int | None = None  # first answer (non-reasoning) text; t_first_token counts both
+    max_tokens: int | None = None  # this request's max_tokens when it differs per request (drawn lengths)
 
     def add_chunk(self, t_ns: int, text: str | None, num_tokens: int | None, reasoning: str | None = None) -> None:
         """Record one response. ``num_tokens`` is the server's count for this response; ``reasoning`` is
@@ -245,7 +264,8 @@ def build_record(settings: RunSettings, state: RequestState, *, worker_pid: int,
         "isl_chars": len(state.prompt_text),
         "isl": None,
         "prompt_echoed": bool(text) and text.startswith(state.prompt_text) and len(state.prompt_text) > 0,
-        "hit_max_tokens": osl >= settings.max_tokens,
+        "hit_max_tokens": osl >= (state.max_tokens or settings.max_tokens),
+        "max_tokens": state.max_tokens or settings.max_tokens,
         "output_text": text,
         "reasoning_text": reasoning or None,
         # greedy-equivalence compares the whole output: reasoning, a NUL, the answer (the answer alone without one)

@@ -149,3 +149,4 @@ class RunSettings(Artefact):
     openai_top_k: int | None = None
     fail_fast_error_rate: float | None = None
     fail_fast_window_s: float = 10.0
+    ignore_eos: bool = Field(False, description="Outputs forced to their max_tokens (min_tokens; OpenAI also ignore_eos).")

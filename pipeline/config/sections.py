@@ -287,9 +287,8 @@ class LoadTestSettings(Section):
     def _length_written(cls, value: Any, info) -> Any:
         if value is None:
             return None
-        from pipeline.loadtest.lengths import parse_length  # noqa: PLC0415 - numpy stays off config import
-
         from pipeline.errors import UsageError  # noqa: PLC0415 - beside the import above
+        from pipeline.loadtest.lengths import parse_length  # noqa: PLC0415 - numpy stays off config import
 
         try:
             parse_length(value, info.field_name)

@@ -195,6 +195,21 @@ def sends_draft_len(cfg: DeploymentConfig) -> bool:
     return cfg.speculative and describe_arm(cfg, "speculative").per_request_draft_len
 
 
+def check_forced_lengths(cfg: DeploymentConfig, arms: tuple[str, ...]) -> None:
+    """``ignore_eos`` needs a request input that forces the length: the llmapi model has none
+    (its inputs are ``sampling_param_*`` for a fixed list of fields without min_tokens or
+    ignore_eos: pipeline/trtllm/llmapi_facts.yaml, from upstream's config.pbtxt)."""
+    if not cfg.loadtest.ignore_eos or cfg.loadtest.transport == "openai":
+        return
+    for arm in arms:
+        if arm in ("baseline", "speculative") and (arm == "baseline" or cfg.speculative):
+            if describe_arm(cfg, arm).contract == "llmapi":
+                raise LoadTestUsageError(
+                    "loadtest.ignore_eos / --ignore-eos: the Triton llmapi model takes no min_tokens or ignore_eos "
+                    "input, so output lengths cannot be forced over it; drop the option or load-test "
+                    "trtllm-serve's OpenAI endpoint (transport openai)")
+
+
 def check_sweep(cfg: DeploymentConfig, sweep: list[int]) -> None:
     if not sweep:
         return

@@ -216,6 +216,7 @@ def apply_lengths(prompts: list[dict[str, Any]], *, input_len: LengthSpec | None
             more = pool[at + 1:] + pool[:at] if pool is not cutter.corpus else pool[i % len(pool):] + pool[:i % len(pool)]
             text, count, extended = cutter.cut(prompt["prompt"], int(target), more)
             prompt["prompt"], prompt["input_len"] = text, count
+            prompt.pop("messages", None)  # the cut text goes as one user message
             summary["cut_prompts"] += 1
             summary["extended_prompts"] += int(extended)
             summary["inexact_cuts"] += int(count != int(target))

@@ -52,6 +52,7 @@ from pipeline.loadtest.endpoints import (
 from pipeline.loadtest.inputs import (
     ARMS,
     LoadTestUsageError,
+    check_forced_lengths,
     check_sweep,
     load_prompt_set,
     primary_draft_len,
@@ -160,6 +161,7 @@ def run_settings(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, ru
         "stop_timeout_s": lt.stop_timeout_s, "num_workers": lt.processes, "draft_len": spec.draft_len,
         "tokenizer_dir": tokenizer_dir, "openai_api": lt.openai_api, "openai_top_k": lt.openai_top_k,
         "fail_fast_error_rate": lt.fail_fast_error_rate, "fail_fast_window_s": lt.fail_fast_window_s,
+        "ignore_eos": lt.ignore_eos,
     }
 
 
@@ -294,7 +296,8 @@ def run_loadtest(
         raise LoadTestUsageError("--aa measures the baseline against itself: drop --arm, --endpoint-speculative "
                                  "and --sweep-draft-len")
     arms = _arms_to_run(cfg, "baseline" if aa else arm, endpoint_baseline, None if aa else endpoint_speculative)
-    prompts, dataset = load_prompt_set(cfg)
+    check_forced_lengths(cfg, arms)
+    prompts, dataset = load_prompt_set(cfg, tokenizer_dir or served_tokenizer_dir(cfg))
     now = datetime.now(timezone.utc)
     if resume is not None:
         run_dir = Path(resume).resolve()

@@ -24,7 +24,7 @@ from pipeline.loadtest.datasets.base import (
 )
 
 # the format modules register themselves on import; the order is the order `--help` lists them
-from pipeline.loadtest.datasets import (  # noqa: E402,F401  isort: skip - registration by import
+from pipeline.loadtest.datasets import (  # noqa: F401  isort: skip - registration by import
     specdeploy_jsonl,
     sharegpt,
     openai_chat,

@@ -35,8 +35,8 @@ class Row:
 
     id: str
     category: str
-    prompt: str  # the text sent (the last user turn's text for a chat history)
-    messages: list[dict[str, str]] | None = None  # a whole conversation up to its last user turn
+    prompt: str  # the text sent (a chat history as a role-labelled transcript)
+    messages: list[dict[str, str]] | None = None  # a whole conversation up to its last user turn (the chat API's)
     reference_output: str | None = None  # the recorded answer: its tokens are the dataset's own output length
     input_len: int | None = None  # a trace's input length (the prompt is cut from text to it)
     output_len: int | None = None  # a trace's (or the file's own) output length
@@ -246,7 +246,10 @@ def conversation_row(path: Path, line: int, row_id: str, category: str, messages
     history = messages[:turn + 1] if multi_turn else None
     if history is not None and len(history) == 1:
         history = None  # one turn: the prompt alone says it
-    return Row(id=row_id, category=category, prompt=messages[turn]["content"], messages=history,
+    # transports without a chat API send the history as one role-labelled transcript
+    prompt = messages[turn]["content"] if history is None else "\n\n".join(
+        f"{m['role']}: {m['content']}" for m in history)
+    return Row(id=row_id, category=category, prompt=prompt, messages=history,
                reference_output=answer or None, source_line=line)
 
 
