@@ -92,13 +92,31 @@ def register(app: typer.Typer) -> None:
         tokenizer: Optional[str] = typer.Option(
             None, "--tokenizer", help="With --loadtest-file: tokenizer directory (re-tokenized lengths when a "
             "server sends no usage)."),
+        dataset_name: Optional[str] = typer.Option(
+            None, "--dataset-name", help="Dataset format (loadtest.dataset_name): specdeploy, sharegpt, openai_chat, "
+            "hf, spec_bench, speed_bench, mooncake_trace (docs/workload.md)."),
+        dataset_path: Optional[str] = typer.Option(
+            None, "--dataset-path", help="Dataset file or directory, on disk (nothing is fetched; loadtest.dataset_path)."),
+        num_prompts: Optional[int] = typer.Option(
+            None, "--num-prompts", min=1, help="Prompts drawn from the dataset, the same in both arms (loadtest.num_prompts)."),
+        input_len: Optional[str] = typer.Option(
+            None, "--input-len", help="Input tokens: 128, 64:256, normal:MEAN,SD[,MIN,MAX], lognormal:…, dataset; "
+            "prompts cut from the dataset's text in the target's tokenizer (loadtest.input_len)."),
+        output_len: Optional[str] = typer.Option(
+            None, "--output-len", help="Output tokens per request (max_tokens), written like --input-len "
+            "(loadtest.output_len)."),
+        ignore_eos: bool = typer.Option(
+            False, "--ignore-eos", help="Force outputs to their full length (biases acceptance; the report says so)."),
     ) -> int:
         from pipeline.config import load_config
         from pipeline.infra.owner_lock import holding
+        from pipeline.loadtest.inputs import with_loadtest_overrides
         from pipeline.loadtest.runner import run_loadtest
         from pipeline.report.builder import make_report
 
         repeats = _repeats(repeats_option)
+        overrides = {"dataset_name": dataset_name, "dataset_path": dataset_path, "num_prompts": num_prompts,
+                     "input_len": input_len, "output_len": output_len, "ignore_eos": ignore_eos}
         if endpoint and not arm:
             raise UsageError("--endpoint needs --arm baseline|speculative (or use --endpoint-baseline/--endpoint-speculative)")
         if endpoint:
@@ -107,8 +125,11 @@ def register(app: typer.Typer) -> None:
         if loadtest_file or config is None:
             return _endpoints_only(config, loadtest_file, out, concurrency, duration, repeats, endpoint_baseline,
                                    endpoint_speculative, arm, no_progress, transport, model, tokenizer,
-                                   model_baseline, model_speculative, aa=aa)
-        cfg = load_config(config, workdir)
+                                   model_baseline, model_speculative, aa=aa, overrides=overrides)
+        cfg = with_loadtest_overrides(load_config(config, workdir), overrides)
+        if resume and any(v not in (None, False) for v in overrides.values()):
+            raise UsageError("--resume continues the run's own data: drop --dataset-name, --dataset-path, "
+                             "--num-prompts, --input-len, --output-len and --ignore-eos")
         if resume and (out or concurrency or duration or repeats or sweep_draft_len):
             raise UsageError("--resume continues the run's own plan: drop --out, --concurrency, --duration, "
                              "--repeats and --sweep-draft-len")
@@ -126,7 +147,7 @@ def register(app: typer.Typer) -> None:
 
 def _endpoints_only(config, loadtest_file, out, concurrency, duration, repeats, endpoint_baseline,
                     endpoint_speculative, arm, no_progress, transport, model, tokenizer,
-                    model_baseline=None, model_speculative=None, aa=False) -> int:
+                    model_baseline=None, model_speculative=None, aa=False, overrides=None) -> int:
     from pipeline.infra.owner_lock import holding
     from pipeline.loadtest.endpoints_only import run_endpoint_loadtest
     from pipeline.report.builder import make_report
@@ -144,7 +165,8 @@ def _endpoints_only(config, loadtest_file, out, concurrency, duration, repeats, 
             loadtest_file, endpoint_baseline=endpoint_baseline, endpoint_speculative=endpoint_speculative,
             model=model, model_baseline=model_baseline, model_speculative=model_speculative,
             transport=transport, tokenizer=tokenizer, out_dir=out, concurrency=_int_list(concurrency, "--concurrency"),
-            duration=duration, repeats=repeats, arm=arm, progress=not no_progress, report=False, aa=aa)
+            duration=duration, repeats=repeats, arm=arm, progress=not no_progress, report=False, aa=aa,
+            loadtest_overrides=overrides)
         report = make_report(run_dir, cfg)
     _print_summary(report)
     return report.exit_code

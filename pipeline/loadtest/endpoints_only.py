@@ -36,6 +36,7 @@ from pipeline.config import (
 from pipeline.config.base import Section, described
 from pipeline.errors import ConfigError, SpecdeployError, UsageError
 from pipeline.loadtest.endpoints import ArmEndpoint, endpoint_alive
+from pipeline.loadtest.inputs import with_loadtest_overrides
 
 TRANSPORTS = ("openai", "http", "grpc")
 
@@ -165,8 +166,10 @@ def openai_alive(url: str, timeout_s: float = 5.0) -> bool:
 def run_endpoint_loadtest(lt_path: str | Path, *, endpoint_baseline: str | None, endpoint_speculative: str | None,
                           model: str | None, transport: str = "openai", tokenizer: str | None = None,
                           model_baseline: str | None = None, model_speculative: str | None = None,
+                          loadtest_overrides: dict[str, Any] | None = None,
                           **options: Any) -> tuple[Path, DeploymentConfig]:
-    """Load-test two given endpoints (or one, with ``arm``); returns (RUN_DIR, the config snapshot)."""
+    """Load-test two given endpoints (or one, with ``arm``); returns (RUN_DIR, the config snapshot).
+    ``loadtest_overrides``: the dataset flags (``inputs.with_loadtest_overrides``)."""
     from pipeline.loadtest.runner import run_loadtest  # noqa: PLC0415 - keeps psutil off this module's import
 
     if transport not in TRANSPORTS:
@@ -183,6 +186,7 @@ def run_endpoint_loadtest(lt_path: str | Path, *, endpoint_baseline: str | None,
         raise UsageError(f"--tokenizer: {tokenizer} holds no tokenizer.json")
     lt = load_loadtest_file(lt_path)
     cfg = deployment_config(lt, models.get("baseline") or next(iter(models.values())), transport, Path(lt_path))
+    cfg = with_loadtest_overrides(cfg, loadtest_overrides)
     endpoints = given_endpoints(transport, models, urls,
                                 {"baseline": lt.metrics_baseline, "speculative": lt.metrics_speculative})
     listed = check_models_listed(endpoints) if transport == "openai" else None  # before any load

@@ -185,6 +185,28 @@ def data_warnings(dataset: dict[str, Any]) -> list[str]:
     return out
 
 
+# the flags of vLLM `bench serve` / AIPerf that set a loadtest field (docs/workload.md)
+DATASET_FLAGS = {"dataset_name": "--dataset-name", "dataset_path": "--dataset-path", "num_prompts": "--num-prompts",
+                 "input_len": "--input-len", "output_len": "--output-len", "ignore_eos": "--ignore-eos"}
+
+
+def with_loadtest_overrides(cfg: DeploymentConfig, overrides: dict[str, Any] | None) -> DeploymentConfig:
+    """``cfg`` with the dataset flags given on the command line over its ``loadtest`` fields,
+    checked as the YAML would be; a usage error names the flag."""
+    given = {k: v for k, v in (overrides or {}).items() if v is not None and v is not False}
+    if not given:
+        return cfg
+    from pydantic import ValidationError  # noqa: PLC0415 - only flags need it
+
+    try:
+        loadtest = type(cfg.loadtest).model_validate({**cfg.loadtest.model_dump(), **given})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        name = str(err["loc"][0]) if err["loc"] else ""
+        raise LoadTestUsageError(f"{DATASET_FLAGS.get(name, name)}: {err['msg'].removeprefix('Value error, ')}") from None
+    return cfg.model_copy(update={"loadtest": loadtest})
+
+
 def primary_draft_len(cfg: DeploymentConfig) -> int | None:
     return cfg.method_info.primary_draft_len(cfg.speculation)
 
