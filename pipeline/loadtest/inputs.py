@@ -16,7 +16,7 @@ from typing import Any
 from pipeline.artefacts.deployment import describe_arm
 from pipeline.config import DeploymentConfig
 from pipeline.errors import EXIT_USAGE, SpecdeployError
-from pipeline.loadtest.datasets import DatasetOptions, dataset_format, load_rows
+from pipeline.loadtest.datasets import DatasetError, DatasetOptions, dataset_format, load_rows
 from pipeline.loadtest.lengths import TextCutter, apply_lengths, parse_length
 from pipeline.paths import PROJECT_ROOT
 
@@ -42,8 +42,9 @@ class PromptSetError(LoadTestError):
 
     exit_code = EXIT_USAGE
 
-    def __init__(self, field: str, detail: str):
+    def __init__(self, field: str, detail: str, dataset_error: DatasetError | None = None):
         self.field, self.detail = field, detail
+        self.dataset_error = dataset_error  # file, line and field of a malformed record
         super().__init__(f"{field}: {detail}")
 
 
@@ -80,8 +81,11 @@ def load_prompt_set(cfg: DeploymentConfig, tokenizer_dir: str | None = None) -> 
     path = _find(cfg, lt.dataset_path or lt.prompts, field)
     if path.is_dir() and not fmt.directory:
         raise PromptSetError(field, f"{path} is a directory; dataset_name '{fmt.name}' reads one file")
-    rows = load_rows(fmt.name, path, DatasetOptions(multi_turn=lt.multi_turn, prompt_column=lt.prompt_column,
-                                                    category_column=lt.category_column))
+    try:
+        rows = load_rows(fmt.name, path, DatasetOptions(multi_turn=lt.multi_turn, prompt_column=lt.prompt_column,
+                                                        category_column=lt.category_column))
+    except DatasetError as exc:  # the config field beside the file, line and field in the file
+        raise PromptSetError(field, str(exc), dataset_error=exc) from None
     files = _data_files(path, fmt.name)
     digest = hashlib.sha256()
     for file in files:
@@ -94,15 +98,19 @@ def load_prompt_set(cfg: DeploymentConfig, tokenizer_dir: str | None = None) -> 
         prompts = [p for p in prompts if p["category"] in lt.categories]
     if not prompts:
         raise PromptSetError(field, f"no prompts in {path}")
-    prompts = _draw_prompts(prompts, lt.num_prompts, lt.seed)
+    category_texts: dict[str, list[str]] = {}
+    for p in prompts:
+        if p["prompt"].strip():
+            category_texts.setdefault(p["category"], []).append(p["prompt"])
     corpus_texts = [p["prompt"] for p in prompts if p["prompt"].strip()]
+    prompts = _draw_prompts(prompts, lt.num_prompts, lt.seed)
     if fmt.name == "mooncake_trace" and lt.dataset_path:  # a trace has no text: cut it from the prompt set's
         corpus_texts = [r.prompt for r in load_rows("specdeploy", _find(cfg, lt.prompts, "loadtest.prompts"))]
     lengths = apply_lengths(
         prompts, input_len=parse_length(lt.input_len, "loadtest.input_len") if lt.input_len else None,
         output_len=parse_length(lt.output_len, "loadtest.output_len") if lt.output_len else None,
         default_max_tokens=lt.max_tokens, seed=lt.seed,
-        cutter_factory=_cutter_factory(cfg, tokenizer_dir, corpus_texts))
+        cutter_factory=_cutter_factory(cfg, tokenizer_dir, corpus_texts), category_texts=category_texts)
     dataset = {"path": str(path), "format": fmt.name, "files": [f.name for f in files], "n_prompts": len(prompts),
                "categories": sorted({p["category"] for p in prompts}), "sha256": digest.hexdigest(),
                "multi_turn": lt.multi_turn, "num_prompts": lt.num_prompts, "lengths": lengths,

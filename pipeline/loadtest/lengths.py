@@ -21,11 +21,12 @@ Reads the tokenizer's ``tokenizer.json``; writes nothing.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -140,21 +141,20 @@ class TextCutter:
     def count(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
-    def cut(self, text: str, n: int, more: Sequence[str] | None = None) -> tuple[str, int, bool]:
+    def cut(self, text: str, n: int, more: Iterable[str] | None = None) -> tuple[str, int, bool]:
         """(text of ``n`` tokens, its token count, whether other text was appended). A text shorter
         than ``n`` tokens is continued with ``more`` (default: the corpus), in order. The count
         differs from ``n`` only where no cut re-tokenizes to exactly ``n`` tokens (a merge across
         the cut): the nearest shorter cut is kept and its count recorded."""
-        more = [t for t in (self.corpus if more is None else more) if t.strip()]
+        more = iter(self.corpus if more is None else more)
         extended = False
         encoding = self.tokenizer.encode(text, add_special_tokens=False)
-        k = 0
         while len(encoding.ids) < n:
-            if k >= len(more):
+            following = next((t for t in more if t.strip()), None)
+            if following is None:
                 raise UsageError(f"--input-len: {n} tokens asked, but the text available has only "
                                  f"{len(encoding.ids)}: use shorter lengths or a larger dataset")
-            text = f"{text}\n\n{more[k]}" if text.strip() else more[k]
-            k += 1
+            text = f"{text}\n\n{following}" if text.strip() else following
             extended = True
             encoding = self.tokenizer.encode(text, add_special_tokens=False)
         return (*self._exact(text, encoding.offsets, n), extended)
@@ -181,10 +181,11 @@ def _near(n: int, limit: int, spread: int = 8) -> list[int]:
 
 def apply_lengths(prompts: list[dict[str, Any]], *, input_len: LengthSpec | None, output_len: LengthSpec | None,
                   default_max_tokens: int, seed: int, cutter_factory: Callable[[], TextCutter] | None,
-                  ) -> dict[str, Any]:
+                  category_texts: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """Set each prompt's text to its input length and its ``max_tokens`` to its output length,
     in place; returns what the run records about it (the specs, the lengths drawn, what was cut).
 
+    ``category_texts``: each category's texts in the dataset (what a short prompt is continued with).
     ``input_len`` None: prompts as written (a trace's rows still need text cut to their
     ``input_len``). ``output_len`` None: ``default_max_tokens`` for every request, unless a row
     carries its own (a trace, a file's ``output_tokens``)."""
@@ -201,19 +202,24 @@ def apply_lengths(prompts: list[dict[str, Any]], *, input_len: LengthSpec | None
                                "cut_prompts": 0, "extended_prompts": 0, "inexact_cuts": 0}
     drawn_in = draw(input_len, len(prompts), rng) if input_len and input_len.kind != "dataset" else None
     drawn_out = draw(output_len, len(prompts), rng) if output_len and output_len.kind != "dataset" else None
-    # a short prompt continues with its own category's text (the next prompts, wrapping round), so a
-    # category's prompts stay of its kind; rows without text (a trace) take the cutter's corpus
-    pools: dict[str, list[str]] = {}
-    for prompt in prompts:
-        if prompt["prompt"].strip():
-            pools.setdefault(prompt["category"], []).append(prompt["prompt"])
-    seen: dict[str, int] = {}
+    # a short prompt continues with its own category's text (the prompts after it in the dataset,
+    # wrapping round), then with the rest of the text, so a category's prompts stay of its kind;
+    # rows without text (a trace) take the text source from a different place each
+    pools = category_texts or {}
+    where = {cat: {t: k for k, t in enumerate(texts)} for cat, texts in pools.items()}
+    members = {cat: set(texts) for cat, texts in pools.items()}
+    corpus = cutter.corpus if cutter is not None else []
     for i, prompt in enumerate(prompts):
         target = drawn_in[i] if drawn_in is not None else prompt.get("input_len")
         if target:
-            pool = pools.get(prompt["category"]) or cutter.corpus
-            at = seen[prompt["category"]] = seen.get(prompt["category"], -1) + 1
-            more = pool[at + 1:] + pool[:at] if pool is not cutter.corpus else pool[i % len(pool):] + pool[:i % len(pool)]
+            cat = prompt["category"] if prompt["prompt"].strip() else None
+            pool, mine = pools.get(cat, []), members.get(cat, set())
+            at = where.get(cat, {}).get(prompt["prompt"], -1) + 1
+            own = itertools.chain(itertools.islice(pool, at, None), itertools.islice(pool, 0, max(0, at - 1)))
+            start = i % len(corpus) if corpus else 0
+            rest = (t for t in itertools.chain(itertools.islice(corpus, start, None), itertools.islice(corpus, 0, start))
+                    if t not in mine)
+            more = itertools.chain(own, rest)
             text, count, extended = cutter.cut(prompt["prompt"], int(target), more)
             prompt["prompt"], prompt["input_len"] = text, count
             prompt.pop("messages", None)  # the cut text goes as one user message

@@ -108,7 +108,7 @@ def load_rows(name: str, path: Path, options: DatasetOptions | None = None) -> l
         raise UsageError(f"--dataset-path: {path} is a directory; format '{fmt.name}' reads one file")
     rows = fmt.loader(path, options)
     if not rows:
-        raise DatasetError(path, None, None, f"no usable records for format '{fmt.name}'")
+        raise DatasetError(path, None, None, f"no prompts in it (no usable record of format '{fmt.name}')")
     seen: dict[str, int | None] = {}
     for row in rows:
         if row.id in seen:

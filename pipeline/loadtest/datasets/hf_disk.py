@@ -60,7 +60,7 @@ def _row(file: Path, n: int, value: Any, options: DatasetOptions, where: str, in
     column = options.prompt_column
     if column not in obj:
         raise DatasetError(file, n, column, f"no such column (columns: {', '.join(sorted(obj))}); "
-                           "name the prompt column with --prompt-column / loadtest.prompt_column", where=where)
+                           "name the prompt column with loadtest.prompt_column", where=where)
     category_column = options.category_column or ("category" if "category" in obj else None)
     if options.category_column and options.category_column not in obj:
         raise DatasetError(file, n, options.category_column, f"no such column (columns: {', '.join(sorted(obj))})",
