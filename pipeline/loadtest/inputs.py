@@ -15,7 +15,7 @@ from typing import Any
 
 from pipeline.artefacts.deployment import describe_arm
 from pipeline.config import DeploymentConfig
-from pipeline.errors import EXIT_USAGE, SpecdeployError
+from pipeline.errors import EXIT_USAGE, SpecdeployError, UsageError
 from pipeline.loadtest.datasets import DatasetError, DatasetOptions, dataset_format, load_rows
 from pipeline.loadtest.lengths import TextCutter, apply_lengths, parse_length
 from pipeline.paths import PROJECT_ROOT
@@ -106,11 +106,14 @@ def load_prompt_set(cfg: DeploymentConfig, tokenizer_dir: str | None = None) -> 
     prompts = _draw_prompts(prompts, lt.num_prompts, lt.seed)
     if fmt.name == "mooncake_trace" and lt.dataset_path:  # a trace has no text: cut it from the prompt set's
         corpus_texts = [r.prompt for r in load_rows("specdeploy", _find(cfg, lt.prompts, "loadtest.prompts"))]
-    lengths = apply_lengths(
-        prompts, input_len=parse_length(lt.input_len, "loadtest.input_len") if lt.input_len else None,
-        output_len=parse_length(lt.output_len, "loadtest.output_len") if lt.output_len else None,
-        default_max_tokens=lt.max_tokens, seed=lt.seed,
-        cutter_factory=_cutter_factory(cfg, tokenizer_dir, corpus_texts), category_texts=category_texts)
+    try:
+        lengths = apply_lengths(
+            prompts, input_len=parse_length(lt.input_len, "loadtest.input_len") if lt.input_len else None,
+            output_len=parse_length(lt.output_len, "loadtest.output_len") if lt.output_len else None,
+            default_max_tokens=lt.max_tokens, seed=lt.seed,
+            cutter_factory=_cutter_factory(cfg, tokenizer_dir, corpus_texts), category_texts=category_texts)
+    except UsageError as exc:  # no tokenizer, or too little text for the lengths asked: validate names it too
+        raise PromptSetError("loadtest.input_len", str(exc).removeprefix("--input-len: ")) from None
     dataset = {"path": str(path), "format": fmt.name, "files": [f.name for f in files], "n_prompts": len(prompts),
                "categories": sorted({p["category"] for p in prompts}), "sha256": digest.hexdigest(),
                "multi_turn": lt.multi_turn, "num_prompts": lt.num_prompts, "lengths": lengths,

@@ -2,9 +2,8 @@
 
 Accepted: a JSON / JSON Lines export (``Dataset.to_json``, or the ``*.json``/``*.jsonl`` files of a
 downloaded dataset repository), read here with the standard library; and Arrow (``save_to_disk``)
-or Parquet, read through ``datasets.load_from_disk`` or ``pyarrow`` when either is installed — they
-are not dependencies of specdeploy, so without them such a path is a usage error that says how to
-export JSON instead. A directory is read file by file (sorted), a ``DatasetDict`` directory split
+or Parquet, read through ``pyarrow`` when it is installed — it is not a dependency of specdeploy,
+so without it such a path is a usage error that says how to export JSON instead. A directory is read file by file (sorted), a ``DatasetDict`` directory split
 by split. ``prompt_column`` names the text, ``category_column`` the category (default: a
 ``category`` column when there is one, else ``hf``). A chat column (a list of ``{role, content}``)
 works as the prompt column: its first user turn, or with ``multi_turn`` the history.
