@@ -115,7 +115,7 @@ def register(app: typer.Typer) -> None:
         from pipeline.report.builder import make_report
 
         repeats = _repeats(repeats_option)
-        overrides = {"dataset_name": dataset_name, "dataset_path": dataset_path, "num_prompts": num_prompts,
+        dataset_flags = {"dataset_name": dataset_name, "dataset_path": dataset_path, "num_prompts": num_prompts,
                      "input_len": input_len, "output_len": output_len, "ignore_eos": ignore_eos}
         if endpoint and not arm:
             raise UsageError("--endpoint needs --arm baseline|speculative (or use --endpoint-baseline/--endpoint-speculative)")
@@ -125,9 +125,9 @@ def register(app: typer.Typer) -> None:
         if loadtest_file or config is None:
             return _endpoints_only(config, loadtest_file, out, concurrency, duration, repeats, endpoint_baseline,
                                    endpoint_speculative, arm, no_progress, transport, model, tokenizer,
-                                   model_baseline, model_speculative, aa=aa, overrides=overrides)
-        cfg = with_loadtest_overrides(load_config(config, workdir), overrides)
-        if resume and any(v not in (None, False) for v in overrides.values()):
+                                   model_baseline, model_speculative, aa=aa, dataset_flags=dataset_flags)
+        cfg = with_loadtest_overrides(load_config(config, workdir), dataset_flags)
+        if resume and any(v not in (None, False) for v in dataset_flags.values()):
             raise UsageError("--resume continues the run's own data: drop --dataset-name, --dataset-path, "
                              "--num-prompts, --input-len, --output-len and --ignore-eos")
         if resume and (out or concurrency or duration or repeats or sweep_draft_len):
@@ -147,7 +147,7 @@ def register(app: typer.Typer) -> None:
 
 def _endpoints_only(config, loadtest_file, out, concurrency, duration, repeats, endpoint_baseline,
                     endpoint_speculative, arm, no_progress, transport, model, tokenizer,
-                    model_baseline=None, model_speculative=None, aa=False, overrides=None) -> int:
+                    model_baseline=None, model_speculative=None, aa=False, dataset_flags=None) -> int:
     from pipeline.infra.owner_lock import holding
     from pipeline.loadtest.endpoints_only import run_endpoint_loadtest
     from pipeline.report.builder import make_report
@@ -166,7 +166,7 @@ def _endpoints_only(config, loadtest_file, out, concurrency, duration, repeats, 
             model=model, model_baseline=model_baseline, model_speculative=model_speculative,
             transport=transport, tokenizer=tokenizer, out_dir=out, concurrency=_int_list(concurrency, "--concurrency"),
             duration=duration, repeats=repeats, arm=arm, progress=not no_progress, report=False, aa=aa,
-            loadtest_overrides=overrides)
+            loadtest_overrides=dataset_flags)
         report = make_report(run_dir, cfg)
     _print_summary(report)
     return report.exit_code

@@ -135,3 +135,19 @@ def test_arrow_without_pyarrow_says_how_to_export_json(tmp_path):
     (tmp_path / "ds" / "state.json").write_text("{}")
     with pytest.raises(DatasetError, match=r"needs pyarrow.*to_json"):
         load_rows("hf", tmp_path / "ds")
+
+
+def test_the_loadtest_command_stops_on_a_malformed_dataset_before_any_server(tmp_path):
+    from tests.unit.cli_inproc import specdeploy
+
+    bad = tmp_path / "share.json"
+    bad.write_text('[\n {"id": "a",\n  "conversations": [{"from": "human", "value": "hi"}, {"from": "robot", '
+                   '"value": "x"}]}\n]', encoding="utf-8")
+    proc = specdeploy("loadtest", ROOT / "configs" / "tiny-cpu-medusa.yaml", "--dataset-name", "sharegpt",
+                      "--dataset-path", bad, "--out", tmp_path / "run", "--no-progress")
+    assert proc.returncode == EXIT_USAGE, proc.stdout + proc.stderr
+    assert f"{bad}:2: field 'conversations[1].from': expected human, gpt or system, found 'robot'" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
+    proc = specdeploy("loadtest", ROOT / "configs" / "tiny-cpu-medusa.yaml", "--input-len", "normal:5",
+                      "--out", tmp_path / "run", "--no-progress")
+    assert proc.returncode == EXIT_USAGE and "--input-len: 'normal:5' is not a length" in proc.stderr, proc.stderr
