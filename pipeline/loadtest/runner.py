@@ -1,6 +1,6 @@
 """`specdeploy loadtest`: speculative vs baseline under a concurrency sweep, measured with Locust.
 
-Reads the config (``loadtest`` and ``gate`` sections), the prompt set (``loadtest.prompts``), the
+Reads the config (``loadtest`` and ``gate`` sections), the dataset (``loadtest.dataset_path`` or ``prompts``), the
 build manifest (tokenizer for the optional re-tokenized cross-check) and either starts both arms'
 Triton servers as ``render`` placed them (:mod:`pipeline.loadtest.endpoints`) or uses endpoints the
 user gives.
