@@ -153,3 +153,12 @@ def test_a_conversation_goes_to_the_chat_api_as_its_messages():
     assert openai_body(inputs, "m", "chat")["messages"] == history
     completions = openai_body(request_inputs(settings(transport="openai"), prompt["prompt"], 0, prompt), "m", "completions")
     assert completions["prompt"] == prompt["prompt"] and "messages" not in completions
+
+
+def test_forced_lengths_over_the_llmapi_model_are_refused_before_any_server():
+    from pipeline.loadtest.inputs import check_forced_lengths
+
+    cfg = with_loadtest_overrides(load_config(ROOT / "configs" / "tiny-cpu-llmapi.yaml"), {"ignore_eos": True})
+    with pytest.raises(LoadTestUsageError, match="llmapi model takes no min_tokens or ignore_eos"):
+        check_forced_lengths(cfg, ("baseline", "speculative"))
+    check_forced_lengths(with_loadtest(ignore_eos=True), ("baseline", "speculative"))  # the ensemble takes min_tokens
