@@ -23,8 +23,9 @@ from pipeline.loadtest.datasets.base import (
     register,
 )
 
-# the format modules register themselves on import; the order is the order `--help` lists them
-from pipeline.loadtest.datasets import (  # noqa: F401  isort: skip - registration by import
+# the format modules register themselves on import (FORMATS keeps this order)
+# isort: off
+from pipeline.loadtest.datasets import (  # noqa: F401 - imported to register the formats
     specdeploy_jsonl,
     sharegpt,
     openai_chat,
@@ -32,5 +33,6 @@ from pipeline.loadtest.datasets import (  # noqa: F401  isort: skip - registrati
     spec_bench,
     mooncake,
 )
+# isort: on
 
 __all__ = ["FORMATS", "DatasetError", "DatasetOptions", "Row", "dataset_format", "load_rows", "register"]
