@@ -52,6 +52,7 @@ class RawRecord(Artefact):
     isl: int | None = None
     prompt_echoed: bool
     hit_max_tokens: bool
+    max_tokens: int | None = None  # this request's max_tokens (drawn output lengths differ per request)
     output_text: str
     output_sha256: str
     draft_tokens: int | None
