@@ -18,6 +18,7 @@ every method module while it builds :class:`~pipeline.config.DeploymentConfig`.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pipeline.config.registry import register_method
@@ -37,6 +38,32 @@ DeploymentConfig = Any
 CheckContext = Any
 
 ENGINE, LLM_API, REFERENCE = "engine", "llm_api", "reference"  # runtimes: trtllm-build engines, the LLM API, the CPU engine
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A kind of checkpoint directory the CPU build step resolves and checks (``resolve --kind``)."""
+
+    kind: str  # its name on the build step's command line and in its messages
+    files: tuple[tuple[str, ...], ...]  # each entry: one of these files must be in the directory
+
+
+# the HF Llama checkpoint every CPU engine loads (target, draft)
+LLAMA = Checkpoint("llama", (("config.json",), ("model.safetensors", "model.safetensors.index.json")))
+
+
+@dataclass(frozen=True)
+class StepFlag:
+    """One flag of the CPU build step ``engine`` (``python -m pipeline.build.reference_step``) that
+    carries a field of the method's ``engine.json`` proposer; a method whose ``plan_reference``
+    writes flags (rather than ``--proposer-fields``) lists them in ``Method.step_flags``. Methods
+    may share a flag (``--head-dir``) if they give it the same type and default."""
+
+    flag: str  # "--heads-dir"
+    field: str  # the proposer field it fills ("heads_dir")
+    type: str = "int"  # int, str, json (a JSON value), bool (true/false) or checkpoint (a directory)
+    checkpoint: Checkpoint | None = None  # type checkpoint: what the directory must hold
+    default: str | None = None  # None: left out of engine.json, which then takes the descriptor's default
 
 
 class Method:
@@ -60,6 +87,7 @@ class Method:
     head_field: ClassVar[str | None] = None  # the spec field naming a head/heads directory
     head_role: ClassVar[str | None] = None  # how validate names that directory
     min_engine_version: ClassVar[tuple[int, int] | None] = None  # oldest trtllm-build that has the mode
+    step_flags: ClassVar[tuple[StepFlag, ...]] = ()  # the CPU build step's flags its plan_reference writes
 
     def __init__(self) -> None:
         register_method(self)  # the config finds its section's method here (pipeline.config.registry)
