@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
@@ -96,6 +97,81 @@ def test_the_type_check_finds_what_it_looks_for(tmp_path):
                  "x = isinstance(s, config.DraftTargetSpec)"):
         (tmp_path / "stage.py").write_text(line + "\n")
         assert len(section_type_checks(tmp_path)) == 1, line
+
+
+# the per-method tables still outside pipeline/methods/, each with why it is not a hook; the list may only shrink
+PER_METHOD_TABLES = {
+    # the CPU engine's own registry of runtime proposers: reference/ sits above methods/ and is copied into
+    # the served repositories, which import no config (a method names its proposer by this key: Method.proposer)
+    "reference/proposers/__init__.py": "BUILDERS",
+    # engine.json's proposer union: the descriptor is the CPU engine's contract, read by reference/ (as above)
+    "artefacts/engine.py": "ProposerSpec",
+    # the config's speculation union and schema order (issue 45: config imports the method sections)
+    "config/deployment.py": "METHOD_SECTIONS",
+    # upstream's SpeculativeDecodingMode bit flags, keyed by engine mode (two of which are named as methods)
+    "trtllm/engine_config.py": "SPEC_MODE_BITS",
+}
+DESCRIPTOR_NAMES = frozenset({"NoProposer", "DraftTargetProposer", "MedusaProposer", "EagleProposer", "Eagle3Proposer",
+                              "NgramProposer", "LookaheadProposer"})
+
+
+def per_method_tables(root: Path, methods: frozenset[str] = frozenset(METHODS) - {"none"},
+                      classes: frozenset[str] = SECTION_NAMES | DESCRIPTOR_NAMES) -> list[str]:
+    """Tables keyed by method outside ``root/methods``: a dict literal with two or more keys that are
+    method names or a method's config section / engine-descriptor class, or a tuple, list or set
+    naming two or more of those classes (a union, a registry)."""
+    hits = []
+    for path in sorted(root.rglob("*.py")):
+        if (root / "methods") in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Dict):
+                keys = {k.value if isinstance(k, ast.Constant) else getattr(k, "id", getattr(k, "attr", None))
+                        for k in node.keys if k is not None}
+                found = keys & (methods | classes)
+            elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                found = {getattr(e, "id", getattr(e, "attr", None)) for e in node.elts} & classes
+            else:
+                continue
+            if len(found) >= 2:
+                hits.append(f"{path.relative_to(root).as_posix()}:{node.lineno}: keyed by {', '.join(sorted(found))}")
+    return hits
+
+
+def test_no_new_per_method_table_outside_the_methods():
+    hits = per_method_tables(PIPELINE)
+    files = {hit.split(":")[0] for hit in hits}
+    new = [hit for hit in hits if hit.split(":")[0] not in PER_METHOD_TABLES]
+    assert new == [], "a fact of each method is a hook of its Method (pipeline/methods/base.py):\n" + "\n".join(new)
+    assert set(PER_METHOD_TABLES) <= files, f"gone, take them off PER_METHOD_TABLES: {set(PER_METHOD_TABLES) - files}"
+    assert len(hits) == len(files), hits  # one table per listed file
+
+
+def test_the_table_check_finds_what_it_looks_for(tmp_path):
+    (tmp_path / "methods").mkdir()
+    (tmp_path / "methods" / "registry.py").write_text('T = {"medusa": 1, "eagle": 2}\n')  # the methods' own home
+    (tmp_path / "stage.py").write_text('T = {"medusa": 1}\nU = (MedusaSpec,)\nV = {"x": 1, "y": 2}\n')  # one is no table
+    assert per_method_tables(tmp_path) == []
+    for line in ('FLAGS = {"medusa": a, "eagle": b}', "U = Union[MedusaSpec, EagleSpec]", "S = [sections.NgramSpec, MtpSpec]",
+                 "B = {DraftTargetProposer: f, NgramProposer: g}", 'R = {"draft_target": 1, "ngram": 2, "other": 3}'):
+        (tmp_path / "stage.py").write_text(line + "\n")
+        assert len(per_method_tables(tmp_path)) == 1, line
+
+
+def test_every_step_flag_fills_a_field_of_its_engine_descriptor():
+    """The CPU build step writes a method's flags into its engine.json proposer: each flag names a
+    field of that proposer's descriptor (pipeline/artefacts/engine.py), and a shared flag has one type."""
+    from pipeline.artefacts.engine import ProposerSpec
+    from pipeline.build.reference_step import parser
+
+    descriptors = {d.model_fields["method"].default: d for d in get_args(get_args(ProposerSpec)[0])}
+    for method in METHODS.values():
+        for flag in method.step_flags:
+            assert flag.field in descriptors[method.proposer].model_fields, (method.name, flag)
+            assert (flag.checkpoint is not None) == (flag.type == "checkpoint"), (method.name, flag)
+    flags = {action.option_strings[0] for action in parser()._subparsers._group_actions[0].choices["engine"]._actions
+             if action.option_strings}
+    assert {f.flag for m in METHODS.values() for f in m.step_flags} <= flags
 
 
 def test_registry_lists_every_method_once_in_the_config_order():
