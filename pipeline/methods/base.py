@@ -11,8 +11,9 @@ package.
 
 Each hook takes the validated config section (``spec``) or the whole config; the defaults here
 are those of a method that does none of it, so a module overrides only what it has. Imports stay
-at the config's building blocks (:mod:`pipeline.config.base`), so the config package can import
-every method module while it builds :class:`~pipeline.config.DeploymentConfig`.
+at the config's building blocks (:mod:`pipeline.config_base`), beneath the config, which reads
+every method's section from the registry (:data:`pipeline.methods.METHODS`) to build
+:class:`~pipeline.config.DeploymentConfig`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pipeline.config.registry import register_method
 from pipeline.methods.drafting import DraftHead, DraftPlan
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 # The hooks' argument types, by name only: pipeline.config.DeploymentConfig and validate's
 # CheckContext. Importing them, even for type checking, would close a cycle: the config builds its
-# ``speculation`` union from these modules' sections, and validate.findings reads the config.
+# ``speculation`` union from the registry of these modules, and validate.findings reads the config.
 DeploymentConfig = Any
 CheckContext = Any
 
@@ -88,9 +88,6 @@ class Method:
     head_role: ClassVar[str | None] = None  # how validate names that directory
     min_engine_version: ClassVar[tuple[int, int] | None] = None  # oldest trtllm-build that has the mode
     step_flags: ClassVar[tuple[StepFlag, ...]] = ()  # the CPU build step's flags its plan_reference writes
-
-    def __init__(self) -> None:
-        register_method(self)  # the config finds its section's method here (pipeline.config.registry)
 
     # -- draft lengths -------------------------------------------------------------------------
     def primary_draft_len(self, spec: Any) -> int | None:

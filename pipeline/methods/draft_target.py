@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from pipeline.config.base import ModelSpec, Section, described
+from pipeline.config_base import ModelSpec, Section, described
 from pipeline.methods.base import ENGINE, LLAMA, LLM_API, REFERENCE, Method, StepFlag
 from pipeline.methods.drafting import DraftPlan, chain_plan
 from pipeline.validate.severity import ERROR, INFO, WARNING

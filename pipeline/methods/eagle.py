@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from pipeline.config.base import (
+from pipeline.config_base import (
     ModelSpec,
     Section,
     TreeChoices,

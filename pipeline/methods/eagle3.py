@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
-from pipeline.config.base import Section, described
+from pipeline.config_base import Section, described
 from pipeline.methods.base import LLM_API, REFERENCE, Method, StepFlag
 from pipeline.methods.drafting import DraftHead, DraftPlan, chain_plan, head_cost
 from pipeline.methods.heads import HEAD_DIR

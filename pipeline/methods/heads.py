@@ -36,8 +36,8 @@ def plan_tree_head(p: Any, method: Any, spec: Any, target: tuple[str, str], head
 
 
 def check_head_dims(ctx: Any, role: str, field_path: str, dims: dict[str, int | None]) -> None:
-    """``ctx``: validate's CheckContext (not named here: it would tie this module into the config ↔
-    methods cycle that the registration is to remove)."""
+    """``ctx``: validate's CheckContext (not named here: validate.findings reads the config, which
+    reads the methods' registry; naming it would close that cycle)."""
     target = ctx.shapes.get("target")
     if target is None:
         return

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from pipeline.config.base import Section, TreeChoices, TreeDrafts, check_tree, described, tree_depth
+from pipeline.config_base import Section, TreeChoices, TreeDrafts, check_tree, described, tree_depth
 from pipeline.errors import ConfigError
 from pipeline.infra.trees import brace_choices
 from pipeline.methods.base import ENGINE, REFERENCE, Checkpoint, Method, StepFlag

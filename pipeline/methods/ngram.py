@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from pipeline.config.base import Section, described
+from pipeline.config_base import Section, described
 from pipeline.methods.base import ENGINE, LLM_API, REFERENCE, Method, StepFlag
 from pipeline.methods.draft_target import check_bls_context_lengths
 from pipeline.methods.drafting import DraftPlan, chain_plan

@@ -106,8 +106,6 @@ PER_METHOD_TABLES = {
     "reference/proposers/__init__.py": "BUILDERS",
     # engine.json's proposer union: the descriptor is the CPU engine's contract, read by reference/ (as above)
     "artefacts/engine.py": "ProposerSpec",
-    # the config's speculation union and schema order (issue 45: config imports the method sections)
-    "config/deployment.py": "METHOD_SECTIONS",
     # upstream's SpeculativeDecodingMode bit flags, keyed by engine mode (two of which are named as methods)
     "trtllm/engine_config.py": "SPEC_MODE_BITS",
 }
@@ -172,6 +170,50 @@ def test_every_step_flag_fills_a_field_of_its_engine_descriptor():
     flags = {action.option_strings[0] for action in parser()._subparsers._group_actions[0].choices["engine"]._actions
              if action.option_strings}
     assert {f.flag for m in METHODS.values() for f in m.step_flags} <= flags
+
+
+def _imported(path: Path) -> set[str]:
+    """Dotted names a file imports anywhere (functions and TYPE_CHECKING included): ``from a.b import c`` gives a.b.c."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return names
+
+
+def config_method_ties(root: Path) -> list[str]:
+    """A config module naming a method module (it takes the sections from the registry, ``pipeline.methods``),
+    and a method module naming the config (its sections build on ``pipeline.config_base``)."""
+    hits = []
+    for path in sorted((root / "config").rglob("*.py")):
+        hits += [f"config/{path.name} imports {n}" for n in sorted(_imported(path))
+                 if n.startswith("pipeline.methods.") and n.split(".")[2] not in ("METHODS", "Method", "get_method")]
+    for path in sorted((root / "methods").rglob("*.py")):
+        hits += [f"methods/{path.name} imports {n}" for n in sorted(_imported(path))
+                 if n == "pipeline.config" or n.startswith("pipeline.config.")]
+    return hits
+
+
+def test_the_config_reads_the_registry_and_the_methods_never_the_config():
+    assert config_method_ties(PIPELINE) == []
+
+
+def test_the_tie_check_finds_what_it_looks_for(tmp_path):
+    (tmp_path / "config").mkdir()
+    (tmp_path / "methods").mkdir()
+    (tmp_path / "config" / "deployment.py").write_text("from pipeline.methods import METHODS, Method\n")
+    (tmp_path / "methods" / "medusa.py").write_text("from pipeline.config_base import Section\n")
+    assert config_method_ties(tmp_path) == []
+    for where, line in (("config/deployment.py", "from pipeline.methods.medusa import MedusaSpec"),
+                        ("config/deployment.py", "import pipeline.methods.eagle"),
+                        ("methods/medusa.py", "from pipeline.config import DeploymentConfig"),
+                        ("methods/medusa.py", "if TYPE_CHECKING:\n    from pipeline.config.deployment import DeploymentConfig")):
+        original = (tmp_path / where).read_text()
+        (tmp_path / where).write_text(line + "\n")
+        assert len(config_method_ties(tmp_path)) == 1, line
+        (tmp_path / where).write_text(original)
 
 
 def test_registry_lists_every_method_once_in_the_config_order():
