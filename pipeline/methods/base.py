@@ -80,6 +80,7 @@ class Method:
     triton_decoding_mode: ClassVar[str] = ""  # tensorrt_llm decoding_mode parameter ("" = upstream's default)
     required_triton_parameters: ClassVar[tuple[str, ...]] = ()  # tensorrt_llm parameters its decoding_mode needs
     llmapi_decoding_type: ClassVar[str | None] = None  # speculative_config.decoding_type on the LLM API
+    vllm_method: ClassVar[str | None] = None  # vLLM's speculative_config.method (vllm/config/speculative.py; None: none)
     engine_only_decoding_type: ClassVar[str | None] = None  # upstream's decoding_type it would have had there
     engine_only_reason: ClassVar[str | None] = None  # why the LLM API refuses it (else the facts file says)
     draft_model: ClassVar[bool] = False  # a second (draft) model with its own checkpoint and engine

@@ -64,6 +64,7 @@ class DraftTargetSpec(Section):
 
 class DraftTargetMethod(Method):
     name = "draft_target"
+    vllm_method = "draft_model"  # the schedule's vLLM form (pipeline/schedule/forms.py)
     section = DraftTargetSpec
     title = "draft-target"
     runtimes = frozenset({ENGINE, LLM_API, REFERENCE})

@@ -112,6 +112,7 @@ NUM_LAYERS = StepFlag("--num-layers", "num_layers")  # the CPU build step's flag
 
 class EagleMethod(Method):
     name = "eagle"
+    vllm_method = "eagle"  # the schedule's vLLM form (pipeline/schedule/forms.py)
     section = EagleSpec
     title = "EAGLE"
     runtimes = frozenset({ENGINE, REFERENCE})

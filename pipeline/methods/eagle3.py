@@ -55,6 +55,7 @@ DRAFT_LEN = StepFlag("--num-draft-tokens", "max_draft_len")  # the CPU build ste
 
 class Eagle3Method(Method):
     name = "eagle3"
+    vllm_method = "eagle3"  # the schedule's vLLM form (pipeline/schedule/forms.py)
     section = Eagle3Spec
     title = "EAGLE-3"
     runtimes = frozenset({LLM_API, REFERENCE})

@@ -75,6 +75,7 @@ NUM_HEADS = StepFlag("--num-heads", "num_heads")
 
 class MedusaMethod(Method):
     name = "medusa"
+    vllm_method = "medusa"  # the schedule's vLLM form (pipeline/schedule/forms.py)
     section = MedusaSpec
     title = "Medusa"
     runtimes = frozenset({ENGINE, REFERENCE})

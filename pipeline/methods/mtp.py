@@ -36,6 +36,7 @@ class MtpSpec(Section):
 
 class MtpMethod(Method):
     name = "mtp"
+    vllm_method = "mtp"  # the schedule's vLLM form (pipeline/schedule/forms.py)
     section = MtpSpec
     title = "MTP"
     runtimes = frozenset({LLM_API})

@@ -90,6 +90,7 @@ POOL_SWITCHES = ("is_keep_all", "is_use_oldest", "is_public_pool")  # n-gram poo
 
 class NgramMethod(Method):
     name = "ngram"
+    vllm_method = "ngram"  # the schedule's vLLM form (pipeline/schedule/forms.py)
     section = NgramSpec
     title = "n-gram"
     runtimes = frozenset({ENGINE, LLM_API, REFERENCE})  # ENGINE: through the BLS only
