@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipeline.config.base import CrossFieldError, Section, described
+from pipeline.config_base import CrossFieldError, Section, described
 
 
 class LlmApiSettings(Section):

@@ -33,7 +33,7 @@ from pipeline.config import (
     format_validation_error,
     load_yaml_strict,
 )
-from pipeline.config.base import Section, described
+from pipeline.config_base import Section, described
 from pipeline.errors import ConfigError, SpecdeployError, UsageError
 from pipeline.loadtest import reach
 from pipeline.loadtest.endpoints import ArmEndpoint, endpoint_alive
