@@ -100,9 +100,9 @@ def _moved(inp, name: str, factor: float):
     raise KeyError(name)
 
 
-def corner_inputs(inp) -> list[tuple]:
-    """(inputs, acceptance edge) for every corner of the ranges."""
-    ranges = input_ranges(inp)
+def corner_inputs(inp, exclude: tuple[str, ...] = ()) -> list[tuple]:
+    """(inputs, acceptance edge) for every corner of the ranges (but those named in ``exclude``)."""
+    ranges = [r for r in input_ranges(inp) if r.name not in exclude]
     corners = []
     for ends in product(*[(r.low, r.high) for r in ranges]):
         moved = inp
