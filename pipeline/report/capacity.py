@@ -159,16 +159,24 @@ def _capacity_of_curve(points: list[tuple[float, float, float]]) -> tuple[float,
     return r1 + frac * max(r2 - r1, 0.0), t1 + frac * max(t2 - t1, 0.0), False
 
 
-def measured_capacity(run_dir: Path, slo: Slo | None = None) -> dict[str, Any]:
+def report_slo(report: dict, percentile: float | None = None) -> Slo:
+    """The SLOs a report was made with (gate.slo), at ``percentile`` (default: the SLO's own, else p95)."""
+    gate_slo = (report.get("gate_settings") or {}).get("slo") or {}
+    return Slo(gate_slo.get("ttft_ms"), gate_slo.get("tpot_ms"), gate_slo.get("e2e_ms"),
+               percentile or gate_slo.get("percentile") or 95.0)
+
+
+def measured_capacity(run_dir: Path, slo: Slo | None = None, report: dict | None = None) -> dict[str, Any]:
     """Per arm (primary draft length), the replica capacity within ``slo`` (default: the SLOs the
-    report was made with, at p95), its interval over repeats, and speculative ÷ baseline."""
-    report_file = run_dir / "report.json"
-    if not report_file.is_file():
-        raise CapacityError(f"{report_file} not found: run `specdeploy report {run_dir}` first")
-    report = json.loads(report_file.read_text(encoding="utf-8"))
+    report was made with, at p95), its interval over repeats, and speculative ÷ baseline.
+    ``report``: the report's data (default: the run's report.json)."""
+    if report is None:
+        report_file = run_dir / "report.json"
+        if not report_file.is_file():
+            raise CapacityError(f"{report_file} not found: run `specdeploy report {run_dir}` first")
+        report = json.loads(report_file.read_text(encoding="utf-8"))
     if slo is None:
-        gate_slo = (report.get("gate_settings") or {}).get("slo") or {}
-        slo = Slo(gate_slo.get("ttft_ms"), gate_slo.get("tpot_ms"), gate_slo.get("e2e_ms"))
+        slo = report_slo(report)
     if not slo.limits():
         raise CapacityError("no SLO to size against: give --ttft-ms, --tpot-ms or --e2e-ms")
     summaries = {r["key"]: r for r in report.get("runs", [])}
@@ -334,3 +342,81 @@ def forecast_capacity(inp, slo: Slo, grid: tuple[int, ...] | None = None) -> dic
                            "band also divided by the model's recorded error", "arms": arms,
             "capacity_ratio": {"point": None if ratio is None else round(ratio, 4), "low": _r(low), "high": _r(high),
                                "method": "forecast band"}}
+
+
+# ------------------------------------------------------------------------------------------------
+# A prediction at one rate, to check against an open-loop run
+
+
+def report_section(run_dir: Path, data: dict, settings, gpus_per_replica: int) -> dict[str, Any]:
+    """The report's capacity section (config ``capacity:``): the measured capacity at gate.slo, the
+    fleet and cost, and how far this method was off when last checked against an open-loop run."""
+    capacity = measured_capacity(run_dir, report_slo(data, settings.percentile), data)
+    demand = Demand(settings.rate_rps, tuple(settings.daily_profile))
+    fleet = plan_fleet(capacity, demand, Pricing(settings.gpu_hour_usd, settings.gpus_per_replica or gpus_per_replica))
+    return {"available": True, "capacity": capacity, "fleet": fleet, "last_check": last_check()}
+
+
+CHECK_RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "capacity-check.json"
+
+
+def last_check() -> dict[str, Any] | None:
+    """The errors of the last prediction-vs-open-loop check (benchmarks/bench_capacity.py), if on record."""
+    try:
+        check = json.loads(CHECK_RESULTS.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return {"created": check.get("created"), "commit": check.get("commit"), "rate_rps": check.get("rate_rps"),
+            "comparison": check.get("comparison")}
+
+
+def predict_at_rate(run_dir: Path, rate_rps: float, slo: Slo) -> dict[str, Any]:
+    """Per arm, what one replica does at ``rate_rps`` by the run's measured curves: the chosen
+    percentile of each SLO metric, interpolated linearly in throughput between the two levels
+    around the rate (per repeat, then averaged), whether it meets the SLOs, and the output tokens/s
+    (the rate × the run's tokens per request; None beyond the capacity, where the replica saturates)."""
+    report = json.loads((run_dir / "report.json").read_text(encoding="utf-8"))
+    summaries = {r["key"]: r for r in report.get("runs", [])}
+    primary = report.get("primary_draft_len")
+    points: dict[str, dict[int, list]] = {"baseline": {}, "speculative": {}}
+    for run in load_runs(run_dir):
+        info, summary = run.info, summaries.get(run.info.get("key"))
+        if summary is None or info.get("arm") not in points:
+            continue
+        if info["arm"] == "speculative" and info.get("draft_len") not in (None, primary):
+            continue
+        _, values = level_slack(run.records, slo)
+        points[info["arm"]].setdefault(info.get("repeat", 0), []).append(
+            (summary["requests_per_s"], values, summary["output_tokens_per_s"]))
+    out = {}
+    for arm, by_repeat in points.items():
+        per_metric: dict[str, list[float]] = {m: [] for m in slo.limits()}
+        tokens_per_request = []
+        beyond = False
+        for curve in by_repeat.values():
+            curve.sort(key=lambda p: p[0])
+            tokens_per_request.extend(t / r for r, _, t in curve if r > 0)
+            if rate_rps > curve[-1][0]:
+                beyond = True
+            for metric in per_metric:
+                xs = [r for r, _, _ in curve]
+                ys = [v[metric] for _, v, _ in curve]
+                per_metric[metric].append(_interp(rate_rps, xs, ys))
+        tpr = sum(tokens_per_request) / len(tokens_per_request)
+        predicted = {m: sum(v) / len(v) for m, v in per_metric.items()}
+        out[arm] = {"percentiles_ms": {m: round(v, 3) for m, v in predicted.items()},
+                    "meets_slo": all(predicted[m] <= limit for m, limit in slo.limits().items()),
+                    "output_tokens_per_s": None if beyond else round(rate_rps * tpr, 2),
+                    "beyond_the_measured_levels": beyond}
+    return out
+
+
+def _interp(x: float, xs: list[float], ys: list[float]) -> float:
+    """Linear in ``xs`` (extended past the ends by the nearest segment)."""
+    if len(xs) == 1:
+        return ys[0]
+    i = 1
+    while i < len(xs) - 1 and xs[i] < x:
+        i += 1
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 if x1 == x0 else y0 + (x - x0) * (y1 - y0) / (x1 - x0)

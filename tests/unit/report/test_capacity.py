@@ -152,3 +152,30 @@ def test_every_shipped_gpu_config_gets_a_forecast_capacity(config):
     answer = json.loads(result.stdout)
     assert answer["capacity"]["source"] == "forecast"
     assert all(arm["gpus"] for arm in answer["fleet"]["arms"].values())
+
+
+@pytest.mark.slow
+def test_a_config_with_a_capacity_section_gets_it_in_its_report_and_on_the_first_screen(tmp_path):
+    from pipeline.config.sections import CapacitySettings
+    from pipeline.report.builder import config_from_run, prepare
+    from pipeline.report.view.summary import decision
+
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURE, run)
+    cfg = config_from_run(run)
+    cfg = cfg.model_copy(update={"capacity": CapacitySettings(rate_rps=30.0, gpu_hour_usd=2.0)})
+    data, _, _ = prepare(run, cfg)
+    section = data["capacity"]
+    assert section["available"], section
+    assert section["fleet"]["arms"]["speculative"]["gpus"] >= 1
+    line = next(f for f in decision(data)["findings"] if f.startswith("Capacity at p95"))
+    assert "30 req/s needs" in line and "with speculation" in line and "without" in line
+
+
+def test_a_capacity_section_needs_one_demand():
+    from pipeline.config.sections import CapacitySettings
+
+    with pytest.raises(ValueError, match="one of them"):
+        CapacitySettings(gpu_hour_usd=2.0)
+    with pytest.raises(ValueError, match="24 hourly"):
+        CapacitySettings(daily_profile=[1.0] * 23)
