@@ -107,6 +107,8 @@ class Report(Artefact):
     forecast: dict[str, Any] = Field(default_factory=dict, description=(
         "Forecast vs measured per concurrency with the measured acceptance fed back (pipeline/report/forecast_check.py); "
         "'available': false with the reason when no forecast could be made."))
+    capacity: dict[str, Any] | None = Field(default=None, description=(
+        "Capacity and cost at gate.slo per arm, when the config has a capacity: section (pipeline/report/capacity.py)."))
 
 
 class ComparedRun(Strict):

@@ -18,6 +18,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from pipeline.config.sections import (
     BuildLimits,
+    CapacitySettings,
     GateSettings,
     LlmApiSettings,
     LoadTestSettings,
@@ -90,6 +91,8 @@ class DeploymentConfig(Section):
     )
     loadtest: LoadTestSettings = described("Load-test settings.", default_factory=LoadTestSettings)
     gate: GateSettings = described("Rollout gate thresholds.", default_factory=GateSettings)
+    capacity: CapacitySettings | None = described(
+        "Capacity and cost at gate.slo in the report (docs/capacity.md); unset: no capacity section.", default=None)
     _source_path: Path | None = PrivateAttr(default=None)
     _workdir: Path | None = PrivateAttr(default=None)  # output root (pipeline.paths); None: the current directory
 
