@@ -283,7 +283,7 @@ def build_report_data(run_dir: Path, cfg: DeploymentConfig, analysis: dict, gate
         "provenance": {k: v for k, v in meta.items() if k not in PROVENANCE_EXCLUDED},
         "synthetic_data": bool(meta.get("dataset", {}).get("synthetic")) if isinstance(meta.get("dataset"), dict) else None,
         "formulas": FORMULAS,
-        "acceptance_reported": acceptance_reported(runs),
+        "acceptance_reported": acceptance_reported(runs, meta.get("server_metrics")),
         "sessions": sessions(meta, [run.info for run in runs]),
     }
     data["forecast"] = safe_forecast_section(data, cfg, run_context(r for run in runs for r in run.records))
