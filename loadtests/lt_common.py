@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 CONFIG_ENV = "SPECDEPLOY_LOADTEST_CONFIG"
+HEADERS_ENV = "SPECDEPLOY_LOADTEST_HEADERS"  # the header values (pipeline/loadtest/reach.py), never in a file
 RECORD_SCHEMA = "specdeploy-raw/1"  # pipeline.artefacts.records.RawRecord is its model
 RECORD_SCHEMA_VERSION = 1
 
@@ -55,6 +56,14 @@ class RunSettings:
     openai_top_k: bool | None = None  # transport openai: send top_k; None = only when sampling sets it (not greedy)
     fail_fast_error_rate: float | None = 0.5  # stop the run when errors / finished pass this in the first window
     fail_fast_window_s: float = 5.0  # seconds from the run's start the fail-fast check covers
+    # arrivals and reach (docs/arrivals-and-goodput.md)
+    burstiness: float = 1.0  # arrival gamma: the gamma shape (1 = Poisson)
+    max_concurrency: int | None = None  # open loop: at most this many requests in flight
+    ramp: list[dict[str, Any]] = field(default_factory=list)  # [{duration_s, rate | users}] within one run
+    headers: dict[str, str] = field(default_factory=dict)  # sent with every request
+    api_key_env: str | None = None  # the NAME of the variable holding the key; the key itself is never in a file
+    extra_body: dict[str, Any] = field(default_factory=dict)  # merged into every request body
+    ignore_eos: bool = False  # force each output to its max_tokens (min_tokens; OpenAI also ignore_eos)
 
     @classmethod
     def from_file(cls, path: str | Path) -> "RunSettings":
@@ -105,16 +114,25 @@ class PromptCursor:
         return index, self._rows[index]
 
 
-def request_inputs(settings: RunSettings, prompt_text: str, prompt_index: int) -> dict[str, Any]:
-    """The request shape, identical in both arms except ``extra_inputs`` (e.g. num_draft_tokens)."""
+def max_tokens_of(settings: RunSettings, prompt: dict[str, Any] | None) -> int:
+    """The request's output length: the prompt's own (drawn, or the dataset's), else the run's."""
+    own = (prompt or {}).get("max_tokens")
+    return int(own) if own else int(settings.max_tokens)
+
+
+def request_inputs(settings: RunSettings, prompt_text: str, prompt_index: int,
+                   prompt: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The request shape, identical in both arms except ``extra_inputs`` (e.g. num_draft_tokens).
+    ``prompt``: its ``max_tokens`` (per request) and, for the OpenAI chat API, its ``messages``."""
     if settings.contract == "llmapi":
         from llmapi_contract import llmapi_inputs  # noqa: PLC0415 - only this path needs it
 
-        return llmapi_inputs(settings, prompt_text, prompt_index)
+        return llmapi_inputs(settings, prompt_text, prompt_index, max_tokens_of(settings, prompt))
     sampling = dict(settings.sampling)
+    max_tokens = max_tokens_of(settings, prompt)
     inputs: dict[str, Any] = {
         "text_input": prompt_text,
-        "max_tokens": int(settings.max_tokens),
+        "max_tokens": max_tokens,
         "stream": True,
         "exclude_input_in_output": True,
         "return_perf_metrics": True,
@@ -132,8 +150,39 @@ def request_inputs(settings: RunSettings, prompt_text: str, prompt_index: int) -
             inputs.pop("temperature")
     if "seed" in sampling:
         inputs["seed"] = int(sampling["seed"]) + prompt_index  # same prompt → same seed in both arms
+    if settings.ignore_eos:
+        # TensorRT-LLM has no ignore_eos: min_tokens = max_tokens suppresses end_id until the length
+        # (the inflight-batcher ensemble's and BLS's optional min_tokens input); vLLM takes both fields
+        inputs["min_tokens"] = max_tokens
+        if settings.transport == "openai":
+            inputs["ignore_eos"] = True
+    if settings.transport == "openai" and (prompt or {}).get("messages"):
+        inputs["messages"] = prompt["messages"]  # a whole conversation (chat API; openai_user)
     inputs.update(settings.extra_inputs)
+    if settings.transport != "openai":  # the OpenAI session merges it into its own body, last
+        inputs.update(settings.extra_body)
     return inputs
+
+
+class MissingApiKey(RuntimeError):
+    """``api_key_env`` names a variable that is not set."""
+
+
+def request_headers(settings: RunSettings, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The headers every request carries besides the transport's own: ``headers``, then the API key
+    read from the environment variable ``api_key_env`` as ``Authorization: Bearer`` (vLLM's and
+    OpenAI's convention). The key is read here, in the load generator, and never stored."""
+    environ = os.environ if environ is None else environ
+    # the values come from the environment the orchestrator gives this process (its settings file names
+    # them only, pipeline/loadtest/reach.py); a settings file written by hand may carry them itself
+    given = environ.get(HEADERS_ENV)
+    out = json.loads(given) if given else dict(settings.headers)
+    if settings.api_key_env:
+        key = environ.get(settings.api_key_env)
+        if not key:
+            raise MissingApiKey(f"api_key_env: the environment variable {settings.api_key_env} is not set")
+        out["Authorization"] = f"Bearer {key}"
+    return out
 
 
 # draft_fallbacks: our BLS output, 1 when a draft failure made the request go on target-only
@@ -167,6 +216,8 @@ class RequestState:
     stream_text: Any = None  # llmapi contract: llmapi_contract.CumulativeText of this request
     reasoning_parts: list[str] = field(default_factory=list)  # a reasoning model's thinking, kept apart
     t_first_answer: int | None = None  # first answer (non-reasoning) text; t_first_token counts both
+    ramp_step: int | None = None  # the ramp step the request was sent in (None without a ramp)
+    max_tokens: int | None = None  # this request's max_tokens when it differs per request (drawn lengths)
 
     def add_chunk(self, t_ns: int, text: str | None, num_tokens: int | None, reasoning: str | None = None) -> None:
         """Record one response. ``num_tokens`` is the server's count for this response; ``reasoning`` is
@@ -198,9 +249,12 @@ class RequestState:
 class Clock:
     """perf_counter_ns relative to the process's run start."""
 
+    current: "Clock | None" = None  # the run's clock, for a load shape that must step on the records' time
+
     def __init__(self) -> None:
         self.t0 = time.perf_counter_ns()
         self.t0_unix = time.time()
+        Clock.current = self
 
     def now(self) -> int:
         return time.perf_counter_ns() - self.t0
@@ -231,6 +285,7 @@ def build_record(settings: RunSettings, state: RequestState, *, worker_pid: int,
         "prompt_index": state.prompt_index,
         "worker_pid": worker_pid,
         "t_scheduled": state.t_scheduled,
+        "ramp_step": state.ramp_step,
         "t_sent": state.t_sent,
         "t_first_token": t_first,
         "t_first_answer": state.t_first_answer if reasoning else t_first,
@@ -245,7 +300,8 @@ def build_record(settings: RunSettings, state: RequestState, *, worker_pid: int,
         "isl_chars": len(state.prompt_text),
         "isl": None,
         "prompt_echoed": bool(text) and text.startswith(state.prompt_text) and len(state.prompt_text) > 0,
-        "hit_max_tokens": osl >= settings.max_tokens,
+        "hit_max_tokens": osl >= (state.max_tokens or settings.max_tokens),
+        "max_tokens": state.max_tokens or settings.max_tokens,
         "output_text": text,
         "reasoning_text": reasoning or None,
         # greedy-equivalence compares the whole output: reasoning, a NUL, the answer (the answer alone without one)
@@ -305,12 +361,71 @@ def parse_sse_line(line: bytes) -> dict[str, Any] | None:
     return json.loads(payload)
 
 
-def arrival_offsets(rate: float, count: int, seed: int, kind: str = "poisson") -> list[float]:
-    """Intended send times (s from the start) of an open-loop schedule."""
+def arrival_offsets(rate: float, count: int, seed: int, kind: str = "poisson", burstiness: float = 1.0) -> list[float]:
+    """Intended send times (s from the start) of an open-loop schedule at a mean of ``rate`` requests/s:
+    ``poisson`` exponential gaps; ``constant`` (or ``fixed``) 1/rate apart; ``gamma`` gaps drawn from a
+    gamma distribution of shape ``burstiness`` and scale 1/(rate·burstiness), vLLM's meaning of
+    ``--burstiness`` (1 is Poisson, smaller is burstier; the gaps' coefficient of variation is
+    1/√burstiness)."""
     rng = random.Random(seed)
     t = 0.0
     out = []
     for _ in range(count):
-        t += rng.expovariate(rate) if kind == "poisson" else 1.0 / rate
+        if kind == "poisson":
+            t += rng.expovariate(rate)
+        elif kind == "gamma":
+            t += rng.gammavariate(burstiness, 1.0 / (rate * burstiness))
+        elif kind in ("constant", "fixed"):
+            t += 1.0 / rate
+        else:
+            raise ValueError(f"arrival: unknown kind '{kind}' (poisson, constant, gamma, trace)")
         out.append(t)
     return out
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One planned open-loop request: when (s from the run's start), which prompt (None: the next in the
+    seeded order) and which ramp step it belongs to (None without a ramp)."""
+
+    offset_s: float
+    prompt_index: int | None = None
+    step: int | None = None
+
+
+def arrival_schedule(settings: RunSettings, horizon_s: float) -> list[Arrival]:
+    """Every arrival of an open-loop run up to ``horizon_s``: one rate (``target_rate``), a ramp of rates
+    (each step its own rate, for its own seconds, the steps back to back) or a trace (each prompt's own
+    ``arrival_s``, in file order, as the dataset loader gives it)."""
+    if settings.arrival == "trace":
+        timed = [(float(p["arrival_s"]), i) for i, p in enumerate(settings.prompts) if p.get("arrival_s") is not None]
+        if not timed:
+            raise ValueError("arrival trace: no prompt carries an arrival_s")
+        start = min(t for t, _ in timed)
+        return [Arrival(t - start, i) for t, i in sorted(timed) if t - start <= horizon_s]
+    steps = settings.ramp or [{"duration_s": horizon_s, "rate": settings.target_rate}]
+    out: list[Arrival] = []
+    begin = 0.0
+    for n, step in enumerate(steps):
+        length = float(step["duration_s"]) if settings.ramp else horizon_s
+        rate = float(step["rate"])
+        count = int(rate * length * 2) + 10  # enough draws to pass the step's end
+        seed = settings.seed + 7919 * n  # each step its own stream, the same in both arms
+        for t in arrival_offsets(rate, count, seed, settings.arrival, settings.burstiness):
+            if t > length:
+                break
+            out.append(Arrival(begin + t, None, n if settings.ramp else None))
+        begin += length
+    return [a for a in out if a.offset_s <= horizon_s]
+
+
+def ramp_step_at(settings: RunSettings, t_s: float) -> int | None:
+    """The ramp step running at ``t_s`` seconds from the start (the last one past the end); None without a ramp."""
+    if not settings.ramp:
+        return None
+    end = 0.0
+    for n, step in enumerate(settings.ramp):
+        end += float(step["duration_s"])
+        if t_s < end:
+            return n
+    return len(settings.ramp) - 1

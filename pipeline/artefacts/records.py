@@ -52,6 +52,7 @@ class RawRecord(Artefact):
     isl: int | None = None
     prompt_echoed: bool
     hit_max_tokens: bool
+    max_tokens: int | None = None  # this request's max_tokens (drawn output lengths differ per request)
     output_text: str
     output_sha256: str
     draft_tokens: int | None
@@ -65,6 +66,7 @@ class RawRecord(Artefact):
     t_first_answer: int | None = None
     reasoning_text: str | None = None
     http_status: int | None = None  # the server's HTTP status when it refused the request
+    ramp_step: int | None = None  # loadtest.ramp: the step (level) the request was sent in
 
 # the hot-path form: the same keys, no validation (``schema`` is a keyword-free TypedDict key)
 RawRecordDict = TypedDict("RawRecordDict", {
