@@ -309,7 +309,7 @@ def build_report_data(run_dir: Path, cfg: DeploymentConfig, analysis: dict, gate
         "synthetic_data": bool(meta.get("dataset", {}).get("synthetic")) if isinstance(meta.get("dataset"), dict) else None,
         "data_warnings": data_warnings(meta.get("dataset")),
         "formulas": FORMULAS,
-        "acceptance_reported": acceptance_reported(runs),
+        "acceptance_reported": acceptance_reported(runs, meta.get("server_metrics")),
         "sessions": sessions(meta, [run.info for run in runs]),
     }
     data["forecast"] = safe_forecast_section(data, cfg, run_context(r for run in runs for r in run.records))
