@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import pytest
-from test_plan_configs import EXAMPLES
 
 from pipeline.build.builder import (
     BuildInterrupted,
@@ -34,6 +33,7 @@ from pipeline.config import parse_config
 from pipeline.errors import BuildError, StaleInputError
 from pipeline.plan.planner import Step
 from tests.unit.cli_inproc import specdeploy
+from tests.unit.plan.test_plan_configs import EXAMPLES
 
 QUANT_ALGO = {"fp8": "FP8", "int4_awq": "W4A16_AWQ", "full_prec": None}
 MODES = {None: 1, "draft_tokens_external": 2, "medusa": 4, "eagle": 32}

@@ -28,7 +28,7 @@ from pipeline.errors import (
 from pipeline.report.builder import make_report
 from tests.unit.cli_inproc import specdeploy
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FIXTURE = ROOT / "tests" / "fixtures" / "run_small"
 TINY = ROOT / "configs" / "tiny-cpu-ngram.yaml"
 GPU = ROOT / "configs" / "llama31-8b-baseline-h100.yaml"
@@ -260,7 +260,7 @@ def test_report_usage_errors_and_failures(tmp_path):
 
 
 # Driven elsewhere (each needs a real server or a signal):
-# - 4 (stopped early): tests/unit/test_openai_real_servers.py (loadtest against a server refusing every request)
-# - 130 (interrupted): tests/unit/test_build_runner.py (SIGTERM during a build step)
+# - 4 (stopped early): tests/unit/loadtest/test_openai_real_servers.py (loadtest against a server refusing every request)
+# - 130 (interrupted): tests/unit/build/test_build_runner.py (SIGTERM during a build step)
 # - loadtest / run verdicts 0, 1, 3 through a served deployment: tests/integration/test_run_cli.py,
 #   tests/integration/test_loadtest_e2e.py (same make_report as `report` above)

@@ -21,7 +21,7 @@ from pipeline.demo import ARTIFACTS_DIR
 from pipeline.errors import EXIT_FAILURE
 from tests.unit.cli_inproc import specdeploy
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RUN_SMALL = ROOT / "tests" / "fixtures" / "run_small"
 
 

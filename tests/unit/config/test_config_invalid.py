@@ -14,7 +14,7 @@ from pipeline.config import load_config, parse_config
 from pipeline.errors import ConfigError
 from tests.unit.cli_inproc import specdeploy
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DELETE = object()
 
 BASE = {

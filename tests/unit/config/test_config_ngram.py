@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.reference_fixtures under plain `pytest`
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # tests.reference_fixtures under plain `pytest`
 
 import pytest
 
@@ -18,7 +18,7 @@ from pipeline.config import NgramSpec, load_config, parse_config
 from pipeline.errors import ConfigError
 from tests.reference_fixtures import one_thread, shared_checkpoints
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _data(speculation: dict, backend: str = "reference") -> dict:

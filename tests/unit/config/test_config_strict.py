@@ -23,7 +23,7 @@ from pipeline.validate.checkpoints import checkpoint_dir_problem
 from pipeline.validate.preflight import errors_of, run_preflight
 from tests.unit.cli_inproc import CliResult, specdeploy
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ALLOWED = sorted(os.sched_getaffinity(0))
 
 # A CPU config with one engine model per arm (Medusa), checked --offline: nothing is trained.

@@ -12,7 +12,7 @@ from pipeline.cli import run
 from pipeline.config import load_config
 from pipeline.validate.preflight import errors_of, run_preflight
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 GPU_EXAMPLES = [
     "llama31-8b-draft1b-fp8-h100.yaml",
     "llama31-70b-draft8b-int4awq-tp4-a100.yaml",

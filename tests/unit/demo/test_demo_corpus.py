@@ -11,7 +11,7 @@ from pipeline.demo import corpus
 from pipeline.demo.prompt_sets import write_tiny_prompt_sets
 from pipeline.demo.tokenizer import BOS_ID, EOS_ID, PAD_ID, save_tokenizer, train_tokenizer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TINY_PROMPTS = ROOT / "loadtests" / "prompts" / "tiny"
 REAL_CATEGORIES = ("code", "chat", "translation", "summarization", "math", "rag")
 

@@ -16,7 +16,7 @@ from pipeline.forecast import cpu
 from pipeline.forecast.calibration_prompts import config_prompt_groups, held_out_groups
 from pipeline.forecast.machine_calibration import calibrate_config
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MEDUSA = ROOT / "configs" / "tiny-cpu-medusa.yaml"
 TINY_PROMPTS = ROOT / "loadtests" / "prompts" / "tiny"
 START = 30  # the bench measures each category's first prompts; calibration never sees them

@@ -20,7 +20,7 @@ from pipeline.forecast.proposers import PLANS, PROPOSER_COSTS
 from pipeline.forecast.roofline import GpuDevice, model_cost
 from pipeline.report.forecast_check import forecast_section
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DRAFT_CFG = ROOT / "configs" / "llama31-8b-draft1b-fp8-h100.yaml"
 EAGLE3_CFG = ROOT / "configs" / "llama31-8b-eagle3-llmapi-h100.yaml"
 

@@ -15,7 +15,7 @@ from pipeline.config import load_config
 from pipeline.forecast.cpu import average_calibrations
 from pipeline.forecast.model import bench_forecast
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RESULT = ROOT / "benchmarks" / "results" / "forecast-cpu.json"
 TOLERANCE = 0.15
 METHODS = {"draft_target", "medusa", "eagle", "eagle3", "ngram"}

@@ -16,7 +16,7 @@ from pipeline.config import load_config
 from pipeline.forecast.cpu import calibration_path
 from pipeline.report.forecast_check import forecast_section
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RESULT = ROOT / "benchmarks" / "results" / "forecast-served.json"
 TOLERANCE = 0.15
 METHODS = {"draft_target", "medusa", "eagle", "eagle3", "ngram"}

@@ -22,7 +22,7 @@ import pytest
 
 from pipeline.infra.processes import describe, free_ports, kept, port_holder, port_in_use, spawn, stop_tree
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEADLINE_S = 60.0
 # a command whose tree has a child in a session of its own and a double-forked daemon (re-parented
 # away from the command at once); it writes their pids to argv[1], then waits

@@ -16,7 +16,7 @@ from pipeline.loadtest.resume import is_finished
 from pipeline.loadtest.runner import RunSpec, plan_runs, run_loadtest
 from tests.unit.fake_servers import Fake
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PROMPTS = ROOT / "tests" / "fixtures" / "prompts_small.jsonl"
 
 

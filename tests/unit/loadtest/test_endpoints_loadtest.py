@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "loadtests"))
 
 from test_loadtest_fake_server import FakeServer  # noqa: E402 - after the sys.path set-up above

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 from lt_common import PromptCursor, RunSettings, arrival_offsets, ordered_prompts, parse_sse_line, request_inputs  # noqa: E402 - after the path set-up above
 

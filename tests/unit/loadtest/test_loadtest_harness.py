@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "loadtests"))
 
 from test_endpoints_loadtest import write_lt_file  # noqa: E402 - after the sys.path set-up above

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "loadtests"))
 
 from openai_user import chunk_text, openai_body  # noqa: E402 - after the sys.path set-up above

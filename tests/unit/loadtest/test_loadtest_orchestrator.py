@@ -18,7 +18,7 @@ from pipeline.loadtest.runner import RunSpec, _parse_duration, plan_runs, run_lo
 from pipeline.loadtest.server_metrics import parse_counters
 from tests.unit.fake_servers import Fake
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PROMPTS = ROOT / "tests" / "fixtures" / "prompts_small.jsonl"
 
 

@@ -21,7 +21,7 @@ from pipeline.config import config_hash, load_config
 from pipeline.loadtest.resume import cell_complete, kept_results, newest_run, planned_keys
 from tests.unit.fake_servers import Fake
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PROMPTS = ROOT / "tests" / "fixtures" / "prompts_small.jsonl"
 # four cells are enough for every claim: two kept, one cut short, and it plus one more measured again
 PLANNED = ["baseline-c1-r0", "speculative-k3-c1-r0", "baseline-c2-r0", "speculative-k3-c2-r0"]

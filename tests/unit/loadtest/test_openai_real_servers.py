@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "loadtests"))
 
 from openai_user import chunk_parts, openai_body  # noqa: E402 - after the sys.path set-up above

@@ -24,7 +24,7 @@ from pipeline.infra import owner_lock
 from pipeline.infra.owner_lock import DirectoryBusy
 from tests.unit.cli_inproc import specdeploy
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FIXTURE = ROOT / "tests" / "fixtures" / "run_small"
 
 # claims argv[1] (lock file argv[3], default the run lock), says so, then waits for stdin to close (or

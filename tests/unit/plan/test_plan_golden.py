@@ -1,7 +1,7 @@
 """Golden argv of every build plan: the exact steps per example config and mode.
 
 Goldens live in tests/unit/golden/plan/<name>.json; any difference fails. Regenerate only on
-purpose: ``UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/unit/test_plan_golden.py``. Paths are
+purpose: ``UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/unit/plan/test_plan_golden.py``. Paths are
 normalised (``<cwd>`` for the working directory, ``<python>`` for the interpreter)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pipeline.plan.llmapi import MODELOPT_ENV
 from pipeline.plan.planner import make_plan
 from pipeline.trtllm.layout import ENV_VAR
 
-GOLDEN_DIR = Path(__file__).parent / "golden" / "plan"
+GOLDEN_DIR = Path(__file__).parents[1] / "golden" / "plan"
 CONFIGS_DIR = PROJECT_ROOT / "configs"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 

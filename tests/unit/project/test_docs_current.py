@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tests.unit.cli_inproc import specdeploy
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_config_reference_is_current():

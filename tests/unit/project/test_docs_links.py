@@ -9,7 +9,7 @@ import re
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 # notes that lived outside the repository once; a citation must name upstream or a file here
 OUTSIDE = re.compile(r"shared/reference|contract §|load-testing\.md|trtllm-build\.md|cpu-engine-notes|"

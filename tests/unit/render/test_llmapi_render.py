@@ -23,7 +23,7 @@ from pipeline.render.llmapi import validate_llmapi_repository
 from pipeline.render.renderer import TEMPLATES_DIR, client_target, render
 from pipeline.render.triton_rules import RenderError
 
-GOLDEN = Path(__file__).parent / "golden" / "render"
+GOLDEN = Path(__file__).parents[1] / "golden" / "render"
 TARGET = "/models/Meta-Llama-3.1-8B-Instruct"
 CASES = {
     "none-1.2": ("1.2.1", {"method": "none"}, TARGET),

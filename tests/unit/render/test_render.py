@@ -25,7 +25,7 @@ from pipeline.render.renderer import (
 )
 from pipeline.render.triton_rules import RenderError, parse_config_file, validate_repository
 
-GOLDEN = Path(__file__).parent / "golden" / "render"
+GOLDEN = Path(__file__).parents[1] / "golden" / "render"
 METHODS = {
     "none": {"method": "none"},
     "draft_target": {"method": "draft_target", "draft": {"checkpoint": "/models/Llama-3.2-1B-Instruct"}, "num_draft_tokens": 4},

@@ -15,10 +15,10 @@ import yaml
 from pipeline.report.builder import make_report
 from pipeline.report.gate import EXIT_CODES
 from tests.unit.cli_inproc import specdeploy
+from tests.unit.loadtest.test_loadtest_fake_server import FakeServer
 from tests.unit.report_fixtures import copy_fixture, slow_down_speculative
-from tests.unit.test_loadtest_fake_server import FakeServer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def aa_from_fixture(target: Path) -> Path:

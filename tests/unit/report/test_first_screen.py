@@ -13,9 +13,9 @@ import pytest
 
 from pipeline.report import per_request
 from pipeline.report.view.summary import decision
+from tests.unit.report.test_gate import analysis, comparison
+from tests.unit.report.test_rollout_range import report_data, with_tail
 from tests.unit.report_fixtures import copy_fixture
-from tests.unit.test_gate import analysis, comparison
-from tests.unit.test_rollout_range import report_data, with_tail
 
 WORSE_TAIL = (1.18, 1.10, 1.25)
 

@@ -3,7 +3,7 @@ server's metrics, else "not reported"; the gate leaves a missing acceptance unch
 
 Runs the real report on a private copy of the committed fixture run whose speculative records are
 stripped of their per-request acceptance, with server figures made by
-pipeline.loadtest.acceptance_sources from exposition texts (tests/unit/test_acceptance_sources.py).
+pipeline.loadtest.acceptance_sources from exposition texts (tests/unit/loadtest/test_acceptance_sources.py).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pipeline.loadtest import acceptance_sources as acc
 from pipeline.report import acceptance
 from pipeline.report.builder import make_report
 from pipeline.report.gate import NOT_CHECKED, evaluate_gate
+from tests.unit.loadtest.test_acceptance_sources import sglang_text, vllm_text
+from tests.unit.report.test_gate import GOOD, analysis, comparison
 from tests.unit.report_fixtures import copy_fixture
-from tests.unit.test_acceptance_sources import sglang_text, vllm_text
-from tests.unit.test_gate import GOOD, analysis, comparison
 
 
 def _strip_request_acceptance(run_dir: Path) -> None:

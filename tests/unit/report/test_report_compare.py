@@ -8,12 +8,12 @@ import re
 from pathlib import Path
 
 import pytest
-from report_fixtures import copy_fixture, slow_down_speculative
 
 from pipeline.cli import run as cli_run
 from pipeline.report.builder import make_comparison
 from pipeline.report.view.compare import movement
 from tests.unit.cli_inproc import specdeploy
+from tests.unit.report_fixtures import copy_fixture, slow_down_speculative
 
 
 def ci(point, low, high):

@@ -18,7 +18,7 @@ from pipeline.cli import run as cli_run
 from pipeline.report.builder import REPORT_SCHEMA, make_report, validate_report_json
 from tests.unit.cli_inproc import specdeploy
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FIXTURE = ROOT / "tests" / "fixtures" / "run_small"
 
 

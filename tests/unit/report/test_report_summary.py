@@ -9,12 +9,12 @@ import re
 from pathlib import Path
 
 import pytest
-from report_fixtures import copy_fixture, slow_down_speculative, worsen_tail
 
 import pipeline.report.builder as report_mod
 from pipeline.report.builder import make_report
 from pipeline.report.gate import FAIL, NO_GO, Check
 from pipeline.report.view.summary import rollout
+from tests.unit.report_fixtures import copy_fixture, slow_down_speculative, worsen_tail
 
 
 def _data(levels: list[int], crossover: int | None) -> dict:

@@ -12,8 +12,8 @@ from pipeline.config import GateSettings
 from pipeline.report.gate import evaluate_gate
 from pipeline.report.rollout_range import rollout_range
 from pipeline.report.view.summary import decision, rollout
+from tests.unit.report.test_gate import analysis, ci, comparison
 from tests.unit.report_fixtures import copy_fixture, worsen_tail
-from tests.unit.test_gate import analysis, ci, comparison
 
 
 def with_tail(comp: dict, e2e_p95=(1.0, 0.9, 1.1)) -> dict:

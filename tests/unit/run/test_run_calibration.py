@@ -19,7 +19,7 @@ from pipeline.forecast import cpu
 from pipeline.report.forecast_check import safe_forecast_section
 from pipeline.run import STAGES, run_pipeline, stages_of
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MEDUSA = ROOT / "configs" / "tiny-cpu-medusa.yaml"
 GPU = ROOT / "configs" / "llama31-8b-draft1b-fp8-h100.yaml"
 

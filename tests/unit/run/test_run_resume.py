@@ -11,7 +11,7 @@ import pytest
 from pipeline.config import DeploymentConfig, config_hash, with_workdir
 from pipeline.run import completed_run_dir
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "run_small"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "run_small"
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BOUND_S = 60.0
 
 STUB = textwrap.dedent("""

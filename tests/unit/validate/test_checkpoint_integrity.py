@@ -29,7 +29,7 @@ from pipeline.validate.weight_integrity import (
 )
 from tests.unit.cli_inproc import specdeploy
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TARGET = ARTIFACTS_DIR / "tiny-target"
 DRAFT = ARTIFACTS_DIR / "tiny-draft"
 

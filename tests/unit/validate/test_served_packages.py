@@ -14,7 +14,7 @@ import pytest
 from pipeline.cli import run
 from pipeline.validate import served_packages as sp
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_installed_versions_and_needed_ranges():
