@@ -20,7 +20,7 @@ chat deltas shaped like server S's (``reasoning_content``: SGLang, trtllm-serve,
 ``reasoning``: vLLM since the rename), counted in ``usage`` as upstream's servers count them.
 A broken stream: ``--bad-stream malformed`` sends a data line that is not JSON after the first
 chunk; ``--bad-stream no-finish`` never sends a ``finish_reason`` nor ``usage``, then ``[DONE]``.
-Run: ``python loadtests/fake_server.py --port 0`` prints ``PORT <n>`` once listening.
+Run: ``python locustfiles/fake_server.py --port 0`` prints ``PORT <n>`` once listening.
 """
 
 from __future__ import annotations

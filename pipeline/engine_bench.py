@@ -4,7 +4,7 @@ prompt category.
 
 Reads the deployment config (``pipeline.config.load_config``), resolves its checkpoints
 (``builtin:`` names via ``pipeline.demo.resolve_builtin``, directories as they are; no
-``specdeploy build`` needed), and the prompt set ``loadtests/prompts/tiny/<category>.jsonl``
+``specdeploy build`` needed), and the prompt set ``prompts/tiny/<category>.jsonl``
 (config ``loadtest.prompts``; a few built-in prompts if absent). Returns a JSON-able dict
 ``{"results": [...], "peer": {...}, ...}``; writes nothing (the CLI prints or saves it).
 
@@ -106,7 +106,7 @@ def load_prompts(cfg: DeploymentConfig, per_category: int) -> dict[str, list[str
     candidates = [Path(cfg.loadtest.prompts)]
     if cfg.source_path is not None and not candidates[0].is_absolute():
         candidates += [parent / cfg.loadtest.prompts for parent in cfg.source_path.parents]
-    candidates.append(Path("loadtests/prompts/tiny"))
+    candidates.append(Path("prompts/tiny"))
     for root in candidates:
         files = sorted(root.glob("*.jsonl")) if root.is_dir() else ([root] if root.is_file() else [])
         if files:

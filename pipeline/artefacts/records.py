@@ -1,5 +1,5 @@
 """The raw per-request record, one JSON line per request in ``RUN_DIR/raw/<key>.jsonl``: written by
-the Locust users (``loadtests/lt_common.build_record``, a plain dict on the hot path, typed here as
+the Locust users (``locustfiles/lt_common.build_record``, a plain dict on the hot path, typed here as
 :class:`RawRecordDict`), read by ``pipeline.report.stats`` (every statistic comes from these records).
 :class:`RawRecord` is the same record as a model, for its JSON schema and for checking a file."""
 

@@ -4,7 +4,7 @@
 directory (default: the first-use cache) and writes ``SHA256SUMS.txt`` + ``training_report.json``;
 ``--smoke`` runs a few dozen steps per model (CI proves the path end to end with it).
 ``demo info`` lists each builtin: where it resolves, its size, parameter count, weight sha256 and
-whether the recorded hash matches. ``demo prompts`` rewrites ``loadtests/prompts/tiny``
+whether the recorded hash matches. ``demo prompts`` rewrites ``prompts/tiny``
 (deterministic). Torch is imported only by ``train``.
 """
 
@@ -100,7 +100,7 @@ def register(app: typer.Typer) -> None:
 
     @demo_app.command("prompts", help="Regenerate the demo prompt sets (held-out prefixes, one file per category).")
     def prompts_command(
-        out: Path = typer.Option(Path("loadtests/prompts/tiny"), "--out", help="Directory for <category>.jsonl."),
+        out: Path = typer.Option(Path("prompts/tiny"), "--out", help="Directory for <category>.jsonl."),
         count: int = typer.Option(60, "--count", min=1, help="Prompts per category."),
     ) -> None:
         from pipeline.demo.prompt_sets import write_tiny_prompt_sets

@@ -16,7 +16,7 @@ memory and CPU sampled by :mod:`~pipeline.loadtest.server_metrics`, ``run.json``
 assembled by :mod:`~pipeline.loadtest.provenance`.
 
 Load bigger than one host: run Locust workers elsewhere with
-``locust -f loadtests/locustfile.py --worker --master-host H`` (same settings file via
+``locust -f locustfiles/locustfile.py --worker --master-host H`` (same settings file via
 ``SPECDEPLOY_LOADTEST_CONFIG``) and a ``--master --expect-workers N`` here; every worker writes its
 own raw file (PID in the name), merged afterwards — never subtract times across processes.
 """
@@ -62,7 +62,7 @@ from pipeline.loadtest.server_metrics import CpuSampler, RssSampler
 from pipeline.paths import PROJECT_ROOT, reports_root
 from pipeline.serve.cpu_pinning import spawn_on
 
-LOCUSTFILE = PROJECT_ROOT / "loadtests" / "locustfile.py"
+LOCUSTFILE = PROJECT_ROOT / "locustfiles" / "locustfile.py"
 LOCUST_STOP_S = 5.0  # SIGTERM → SIGKILL for a Locust run that overran or was interrupted
 USER_CLASSES = {("grpc", "closed"): "GrpcStreamUser", ("http", "closed"): "HttpStreamUser",
                 ("openai", "closed"): "OpenAIStreamUser", ("grpc", "open"): "GrpcOpenLoopUser",

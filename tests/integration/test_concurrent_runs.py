@@ -36,7 +36,7 @@ def write_config(workdir: Path) -> Path:
     cfg = yaml.safe_load((ROOT / "configs" / "tiny-cpu-draft-target.yaml").read_text())
     cfg["name"] = "twin"
     cfg["loadtest"].update(concurrency=[1], duration_s=3, warmup_s=0.5, repeats=2, max_tokens=16, stop_timeout_s=5,
-                           prompts=str(ROOT / "loadtests" / "prompts" / "tiny"))
+                           prompts=str(ROOT / "prompts" / "tiny"))
     path = workdir / "twin.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path

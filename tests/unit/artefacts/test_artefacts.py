@@ -103,7 +103,7 @@ def test_descriptor_defaults_fill_what_a_file_leaves_out():
 
 
 def test_raw_record_built_by_the_locust_side_matches_its_model():
-    from loadtests.lt_common import RequestState, RunSettings, build_record
+    from locustfiles.lt_common import RequestState, RunSettings, build_record
 
     settings = RunSettings(run_id="r", arm="baseline", repeat=0, endpoint="127.0.0.1:1", model_name="ensemble",
                            prompts=[{"id": "p", "text": "hi"}])

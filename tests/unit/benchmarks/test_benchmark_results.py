@@ -101,7 +101,7 @@ def test_fresh_provenance_records_the_run():
 
 # docs/performance.md is generated from the files themselves (it may repeat a note recorded in one)
 DOCS = [*sorted(p for p in (PROJECT_ROOT / "docs").glob("*.md") if p.name != "performance.md"),
-        PROJECT_ROOT / "README.md", PROJECT_ROOT / "loadtests" / "README.md"]
+        PROJECT_ROOT / "README.md", PROJECT_ROOT / "locustfiles" / "README.md"]
 
 
 def test_docs_quote_only_result_files_that_exist():

@@ -51,7 +51,7 @@ loadtest:
 """
 
 
-def medusa_yaml(prompts: str = "loadtests/prompts/tiny", reference: str = "") -> str:
+def medusa_yaml(prompts: str = "prompts/tiny", reference: str = "") -> str:
     return MEDUSA.format(prompts=prompts, reference=textwrap.indent(reference, "  ") if reference else "")
 
 
@@ -233,10 +233,10 @@ def test_the_load_test_raises_the_same_error(tmp_path):
 
 
 def test_validate_refuses_a_missing_prompt_dir(tmp_path):
-    proc = validate_cli(write(tmp_path, medusa_yaml(prompts="loadtests/prompts/nope")), "--offline", cwd=tmp_path)
+    proc = validate_cli(write(tmp_path, medusa_yaml(prompts="prompts/nope")), "--offline", cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "loadtest.prompts: loadtests/prompts/nope does not exist" in proc.stderr
-    assert str(tmp_path / "loadtests/prompts/nope") in proc.stderr and "Traceback" not in proc.stderr
+    assert "loadtest.prompts: prompts/nope does not exist" in proc.stderr
+    assert str(tmp_path / "prompts/nope") in proc.stderr and "Traceback" not in proc.stderr
 
 
 # ----------------------------------------------------------------------------------------------

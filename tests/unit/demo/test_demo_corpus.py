@@ -12,7 +12,7 @@ from pipeline.demo.prompt_sets import write_tiny_prompt_sets
 from pipeline.demo.tokenizer import BOS_ID, EOS_ID, PAD_ID, save_tokenizer, train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[3]
-TINY_PROMPTS = ROOT / "loadtests" / "prompts" / "tiny"
+TINY_PROMPTS = ROOT / "prompts" / "tiny"
 REAL_CATEGORIES = ("code", "chat", "translation", "summarization", "math", "rag")
 
 
@@ -94,7 +94,7 @@ def test_tiny_prompts_are_not_training_samples():
 
 @pytest.mark.parametrize("category", REAL_CATEGORIES)
 def test_real_model_prompt_sets(category):
-    records = _read_jsonl(ROOT / "loadtests" / "prompts" / f"{category}.jsonl")
+    records = _read_jsonl(ROOT / "prompts" / f"{category}.jsonl")
     assert len(records) >= 20
     assert len({r["prompt"] for r in records}) == len(records)
     for record in records:

@@ -59,7 +59,7 @@ def test_bench_reports_every_category_batch_and_peer(tmp_path, capsys):
 
 
 def test_scaling_sample_leaves_out_of_domain_prompts_out():
-    from pipeline.bench.engine_bench import _in_domain_sample
+    from pipeline.engine_bench import _in_domain_sample
 
     cats = {"code": [[1], [2], [3], [4], [5]], "ood": [[9]], "prose": [[6]]}
     assert _in_domain_sample(cats) == [[1], [2], [3], [4], [6]]
@@ -105,7 +105,7 @@ def _result(category: str, tokens_per_s: float, baseline: float, batch: int = 1)
 
 
 def test_summary_pools_all_categories_and_in_domain_ones_separately():
-    from pipeline.bench.engine_bench import summarize
+    from pipeline.engine_bench import summarize
 
     rows = [_result("code", 400, 100), _result("prose", 200, 100), _result("ood", 100, 100)]
     by_scope = {s["scope"]: s for s in summarize(rows)}

@@ -18,7 +18,7 @@ from pipeline.forecast.machine_calibration import calibrate_config
 
 ROOT = Path(__file__).resolve().parents[3]
 MEDUSA = ROOT / "configs" / "tiny-cpu-medusa.yaml"
-TINY_PROMPTS = ROOT / "loadtests" / "prompts" / "tiny"
+TINY_PROMPTS = ROOT / "prompts" / "tiny"
 START = 30  # the bench measures each category's first prompts; calibration never sees them
 
 

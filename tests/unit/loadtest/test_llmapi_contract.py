@@ -1,4 +1,4 @@
-"""The load tester's llmapi contract (loadtests/llmapi_contract.py): requests use only tensors
+"""The load tester's llmapi contract (locustfiles/llmapi_contract.py): requests use only tensors
 upstream's llmapi model declares, with their dtypes; cumulative streamed text becomes deltas and
 re-tokenized counts; perf outputs sent as strings are read as numbers; the deployment descriptor
 names the contract; the report marks missing acceptance as not reported."""

@@ -19,14 +19,14 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "loadtests"))
+sys.path.insert(0, str(ROOT / "locustfiles"))
 
 from test_endpoints_loadtest import write_lt_file  # noqa: E402 - after the sys.path set-up above
 from test_loadtest_fake_server import PROMPTS, FakeServer, close_to  # noqa: E402 - after the sys.path set-up above
 
 from pipeline.infra.processes import free_ports, spawn  # noqa: E402 - after the sys.path set-up above
 
-LOCUST = [sys.executable, "-m", "locust", "-f", str(ROOT / "loadtests" / "locustfile.py")]
+LOCUST = [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "locustfile.py")]
 TTFT_MS, TPOT_MS = 300.0, 30.0
 
 

@@ -1,6 +1,6 @@
 """The real Locust users against a fake ``generate_stream`` server with known timing.
 
-The fake server (loadtests/fake_server.py, its own process) sends HTTP headers at once, the first
+The fake server (locustfiles/fake_server.py, its own process) sends HTTP headers at once, the first
 token after D, then chunks of k tokens every k·t. The Locust run is a real ``locust --headless``
 subprocess with the project's locustfile. Checks: TTFT ≈ D (never the header time), TPOT ≈ t,
 inter-chunk ≈ k·t, at 1 and 64 users; requests in flight at stop are recorded, not dropped; a
@@ -27,7 +27,7 @@ PROMPTS = [{"id": f"p{i}", "category": "c", "prompt": f"prompt number {i}"} for 
 
 class FakeServer:
     def __init__(self, *args: str):
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "loadtests" / "fake_server.py"), "--port", "0", *args],
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "locustfiles" / "fake_server.py"), "--port", "0", *args],
                                      stdout=subprocess.PIPE, text=True)
         self.port = int(self.proc.stdout.readline().split()[1])
 
@@ -49,7 +49,7 @@ def run_locust(tmp: Path, port: int, *, users: int, duration_s: float, user_clas
     tmp.mkdir(parents=True, exist_ok=True)
     path = tmp / "settings.json"
     path.write_text(json.dumps(settings))
-    argv = [sys.executable, "-m", "locust", "-f", str(ROOT / "loadtests" / "locustfile.py"), "--headless",
+    argv = [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "locustfile.py"), "--headless",
             "-u", str(users), "-r", str(users), "-t", f"{int(duration_s)}s", "--stop-timeout", f"{stop_timeout_s:g}",
             "--only-summary", "--loglevel", "WARNING", "--exit-code-on-error", "0", user_class]
     env = {**os.environ, "SPECDEPLOY_LOADTEST_CONFIG": str(path)}

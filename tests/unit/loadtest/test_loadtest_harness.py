@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "loadtests"))
+sys.path.insert(0, str(ROOT / "locustfiles"))
 
 from test_endpoints_loadtest import write_lt_file  # noqa: E402 - after the sys.path set-up above
 from test_loadtest_fake_server import FakeServer  # noqa: E402 - after the sys.path set-up above

@@ -1,6 +1,6 @@
 """The ``openai`` transport: request mapping, and real Locust runs against the fake server's OpenAI mode.
 
-The fake server (loadtests/fake_server.py, its own process) answers ``/v1/completions`` and
+The fake server (locustfiles/fake_server.py, its own process) answers ``/v1/completions`` and
 ``/v1/chat/completions`` with the same known timing as its Triton mode (headers at once, the first
 token after D, chunks of k tokens every k·t, then a ``usage`` chunk and ``[DONE]``). The Locust
 run is a real ``locust --headless`` subprocess with the project's locustfile.
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "loadtests"))
+sys.path.insert(0, str(ROOT / "locustfiles"))
 
 from openai_user import chunk_text, openai_body  # noqa: E402 - after the sys.path set-up above
 from test_loadtest_fake_server import PROMPTS, FakeServer, close_to  # noqa: E402 - after the sys.path set-up above
@@ -77,7 +77,7 @@ def run_openai_locust(tmp: Path, port: int, *, users: int, duration_s: float, ap
     path = tmp / "settings.json"
     path.write_text(json.dumps(settings))
     user_class = "OpenAIOpenLoopUser" if rate else "OpenAIStreamUser"
-    argv = [sys.executable, "-m", "locust", "-f", str(ROOT / "loadtests" / "locustfile.py"), "--headless",
+    argv = [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "locustfile.py"), "--headless",
             "-u", str(1 if rate else users), "-r", str(users), "-t", f"{int(duration_s)}s",
             "--stop-timeout", f"{stop_timeout_s:g}", "--only-summary", "--loglevel", "WARNING",
             "--exit-code-on-error", "0", user_class]

@@ -5,7 +5,7 @@ broken streams.
 Stream shapes are upstream's: vLLM's ``DeltaMessage`` (``vllm/entrypoints/openai/engine/protocol.py``:
 ``reasoning``, the older ``reasoning_content`` deprecated), SGLang's (``python/sglang/srt/entrypoints/openai/
 protocol.py``: ``reasoning_content``), trtllm-serve's (``tensorrt_llm/serve/openai_protocol.py``: both
-fields, ``reasoning`` for GPT-OSS). The fake server (loadtests/fake_server.py, its own process) streams
+fields, ``reasoning`` for GPT-OSS). The fake server (locustfiles/fake_server.py, its own process) streams
 them with known timing; Locust runs are real ``locust --headless`` subprocesses.
 """
 
@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "loadtests"))
+sys.path.insert(0, str(ROOT / "locustfiles"))
 
 from openai_user import chunk_parts, openai_body  # noqa: E402 - after the sys.path set-up above
 from test_loadtest_fake_server import PROMPTS, FakeServer  # noqa: E402 - after the sys.path set-up above

@@ -1,6 +1,6 @@
 """The README is a front door and every document the repository cites is in the repository.
 
-Reads README.md, docs/*.md, loadtests/README.md and every tracked text file's comments; writes
+Reads README.md, docs/*.md, locustfiles/README.md and every tracked text file's comments; writes
 nothing. Links are checked as files, not as anchors."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def test_readme_is_a_front_door():
 
 
 def test_every_relative_link_resolves():
-    docs = [ROOT / "README.md", ROOT / "loadtests" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    docs = [ROOT / "README.md", ROOT / "locustfiles" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     missing = []
     for doc in docs:
         for target in LINK.findall(doc.read_text(encoding="utf-8")):

@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.paths import PROJECT_ROOT
 
-AREAS = ("pipeline", "loadtests", "benchmarks", "scripts", "tests")
+AREAS = ("pipeline", "locustfiles", "benchmarks", "scripts", "tests")
 NOQA = re.compile(r"#\s*noqa\b(?::\s*(?P<codes>[A-Z]+[0-9]+(?:\s*,\s*[A-Z]+[0-9]+)*))?(?P<rest>.*)$")
 
 

@@ -29,7 +29,7 @@ def test_run_context_is_mean_prompt_plus_half_mean_generated_over_measured_reque
 
 
 def test_the_load_test_record_carries_the_prompt_tokens_its_tokenizer_counts():
-    from loadtests.lt_common import RequestState, RunSettings, build_record
+    from locustfiles.lt_common import RequestState, RunSettings, build_record
 
     settings = RunSettings(run_id="r", arm="baseline", repeat=0, endpoint="127.0.0.1:1", model_name="ensemble",
                            prompts=[{"id": "p", "text": "one two three"}])

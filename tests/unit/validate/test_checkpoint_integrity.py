@@ -48,7 +48,7 @@ def write_config(tmp_path: Path, draft: Path) -> Path:
     data = yaml.safe_load((REPO / "configs/tiny-cpu-draft-target.yaml").read_text())
     data["target"]["checkpoint"] = str(TARGET)
     data["speculation"]["draft"]["checkpoint"] = str(draft)
-    data["loadtest"]["prompts"] = str(REPO / "loadtests/prompts/tiny")
+    data["loadtest"]["prompts"] = str(REPO / "prompts/tiny")
     path = tmp_path / "dt.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
