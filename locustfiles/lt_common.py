@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.artefacts.records import RawRecordFields  # the record's one definition (stdlib only)
+
 CONFIG_ENV = "SPECDEPLOY_LOADTEST_CONFIG"
-RECORD_SCHEMA = "specdeploy-raw/1"  # pipeline.artefacts.records.RawRecord is its model
-RECORD_SCHEMA_VERSION = 1
 
 
 @dataclass
@@ -207,69 +207,68 @@ class Clock:
 
 
 def build_record(settings: RunSettings, state: RequestState, *, worker_pid: int, retokenize=None) -> dict[str, Any]:
-    """The raw per-request record (schema: pipeline/artefacts/records.py)."""
+    """The raw per-request record: a :class:`RawRecordFields` (pipeline/artefacts/records.py, its
+    one definition) as the JSON line's object."""
     text = "".join(state.text_parts)
     reasoning = "".join(state.reasoning_parts)
     osl = state.osl_server if state.osl_server is not None else sum(state.chunk_tokens)
     t_first = state.chunk_times[0] if state.chunk_times else None
     warm_ref = state.t_scheduled if state.t_scheduled is not None else state.t_sent
-    record: dict[str, Any] = {
-        "schema": RECORD_SCHEMA,
-        "schema_version": RECORD_SCHEMA_VERSION,
-        "run_id": settings.run_id,
-        "arm": settings.arm,
-        "repeat": settings.repeat,
-        "concurrency": settings.concurrency if settings.mode == "closed" else None,
-        "target_rate": settings.target_rate if settings.mode == "open" else None,
-        "mode": settings.mode,
-        "transport": settings.transport,
-        "draft_len": settings.draft_len,
-        "stage": "warmup" if warm_ref < settings.warmup_s * 1e9 else "measure",
-        "request_id": state.request_id,
-        "prompt_id": state.prompt_id,
-        "category": state.category,
-        "prompt_index": state.prompt_index,
-        "worker_pid": worker_pid,
-        "t_scheduled": state.t_scheduled,
-        "t_sent": state.t_sent,
-        "t_first_token": t_first,
-        "t_first_answer": state.t_first_answer if reasoning else t_first,
-        "t_last": state.t_last if state.chunk_times or state.t_last else None,
-        "chunk_times": state.chunk_times,
-        "tokens_per_chunk": state.chunk_tokens,
-        "n_chunks": len(state.chunk_times),
-        "empty_chunks": state.empty_chunks,
-        "osl": osl,
-        "osl_source": state.osl_source or ("server" if state.osl_server is not None else "chunks"),
-        "osl_retok": None,
-        "isl_chars": len(state.prompt_text),
-        "isl": None,
-        "prompt_echoed": bool(text) and text.startswith(state.prompt_text) and len(state.prompt_text) > 0,
-        "hit_max_tokens": osl >= settings.max_tokens,
-        "output_text": text,
-        "reasoning_text": reasoning or None,
+    record = RawRecordFields(
+        run_id=settings.run_id,
+        arm=settings.arm,
+        repeat=settings.repeat,
+        concurrency=settings.concurrency if settings.mode == "closed" else None,
+        target_rate=settings.target_rate if settings.mode == "open" else None,
+        mode=settings.mode,
+        transport=settings.transport,
+        draft_len=settings.draft_len,
+        stage="warmup" if warm_ref < settings.warmup_s * 1e9 else "measure",
+        request_id=state.request_id,
+        prompt_id=state.prompt_id,
+        category=state.category,
+        prompt_index=state.prompt_index,
+        worker_pid=worker_pid,
+        t_scheduled=state.t_scheduled,
+        t_sent=state.t_sent,
+        t_first_token=t_first,
+        t_first_answer=state.t_first_answer if reasoning else t_first,
+        t_last=state.t_last if state.chunk_times or state.t_last else None,
+        chunk_times=state.chunk_times,
+        tokens_per_chunk=state.chunk_tokens,
+        n_chunks=len(state.chunk_times),
+        empty_chunks=state.empty_chunks,
+        osl=osl,
+        osl_source=state.osl_source or ("server" if state.osl_server is not None else "chunks"),
+        osl_retok=None,
+        isl_chars=len(state.prompt_text),
+        isl=None,
+        prompt_echoed=bool(text) and text.startswith(state.prompt_text) and len(state.prompt_text) > 0,
+        hit_max_tokens=osl >= settings.max_tokens,
+        output_text=text,
+        reasoning_text=reasoning or None,
         # greedy-equivalence compares the whole output: reasoning, a NUL, the answer (the answer alone without one)
-        "output_sha256": hashlib.sha256((f"{reasoning}\0{text}" if reasoning else text).encode("utf-8")).hexdigest(),
-        "draft_tokens": state.perf.get("total_draft_tokens"),
-        "accepted_tokens": state.perf.get("total_accepted_draft_tokens"),
-        "acceptance_rate": state.perf.get("acceptance_rate"),
-        "draft_fallbacks": state.perf.get("draft_fallbacks"),
-        "server_times_ns": {k: state.perf[k] for k in PERF_FIELDS_TIME if k in state.perf},
-        "status": state.status,
-        "error": state.error,
-        "http_status": state.http_status,
-    }
+        output_sha256=hashlib.sha256((f"{reasoning}\0{text}" if reasoning else text).encode("utf-8")).hexdigest(),
+        draft_tokens=state.perf.get("total_draft_tokens"),
+        accepted_tokens=state.perf.get("total_accepted_draft_tokens"),
+        acceptance_rate=state.perf.get("acceptance_rate"),
+        draft_fallbacks=state.perf.get("draft_fallbacks"),
+        server_times_ns={k: state.perf[k] for k in PERF_FIELDS_TIME if k in state.perf},
+        status=state.status,
+        error=state.error,
+        http_status=state.http_status,
+    )
     if retokenize is not None and state.prompt_text:
         try:  # the prompt's tokens as the client's tokenizer counts them (special tokens not added)
-            record["isl"] = int(retokenize(state.prompt_text))
+            record.isl = int(retokenize(state.prompt_text))
         except Exception:  # noqa: BLE001 - a count for the report's forecast must never fail a request
-            record["isl"] = None
+            record.isl = None
     if retokenize is not None and (text or reasoning):
         try:  # both parts: the server's usage counts reasoning tokens as completion tokens
-            record["osl_retok"] = int(retokenize(text) if text else 0) + int(retokenize(reasoning) if reasoning else 0)
+            record.osl_retok = int(retokenize(text) if text else 0) + int(retokenize(reasoning) if reasoning else 0)
         except Exception:  # noqa: BLE001 - a cross-check must never fail a request
-            record["osl_retok"] = None
-    return record
+            record.osl_retok = None
+    return record.as_record()
 
 
 class RecordWriter:

@@ -5,8 +5,12 @@ descriptor alone."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
+from pydantic import ValidationError
 
 from pipeline.artefacts import ARTEFACTS, artefact_model
 from pipeline.artefacts.base import ArtefactError
@@ -17,6 +21,7 @@ from pipeline.artefacts.records import RawRecord
 from pipeline.artefacts.runs import RunResults
 from pipeline.config import parse_config
 from pipeline.errors import StaleInputError
+from pipeline.paths import PROJECT_ROOT
 
 SAMPLES = {
     "engine": lambda: EngineDescriptor(model_dir="/m", role="speculative",
@@ -102,7 +107,21 @@ def test_descriptor_defaults_fill_what_a_file_leaves_out():
     assert MedusaProposer(heads_dir="/h").num_heads is None
 
 
-def test_raw_record_built_by_the_locust_side_matches_its_model():
+def test_the_raw_record_has_one_definition_the_locust_side_imports_without_pydantic():
+    """The Locust users build records from pipeline.artefacts.records.RawRecordFields, the one
+    definition; the pydantic model is generated from it on first use, so the Locust processes'
+    start-up imports no pydantic (0.25-0.45 s each on this host)."""
+    code = ("import sys, lt_common, pipeline.artefacts.records as r; assert 'pydantic' not in sys.modules, 'pydantic';"
+            "assert lt_common.RawRecordFields is r.RawRecordFields; m = r.RawRecord; assert 'pydantic' in sys.modules;"
+            "import dataclasses; assert [f.name for f in dataclasses.fields(r.RawRecordFields)] =="
+            " [n for n in m.model_fields if n not in ('schema_name', 'schema_version')]")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PROJECT_ROOT,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), str(PROJECT_ROOT / "locustfiles")])})
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_record_of_an_older_file_still_reads():
+    """Fields added after specdeploy-raw/1 first shipped default to None when a file lacks them."""
     from locustfiles.lt_common import RequestState, RunSettings, build_record
 
     settings = RunSettings(run_id="r", arm="baseline", repeat=0, endpoint="127.0.0.1:1", model_name="ensemble",
@@ -110,7 +129,12 @@ def test_raw_record_built_by_the_locust_side_matches_its_model():
     state = RequestState(request_id="q", prompt_id="p", category="c", prompt_index=0, prompt_text="hi",
                          t_scheduled=None)
     state.t_sent, state.status = 1, "ok"
-    RawRecord.model_validate(build_record(settings, state, worker_pid=1))
+    record = build_record(settings, state, worker_pid=1)
+    assert list(record)[:3] == ["schema", "schema_version", "run_id"]
+    older = {k: v for k, v in record.items() if k not in ("isl", "t_first_answer", "reasoning_text", "http_status")}
+    assert RawRecord.model_validate(older).isl is None
+    with pytest.raises(ValidationError):
+        RawRecord.model_validate({k: v for k, v in record.items() if k != "osl"})
 
 
 def test_every_artefact_prints_a_json_schema():
