@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import urllib.request
 
 import pytest
@@ -17,6 +16,7 @@ from tritonclient.utils import InferenceServerException
 
 import tiny_deploy
 from conftest import MAX_TOKENS, PROMPTS
+from tests.polling import wait_until
 from triton_clients import grpc_stream, http_generate, text_inputs
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -45,13 +45,7 @@ def requests_to(metrics_url: str, model: str) -> float:
 
 
 def wait_for(condition, what: str, timeout_s: float = 60.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    pytest.fail(f"timed out waiting for {what}")
+    return wait_until(condition, what, timeout_s, interval=0.1)
 
 
 def speculative(prompt: str, **extra) -> dict:

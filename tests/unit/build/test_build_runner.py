@@ -16,9 +16,9 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from pipeline.build.builder import (
@@ -32,6 +32,7 @@ from pipeline.build.builder import (
 from pipeline.config import parse_config
 from pipeline.errors import BuildError, StaleInputError
 from pipeline.plan.planner import Step
+from tests.polling import wait_until
 from tests.unit.cli_inproc import specdeploy
 from tests.unit.plan.test_plan_configs import EXAMPLES
 
@@ -330,10 +331,10 @@ def test_subprocess_executor_kills_child_group_on_interrupt(tmp_path: Path) -> N
     """)
 
     def interrupt_when_started() -> None:
-        deadline = time.monotonic() + 120
-        while not pid_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        _thread.interrupt_main()
+        try:  # interrupted in any case: a step that never started fails the pytest.raises below
+            wait_until(pid_file.exists, "the step wrote its pids", 120)
+        finally:
+            _thread.interrupt_main()
 
     # interrupt_main() does nothing while SIGINT is ignored, and a CI job started as a background
     # job of a script inherits SIGINT ignored: Ctrl-C's Python handler is installed explicitly
@@ -345,14 +346,7 @@ def test_subprocess_executor_kills_child_group_on_interrupt(tmp_path: Path) -> N
     finally:
         signal.signal(signal.SIGINT, previous)
     for pid in map(int, pid_file.read_text().split()):
-        for _ in range(100):
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail(f"process {pid} of the step survived the interrupt")
+        wait_until(lambda pid=pid: not psutil.pid_exists(pid), f"process {pid} of the step ended after the interrupt", 5)
 
 
 def test_sigterm_during_real_build_cleans_up(tmp_path: Path) -> None:
@@ -380,9 +374,7 @@ def test_sigterm_during_real_build_cleans_up(tmp_path: Path) -> None:
             sys.exit(getattr(exc, "exit_code", 1))
     """))
     proc = subprocess.Popen([sys.executable, str(driver)], stdout=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not marker.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(marker.exists, "the build's step started", 120)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out

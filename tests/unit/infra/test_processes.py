@@ -14,13 +14,13 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
 from pipeline.infra.processes import describe, free_ports, kept, port_holder, port_in_use, spawn, stop_tree
+from tests.polling import wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 DEADLINE_S = 60.0
@@ -60,16 +60,6 @@ def running(pids) -> list[int]:
         except psutil.NoSuchProcess:
             pass
     return alive
-
-
-def wait_until(condition, what: str, timeout: float = DEADLINE_S):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    pytest.fail(f"not within {timeout:.0f} s: {what}")
 
 
 def kill_leftovers(pids) -> None:

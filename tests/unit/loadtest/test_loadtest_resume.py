@@ -19,6 +19,7 @@ import yaml
 
 from pipeline.config import config_hash, load_config
 from pipeline.loadtest.resume import cell_complete, kept_results, newest_run, planned_keys
+from tests.polling import wait_until
 from tests.unit.fake_servers import Fake
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -64,16 +65,16 @@ def finished_keys(run_dir: Path) -> list[str]:
 
 def kill_after(proc: subprocess.Popen, run_dir: Path, cells: int, timeout: float = 300) -> list[str]:
     """SIGKILL ``proc`` once ``cells`` cells are recorded and the next one has started writing."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def recorded_and_next_started() -> list[str] | None:
         assert proc.poll() is None, "the load test ended before it could be killed"
         done = finished_keys(run_dir)
-        if len(done) >= cells and any((run_dir / "raw" / "parts").glob(f"{PLANNED[len(done)]}.*.jsonl")):
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            return done
-        time.sleep(0.05)
-    pytest.fail(f"{cells} cells were not recorded in {timeout:.0f} s")
+        started = len(done) >= cells and any((run_dir / "raw" / "parts").glob(f"{PLANNED[len(done)]}.*.jsonl"))
+        return done if started else None
+
+    done = wait_until(recorded_and_next_started, f"{cells} cells recorded and the next one started", timeout)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return done
 
 
 @pytest.mark.slow

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import sys
 import threading
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # tests.reference_fixtures under plain `pytest`
@@ -18,6 +17,7 @@ import pytest
 from pipeline.reference.api import ENGINE_DESCRIPTOR, ENGINE_FORMAT, ENGINE_STATS, GenerationRequest
 from pipeline.reference.engine import create_engine
 from pipeline.reference.worker import EngineProcess
+from tests.polling import wait_until
 from tests.reference_fixtures import one_thread, random_prompts, shared_checkpoints
 
 PROMPTS = random_prompts(4, seed=23)
@@ -41,11 +41,8 @@ def _idle(stats: dict) -> bool:
 
 def _wait_idle(engine, timeout: float = 60) -> dict:
     """The final chunk leaves just before the engine drops the request's handle: poll briefly."""
-    deadline = time.monotonic() + timeout
-    while not _idle(stats := engine.stats()) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert _idle(stats), stats
-    return stats
+    return wait_until(lambda: _idle(stats := engine.stats()) and stats, "the engine back at its idle stats", timeout,
+                      interval=0.01, detail=engine.stats)
 
 
 class Gate:

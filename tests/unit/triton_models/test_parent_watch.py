@@ -16,6 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.polling import wait_until
+
 ROOT = Path(__file__).resolve().parents[3]
 BOUND_S = 60.0
 
@@ -51,10 +53,7 @@ def ended(pid: int) -> bool:
 
 def wait_ended(pid: int) -> float:
     started = time.monotonic()
-    while not ended(pid):
-        if time.monotonic() - started > BOUND_S:
-            pytest.fail(f"pid {pid} still runs {BOUND_S:.0f} s after its parent was killed")
-        time.sleep(0.05)
+    wait_until(lambda: ended(pid), f"pid {pid} ended after its parent was killed", BOUND_S)
     return time.monotonic() - started
 
 
