@@ -11,28 +11,20 @@ whether the recorded hash matches. ``demo prompts`` rewrites ``prompts/tiny``
 from __future__ import annotations
 
 import json
-import struct
+import math
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from pipeline.errors import SpecdeployError, UsageError
+from pipeline.validate.weight_integrity import read_safetensors_header
 
 
 def _param_count(weights: Path) -> int:
-    """Parameters in a safetensors file, from its JSON header (no torch import)."""
-    with weights.open("rb") as handle:
-        (length,) = struct.unpack("<Q", handle.read(8))
-        header = json.loads(handle.read(length))
-    total = 0
-    for key, entry in header.items():
-        if key != "__metadata__":
-            count = 1
-            for dim in entry["shape"]:
-                count *= dim
-            total += count
-    return total
+    """Parameters in a safetensors file, from its JSON header (no torch import; the one header
+    reader, validate's)."""
+    return sum(math.prod(shape) for shape in read_safetensors_header(weights).shapes().values())
 
 
 def _info_rows() -> list[dict]:
