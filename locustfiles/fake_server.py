@@ -20,6 +20,10 @@ chat deltas shaped like server S's (``reasoning_content``: SGLang, trtllm-serve,
 ``reasoning``: vLLM since the rename), counted in ``usage`` as upstream's servers count them.
 A broken stream: ``--bad-stream malformed`` sends a data line that is not JSON after the first
 chunk; ``--bad-stream no-finish`` never sends a ``finish_reason`` nor ``usage``, then ``[DONE]``.
+An endpoint behind an auth gateway: ``--api-key K`` answers 401 to any request without
+``Authorization: Bearer K`` (every path but the health checks, as vLLM's ``--api-key`` does for /v1).
+``--request-log PATH`` appends each request (method, path, headers, JSON body) to PATH as a JSON line,
+so a test can read what went over the wire.
 Run: ``python locustfiles/fake_server.py --port 0`` prints ``PORT <n>`` once listening.
 """
 
@@ -55,6 +59,23 @@ class FakeStreamServer:
         self.stall_at_s, self.stall_s = stall_at_s, stall_s
         self.stall: tuple[float, float] | None = None  # anchored at the first generate request
         self.served = 0
+        self.api_key: str | None = None
+        self.request_log: str | None = None
+
+    def _log(self, method: str, path: str, headers: dict, body: bytes) -> None:
+        if self.request_log:
+            try:
+                payload = json.loads(body) if body else None
+            except ValueError:
+                payload = body.decode("utf-8", "replace")
+            with open(self.request_log, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps({"method": method, "path": path, "headers": headers, "body": payload}) + "\n")
+
+    def _refused(self, path: str, headers: dict) -> bool:
+        """--api-key: every request but a health check needs the bearer token."""
+        if not self.api_key or path.startswith("/v2/health") or path == "/health":
+            return False
+        return headers.get("authorization") != f"Bearer {self.api_key}"
 
     async def _sleep_until(self, deadline: float) -> None:
         """Sleep to an absolute monotonic time, then sit out a stall window if we are inside it."""
@@ -84,6 +105,13 @@ class FakeStreamServer:
                 method, path, _ = lines[0].split(" ", 2)
                 headers = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:] if ":" in ln)}
                 body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
+                self._log(method, path, headers, body)
+                if self._refused(path, headers):
+                    detail = b'{"error": "Unauthorized"}'
+                    writer.write(b"HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\nContent-Length: %d"
+                                 b"\r\n\r\n%s" % (len(detail), detail))
+                    await writer.drain()
+                    continue
                 if method == "GET" and path == "/metrics":
                     text = "".join(f"# TYPE vllm:spec_decode_num_{name}_total counter\n"
                                    f'vllm:spec_decode_num_{name}_total{{model_name="fake"}} {value}\n'
@@ -203,6 +231,7 @@ async def serve(args: argparse.Namespace) -> None:
                             refuse_body=args.refuse_body, reasoning_tokens=args.reasoning_tokens,
                             reasoning_style=args.reasoning_style)
     fake.bad_stream = args.bad_stream
+    fake.api_key, fake.request_log = args.api_key, args.request_log
     server = await asyncio.start_server(fake.handle, "127.0.0.1", args.port, backlog=1024)
     port = server.sockets[0].getsockname()[1]
     print(f"PORT {port}", flush=True)
@@ -226,6 +255,8 @@ def main() -> None:
     parser.add_argument("--refuse-body", default=json.dumps({"detail": "Unexpected fields in the request: {'top_k'}"}))
     parser.add_argument("--reasoning-tokens", type=int, default=0, help="chat: chunks of reasoning before the answer")
     parser.add_argument("--bad-stream", choices=("malformed", "no-finish"), default=None)
+    parser.add_argument("--api-key", default=None, help="401 to requests without Authorization: Bearer KEY")
+    parser.add_argument("--request-log", default=None, help="append each request (headers, body) to this JSONL file")
     parser.add_argument("--reasoning-style", default="reasoning_content",
                         choices=("reasoning_content", "reasoning", "both"))
     try:

@@ -46,6 +46,7 @@ from urllib.parse import urlsplit
 
 import gevent
 from gevent.event import Event
+from gevent.lock import BoundedSemaphore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import llmapi_contract
@@ -59,9 +60,11 @@ from lt_common import (
     RecordWriter,
     RequestState,
     RunSettings,
-    arrival_offsets,
+    arrival_schedule,
     build_record,
     parse_sse_line,
+    ramp_step_at,
+    request_headers,
     request_inputs,
 )
 
@@ -87,6 +90,7 @@ class _Run:
     early = {"finished": 0, "errors": 0}  # requests sent inside the fail-fast window
     first_error: dict | None = None
     aborted = False
+    headers: dict[str, str] = {}  # request_headers(): the API key lives only in this process's memory
 
     @classmethod
     def ensure(cls, environment) -> None:
@@ -103,9 +107,10 @@ class _Run:
         cls.retokenize = _make_retokenizer(cls.settings.tokenizer_dir)
         cls.early = {"finished": 0, "errors": 0}
         cls.first_error, cls.aborted = None, False
+        cls.headers = request_headers(cls.settings)
 
     @classmethod
-    def begin(cls, prompt_index: int, prompt: dict, t_scheduled: int | None) -> RequestState:
+    def begin(cls, prompt_index: int, prompt: dict, t_scheduled: int | None, ramp_step: int | None = None) -> RequestState:
         state = RequestState(
             request_id=uuid.uuid4().hex[:16],
             prompt_id=str(prompt["id"]),
@@ -113,6 +118,7 @@ class _Run:
             prompt_index=prompt_index,
             prompt_text=str(prompt["prompt"]),
             t_scheduled=t_scheduled,
+            ramp_step=ramp_step,
         )
         cls.inflight[state.request_id] = state
         cls.counts["sent"] += 1
@@ -271,7 +277,9 @@ class GrpcStreamSession:
         if getattr(self, "client", None) is not None:
             GrpcStreamSession._retired.append(self.client)
         self.client = self._grpcclient.InferenceServerClient(url=self.url)
-        self.client.start_stream(callback=self._on_response)
+        # --header / the API key as gRPC metadata (lower-case keys, as gRPC requires)
+        self.client.start_stream(callback=self._on_response,
+                                 headers={k.lower(): v for k, v in _Run.headers.items()} or None)
         self._broken = False
 
     def _on_response(self, result, error) -> None:
@@ -440,7 +448,7 @@ class HttpStreamSession:
         try:
             state.t_sent = _Run.clock.now()
             conn.request("POST", f"/v2/models/{model_name}/generate_stream", body=body,
-                         headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
+                         headers={**_Run.headers, "Content-Type": "application/json", "Accept": "text/event-stream"})
             response = conn.getresponse()
             if response.status != 200:
                 state.status, state.http_status = "error", int(response.status)
@@ -499,7 +507,7 @@ def _new_session(settings: RunSettings):
         return GrpcStreamSession(settings.endpoint)
     if settings.transport == "openai":
         return OpenAIStreamSession(settings.endpoint, _Run.clock.now, settings.openai_api, settings.openai_top_k,
-                                   _Run.retokenize)
+                                   _Run.retokenize, headers=_Run.headers, extra_body=settings.extra_body)
     return HttpStreamSession(settings.endpoint)
 
 
@@ -507,10 +515,14 @@ ERROR_BACKOFF_S = 0.05  # a failing server must not turn a closed-loop user into
 FAIL_FAST_MIN_REQUESTS = 4  # fewer finished requests say too little to stop a run on
 
 
-def _do_request(environment, session, t_scheduled: int | None = None) -> RequestState:
+def _do_request(environment, session, t_scheduled: int | None = None, prompt_index: int | None = None,
+                ramp_step: int | None = None) -> RequestState:
     settings = _Run.settings
-    index, prompt = _Run.cursor.next()
-    state = _Run.begin(index, prompt, t_scheduled)
+    if prompt_index is None:
+        index, prompt = _Run.cursor.next()
+    else:  # a trace names its prompt per arrival
+        index, prompt = prompt_index, settings.prompts[prompt_index]
+    state = _Run.begin(index, prompt, t_scheduled, ramp_step)
     inputs = request_inputs(settings, state.prompt_text, index)
     try:
         session.send(state, inputs, settings.model_name, settings.request_timeout_s)
@@ -547,7 +559,9 @@ class _ClosedLoopUser(User):
 
     @task
     def generate(self) -> None:
-        state = _do_request(self.environment, self.session)
+        # a closed-loop ramp (ramp_shape.py sets the users): the step by the time the request is sent
+        step = ramp_step_at(_Run.settings, _Run.clock.now() / 1e9)
+        state = _do_request(self.environment, self.session, ramp_step=step)
         if state.status in ("error", "timeout"):
             gevent.sleep(ERROR_BACKOFF_S)
 
@@ -569,38 +583,49 @@ class OpenAIStreamUser(_ClosedLoopUser):
 
 
 class _OpenLoopUser(User):
+    """The dispatcher: sends each planned arrival (:func:`lt_common.arrival_schedule`: one rate, a ramp of
+    rates, or a trace) at its time in a greenlet of its own. With ``max_concurrency`` an arrival waits
+    for a free slot (vLLM's semaphore): ``t_scheduled`` stays the arrival, ``t_sent`` is when it left."""
+
     abstract = True
     wait_time = locust.constant(0)
 
     def on_start(self) -> None:
         _Run.ensure(self.environment)
         settings = _Run.settings
-        if not settings.target_rate:
+        if not settings.target_rate and not settings.ramp and settings.arrival != "trace":
             raise StopUser()
-        horizon = int(settings.target_rate * (settings.duration_s + 5)) + 10
-        self.schedule = arrival_offsets(settings.target_rate, horizon, settings.seed, settings.arrival)
+        # a ramp or a trace ends with the run (the orchestrator gives Locust's timer a margin past it)
+        patterned = bool(settings.ramp) or settings.arrival == "trace"
+        self.schedule = arrival_schedule(settings, settings.duration_s + (0 if patterned else 5))
         self.next_arrival = 0
         self.idle_sessions: list = []
+        self.slots = BoundedSemaphore(settings.max_concurrency) if settings.max_concurrency else None
         self.origin = _Run.clock.now()
 
-    def _run_one(self, t_scheduled: int) -> None:
+    def _run_one(self, t_scheduled: int, prompt_index: int | None, step: int | None) -> None:
+        if self.slots is not None:
+            self.slots.acquire()
         session = self.idle_sessions.pop() if self.idle_sessions else _new_session(_Run.settings)
         try:
-            _do_request(self.environment, session, t_scheduled=t_scheduled)
+            _do_request(self.environment, session, t_scheduled=t_scheduled, prompt_index=prompt_index, ramp_step=step)
         finally:
             self.idle_sessions.append(session)  # one request per session at a time
+            if self.slots is not None:
+                self.slots.release()
 
     @task
     def dispatch(self) -> None:
         if self.next_arrival >= len(self.schedule):
             gevent.sleep(0.1)
             return
-        t_scheduled = self.origin + int(self.schedule[self.next_arrival] * 1e9)
+        arrival = self.schedule[self.next_arrival]
+        t_scheduled = self.origin + int(arrival.offset_s * 1e9)
         self.next_arrival += 1
         delay = (t_scheduled - _Run.clock.now()) / 1e9
         if delay > 0:
             gevent.sleep(delay)
-        gevent.spawn(self._run_one, t_scheduled)
+        gevent.spawn(self._run_one, t_scheduled, arrival.prompt_index, arrival.step)
 
 
 class GrpcOpenLoopUser(_OpenLoopUser):

@@ -21,6 +21,7 @@ from typing import Any
 from pipeline.artefacts.records import RawRecordFields  # the record's one definition (stdlib only)
 
 CONFIG_ENV = "SPECDEPLOY_LOADTEST_CONFIG"
+HEADERS_ENV = "SPECDEPLOY_LOADTEST_HEADERS"  # the header values (pipeline/loadtest/reach.py), never in a file
 
 
 @dataclass
@@ -55,6 +56,13 @@ class RunSettings:
     openai_top_k: bool | None = None  # transport openai: send top_k; None = only when sampling sets it (not greedy)
     fail_fast_error_rate: float | None = 0.5  # stop the run when errors / finished pass this in the first window
     fail_fast_window_s: float = 5.0  # seconds from the run's start the fail-fast check covers
+    # arrivals and reach (docs/arrivals-and-goodput.md)
+    burstiness: float = 1.0  # arrival gamma: the gamma shape (1 = Poisson)
+    max_concurrency: int | None = None  # open loop: at most this many requests in flight
+    ramp: list[dict[str, Any]] = field(default_factory=list)  # [{duration_s, rate | users}] within one run
+    headers: dict[str, str] = field(default_factory=dict)  # sent with every request
+    api_key_env: str | None = None  # the NAME of the variable holding the key; the key itself is never in a file
+    extra_body: dict[str, Any] = field(default_factory=dict)  # merged into every request body
 
     @classmethod
     def from_file(cls, path: str | Path) -> "RunSettings":
@@ -133,7 +141,30 @@ def request_inputs(settings: RunSettings, prompt_text: str, prompt_index: int) -
     if "seed" in sampling:
         inputs["seed"] = int(sampling["seed"]) + prompt_index  # same prompt → same seed in both arms
     inputs.update(settings.extra_inputs)
+    if settings.transport != "openai":  # the OpenAI session merges it into its own body, last
+        inputs.update(settings.extra_body)
     return inputs
+
+
+class MissingApiKey(RuntimeError):
+    """``api_key_env`` names a variable that is not set."""
+
+
+def request_headers(settings: RunSettings, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The headers every request carries besides the transport's own: ``headers``, then the API key
+    read from the environment variable ``api_key_env`` as ``Authorization: Bearer`` (vLLM's and
+    OpenAI's convention). The key is read here, in the load generator, and never stored."""
+    environ = os.environ if environ is None else environ
+    # the values come from the environment the orchestrator gives this process (its settings file names
+    # them only, pipeline/loadtest/reach.py); a settings file written by hand may carry them itself
+    given = environ.get(HEADERS_ENV)
+    out = json.loads(given) if given else dict(settings.headers)
+    if settings.api_key_env:
+        key = environ.get(settings.api_key_env)
+        if not key:
+            raise MissingApiKey(f"api_key_env: the environment variable {settings.api_key_env} is not set")
+        out["Authorization"] = f"Bearer {key}"
+    return out
 
 
 # draft_fallbacks: our BLS output, 1 when a draft failure made the request go on target-only
@@ -167,6 +198,7 @@ class RequestState:
     stream_text: Any = None  # llmapi contract: llmapi_contract.CumulativeText of this request
     reasoning_parts: list[str] = field(default_factory=list)  # a reasoning model's thinking, kept apart
     t_first_answer: int | None = None  # first answer (non-reasoning) text; t_first_token counts both
+    ramp_step: int | None = None  # the ramp step the request was sent in (None without a ramp)
 
     def add_chunk(self, t_ns: int, text: str | None, num_tokens: int | None, reasoning: str | None = None) -> None:
         """Record one response. ``num_tokens`` is the server's count for this response; ``reasoning`` is
@@ -198,9 +230,12 @@ class RequestState:
 class Clock:
     """perf_counter_ns relative to the process's run start."""
 
+    current: "Clock | None" = None  # the run's clock, for a load shape that must step on the records' time
+
     def __init__(self) -> None:
         self.t0 = time.perf_counter_ns()
         self.t0_unix = time.time()
+        Clock.current = self
 
     def now(self) -> int:
         return time.perf_counter_ns() - self.t0
@@ -230,6 +265,7 @@ def build_record(settings: RunSettings, state: RequestState, *, worker_pid: int,
         prompt_index=state.prompt_index,
         worker_pid=worker_pid,
         t_scheduled=state.t_scheduled,
+        ramp_step=state.ramp_step,
         t_sent=state.t_sent,
         t_first_token=t_first,
         t_first_answer=state.t_first_answer if reasoning else t_first,
@@ -304,12 +340,71 @@ def parse_sse_line(line: bytes) -> dict[str, Any] | None:
     return json.loads(payload)
 
 
-def arrival_offsets(rate: float, count: int, seed: int, kind: str = "poisson") -> list[float]:
-    """Intended send times (s from the start) of an open-loop schedule."""
+def arrival_offsets(rate: float, count: int, seed: int, kind: str = "poisson", burstiness: float = 1.0) -> list[float]:
+    """Intended send times (s from the start) of an open-loop schedule at a mean of ``rate`` requests/s:
+    ``poisson`` exponential gaps; ``constant`` (or ``fixed``) 1/rate apart; ``gamma`` gaps drawn from a
+    gamma distribution of shape ``burstiness`` and scale 1/(rate·burstiness), vLLM's meaning of
+    ``--burstiness`` (1 is Poisson, smaller is burstier; the gaps' coefficient of variation is
+    1/√burstiness)."""
     rng = random.Random(seed)
     t = 0.0
     out = []
     for _ in range(count):
-        t += rng.expovariate(rate) if kind == "poisson" else 1.0 / rate
+        if kind == "poisson":
+            t += rng.expovariate(rate)
+        elif kind == "gamma":
+            t += rng.gammavariate(burstiness, 1.0 / (rate * burstiness))
+        elif kind in ("constant", "fixed"):
+            t += 1.0 / rate
+        else:
+            raise ValueError(f"arrival: unknown kind '{kind}' (poisson, constant, gamma, trace)")
         out.append(t)
     return out
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One planned open-loop request: when (s from the run's start), which prompt (None: the next in the
+    seeded order) and which ramp step it belongs to (None without a ramp)."""
+
+    offset_s: float
+    prompt_index: int | None = None
+    step: int | None = None
+
+
+def arrival_schedule(settings: RunSettings, horizon_s: float) -> list[Arrival]:
+    """Every arrival of an open-loop run up to ``horizon_s``: one rate (``target_rate``), a ramp of rates
+    (each step its own rate, for its own seconds, the steps back to back) or a trace (each prompt's own
+    ``arrival_s``, in file order, as the dataset loader gives it)."""
+    if settings.arrival == "trace":
+        timed = [(float(p["arrival_s"]), i) for i, p in enumerate(settings.prompts) if p.get("arrival_s") is not None]
+        if not timed:
+            raise ValueError("arrival trace: no prompt carries an arrival_s")
+        start = min(t for t, _ in timed)
+        return [Arrival(t - start, i) for t, i in sorted(timed) if t - start <= horizon_s]
+    steps = settings.ramp or [{"duration_s": horizon_s, "rate": settings.target_rate}]
+    out: list[Arrival] = []
+    begin = 0.0
+    for n, step in enumerate(steps):
+        length = float(step["duration_s"]) if settings.ramp else horizon_s
+        rate = float(step["rate"])
+        count = int(rate * length * 2) + 10  # enough draws to pass the step's end
+        seed = settings.seed + 7919 * n  # each step its own stream, the same in both arms
+        for t in arrival_offsets(rate, count, seed, settings.arrival, settings.burstiness):
+            if t > length:
+                break
+            out.append(Arrival(begin + t, None, n if settings.ramp else None))
+        begin += length
+    return [a for a in out if a.offset_s <= horizon_s]
+
+
+def ramp_step_at(settings: RunSettings, t_s: float) -> int | None:
+    """The ramp step running at ``t_s`` seconds from the start (the last one past the end); None without a ramp."""
+    if not settings.ramp:
+        return None
+    end = 0.0
+    for n, step in enumerate(settings.ramp):
+        end += float(step["duration_s"])
+        if t_s < end:
+            return n
+    return len(settings.ramp) - 1

@@ -93,7 +93,8 @@ class OpenAIStreamSession:
     """One keep-alive connection to an OpenAI-compatible server; one request at a time."""
 
     def __init__(self, base_url: str, now: Callable[[], int], api: str = "completions", send_top_k: bool | None = None,
-                 retokenize: Callable[[str], int] | None = None):
+                 retokenize: Callable[[str], int] | None = None, headers: dict[str, str] | None = None,
+                 extra_body: dict[str, Any] | None = None):
         if api not in API_PATHS:
             raise ValueError(f"openai_api: expected one of {sorted(API_PATHS)}, got '{api}'")
         parts = urlsplit(base_url if "://" in base_url else f"http://{base_url}")
@@ -101,6 +102,7 @@ class OpenAIStreamSession:
         self.ssl = parts.scheme == "https"
         self.prefix = parts.path.rstrip("/").removesuffix("/v1")
         self.now, self.api, self.send_top_k, self.retokenize = now, api, send_top_k, retokenize
+        self.headers, self.extra_body = dict(headers or {}), dict(extra_body or {})  # --header / API key, --extra-body
         self.client = None
 
     def _client(self, timeout_s: float):
@@ -112,13 +114,15 @@ class OpenAIStreamSession:
         return self.client
 
     def send(self, state: RequestState, inputs: dict, model_name: str, timeout_s: float) -> None:
-        body = json.dumps(openai_body(inputs, model_name, self.api, self.send_top_k)).encode("utf-8")
+        # --extra-body last: a server-specific field may override a generated one, as vLLM's merges it
+        body = json.dumps({**openai_body(inputs, model_name, self.api, self.send_top_k), **self.extra_body}).encode("utf-8")
         deadline = time.monotonic() + timeout_s
         client = self._client(timeout_s)
         try:
             state.t_sent = self.now()
             response = client.post(self.prefix + API_PATHS[self.api], body=body,
-                                   headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
+                                   headers={**self.headers, "Content-Type": "application/json",
+                                            "Accept": "text/event-stream"})
             if response.status_code != 200:
                 state.status, state.t_last, state.http_status = "error", self.now(), int(response.status_code)
                 state.error = f"HTTP {response.status_code}: {response.read()[:2000].decode('utf-8', 'replace')}"

@@ -4,11 +4,11 @@ config) → loadtest (which serves both arms) → report — with one stage disp
 Reads the config; each stage writes its usual files (``engines/<name>/manifest.json``, the
 rendered repositories, ``reports/<name>/<run>/``). A re-run skips what is still valid: the build
 cache skips unchanged steps, a finished load test of the same config (same config hash, every
-planned run recorded, a report written) is reused, and when the newest load test of the same
+planned cell complete, a report written) is reused, and when the newest load test of the same
 config is unfinished (killed, crashed, its server died) it is resumed: its complete cells are kept
-and only the others measured (:mod:`pipeline.loadtest.resume`) — unless ``new_run`` (``--fresh``)
-is set, which starts a new one. On ``hardware: cpu`` the calibrate stage makes this machine's CPU
-calibration for the config (:mod:`pipeline.forecast.machine_calibration`) when none is stored, or
+and only the others measured — both by :mod:`pipeline.loadtest.resume`'s one rule of a finished
+run — unless ``new_run`` (``--fresh``) is set, which starts a new one. On ``hardware: cpu`` the
+calibrate stage makes this machine's CPU calibration for the config (:mod:`pipeline.forecast.machine_calibration`) when none is stored, or
 ``recalibrate`` asks for a new one, so the report can check the forecast against the
 measurement; a failed calibration does not fail the run. Its outcome is recorded in ``run.json``
 (``forecast_calibration``), where the report's forecast section finds why a forecast is missing.
@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from pipeline.config import DeploymentConfig, config_hash
-from pipeline.paths import reports_root
+from pipeline.config import DeploymentConfig
 
 STAGES = ("validate", "build", "render", "loadtest", "report")
 CPU_STAGES = ("validate", "build", "render", "calibrate", "loadtest", "report")
@@ -53,47 +52,6 @@ class StageLog:
         return result[0] if isinstance(result, tuple) else result
 
 
-def completed_run_dir(cfg: DeploymentConfig) -> Path | None:
-    """The newest finished load test of this exact config, if any (for resuming)."""
-    root = reports_root(cfg)
-    if not root.is_dir():
-        return None
-    want = config_hash(cfg)
-    for run_dir in sorted((p for p in root.iterdir() if p.is_dir()), reverse=True):
-        if _is_complete(run_dir, want):
-            return run_dir
-    return None
-
-
-def unfinished_run_dir(cfg: DeploymentConfig) -> Path | None:
-    """The newest load test of this exact config if it is unfinished (some planned cell not
-    complete, :mod:`pipeline.loadtest.resume`, or no report yet), to be resumed."""
-    from pipeline.loadtest.resume import newest_run  # noqa: PLC0415 - only this path needs it
-
-    newest = newest_run(cfg)
-    if newest is None:
-        return None
-    run_dir, finished = newest
-    return run_dir if not finished or not (run_dir / "report.json").is_file() else None
-
-
-def _is_complete(run_dir: Path, want_hash: str) -> bool:
-    """A finished run: same config, every planned run recorded with the server alive, a report."""
-    from pipeline.loadtest.runner import plan_runs  # noqa: PLC0415 - keeps psutil off this module's import
-
-    try:
-        meta = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
-        runs = json.loads((run_dir / "runs.json").read_text(encoding="utf-8"))["runs"]
-    except (OSError, ValueError, KeyError):
-        return False
-    if meta.get("config_hash") != want_hash or not (run_dir / "report.json").is_file():
-        return False
-    cfg = DeploymentConfig.model_validate(meta["config"])
-    arms = ("baseline", "speculative") if cfg.speculative else ("baseline",)
-    planned = plan_runs(cfg, arms, meta["concurrency"], meta["repeats"], meta.get("sweep_draft_len") or [])
-    return len(runs) >= len(planned) and all(r.get("server_alive", False) for r in runs)
-
-
 def run_pipeline(
     cfg: DeploymentConfig,
     *,
@@ -109,7 +67,7 @@ def run_pipeline(
     from pipeline.infra import owner_lock  # noqa: PLC0415 - only this path needs it
     from pipeline.infra.owner_lock import DirectoryBusy  # noqa: PLC0415 - only this path needs it
     from pipeline.loadtest.ownership import live_owner  # noqa: PLC0415 - only this path needs it
-    from pipeline.loadtest.resume import kept_results  # noqa: PLC0415 - only this path needs it
+    from pipeline.loadtest.resume import PreviousRuns, kept_results, previous_runs  # noqa: PLC0415 - only this path needs it
     from pipeline.loadtest.runner import run_loadtest  # noqa: PLC0415 - keeps psutil off this module's import
     from pipeline.render.renderer import render  # noqa: PLC0415 - only this path needs it
     from pipeline.report.builder import make_report  # noqa: PLC0415 - keeps numpy off this module's import
@@ -138,15 +96,16 @@ def run_pipeline(
         return repos, ", ".join(f"{variant}: {path}" for variant, (path, _) in repos.items())
 
     def loadtest_stage():
-        # a run another live process owns is never resumed nor reused (pipeline/loadtest/ownership.py)
-        reuse = None if (new_run or overrides) else completed_run_dir(cfg)
-        resume = None if (new_run or overrides) else unfinished_run_dir(cfg)
+        # finished or not is pipeline.loadtest.resume's one rule; a run another live process owns is
+        # never resumed nor reused (pipeline/loadtest/ownership.py)
+        previous = PreviousRuns() if (new_run or overrides) else previous_runs(cfg)
+        reuse, resume = previous.reuse, previous.resume
         left_alone = False
         if resume is not None and (owner := live_owner(resume)) is not None:
             console.print(f"  the newest load test {resume} is being measured by {owner.describe()}: "
                           "leaving it to its owner (two load tests on one host share its cores)")
             resume, left_alone = None, True
-        if resume is not None and (reuse is None or resume.name > reuse.name):
+        if resume is not None:  # the newest run of the config: newer than any finished one
             kept = len(kept_results(resume))
             console.print(f"  resuming the unfinished load test {resume}: {kept} finished cells kept "
                           "(pass --fresh to start over)")

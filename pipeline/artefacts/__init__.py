@@ -17,6 +17,7 @@ ARTEFACTS = {
     "record": ("pipeline.artefacts.records", "RawRecord"),
     "report": ("pipeline.artefacts.report", "Report"),
     "compare": ("pipeline.artefacts.report", "Comparison"),
+    "schedule": ("pipeline.artefacts.schedule", "SpeculationSchedule"),
 }
 
 

@@ -5,9 +5,11 @@ CPUs) and ``loadtest`` (which model to call with which extra inputs, whether a r
 its own draft length, the placement) read it instead of asking ``render`` again. A repository
 rendered before this file had a schema is refused with "re-run `specdeploy render`".
 
-:func:`describe_arm` is the one place the facts are derived from a config; ``render`` records its
-result, and a load test against servers somebody else started (``--endpoint-*``, nothing rendered
-here) uses it directly."""
+This module is the file's schema and its reader; the decision it records is ``render``'s
+(:func:`pipeline.render.arms.decide_arm`), made once per render. :func:`load_arm` (the repository and
+its descriptor, for a server started here) and :func:`load_descriptor` (the descriptor alone, for a
+server started elsewhere from this repository) refuse a missing or stale file and name the stage to
+run."""
 
 from __future__ import annotations
 
@@ -64,63 +66,6 @@ class ArmDeployment(Artefact):
     placement: dict[str, Any] | None = Field(None, description="Where the arm runs (pipeline.plan.gpu_layout summary).")
 
 
-def _drafts(cfg: "DeploymentConfig", arm: str) -> Drafts:
-    if arm == "baseline" or not cfg.speculative:
-        return "none"
-    if _bls_orchestrated(cfg):
-        return "bls"  # the llmapi model drafts inside its executor (GPU) or its engine (CPU)
-    return "engine"
-
-
-def describe_arm(cfg: "DeploymentConfig", arm: str, manifest: dict | None = None,
-                 placement: dict | None = None) -> ArmDeployment:
-    """What ``arm`` of ``cfg`` is. draft_target or ngram orchestrated by the BLS: both arms call the
-    BLS (the speculative arm adds num_draft_tokens = K); on the llmapi layout (the LLM-API runtime, or
-    the CPU engine behind it) both call the llmapi ``tensorrt_llm`` model; every other case calls the
-    ensemble."""
-    from pipeline.config import config_hash  # noqa: PLC0415 - keeps yaml off this module's import
-
-    check_arm(cfg, arm)
-    llm_api = getattr(cfg, "llmapi_layout", False)  # the llmapi model takes text in and out itself (GPU or CPU engine)
-    bls = _bls_orchestrated(cfg)
-    extra = {"num_draft_tokens": _bls_draft_len(cfg)} if bls and arm == "speculative" else {}
-    speculative = arm == "speculative" and cfg.speculative
-    manifest = manifest or {}
-    return ArmDeployment(
-        arm=arm, name=cfg.name, config_hash=config_hash(cfg), backend=cfg.backend, method=cfg.method,
-        model_name="tensorrt_llm_bls" if bls else ("tensorrt_llm" if llm_api else "ensemble"),
-        contract="bls" if bls else ("llmapi" if llm_api else "ensemble"), extra_inputs=extra, transports=["grpc", "http"],
-        decoupled=cfg.triton.decoupled, drafts=_drafts(cfg, arm), per_request_draft_len=bls and arm == "speculative",
-        num_draft_tokens=_default_draft_len(cfg, bls) if speculative else None,
-        max_draft_len=_max_draft_len(cfg.speculation) if speculative else None,
-        engine_models=2 if bls and cfg.method_info.draft_model else 1, tokenizer_dir=manifest.get("tokenizer_dir"),
-        trtllm_version=manifest.get("trtllm_version"), manifest_created=manifest.get("created"), placement=placement,
-    )
-
-
-def _bls_orchestrated(cfg: "DeploymentConfig") -> bool:
-    """tensorrt_llm_bls runs the rounds: draft-target (orchestration bls) on the engine runtime, or
-    n-gram with orchestration bls (drafts looked up in the BLS, verified as external drafts)."""
-    if getattr(cfg, "llmapi_layout", False):
-        return False
-    return cfg.method_info.bls_orchestrated(cfg.speculation)
-
-
-def _bls_draft_len(cfg: "DeploymentConfig") -> int:
-    """num_draft_tokens the speculative arm sends the BLS (draft-target: K; n-gram: its max_draft_len)."""
-    return cfg.method_info.primary_draft_len(cfg.speculation)
-
-
-def _default_draft_len(cfg: "DeploymentConfig", bls: bool) -> int | None:
-    return _bls_draft_len(cfg) if bls else getattr(cfg.speculation, "num_draft_tokens", None)
-
-
-def _max_draft_len(spec) -> int | None:
-    """The engine's draft capacity; LLM-API methods name it ``max_draft_len`` (upstream's name)."""
-    value = getattr(spec, "engine_max_draft_len", None)
-    return value if value is not None else getattr(spec, "max_draft_len", None)
-
-
 def arms_of(cfg: "DeploymentConfig") -> tuple[str, ...]:
     return ARMS if cfg.speculative else ("baseline",)
 
@@ -138,19 +83,30 @@ def descriptor_path(repo: Path) -> Path:
     return repo.with_name(f"{repo.name}.render.json")
 
 
-def load_arm(cfg: "DeploymentConfig", arm: str) -> tuple[Path, ArmDeployment]:
-    """(repository, descriptor) of ``arm`` as ``render`` left it; refused when either is missing,
-    the descriptor predates its schema, or it was rendered from another config."""
+def load_descriptor(cfg: "DeploymentConfig", arm: str) -> ArmDeployment:
+    """The descriptor ``render`` wrote for ``arm``; refused when it is missing, predates its schema, or
+    was rendered from another config (the repository itself may be served on another host)."""
     from pipeline.config import config_hash  # noqa: PLC0415 - keeps yaml off this module's import
     from pipeline.paths import model_repo_dir  # noqa: PLC0415 - keeps yaml off this module's import
 
     check_arm(cfg, arm)
-    repo = model_repo_dir(cfg, arm)
-    path = descriptor_path(repo)
-    if not (repo / "tensorrt_llm" / "config.pbtxt").is_file() or not path.is_file():
-        raise StaleInputError(f"no rendered repository at {repo}: run `specdeploy render` first")
+    path = descriptor_path(model_repo_dir(cfg, arm))
+    if not path.is_file():
+        raise StaleInputError(f"no deployment descriptor at {path}: run `specdeploy render` first")
     descriptor = ArmDeployment.load(path)
     if descriptor.config_hash != config_hash(cfg):
-        raise StaleInputError(f"{repo} was rendered from another config: re-run `specdeploy render` "
+        raise StaleInputError(f"{path} was rendered from another config: re-run `specdeploy render` "
                               "(and `specdeploy build` if the engines changed)")
-    return repo, descriptor
+    return descriptor
+
+
+def load_arm(cfg: "DeploymentConfig", arm: str) -> tuple[Path, ArmDeployment]:
+    """(repository, descriptor) of ``arm`` as ``render`` left it; refused when either is missing,
+    the descriptor predates its schema, or it was rendered from another config."""
+    from pipeline.paths import model_repo_dir  # noqa: PLC0415 - keeps yaml off this module's import
+
+    check_arm(cfg, arm)
+    repo = model_repo_dir(cfg, arm)
+    if not (repo / "tensorrt_llm" / "config.pbtxt").is_file() or not descriptor_path(repo).is_file():
+        raise StaleInputError(f"no rendered repository at {repo}: run `specdeploy render` first")
+    return repo, load_descriptor(cfg, arm)

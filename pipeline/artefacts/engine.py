@@ -12,6 +12,7 @@ from pydantic import BeforeValidator, Field, model_serializer, model_validator
 
 from pipeline.artefacts.base import Artefact, Strict
 from pipeline.artefacts.names import ENGINE_DESCRIPTOR, ENGINE_FORMAT  # noqa: F401 - ENGINE_DESCRIPTOR re-exported
+from pipeline.artefacts.schedule import DraftLenRange, check_ranges
 from pipeline.reference.draft_len import check_lookahead_sizes  # torch-free: upstream's legality rule, once
 
 Role = Literal["baseline", "target", "draft", "speculative"]
@@ -142,7 +143,16 @@ class EngineDescriptor(Artefact):
     fast_paths: bool = Field(True, description=(
         "Run the CPU fast path's models (scripted kernels, fused steps, int8 packing) instead of the "
         "plain ones: the same maths, bit for bit where the tests compare them."))
+    draft_len_schedule: list[DraftLenRange] | None = Field(None, description=(
+        "K per live batch size range (a speculation schedule's ranges, pipeline/artefacts/schedule.py): each step "
+        "drafts the K of the range holding the batch, 0 = a plain target step; None: every step drafts fully."))
     config_hash: str | None = Field(None, description="The deployment config's hash (the manifest records it too).")
+
+    @model_validator(mode="after")
+    def _schedule_ranges(self):
+        if self.draft_len_schedule is not None:
+            check_ranges(self.draft_len_schedule)
+        return self
     name: str = ""
 
 

@@ -44,6 +44,7 @@ class RawRecordFields:
     prompt_index: int | None
     worker_pid: int
     t_scheduled: int | None
+    ramp_step: int | None = None  # loadtest.ramp: the step (level) the request was sent in
     t_sent: int | None
     t_first_token: int | None
     # reasoning models (transport openai): the first answer token after the reasoning

@@ -94,6 +94,8 @@ class RunResult(Strict):
     harness_fault: str | None = Field(None, description=(
         "The load generator itself failed in this cell (pipeline/loadtest/harness.py): what and the cause from its "
         "log; the load test then stopped with exit code 5."))
+    level: str | None = Field(None, description="A ramp or trace run's level name (ramp, trace); None for a "
+                                                "concurrency or rate level.")
     session: int = Field(1, description="Which start of the load test measured this cell (2 and on: resumed; "
                                         "run.json `sessions`).")
 
@@ -149,3 +151,9 @@ class RunSettings(Artefact):
     openai_top_k: int | None = None
     fail_fast_error_rate: float | None = None
     fail_fast_window_s: float = 10.0
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+    ramp: list[dict[str, Any]] = Field(default_factory=list)
+    headers: dict[str, str] = Field(default_factory=dict)
+    api_key_env: str | None = Field(None, description="The variable's name; the key itself is never written.")
+    extra_body: dict[str, Any] = Field(default_factory=dict)

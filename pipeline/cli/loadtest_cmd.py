@@ -92,6 +92,29 @@ def register(app: typer.Typer) -> None:
         tokenizer: Optional[str] = typer.Option(
             None, "--tokenizer", help="With --loadtest-file: tokenizer directory (re-tokenized lengths when a "
             "server sends no usage)."),
+        # arrivals, goodput and reach, with vLLM bench serve's / AIPerf's names (docs/arrivals-and-goodput.md)
+        request_rate: Optional[str] = typer.Option(
+            None, "--request-rate", help="Open loop: requests/s levels, e.g. 2,4 (loadtest.request_rate; Poisson "
+            "unless --arrival/--burstiness)."),
+        arrival: Optional[str] = typer.Option(
+            None, "--arrival", help="Open loop: poisson | constant | gamma | trace (the dataset's arrival_s)."),
+        burstiness: Optional[float] = typer.Option(
+            None, "--burstiness", help="Gamma arrivals of this shape (vLLM's meaning: 1 = Poisson, < 1 burstier)."),
+        max_concurrency: Optional[int] = typer.Option(
+            None, "--max-concurrency", help="Open loop: at most this many requests in flight (an arrival waits)."),
+        goodput: Optional[list[str]] = typer.Option(
+            None, "--goodput", help="SLOs as vLLM writes them, e.g. 'ttft:500 tpot:50 e2el:3000' (ms; quoted, or "
+            "--goodput repeated): goodput on the first screen and gated (gate.slo)."),
+        slo_percentile: Optional[float] = typer.Option(
+            None, "--slo-percentile", help="With --goodput: the percentile checked against each bound (default 95)."),
+        header: Optional[list[str]] = typer.Option(
+            None, "--header", help="KEY:VALUE (or vLLM's KEY=VALUE) sent with every request; repeatable (recorded: "
+            "use --api-key-env for secrets)."),
+        api_key_env: Optional[str] = typer.Option(
+            None, "--api-key-env", help="Environment variable holding an API key (sent as Authorization: Bearer; "
+            "never written). Default for OpenAI endpoints: OPENAI_API_KEY when set."),
+        extra_body: Optional[str] = typer.Option(
+            None, "--extra-body", help="JSON object merged into every request body, e.g. '{\"ignore_eos\": true}'."),
     ) -> int:
         from pipeline.config import load_config
         from pipeline.infra.owner_lock import holding
@@ -99,6 +122,11 @@ def register(app: typer.Typer) -> None:
         from pipeline.report.builder import make_report
 
         repeats = _repeats(repeats_option)
+        overrides = {"request_rate": request_rate, "arrival": arrival, "burstiness": burstiness,
+                     "max_concurrency": max_concurrency, "goodput": goodput, "slo_percentile": slo_percentile,
+                     "headers": header, "api_key_env": api_key_env, "extra_body": extra_body}
+        if slo_percentile is not None and goodput is None:
+            raise UsageError("--slo-percentile needs --goodput (or write gate.slo.percentile)")
         if endpoint and not arm:
             raise UsageError("--endpoint needs --arm baseline|speculative (or use --endpoint-baseline/--endpoint-speculative)")
         if endpoint:
@@ -107,8 +135,12 @@ def register(app: typer.Typer) -> None:
         if loadtest_file or config is None:
             return _endpoints_only(config, loadtest_file, out, concurrency, duration, repeats, endpoint_baseline,
                                    endpoint_speculative, arm, no_progress, transport, model, tokenizer,
-                                   model_baseline, model_speculative, aa=aa)
+                                   model_baseline, model_speculative, aa=aa, overrides=overrides)
         cfg = load_config(config, workdir)
+        if any(v is not None for v in overrides.values()):
+            from pipeline.loadtest.overrides import apply_overrides
+
+            cfg = apply_overrides(cfg, overrides)
         if resume and (out or concurrency or duration or repeats or sweep_draft_len):
             raise UsageError("--resume continues the run's own plan: drop --out, --concurrency, --duration, "
                              "--repeats and --sweep-draft-len")
@@ -126,7 +158,7 @@ def register(app: typer.Typer) -> None:
 
 def _endpoints_only(config, loadtest_file, out, concurrency, duration, repeats, endpoint_baseline,
                     endpoint_speculative, arm, no_progress, transport, model, tokenizer,
-                    model_baseline=None, model_speculative=None, aa=False) -> int:
+                    model_baseline=None, model_speculative=None, aa=False, overrides=None) -> int:
     from pipeline.infra.owner_lock import holding
     from pipeline.loadtest.endpoints_only import run_endpoint_loadtest
     from pipeline.report.builder import make_report
@@ -144,7 +176,8 @@ def _endpoints_only(config, loadtest_file, out, concurrency, duration, repeats, 
             loadtest_file, endpoint_baseline=endpoint_baseline, endpoint_speculative=endpoint_speculative,
             model=model, model_baseline=model_baseline, model_speculative=model_speculative,
             transport=transport, tokenizer=tokenizer, out_dir=out, concurrency=_int_list(concurrency, "--concurrency"),
-            duration=duration, repeats=repeats, arm=arm, progress=not no_progress, report=False, aa=aa)
+            duration=duration, repeats=repeats, arm=arm, progress=not no_progress, report=False, aa=aa,
+            overrides={k: v for k, v in (overrides or {}).items() if v is not None})
         report = make_report(run_dir, cfg)
     _print_summary(report)
     return report.exit_code
@@ -168,6 +201,11 @@ def _print_summary(report) -> None:
                       f"run-to-run CV of median TPOT {_pct(summary.get('run_to_run_cv_tpot'))}, request-level CV of TPOT "
                       f"{_pct(summary.get('request_cv_tpot'))}, SD of paired log TPOT ratios "
                       f"{_num(summary.get('paired_log_ratio_sd_tpot'))}", markup=False)
+    from pipeline.report.view.summary import goodput_line
+
+    goodput = goodput_line(report.data)  # the user's SLOs: goodput as the report's first screen says it
+    if goodput:
+        console.print(f"  {goodput}", markup=False)
     for reason in report.gate.reasons:
         console.print(f"  {reason}", markup=False)
     for advice in report.gate.advice:

@@ -186,6 +186,18 @@ class Sampling(Section):
         return self.top_k == 1 or self.temperature == 0 or (self.top_k == 0 and self.top_p <= 0)
 
 
+class RampStep(Section):
+    """One level of a ramp: a schedule of levels within one run (docs/arrivals-and-goodput.md)."""
+
+    duration_s: Annotated[float, Field(gt=0)] = described("Seconds this level lasts.")
+    rate: Annotated[float, Field(gt=0)] | None = described("Open loop: requests/s during this level.", default=None)
+    users: Annotated[int, Field(ge=1, le=4096)] | None = described(
+        "Closed loop: users (requests in flight) during this level.", default=None)
+
+
+ARRIVALS = ("poisson", "constant", "gamma", "trace")
+
+
 class LoadTestSettings(Section):
     """Load-test plan: both arms, every concurrency level, repeated runs."""
 
@@ -246,6 +258,29 @@ class LoadTestSettings(Section):
         default_factory=list,
     )
     seed: int = described("Seed for prompt order and user arrival.", default=1234)
+    # arrivals, reach (issue 46; docs/arrivals-and-goodput.md)
+    arrival: Literal["poisson", "constant", "gamma", "trace"] = described(
+        "Open loop: how requests arrive at each request_rate: poisson (exponential gaps), constant (1/rate apart), "
+        "gamma (gaps of shape `burstiness`, vLLM's --burstiness), trace (each prompt's own arrival_s, from the "
+        "dataset: replayed as recorded).", default="poisson")
+    burstiness: Annotated[float, Field(gt=0)] = described(
+        "arrival gamma: the gamma shape (vLLM's --burstiness): 1 is Poisson, below 1 burstier, above 1 steadier; "
+        "the mean rate stays request_rate.", default=1.0)
+    max_concurrency: Annotated[int, Field(ge=1, le=4096)] | None = described(
+        "Open loop: at most this many requests in flight (vLLM's --max-concurrency); an arrival beyond it waits "
+        "for a free slot, so the achieved rate can fall below request_rate (the report says so).", default=None)
+    ramp: list[RampStep] = described(
+        "A schedule of levels within one run, in order (open loop: `rate` per step; closed loop: `users`); "
+        "replaces request_rate / concurrency levels, and the run lasts the steps' total.", default_factory=list)
+    headers: dict[str, str] = described(
+        "HTTP headers sent with every request (gRPC: as metadata); recorded in the run's files: put secrets in "
+        "api_key_env instead.", default_factory=dict)
+    api_key_env: str | None = described(
+        "Environment variable holding an API key, sent as `Authorization: Bearer <key>`; never written to a file. "
+        "Unset: OPENAI_API_KEY for transport openai when it is set, else no key.", default=None)
+    extra_body: dict[str, Any] = described(
+        "Server-specific request fields merged into every request body (OpenAI JSON; Triton: extra inputs), "
+        "e.g. {ignore_eos: true} for vLLM (vLLM's --extra-body).", default_factory=dict)
 
     @field_validator("concurrency")
     @classmethod
@@ -259,25 +294,75 @@ class LoadTestSettings(Section):
     @model_validator(mode="after")
     def _open_loop_needs_rates(self) -> "LoadTestSettings":
         problems = []
-        if self.mode == "open" and not self.request_rate:
-            problems.append(("loadtest.request_rate", "mode 'open' needs request_rate levels (requests/s)"))
+        if self.mode == "open" and not self.request_rate and not self.ramp and self.arrival != "trace":
+            problems.append(("loadtest.request_rate", "mode 'open' needs request_rate levels (requests/s), a ramp "
+                             "or arrival: trace"))
+        problems += self._arrival_problems()
         if self.min_repeats > self.max_repeats:
             problems.append(("loadtest.min_repeats",
                              f"min_repeats ({self.min_repeats}) must not exceed max_repeats ({self.max_repeats})"))
-        if self.warmup_s >= self.duration_s:
+        if self.warmup_s >= self.run_seconds:
             problems.append(
-                ("loadtest.warmup_s", f"warmup_s ({self.warmup_s}) must be shorter than duration_s ({self.duration_s})")
+                ("loadtest.warmup_s", f"warmup_s ({self.warmup_s}) must be shorter than duration_s ({self.run_seconds})")
             )
         if problems:
             raise CrossFieldError(problems)
         return self
 
+    @property
+    def run_seconds(self) -> float:
+        """Seconds one run lasts: duration_s, or a ramp's steps together."""
+        return sum(step.duration_s for step in self.ramp) if self.ramp else self.duration_s
+
+    def _arrival_problems(self) -> list[tuple[str, str]]:
+        """Arrival options that contradict each other or the mode, each named."""
+        out = []
+        open_loop = self.mode == "open"
+        if not open_loop and self.arrival != "poisson":
+            out.append(("loadtest.arrival", f"arrival '{self.arrival}' is an open-loop schedule: set mode: open "
+                        "(closed loop sends the next request when one finishes)"))
+        if self.burstiness != 1.0 and self.arrival != "gamma":
+            out.append(("loadtest.burstiness", f"burstiness {self.burstiness:g} needs arrival: gamma "
+                        "(1 is Poisson)"))
+        if self.max_concurrency is not None and not open_loop:
+            out.append(("loadtest.max_concurrency", "closed loop: the concurrency levels are the cap; "
+                        "max_concurrency caps an open-loop rate"))
+        if self.arrival == "trace" and (self.request_rate or self.ramp):
+            out.append(("loadtest.arrival", "arrival: trace replays the dataset's own arrival times: drop "
+                        "request_rate and ramp"))
+        for i, step in enumerate(self.ramp):
+            wanted, other = ("rate", "users") if open_loop else ("users", "rate")
+            if getattr(step, wanted) is None or getattr(step, other) is not None:
+                out.append((f"loadtest.ramp.{i}", f"mode {self.mode}: each ramp step gives `{wanted}` "
+                            f"(not `{other}`)"))
+        if self.ramp and open_loop and self.request_rate:
+            out.append(("loadtest.ramp", "a ramp replaces request_rate levels: give one or the other"))
+        return out
+
 
 class Slo(Section):
-    """Service-level objectives both arms are held to."""
+    """Service-level objectives both arms are held to: a request meets them when every bound set holds
+    (goodput, vLLM's --goodput); each arm's percentile of each metric is also checked against its bound."""
 
-    ttft_ms: Annotated[float, Field(gt=0)] = described("p95 time-to-first-token bound (ms).", default=1000.0)
-    tpot_ms: Annotated[float, Field(gt=0)] = described("p95 time-per-output-token bound (ms).", default=100.0)
+    ttft_ms: Annotated[float, Field(gt=0)] | None = described(
+        "Time-to-first-token bound (ms); null: not an SLO.", default=1000.0)
+    tpot_ms: Annotated[float, Field(gt=0)] | None = described(
+        "Time-per-output-token bound (ms); null: not an SLO.", default=100.0)
+    e2e_ms: Annotated[float, Field(gt=0)] | None = described(
+        "End-to-end latency bound (ms; vLLM's e2el); null: not an SLO.", default=None)
+    percentile: Annotated[float, Field(gt=0, le=100)] = described(
+        "The percentile of each metric the report checks against its bound (per arm and level).", default=95.0)
+    declared: bool = described(
+        "These SLOs are the user's (set when gate.slo is written or --goodput given): goodput at the SLO goes "
+        "on the report's first screen and the goodput guardrail gates.", default=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _declared_when_written(cls, data):
+        # a written gate.slo is the user's SLO; a snapshot (run.json) carries `declared` as recorded
+        if isinstance(data, dict) and "declared" not in data and data:
+            return {**data, "declared": True}
+        return data
 
 
 class GateSettings(Section):
@@ -327,6 +412,11 @@ class GateSettings(Section):
         default=True,
     )
     slo: Slo = described("Latency SLOs.", default_factory=Slo)
+    goodput_ratio_min: Annotated[float, Field(gt=0)] = described(
+        "With declared SLOs: goodput (requests/s meeting every SLO) of spec ÷ base must have its CI lower bound "
+        "above this at the gated levels.", default=0.95)
+    achieved_rate_tolerance: Annotated[float, Field(ge=0, le=1)] = described(
+        "Open loop: relative gap of the achieved send rate from the schedule's tolerated.", default=0.05)
     bootstrap_resamples: Annotated[int, Field(ge=100)] = described(
         "Bootstrap resamples for the pooled request-level CIs (descriptive; the gate uses paired t intervals).",
         default=9999)

@@ -2,9 +2,10 @@
 
 :class:`ManagedEndpoints` starts both arms' Triton servers once on distinct ports, or one at a
 time with restarts when they cannot share the GPUs; :func:`remote_endpoint` wraps a given URL.
-Reads the rendered repositories (through ``pipeline.render.renderer``: which model each arm calls)
-and the servers' ``/metrics`` (the backend's reported KV-cache capacity); writes the servers' logs
-through ``pipeline.serve.server``.
+Reads each arm's deployment descriptor, as ``render`` wrote it beside the repository (which model
+the arm calls, its extra inputs, its placement: :func:`arm_deployments`), and the servers'
+``/metrics`` (the backend's reported KV-cache capacity); writes the servers' logs through
+``pipeline.serve.server``.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from pipeline.artefacts.deployment import ArmDeployment, describe_arm, load_arm
+from pipeline.artefacts.deployment import ArmDeployment, descriptor_path, load_arm, load_descriptor
 from pipeline.config import DeploymentConfig
 from pipeline.infra.readiness import model_ready, server_live
 from pipeline.loadtest.inputs import LoadTestError
 from pipeline.loadtest.server_metrics import metrics_text
+from pipeline.paths import model_repo_dir
+from pipeline.render.arms import decide_arm
 from pipeline.serve.kv_capacity import arm_engine_models, await_reported, planned_kv_tokens
 
 # ------------------------------------------------------------------------------------------------
@@ -37,7 +40,7 @@ class ArmEndpoint:
     alive: Callable[[], bool] | None = None
     log_tail: Callable[[int], str] | None = None
     client_cpus: tuple[int, ...] | None = None  # the server's CPU plan keeps Locust off the engines' cores
-    deployment: ArmDeployment | None = None  # what the arm is (None: as its config describes it)
+    deployment: ArmDeployment | None = None  # what the arm is (None: a server with no deployment config)
 
 
 class ManagedEndpoints:
@@ -152,10 +155,29 @@ def kv_capacity_from_text(text: str) -> dict[str, int] | None:
     return tokens or None
 
 
-def remote_endpoint(cfg: DeploymentConfig, arm: str, url: str, metrics_url: str | None = None) -> ArmEndpoint:
-    """A server somebody else started: nothing was rendered here, so the arm is what its config
-    describes (the same facts ``render`` would record)."""
-    target = describe_arm(cfg, arm)
+def arm_deployments(cfg: DeploymentConfig, arms: tuple[str, ...], remote: bool) -> dict[str, ArmDeployment]:
+    """What each arm is, as ``render`` decided it: read before anything is measured, so a missing or
+    stale descriptor stops the load test with the stage to run. Servers started here need the
+    rendered repository and its descriptor; ``remote`` servers (``--endpoint-*``) see
+    :func:`remote_deployment`."""
+    return {arm: remote_deployment(cfg, arm) if remote else load_arm(cfg, arm)[1] for arm in arms}
+
+
+def remote_deployment(cfg: DeploymentConfig, arm: str) -> ArmDeployment:
+    """A server started elsewhere: the descriptor ``render`` wrote here when this machine rendered
+    the deployment (refused when stale, like any later stage's); when nothing was rendered here (the
+    repository was rendered and is served on another host), ``render``'s own decision for this config,
+    which is what its render wrote there."""
+    if descriptor_path(model_repo_dir(cfg, arm)).is_file():
+        return load_descriptor(cfg, arm)
+    return decide_arm(cfg, arm)
+
+
+def remote_endpoint(cfg: DeploymentConfig, arm: str, url: str, metrics_url: str | None = None,
+                    target: ArmDeployment | None = None) -> ArmEndpoint:
+    """A server somebody else started, ``target`` the arm it serves (default:
+    :func:`remote_deployment`)."""
+    target = target or remote_deployment(cfg, arm)
     transport = cfg.loadtest.transport
     if transport == "http" and not url.startswith(("http://", "https://")):
         url = "http://" + url

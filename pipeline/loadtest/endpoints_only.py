@@ -35,6 +35,7 @@ from pipeline.config import (
 )
 from pipeline.config.base import Section, described
 from pipeline.errors import ConfigError, SpecdeployError, UsageError
+from pipeline.loadtest import reach
 from pipeline.loadtest.endpoints import ArmEndpoint, endpoint_alive
 
 TRANSPORTS = ("openai", "http", "grpc")
@@ -90,9 +91,10 @@ def deployment_config(lt: EndpointLoadTestFile, model: str, transport: str, sour
 
 
 def given_endpoints(transport: str, model: str | dict[str, str], urls: dict[str, str | None],
-                    metrics: dict[str, str | None]) -> dict[str, ArmEndpoint]:
+                    metrics: dict[str, str | None], headers: dict[str, str] | None = None) -> dict[str, ArmEndpoint]:
     """One :class:`ArmEndpoint` per arm with a URL; alive = the server still answers after a run.
-    ``model``: one name for both arms, or one per arm."""
+    ``model``: one name for both arms, or one per arm; ``headers``: what the probes send (the API key:
+    :mod:`pipeline.loadtest.reach`)."""
     out = {}
     for arm, url in urls.items():
         if not url:
@@ -102,7 +104,8 @@ def given_endpoints(transport: str, model: str | dict[str, str], urls: dict[str,
         if transport == "grpc":
             url = re.sub(r"^(grpc|http)s?://", "", url)
         name = model[arm] if isinstance(model, dict) else model
-        out[arm] = ArmEndpoint(arm, url.rstrip("/"), name, {}, metrics.get(arm), alive=_alive(transport, url, name))
+        out[arm] = ArmEndpoint(arm, url.rstrip("/"), name, {}, metrics.get(arm),
+                               alive=_alive(transport, url, name, headers or {}))
     return out
 
 
@@ -117,14 +120,19 @@ def arm_models(model: str | None, model_baseline: str | None, model_speculative:
     return {arm: name for arm, name in given.items() if urls.get(arm) and name}
 
 
-def listed_models(url: str, timeout_s: float = 10.0) -> list[str]:
-    """The model ids ``GET /v1/models`` lists; SpecdeployError (the server's words) when it does not answer."""
+def listed_models(url: str, timeout_s: float = 10.0, headers: dict[str, str] | None = None, lt=None) -> list[str]:
+    """The model ids ``GET /v1/models`` lists; SpecdeployError (the server's words) when it does not answer,
+    ApiKeyError (exit 2) when it wants a key (401/403)."""
     base = url.rstrip("/").removesuffix("/v1")
+    request = urllib.request.Request(base + "/v1/models", headers=headers or {})  # noqa: S310 - user URL
     try:
-        with urllib.request.urlopen(base + "/v1/models", timeout=timeout_s) as resp:  # noqa: S310 - user URL
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310 - user URL
             payload = json.loads(resp.read() or b"{}")
     except urllib.error.HTTPError as exc:
         body = exc.read()[:500].decode("utf-8", "replace")
+        if exc.code in (401, 403) and lt is not None:
+            raise reach.ApiKeyError(f"{base}/v1/models: {reach.refused_words(exc.code, lt)}; the server said: "
+                                    f"{body}") from None
         raise SpecdeployError(f"{base}/v1/models answered HTTP {exc.code}: {body} (is {base} the base URL of an "
                               "OpenAI-compatible server?)") from None
     except (OSError, ValueError) as exc:
@@ -133,11 +141,12 @@ def listed_models(url: str, timeout_s: float = 10.0) -> list[str]:
     return [str(item.get("id")) for item in data or [] if isinstance(item, dict) and item.get("id") is not None]
 
 
-def check_models_listed(endpoints: dict[str, ArmEndpoint]) -> dict[str, list[str]]:
+def check_models_listed(endpoints: dict[str, ArmEndpoint], headers: dict[str, str] | None = None,
+                        lt=None) -> dict[str, list[str]]:
     """Every arm's model name is one its server lists; returns what each listed (run.json records it)."""
     listed = {}
     for arm, endpoint in endpoints.items():
-        listed[arm] = listed_models(endpoint.url)
+        listed[arm] = listed_models(endpoint.url, headers=headers, lt=lt)
         if endpoint.model_name not in listed[arm]:
             names = ", ".join(repr(n) for n in listed[arm]) or "none"
             raise UsageError(f"{arm}: the server at {endpoint.url} does not list the model "
@@ -146,17 +155,18 @@ def check_models_listed(endpoints: dict[str, ArmEndpoint]) -> dict[str, list[str
     return listed
 
 
-def _alive(transport: str, url: str, model: str):
+def _alive(transport: str, url: str, model: str, headers: dict[str, str]):
     if transport != "openai":
         return lambda: endpoint_alive(url, transport, model)
-    return lambda: openai_alive(url)
+    return lambda: openai_alive(url, headers=headers)
 
 
-def openai_alive(url: str, timeout_s: float = 5.0) -> bool:
+def openai_alive(url: str, timeout_s: float = 5.0, headers: dict[str, str] | None = None) -> bool:
     """``GET /v1/models`` answers 200 (vLLM, SGLang, trtllm-serve and our frontend all serve it)."""
     base = url.rstrip("/").removesuffix("/v1")
+    request = urllib.request.Request(base + "/v1/models", headers=headers or {})  # noqa: S310 - user URL
     try:
-        with urllib.request.urlopen(base + "/v1/models", timeout=timeout_s) as resp:  # noqa: S310 - user URL
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310 - user URL
             return resp.status == 200
     except OSError:
         return False
@@ -165,7 +175,7 @@ def openai_alive(url: str, timeout_s: float = 5.0) -> bool:
 def run_endpoint_loadtest(lt_path: str | Path, *, endpoint_baseline: str | None, endpoint_speculative: str | None,
                           model: str | None, transport: str = "openai", tokenizer: str | None = None,
                           model_baseline: str | None = None, model_speculative: str | None = None,
-                          **options: Any) -> tuple[Path, DeploymentConfig]:
+                          overrides: dict[str, Any] | None = None, **options: Any) -> tuple[Path, DeploymentConfig]:
     """Load-test two given endpoints (or one, with ``arm``); returns (RUN_DIR, the config snapshot)."""
     from pipeline.loadtest.runner import run_loadtest  # noqa: PLC0415 - keeps psutil off this module's import
 
@@ -183,9 +193,14 @@ def run_endpoint_loadtest(lt_path: str | Path, *, endpoint_baseline: str | None,
         raise UsageError(f"--tokenizer: {tokenizer} holds no tokenizer.json")
     lt = load_loadtest_file(lt_path)
     cfg = deployment_config(lt, models.get("baseline") or next(iter(models.values())), transport, Path(lt_path))
+    if overrides:  # --request-rate, --goodput, --header, ... (pipeline/loadtest/overrides.py)
+        from pipeline.loadtest.overrides import apply_overrides  # noqa: PLC0415 - only with vocabulary flags
+
+        cfg = apply_overrides(cfg, overrides)
+    headers = reach.request_headers(cfg.loadtest)  # the key read from its variable, for the probes only
     endpoints = given_endpoints(transport, models, urls,
-                                {"baseline": lt.metrics_baseline, "speculative": lt.metrics_speculative})
-    listed = check_models_listed(endpoints) if transport == "openai" else None  # before any load
+                                {"baseline": lt.metrics_baseline, "speculative": lt.metrics_speculative}, headers)
+    listed = check_models_listed(endpoints, headers, cfg.loadtest) if transport == "openai" else None  # before any load
     run_dir = run_loadtest(cfg, endpoint_baseline=endpoint_baseline, endpoint_speculative=endpoint_speculative,
                            given_endpoints=endpoints, tokenizer_dir=tokenizer,
                            meta_extra={"hardware": {"declared": lt.hardware, "servers": "given endpoints"},

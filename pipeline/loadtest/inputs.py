@@ -1,7 +1,8 @@
 """What the load test reads and refuses before it starts anything: the prompt set and the draft-length sweep.
 
 Reads the prompt set (``loadtest.prompts``: a directory of ``<category>.jsonl`` files of
-``{id, category, prompt}`` objects) and the config's speculation section; writes nothing.
+``{id, category, prompt}`` objects), the config's speculation section and the speculative arm's
+deployment descriptor (as ``render`` wrote it: does it take a draft length per request); writes nothing.
 :class:`LoadTestError` is the stage's error; :class:`PromptSetError` names the config field.
 """
 
@@ -12,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipeline.artefacts.deployment import describe_arm
+from pipeline.artefacts.deployment import ArmDeployment
 from pipeline.config import DeploymentConfig
 from pipeline.errors import EXIT_USAGE, SpecdeployError
 from pipeline.paths import PROJECT_ROOT
@@ -114,28 +115,26 @@ def primary_draft_len(cfg: DeploymentConfig) -> int | None:
     return cfg.method_info.primary_draft_len(cfg.speculation)
 
 
-def sends_draft_len(cfg: DeploymentConfig) -> bool:
-    """Draft-target orchestrated by the BLS takes K per request (``num_draft_tokens``); drafting
-    in the engine fixes K in the engine, and the ensemble has no such input."""
-    return cfg.speculative and describe_arm(cfg, "speculative").per_request_draft_len
-
-
-def check_sweep(cfg: DeploymentConfig, sweep: list[int]) -> None:
+def check_sweep(cfg: DeploymentConfig, sweep: list[int], speculative: ArmDeployment | None) -> None:
+    """``--sweep-draft-len`` can be sent: the method takes K per request and the speculative arm, as
+    rendered (``speculative``: its descriptor; None when that arm is not measured), is the BLS that
+    reads it, within the engine's draft limit."""
     if not sweep:
         return
-    method = cfg.method_info
-    if method.per_request_draft_len and describe_arm(cfg, "speculative").drafts == "engine":
-        raise LoadTestUsageError(
-            "--sweep-draft-len: speculation.orchestration 'engine' fixes num_draft_tokens in the engine; "
-            "per-request draft lengths need orchestration 'bls'"
-        )
-    if not method.per_request_draft_len:
+    if not cfg.method_info.per_request_draft_len:
         raise LoadTestUsageError(
             f"--sweep-draft-len: method '{cfg.method}' fixes its draft length when the engine is built "
             "(Medusa heads / EAGLE tree, max_draft_len); build one deployment per length and load-test "
             "each. Per-request draft lengths exist only for draft_target (num_draft_tokens)."
         )
-    limit = cfg.speculation.engine_max_draft_len
-    too_long = [k for k in sweep if k > limit]
+    if speculative is None:
+        return  # the speculative arm is not measured: no draft length is sent
+    if speculative.drafts == "engine":
+        raise LoadTestUsageError(
+            "--sweep-draft-len: speculation.orchestration 'engine' fixes num_draft_tokens in the engine; "
+            "per-request draft lengths need orchestration 'bls'"
+        )
+    limit = speculative.max_draft_len
+    too_long = [k for k in sweep if limit is not None and k > limit]
     if too_long:
         raise LoadTestUsageError(f"--sweep-draft-len: {too_long} exceed the engine's max_draft_len {limit}")

@@ -15,6 +15,7 @@ from typing import Any
 
 from pipeline.config import DeploymentConfig, config_hash
 from pipeline.infra.provenance import git_sha, versions
+from pipeline.loadtest import reach
 from pipeline.loadtest.inputs import primary_draft_len
 from pipeline.paths import manifest_path
 
@@ -52,7 +53,7 @@ def run_metadata(cfg: DeploymentConfig, run_id: str, created: datetime, dataset:
     lt = cfg.loadtest
     return {
         "run_id": run_id, "name": cfg.name, "created": created.isoformat(),
-        "config": cfg.model_dump(mode="json"), "config_hash": config_hash(cfg), "git_sha": git_sha(),
+        "config": reach.redacted(cfg.model_dump(mode="json")), "config_hash": config_hash(cfg), "git_sha": git_sha(),
         "versions": versions(LOADTEST_DISTS), "hardware": host_hardware(cfg), "dataset": dataset,
         "seeds": {"prompt_order": lt.seed, "sampling": lt.sampling.seed, "bootstrap": cfg.gate.bootstrap_seed},
         "method": cfg.method, "draft_model": draft_model_name(cfg), "primary_draft_len": primary_draft_len(cfg) if not sweep

@@ -11,20 +11,27 @@ order, so a resumed run keeps its A/B interleaving. With ``repeats: auto`` the p
 planned so far, and a run whose stopping rule has not stopped is unfinished
 (:mod:`pipeline.loadtest.auto_repeats`: the resume replays its looks, then goes on).
 
-Reads ``RUN_DIR/run.json``, ``runs.json`` and the cells' raw files; removes the files of the cells
-it measures again. ``run.json`` gets ``sessions`` (one entry per start: when, the gap since the
-last finished cell), and every ``runs.json`` entry the ``session`` that measured it.
+This module is the one owner of "is this run finished, and where does it resume" (:func:`is_finished`,
+:func:`missing_cells`), for ``loadtest --resume`` and for ``specdeploy run``, which reuses the newest
+finished and reported run of its config and resumes the newest unfinished one (:func:`previous_runs`).
+
+Reads ``RUN_DIR/run.json``, ``runs.json`` and the cells' raw files (and, for ``run``, the run
+directories under ``reports/NAME/``); removes the files of the cells it measures again. ``run.json``
+gets ``sessions`` (one entry per start: when, the gap since the last finished cell), and every
+``runs.json`` entry the ``session`` that measured it.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.config import DeploymentConfig, config_hash
 from pipeline.loadtest.auto_repeats import pending
+from pipeline.loadtest.cells import RunSpec, plan_runs
 from pipeline.loadtest.inputs import ARMS, LoadTestUsageError
 from pipeline.paths import reports_root
 
@@ -76,14 +83,27 @@ def discard_cell(run_dir: Path, key: str) -> None:
             part.unlink(missing_ok=True)
 
 
+def plan_of(meta: dict, cfg: DeploymentConfig | None = None, repeats: int | None = None) -> list[RunSpec]:
+    """The run's own plan (run.json: levels, repeats, draft lengths, arms, A/A), in the order it is
+    measured; ``cfg``: the run's config when at hand (else read from run.json), ``repeats``: another
+    number of repeats (``repeats: auto`` plans up to its maximum)."""
+    cfg = cfg or DeploymentConfig.model_validate(meta["config"])
+    return plan_runs(cfg, _arms(meta, cfg), meta["concurrency"], meta["repeats"] if repeats is None else repeats,
+                     meta.get("sweep_draft_len") or [], aa=bool(meta.get("aa")))
+
+
 def planned_keys(meta: dict) -> list[str]:
     """The cell keys of the run's own plan (run.json), in the order they are measured."""
-    from pipeline.loadtest.runner import plan_runs  # noqa: PLC0415 - the runner imports this module
+    return [s.key for s in plan_of(meta)]
 
-    cfg = DeploymentConfig.model_validate(meta["config"])
-    arms = tuple(meta.get("arms") or (ARMS if cfg.speculative else ("baseline",)))
-    return [s.key for s in plan_runs(cfg, arms, meta["concurrency"], meta["repeats"], meta.get("sweep_draft_len") or [],
-                                     aa=bool(meta.get("aa")))]
+
+def missing_cells(meta: dict, kept: set[str], cfg: DeploymentConfig | None = None) -> list[RunSpec]:
+    """The cells of the run's fixed plan not kept, in the plan's order: where the run resumes."""
+    return [s for s in plan_of(meta, cfg) if s.key not in kept]
+
+
+def _arms(meta: dict, cfg: DeploymentConfig) -> tuple[str, ...]:
+    return tuple(meta.get("arms") or (ARMS if cfg.speculative else ("baseline",)))
 
 
 def load_run_to_resume(run_dir: Path, cfg: DeploymentConfig) -> tuple[dict, list[dict]]:
@@ -100,28 +120,42 @@ def load_run_to_resume(run_dir: Path, cfg: DeploymentConfig) -> tuple[dict, list
 
 
 def is_finished(run_dir: Path, meta: dict) -> bool:
+    """The one rule of a finished run: every cell of its plan kept (:func:`cell_complete`), and with
+    ``repeats: auto`` its stopping rule has stopped. ``loadtest --resume`` measures what this
+    leaves out, and ``run`` reuses or resumes by it (:func:`previous_runs`)."""
     kept = {r["key"] for r in kept_results(run_dir)}
-    return set(planned_keys(meta)) <= kept and not pending(meta)
+    return not missing_cells(meta, kept) and not pending(meta)
 
 
-def newest_run(cfg: DeploymentConfig) -> tuple[Path, bool] | None:
-    """The newest run directory of this exact config (same config hash) and whether every planned
-    cell of it is complete; None when there is none."""
+@dataclass(frozen=True)
+class PreviousRuns:
+    """What ``specdeploy run`` finds among the runs of its config (same config hash, both arms as
+    ``run`` measures them), decided by :func:`is_finished` alone."""
+
+    resume: Path | None = None  # the newest run, unless finished and reported: finish it (or only its report)
+    reuse: Path | None = None  # the newest finished and reported run: nothing to measure
+
+
+def previous_runs(cfg: DeploymentConfig) -> PreviousRuns:
+    """The run ``run`` resumes and the one it may reuse. The newest run of this config is resumed
+    unless it is finished and reported; the newest finished and reported run is reused (when the
+    newest is another process's, ``run`` falls back to it). A run of other arms (``--arm``) is not
+    one ``run`` would have measured, and an unreadable run directory is no run."""
     root = reports_root(cfg)
-    if not root.is_dir():
-        return None
-    want = config_hash(cfg)
-    for run_dir in sorted((p for p in root.iterdir() if p.is_dir()), reverse=True):
+    want, arms = config_hash(cfg), (ARMS if cfg.speculative else ("baseline",))
+    resume = None
+    for run_dir in sorted((p for p in root.iterdir() if p.is_dir()), reverse=True) if root.is_dir() else []:
         try:
             meta = _read_json(run_dir / "run.json")
-        except (OSError, ValueError):
-            continue
-        if meta.get("config_hash") == want:
-            try:
-                return run_dir, is_finished(run_dir, meta)
-            except (KeyError, ValueError, TypeError):
+            if meta.get("config_hash") != want or meta.get("aa") or _arms(meta, cfg) != arms:
                 continue
-    return None
+            finished = is_finished(run_dir, meta) and (run_dir / "report.json").is_file()
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if finished:
+            return PreviousRuns(resume=resume, reuse=run_dir)
+        resume = resume or run_dir
+    return PreviousRuns(resume=resume)
 
 
 def new_session(meta: dict, kept: list[dict], now_unix: float, now_iso: str) -> int:

@@ -10,7 +10,9 @@ Then, for each repeat × concurrency × arm (arms interleaved A B A B), it runs 
 the server's acceptance over the run, peak server RSS, the exact command), ``raw/<arm>-c<conc>-r<rep>.jsonl``
 (raw per-request records, merged from each Locust process), ``settings/`` (what each Locust run
 was told), ``metrics/`` (the servers' acceptance scrapes before/after, and the run's figures) and
-``logs/``. At the end it calls ``pipeline.report.builder.make_report``. Inputs are checked in
+``logs/``. At the end it calls ``pipeline.report.builder.make_report``. The cells and their order are
+:mod:`~pipeline.loadtest.cells`'s; what each arm is, its deployment descriptor as ``render`` wrote it.
+Inputs are checked in
 :mod:`~pipeline.loadtest.inputs`, acceptance read by :mod:`~pipeline.loadtest.acceptance_sources`,
 memory and CPU sampled by :mod:`~pipeline.loadtest.server_metrics`, ``run.json``'s provenance
 assembled by :mod:`~pipeline.loadtest.provenance`.
@@ -30,7 +32,6 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -40,11 +41,13 @@ from pipeline.config import DeploymentConfig
 from pipeline.infra import owner_lock
 from pipeline.infra.atomic import write_json_atomic
 from pipeline.infra.processes import spawn
-from pipeline.loadtest import acceptance_sources, auto_repeats, fail_fast, harness, ownership
+from pipeline.loadtest import acceptance_sources, auto_repeats, fail_fast, harness, ownership, reach
 from pipeline.loadtest import resume as resume_run
+from pipeline.loadtest.cells import RunSpec
 from pipeline.loadtest.endpoints import (
     ArmEndpoint,
     ManagedEndpoints,
+    arm_deployments,
     managed_endpoints,
     remote_endpoint,
     require_reachable,
@@ -54,8 +57,6 @@ from pipeline.loadtest.inputs import (
     LoadTestUsageError,
     check_sweep,
     load_prompt_set,
-    primary_draft_len,
-    sends_draft_len,
 )
 from pipeline.loadtest.provenance import run_metadata, served_tokenizer_dir
 from pipeline.loadtest.server_metrics import CpuSampler, RssSampler
@@ -63,6 +64,8 @@ from pipeline.paths import PROJECT_ROOT, reports_root
 from pipeline.serve.cpu_pinning import spawn_on
 
 LOCUSTFILE = PROJECT_ROOT / "locustfiles" / "locustfile.py"
+RAMP_SHAPE = PROJECT_ROOT / "locustfiles" / "ramp_shape.py"
+PATTERN_MARGIN_S = 3
 LOCUST_STOP_S = 5.0  # SIGTERM → SIGKILL for a Locust run that overran or was interrupted
 USER_CLASSES = {("grpc", "closed"): "GrpcStreamUser", ("http", "closed"): "HttpStreamUser",
                 ("openai", "closed"): "OpenAIStreamUser", ("grpc", "open"): "GrpcOpenLoopUser",
@@ -77,45 +80,7 @@ AA_DESIGN = ("the baseline server measured as two interleaved arms (A = baseline
              "recorded as the 'speculative' arm): the run-to-run and request-level noise of this rig")
 
 # ------------------------------------------------------------------------------------------------
-# The plan and one Locust run
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    arm: str
-    concurrency: int  # closed loop: users; open loop: level index stands in (rate in target_rate)
-    repeat: int
-    draft_len: int | None
-    target_rate: float | None = None
-
-    @property
-    def key(self) -> str:
-        level = f"q{self.target_rate:g}" if self.target_rate is not None else f"c{self.concurrency}"
-        dl = f"-k{self.draft_len}" if self.draft_len is not None and self.arm == "speculative" else ""
-        return f"{self.arm}{dl}-{level}-r{self.repeat}"
-
-
-def plan_runs(cfg: DeploymentConfig, arms: tuple[str, ...], concurrency: list[int], repeats: int,
-              sweep: list[int], *, aa: bool = False) -> list[RunSpec]:
-    """Interleaved and counterbalanced: for each repeat, for each level, baseline then speculative (each
-    draft length) in even repeats, speculative first in odd ones (A B, B A, ...), so a slow drift of
-    the machine favours neither arm: in the paired intervals its effect alternates in sign and
-    cancels over each two repeats instead of biasing every pair the same way.
-    ``aa``: the second arm is the baseline measured again (no draft length)."""
-    primary = primary_draft_len(cfg)
-    spec_lens = [None] if aa else (sweep or [primary])
-    open_loop = cfg.loadtest.mode == "open"
-    levels: list[tuple[int, float | None]] = (
-        [(i + 1, rate) for i, rate in enumerate(cfg.loadtest.request_rate)] if open_loop
-        else [(c, None) for c in concurrency]
-    )
-    out = []
-    for rep in range(repeats):
-        for level, rate in levels:
-            for arm in (arms if rep % 2 == 0 else arms[::-1]):
-                for dl in (spec_lens if arm == "speculative" else [None]):
-                    out.append(RunSpec(arm, level, rep, dl, rate))
-    return out
+# One Locust run (the plan of cells: pipeline.loadtest.cells)
 
 
 def locust_command(cfg: DeploymentConfig, spec: RunSpec, duration_s: float,
@@ -124,8 +89,13 @@ def locust_command(cfg: DeploymentConfig, spec: RunSpec, duration_s: float,
     (:func:`pipeline.loadtest.harness.master_address`; loopback unless configured)."""
     lt = cfg.loadtest
     users = 1 if lt.mode == "open" else spec.concurrency
-    argv = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "-u", str(users), "-r", str(users),
-            "-t", f"{locust_seconds(duration_s)}s", "--stop-timeout", f"{lt.stop_timeout_s:g}", "--only-summary",
+    # a closed-loop ramp: Locust's own load shape sets the users step by step (locustfiles/ramp_shape.py)
+    files = f"{LOCUSTFILE},{RAMP_SHAPE}" if lt.ramp and lt.mode == "closed" else str(LOCUSTFILE)
+    # a ramp or trace ends with its schedule, not with Locust's timer, which starts before the
+    # dispatcher (measured: about a second earlier on a busy host): the timer gets a margin the schedule never uses
+    margin = PATTERN_MARGIN_S if spec.level else 0  # a closed-loop ramp: its load shape ends the run
+    argv = [sys.executable, "-m", "locust", "-f", files, "--headless", "-u", str(users), "-r", str(users),
+            "-t", f"{locust_seconds(duration_s) + margin}s", "--stop-timeout", f"{lt.stop_timeout_s:g}", "--only-summary",
             "--loglevel", "WARNING", "--exit-code-on-error", "0"]
     if lt.processes > 1:
         argv += ["--processes", str(lt.processes), *harness.master_args(master)]
@@ -142,8 +112,8 @@ def run_settings(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, ru
                  prompts: list[dict], duration_s: float, warmup_s: float, tokenizer_dir: str | None) -> dict[str, Any]:
     lt = cfg.loadtest
     extra = dict(endpoint.extra_inputs)
-    per_request = (endpoint.deployment.per_request_draft_len if endpoint.deployment is not None
-                   else sends_draft_len(cfg))
+    # as render decided the arm; a server with no deployment config takes no draft length
+    per_request = endpoint.deployment is not None and endpoint.deployment.per_request_draft_len
     if spec.arm == "speculative" and spec.draft_len is not None and per_request:
         extra["num_draft_tokens"] = spec.draft_len
     sampling = lt.sampling
@@ -151,7 +121,13 @@ def run_settings(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, ru
         "run_id": run_id, "arm": spec.arm, "repeat": spec.repeat, "endpoint": endpoint.url,
         "model_name": endpoint.model_name, "contract": endpoint.deployment.contract if endpoint.deployment else "ensemble",
         "transport": lt.transport, "mode": lt.mode,
-        "concurrency": spec.concurrency, "target_rate": spec.target_rate, "arrival": "poisson",
+        "concurrency": spec.concurrency, "target_rate": spec.target_rate, "arrival": lt.arrival,
+        "burstiness": lt.burstiness, "max_concurrency": lt.max_concurrency,
+        "ramp": [step.model_dump(exclude_none=True) for step in lt.ramp],
+        # the key's variable NAME only: the Locust process reads the key from its environment
+        # header values travel in the Locust process's environment (reach.HEADERS_ENV), like the key
+        "headers": {name: reach.REDACTED for name in lt.headers}, "api_key_env": reach.api_key_env(lt),
+        "extra_body": dict(lt.extra_body),
         "prompts": prompts, "max_tokens": lt.max_tokens,
         "sampling": {"top_k": sampling.top_k, "top_p": sampling.top_p, "temperature": sampling.temperature,
                      "seed": sampling.seed},
@@ -186,10 +162,10 @@ def execute_run(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run
     settings_path.write_text(json.dumps(RunSettings.checked(settings), indent=1), encoding="utf-8")
     argv = locust_command(cfg, spec, duration_s, harness.master_address(cfg.loadtest.processes))
     env = {**os.environ, "SPECDEPLOY_LOADTEST_CONFIG": str(settings_path), "OMP_NUM_THREADS": "1",
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1", reach.HEADERS_ENV: json.dumps(cfg.loadtest.headers)}
     before = acceptance_sources.scrape(endpoint.metrics_url)
     log_path = run_dir / "logs" / f"{spec.key}.log"
-    timeout_s = duration_s + cfg.loadtest.stop_timeout_s + 90
+    timeout_s = duration_s + PATTERN_MARGIN_S + cfg.loadtest.stop_timeout_s + 90
     started = time.time()
     timed_out = False
     with RssSampler(endpoint.pid) as rss, open(log_path, "w", encoding="utf-8") as log:
@@ -239,7 +215,7 @@ def execute_run(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, run
         "server_acceptance": acceptance,
         "server_alive": alive, "valid": not reasons, "invalid_reasons": reasons, "locust_exit_code": exit_code,
         "n_records": n_records, "sent": sum(m.get("sent", 0) for m in metas), "peak_rss_mb": rss.peak_mb,
-        "started_unix": started, "seconds": time.time() - started, "command": argv,
+        "started_unix": started, "seconds": time.time() - started, "command": argv, "level": spec.level,
         "client_cpu_s": client_cpu_s, "client_cpus": list(endpoint.client_cpus) if endpoint.client_cpus else None,
         "client_cpu_fraction": client_cpu_s / max(1e-9, (time.time() - started) * cfg.loadtest.processes),
         "server_log_tail": endpoint.log_tail(30) if (not alive and endpoint.log_tail) else None,
@@ -294,7 +270,14 @@ def run_loadtest(
         raise LoadTestUsageError("--aa measures the baseline against itself: drop --arm, --endpoint-speculative "
                                  "and --sweep-draft-len")
     arms = _arms_to_run(cfg, "baseline" if aa else arm, endpoint_baseline, None if aa else endpoint_speculative)
+    reach.api_key_env(lt)  # a named key variable that is unset stops here, before any server starts
     prompts, dataset = load_prompt_set(cfg)
+    if lt.mode == "open" and lt.arrival == "trace" and not any(p.get("arrival_s") is not None for p in prompts):
+        raise LoadTestUsageError("arrival: trace replays each request's arrival_s: the dataset carries none "
+                                 "(use a trace file, docs/arrivals-and-goodput.md)")
+    # what each arm is, as render wrote it: a missing or stale descriptor stops here, before any run dir
+    deployments = ({a: e.deployment for a, e in given_endpoints.items()} if given_endpoints is not None
+                   else arm_deployments(cfg, arms, remote=bool(endpoint_baseline or endpoint_speculative)))
     now = datetime.now(timezone.utc)
     if resume is not None:
         run_dir = Path(resume).resolve()
@@ -311,11 +294,12 @@ def run_loadtest(
         tokenizer_dir = meta.get("tokenizer_dir") or tokenizer_dir or served_tokenizer_dir(cfg)
     else:
         concurrency = sorted(set(concurrency)) if concurrency else list(lt.concurrency)
-        duration_s = float(locust_seconds(_parse_duration(duration) or lt.duration_s))
+        # a ramp lasts its steps together (loadtest.run_seconds)
+        duration_s = float(locust_seconds(_parse_duration(duration) or lt.run_seconds))
         warmup_s = min(lt.warmup_s, duration_s / 2)
         repeats = repeats or lt.repeats
         sweep = [] if aa else sorted(set(sweep_draft_len)) if sweep_draft_len else list(lt.sweep_draft_len)
-        check_sweep(cfg, sweep)
+        check_sweep(cfg, sweep, deployments.get("speculative"))
         run_dir = _new_run_dir(cfg, out_dir, now, aa=aa)
         # the directory's name when it is the stamp: unique (a same-second run gets `-2`), as records need
         run_id = f"{cfg.name}-{run_dir.name if out_dir is None else now.strftime('%Y%m%dT%H%M%SZ')}"
@@ -331,7 +315,7 @@ def run_loadtest(
             meta["repeats_auto"] = auto_repeats.plan(cfg)
         results = []
     kept = {r["key"] for r in results}
-    specs, total = _planned_specs(cfg, ARMS if aa else arms, concurrency, repeats, sweep, kept, results, meta, run_dir)
+    specs, total = _planned_specs(cfg, kept, results, meta, run_dir)
     harness.master_address(lt.processes)  # a taken Locust RPC port stops here, before any server or cell
     if specs:  # else every cell was kept: nothing to serve or measure, only the report is missing
         _measure(cfg, specs, results, meta, run_dir, run_id, prompts, duration_s, warmup_s, tokenizer_dir,
@@ -344,19 +328,18 @@ def run_loadtest(
     return run_dir
 
 
-def _planned_specs(cfg, arms, concurrency, repeats, sweep, kept: set[str], results: list[dict], meta: dict,
+def _planned_specs(cfg, kept: set[str], results: list[dict], meta: dict,
                    run_dir: Path) -> tuple[Iterable[RunSpec] | None, int]:
-    """The cells still to measure and how many at most: the fixed plan's missing cells, or for
-    ``repeats: auto`` the stopping rule's repeats (a generator; :mod:`pipeline.loadtest.auto_repeats`).
-    None when there is nothing to measure."""
-    aa = bool(meta.get("aa"))
+    """The cells still to measure and how many at most, from the run's own plan (run.json, as
+    :mod:`pipeline.loadtest.resume` reads it): the fixed plan's missing cells, or for ``repeats: auto``
+    the stopping rule's repeats (a generator; :mod:`pipeline.loadtest.auto_repeats`). None when there
+    is nothing to measure."""
     if not meta.get("repeats_auto"):
-        specs = [s for s in plan_runs(cfg, arms, concurrency, repeats, sweep, aa=aa) if s.key not in kept]
+        specs = resume_run.missing_cells(meta, kept, cfg)
         return specs or None, len(specs)
     if not auto_repeats.pending(meta):
         return None, 0  # the run already stopped (its looks are in run.json)
-    max_repeats = meta["repeats_auto"]["max_repeats"]
-    every = plan_runs(cfg, arms, concurrency, max_repeats, sweep, aa=aa)
+    every = resume_run.plan_of(meta, cfg, repeats=meta["repeats_auto"]["max_repeats"])
     specs = auto_repeats.auto_specs(lambda r: [s for s in every if s.repeat == r], kept, results, meta, run_dir, cfg,
                                     lambda: _write_json(run_dir / "run.json", RunInfo.checked(meta)))
     return specs, len([s for s in every if s.key not in kept])

@@ -357,7 +357,8 @@ def engine_from_descriptor(descriptor: EngineDescriptor | dict, base: Path = Pat
     spec = d.proposer.model_dump() if d.role == "speculative" else {"method": "none"}
     proposer = _build_proposer(spec, BuildContext(target, models, dtype, d.max_batch_size, d.max_seq_len + 64, base))
     max_draft = engine_max_draft_len(fields, d.role, None if proposer is None else proposer.max_draft_len)
-    scheduler = Scheduler(target, proposer, d.max_batch_size, d.max_seq_len, max_draft, d.prefix_cache_entries)
+    scheduler = Scheduler(target, proposer, d.max_batch_size, d.max_seq_len, max_draft, d.prefix_cache_entries,
+                          d.draft_len_schedule)
     return ReferenceEngine(scheduler, fields, cpus)
 
 

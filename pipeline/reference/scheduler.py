@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from pipeline.artefacts.schedule import DraftLenRange, draft_len_at
 from pipeline.reference.api import DraftTooLongError, GenerationRequest
 from pipeline.reference.kv_cache import PrefixCache
 from pipeline.reference.modeling import LlamaModel, StepInput
@@ -72,9 +73,13 @@ def check_request(request: GenerationRequest, vocab_size: int, max_draft_len: in
 
 class Scheduler:
     def __init__(self, target: LlamaModel, proposer: Proposer | None, max_batch_size: int,
-                 max_seq_len: int, max_draft_len: int, prefix_cache_entries: int):
+                 max_seq_len: int, max_draft_len: int, prefix_cache_entries: int,
+                 draft_len_schedule: list[DraftLenRange] | None = None):
         self.target = target
         self.proposer = proposer
+        # K per live batch size (None: the request's / proposer's K at every batch size); it caps
+        # the engine's own proposer only: external drafts are verified as the request sent them
+        self.draft_len_schedule = draft_len_schedule
         self.external = ExternalDraftProposer(max_draft_len, target.dtype)
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
@@ -121,20 +126,24 @@ class Scheduler:
 
     # -- one batched step ------------------------------------------------------------------
 
-    def _draft_budget(self, seq: SeqState) -> int:
+    def _draft_budget(self, seq: SeqState, cap: int | None = None) -> int:
         """``num_draft_tokens`` for this step: the request's (default: the proposer's most),
-        within the proposer's capacity and what is left to generate after the next token."""
+        within the proposer's capacity, the schedule's K for this batch (``cap``; 0: a plain
+        target step, the proposer does no work) and what is left to generate after the next token."""
         remaining = seq.request.max_new_tokens - len(seq.output)
         wanted = seq.request.num_draft_tokens
-        most = seq.proposer.max_draft_len
+        most = seq.proposer.max_draft_len if cap is None else min(seq.proposer.max_draft_len, cap)
         return max(0, min(most if wanted is None else wanted, most, remaining - 1))
 
     def _proposals(self, seqs: list[SeqState]) -> list[Proposal]:
-        """Each proposer drafts for its sequences in one batched call."""
+        """Each proposer drafts for its sequences in one batched call, K per the schedule's range
+        holding the live batch size (``len(seqs)``)."""
         proposals = [Proposal() for _ in seqs]
+        cap = None if self.draft_len_schedule is None else draft_len_at(self.draft_len_schedule, len(seqs))
         for proposer in {id(s.proposer): s.proposer for s in seqs if s.proposer is not None}.values():
             rows = [i for i, s in enumerate(seqs) if s.proposer is proposer]
-            drafted = proposer.propose([seqs[i] for i in rows], [self._draft_budget(seqs[i]) for i in rows])
+            own = cap if proposer is not self.external else None
+            drafted = proposer.propose([seqs[i] for i in rows], [self._draft_budget(seqs[i], own) for i in rows])
             for i, prop in zip(rows, drafted):
                 proposals[i] = prop
         return proposals

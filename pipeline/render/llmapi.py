@@ -31,10 +31,11 @@ from typing import Any
 
 import yaml
 
-from pipeline.artefacts.deployment import arms_of, describe_arm, descriptor_path
+from pipeline.artefacts.deployment import arms_of, descriptor_path
 from pipeline.config import DeploymentConfig
 from pipeline.paths import engine_root, model_repo_dir
 from pipeline.plan.gpu_layout import ArmPlacement
+from pipeline.render.arms import decide_arm
 from pipeline.render.templating import new_jinja_environment, render_atomically, render_text
 from pipeline.render.triton_rules import RenderError
 from pipeline.trtllm.layout import resolve_trtllm_root
@@ -190,7 +191,7 @@ def render_llmapi(cfg: DeploymentConfig, manifest: dict, templates_dir: Path, la
         render_atomically(dest, fill)
         _render_launchers(cfg, env, templates_dir, args, variant, placement)
         summary = layout.summary(variant) if layout is not None else None
-        describe_arm(cfg, variant, manifest, summary).write(descriptor_path(dest))
+        decide_arm(cfg, variant, manifest, summary).write(descriptor_path(dest))
         out[variant] = (dest, [])
     return out
 

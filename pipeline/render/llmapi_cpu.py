@@ -27,11 +27,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.artefacts.deployment import arms_of, describe_arm, descriptor_path
+from pipeline.artefacts.deployment import arms_of, descriptor_path
 from pipeline.artefacts.engine import ENGINE_DESCRIPTOR, EngineDescriptor
 from pipeline.config import DeploymentConfig
 from pipeline.errors import StaleInputError
 from pipeline.paths import model_repo_dir
+from pipeline.render.arms import decide_arm
 from pipeline.render.llmapi import (
     MODEL_NAME,
     jinja_env,
@@ -113,6 +114,6 @@ def render_reference_llmapi(cfg: DeploymentConfig, manifest: dict, templates_dir
 
         render_atomically(dest, fill)
         write_operations_view(cfg, variant, dest)
-        describe_arm(cfg, variant, manifest).write(descriptor_path(dest))
+        decide_arm(cfg, variant, manifest).write(descriptor_path(dest))
         out[variant] = (dest, [])
     return out

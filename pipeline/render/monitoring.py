@@ -21,8 +21,8 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.artefacts.deployment import describe_arm
 from pipeline.config import DeploymentConfig
+from pipeline.render.arms import decide_arm
 
 # A rate over a few minutes smooths a single long request; the `for` durations make an alert
 # mean "sustained", not one bad scrape.
@@ -64,7 +64,7 @@ def sources(cfg: DeploymentConfig, variant: str) -> Sources:
     """The BLS of a draft-target deployment it orchestrates sees the whole request (the target
     it calls sees one verify round per call); otherwise the ``tensorrt_llm`` model does, and on
     the TensorRT-LLM backend that model is C++ and exports neither our counters nor histograms."""
-    arm = describe_arm(cfg, variant)  # the facts the arm's deployment descriptor records
+    arm = decide_arm(cfg, variant)  # the facts the arm's deployment descriptor records
     entry = arm.model_name
     bls_speculates = arm.drafts == "bls"
     if bls_speculates:

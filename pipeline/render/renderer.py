@@ -25,12 +25,13 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.artefacts.deployment import arms_of, check_arm, describe_arm, descriptor_path, load_arm
+from pipeline.artefacts.deployment import arms_of, check_arm, descriptor_path, load_arm
 from pipeline.artefacts.manifest import MANIFEST_FORMAT, read_manifest  # noqa: F401 - MANIFEST_FORMAT re-exported for callers
 from pipeline.config import DeploymentConfig, config_hash, ngram_through_bls
 from pipeline.errors import EXIT_USAGE, StaleInputError
 from pipeline.paths import PROJECT_ROOT, manifest_path, model_repo_dir
 from pipeline.plan.gpu_layout import ArmLayout, ArmPlacement, LayoutError, deployment_layout
+from pipeline.render.arms import decide_arm
 from pipeline.render.llmapi import render_llmapi
 from pipeline.render.llmapi_cpu import render_reference_llmapi
 from pipeline.render.model_code import copy_model_code
@@ -70,12 +71,12 @@ def variants_for(cfg: DeploymentConfig) -> tuple[str, ...]:
 def drafts_in_engine(cfg: DeploymentConfig) -> bool:
     """Draft-target with ``speculation.orchestration: engine``: the speculative ``tensorrt_llm``
     model drafts inside its own engine (reference backend)."""
-    return cfg.method_info.draft_model and describe_arm(cfg, "speculative").drafts == "engine"
+    return cfg.method_info.draft_model and decide_arm(cfg, "speculative").drafts == "engine"
 
 
 def client_target(cfg: DeploymentConfig, variant: str) -> ClientTarget:
     """The model a load-test arm calls and the inputs it adds (as the arm's descriptor records)."""
-    arm = describe_arm(cfg, variant)
+    arm = decide_arm(cfg, variant)
     return ClientTarget(arm.model_name, dict(arm.extra_inputs))
 
 
@@ -344,7 +345,7 @@ def render(cfg: DeploymentConfig, templates_dir: Path = TEMPLATES_DIR) -> dict[s
         dest = model_repo_dir(cfg, variant)
         out[variant] = (dest, render_repository(cfg, manifest, variant, dest, templates_dir, layout))
         write_operations_view(cfg, variant, dest)
-        describe_arm(cfg, variant, manifest, layout.summary(variant)).write(descriptor_path(dest))
+        decide_arm(cfg, variant, manifest, layout.summary(variant)).write(descriptor_path(dest))
     return out
 
 

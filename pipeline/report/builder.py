@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import ValidationError
 
 from pipeline.artefacts.base import problem_lines
@@ -27,7 +28,7 @@ from pipeline.config import DeploymentConfig, parse_config
 from pipeline.errors import EXIT_USAGE, SpecdeployError
 from pipeline.infra.atomic import write_json_atomic, write_text_atomic
 from pipeline.paths import reports_root
-from pipeline.report import aa, acceptance, alpha_spending, per_request
+from pipeline.report import aa, acceptance, alpha_spending, arrivals, per_request
 from pipeline.report.acceptance_reported import acceptance_reported
 from pipeline.report.comparison import BootstrapSettings, best_ci, compare_cells, find_crossover
 from pipeline.report.forecast_check import run_context, safe_forecast_section
@@ -36,7 +37,7 @@ from pipeline.report.intervals import METHOD as INTERVAL_METHOD
 from pipeline.report.kv_capacity_check import with_kv_capacity_check
 from pipeline.report.rollout_range import rollout_range
 from pipeline.report.sessions import sessions
-from pipeline.report.stats import RunData, cell_summary, load_runs
+from pipeline.report.stats import RunData, cell_summary, e2e_ms, load_runs, tpot_ms, ttft_ms
 
 PROVENANCE_EXCLUDED = ("config",)
 FORMULAS = {
@@ -49,7 +50,10 @@ FORMULAS = {
                            "tokens (speculation), so this is per CHUNK, not per token",
     "output tokens/s": "Σ OSL / (last response − first send) over the measured window (warm-up excluded)",
     "achieved concurrency": "Σ in-flight time / window (Little's law), clipped to the steady window",
-    "goodput": "requests meeting TTFT ≤ slo.ttft_ms and TPOT ≤ slo.tpot_ms (OSL ≤ 1: TPOT = 0) / duration",
+    "goodput": "requests meeting every SLO set (TTFT ≤ slo.ttft_ms, TPOT ≤ slo.tpot_ms, E2E ≤ slo.e2e_ms; OSL ≤ 1: "
+               "TPOT = 0) / duration; goodput tokens/s: their output tokens / duration",
+    "achieved rate": "open loop, per worker: offered = (n − 1) / (last − first scheduled arrival) of the requests sent, "
+                     "achieved = offered ÷ the least-squares slope of send times on scheduled times (1: on schedule)",
     "acceptance rate": "Σ accepted draft tokens / Σ draft tokens (token-weighted, pooled)",
     "mean acceptance length τ": "1 + accepted / verify steps (Prometheus steps, else chunks after the first)",
     "OSL": "server token count (num_output_tokens), not re-tokenized text",
@@ -96,6 +100,9 @@ def config_from_run(run_dir: Path) -> DeploymentConfig:
     snapshot = _load_run_json(run_dir).get("config")
     if not snapshot:
         raise ReportError(f"{run_dir}/run.json has no config snapshot")
+    slo = (snapshot.get("gate") or {}).get("slo")
+    if isinstance(slo, dict) and "declared" not in slo:  # written before SLOs could be declared: the defaults
+        snapshot = {**snapshot, "gate": {**snapshot["gate"], "slo": {**slo, "declared": False}}}
     return parse_config(snapshot, f"{run_dir}/run.json:config")
 
 
@@ -123,8 +130,9 @@ def analyze(run_dir: Path, cfg: DeploymentConfig, runs: list[RunData]) -> dict[s
     cells = []
     cell_by_key = {}
     for key in sorted(groups, key=lambda k: (k[0], k[1], k[2] or 0)):
-        summary = cell_summary(groups[key], slo.ttft_ms, slo.tpot_ms)
-        cell = {"arm": key[0], "concurrency": key[1], "draft_len": key[2], **summary}
+        summary = cell_summary(groups[key], slo.ttft_ms, slo.tpot_ms, slo.e2e_ms)
+        cell = {"arm": key[0], "concurrency": key[1], "draft_len": key[2], **summary,
+                "arrivals": arrivals.cell_arrivals(groups[key]), "slo": slo_attainment(_ok(groups[key]), slo)}
         cells.append(cell)
         cell_by_key[key] = cell
     primary = meta.get("primary_draft_len")
@@ -143,6 +151,9 @@ def analyze(run_dir: Path, cfg: DeploymentConfig, runs: list[RunData]) -> dict[s
             "target_rate": spec_runs[0].info.get("target_rate"),
             "error_rate": {"base": base_cell["error_rate"], "spec": spec_cell["error_rate"]},
             "achieved_concurrency": {"base": base_cell["achieved_concurrency"], "spec": spec_cell["achieved_concurrency"]},
+            "arrivals": {"base": base_cell["arrivals"], "spec": spec_cell["arrivals"]},
+            "goodput": {arm: {"requests_per_s": cell["goodput_rps"], "output_tokens_per_s": cell["goodput_tokens_per_s"],
+                              "slo": cell["slo"]} for arm, cell in (("base", base_cell), ("spec", spec_cell))},
         })
         comparisons.append(comp)
     primary_comps = [c for c in comparisons if c["primary"]]
@@ -174,6 +185,20 @@ def analyze(run_dir: Path, cfg: DeploymentConfig, runs: list[RunData]) -> dict[s
                              "cannot (docs/report.md); pairing removes load and drift common to a pair",
                       "alpha_spending": (meta.get("repeats_auto") or {}).get("spending")},
     }
+
+
+def slo_attainment(ok: list[dict], slo) -> dict[str, Any]:
+    """Each SLO bound against the cell's percentile of its metric (``gate.slo.percentile``, numpy on the
+    ok requests' raw samples): ``{percentile, declared, metrics: {ttft: {bound_ms, value_ms, met}, ...}}``;
+    a bound not set is left out."""
+    out: dict[str, Any] = {"percentile": slo.percentile, "declared": slo.declared, "metrics": {}}
+    for name, bound, metric in (("ttft", slo.ttft_ms, ttft_ms), ("tpot", slo.tpot_ms, tpot_ms), ("e2e", slo.e2e_ms, e2e_ms)):
+        if bound is None:
+            continue
+        values = [v for v in (metric(r) for r in ok) if v is not None]
+        value = float(np.percentile(values, slo.percentile)) if values else None
+        out["metrics"][name] = {"bound_ms": bound, "value_ms": value, "met": None if value is None else value <= bound}
+    return out
 
 
 def _ok(runs: list[RunData]) -> list[dict]:

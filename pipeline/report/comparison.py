@@ -134,6 +134,7 @@ DESCRIBED_RUN_METRICS = {
     "ttft_p50_ratio": ("median_ttft_ms", "ratio"),
     "ttft_p95_ratio": ("p95_ttft_ms", "ratio"),
     "e2e_p95_ratio": ("p95_e2e_ms", "ratio"),
+    "goodput_tokens_ratio": ("goodput_tokens_per_s", "ratio"),
 }
 
 

@@ -112,7 +112,7 @@ def _requests(measured: dict | None, cfg):
 def forecast_section(data: dict, cfg, measured_context: dict | None = None) -> dict[str, Any]:
     """The report's forecast-vs-measured section (``available: false`` with a reason when it
     cannot be made), at the run's measured context (:func:`run_context`) when given."""
-    from pipeline.forecast.model import config_inputs  # noqa: PLC0415 - keeps yaml off this module's import
+    from pipeline.forecast.model import config_inputs, crossover  # noqa: PLC0415 - keeps yaml off this module's import
     from pipeline.forecast.proposers import PLANS  # noqa: PLC0415 - keeps yaml off this module's import
 
     if cfg.method not in PLANS:
@@ -138,7 +138,8 @@ def forecast_section(data: dict, cfg, measured_context: dict | None = None) -> d
             flagged.append(c)
         levels.append(level)
     errors = [abs(lv["tpot_error"]) for lv in levels if lv["tpot_error"] is not None]
-    return {"available": True, "device": inp.device.describe(), "acceptance": acceptance.source,
+    # crossover: where the forecast puts it, also beyond the measured levels (the schedule quotes it)
+    return {"available": True, "crossover": crossover(inp), "device": inp.device.describe(), "acceptance": acceptance.source,
             "method": inp.plan.method, "draft_len": inp.plan.depth, "context_tokens": inp.context,
             "context_source": context_source, "context_measured": measured_context,
             "requests": inp.requests.describe() if inp.requests else None,

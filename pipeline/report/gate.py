@@ -30,7 +30,8 @@ PASS, FAIL, UNSURE = "pass", "fail", "inconclusive"
 NOT_CHECKED = "not checked"  # shown with the checks, no reason for the verdict
 WARNING = "warning"  # shown with its explanation, no reason for the verdict
 # The checks decided by a run-level interval against a threshold: what `repeats: auto` waits for
-INTERVAL_RULES = ("benefit_tpot_ratio", "benefit_e2e_ratio", "guardrail_ttft_p95", "guardrail_peak_throughput")
+INTERVAL_RULES = ("benefit_tpot_ratio", "benefit_e2e_ratio", "guardrail_ttft_p95", "guardrail_peak_throughput",
+                  "guardrail_goodput")
 CLIENT_CPU_MAX = 0.9  # Locust's own warning threshold
 
 
@@ -95,6 +96,8 @@ def evaluate_gate(analysis: dict[str, Any], gate: GateSettings) -> GateResult:
     for level in targets:
         checks += _benefit_checks(level, comparisons[level], gate)
         checks.append(_ttft_guardrail(level, comparisons[level], gate))
+        if gate.slo.declared:  # the user's SLOs: goodput must not fall (vLLM's and AIPerf's --goodput)
+            checks.append(goodput_guardrail(level, comparisons[level], gate))
     if levels:
         checks.append(_peak_throughput_guardrail(levels[-1], comparisons[levels[-1]], gate, analysis, targets, advice))
     checks += _acceptance_checks(analysis, gate, advice)
@@ -183,16 +186,107 @@ def _level_validity(level: int, comp: dict, gate: GateSettings, *, greedy: bool)
                      value=n_ok, threshold=gate.min_requests_per_cell))
     out.append(Check("runs", scope, PASS if n_runs >= gate.min_runs else UNSURE,
                      f"{n_runs} runs per arm (minimum {gate.min_runs})", value=n_runs, threshold=gate.min_runs))
+    arrivals = comp.get("arrivals") or {}
     for arm in ("base", "spec"):
+        out += arrival_checks(scope, arm, arrivals.get(arm), gate)
         achieved = comp["achieved_concurrency"][arm]
-        if achieved is None or comp.get("target_rate") is not None:  # open loop: concurrency is an outcome
-            continue
+        if achieved is None or comp.get("target_rate") is not None or arrivals.get(arm):
+            continue  # open loop: concurrency is an outcome; a ramp checks each step's users
         gap = abs(achieved - level) / level
         out.append(Check("achieved_concurrency", f"{scope} {arm}",
                          PASS if gap <= gate.achieved_concurrency_tolerance else UNSURE,
                          f"achieved {achieved:.2f} vs target {level} (rerun if off)", value=achieved,
                          threshold=gate.achieved_concurrency_tolerance))
     return out
+
+
+def arrival_checks(scope: str, arm: str, arrivals: dict | None, gate: GateSettings) -> list[Check]:
+    """The arrivals a run asked for against what it achieved (pipeline/report/arrivals.py), worst run
+    first: the open-loop send rate against its own schedule (a client that falls behind stretches
+    it), each ramp step's rate or users, and a concurrency cap held. Like achieved concurrency, a
+    miss makes the level inconclusive (rerun), never a failure of speculation."""
+    if not arrivals:
+        return []
+    out = []
+    tol, runs = gate.achieved_rate_tolerance, arrivals.get("runs") or []
+    where = f"{scope} {arm}"
+    cap = arrivals.get("max_concurrency")
+
+    def rate_gap(entry: dict) -> float | None:
+        achieved, offered = entry.get("achieved_rate"), entry.get("offered_rate")
+        return None if not achieved or not offered else (offered - achieved) / offered
+
+    def rate_check(rule: str, label: str, entries: list[dict]) -> None:
+        scored = [(rate_gap(e), e) for e in entries]
+        scored = [(g, e) for g, e in scored if g is not None]
+        if not scored:
+            out.append(Check(rule, where, UNSURE, f"{label}: too few requests sent to measure a rate"))
+            return
+        gap, worst = max(scored, key=lambda x: abs(x[0]))
+        nominal = worst.get("nominal_rate")
+        text = (f"{label}: achieved {worst['achieved_rate']:.3g} req/s vs the schedule's {worst['offered_rate']:.3g}"
+                + (f" (nominal {nominal:g})" if nominal else "") + f", p95 send lag {_fmt(worst.get('lag_p95_ms'))} ms")
+        if abs(gap) <= tol:
+            out.append(Check(rule, where, PASS, text, worst["achieved_rate"], tol))
+            return
+        held = " — the max_concurrency cap held the arrivals back" if cap else " — the client fell behind its schedule"
+        out.append(Check(rule, where, UNSURE, text + held + " (rerun, or lower the rate)", worst["achieved_rate"], tol))
+
+    if arrivals.get("mode") == "open":
+        rate_check("achieved_rate", f"{arrivals.get('pattern')} ({arrivals.get('arrival')})", runs)
+    steps = max((len(r.get("steps") or []) for r in runs), default=0)
+    for n in range(steps):
+        entries = [r["steps"][n] for r in runs if len(r.get("steps") or []) > n]
+        if arrivals.get("mode") == "open":
+            rate_check("ramp_step_rate", f"ramp step {n}", entries)
+            continue
+        users = entries[0].get("users")
+        values = [e["achieved_concurrency"] for e in entries if e.get("achieved_concurrency") is not None]
+        if not values or not users:
+            out.append(Check("ramp_step_concurrency", where, UNSURE, f"ramp step {n}: no request in flight"))
+            continue
+        worst = max(values, key=lambda v: abs(v - users))
+        ok = abs(worst - users) / users <= gate.achieved_concurrency_tolerance
+        out.append(Check("ramp_step_concurrency", where, PASS if ok else UNSURE,
+                         f"ramp step {n}: achieved concurrency {worst:.2f} vs {users} users", worst,
+                         gate.achieved_concurrency_tolerance))
+    if cap:
+        peak = max((r.get("achieved_concurrency") or 0.0 for r in runs), default=0.0)
+        out.append(Check("concurrency_cap", where, PASS if peak <= cap * (1 + tol) else UNSURE,
+                         f"mean requests in flight {peak:.2f} under max_concurrency {cap}", peak, cap))
+    return out
+
+
+def goodput_guardrail(level: int, comp: dict, gate: GateSettings) -> Check:
+    """Goodput at the user's SLOs (requests/s meeting every bound, per repeat): spec/base with its paired
+    interval must stay above ``goodput_ratio_min`` (non-inferiority, as the peak-throughput guardrail)."""
+    ci = {**comp["run_level"]["goodput_ratio"], "level": "run"}
+    limit, scope = gate.goodput_ratio_min, f"c={level}"
+    value = _interval_value(ci, limit)
+    slo = gate.slo
+    bounds = ", ".join(f"{name} ≤ {bound:g} ms" for name, bound in
+                       (("TTFT", slo.ttft_ms), ("TPOT", slo.tpot_ms), ("E2E", slo.e2e_ms)) if bound is not None)
+    good = comp.get("goodput") or {}
+    base_rps = (good.get("base") or {}).get("requests_per_s")
+    spec_rps = (good.get("spec") or {}).get("requests_per_s")
+    if ci.get("low") is None and base_rps is not None and spec_rps is not None and (base_rps == 0) != (spec_rps == 0):
+        # a ratio with a zero has no log: decided by which arm has none within the SLOs
+        worse = spec_rps == 0
+        return Check("guardrail_goodput", scope, FAIL if worse else PASS,
+                     f"goodput at the SLO ({bounds}): {'no speculative' if worse else 'no baseline'} request met the "
+                     f"SLOs (baseline {base_rps:.3g} req/s, speculative {spec_rps:.3g} req/s)", value, limit)
+    if ci.get("low") is None:
+        return Check("guardrail_goodput", scope, UNSURE,
+                     f"goodput at the SLO ({bounds}) spec/base {_fmt(ci.get('point'))}, no CI "
+                     "(fewer than 2 paired repeats, or no request of an arm met the SLOs)", value, limit)
+    text = (f"goodput at the SLO ({bounds}) spec/base {_fmt(ci['point'])} [{_ci_words(ci)} {_fmt(ci['low'])}, "
+            f"{_fmt(ci['high'])}], need lower > {limit}")
+    if ci["low"] > limit:
+        return Check("guardrail_goodput", scope, PASS, text, value, limit)
+    if ci["high"] < limit:
+        return Check("guardrail_goodput", scope, FAIL, text + "; fewer requests meet the SLOs with speculation",
+                     value, limit)
+    return Check("guardrail_goodput", scope, UNSURE, text + " (straddles)" + _more_repeats(value), value, limit)
 
 
 def _benefit_checks(level: int, comp: dict, gate: GateSettings) -> list[Check]:

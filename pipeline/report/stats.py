@@ -104,13 +104,19 @@ def percentiles(values: Iterable[float]) -> dict[str, float | int | None]:
     return out
 
 
-def meets_slo(rec: dict, slo_ttft_ms: float, slo_tpot_ms: float) -> bool:
-    """Goodput rule, per record: TTFT ≤ a and TPOT ≤ b; OSL ≤ 1 counts TPOT as 0 (vLLM's rule)."""
+def meets_slo(rec: dict, slo_ttft_ms: float | None, slo_tpot_ms: float | None, slo_e2e_ms: float | None = None) -> bool:
+    """Goodput rule, per record: an ok request meets every bound that is set (None: not an SLO),
+    TTFT ≤ a, TPOT ≤ b, E2E ≤ c; OSL ≤ 1 counts TPOT as 0 (vLLM's rule)."""
+    if rec.get("status") != "ok":
+        return False
     ttft = ttft_ms(rec)
-    if rec.get("status") != "ok" or ttft is None or ttft > slo_ttft_ms:
+    if slo_ttft_ms is not None and (ttft is None or ttft > slo_ttft_ms):
         return False
     tpot = tpot_ms(rec)
-    return (tpot if tpot is not None else 0.0) <= slo_tpot_ms
+    if slo_tpot_ms is not None and (tpot if tpot is not None else 0.0) > slo_tpot_ms:
+        return False
+    e2e = e2e_ms(rec)
+    return slo_e2e_ms is None or (e2e is not None and e2e <= slo_e2e_ms)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -124,6 +130,7 @@ class RunData:
     info: dict[str, Any]
     records: list[dict[str, Any]]
     workers: list[dict[str, Any]] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)  # settings/<key>.json: what the run was told
 
     @property
     def measured(self) -> list[dict]:
@@ -152,7 +159,9 @@ def load_runs(run_dir: Path) -> list[RunData]:
         records = read_jsonl(raw) if raw.is_file() else []
         workers_file = run_dir / info.get("workers", "")
         workers = json.loads(workers_file.read_text()) if info.get("workers") and workers_file.is_file() else []
-        runs.append(RunData(info=info, records=records, workers=workers))
+        settings_file = run_dir / info.get("settings", "")
+        settings = json.loads(settings_file.read_text()) if info.get("settings") and settings_file.is_file() else {}
+        runs.append(RunData(info=info, records=records, workers=workers, settings=settings))
     return runs
 
 
@@ -214,7 +223,8 @@ def status_counts(records: list[dict]) -> dict[str, int]:
     return dict(counts)
 
 
-def run_summary(run: RunData, slo_ttft_ms: float, slo_tpot_ms: float) -> dict[str, Any]:
+def run_summary(run: RunData, slo_ttft_ms: float | None, slo_tpot_ms: float | None,
+                slo_e2e_ms: float | None = None) -> dict[str, Any]:
     measured = run.measured
     ok = [r for r in measured if r.get("status") == "ok"]
     duration_s, _ = measured_window(ok)
@@ -249,7 +259,11 @@ def run_summary(run: RunData, slo_ttft_ms: float, slo_tpot_ms: float) -> dict[st
         "p95_e2e_ms": _quantile([e2e_ms(r) for r in ok], 95),
         "output_tokens_per_s": osl_total / duration_s if duration_s > 0 else None,
         "requests_per_s": len(ok) / duration_s if duration_s > 0 else None,
-        "goodput_rps": (sum(meets_slo(r, slo_ttft_ms, slo_tpot_ms) for r in ok) / duration_s) if duration_s > 0 else None,
+        "goodput_rps": (sum(meets_slo(r, slo_ttft_ms, slo_tpot_ms, slo_e2e_ms) for r in ok) / duration_s)
+        if duration_s > 0 else None,
+        # the same in output tokens/s: what the requests within every SLO delivered (vLLM and AIPerf give req/s only)
+        "goodput_tokens_per_s": (sum(r.get("osl") or 0 for r in ok if meets_slo(r, slo_ttft_ms, slo_tpot_ms, slo_e2e_ms))
+                                 / duration_s) if duration_s > 0 else None,
         "achieved_concurrency": achieved_concurrency(
             [r for r in run.records if r.get("status") in ("ok", "incomplete_at_stop")], stop_signals, ok),
         "peak_rss_mb": run.info.get("peak_rss_mb"),
@@ -286,12 +300,13 @@ def _quantile(values: Iterable[float | None], q: float) -> float | None:
 # Cell level (pooled requests of every repeat)
 
 
-def cell_summary(runs: list[RunData], slo_ttft_ms: float, slo_tpot_ms: float) -> dict[str, Any]:
+def cell_summary(runs: list[RunData], slo_ttft_ms: float | None, slo_tpot_ms: float | None,
+                 slo_e2e_ms: float | None = None) -> dict[str, Any]:
     ok = [r for run in runs for r in run.measured if r.get("status") == "ok"]
     gaps = [g for r in ok for g in chunk_gaps_ms(r)]
     tokens_per_chunk = [t for r in ok for t in (r.get("tokens_per_chunk") or [])]
     per_user = [1000.0 / t for t in (tpot_ms(r) for r in ok) if t]
-    summaries = [run_summary(run, slo_ttft_ms, slo_tpot_ms) for run in runs]
+    summaries = [run_summary(run, slo_ttft_ms, slo_tpot_ms, slo_e2e_ms) for run in runs]
     return {
         "n_runs": len(runs),
         "n_ok": len(ok),
@@ -311,6 +326,7 @@ def cell_summary(runs: list[RunData], slo_ttft_ms: float, slo_tpot_ms: float) ->
         "output_tokens_per_s": _mean_of(s["output_tokens_per_s"] for s in summaries),
         "requests_per_s": _mean_of(s["requests_per_s"] for s in summaries),
         "goodput_rps": _mean_of(s["goodput_rps"] for s in summaries),
+        "goodput_tokens_per_s": _mean_of(s["goodput_tokens_per_s"] for s in summaries),
         "achieved_concurrency": _mean_of(s["achieved_concurrency"] for s in summaries),
         "error_rate": _mean_of(s["error_rate"] for s in summaries),
         "incomplete_at_stop": sum(s["incomplete_at_stop"] for s in summaries),

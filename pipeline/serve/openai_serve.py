@@ -1,7 +1,7 @@
 """Start the OpenAI-compatible frontend (:mod:`pipeline.serve.openai_frontend`) in front of a running arm.
 
-Reads the config and the arm's deployment descriptor (its Triton model and extra inputs) and the
-build manifest (tokenizer directory); writes the frontend's log to
+Reads the config and the arm's deployment descriptor (its Triton model, extra inputs and the
+tokenizer directory render took from the build manifest); writes the frontend's log to
 ``engines/NAME/logs/openai-<variant>.log``. The frontend runs under the process keeper
 (:func:`pipeline.infra.processes.spawn`): it ends when its owner ends, however that ends.
 """
@@ -62,7 +62,6 @@ def start_frontend(cfg: DeploymentConfig, variant: str, grpc_url: str, *, port: 
     """Start the frontend for arm ``variant`` of ``cfg`` (Triton at ``grpc_url``); return once
     ``/health`` answers 200 (the Triton model is ready through it)."""
     from pipeline.artefacts.deployment import load_arm  # noqa: PLC0415 - only this path needs it
-    from pipeline.loadtest.provenance import served_tokenizer_dir  # noqa: PLC0415 - only this path needs it
 
     target = load_arm(cfg, variant)[1]  # what render recorded for the arm
     if cfg.llmapi_layout:  # the frontend speaks the ensemble's tensors, not the llmapi model's
@@ -74,7 +73,7 @@ def start_frontend(cfg: DeploymentConfig, variant: str, grpc_url: str, *, port: 
     log_dir = log_dir or logs_dir(cfg)
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"openai-{variant}.log"
-    argv = frontend_argv(grpc_url, target.model_name, cfg.name, served_tokenizer_dir(cfg), target.extra_inputs, host, port,
+    argv = frontend_argv(grpc_url, target.model_name, cfg.name, target.tokenizer_dir, target.extra_inputs, host, port,
                          cfg.loadtest.max_tokens)
     with open(log_path, "w", encoding="utf-8") as log:
         proc = spawn(argv, stdout=log, stderr=log, cwd=str(PROJECT_ROOT), grace_s=STOP_S)

@@ -10,7 +10,9 @@ argument of ``tensorrt_llm.LLM``). The CPU engine takes ``model``, ``max_batch_s
 ``Eagle3`` (``speculative_model`` is the EAGLE-3 head, one-model only: ``eagle3_one_model`` false
 is refused), ``NGram`` (``max_draft_len``, ``max_matching_ngram_size``, the pool switches) or
 ``Lookahead`` (``max_window_size``, ``max_ngram_size``, ``max_verification_set_size``; the draft
-length follows from them as upstream computes it); none for the baseline. GPU-only arguments (KV-cache fraction, CUDA graphs, TP/PP of 1, the overlap scheduler)
+length follows from them as upstream computes it); none for the baseline. ``max_concurrency`` and
+``draft_len_schedule`` become the engine's K per live batch size, as TensorRT-LLM's drafter reads
+them. GPU-only arguments (KV-cache fraction, CUDA graphs, TP/PP of 1, the overlap scheduler)
 are read and ignored. The settings that have no LLM argument (threads, compute dtype, quantized
 weights, prefix cache, fast paths) come from the reference engine the build wrote for the arm.
 
@@ -33,7 +35,9 @@ from pipeline.artefacts.engine import (
     NgramProposer,
     NoProposer,
 )
+from pipeline.artefacts.schedule import DraftLenRange
 from pipeline.reference.draft_len import lookahead_max_draft_len
+from pipeline.trtllm.schedule_forms import triples_from_fields
 
 NGRAM_FIELDS = ("max_matching_ngram_size", "is_keep_all", "is_use_oldest", "is_public_pool")
 LOOKAHEAD_FIELDS = ("max_window_size", "max_ngram_size", "max_verification_set_size")  # LookaheadDecodingConfig
@@ -111,12 +115,27 @@ def engine_descriptor(args: dict[str, Any], base: EngineDescriptor) -> EngineDes
     if Path(model).resolve() != Path(base.model_dir).resolve():
         raise SpecError(f"model.yaml's model {model} is not the checkpoint the CPU engine was built from "
                         f"({base.model_dir}): re-run `specdeploy build` and `specdeploy render`")
-    proposer, k = _proposer(args.get("speculative_config"), base)
-    fields = base.model_dump(exclude={"proposer", "role", "max_draft_len", "max_batch_size", "max_seq_len"})
+    spec = args.get("speculative_config")
+    proposer, k = _proposer(spec, base)
+    fields = base.model_dump(exclude={"proposer", "role", "max_draft_len", "max_batch_size", "max_seq_len",
+                                      "draft_len_schedule"})
+    max_batch = int(args.get("max_batch_size") or base.max_batch_size)
     return EngineDescriptor(**{**fields, "role": "speculative" if k else "baseline", "proposer": proposer,
-                               "max_draft_len": k,
-                               "max_batch_size": int(args.get("max_batch_size") or base.max_batch_size),
+                               "max_draft_len": k, "max_batch_size": max_batch,
+                               "draft_len_schedule": _schedule(spec, k, max_batch) if k else None,
                                "max_seq_len": int(args.get("max_seq_len") or base.max_seq_len)})
+
+
+def _schedule(spec: dict[str, Any], k: int, max_batch: int) -> list[DraftLenRange] | None:
+    """``max_concurrency`` / ``draft_len_schedule`` as the engine's K per batch-size range, as
+    TensorRT-LLM's drafter reads them (:func:`pipeline.trtllm.schedule_forms.triples_from_fields`)."""
+    try:
+        triples = triples_from_fields({**spec, "max_draft_len": spec.get("max_draft_len") or k}, max_batch)
+    except ValueError as exc:
+        raise SpecError(f"speculative_config: {exc}") from None
+    if triples is None:
+        return None
+    return [DraftLenRange(min_concurrency=lo, max_concurrency=hi, draft_len=k) for lo, hi, k in triples]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from pipeline.artefacts.deployment import describe_arm
+from pipeline.artefacts.deployment import arms_of
 from pipeline.config import DeploymentConfig
 from pipeline.errors import PreflightError, SpecdeployError
 from pipeline.facts.hardware import get_profile
@@ -30,6 +30,7 @@ from pipeline.paths import model_repo_dir, served_repository_problem
 from pipeline.plan.gpu_layout import validate_estimate
 from pipeline.plan.llmapi import missing_modelopt_scripts
 from pipeline.plan.planner import make_plan
+from pipeline.render.arms import decide_arm
 from pipeline.render.renderer import llm_models
 from pipeline.serve.cpu_pinning import allowed_cpus, pinning_problems
 from pipeline.trtllm import llmapi_checks
@@ -202,7 +203,8 @@ def _check_cpu_ids(ctx: CheckContext) -> None:
         return
     manifest = {"engines": dict.fromkeys(("baseline", "speculative", "target", "draft"), "")}
     arms = {arm: [m.model_name for m in llm_models(cfg, manifest, arm)] for arm in ("baseline", "speculative")}
-    most = describe_arm(cfg, "speculative").engine_models
+    # nothing is rendered yet: render's own decision, dry-run like its models above
+    most = max(decide_arm(cfg, arm).engine_models for arm in arms_of(cfg))
     for problem in pinning_problems(pinning, arms, cfg.reference.threads, allowed_cpus(), most):
         ctx.add(ERROR, "cpu-ids", problem, "name CPUs from the allowed set, or use cpu_pinning: auto",
                 "reference.cpu_pinning")

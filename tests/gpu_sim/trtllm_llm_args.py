@@ -7,7 +7,8 @@ copy ``pipeline/trtllm/llmapi_facts.yaml`` cites): pydantic models that refuse u
 (``extra="forbid"`` on upstream's ``StrictBaseModel``), ``DecodingBaseConfig.from_dict`` choosing the
 class by ``decoding_type``, ``speculative_model`` accepting the ``speculative_model_dir`` alias, the
 field names and bounds below. Written from those facts, not copied; the real classes have many more
-fields, which only make a real install accept more. ``GPU_SIM_LLM_ARGS_BUILD=pre-rename`` stands for
+fields, which only make a real install accept more. ``draft_len_schedule`` keeps the validator of
+the read copy (a build after PR #10860 reads the keys differently; pipeline/trtllm/schedule_forms.py). ``GPU_SIM_LLM_ARGS_BUILD=pre-rename`` stands for
 a 1.2 build before the rename: the draft is ``speculative_model_dir``, without the new name (a
 deliberately different install).
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Literal, Optional
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator
 
 PRE_RENAME = os.environ.get("GPU_SIM_LLM_ARGS_BUILD") == "pre-rename"
 
@@ -35,7 +36,24 @@ class DecodingBaseConfig(StrictBaseModel):
         speculative_model: Optional[str] = Field(default=None, validation_alias=AliasChoices("speculative_model",
                                                                                             "speculative_model_dir"))
     max_concurrency: Optional[NonNegativeInt] = None
+    draft_len_schedule: Optional[dict[int, int]] = None
     load_format: Optional[str] = None
+
+    @field_validator("draft_len_schedule")
+    @classmethod
+    def _schedule(cls, v, info):
+        """The read copy's ``validate_draft_len_schedule_and_sort``: keys >= 1, values >= 0, key 1
+        present, ``schedule[1] == max_draft_len`` and every value <= it; sorted by key."""
+        if v is None:
+            return v
+        if any(bs < 1 for bs in v) or any(k < 0 for k in v.values()):
+            raise ValueError("draft_len_schedule: batch sizes >= 1 and draft lengths >= 0")
+        if 1 not in v:
+            raise ValueError("draft_len_schedule must include batch_size=1")
+        top = info.data.get("max_draft_len")
+        if top is not None and (v[1] != top or any(k > top for k in v.values())):
+            raise ValueError("draft_len_schedule[1] must equal max_draft_len and no draft length exceed it")
+        return dict(sorted(v.items()))
 
     @classmethod
     def from_dict(cls, data: dict):

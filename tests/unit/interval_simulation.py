@@ -1,7 +1,7 @@
 """Simulated load tests for the report's intervals and gate (issue 42): known truth, real code.
 
 A trial is one load test at one level: n interleaved repeat pairs in the runner's counterbalanced
-order (A B, B A, ...: ``pipeline.loadtest.runner.plan_runs``), each run's statistic = truth × run-level log-normal noise (CV 5–30 %) ×
+order (A B, B A, ...: ``pipeline.loadtest.cells.plan_runs``), each run's statistic = truth × run-level log-normal noise (CV 5–30 %) ×
 a slow linear drift of the machine across the run's slots (DRIFT in total, e.g. 10 % slower by
 the end). The true spec/base ratio is ``effect`` (1 = A/A).
 

@@ -200,6 +200,39 @@ def worse_line(data: dict) -> str | None:
     return f"Worse with speculation, with {fmt_pct(level)} confidence: " + "; ".join(parts) + "."
 
 
+def goodput_line(data: dict) -> str | None:
+    """Goodput at the user's SLOs, per level: each arm's requests/s and output tokens/s meeting every
+    bound, the spec/base ratio with its CI, and each arm's percentile against each bound. None when
+    the SLOs are the defaults nobody declared."""
+    slo = (data.get("gate_settings") or {}).get("slo") or {}
+    if not slo.get("declared"):
+        return None
+    bounds = ", ".join(f"{label} ≤ {fmt_value(slo[key])} ms" for key, label in
+                       (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E")) if slo.get(key) is not None)
+    parts = []
+    for comp in primary_comparisons(data):
+        good = comp.get("goodput") or {}
+        base, spec = good.get("base") or {}, good.get("spec") or {}
+        missed = [f"{arm} p{figures['slo']['percentile']:g} {name.upper()} {fmt_value(m['value_ms'])} ms"
+                  for arm, figures in (("baseline", base), ("speculative", spec)) if figures.get("slo")
+                  for name, m in figures["slo"]["metrics"].items() if m.get("met") is False]
+        parts.append(f"c={comp['concurrency']} baseline {fmt_value(base.get('requests_per_s'))} req/s "
+                     f"({fmt_value(base.get('output_tokens_per_s'))} tok/s), speculative "
+                     f"{fmt_value(spec.get('requests_per_s'))} req/s ({fmt_value(spec.get('output_tokens_per_s'))} tok/s), "
+                     f"{_goodput_ratio(comp, base, spec)}"
+                     + (f"; over the bound: {', '.join(missed)}" if missed else ""))
+    if not parts:
+        return None
+    return f"Goodput at the SLO (requests meeting {bounds}): " + "; ".join(parts) + "."
+
+
+def _goodput_ratio(comp: dict, base: dict, spec: dict) -> str:
+    if not base.get("requests_per_s") or not spec.get("requests_per_s"):  # a ratio with a zero: say which
+        none = [arm for arm, figures in (("baseline", base), ("speculative", spec)) if not figures.get("requests_per_s")]
+        return f"no {' and no '.join(none)} request within the SLOs"
+    return ratio_phrase(ratio_ci(comp, "goodput_ratio"))
+
+
 def acceptance_line(data: dict) -> str:
     rate = data.get("acceptance_rate")
     if rate is None:
@@ -287,7 +320,7 @@ def decision(data: dict) -> dict[str, Any]:
     targets = target_levels(data)
     window = data.get("rollout_range") or {}
     findings = [level_line(c, targets, crossover, window) for c in primary_comparisons(data)]
-    findings += [line for line in (worse_line(data),) if line]
+    findings += [line for line in (goodput_line(data), worse_line(data)) if line]
     findings += [line for line in (draft_length_line(data),) if line]
     findings += [acceptance_line(data), equivalence_line(data)]
     findings += [line for line in (noise_line(data),) if line]

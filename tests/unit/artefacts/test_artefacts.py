@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from pipeline.artefacts import ARTEFACTS, artefact_model
 from pipeline.artefacts.base import ArtefactError
-from pipeline.artefacts.deployment import describe_arm, descriptor_path, load_arm
+from pipeline.artefacts.deployment import descriptor_path, load_arm
 from pipeline.artefacts.engine import EngineDescriptor, MedusaProposer
 from pipeline.artefacts.manifest import BuildManifest
 from pipeline.artefacts.records import RawRecord
@@ -22,6 +22,7 @@ from pipeline.artefacts.runs import RunResults
 from pipeline.config import parse_config
 from pipeline.errors import StaleInputError
 from pipeline.paths import PROJECT_ROOT
+from pipeline.render.arms import decide_arm
 
 SAMPLES = {
     "engine": lambda: EngineDescriptor(model_dir="/m", role="speculative",
@@ -158,14 +159,14 @@ def _cfg(method="draft_target", orchestration="bls"):
                          "speculation": spec})
 
 
-def test_describe_arm_records_what_render_decided():
-    bls = describe_arm(_cfg(), "speculative", {"tokenizer_dir": "/t"})
+def test_decide_arm_records_what_render_decided():
+    bls = decide_arm(_cfg(), "speculative", {"tokenizer_dir": "/t"})
     assert (bls.model_name, bls.extra_inputs, bls.drafts, bls.per_request_draft_len) == (
         "tensorrt_llm_bls", {"num_draft_tokens": 3}, "bls", True)
     assert bls.tokenizer_dir == "/t" and bls.engine_models == 2 and bls.max_draft_len == 3
-    engine = describe_arm(_cfg(orchestration="engine"), "speculative")
+    engine = decide_arm(_cfg(orchestration="engine"), "speculative")
     assert (engine.model_name, engine.extra_inputs, engine.drafts, engine.engine_models) == ("ensemble", {}, "engine", 1)
-    assert describe_arm(_cfg(), "baseline").drafts == "none"
+    assert decide_arm(_cfg(), "baseline").drafts == "none"
 
 
 def _rendered(tmp_path, monkeypatch, cfg):
@@ -182,14 +183,15 @@ def _rendered(tmp_path, monkeypatch, cfg):
 def test_serve_and_loadtest_work_from_the_descriptor_alone(tmp_path, monkeypatch):
     """The descriptor, not the config, says what the arm is: a descriptor that differs from what
     the config would give is what serve's CPU plan and loadtest's endpoint follow."""
+    from pipeline.loadtest.cells import RunSpec
     from pipeline.loadtest.endpoints import ArmEndpoint
-    from pipeline.loadtest.runner import RunSpec, run_settings
+    from pipeline.loadtest.runner import run_settings
     from pipeline.serve.cpu_pinning import allowed_cpus, plan_pinning
     from pipeline.serve.server import deployment_cpu_plan
 
     cfg = _cfg()
     repo = _rendered(tmp_path, monkeypatch, cfg)
-    recorded = describe_arm(cfg, "speculative").model_copy(update={"model_name": "recorded_model",
+    recorded = decide_arm(cfg, "speculative").model_copy(update={"model_name": "recorded_model",
                                                                    "per_request_draft_len": False})
     recorded.write(descriptor_path(repo))
     loaded_repo, loaded = load_arm(cfg, "speculative")

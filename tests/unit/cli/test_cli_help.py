@@ -13,7 +13,7 @@ import pytest
 from pipeline.cli import app, run
 from tests.unit.cli_inproc import specdeploy
 
-COMMANDS = ["validate", "plan", "forecast", "build", "render", "serve", "loadtest", "report", "run",
+COMMANDS = ["validate", "plan", "forecast", "build", "render", "serve", "loadtest", "report", "schedule", "run",
             "bench", "demo", "doctor", "schema"]
 
 

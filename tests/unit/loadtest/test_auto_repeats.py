@@ -12,8 +12,9 @@ import pytest
 
 from pipeline.config import parse_config
 from pipeline.loadtest import auto_repeats
+from pipeline.loadtest.cells import RunSpec, plan_runs
 from pipeline.loadtest.resume import is_finished
-from pipeline.loadtest.runner import RunSpec, plan_runs, run_loadtest
+from pipeline.loadtest.runner import run_loadtest
 from tests.unit.fake_servers import Fake
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -77,15 +77,15 @@ def test_perf_values_read_strings_or_numbers(raw, expected):
 
 
 def test_descriptor_names_the_contract(tmp_path):
-    from pipeline.artefacts.deployment import describe_arm
     from pipeline.config import parse_config
+    from pipeline.render.arms import decide_arm
 
     api = parse_config({"name": "api", "backend": "trtllm", "hardware": "h100-sxm-80gb", "trtllm_version": "1.2.1",
                         "trtllm_runtime": "llm_api", "target": {"checkpoint": "/models/Meta-Llama-3.1-8B-Instruct"},
                         "speculation": {"method": "eagle3", "head_dir": "/models/EAGLE3-LLaMA3.1-Instruct-8B"}},
                        workdir=tmp_path)
     for arm in ("baseline", "speculative"):
-        d = describe_arm(api, arm)
+        d = decide_arm(api, arm)
         assert (d.model_name, d.contract) == ("tensorrt_llm", "llmapi")
 
 

@@ -12,9 +12,10 @@ import pytest
 from pipeline.config import parse_config
 from pipeline.errors import EXIT_FAILURE, SpecdeployError
 from pipeline.loadtest import runner
+from pipeline.loadtest.cells import RunSpec, plan_runs
 from pipeline.loadtest.endpoints import ArmEndpoint
 from pipeline.loadtest.inputs import LoadTestError, check_sweep
-from pipeline.loadtest.runner import RunSpec, _parse_duration, plan_runs, run_loadtest, run_settings
+from pipeline.loadtest.runner import _parse_duration, run_loadtest, run_settings
 from pipeline.loadtest.server_metrics import parse_counters
 from tests.unit.fake_servers import Fake
 
@@ -180,8 +181,11 @@ def test_speculative_arm_request_shape_follows_orchestration(tmp_path, orchestra
 
 
 def test_sweep_needs_bls_orchestration():
+    from pipeline.render.arms import decide_arm
+
+    cfg = make_cfg("engine")
     with pytest.raises(SpecdeployError, match="orchestration 'engine' fixes num_draft_tokens"):
-        check_sweep(make_cfg("engine"), [2, 3])
+        check_sweep(cfg, [2, 3], decide_arm(cfg, "speculative"))  # the speculative arm as render wrote it
 
 
 def test_kv_capacity_is_read_per_model_from_the_backend_metrics():

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from pipeline.config import config_hash, load_config
-from pipeline.loadtest.resume import cell_complete, kept_results, newest_run, planned_keys
+from pipeline.loadtest.resume import PreviousRuns, cell_complete, kept_results, planned_keys, previous_runs
 from tests.polling import wait_until
 from tests.unit.fake_servers import Fake
 
@@ -138,21 +138,19 @@ def _fake_run(root: Path, name: str, cfg, keys: list[str], complete: list[str]) 
 
 
 def test_run_picks_the_newest_unfinished_run_of_its_config(tmp_path, monkeypatch):
-    from pipeline.run import unfinished_run_dir
-
     monkeypatch.chdir(tmp_path)
     cfg = load_config(write_cfg(tmp_path), tmp_path)
     root = tmp_path / "reports" / "resume"
     assert planned_keys({"config": cfg.model_dump(mode="json"), "concurrency": [1, 2], "repeats": 1}) == PLANNED
     finished = _fake_run(root, "20261201T000000Z", cfg, PLANNED, PLANNED)
-    assert newest_run(cfg)[1] is True and unfinished_run_dir(cfg) == finished  # no report yet: make it
+    assert previous_runs(cfg) == PreviousRuns(resume=finished)  # finished, no report yet: make it
     (finished / "report.json").write_text("{}")
-    assert unfinished_run_dir(cfg) is None  # finished and reported: `run` reuses it
+    assert previous_runs(cfg) == PreviousRuns(reuse=finished)  # finished and reported: `run` reuses it
     newer = _fake_run(root, "20261202T000000Z", cfg, PLANNED[:3], PLANNED[:2])  # killed in its third cell
-    assert unfinished_run_dir(cfg) == newer
+    assert previous_runs(cfg) == PreviousRuns(resume=newer, reuse=finished)
     assert [r["key"] for r in kept_results(newer)] == PLANNED[:2]  # the third is not whole: measured again
     other = load_config(write_cfg(tmp_path, max_tokens=8), tmp_path)  # another config hash
-    assert newest_run(other) is None
+    assert previous_runs(other) == PreviousRuns()
 
 
 def test_resume_refuses_a_run_of_another_config(tmp_path):

@@ -24,12 +24,7 @@ from pipeline.paths import PROJECT_ROOT
 
 ARCHITECTURE = PROJECT_ROOT / "docs" / "architecture.md"
 
-ALLOWED: list[frozenset[str]] = [
-    # resume re-plans with runner.plan_runs; runner imports resume inside a function. Both files
-    # belong to issue 45 deliverable 2 (one owner for "is this run finished"), edited elsewhere
-    # this session: the next change there removes it.
-    frozenset({"pipeline.loadtest.resume", "pipeline.loadtest.runner"}),
-]
+ALLOWED: list[frozenset[str]] = []
 
 
 BACK_EDGES: set[tuple[str, str]] = {
@@ -37,8 +32,6 @@ BACK_EDGES: set[tuple[str, str]] = {
     # its place is a host layer beneath them). Both files are edited elsewhere this session.
     ("pipeline.reference.engine", "pipeline.serve.cpu_pinning"),
     ("pipeline.triton_models.cpu_engine_model", "pipeline.serve.cpu_pinning"),
-    # the OpenAI-compatible server records the load test's provenance of the tokenizer it serves
-    ("pipeline.serve.openai_serve", "pipeline.loadtest.provenance"),
     # the report reads a run's acceptance figures with the load test's reader of the counters
     ("pipeline.report.acceptance", "pipeline.loadtest.acceptance_sources"),
     # a CPU calibration is timed on the deployment's prompt set, loaded as the load test loads it

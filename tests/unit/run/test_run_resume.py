@@ -1,4 +1,5 @@
-"""`specdeploy run` reuses a finished load test of the same config and nothing else."""
+"""`specdeploy run` reuses a finished load test of the same config and nothing else
+(:func:`pipeline.loadtest.resume.previous_runs`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import DeploymentConfig, config_hash, with_workdir
-from pipeline.run import completed_run_dir
+from pipeline.loadtest.resume import previous_runs
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "run_small"
 
@@ -29,19 +30,19 @@ def finished_run(tmp_path):
 
 def test_finished_run_of_same_config_is_reused(finished_run):
     cfg, run_dir = finished_run
-    assert completed_run_dir(cfg).resolve() == run_dir.resolve()
+    assert previous_runs(cfg).reuse.resolve() == run_dir.resolve()
 
 
 def test_other_config_is_not_reused(finished_run):
     cfg, _ = finished_run
     other = cfg.model_copy(update={"loadtest": cfg.loadtest.model_copy(update={"max_tokens": 7})})
-    assert completed_run_dir(other) is None
+    assert previous_runs(other).reuse is None
 
 
 def test_run_without_report_is_not_reused(finished_run):
     cfg, run_dir = finished_run
     (run_dir / "report.json").unlink()
-    assert completed_run_dir(cfg) is None
+    assert previous_runs(cfg).reuse is None
 
 
 def test_run_whose_server_died_is_not_reused(finished_run):
@@ -49,7 +50,7 @@ def test_run_whose_server_died_is_not_reused(finished_run):
     runs = json.loads((run_dir / "runs.json").read_text())
     runs["runs"][-1]["server_alive"] = False
     (run_dir / "runs.json").write_text(json.dumps(runs))
-    assert completed_run_dir(cfg) is None
+    assert previous_runs(cfg).reuse is None
 
 
 def test_interrupted_run_is_not_reused(finished_run):
@@ -57,4 +58,4 @@ def test_interrupted_run_is_not_reused(finished_run):
     runs = json.loads((run_dir / "runs.json").read_text())
     runs["runs"] = runs["runs"][:-1]
     (run_dir / "runs.json").write_text(json.dumps(runs))
-    assert completed_run_dir(cfg) is None
+    assert previous_runs(cfg).reuse is None
