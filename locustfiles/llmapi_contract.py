@@ -52,13 +52,13 @@ PERF_FLOAT = ("acceptance_rate", "kv_cache_hit_rate")
 PERF_OUTPUTS = PERF_INT + PERF_FLOAT
 
 
-def llmapi_inputs(settings, prompt_text: str, prompt_index: int) -> dict[str, Any]:
+def llmapi_inputs(settings, prompt_text: str, prompt_index: int, max_tokens: int | None = None) -> dict[str, Any]:
     """One request in the llmapi contract, the same sampling as the ensemble's request
-    (``lt_common.request_inputs``): same seed per prompt in both arms."""
+    (``lt_common.request_inputs``): same seed per prompt in both arms; ``max_tokens`` per request."""
     inputs: dict[str, Any] = {
         "text_input": prompt_text,
         "streaming": True,
-        "sampling_param_max_tokens": int(settings.max_tokens),
+        "sampling_param_max_tokens": int(max_tokens or settings.max_tokens),
         "sampling_param_return_perf_metrics": True,
         # the model's default is False (helpers.py), SamplingParams' True: say it, as the ensemble does
         "sampling_param_exclude_input_from_output": True,

@@ -523,7 +523,8 @@ def _do_request(environment, session, t_scheduled: int | None = None, prompt_ind
     else:  # a trace names its prompt per arrival
         index, prompt = prompt_index, settings.prompts[prompt_index]
     state = _Run.begin(index, prompt, t_scheduled, ramp_step)
-    inputs = request_inputs(settings, state.prompt_text, index)
+    inputs = request_inputs(settings, state.prompt_text, index, prompt)
+    state.max_tokens = int(inputs.get("max_tokens") or inputs.get("sampling_param_max_tokens") or settings.max_tokens)
     try:
         session.send(state, inputs, settings.model_name, settings.request_timeout_s)
     except gevent.GreenletExit:

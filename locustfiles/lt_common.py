@@ -63,6 +63,7 @@ class RunSettings:
     headers: dict[str, str] = field(default_factory=dict)  # sent with every request
     api_key_env: str | None = None  # the NAME of the variable holding the key; the key itself is never in a file
     extra_body: dict[str, Any] = field(default_factory=dict)  # merged into every request body
+    ignore_eos: bool = False  # force each output to its max_tokens (min_tokens; OpenAI also ignore_eos)
 
     @classmethod
     def from_file(cls, path: str | Path) -> "RunSettings":
@@ -113,16 +114,25 @@ class PromptCursor:
         return index, self._rows[index]
 
 
-def request_inputs(settings: RunSettings, prompt_text: str, prompt_index: int) -> dict[str, Any]:
-    """The request shape, identical in both arms except ``extra_inputs`` (e.g. num_draft_tokens)."""
+def max_tokens_of(settings: RunSettings, prompt: dict[str, Any] | None) -> int:
+    """The request's output length: the prompt's own (drawn, or the dataset's), else the run's."""
+    own = (prompt or {}).get("max_tokens")
+    return int(own) if own else int(settings.max_tokens)
+
+
+def request_inputs(settings: RunSettings, prompt_text: str, prompt_index: int,
+                   prompt: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The request shape, identical in both arms except ``extra_inputs`` (e.g. num_draft_tokens).
+    ``prompt``: its ``max_tokens`` (per request) and, for the OpenAI chat API, its ``messages``."""
     if settings.contract == "llmapi":
         from llmapi_contract import llmapi_inputs  # noqa: PLC0415 - only this path needs it
 
-        return llmapi_inputs(settings, prompt_text, prompt_index)
+        return llmapi_inputs(settings, prompt_text, prompt_index, max_tokens_of(settings, prompt))
     sampling = dict(settings.sampling)
+    max_tokens = max_tokens_of(settings, prompt)
     inputs: dict[str, Any] = {
         "text_input": prompt_text,
-        "max_tokens": int(settings.max_tokens),
+        "max_tokens": max_tokens,
         "stream": True,
         "exclude_input_in_output": True,
         "return_perf_metrics": True,
@@ -140,6 +150,14 @@ def request_inputs(settings: RunSettings, prompt_text: str, prompt_index: int) -
             inputs.pop("temperature")
     if "seed" in sampling:
         inputs["seed"] = int(sampling["seed"]) + prompt_index  # same prompt → same seed in both arms
+    if settings.ignore_eos:
+        # TensorRT-LLM has no ignore_eos: min_tokens = max_tokens suppresses end_id until the length
+        # (the inflight-batcher ensemble's and BLS's optional min_tokens input); vLLM takes both fields
+        inputs["min_tokens"] = max_tokens
+        if settings.transport == "openai":
+            inputs["ignore_eos"] = True
+    if settings.transport == "openai" and (prompt or {}).get("messages"):
+        inputs["messages"] = prompt["messages"]  # a whole conversation (chat API; openai_user)
     inputs.update(settings.extra_inputs)
     if settings.transport != "openai":  # the OpenAI session merges it into its own body, last
         inputs.update(settings.extra_body)
@@ -199,6 +217,7 @@ class RequestState:
     reasoning_parts: list[str] = field(default_factory=list)  # a reasoning model's thinking, kept apart
     t_first_answer: int | None = None  # first answer (non-reasoning) text; t_first_token counts both
     ramp_step: int | None = None  # the ramp step the request was sent in (None without a ramp)
+    max_tokens: int | None = None  # this request's max_tokens when it differs per request (drawn lengths)
 
     def add_chunk(self, t_ns: int, text: str | None, num_tokens: int | None, reasoning: str | None = None) -> None:
         """Record one response. ``num_tokens`` is the server's count for this response; ``reasoning`` is
@@ -280,7 +299,8 @@ def build_record(settings: RunSettings, state: RequestState, *, worker_pid: int,
         isl_chars=len(state.prompt_text),
         isl=None,
         prompt_echoed=bool(text) and text.startswith(state.prompt_text) and len(state.prompt_text) > 0,
-        hit_max_tokens=osl >= settings.max_tokens,
+        hit_max_tokens=osl >= (state.max_tokens or settings.max_tokens),
+        max_tokens=state.max_tokens or settings.max_tokens,
         output_text=text,
         reasoning_text=reasoning or None,
         # greedy-equivalence compares the whole output: reasoning, a NUL, the answer (the answer alone without one)

@@ -30,7 +30,7 @@ from lt_common import RequestState
 
 API_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 # Triton-only request fields with no OpenAI counterpart (the server never echoes the prompt here)
-_TRITON_ONLY = {"text_input", "stream", "exclude_input_in_output", "return_perf_metrics", "return_num_output_tokens",
+_TRITON_ONLY = {"text_input", "messages", "stream", "exclude_input_in_output", "return_perf_metrics", "return_num_output_tokens",
                 "max_tokens", "temperature", "top_p", "top_k", "seed"}
 
 
@@ -44,8 +44,8 @@ def openai_body(inputs: dict[str, Any], model_name: str, api: str, send_top_k: b
     config set on purpose), False never."""
     body: dict[str, Any] = {"model": model_name, "stream": True, "stream_options": {"include_usage": True},
                             "max_tokens": int(inputs["max_tokens"])}
-    if api == "chat":
-        body["messages"] = [{"role": "user", "content": inputs["text_input"]}]
+    if api == "chat":  # a dataset's whole conversation (multi_turn), else the prompt as one user message
+        body["messages"] = inputs.get("messages") or [{"role": "user", "content": inputs["text_input"]}]
     else:
         body["prompt"] = inputs["text_input"]
     if "temperature" in inputs:

@@ -63,6 +63,7 @@ class RawRecordFields:
     isl: int | None = None
     prompt_echoed: bool
     hit_max_tokens: bool
+    max_tokens: int | None = None  # this request's max_tokens (drawn output lengths differ per request)
     output_text: str
     reasoning_text: str | None = None  # reasoning models: the reasoning text
     output_sha256: str

@@ -94,6 +94,9 @@ class Report(Artefact):
     greedy: bool
     provenance: dict[str, Any] = Field(description="run.json without the config snapshot.")
     synthetic_data: bool | None = None
+    data_warnings: list[str] = Field(default_factory=list, description=(
+        "What makes the acceptance unrepresentative of real traffic, from the data: forced output lengths, "
+        "prompts cut to drawn lengths (pipeline/loadtest/inputs.py data_warnings)."))
     formulas: dict[str, str]
     acceptance_reported: dict[str, Any] = Field(
         default_factory=dict, description="Per arm: whether the server reported acceptance figures per request "

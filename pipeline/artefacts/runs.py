@@ -157,3 +157,4 @@ class RunSettings(Artefact):
     headers: dict[str, str] = Field(default_factory=dict)
     api_key_env: str | None = Field(None, description="The variable's name; the key itself is never written.")
     extra_body: dict[str, Any] = Field(default_factory=dict)
+    ignore_eos: bool = Field(False, description="Outputs forced to their max_tokens (min_tokens; OpenAI also ignore_eos).")

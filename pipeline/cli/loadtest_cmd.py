@@ -115,9 +115,25 @@ def register(app: typer.Typer) -> None:
             "never written). Default for OpenAI endpoints: OPENAI_API_KEY when set."),
         extra_body: Optional[str] = typer.Option(
             None, "--extra-body", help="JSON object merged into every request body, e.g. '{\"ignore_eos\": true}'."),
+        dataset_name: Optional[str] = typer.Option(
+            None, "--dataset-name", help="Dataset format (loadtest.dataset_name): specdeploy, sharegpt, openai_chat, "
+            "hf, spec_bench, speed_bench, mooncake_trace (docs/workload.md)."),
+        dataset_path: Optional[str] = typer.Option(
+            None, "--dataset-path", help="Dataset file or directory, on disk (nothing is fetched; loadtest.dataset_path)."),
+        num_prompts: Optional[int] = typer.Option(
+            None, "--num-prompts", min=1, help="Prompts drawn from the dataset, the same in both arms (loadtest.num_prompts)."),
+        input_len: Optional[str] = typer.Option(
+            None, "--input-len", help="Input tokens: 128, 64:256, normal:MEAN,SD[,MIN,MAX], lognormal:…, dataset; "
+            "prompts cut from the dataset's text in the target's tokenizer (loadtest.input_len)."),
+        output_len: Optional[str] = typer.Option(
+            None, "--output-len", help="Output tokens per request (max_tokens), written like --input-len "
+            "(loadtest.output_len)."),
+        ignore_eos: bool = typer.Option(
+            False, "--ignore-eos", help="Force outputs to their full length (biases acceptance; the report says so)."),
     ) -> int:
         from pipeline.config import load_config
         from pipeline.infra.owner_lock import holding
+        from pipeline.loadtest.inputs import with_loadtest_overrides
         from pipeline.loadtest.runner import run_loadtest
         from pipeline.report.builder import make_report
 
@@ -127,6 +143,8 @@ def register(app: typer.Typer) -> None:
                      "headers": header, "api_key_env": api_key_env, "extra_body": extra_body}
         if slo_percentile is not None and goodput is None:
             raise UsageError("--slo-percentile needs --goodput (or write gate.slo.percentile)")
+        dataset_flags = {"dataset_name": dataset_name, "dataset_path": dataset_path, "num_prompts": num_prompts,
+                     "input_len": input_len, "output_len": output_len, "ignore_eos": ignore_eos}
         if endpoint and not arm:
             raise UsageError("--endpoint needs --arm baseline|speculative (or use --endpoint-baseline/--endpoint-speculative)")
         if endpoint:
@@ -135,8 +153,12 @@ def register(app: typer.Typer) -> None:
         if loadtest_file or config is None:
             return _endpoints_only(config, loadtest_file, out, concurrency, duration, repeats, endpoint_baseline,
                                    endpoint_speculative, arm, no_progress, transport, model, tokenizer,
-                                   model_baseline, model_speculative, aa=aa, overrides=overrides)
-        cfg = load_config(config, workdir)
+                                   model_baseline, model_speculative, aa=aa, overrides=overrides,
+                                   dataset_flags=dataset_flags)
+        cfg = with_loadtest_overrides(load_config(config, workdir), dataset_flags)
+        if resume and any(v not in (None, False) for v in dataset_flags.values()):
+            raise UsageError("--resume continues the run's own data: drop --dataset-name, --dataset-path, "
+                             "--num-prompts, --input-len, --output-len and --ignore-eos")
         if any(v is not None for v in overrides.values()):
             from pipeline.loadtest.overrides import apply_overrides
 
@@ -158,7 +180,7 @@ def register(app: typer.Typer) -> None:
 
 def _endpoints_only(config, loadtest_file, out, concurrency, duration, repeats, endpoint_baseline,
                     endpoint_speculative, arm, no_progress, transport, model, tokenizer,
-                    model_baseline=None, model_speculative=None, aa=False, overrides=None) -> int:
+                    model_baseline=None, model_speculative=None, aa=False, overrides=None, dataset_flags=None) -> int:
     from pipeline.infra.owner_lock import holding
     from pipeline.loadtest.endpoints_only import run_endpoint_loadtest
     from pipeline.report.builder import make_report
@@ -177,7 +199,8 @@ def _endpoints_only(config, loadtest_file, out, concurrency, duration, repeats, 
             model=model, model_baseline=model_baseline, model_speculative=model_speculative,
             transport=transport, tokenizer=tokenizer, out_dir=out, concurrency=_int_list(concurrency, "--concurrency"),
             duration=duration, repeats=repeats, arm=arm, progress=not no_progress, report=False, aa=aa,
-            overrides={k: v for k, v in (overrides or {}).items() if v is not None})
+            overrides={k: v for k, v in (overrides or {}).items() if v is not None},
+            loadtest_overrides=dataset_flags)
         report = make_report(run_dir, cfg)
     _print_summary(report)
     return report.exit_code

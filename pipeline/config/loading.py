@@ -89,7 +89,9 @@ LOADING_RULES_MARKDOWN = """\
   and the error lists all three). A directory must hold `<category>.jsonl` files, or the field
   names one such file; every non-blank line is a JSON object with `id` and a text `prompt`
   (`category` defaults to the file name). Errors name the file and line; unknown
-  `loadtest.categories` are errors too.
+  `loadtest.categories` are errors too. Another format (`loadtest.dataset_name`, `dataset_path`:
+  ShareGPT, chat JSONL, Hugging Face on disk, Spec-Bench, SPEED-Bench, a trace) is read the same
+  way, its errors naming file, line and field (docs/workload.md).
 - **Checkpoint directories** (`target.checkpoint`, `speculation.draft.checkpoint`,
   `speculation.heads_dir`, `speculation.head_dir`) must exist and be directories when `validate`
   runs without `--offline`, i.e. on the build host. A relative path is relative to the working

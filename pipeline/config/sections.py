@@ -281,6 +281,65 @@ class LoadTestSettings(Section):
     extra_body: dict[str, Any] = described(
         "Server-specific request fields merged into every request body (OpenAI JSON; Triton: extra inputs), "
         "e.g. {ignore_eos: true} for vLLM (vLLM's --extra-body).", default_factory=dict)
+    # Datasets and lengths (docs/workload.md); the names are vLLM bench serve's and AIPerf's
+    dataset_name: str = described(
+        "Format of dataset_path: specdeploy (our {id, category, prompt} JSONL; alias custom), sharegpt, "
+        "openai_chat, hf (a Hugging Face dataset on disk), spec_bench, speed_bench, mooncake_trace.",
+        default="specdeploy",
+    )
+    dataset_path: str | None = described(
+        "The dataset file or directory (unset: prompts). For mooncake_trace, prompts is the text the trace's "
+        "prompts are cut from.", default=None,
+    )
+    prompt_column: str = described("dataset_name hf: the prompt's column (text, or a list of messages).",
+                                   default="prompt")
+    category_column: str | None = described(
+        "dataset_name hf: the category's column (unset: 'category' when there is one).", default=None)
+    multi_turn: bool = described(
+        "Conversations (sharegpt, openai_chat, speed_bench, hf chat columns): send the history up to the last "
+        "user turn instead of the first user turn alone.", default=False,
+    )
+    num_prompts: Annotated[int, Field(ge=1)] | None = described(
+        "Prompts drawn from the dataset (seeded; the same in both arms), cycled through by every cell; more than "
+        "the dataset holds repeats rows. Unset: all.", default=None,
+    )
+    input_len: str | None = described(
+        "Input length in the target's tokens: 128, 64:256 (uniform), normal:MEAN,SD[,MIN,MAX], "
+        "lognormal:MEAN,SD[,MIN,MAX] or dataset; prompts are cut from the dataset's real text. Unset: as written.",
+        default=None,
+    )
+    output_len: str | None = described(
+        "Output length per request (its max_tokens), written like input_len; dataset: the recorded answer's or "
+        "the trace's length. Unset: max_tokens for every request.", default=None,
+    )
+    ignore_eos: bool = described(
+        "Force every output to its full length (OpenAI: ignore_eos and min_tokens; Triton: min_tokens). Forced "
+        "lengths bias acceptance: the report says so.", default=False,
+    )
+
+    @field_validator("input_len", "output_len", mode="before")
+    @classmethod
+    def _length_written(cls, value: Any, info) -> Any:
+        if value is None:
+            return None
+        from pipeline.errors import UsageError  # noqa: PLC0415 - beside the import above
+        from pipeline.loadtest.lengths import parse_length  # noqa: PLC0415 - numpy stays off config import
+
+        try:
+            parse_length(value, info.field_name)
+        except UsageError as exc:  # pydantic reports a ValueError with the field's path
+            raise ValueError(str(exc).split(": ", 1)[1]) from None
+        return str(value)
+
+    @field_validator("dataset_name")
+    @classmethod
+    def _dataset_known(cls, value: str) -> str:
+        from pipeline.loadtest.datasets import FORMATS  # noqa: PLC0415 - loaders stay off config import
+
+        if value not in FORMATS:
+            raise ValueError(f"unknown dataset format '{value}' (one of "
+                             f"{', '.join(sorted({f.name for f in FORMATS.values()}))})")
+        return FORMATS[value].name
 
     @field_validator("concurrency")
     @classmethod

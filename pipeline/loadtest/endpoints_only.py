@@ -37,6 +37,7 @@ from pipeline.config.base import Section, described
 from pipeline.errors import ConfigError, SpecdeployError, UsageError
 from pipeline.loadtest import reach
 from pipeline.loadtest.endpoints import ArmEndpoint, endpoint_alive
+from pipeline.loadtest.inputs import with_loadtest_overrides
 
 TRANSPORTS = ("openai", "http", "grpc")
 
@@ -175,8 +176,12 @@ def openai_alive(url: str, timeout_s: float = 5.0, headers: dict[str, str] | Non
 def run_endpoint_loadtest(lt_path: str | Path, *, endpoint_baseline: str | None, endpoint_speculative: str | None,
                           model: str | None, transport: str = "openai", tokenizer: str | None = None,
                           model_baseline: str | None = None, model_speculative: str | None = None,
-                          overrides: dict[str, Any] | None = None, **options: Any) -> tuple[Path, DeploymentConfig]:
-    """Load-test two given endpoints (or one, with ``arm``); returns (RUN_DIR, the config snapshot)."""
+                          overrides: dict[str, Any] | None = None,
+                          loadtest_overrides: dict[str, Any] | None = None,
+                          **options: Any) -> tuple[Path, DeploymentConfig]:
+    """Load-test two given endpoints (or one, with ``arm``); returns (RUN_DIR, the config snapshot).
+    ``overrides``: the vocabulary flags (:mod:`pipeline.loadtest.overrides`); ``loadtest_overrides``:
+    the dataset flags (``inputs.with_loadtest_overrides``)."""
     from pipeline.loadtest.runner import run_loadtest  # noqa: PLC0415 - keeps psutil off this module's import
 
     if transport not in TRANSPORTS:
@@ -193,6 +198,7 @@ def run_endpoint_loadtest(lt_path: str | Path, *, endpoint_baseline: str | None,
         raise UsageError(f"--tokenizer: {tokenizer} holds no tokenizer.json")
     lt = load_loadtest_file(lt_path)
     cfg = deployment_config(lt, models.get("baseline") or next(iter(models.values())), transport, Path(lt_path))
+    cfg = with_loadtest_overrides(cfg, loadtest_overrides)
     if overrides:  # --request-rate, --goodput, --header, ... (pipeline/loadtest/overrides.py)
         from pipeline.loadtest.overrides import apply_overrides  # noqa: PLC0415 - only with vocabulary flags
 

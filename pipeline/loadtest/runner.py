@@ -1,6 +1,6 @@
 """`specdeploy loadtest`: speculative vs baseline under a concurrency sweep, measured with Locust.
 
-Reads the config (``loadtest`` and ``gate`` sections), the prompt set (``loadtest.prompts``), the
+Reads the config (``loadtest`` and ``gate`` sections), the dataset (``loadtest.dataset_path`` or ``prompts``), the
 build manifest (tokenizer for the optional re-tokenized cross-check) and either starts both arms'
 Triton servers as ``render`` placed them (:mod:`pipeline.loadtest.endpoints`) or uses endpoints the
 user gives.
@@ -55,6 +55,7 @@ from pipeline.loadtest.endpoints import (
 from pipeline.loadtest.inputs import (
     ARMS,
     LoadTestUsageError,
+    check_forced_lengths,
     check_sweep,
     load_prompt_set,
 )
@@ -136,6 +137,7 @@ def run_settings(cfg: DeploymentConfig, spec: RunSpec, endpoint: ArmEndpoint, ru
         "stop_timeout_s": lt.stop_timeout_s, "num_workers": lt.processes, "draft_len": spec.draft_len,
         "tokenizer_dir": tokenizer_dir, "openai_api": lt.openai_api, "openai_top_k": lt.openai_top_k,
         "fail_fast_error_rate": lt.fail_fast_error_rate, "fail_fast_window_s": lt.fail_fast_window_s,
+        "ignore_eos": lt.ignore_eos,
     }
 
 
@@ -271,13 +273,14 @@ def run_loadtest(
                                  "and --sweep-draft-len")
     arms = _arms_to_run(cfg, "baseline" if aa else arm, endpoint_baseline, None if aa else endpoint_speculative)
     reach.api_key_env(lt)  # a named key variable that is unset stops here, before any server starts
-    prompts, dataset = load_prompt_set(cfg)
+    prompts, dataset = load_prompt_set(cfg, tokenizer_dir or served_tokenizer_dir(cfg))
     if lt.mode == "open" and lt.arrival == "trace" and not any(p.get("arrival_s") is not None for p in prompts):
         raise LoadTestUsageError("arrival: trace replays each request's arrival_s: the dataset carries none "
                                  "(use a trace file, docs/arrivals-and-goodput.md)")
     # what each arm is, as render wrote it: a missing or stale descriptor stops here, before any run dir
     deployments = ({a: e.deployment for a, e in given_endpoints.items()} if given_endpoints is not None
                    else arm_deployments(cfg, arms, remote=bool(endpoint_baseline or endpoint_speculative)))
+    check_forced_lengths(cfg, deployments)
     now = datetime.now(timezone.utc)
     if resume is not None:
         run_dir = Path(resume).resolve()

@@ -307,12 +307,23 @@ def build_report_data(run_dir: Path, cfg: DeploymentConfig, analysis: dict, gate
         # records about the run reaches the report without a change here
         "provenance": {k: v for k, v in meta.items() if k not in PROVENANCE_EXCLUDED},
         "synthetic_data": bool(meta.get("dataset", {}).get("synthetic")) if isinstance(meta.get("dataset"), dict) else None,
+        "data_warnings": data_warnings(meta.get("dataset")),
         "formulas": FORMULAS,
         "acceptance_reported": acceptance_reported(runs),
         "sessions": sessions(meta, [run.info for run in runs]),
     }
     data["forecast"] = safe_forecast_section(data, cfg, run_context(r for run in runs for r in run.records))
     return data
+
+
+def data_warnings(dataset: Any) -> list[str]:
+    """What the data makes unrepresentative (forced lengths, cut text), as the load test found it
+    (pipeline/loadtest/inputs.py ``data_warnings``); a run recorded before that says "synthetic" only."""
+    if not isinstance(dataset, dict):
+        return []
+    if "warnings" in dataset:
+        return [str(w) for w in dataset["warnings"]]
+    return ["synthetic prompts were used; acceptance and speedup are likely understated"] if dataset.get("synthetic") else []
 
 
 def _strip_comparison(comp: dict) -> dict:

@@ -188,7 +188,8 @@ def _check_prompt_set(ctx: CheckContext) -> None:
         load_prompt_set(ctx.cfg)
     except PromptSetError as exc:
         ctx.add(ERROR, "prompts", exc.detail, "point loadtest.prompts at a directory of <category>.jsonl files "
-                "(one {id, category, prompt} object a line) or at one such file", exc.field)
+                "(one {id, category, prompt} object a line) or at one such file, or name another format with "
+                "loadtest.dataset_name / dataset_path (docs/workload.md)", exc.field)
 
 
 def _check_cpu_ids(ctx: CheckContext) -> None:

@@ -47,6 +47,14 @@ def target_levels(data: dict) -> list[int]:
     return [level for level in wanted if level in levels]
 
 
+def data_warning_lines(data: dict) -> list[str]:
+    """The data's warnings (forced lengths, cut text); a report.json written before they existed
+    has only ``synthetic_data``."""
+    if "data_warnings" in data:
+        return [str(w) for w in data["data_warnings"]]
+    return ["synthetic prompts were used; acceptance and speedup are likely understated"] if data.get("synthetic_data") else []
+
+
 def category_acceptance(data: dict) -> list[dict[str, Any]]:
     """Per prompt category over every primary speculative cell: pooled acceptance, τ proxy, and
     the TPOT speedup at each concurrency."""

@@ -20,6 +20,7 @@ from pipeline.report.acceptance_reported import missing_acceptance_line
 from pipeline.report.view.evidence import aa_decision, ci_words, repeats_line, rig_noise_line
 from pipeline.report.view.model import (
     category_acceptance,
+    data_warning_lines,
     primary_comparisons,
     ratio_ci,
     target_levels,
@@ -325,8 +326,7 @@ def decision(data: dict) -> dict[str, Any]:
     findings += [acceptance_line(data), equivalence_line(data)]
     findings += [line for line in (noise_line(data),) if line]
     findings += [line for line in (sessions_line(data), repeats_line(data), rig_noise_line(data)) if line]
-    if data.get("synthetic_data"):
-        findings.append("Data: synthetic prompts were used; acceptance and speedup are likely understated.")
+    findings += [f"Data: {w}." for w in data_warning_lines(data)]
     prefix = {"GO": "Recommended rollout", "NO-GO": "Where speculation would pay once the failures are fixed",
               "INCONCLUSIVE": "Provisional rollout, if a rerun confirms it"}.get(verdict, "Rollout")
     method = (data.get("provenance") or {}).get("method")

@@ -12,7 +12,14 @@ from typing import Any, Iterable
 
 from pipeline.report.acceptance_reported import NOT_REPORTED
 from pipeline.report.view.evidence import ci_words
-from pipeline.report.view.model import category_acceptance, cell, primary_comparisons, ratio_ci, target_levels
+from pipeline.report.view.model import (
+    category_acceptance,
+    cell,
+    data_warning_lines,
+    primary_comparisons,
+    ratio_ci,
+    target_levels,
+)
 from pipeline.report.view.rounding import MISSING, fmt_ci, fmt_p, fmt_pct, fmt_value, tidy_text
 
 # label, cell statistic, percentile, run-level ratio (None: the pooled percentiles' ratio, no CI),
@@ -243,8 +250,7 @@ def quality_issues(data: dict) -> list[str]:
         if q["osl_retok_mismatch"]:
             out.append(f"{where}: {q['osl_retok_mismatch']} of {q['osl_retok_checked']} output lengths disagree "
                        "with re-tokenization")
-    if data.get("synthetic_data"):
-        out.append("synthetic prompts were used; acceptance and speedup are likely understated")
+    out += data_warning_lines(data)
     return out
 
 

@@ -187,10 +187,10 @@ def test_a_missing_relative_prompt_dir_names_the_field_and_every_place_looked(tm
     ({}, "holds no <category>.jsonl prompt files"),
     ({"chat.jsonl": ""}, "no prompts in"),
     ({"chat.jsonl": '{"id": "1", "prompt": "hi"}\n{"id": "2", "prompt": "oops"\n'}, "chat.jsonl:2: not JSON"),
-    ({"chat.jsonl": '{"id": "1", "text": "hi"}\n'}, "chat.jsonl:1: not an {id, category, prompt} object"),
-    ({"chat.jsonl": '{"id": "1", "prompt": null}\n'}, "chat.jsonl:1: not an {id, category, prompt} object"),
-    ({"chat.jsonl": '["id", "prompt"]\n'}, "chat.jsonl:1: not an {id, category, prompt} object"),
-    ({"chat.jsonl": b'{"id": "1", "prompt": "caf\xe9"}\n'}, "chat.jsonl is not UTF-8 text"),
+    ({"chat.jsonl": '{"id": "1", "text": "hi"}\n'}, "chat.jsonl:1: field 'prompt': missing"),
+    ({"chat.jsonl": '{"id": "1", "prompt": null}\n'}, "chat.jsonl:1: field 'prompt': expected non-empty text"),
+    ({"chat.jsonl": '["id", "prompt"]\n'}, "chat.jsonl:1: expected a JSON object ({id, category, prompt})"),
+    ({"chat.jsonl": b'{"id": "1", "prompt": "caf\xe9"}\n'}, "chat.jsonl: not UTF-8 text"),
 ])
 def test_an_unusable_prompt_dir_says_what_is_wrong(tmp_path, files, expected):
     sets = tmp_path / "sets"
