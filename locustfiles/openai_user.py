@@ -13,7 +13,8 @@ answer text is recorded beside it (``t_first_answer``), and the two texts are ke
 length comes from the final ``usage`` event, which counts both (``osl_source: server``); a server
 that sends none is re-tokenized with the configured tokenizer (both texts, ``retokenized``) or,
 without one, counted one token per chunk (``chunks``). A refusal keeps the server's HTTP status
-and body on the request (``http_status``, ``error``).
+and body on the request (``http_status``, ``error``). Per-request acceptance, where a server sends it:
+vLLM's ``metrics.speculative_decoding`` on the final usage chunk (``--per-request-spec-decode-metrics``).
 
 One keep-alive HTTP/1.1 connection per session over ``geventhttpclient`` (Locust's own fast
 client, so no extra dependency and cooperative under gevent).
@@ -81,6 +82,20 @@ def chunk_parts(event: dict[str, Any], api: str) -> tuple[str | None, str | None
     text = holder.get("content") if api == "chat" else holder.get("text")
     reasoning = next((holder[f] for f in REASONING_FIELDS if isinstance(holder.get(f), str) and holder[f]), None)
     return text, reasoning, choice.get("finish_reason")
+
+
+def vllm_spec_decode(event: dict[str, Any]) -> dict[str, Any] | None:
+    """The per-request acceptance vLLM puts on the final usage chunk when started with
+    ``--per-request-spec-decode-metrics summary|detailed``: ``metrics.speculative_decoding``
+    (vllm 0.32 ``entrypoints/generate/base/protocol.py`` ``SpeculativeDecodingMetrics``, filled from
+    ``v1/metrics/stats.py`` ``RequestSpecDecodeMetrics.to_dict``), as the record's perf fields; None
+    when the event has none (another server, no speculation, the flag off, ``n`` > 1)."""
+    spec = (event.get("metrics") or {}).get("speculative_decoding") if isinstance(event.get("metrics"), dict) else None
+    if not isinstance(spec, dict) or spec.get("num_draft_tokens") is None:
+        return None
+    return {"total_draft_tokens": int(spec["num_draft_tokens"]),
+            "total_accepted_draft_tokens": int(spec.get("num_accepted_draft_tokens") or 0),
+            "acceptance_rate": spec.get("draft_acceptance_rate")}
 
 
 def chunk_text(event: dict[str, Any], api: str) -> tuple[str | None, str | None]:
@@ -174,6 +189,9 @@ class OpenAIStreamSession:
             state.add_chunk(now, text, None, reasoning)
             finish = reason or finish
             usage = event.get("usage") or usage
+            spec = vllm_spec_decode(event)
+            if spec is not None:
+                state.update_perf(spec)
             if time.monotonic() > deadline:
                 raise TimeoutError("request exceeded request_timeout_s")
         self._count_tokens(state, usage)

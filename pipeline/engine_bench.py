@@ -402,7 +402,7 @@ def _pooled_tpot(rows: list[dict], tokens_key: str, tpot_key: str) -> float:
 def hf_peer(cfg: DeploymentConfig, target: Path, spec: dict, categories: dict, max_tokens: int,
             results: list[dict], stop_at_eos: bool = False) -> dict:
     """Hugging Face assisted generation (batch 1) on the same checkpoints and prompts."""
-    if spec["method"] != "draft_target":
+    if not cfg.method_info.draft_model:  # its proposer then has the draft_dir and num_draft_tokens read below
         return {"skipped": "Hugging Face assisted generation needs a draft model (draft_target only)"}
     import torch
     from transformers import LlamaForCausalLM

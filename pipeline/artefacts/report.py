@@ -100,13 +100,16 @@ class Report(Artefact):
     formulas: dict[str, str]
     acceptance_reported: dict[str, Any] = Field(
         default_factory=dict, description="Per arm: whether the server reported acceptance figures per request "
-                                          "and on /metrics ('reported' / 'not reported'; pipeline/report/acceptance_reported.py).")
+                                          "and on /metrics ('reported' / 'not reported', or 'not checked' when its "
+                                          "server had no metrics URL; pipeline/report/acceptance_reported.py).")
     sessions: dict[str, Any] = Field(default_factory=dict, description=(
         "resumed, and per session of the load test: when it started, the gap since the previous one, its cells "
         "(pipeline/report/sessions.py)."))
     forecast: dict[str, Any] = Field(default_factory=dict, description=(
         "Forecast vs measured per concurrency with the measured acceptance fed back (pipeline/report/forecast_check.py); "
         "'available': false with the reason when no forecast could be made."))
+    capacity: dict[str, Any] | None = Field(default=None, description=(
+        "Capacity and cost at gate.slo per arm, when the config has a capacity: section (pipeline/report/capacity.py)."))
 
 
 class ComparedRun(Strict):

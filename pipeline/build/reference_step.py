@@ -28,14 +28,12 @@ from pipeline.artefacts import engine as spec
 from pipeline.artefacts.base import problem_lines
 from pipeline.artefacts.engine import ENGINE_DESCRIPTOR, EngineDescriptor
 from pipeline.errors import SpecdeployError
-from pipeline.methods import method_for_proposer
+from pipeline.methods import METHODS, method_for_proposer
+from pipeline.methods.base import LLAMA, StepFlag
 
-REQUIRED_FILES = {
-    "llama": [("config.json",), ("model.safetensors", "model.safetensors.index.json")],
-    "medusa": [("config.json",), ("medusa_lm_head.safetensors",)],
-    "eagle": [("config.json",), ("model.safetensors",)],
-}
-NGRAM_FLAGS = ("is_keep_all", "is_use_oldest", "is_public_pool")  # n-gram pool switches (true/false)
+# the checkpoint kinds the steps check: the Llama models and each method's head directories
+CHECKPOINTS = {c.kind: c for c in (LLAMA, *(f.checkpoint for m in METHODS.values() for f in m.step_flags if f.checkpoint))}
+REQUIRED_FILES = {kind: list(c.files) for kind, c in CHECKPOINTS.items()}
 
 
 class StepError(Exception):
@@ -85,47 +83,42 @@ def _proposer(args: argparse.Namespace) -> dict:
 def _method_spec(args: argparse.Namespace) -> dict:
     if args.proposer_fields:  # a method without checkpoints gives its proposer's fields as they are
         return {"method": args.method, **json.loads(args.proposer_fields)}
-    from_flags = _PROPOSER_FROM_FLAGS.get(args.method)
-    return from_flags(args) if from_flags else {"method": args.method}  # checkpoint-free: the descriptor's defaults
+    # the fields the method's plan_reference wrote as flags; a method with none (checkpoint-free) gets the
+    # descriptor's defaults
+    fields = {flag.field: _flag_value(flag, getattr(args, _dest(flag))) for flag in method_for_proposer(args.method).step_flags}
+    return _given({"method": args.method, **fields})
 
 
-def _draft_target(args: argparse.Namespace) -> dict:
-    draft = Path(args.draft_dir).resolve()
-    check_checkpoint(draft, "llama")
-    return _given({"method": "draft_target", "draft_dir": str(draft), "quantization": args.draft_quantization,
-                   "num_draft_tokens": args.num_draft_tokens})
+def _flag_value(flag: StepFlag, raw: str | None):
+    if raw is None:
+        return None
+    if flag.type == "checkpoint":
+        path = Path(raw).resolve()
+        check_checkpoint(path, flag.checkpoint.kind)
+        return str(path)
+    try:
+        return {"int": int, "str": str, "json": json.loads, "bool": lambda v: v == "true"}[flag.type](raw)
+    except ValueError as exc:
+        raise StepError(f"{flag.flag} {raw!r}: not {'JSON' if flag.type == 'json' else 'an integer'} ({exc})") from None
 
 
-def _ngram(args: argparse.Namespace) -> dict:
-    return _given({"method": "ngram", "max_draft_len": args.num_draft_tokens,
-                   "max_matching_ngram_size": args.max_matching_ngram_size,
-                   "min_matching_ngram_size": args.min_matching_ngram_size,
-                   **{knob: getattr(args, knob) == "true" for knob in NGRAM_FLAGS}})
+def _dest(flag: StepFlag) -> str:
+    return flag.flag.removeprefix("--").replace("-", "_")
 
 
-def _eagle3(args: argparse.Namespace) -> dict:
-    head = Path(args.head_dir).resolve()
-    check_checkpoint(head, "eagle")
-    return _given({"method": "eagle3", "head_dir": str(head), "max_draft_len": args.num_draft_tokens})
-
-
-def _medusa(args: argparse.Namespace) -> dict:
-    heads = Path(args.heads_dir).resolve()
-    check_checkpoint(heads, "medusa")
-    return _given({"method": "medusa", "heads_dir": str(heads), "num_heads": args.num_heads,
-                   "choices": json.loads(args.choices)})
-
-
-def _eagle(args: argparse.Namespace) -> dict:
-    head = Path(args.head_dir).resolve()
-    check_checkpoint(head, "eagle")
-    return _given({"method": "eagle", "head_dir": str(head), "num_layers": args.num_layers,
-                   "choices": json.loads(args.choices)})
-
-
-# proposer name → its engine.json fields from this step's flags (the planner writes those flags)
-_PROPOSER_FROM_FLAGS = {"none": lambda args: {"method": "none"}, "draft_target": _draft_target, "ngram": _ngram,
-                        "eagle3": _eagle3, "medusa": _medusa, "eagle": _eagle}
+def _method_flags(engine: argparse.ArgumentParser) -> None:
+    """Each flag the methods' ``step_flags`` name, once (methods sharing one give it the same type and default)."""
+    flags: dict[str, StepFlag] = {}
+    for method in METHODS.values():
+        for flag in method.step_flags:
+            seen = flags.setdefault(flag.flag, flag)
+            if (seen.type, seen.default) != (flag.type, flag.default):
+                raise ValueError(f"{method.name} gives {flag.flag} another type or default than another method does")
+    for flag in flags.values():
+        if flag.type == "bool":
+            engine.add_argument(flag.flag, choices=["true", "false"], default=flag.default)
+        else:  # the value is parsed per method (_flag_value): int here, a JSON tree there
+            engine.add_argument(flag.flag, default=flag.default)
 
 
 def _given(fields: dict) -> dict:
@@ -164,20 +157,7 @@ def _engine_flags(engine: argparse.ArgumentParser) -> None:
     proposers = typing.get_args(typing.get_args(spec.ProposerSpec)[0])
     methods = [typing.get_args(model.model_fields["method"].annotation)[0] for model in proposers]
     engine.add_argument("--method", choices=methods, default="none")
-    engine.add_argument("--draft-dir")
-    engine.add_argument("--draft-quantization", choices=quantizations,
-                        default=spec.proposer_default(spec.DraftTargetProposer, "quantization"))
-    engine.add_argument("--num-draft-tokens", type=int)
-    engine.add_argument("--heads-dir")
-    engine.add_argument("--num-heads", type=int)
-    engine.add_argument("--head-dir")
-    engine.add_argument("--num-layers", type=int)
-    engine.add_argument("--choices", default="[]")
-    for knob in ("max_matching_ngram_size", "min_matching_ngram_size"):
-        engine.add_argument(f"--{knob.replace('_', '-')}", type=int, default=spec.proposer_default(spec.NgramProposer, knob))
-    for knob in NGRAM_FLAGS:
-        default = "true" if spec.proposer_default(spec.NgramProposer, knob) else "false"
-        engine.add_argument(f"--{knob.replace('_', '-')}", choices=["true", "false"], default=default)
+    _method_flags(engine)
     engine.add_argument("--proposer-fields", default="", help="JSON of the proposer's fields (checkpoint-free methods)")
     engine.add_argument("--draft-weights", choices=["float", "int8"], default="float")
     engine.add_argument("--max-draft-len", type=int, default=spec.default("max_draft_len"))

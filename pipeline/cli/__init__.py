@@ -47,6 +47,7 @@ def _register_commands() -> None:
     from pipeline.cli import (
         bench_cmd,
         build_cmd,
+        capacity_cmd,
         demo_cmd,
         doctor_cmd,
         forecast_cmd,
@@ -65,6 +66,7 @@ def _register_commands() -> None:
         validate_cmd,
         plan_cmd,
         forecast_cmd,
+        capacity_cmd,
         build_cmd,
         render_cmd,
         serve_cmd,

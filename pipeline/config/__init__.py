@@ -1,12 +1,14 @@
 """Deployment configuration: the YAML a platform engineer writes once, as pydantic v2 models.
 
-A package of four parts, every public name importable from here as before:
+Three parts here and the building blocks beneath, every public name importable from here:
 
-- :mod:`pipeline.config.base`: the building blocks (strict sections, described fields, cross-field
-  errors, quantization, one model, tree choices);
+- :mod:`pipeline.config_base`: the building blocks (strict sections, described fields, cross-field
+  errors, quantization, one model, tree choices), outside this package so that the method modules,
+  whose sections build on them, import no part of the config;
 - :mod:`pipeline.config.sections`: build limits, Triton, LLM-API knobs, load test, gate, CPU engine;
 - :mod:`pipeline.config.deployment`: :class:`DeploymentConfig`, with the speculation method's own
-  section from its module under ``pipeline/methods/``;
+  section from the methods' registry (:data:`pipeline.methods.METHODS`; a method's section is
+  imported from its module, ``pipeline.methods.<name>``);
 - :mod:`pipeline.config.loading`: strict YAML loading, error formatting, the config hash.
 
 Cross-field *logic* that needs no files lives in the sections and the method modules; checks that
@@ -16,24 +18,6 @@ descriptions feed ``specdeploy schema``. Reads and writes nothing itself.
 
 from __future__ import annotations
 
-from pipeline.config.base import (
-    BUILTIN_PREFIX,
-    ENGINE_RUNTIME_MAX_VERSION,
-    TRTLLM_VERSION_DEFAULT,
-    CrossFieldError,
-    KvCacheDtype,
-    ModelDtype,
-    ModelSpec,
-    QuantFormat,
-    Quantization,
-    TreeChoices,
-    TrtllmRuntime,
-    chain_choices,
-    format_choices,
-    tree_depth,
-    tree_non_leaves_per_level,
-    tree_problems,
-)
 from pipeline.config.deployment import (
     METHOD_NAMES,
     METHOD_SECTIONS,
@@ -61,22 +45,32 @@ from pipeline.config.sections import (
     Slo,
     TritonSettings,
 )
-from pipeline.methods.draft_target import DraftTargetSpec
-from pipeline.methods.eagle import EagleSpec
-from pipeline.methods.eagle3 import Eagle3Spec
-from pipeline.methods.lookahead import LookaheadSpec
-from pipeline.methods.medusa import MedusaSpec
-from pipeline.methods.mtp import MtpSpec
-from pipeline.methods.ngram import NgramSpec, ngram_through_bls
-from pipeline.methods.none import NoSpeculation
+from pipeline.config_base import (
+    BUILTIN_PREFIX,
+    ENGINE_RUNTIME_MAX_VERSION,
+    TRTLLM_VERSION_DEFAULT,
+    CrossFieldError,
+    KvCacheDtype,
+    ModelDtype,
+    ModelSpec,
+    QuantFormat,
+    Quantization,
+    TreeChoices,
+    TrtllmRuntime,
+    chain_choices,
+    format_choices,
+    tree_depth,
+    tree_non_leaves_per_level,
+    tree_problems,
+)
 
 __all__ = [
     "BUILTIN_PREFIX", "ENGINE_RUNTIME_MAX_VERSION", "LOADING_RULES_MARKDOWN", "METHOD_NAMES", "METHOD_SECTIONS",
-    "TRTLLM_VERSION_DEFAULT", "BuildLimits", "CrossFieldError", "DeploymentConfig", "DraftTargetSpec",
-    "DuplicateKeyError", "Eagle3Spec", "EagleSpec", "GateSettings", "KvCacheDtype", "LlmApiSettings",
-    "LoadTestSettings", "LookaheadSpec", "MedusaSpec", "ModelDtype", "ModelSpec", "MtpSpec", "NgramSpec",
-    "NoSpeculation", "QuantFormat", "Quantization", "ReferenceEngineSettings", "Sampling", "Slo", "Speculation",
+    "TRTLLM_VERSION_DEFAULT", "BuildLimits", "CrossFieldError", "DeploymentConfig",
+    "DuplicateKeyError", "GateSettings", "KvCacheDtype", "LlmApiSettings",
+    "LoadTestSettings", "ModelDtype", "ModelSpec",
+    "QuantFormat", "Quantization", "ReferenceEngineSettings", "Sampling", "Slo", "Speculation",
     "StrictLoader", "TreeChoices", "TritonSettings", "TrtllmRuntime", "chain_choices", "config_hash",
-    "format_choices", "format_validation_error", "load_config", "load_yaml_strict", "ngram_through_bls",
+    "format_choices", "format_validation_error", "load_config", "load_yaml_strict",
     "parse_config", "tree_depth", "tree_non_leaves_per_level", "tree_problems", "with_workdir",
 ]

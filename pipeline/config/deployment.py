@@ -1,6 +1,10 @@
 """The whole deployment config: :class:`DeploymentConfig` puts the sections together with the
-speculation method's section (one per method module under ``pipeline/methods/``, chosen by its
-``method`` field) and checks the rules that cross sections.
+speculation method's section (one per method in the registry :data:`pipeline.methods.METHODS`,
+chosen by its ``method`` field) and checks the rules that cross sections.
+
+The config sits above the methods: it reads their sections from the registry, so a new method
+changes nothing here, and the method modules import only the building blocks
+(:mod:`pipeline.config_base`), never this package.
 
 Reads and writes nothing; :mod:`pipeline.config.loading` reads the YAML.
 """
@@ -8,11 +12,20 @@ Reads and writes nothing; :mod:`pipeline.config.loading` reads the YAML.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal, Union, get_args
+from typing import Annotated, Literal, Union, get_args
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from pipeline.config.base import (
+from pipeline.config.sections import (
+    BuildLimits,
+    CapacitySettings,
+    GateSettings,
+    LlmApiSettings,
+    LoadTestSettings,
+    ReferenceEngineSettings,
+    TritonSettings,
+)
+from pipeline.config_base import (
     ENGINE_RUNTIME_MAX_VERSION,
     TRTLLM_VERSION_DEFAULT,
     CrossFieldError,
@@ -21,29 +34,10 @@ from pipeline.config.base import (
     TrtllmRuntime,
     described,
 )
-from pipeline.config.registry import method_of
-from pipeline.config.sections import (
-    BuildLimits,
-    GateSettings,
-    LlmApiSettings,
-    LoadTestSettings,
-    ReferenceEngineSettings,
-    TritonSettings,
-)
-from pipeline.methods.draft_target import DraftTargetSpec
-from pipeline.methods.eagle import EagleSpec
-from pipeline.methods.eagle3 import Eagle3Spec
-from pipeline.methods.lookahead import LookaheadSpec
-from pipeline.methods.medusa import MedusaSpec
-from pipeline.methods.mtp import MtpSpec
-from pipeline.methods.ngram import NgramSpec
-from pipeline.methods.none import NoSpeculation
+from pipeline.methods import METHODS, Method
 
-if TYPE_CHECKING:
-    from pipeline.methods.base import Method
-
-# One config section per method module; the order is the one the schema and the errors list.
-METHOD_SECTIONS = (NoSpeculation, DraftTargetSpec, MedusaSpec, EagleSpec, Eagle3Spec, NgramSpec, MtpSpec, LookaheadSpec)
+# One config section per method, in the registry's order (the one the schema and the errors list).
+METHOD_SECTIONS = tuple(method.section for method in METHODS.values())
 METHOD_NAMES = tuple(get_args(section.model_fields["method"].annotation)[0] for section in METHOD_SECTIONS)
 
 Speculation = Annotated[Union[METHOD_SECTIONS], Field(discriminator="method")]
@@ -86,7 +80,7 @@ class DeploymentConfig(Section):
     speculation: Speculation = described(
         "Speculation method: none | draft_target | medusa | eagle | lookahead (engine runtime) | eagle3 | ngram | "
         "mtp (LLM-API runtime), with per-method fields (pipeline/methods/).",
-        default_factory=NoSpeculation,
+        default_factory=METHODS["none"].section,  # no speculation: the baseline alone
     )
     build: BuildLimits = described("Engine build limits.", default_factory=BuildLimits)
     triton: TritonSettings = described("Triton settings.", default_factory=TritonSettings)
@@ -97,6 +91,8 @@ class DeploymentConfig(Section):
     )
     loadtest: LoadTestSettings = described("Load-test settings.", default_factory=LoadTestSettings)
     gate: GateSettings = described("Rollout gate thresholds.", default_factory=GateSettings)
+    capacity: CapacitySettings | None = described(
+        "Capacity and cost at gate.slo in the report (docs/capacity.md); unset: no capacity section.", default=None)
     _source_path: Path | None = PrivateAttr(default=None)
     _workdir: Path | None = PrivateAttr(default=None)  # output root (pipeline.paths); None: the current directory
 
@@ -158,9 +154,8 @@ class DeploymentConfig(Section):
 
     @property
     def method_info(self) -> Method:
-        """The speculation method's deployment knowledge (:mod:`pipeline.methods`), found through the
-        registry its object joined when its module loaded (the config imports no methods package)."""
-        return method_of(self.speculation)
+        """The speculation method's deployment knowledge (:mod:`pipeline.methods`)."""
+        return METHODS[self.speculation.method]
 
     @property
     def speculative(self) -> bool:

@@ -18,8 +18,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from pipeline.config.base import CrossFieldError
 from pipeline.config.deployment import METHOD_NAMES, DeploymentConfig
+from pipeline.config_base import CrossFieldError
 from pipeline.errors import ConfigError
 
 

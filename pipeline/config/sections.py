@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipeline.config.base import CrossFieldError, Section, described
+from pipeline.config_base import CrossFieldError, Section, described
 
 
 class LlmApiSettings(Section):
@@ -538,3 +538,27 @@ class ReferenceEngineSettings(Section):
         if isinstance(value, list) and value and all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in value):
             return value
         raise ValueError(f"should be 'auto', 'off' or a non-empty list of CPU ids (integers ≥ 0), got {value!r}")
+
+
+class CapacitySettings(Section):
+    """Capacity and cost in every report (docs/capacity.md): replicas, GPUs and cost per million output
+    tokens at gate.slo, with and without speculation, from the run's measured curves."""
+
+    rate_rps: Annotated[float, Field(gt=0)] | None = described(
+        "Target request rate (requests/s) to size for; or daily_profile.", default=None)
+    daily_profile: list[Annotated[float, Field(ge=0)]] = described(
+        "24 hourly request rates (requests/s) of a day, instead of rate_rps.", default_factory=list)
+    gpu_hour_usd: Annotated[float, Field(ge=0)] | None = described(
+        "Price per GPU-hour (USD); without it GPUs are sized but not priced.", default=None)
+    gpus_per_replica: Annotated[int, Field(ge=1)] | None = described(
+        "GPUs per replica (default: the target's tp × pp; 1 on the CPU).", default=None)
+    percentile: Annotated[float, Field(ge=50, le=100)] = described(
+        "The percentile gate.slo's limits are held at for sizing.", default=95.0)
+
+    @model_validator(mode="after")
+    def _one_demand(self) -> "CapacitySettings":
+        if (self.rate_rps is None) == (not self.daily_profile):
+            raise CrossFieldError([("capacity.rate_rps", "give rate_rps or daily_profile (24 hourly rates), one of them")])
+        if self.daily_profile and len(self.daily_profile) != 24:
+            raise CrossFieldError([("capacity.daily_profile", f"24 hourly rates, got {len(self.daily_profile)}")])
+        return self

@@ -64,6 +64,7 @@ class EngineFigures:
     band: float
     bls_round_trip_ms: float
     note: str = ""
+    overhead_range: tuple[float, float] = (0.5, 2.0)  # the band moves step_overhead_ms × this (an assumption)
 
 
 _GPU_FIELDS = ("hbm_bandwidth_gb_s", "peak_dense_tflops", "interconnect_gb_s", "source")
@@ -102,4 +103,6 @@ def engine_figures(name: str, path: Path = ENGINES_FILE) -> EngineFigures:
     missing = [f for f in _ENGINE_FIELDS if entry.get(f) is None]
     if missing:
         raise ForecastInputError(f"engine {name!r} in {path} lacks {', '.join(missing)}")
-    return EngineFigures(name, **{f: float(entry[f]) for f in _ENGINE_FIELDS}, note=str(entry.get("note", "")))
+    low, high = entry.get("overhead_range", (0.5, 2.0))
+    return EngineFigures(name, **{f: float(entry[f]) for f in _ENGINE_FIELDS}, note=str(entry.get("note", "")),
+                         overhead_range=(float(low), float(high)))

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.facts.model_shapes import KNOWN_MODELS, ModelShape, known_shape, read_config_json, shape_from_config
+from pipeline.forecast import uncertainty
 from pipeline.forecast.acceptance import Acceptance, alpha_for_tau
 from pipeline.forecast.cpu import CpuDevice, calibration_key, stored_device
 from pipeline.forecast.figures import PEAK_DTYPE, ForecastInputError, engine_figures, gpu_figures
@@ -54,6 +55,17 @@ class Requests:
         return {"prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens, "source": self.source}
 
 
+@dataclass(frozen=True)
+class Limit:
+    """The most sequences the deployment decodes together, and which limit sets it."""
+
+    sequences: int
+    name: str  # e.g. "build.max_batch_size 16"
+
+    def describe(self) -> dict:
+        return {"sequences": self.sequences, "set_by": self.name}
+
+
 @dataclass
 class Inputs:
     """Everything one forecast rests on."""
@@ -68,6 +80,8 @@ class Inputs:
     context: int
     band: float  # relative uncertainty of the device's efficiencies
     requests: Requests | None = None  # a closed loop's admissions (None: a static batch, no prefill mid-decode)
+    proposer_scale: float = 1.0  # the proposer's modelled cost × this (the band's edges; a sensitivity check)
+    limit: Limit | None = None  # no crossover, best K or level is forecast beyond it
 
 
 def step_times(inp: Inputs, batch: int, plan: DraftPlan, tau: float, device=None,
@@ -91,7 +105,7 @@ def step_times(inp: Inputs, batch: int, plan: DraftPlan, tau: float, device=None
         draft = measured
     else:
         ctx = StepContext(device, inp.target, inp.draft, inp.dense_bytes, inp.vocab, spec_b, inp.context, tau)
-        draft = PROPOSER_COSTS[plan.method](ctx, plan)
+        draft = PROPOSER_COSTS[plan.method](ctx, plan) * inp.proposer_scale
     # CPU: the per-sequence work of a batched speculative step the forward does not cover
     extra = device.spec_step_extra(plan.method, spec_b)
     return base, (verify + draft + extra) / tau + prefill_per_token(inp, spec_b, width, device, with_draft=True)
@@ -119,42 +133,140 @@ def speedup_at(inp: Inputs, batch: int, plan: DraftPlan | None = None, edge: str
     return base / spec
 
 
-def _band(inp: Inputs, batch: int) -> tuple[float, float]:
-    """Lowest and highest speedup over the acceptance band × the efficiency band."""
-    values = []
-    for edge in ("low", "high"):
-        tau = inp.acceptance.tau_at(inp.plan.depth, edge, inp.plan.tree, batch)
-        for factor in (1 - inp.band, 1 + inp.band):
-            device = inp.device.scaled(factor)
-            base, spec = step_times(inp, batch, inp.plan, tau, device)
-            values.append(base / spec)
-    return min(values), max(values)
+def speedup_of(batch: int, plan: DraftPlan | None = None):
+    """speedup(inputs, acceptance edge) at ``batch`` — what the band evaluates at each corner."""
+    def speedup(moved: Inputs, edge: str) -> float:
+        p = plan or moved.plan
+        tau = moved.acceptance.tau_at(p.depth, edge, p.tree, batch)
+        base, spec = step_times(moved, batch, p, tau)
+        return base / spec
+    return speedup
 
 
-def best_depth(inp: Inputs, batch: int) -> dict:
-    """The draft length with the highest forecast speedup at ``batch`` (chains only; trees keep theirs)."""
+@dataclass
+class Band:
+    """What a band is made of: the corners of the inputs' ranges and the model's error."""
+
+    corners: list
+    error: uncertainty.ModelError | None
+    misses: list[dict]
+
+    @classmethod
+    def of(cls, inp: Inputs) -> Band:
+        kind = getattr(inp.device, "kind", "gpu")
+        hardware = getattr(getattr(inp.device, "gpu", None), "name", None)
+        return cls(uncertainty.corner_inputs(inp), uncertainty.model_error(kind), uncertainty.known_misses(hardware))
+
+    def misses_at(self, batch: int) -> list[dict]:
+        return [m for m in self.misses if batch >= m["from_batch"]]
+
+    def at(self, batch: int, plan: DraftPlan | None = None) -> tuple[float, float]:
+        low, high = uncertainty.with_model_error(*uncertainty.speedup_range(speedup_of(batch, plan), self.corners),
+                                                 self.error)
+        for miss in self.misses_at(batch):  # a regime where the model is known to miss: its miss too
+            low /= 1 + max(miss["error"][1], 0.0)
+            high /= 1 + min(miss["error"][0], 0.0)
+        return low, high
+
+
+def _grid(inp: Inputs) -> tuple[int, ...]:
+    limit = inp.limit.sequences if inp.limit else None
+    grid = tuple(c for c in CROSSOVER_GRID if limit is None or c <= limit)
+    return grid + ((limit,) if limit is not None and limit not in grid else ())
+
+
+def best_depth(inp: Inputs, batch: int, band: Band | None = None) -> dict:
+    """The draft length with the highest forecast speedup at ``batch`` (chains only; trees keep
+    theirs), and the range of K that is best somewhere in the band (its low and high edges)."""
     if inp.plan.tree or inp.acceptance.alpha is None:
         return {"draft_len": inp.plan.depth, "speedup": round(speedup_at(inp, batch), 3), "swept": False}
     scored = [(speedup_at(inp, batch, inp.plan.with_depth(k)), k) for k in K_SWEEP]
     best, k = max(scored)
-    return {"draft_len": k if best > 1.0 else None, "speedup": round(best, 3), "swept": True,
-            "speculation": "on" if best > 1.0 else "off"}
+    out = {"draft_len": k if best > 1.0 else None, "speedup": round(best, 3), "swept": True,
+           "speculation": "on" if best > 1.0 else "off"}
+    if band is not None:
+        edges = [band.at(batch, inp.plan.with_depth(depth)) for depth in K_SWEEP]
+        at_low = max(range(len(K_SWEEP)), key=lambda i: edges[i][0])
+        at_high = max(range(len(K_SWEEP)), key=lambda i: edges[i][1])
+        ks = [K_SWEEP[at_low], K_SWEEP[at_high], k]
+        out["draft_len_range"] = [min(ks), max(ks)]
+        out["off_somewhere_in_band"] = edges[at_low][0] < 1.0
+    return out
 
 
 def crossover(inp: Inputs) -> int | None:
-    """The lowest concurrency on the grid where the forecast speedup drops below 1 (None: never up to 1024)."""
-    for c in CROSSOVER_GRID:
+    """The lowest concurrency on the grid (up to the deployment's limit) where the forecast
+    speedup drops below 1 (None: never within it)."""
+    for c in _grid(inp):
         if speedup_at(inp, c) < 1.0:
             return c
     return None
 
 
+def crossover_band(inp: Inputs, band: Band) -> dict:
+    """The crossover with its interval: the earliest concurrency where the band's low edge drops
+    below 1, and the latest — where even its high edge does (None: not within the grid and limit)."""
+    point, earliest, latest = crossover(inp), None, None
+    for c in _grid(inp):
+        low, high = band.at(c)
+        if earliest is None and low < 1.0:
+            earliest = c
+        if high < 1.0:
+            latest = c
+            break
+    grid = _grid(inp)
+    beyond = f"none up to {grid[-1]}" + (f" ({inp.limit.name})" if inp.limit and grid[-1] == inp.limit.sequences else "")
+    return {"point": point, "earliest": earliest, "latest": latest, "searched_up_to": grid[-1],
+            "limit": inp.limit.describe() if inp.limit else None, "when_none": beyond}
+
+
+def _warnings(inp: Inputs, c: int, band: Band) -> list[str]:
+    out = []
+    for miss in band.misses_at(c):
+        out.append(f"known miss: the model erred by {miss['error'][0]:+.0%} to {miss['error'][1]:+.0%} from batch "
+                   f"{miss['from_batch']} on this GPU (published case {miss['case']}, {miss['method']} on "
+                   f"{miss['engine']}); the band is widened by it")
+    hardware = getattr(getattr(inp.device, "gpu", None), "name", None)
+    validated = uncertainty.validated_batches(hardware) if hardware else None
+    if validated is not None and c > validated:
+        out.append(f"extrapolating: the published cases check the model on {hardware} up to batch {validated}")
+    return out
+
+
+def _overall_warnings(inp: Inputs) -> list[str]:
+    hardware = getattr(getattr(inp.device, "gpu", None), "name", None)
+    if hardware and uncertainty.validated_batches(hardware) is None:
+        return [f"extrapolating: no published case the model reproduces runs on {hardware} "
+                f"(benchmarks/results/forecast-published.json)"]
+    return []
+
+
+def _acceptance_range(acc: Acceptance) -> dict:
+    if acc.alpha_low is not None and acc.alpha_high is not None and acc.tau is None:
+        return {"input": "acceptance α", "range": [round(acc.alpha_low, 3), round(acc.alpha_high, 3)],
+                "why": "the acceptance source's own band"}
+    low, high = acc.tau_low or acc.tau, acc.tau_high or acc.tau
+    return {"input": "acceptance τ", "range": [round(low, 3), round(high, 3)] if low is not None else None,
+            "why": "the acceptance source's own band"}
+
+
+BAND_METHOD = ("a box, not a probability: the lowest and highest speedup over every corner of the inputs' ranges "
+               "(acceptance, efficiency, per-step overhead, proposer cost, request shape), each end then divided by "
+               "(1 + the model's largest over- and under-forecast on its recorded checks), and at a known miss by that "
+               "miss too")
+
+
 def forecast(inp: Inputs, levels: list[int]) -> dict:
+    band = Band.of(inp)
     rows = []
     for c in levels:
+        if inp.limit is not None and c > inp.limit.sequences:
+            rows.append({"concurrency": c, "refused": f"beyond {inp.limit.name}: the deployment decodes at most "
+                                                      f"{inp.limit.sequences} sequences together; the rest queue"})
+            continue
         tau = inp.acceptance.tau_at(inp.plan.depth, "point", inp.plan.tree, c)
         base, spec = step_times(inp, c, inp.plan, tau)
-        low, high = _band(inp, c)
+        low, high = band.at(c)
         fwd = inp.device.forward(inp.target, c, inp.plan.verify_width, inp.context)
         rows.append({
             "concurrency": c, "tau": round(tau, 3),
@@ -163,14 +275,20 @@ def forecast(inp: Inputs, levels: list[int]) -> dict:
                                      round(prefill_per_token(inp, c, inp.plan.verify_width, with_draft=True) * 1e3, 4)],
             "speedup": round(base / spec, 3), "band": [round(low, 3), round(high, 3)],
             "throughput_ratio": round(base / spec, 3), "verify_regime": fwd.regime,
-            "best": best_depth(inp, c),
+            "best": best_depth(inp, c, band), "warnings": _warnings(inp, c, band),
         })
+    cross = crossover_band(inp, band)
     return {
         "method": inp.plan.method, "draft_len": inp.plan.depth, "verify_width": inp.plan.verify_width,
         "tree": inp.plan.tree, "context_tokens": inp.context, "device": inp.device.describe(),
         "requests": inp.requests.describe() if inp.requests else None,
         "acceptance": inp.acceptance.describe(), "efficiency_band": inp.band,
-        "levels": rows, "crossover_concurrency": crossover(inp),
+        "band_method": BAND_METHOD,
+        "band_inputs": [_acceptance_range(inp.acceptance)]
+        + [r.describe() for r in uncertainty.input_ranges(inp)],
+        "model_error": band.error.describe() if band.error else None,
+        "limit": inp.limit.describe() if inp.limit else None,
+        "levels": rows, "crossover_concurrency": cross["point"], "crossover": cross, "warnings": _overall_warnings(inp),
         "formula": "speedup = (t(target;B,1,L) + p) / ((t(target;B,w,L) + t_draft(B)) / τ + p'); "
                    "p = (B − 1)·t_prefill(P)/(N − 1), the closed loop's admissions per output token; "
                    "t = max(bytes/(BW·η_mem), FLOPs/(peak·η_comp)) + overhead + all-reduce",
@@ -232,12 +350,13 @@ def config_inputs(cfg, acceptance: Acceptance, engine: str | None = None, contex
     dense = _DTYPE_BYTES[compute if cfg.backend == "reference" else t.dtype]
     peak_dtype = PEAK_DTYPE.get(t.quantization.format) or t.dtype
     shape = checkpoint_shape(t.checkpoint)
+    draft_shape = checkpoint_shape(cfg.draft.checkpoint) if cfg.draft is not None else None
     target = model_cost("target", shape, weight_bytes_per_param(t, cfg.backend, compute), dense,
                         kv_bytes(t, cfg.backend, compute), t.tp, peak_dtype)
     draft = None
     if cfg.draft is not None:
         d = cfg.draft
-        draft = model_cost("draft", checkpoint_shape(d.checkpoint), weight_bytes_per_param(d, cfg.backend, compute),
+        draft = model_cost("draft", draft_shape, weight_bytes_per_param(d, cfg.backend, compute),
                            dense, kv_bytes(d, cfg.backend, compute), d.tp, PEAK_DTYPE.get(d.quantization.format) or d.dtype)
     if device is None:
         if cfg.hardware == "cpu":
@@ -250,7 +369,28 @@ def config_inputs(cfg, acceptance: Acceptance, engine: str | None = None, contex
         context = (requests.prompt_tokens + requests.output_tokens // 2 if requests is not None
                    else cfg.build.max_input_len // 2 + cfg.loadtest.max_tokens // 2)
     band = getattr(getattr(device, "engine", None), "band", None) or getattr(device, "band", 0.1)
-    return Inputs(device, target, draft, plan, acceptance, shape.vocab_size, dense, context, band, requests)
+    limit = concurrency_limit(cfg, shape, draft_shape, context + plan.verify_width)
+    return Inputs(device, target, draft, plan, acceptance, shape.vocab_size, dense, context, band, requests, limit=limit)
+
+
+def concurrency_limit(cfg, target_shape: ModelShape, draft_shape: ModelShape | None, tokens: int) -> Limit:
+    """The most sequences of ``tokens`` (context + verified tokens) the deployment decodes together:
+    ``build.max_batch_size``, and on a GPU the KV pool the memory estimate leaves (the speculative
+    arm's engines, KV fraction of what their weights, activations and margins leave)."""
+    from pipeline.facts.hardware import get_profile  # noqa: PLC0415 - heavy config import
+    from pipeline.facts.memory_fit import estimate_memory, speculative_executors  # noqa: PLC0415 - as above
+
+    batch = cfg.build.max_batch_size
+    limits = [Limit(batch, f"build.max_batch_size {batch}")]
+    profile = get_profile(cfg.hardware)
+    if profile.is_gpu:
+        per_token = sum(e.kv_per_token_gib for e in speculative_executors(cfg, profile, target_shape, draft_shape))
+        pool = estimate_memory(cfg, profile, target_shape, draft_shape).kv_pool_gib
+        if per_token > 0:
+            fit = int(pool / per_token) // max(tokens, 1)
+            limits.append(Limit(fit, f"the KV capacity ({fit} sequences of {tokens} tokens in the "
+                                     f"{pool:.1f} GiB KV pool per GPU of the memory estimate)"))
+    return min(limits, key=lambda limit: limit.sequences)
 
 
 def forecast_config(cfg, acceptance: Acceptance, levels: list[int] | None = None, **kw) -> dict:

@@ -12,7 +12,9 @@ endpoints; RUN_DIR is then what ``specdeploy report`` reads, as for a served dep
 Each arm has its own model name (two servers need not name one model alike: a server that names it
 by its path, a ``--served-model-name`` on one arm). Before any load, each OpenAI-compatible arm's
 ``GET /v1/models`` is read: a server that does not answer, or does not list the arm's name, stops
-the load test there with the names it does list.
+the load test there with the names it does list. Each arm's server acceptance is read from the
+load-test file's ``metrics_*`` URL, else from the endpoint's own ``/metrics`` when it answers there
+(what a vLLM user expects), else it is "not checked" and run.json's ``server_metrics`` says why.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from pipeline.config import (
     format_validation_error,
     load_yaml_strict,
 )
-from pipeline.config.base import Section, described
+from pipeline.config_base import Section, described
 from pipeline.errors import ConfigError, SpecdeployError, UsageError
 from pipeline.loadtest import reach
 from pipeline.loadtest.endpoints import ArmEndpoint, endpoint_alive
@@ -55,7 +57,8 @@ class EndpointLoadTestFile(Section):
     gate: GateSettings = described("Rollout gate thresholds.", default_factory=GateSettings)
     metrics_baseline: str | None = described(
         "Metrics URL of the baseline server (Prometheus text, or trtllm-serve's JSON /metrics), read before and "
-        "after each run for its acceptance (docs/openai-endpoints.md).", default=None)
+        "after each run for its acceptance; unset: the endpoint's own /metrics when it answers there (openai "
+        "transport), else not checked (docs/openai-endpoints.md).", default=None)
     metrics_speculative: str | None = described("Metrics URL of the speculative server, as metrics_baseline.",
                                             default=None)
 
@@ -156,6 +159,51 @@ def check_models_listed(endpoints: dict[str, ArmEndpoint], headers: dict[str, st
     return listed
 
 
+METRICS_FROM_FILE, METRICS_DEFAULT = "load-test file", "the endpoint's own /metrics"
+NOT_CHECKED = "not checked"
+
+
+def metrics_urls(transport: str, urls: dict[str, str | None], given: dict[str, str | None],
+                 headers: dict[str, str] | None = None,
+                 timeout_s: float = 5.0) -> tuple[dict[str, str | None], dict[str, dict[str, Any]]]:
+    """Each arm's metrics URL and where it came from (run.json's ``server_metrics``): the load-test
+    file's ``metrics_*`` when set; else, on the openai transport, ``<base URL>/metrics`` when the
+    server answers it there (vLLM, SGLang with ``--enable-metrics`` and trtllm-serve serve it on the
+    API port), as a vLLM user expects; else none, and the arm's server acceptance is "not checked"
+    with the reason (a ``transformers serve`` or our frontend answers 404). ``headers``: what the
+    probes send (an API key), as for ``GET /v1/models``."""
+    out: dict[str, str | None] = {}
+    notes: dict[str, dict[str, Any]] = {}
+    for arm, url in urls.items():
+        if not url:
+            continue
+        if given.get(arm):
+            out[arm], notes[arm] = given[arm], {"url": given[arm], "from": METRICS_FROM_FILE}
+            continue
+        if transport != "openai":  # Triton's metrics have their own port: only the file can say which
+            out[arm], notes[arm] = None, {"url": None, "from": NOT_CHECKED, "why": "no metrics_" + arm + " in the file"}
+            continue
+        base = (url if re.match(r"^https?://", url) else "http://" + url).rstrip("/").removesuffix("/v1")
+        why = _metrics_unavailable(base + "/metrics", timeout_s, headers or {})
+        out[arm] = None if why else base + "/metrics"
+        notes[arm] = ({"url": None, "from": NOT_CHECKED, "why": why} if why
+                      else {"url": base + "/metrics", "from": METRICS_DEFAULT})
+    return out, notes
+
+
+def _metrics_unavailable(url: str, timeout_s: float, headers: dict[str, str]) -> str | None:
+    """Why ``url`` is no metrics endpoint (its HTTP status, or the error), None when it answers 200."""
+    request = urllib.request.Request(url, headers=headers)  # noqa: S310 - the user's endpoint
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310 - the user's endpoint
+            resp.read()
+            return None if resp.status == 200 else f"GET {url} answered HTTP {resp.status}"
+    except urllib.error.HTTPError as exc:
+        return f"GET {url} answered HTTP {exc.code}"
+    except OSError as exc:
+        return f"GET {url}: {type(exc).__name__}: {exc}"
+
+
 def _alive(transport: str, url: str, model: str, headers: dict[str, str]):
     if transport != "openai":
         return lambda: endpoint_alive(url, transport, model)
@@ -204,12 +252,14 @@ def run_endpoint_loadtest(lt_path: str | Path, *, endpoint_baseline: str | None,
 
         cfg = apply_overrides(cfg, overrides)
     headers = reach.request_headers(cfg.loadtest)  # the key read from its variable, for the probes only
-    endpoints = given_endpoints(transport, models, urls,
-                                {"baseline": lt.metrics_baseline, "speculative": lt.metrics_speculative}, headers)
+    metrics, metrics_notes = metrics_urls(transport, urls, {"baseline": lt.metrics_baseline,
+                                                            "speculative": lt.metrics_speculative}, headers)
+    endpoints = given_endpoints(transport, models, urls, metrics, headers)
     listed = check_models_listed(endpoints, headers, cfg.loadtest) if transport == "openai" else None  # before any load
     run_dir = run_loadtest(cfg, endpoint_baseline=endpoint_baseline, endpoint_speculative=endpoint_speculative,
                            given_endpoints=endpoints, tokenizer_dir=tokenizer,
                            meta_extra={"hardware": {"declared": lt.hardware, "servers": "given endpoints"},
                                        "loadtest_file": str(Path(lt_path).resolve()),
-                                       "models": models, "models_listed": listed}, **options)
+                                       "models": models, "models_listed": listed,
+                                       "server_metrics": metrics_notes}, **options)
     return run_dir, cfg

@@ -2,13 +2,13 @@
 
 Reads and writes nothing. ``METHODS`` maps each method's name (the ``speculation.method`` of a
 config) to its :class:`~pipeline.methods.base.Method` object, in the order the CLI and the schema
-list them; :func:`get_method` looks one up. The config package imports the method modules' config
-sections while it builds ``DeploymentConfig``, so this package loads ``pipeline.config`` first.
+list them; :func:`get_method` looks one up. The config (:mod:`pipeline.config.deployment`) reads its
+``speculation`` union from here; the method modules import only the config's building blocks
+(:mod:`pipeline.config_base`), never the config, so either package may be imported first.
 """
 
 from __future__ import annotations
 
-import pipeline.config  # noqa: F401 - the config package imports the method modules; it must load first
 from pipeline.methods import draft_target, eagle, eagle3, lookahead, medusa, mtp, ngram, none
 from pipeline.methods.base import ENGINE, LLM_API, REFERENCE, Method
 

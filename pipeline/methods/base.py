@@ -11,16 +11,17 @@ package.
 
 Each hook takes the validated config section (``spec``) or the whole config; the defaults here
 are those of a method that does none of it, so a module overrides only what it has. Imports stay
-at the config's building blocks (:mod:`pipeline.config.base`), so the config package can import
-every method module while it builds :class:`~pipeline.config.DeploymentConfig`.
+at the config's building blocks (:mod:`pipeline.config_base`), beneath the config, which reads
+every method's section from the registry (:data:`pipeline.methods.METHODS`) to build
+:class:`~pipeline.config.DeploymentConfig`.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pipeline.config.registry import register_method
 from pipeline.methods.drafting import DraftHead, DraftPlan
 
 if TYPE_CHECKING:
@@ -32,11 +33,37 @@ if TYPE_CHECKING:
 
 # The hooks' argument types, by name only: pipeline.config.DeploymentConfig and validate's
 # CheckContext. Importing them, even for type checking, would close a cycle: the config builds its
-# ``speculation`` union from these modules' sections, and validate.findings reads the config.
+# ``speculation`` union from the registry of these modules, and validate.findings reads the config.
 DeploymentConfig = Any
 CheckContext = Any
 
 ENGINE, LLM_API, REFERENCE = "engine", "llm_api", "reference"  # runtimes: trtllm-build engines, the LLM API, the CPU engine
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A kind of checkpoint directory the CPU build step resolves and checks (``resolve --kind``)."""
+
+    kind: str  # its name on the build step's command line and in its messages
+    files: tuple[tuple[str, ...], ...]  # each entry: one of these files must be in the directory
+
+
+# the HF Llama checkpoint every CPU engine loads (target, draft)
+LLAMA = Checkpoint("llama", (("config.json",), ("model.safetensors", "model.safetensors.index.json")))
+
+
+@dataclass(frozen=True)
+class StepFlag:
+    """One flag of the CPU build step ``engine`` (``python -m pipeline.build.reference_step``) that
+    carries a field of the method's ``engine.json`` proposer; a method whose ``plan_reference``
+    writes flags (rather than ``--proposer-fields``) lists them in ``Method.step_flags``. Methods
+    may share a flag (``--head-dir``) if they give it the same type and default."""
+
+    flag: str  # "--heads-dir"
+    field: str  # the proposer field it fills ("heads_dir")
+    type: str = "int"  # int, str, json (a JSON value), bool (true/false) or checkpoint (a directory)
+    checkpoint: Checkpoint | None = None  # type checkpoint: what the directory must hold
+    default: str | None = None  # None: left out of engine.json, which then takes the descriptor's default
 
 
 class Method:
@@ -53,6 +80,7 @@ class Method:
     triton_decoding_mode: ClassVar[str] = ""  # tensorrt_llm decoding_mode parameter ("" = upstream's default)
     required_triton_parameters: ClassVar[tuple[str, ...]] = ()  # tensorrt_llm parameters its decoding_mode needs
     llmapi_decoding_type: ClassVar[str | None] = None  # speculative_config.decoding_type on the LLM API
+    vllm_method: ClassVar[str | None] = None  # vLLM's speculative_config.method (vllm/config/speculative.py; None: none)
     engine_only_decoding_type: ClassVar[str | None] = None  # upstream's decoding_type it would have had there
     engine_only_reason: ClassVar[str | None] = None  # why the LLM API refuses it (else the facts file says)
     draft_model: ClassVar[bool] = False  # a second (draft) model with its own checkpoint and engine
@@ -60,9 +88,7 @@ class Method:
     head_field: ClassVar[str | None] = None  # the spec field naming a head/heads directory
     head_role: ClassVar[str | None] = None  # how validate names that directory
     min_engine_version: ClassVar[tuple[int, int] | None] = None  # oldest trtllm-build that has the mode
-
-    def __init__(self) -> None:
-        register_method(self)  # the config finds its section's method here (pipeline.config.registry)
+    step_flags: ClassVar[tuple[StepFlag, ...]] = ()  # the CPU build step's flags its plan_reference writes
 
     # -- draft lengths -------------------------------------------------------------------------
     def primary_draft_len(self, spec: Any) -> int | None:

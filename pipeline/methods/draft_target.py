@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from pipeline.config.base import ModelSpec, Section, described
-from pipeline.methods.base import ENGINE, LLM_API, REFERENCE, Method
+from pipeline.config_base import ModelSpec, Section, described
+from pipeline.methods.base import ENGINE, LLAMA, LLM_API, REFERENCE, Method, StepFlag
 from pipeline.methods.drafting import DraftPlan, chain_plan
 from pipeline.validate.severity import ERROR, INFO, WARNING
 
@@ -64,6 +64,7 @@ class DraftTargetSpec(Section):
 
 class DraftTargetMethod(Method):
     name = "draft_target"
+    vllm_method = "draft_model"  # the schedule's vLLM form (pipeline/schedule/forms.py)
     section = DraftTargetSpec
     title = "draft-target"
     runtimes = frozenset({ENGINE, LLM_API, REFERENCE})
@@ -73,6 +74,8 @@ class DraftTargetMethod(Method):
     draft_model = True
     per_request_draft_len = True
     min_engine_version = None
+    step_flags = (StepFlag("--draft-dir", "draft_dir", "checkpoint", LLAMA), StepFlag("--draft-quantization", "quantization", "str"),
+                  StepFlag("--num-draft-tokens", "num_draft_tokens"))
 
     def plan_reference(self, p: Any, spec: DraftTargetSpec, target: tuple[str, str]) -> None:
         draft = p.reference_model("draft", spec.draft, "speculation.draft")

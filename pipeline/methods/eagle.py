@@ -7,13 +7,12 @@ Reads and writes nothing; registered in :mod:`pipeline.methods` as ``eagle``.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from pipeline.config.base import (
+from pipeline.config_base import (
     ModelSpec,
     Section,
     TreeChoices,
@@ -25,10 +24,10 @@ from pipeline.config.base import (
 )
 from pipeline.errors import ConfigError
 from pipeline.facts.model_shapes import eagle_head_layers
-from pipeline.infra.trees import brace_choices, choices_or_chain
-from pipeline.methods.base import ENGINE, REFERENCE, Method
+from pipeline.infra.trees import brace_choices
+from pipeline.methods.base import ENGINE, REFERENCE, Method, StepFlag
 from pipeline.methods.drafting import DraftHead, DraftPlan, head_cost, tree_plan
-from pipeline.methods.heads import check_head_dims
+from pipeline.methods.heads import CHOICES, HEAD_DIR, check_head_dims, plan_tree_head
 from pipeline.trtllm import commands as tc
 from pipeline.trtllm.commands import KV_CACHE_QUANT_ALGO
 from pipeline.validate.severity import ERROR, INFO
@@ -108,8 +107,12 @@ def fp8_route(target: ModelSpec) -> bool:
     return q.format != "none" or q.kv_cache_dtype in KV_CACHE_QUANT_ALGO
 
 
+NUM_LAYERS = StepFlag("--num-layers", "num_layers")  # the CPU build step's flag of the draft depth
+
+
 class EagleMethod(Method):
     name = "eagle"
+    vllm_method = "eagle"  # the schedule's vLLM form (pipeline/schedule/forms.py)
     section = EagleSpec
     title = "EAGLE"
     runtimes = frozenset({ENGINE, REFERENCE})
@@ -121,13 +124,10 @@ class EagleMethod(Method):
     head_field, head_role = "head_dir", "EAGLE head"
     min_engine_version = (0, 15)
 
+    step_flags = (HEAD_DIR, NUM_LAYERS, CHOICES)
+
     def plan_reference(self, p: Any, spec: EagleSpec, target: tuple[str, str]) -> None:
-        head = p.source("eagle", spec.head_dir, "eagle", always_resolve=True)
-        p.reference_baseline(target)
-        choices = choices_or_chain(spec.choices, spec.num_layers)
-        proposer = ["--method", "eagle", "--head-dir", head, "--num-layers", str(spec.num_layers),
-                    "--choices", json.dumps(choices, separators=(",", ":"))]
-        p.reference_engine("speculative", target, proposer + p.draft_weights(), spec.engine_max_draft_len, [head])
+        plan_tree_head(p, self, spec, target, HEAD_DIR, NUM_LAYERS)
 
     def plan_trtllm(self, p: Any, spec: EagleSpec, v: Any, target_ckpt: str, tokenizer: str) -> None:
         _check_build_limits(p.cfg)

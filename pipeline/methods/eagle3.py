@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
-from pipeline.config.base import Section, described
-from pipeline.methods.base import LLM_API, REFERENCE, Method
+from pipeline.config_base import Section, described
+from pipeline.methods.base import LLM_API, REFERENCE, Method, StepFlag
 from pipeline.methods.drafting import DraftHead, DraftPlan, chain_plan, head_cost
+from pipeline.methods.heads import HEAD_DIR
 from pipeline.trtllm.llmapi_facts import facts_for
 from pipeline.validate.severity import ERROR
 
@@ -49,20 +50,25 @@ def chain_head_seconds(ctx: Any, plan: DraftPlan) -> float:
     return plan.depth * ctx.device.forward(head, ctx.batch, 1, ctx.context).seconds
 
 
+DRAFT_LEN = StepFlag("--num-draft-tokens", "max_draft_len")  # the CPU build step's flag of the chain's length
+
+
 class Eagle3Method(Method):
     name = "eagle3"
+    vllm_method = "eagle3"  # the schedule's vLLM form (pipeline/schedule/forms.py)
     section = Eagle3Spec
     title = "EAGLE-3"
     runtimes = frozenset({LLM_API, REFERENCE})
     proposer = "eagle3"
     llmapi_decoding_type = "Eagle3"
     head_field, head_role = "head_dir", "EAGLE-3 head"
+    step_flags = (HEAD_DIR, DRAFT_LEN)
 
     def plan_reference(self, p: Any, spec: Eagle3Spec, target: tuple[str, str]) -> None:
-        head = p.source("eagle", spec.head_dir, "eagle", always_resolve=True)
+        head = p.source("eagle", spec.head_dir, HEAD_DIR.checkpoint.kind, always_resolve=True)
         p.reference_baseline(target)
         # a chain; model_mode is the LLM API's (one engine either way here)
-        proposer = ["--method", "eagle3", "--head-dir", head, "--num-draft-tokens", str(spec.max_draft_len)]
+        proposer = ["--method", self.proposer, HEAD_DIR.flag, head, DRAFT_LEN.flag, str(spec.max_draft_len)]
         p.reference_engine("speculative", target, proposer + p.draft_weights(), spec.max_draft_len, [head])
 
     def draft_head(self, spec: Eagle3Spec | None) -> DraftHead:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
-from pipeline.config.base import Section, described
+from pipeline.config_base import Section, described
 from pipeline.methods.base import ENGINE, REFERENCE, Method
 from pipeline.methods.drafting import DraftPlan
 from pipeline.validate.severity import WARNING

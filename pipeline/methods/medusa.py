@@ -7,18 +7,17 @@ Reads and writes nothing; registered in :mod:`pipeline.methods` as ``medusa``.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from pipeline.config.base import Section, TreeChoices, TreeDrafts, check_tree, described, tree_depth
+from pipeline.config_base import Section, TreeChoices, TreeDrafts, check_tree, described, tree_depth
 from pipeline.errors import ConfigError
-from pipeline.infra.trees import brace_choices, choices_or_chain
-from pipeline.methods.base import ENGINE, REFERENCE, Method
+from pipeline.infra.trees import brace_choices
+from pipeline.methods.base import ENGINE, REFERENCE, Checkpoint, Method, StepFlag
 from pipeline.methods.drafting import DraftHead, DraftPlan, tree_plan
-from pipeline.methods.heads import check_head_dims
+from pipeline.methods.heads import CHOICES, check_head_dims, plan_tree_head
 from pipeline.trtllm import commands as tc
 from pipeline.validate.severity import ERROR, INFO, WARNING
 
@@ -68,8 +67,15 @@ class MedusaSpec(TreeDrafts, Section):
         return self.num_heads
 
 
+# the heads as the CPU engine loads them (pipeline.reference.modeling.MedusaHeads), and the build step's flags
+MEDUSA_HEADS = Checkpoint("medusa", (("config.json",), ("medusa_lm_head.safetensors",)))
+HEADS_DIR = StepFlag("--heads-dir", "heads_dir", "checkpoint", MEDUSA_HEADS)
+NUM_HEADS = StepFlag("--num-heads", "num_heads")
+
+
 class MedusaMethod(Method):
     name = "medusa"
+    vllm_method = "medusa"  # the schedule's vLLM form (pipeline/schedule/forms.py)
     section = MedusaSpec
     title = "Medusa"
     runtimes = frozenset({ENGINE, REFERENCE})
@@ -80,13 +86,10 @@ class MedusaMethod(Method):
     engine_only_decoding_type = "Medusa"
     head_field, head_role = "heads_dir", "medusa heads"
 
+    step_flags = (HEADS_DIR, NUM_HEADS, CHOICES)
+
     def plan_reference(self, p: Any, spec: MedusaSpec, target: tuple[str, str]) -> None:
-        heads = p.source("medusa", spec.heads_dir, "medusa", always_resolve=True)
-        p.reference_baseline(target)
-        choices = choices_or_chain(spec.choices, spec.num_heads)
-        proposer = ["--method", "medusa", "--heads-dir", heads, "--num-heads", str(spec.num_heads),
-                    "--choices", json.dumps(choices, separators=(",", ":"))]
-        p.reference_engine("speculative", target, proposer + p.draft_weights(), spec.engine_max_draft_len, [heads])
+        plan_tree_head(p, self, spec, target, HEADS_DIR, NUM_HEADS)
 
     def plan_trtllm(self, p: Any, spec: MedusaSpec, v: Any, target_ckpt: str, tokenizer: str) -> None:
         spec_ckpt = _trtllm_checkpoint(p, v, spec, tokenizer)

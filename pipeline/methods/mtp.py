@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
-from pipeline.config.base import Section, described
+from pipeline.config_base import Section, described
 from pipeline.facts.model_shapes import read_config_json
 from pipeline.methods.base import LLM_API, Method
 from pipeline.methods.drafting import DraftPlan, chain_plan
@@ -36,6 +36,7 @@ class MtpSpec(Section):
 
 class MtpMethod(Method):
     name = "mtp"
+    vllm_method = "mtp"  # the schedule's vLLM form (pipeline/schedule/forms.py)
     section = MtpSpec
     title = "MTP"
     runtimes = frozenset({LLM_API})

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from pipeline.config.base import Section, described
-from pipeline.methods.base import ENGINE, LLM_API, REFERENCE, Method
+from pipeline.config_base import Section, described
+from pipeline.methods.base import ENGINE, LLM_API, REFERENCE, Method, StepFlag
 from pipeline.methods.draft_target import check_bls_context_lengths
 from pipeline.methods.drafting import DraftPlan, chain_plan
 from pipeline.validate.severity import ERROR
@@ -85,14 +85,22 @@ def ngram_through_bls(cfg: DeploymentConfig) -> bool:
     return isinstance(spec, NgramSpec) and spec.orchestration == "bls"
 
 
+POOL_SWITCHES = ("is_keep_all", "is_use_oldest", "is_public_pool")  # n-gram pool switches (true/false)
+
+
 class NgramMethod(Method):
     name = "ngram"
+    vllm_method = "ngram"  # the schedule's vLLM form (pipeline/schedule/forms.py)
     section = NgramSpec
     title = "n-gram"
     runtimes = frozenset({ENGINE, LLM_API, REFERENCE})  # ENGINE: through the BLS only
     proposer = "ngram"
     engine_mode = "draft_tokens_external"  # the target of the BLS flow
     llmapi_decoding_type = "NGram"
+    # the CPU build step's flags ngram_args writes (a flag left out: the engine descriptor's default)
+    step_flags = (StepFlag("--num-draft-tokens", "max_draft_len"),
+                  *(StepFlag(f"--{knob.replace('_', '-')}", knob) for knob in ("max_matching_ngram_size", "min_matching_ngram_size")),
+                  *(StepFlag(f"--{knob.replace('_', '-')}", knob, "bool") for knob in POOL_SWITCHES))
 
     def plan_reference(self, p: Any, spec: NgramSpec, target: tuple[str, str]) -> None:
         p.reference_baseline(target)
@@ -187,8 +195,7 @@ class NgramMethod(Method):
 
 def ngram_args(spec: NgramSpec) -> list[str]:
     """build_step arguments of the n-gram proposer (no checkpoint: the engine drafts from the tokens)."""
-    flags = [(f"--{knob.replace('_', '-')}", "true" if getattr(spec, knob) else "false")
-             for knob in ("is_keep_all", "is_use_oldest", "is_public_pool")]
+    flags = [(f"--{knob.replace('_', '-')}", "true" if getattr(spec, knob) else "false") for knob in POOL_SWITCHES]
     return ["--method", "ngram", "--num-draft-tokens", str(spec.max_draft_len),
             "--max-matching-ngram-size", str(spec.max_matching_ngram_size),
             "--min-matching-ngram-size", str(spec.min_matching_ngram_size), *[a for pair in flags for a in pair]]

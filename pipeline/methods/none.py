@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pipeline.config.base import Section, described
+from pipeline.config_base import Section, described
 from pipeline.methods.base import ENGINE, LLM_API, REFERENCE, Method
 
 

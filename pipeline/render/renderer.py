@@ -27,8 +27,9 @@ from pathlib import Path
 
 from pipeline.artefacts.deployment import arms_of, check_arm, descriptor_path, load_arm
 from pipeline.artefacts.manifest import MANIFEST_FORMAT, read_manifest  # noqa: F401 - MANIFEST_FORMAT re-exported for callers
-from pipeline.config import DeploymentConfig, config_hash, ngram_through_bls
+from pipeline.config import DeploymentConfig, config_hash
 from pipeline.errors import EXIT_USAGE, StaleInputError
+from pipeline.methods.ngram import ngram_through_bls
 from pipeline.paths import PROJECT_ROOT, manifest_path, model_repo_dir
 from pipeline.plan.gpu_layout import ArmLayout, ArmPlacement, LayoutError, deployment_layout
 from pipeline.render.arms import decide_arm

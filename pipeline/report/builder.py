@@ -309,10 +309,12 @@ def build_report_data(run_dir: Path, cfg: DeploymentConfig, analysis: dict, gate
         "synthetic_data": bool(meta.get("dataset", {}).get("synthetic")) if isinstance(meta.get("dataset"), dict) else None,
         "data_warnings": data_warnings(meta.get("dataset")),
         "formulas": FORMULAS,
-        "acceptance_reported": acceptance_reported(runs),
+        "acceptance_reported": acceptance_reported(runs, meta.get("server_metrics")),
         "sessions": sessions(meta, [run.info for run in runs]),
     }
     data["forecast"] = safe_forecast_section(data, cfg, run_context(r for run in runs for r in run.records))
+    if cfg.capacity is not None:
+        data["capacity"] = safe_capacity_section(run_dir, data, cfg)
     return data
 
 
@@ -324,6 +326,17 @@ def data_warnings(dataset: Any) -> list[str]:
     if "warnings" in dataset:
         return [str(w) for w in dataset["warnings"]]
     return ["synthetic prompts were used; acceptance and speedup are likely understated"] if dataset.get("synthetic") else []
+
+
+def safe_capacity_section(run_dir: Path, data: dict, cfg: DeploymentConfig) -> dict[str, Any]:
+    """The capacity section (docs/capacity.md), never raising: a report must not fail for it."""
+    from pipeline.report.capacity import report_section  # noqa: PLC0415 - only a config with capacity: needs it
+
+    per_replica = 1 if cfg.hardware == "cpu" else cfg.target.tp * cfg.target.pp
+    try:
+        return report_section(run_dir, data, cfg.capacity, per_replica)
+    except Exception as exc:  # noqa: BLE001 - capacity is advice; the report stands without it
+        return {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
 
 
 def _strip_comparison(comp: dict) -> dict:

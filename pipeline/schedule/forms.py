@@ -30,8 +30,6 @@ from pipeline.methods import METHODS
 from pipeline.trtllm.schedule_forms import trtllm_form
 
 TRTLLM_LINES = ("1.2.1", "1.3.0rc29", "1.4.0rc4")  # the newest recorded version of each line (versions.yaml)
-VLLM_METHODS = {"draft_target": "draft_model", "eagle": "eagle", "eagle3": "eagle3", "medusa": "medusa",
-                "ngram": "ngram", "mtp": "mtp"}  # vLLM's speculative_config.method per specdeploy method
 VLLM_SOURCE = ("vllm-project/vllm docs/features/speculative_decoding/dynamic_speculative_decoding.md @015a47e; "
                "vllm/v1/spec_decode/dynamic/utils.py @14b450c (validate_and_normalize_dynamic_sd_schedule)")
 
@@ -39,7 +37,8 @@ VLLM_SOURCE = ("vllm-project/vllm docs/features/speculative_decoding/dynamic_spe
 def vllm_form(schedule: SpeculationSchedule, max_batch_size: int | None = None) -> dict[str, Any]:
     """The ``--speculative-config`` keys of the schedule (merge with ``model`` as deployed)."""
     notes = []
-    method = VLLM_METHODS.get(schedule.method or "")
+    known = METHODS.get(schedule.method or "")
+    method = known.vllm_method if known is not None else None  # vLLM's speculative_config.method
     if schedule.method and method is None:
         notes.append(f"vLLM has no {schedule.method} speculation: the form carries the schedule only")
     if schedule.max_draft_len == 0:

@@ -278,6 +278,40 @@ def noise_line(data: dict) -> str | None:
             f"c={worst['concurrency']}, which widens every CI; rerun on a quiet machine or with more repeats.")
 
 
+def capacity_line(data: dict) -> str | None:
+    """Capacity and cost at the SLO, with and without speculation, and the method's last check."""
+    section = data.get("capacity")
+    if not section:
+        return None
+    if not section.get("available"):
+        return f"Capacity: not available — {section.get('reason')}."
+    fleet, slo = section["fleet"], section["capacity"]["slo"]
+    limits = ", ".join(f"{k.removesuffix('_ms').upper()} ≤ {v:g} ms" for k, v in slo.items() if k != "percentile")
+    demand = fleet["demand"]
+    load = (f"{demand['rate_rps']:g} req/s" if demand.get("rate_rps") is not None
+            else f"a daily profile (peak {max(demand['hourly_rps']):g} req/s)")
+
+    def arm(name: str) -> str:
+        a = fleet["arms"][name]
+        if a["gpus"] is None:
+            return "no load within the SLO"
+        cost = f", ${a['cost_per_m_tokens_usd']:.3g} per M output tokens" if a.get("cost_per_m_tokens_usd") is not None else ""
+        return f"{a['gpus']} GPUs{cost}"
+
+    text = (f"Capacity at p{slo['percentile']:g} {limits}: {load} needs {arm('speculative')} with speculation, "
+            f"{arm('baseline')} without")
+    ratio = section["capacity"].get("capacity_ratio") or {}
+    if ratio.get("low") is not None:
+        text += f" (capacity × {ratio['point']:.2f}, {ratio['low']:.2f}–{ratio['high']:.2f})"
+    check = section.get("last_check")
+    if check and check.get("comparison"):
+        errors = [c["p95_tpot_error"] for c in check["comparison"].values() if c.get("p95_tpot_error") is not None]
+        if errors:
+            text += (f"; this sizing predicted p95 TPOT within {max(abs(e) for e in errors):.0%} of an open-loop run "
+                     f"in its last check (benchmarks/results/capacity-check.json)")
+    return text + "."
+
+
 def sessions_line(data: dict) -> str | None:
     """A resumed run: which cells came from which session, and the gap between them."""
     info = data.get("sessions") or {}
@@ -324,7 +358,7 @@ def decision(data: dict) -> dict[str, Any]:
     findings += [line for line in (goodput_line(data), worse_line(data)) if line]
     findings += [line for line in (draft_length_line(data),) if line]
     findings += [acceptance_line(data), equivalence_line(data)]
-    findings += [line for line in (noise_line(data),) if line]
+    findings += [line for line in (noise_line(data), capacity_line(data)) if line]
     findings += [line for line in (sessions_line(data), repeats_line(data), rig_noise_line(data)) if line]
     findings += [f"Data: {w}." for w in data_warning_lines(data)]
     prefix = {"GO": "Recommended rollout", "NO-GO": "Where speculation would pay once the failures are fixed",

@@ -14,8 +14,9 @@ import pytest
 
 from pipeline.build import reference_step as build_step
 from pipeline.cli import run
-from pipeline.config import NgramSpec, load_config, parse_config
+from pipeline.config import load_config, parse_config
 from pipeline.errors import ConfigError
+from pipeline.methods.ngram import NgramSpec
 from tests.reference_fixtures import one_thread, shared_checkpoints
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -91,13 +91,18 @@ def test_ab_between_two_openai_endpoints_gives_a_verdict(tmp_path):
     # the speculative server's vLLM-style counters: 3-token chunks, one draft of 3 per chunk after the first
     spec_runs = [r for r in runs if r["arm"] == "speculative"]
     assert all(r["metrics_delta"]["source"] == "vllm" and r["metrics_delta"]["draft_tokens"] > 0 for r in spec_runs)
-    assert all(r["metrics_delta"] is None for r in runs if r["arm"] == "baseline")  # no metrics URL given
+    # no metrics_baseline in the file: the baseline's own /metrics is read (the fake's 1-token chunks: none accepted)
+    assert all(r["metrics_delta"]["source"] == "vllm" and r["metrics_delta"]["accepted_tokens"] == 0
+               for r in runs if r["arm"] == "baseline")
+    assert meta["server_metrics"]["baseline"] == {"url": f"http://127.0.0.1:{base.port}/metrics",
+                                                  "from": "the endpoint's own /metrics"}
+    assert meta["server_metrics"]["speculative"]["from"] == "load-test file"
     d = spec_runs[0]["metrics_delta"]
     assert d["accepted_tokens"] / d["draft_tokens"] == pytest.approx(2 / 3, abs=0.05)
     # the same figures as the report reads them: the server named, a counter delta, rate and τ
     assert all(r["server_acceptance"]["source"] == "vllm" and r["server_acceptance"]["kind"] == "counter delta"
                for r in spec_runs)
-    assert all(r["server_acceptance"] is None for r in runs if r["arm"] == "baseline")
+    assert all(r["server_acceptance"]["acceptance_rate"] == 0 for r in runs if r["arm"] == "baseline")
     assert spec_runs[0]["server_acceptance"]["acceptance_rate"] == pytest.approx(2 / 3, abs=0.05)
     assert report["acceptance_source"] == "vllm"  # the OpenAI records carry no per-request acceptance
     assert report["acceptance_rate"] == pytest.approx(2 / 3, abs=0.05)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
@@ -96,6 +97,123 @@ def test_the_type_check_finds_what_it_looks_for(tmp_path):
                  "x = isinstance(s, config.DraftTargetSpec)"):
         (tmp_path / "stage.py").write_text(line + "\n")
         assert len(section_type_checks(tmp_path)) == 1, line
+
+
+# the per-method tables still outside pipeline/methods/, each with why it is not a hook; the list may only shrink
+PER_METHOD_TABLES = {
+    # the CPU engine's own registry of runtime proposers: reference/ sits above methods/ and is copied into
+    # the served repositories, which import no config (a method names its proposer by this key: Method.proposer)
+    "reference/proposers/__init__.py": "BUILDERS",
+    # engine.json's proposer union: the descriptor is the CPU engine's contract, read by reference/ (as above)
+    "artefacts/engine.py": "ProposerSpec",
+    # upstream's SpeculativeDecodingMode bit flags, keyed by engine mode (two of which are named as methods)
+    "trtllm/engine_config.py": "SPEC_MODE_BITS",
+}
+DESCRIPTOR_NAMES = frozenset({"NoProposer", "DraftTargetProposer", "MedusaProposer", "EagleProposer", "Eagle3Proposer",
+                              "NgramProposer", "LookaheadProposer"})
+
+
+def per_method_tables(root: Path, methods: frozenset[str] = frozenset(METHODS) - {"none"},
+                      classes: frozenset[str] = SECTION_NAMES | DESCRIPTOR_NAMES) -> list[str]:
+    """Tables keyed by method outside ``root/methods``: a dict literal with two or more keys that are
+    method names or a method's config section / engine-descriptor class, or a tuple, list or set
+    naming two or more of those classes (a union, a registry)."""
+    hits = []
+    for path in sorted(root.rglob("*.py")):
+        if (root / "methods") in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Dict):
+                keys = {k.value if isinstance(k, ast.Constant) else getattr(k, "id", getattr(k, "attr", None))
+                        for k in node.keys if k is not None}
+                found = keys & (methods | classes)
+            elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                found = {getattr(e, "id", getattr(e, "attr", None)) for e in node.elts} & classes
+            else:
+                continue
+            if len(found) >= 2:
+                hits.append(f"{path.relative_to(root).as_posix()}:{node.lineno}: keyed by {', '.join(sorted(found))}")
+    return hits
+
+
+def test_no_new_per_method_table_outside_the_methods():
+    hits = per_method_tables(PIPELINE)
+    files = {hit.split(":")[0] for hit in hits}
+    new = [hit for hit in hits if hit.split(":")[0] not in PER_METHOD_TABLES]
+    assert new == [], "a fact of each method is a hook of its Method (pipeline/methods/base.py):\n" + "\n".join(new)
+    assert set(PER_METHOD_TABLES) <= files, f"gone, take them off PER_METHOD_TABLES: {set(PER_METHOD_TABLES) - files}"
+    assert len(hits) == len(files), hits  # one table per listed file
+
+
+def test_the_table_check_finds_what_it_looks_for(tmp_path):
+    (tmp_path / "methods").mkdir()
+    (tmp_path / "methods" / "registry.py").write_text('T = {"medusa": 1, "eagle": 2}\n')  # the methods' own home
+    (tmp_path / "stage.py").write_text('T = {"medusa": 1}\nU = (MedusaSpec,)\nV = {"x": 1, "y": 2}\n')  # one is no table
+    assert per_method_tables(tmp_path) == []
+    for line in ('FLAGS = {"medusa": a, "eagle": b}', "U = Union[MedusaSpec, EagleSpec]", "S = [sections.NgramSpec, MtpSpec]",
+                 "B = {DraftTargetProposer: f, NgramProposer: g}", 'R = {"draft_target": 1, "ngram": 2, "other": 3}'):
+        (tmp_path / "stage.py").write_text(line + "\n")
+        assert len(per_method_tables(tmp_path)) == 1, line
+
+
+def test_every_step_flag_fills_a_field_of_its_engine_descriptor():
+    """The CPU build step writes a method's flags into its engine.json proposer: each flag names a
+    field of that proposer's descriptor (pipeline/artefacts/engine.py), and a shared flag has one type."""
+    from pipeline.artefacts.engine import ProposerSpec
+    from pipeline.build.reference_step import parser
+
+    descriptors = {d.model_fields["method"].default: d for d in get_args(get_args(ProposerSpec)[0])}
+    for method in METHODS.values():
+        for flag in method.step_flags:
+            assert flag.field in descriptors[method.proposer].model_fields, (method.name, flag)
+            assert (flag.checkpoint is not None) == (flag.type == "checkpoint"), (method.name, flag)
+    flags = {action.option_strings[0] for action in parser()._subparsers._group_actions[0].choices["engine"]._actions
+             if action.option_strings}
+    assert {f.flag for m in METHODS.values() for f in m.step_flags} <= flags
+
+
+def _imported(path: Path) -> set[str]:
+    """Dotted names a file imports anywhere (functions and TYPE_CHECKING included): ``from a.b import c`` gives a.b.c."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return names
+
+
+def config_method_ties(root: Path) -> list[str]:
+    """A config module naming a method module (it takes the sections from the registry, ``pipeline.methods``),
+    and a method module naming the config (its sections build on ``pipeline.config_base``)."""
+    hits = []
+    for path in sorted((root / "config").rglob("*.py")):
+        hits += [f"config/{path.name} imports {n}" for n in sorted(_imported(path))
+                 if n.startswith("pipeline.methods.") and n.split(".")[2] not in ("METHODS", "Method", "get_method")]
+    for path in sorted((root / "methods").rglob("*.py")):
+        hits += [f"methods/{path.name} imports {n}" for n in sorted(_imported(path))
+                 if n == "pipeline.config" or n.startswith("pipeline.config.")]
+    return hits
+
+
+def test_the_config_reads_the_registry_and_the_methods_never_the_config():
+    assert config_method_ties(PIPELINE) == []
+
+
+def test_the_tie_check_finds_what_it_looks_for(tmp_path):
+    (tmp_path / "config").mkdir()
+    (tmp_path / "methods").mkdir()
+    (tmp_path / "config" / "deployment.py").write_text("from pipeline.methods import METHODS, Method\n")
+    (tmp_path / "methods" / "medusa.py").write_text("from pipeline.config_base import Section\n")
+    assert config_method_ties(tmp_path) == []
+    for where, line in (("config/deployment.py", "from pipeline.methods.medusa import MedusaSpec"),
+                        ("config/deployment.py", "import pipeline.methods.eagle"),
+                        ("methods/medusa.py", "from pipeline.config import DeploymentConfig"),
+                        ("methods/medusa.py", "if TYPE_CHECKING:\n    from pipeline.config.deployment import DeploymentConfig")):
+        original = (tmp_path / where).read_text()
+        (tmp_path / where).write_text(line + "\n")
+        assert len(config_method_ties(tmp_path)) == 1, line
+        (tmp_path / where).write_text(original)
 
 
 def test_registry_lists_every_method_once_in_the_config_order():

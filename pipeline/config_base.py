@@ -3,8 +3,9 @@ cross-field errors, quantization and one model (:class:`ModelSpec`), tree choice
 
 Reads and writes nothing. Imported by the config sections (:mod:`pipeline.config.sections`), the
 speculation methods' sections (``pipeline/methods/<name>.py``) and :mod:`pipeline.config.deployment`;
-it imports no other part of the project but ``pipeline.errors``-free helpers (``pipeline.infra.trees``),
-so a method module can import it without an import cycle.
+it imports no other part of the project but ``pipeline.errors``-free helpers (``pipeline.infra.trees``).
+It sits outside the config package so that a method module imports it without loading the config,
+which reads the methods' registry (:data:`pipeline.methods.METHODS`).
 """
 
 from __future__ import annotations
