@@ -25,6 +25,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pipeline.config import DeploymentConfig
+from pipeline.forecast.machine_calibration import ensure_calibration
+from pipeline.infra import owner_lock
+from pipeline.infra.atomic import write_json_atomic
+from pipeline.infra.owner_lock import DirectoryBusy
+from pipeline.render.renderer import render
 
 STAGES = ("validate", "build", "render", "loadtest", "report")
 CPU_STAGES = ("validate", "build", "render", "calibrate", "loadtest", "report")
@@ -64,12 +69,9 @@ def run_pipeline(
     from rich.console import Console  # noqa: PLC0415 - rich is loaded only when this path runs
 
     from pipeline.build.builder import build  # noqa: PLC0415 - keeps psutil off this module's import
-    from pipeline.infra import owner_lock  # noqa: PLC0415 - only this path needs it
-    from pipeline.infra.owner_lock import DirectoryBusy  # noqa: PLC0415 - only this path needs it
     from pipeline.loadtest.ownership import live_owner  # noqa: PLC0415 - only this path needs it
     from pipeline.loadtest.resume import PreviousRuns, kept_results, previous_runs  # noqa: PLC0415 - only this path needs it
     from pipeline.loadtest.runner import run_loadtest  # noqa: PLC0415 - keeps psutil off this module's import
-    from pipeline.render.renderer import render  # noqa: PLC0415 - only this path needs it
     from pipeline.report.builder import make_report  # noqa: PLC0415 - keeps numpy off this module's import
     from pipeline.validate.preflight import errors_of, raise_on_errors, run_preflight  # noqa: PLC0415 - only this path needs it
 
@@ -146,7 +148,6 @@ def run_pipeline(
 def calibrate_stage(cfg: DeploymentConfig, console, force: bool) -> tuple[dict, str]:
     """This machine's CPU calibration for ``cfg``: reused when stored, made when not (or when
     ``force``); (the outcome, its summary). Never raises: the run goes on without it."""
-    from pipeline.forecast.machine_calibration import ensure_calibration  # noqa: PLC0415 - only this path needs it
 
     def starting(why: str) -> None:
         console.print(f"  calibration {why}: microbenchmarking the reference engine on the load test's prompts, "
@@ -173,7 +174,6 @@ def calibrate_stage(cfg: DeploymentConfig, console, force: bool) -> tuple[dict, 
 def record_calibration(run_dir: Path, outcome: dict) -> None:
     """Record the calibrate stage's outcome in ``run_dir/run.json`` (``forecast_calibration``), where
     the report reads why a CPU run has no forecast; kept across ``specdeploy report`` re-runs."""
-    from pipeline.infra.atomic import write_json_atomic  # noqa: PLC0415 - only this path needs it
 
     path = run_dir / "run.json"
     meta = json.loads(path.read_text(encoding="utf-8"))

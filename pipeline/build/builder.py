@@ -39,6 +39,7 @@ from pipeline.artefacts.manifest import MANIFEST_FORMAT, BuildManifest, read_man
 from pipeline.config import DeploymentConfig, config_hash
 from pipeline.errors import EXIT_INTERRUPTED, BuildError
 from pipeline.infra.atomic import write_json_atomic
+from pipeline.infra.owner_lock import DirectoryBusy, owned
 from pipeline.infra.processes import spawn
 from pipeline.infra.provenance import git_sha, package_version, versions
 from pipeline.methods import get_method
@@ -170,7 +171,6 @@ def build_lock(root: Path, wait: bool = False) -> Iterator[None]:
     """One build per deployment at a time: ``<root>/.build.lock``, owned as a run directory is
     (:mod:`pipeline.infra.owner_lock`). Taken: BuildError naming the owner, or with ``wait`` a
     wait for it (``specdeploy run``: a second run of the config builds nothing after the first)."""
-    from pipeline.infra.owner_lock import DirectoryBusy, owned  # noqa: PLC0415 - POSIX only, like the serving path
 
     def waiting(owner) -> None:
         print(f"  waiting for the build of {root} by {owner.describe() if owner else 'another process'}",

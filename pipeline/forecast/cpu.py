@@ -25,6 +25,7 @@ import platform
 import statistics
 import time
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 
 from pipeline.forecast.figures import ForecastInputError
@@ -56,7 +57,6 @@ def _identity() -> dict:
 
 
 def _installed(package: str) -> str | None:
-    from importlib import metadata  # noqa: PLC0415 - only a calibration's description needs it
 
     try:
         return metadata.version(package)

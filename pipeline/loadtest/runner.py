@@ -62,6 +62,7 @@ from pipeline.loadtest.inputs import (
 from pipeline.loadtest.provenance import run_metadata, served_tokenizer_dir
 from pipeline.loadtest.server_metrics import CpuSampler, RssSampler
 from pipeline.paths import PROJECT_ROOT, reports_root
+from pipeline.report.builder import make_report
 from pipeline.serve.cpu_pinning import spawn_on
 
 LOCUSTFILE = PROJECT_ROOT / "locustfiles" / "locustfile.py"
@@ -325,7 +326,6 @@ def run_loadtest(
                  progress, given_endpoints, arms, endpoint_baseline, endpoint_speculative,
                  resume_run.new_session(meta, results, now.timestamp(), now.isoformat()), total)
     if report:
-        from pipeline.report.builder import make_report  # noqa: PLC0415 - keeps numpy off this module's import
 
         make_report(run_dir, cfg)
     return run_dir

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pipeline.errors import SpecdeployError, UsageError
 from pipeline.report.intervals import paired_ci, t_quantile
 from pipeline.report.stats import e2e_ms, load_runs, tpot_ms, ttft_ms
@@ -125,7 +127,6 @@ def read_profile(path: Path) -> tuple[float, ...]:
 
 
 def _percentile(values: list[float], q: float) -> float | None:
-    import numpy as np  # noqa: PLC0415 - numpy is loaded only when a capacity is computed
 
     return float(np.percentile(values, q)) if values else None
 

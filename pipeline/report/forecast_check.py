@@ -31,6 +31,7 @@ from dataclasses import replace
 from typing import Any, Iterable
 
 from pipeline.errors import SpecdeployError
+from pipeline.report.view.tables import table
 
 DELIVERY_LOOK = 0.10  # baseline delivery lag beyond the speculative arm's that marks a level delivery-bound
 CONFIG_CONTEXT = "the config's default, half build.max_input_len + half loadtest.max_tokens"
@@ -283,7 +284,6 @@ def safe_forecast_section(data: dict, cfg, measured_context: dict | None = None)
 
 def forecast_table(data: dict) -> dict | None:
     """The report view's table (None when the report has no forecast)."""
-    from pipeline.report.view.tables import table  # noqa: PLC0415 - only this path needs it
 
     fc = data.get("forecast") or {}
     if not fc.get("available"):
