@@ -24,12 +24,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from pipeline.build.builder import build
 from pipeline.config import DeploymentConfig
 from pipeline.forecast.machine_calibration import ensure_calibration
 from pipeline.infra import owner_lock
 from pipeline.infra.atomic import write_json_atomic
 from pipeline.infra.owner_lock import DirectoryBusy
+from pipeline.loadtest.ownership import live_owner
+from pipeline.loadtest.resume import PreviousRuns, kept_results, previous_runs
+from pipeline.loadtest.runner import run_loadtest
 from pipeline.render.renderer import render
+from pipeline.report.builder import make_report
+from pipeline.validate.preflight import errors_of, raise_on_errors, run_preflight
 
 STAGES = ("validate", "build", "render", "loadtest", "report")
 CPU_STAGES = ("validate", "build", "render", "calibrate", "loadtest", "report")
@@ -66,14 +72,8 @@ def run_pipeline(
     recalibrate: bool = False,
 ):
     """Run every stage; return the Report. Raises SpecdeployError subclasses for user problems."""
-    from rich.console import Console  # noqa: PLC0415 - rich is loaded only when this path runs
+    from rich.console import Console  # noqa: PLC0415 - start-up: rich (the run's console output; pipeline.run is imported by commands that only read a run)
 
-    from pipeline.build.builder import build  # noqa: PLC0415 - keeps psutil off this module's import
-    from pipeline.loadtest.ownership import live_owner  # noqa: PLC0415 - only this path needs it
-    from pipeline.loadtest.resume import PreviousRuns, kept_results, previous_runs  # noqa: PLC0415 - only this path needs it
-    from pipeline.loadtest.runner import run_loadtest  # noqa: PLC0415 - keeps psutil off this module's import
-    from pipeline.report.builder import make_report  # noqa: PLC0415 - keeps numpy off this module's import
-    from pipeline.validate.preflight import errors_of, raise_on_errors, run_preflight  # noqa: PLC0415 - only this path needs it
 
     console = console or Console()
     log = StageLog(stages_of(cfg))
@@ -182,7 +182,7 @@ def record_calibration(run_dir: Path, outcome: dict) -> None:
 
 
 def _print_summary(console, log: StageLog, report) -> None:
-    from rich.table import Table  # noqa: PLC0415 - rich is loaded only when this path runs
+    from rich.table import Table  # noqa: PLC0415 - start-up: rich (the run's console output; pipeline.run is imported by commands that only read a run)
 
     table = Table(title="specdeploy run")
     for column in ("stage", "result", "seconds"):

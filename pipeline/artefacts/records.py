@@ -86,9 +86,9 @@ class RawRecordFields:
 def _make_model() -> type:
     """:class:`RawRecord`: the pydantic model of :class:`RawRecordFields`, field for field."""
 
-    from pydantic import create_model  # noqa: PLC0415 - pydantic off the Locust processes' start-up path
+    from pydantic import create_model  # noqa: PLC0415 - start-up: pydantic (the Locust processes import this module through lt_common)
 
-    from pipeline.artefacts.base import Artefact  # noqa: PLC0415 - as above (the base imports pydantic)
+    from pipeline.artefacts.base import Artefact  # noqa: PLC0415 - start-up: pydantic (pipeline.artefacts.base; the Locust processes import this module)
 
     class _RawRecordBase(Artefact):
         SCHEMA = RECORD_SCHEMA

@@ -215,8 +215,8 @@ class _Reporter:
 
 class _RichReporter(_Reporter):
     def __init__(self) -> None:
-        from rich.console import Console  # noqa: PLC0415 - rich is loaded only when this path runs
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn  # noqa: PLC0415 - rich is loaded only when this path runs
+        from rich.console import Console  # noqa: PLC0415 - start-up: rich (the build's spinner, shown only on a terminal)
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn  # noqa: PLC0415 - start-up: rich (the build's spinner, shown only on a terminal)
 
         self.console = Console(stderr=True)
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
@@ -342,7 +342,7 @@ def _versions(cfg: DeploymentConfig) -> dict[str, str | None]:
     if cfg.backend == "trtllm":
         found["tensorrt_llm_pinned"] = cfg.trtllm_version
         found["tensorrt_llm"] = package_version("tensorrt_llm", "tensorrt-llm")
-        from pipeline.validate.live.gate import provenance_line  # noqa: PLC0415 - start-up: the live preflight's modules (about 0.3 s) load for trtllm builds only
+        from pipeline.validate.live.gate import provenance_line  # noqa: PLC0415 - start-up: numpy (pipeline.validate.live.gate, about 0.3 s with the live preflight's modules; trtllm builds only)
 
         found["live_preflight"] = provenance_line(cfg)
     else:

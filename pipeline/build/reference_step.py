@@ -64,7 +64,7 @@ def cmd_resolve(args: argparse.Namespace) -> None:
 
 
 def cmd_quantize(args: argparse.Namespace) -> None:
-    from pipeline.reference.quantize import quantize_checkpoint  # noqa: PLC0415 - imports torch
+    from pipeline.reference.quantize import quantize_checkpoint  # noqa: PLC0415 - start-up: torch (pipeline.reference.quantize; only an int8 build needs it)
 
     src = Path(args.src).resolve()
     check_checkpoint(src, "llama")

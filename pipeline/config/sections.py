@@ -324,7 +324,7 @@ class LoadTestSettings(Section):
     def _length_written(cls, value: Any, info) -> Any:
         if value is None:
             return None
-        from pipeline.loadtest.lengths import parse_length  # noqa: PLC0415 - numpy stays off config import
+        from pipeline.loadtest.lengths import parse_length  # noqa: PLC0415 - start-up: numpy (pipeline.loadtest.lengths; every command parses a config)
 
         try:
             parse_length(value, info.field_name)

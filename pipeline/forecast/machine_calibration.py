@@ -22,7 +22,7 @@ def calibrate_config(cfg) -> tuple[Path, dict]:
     """Calibrate the config's target, draft and proposer on this machine, timed on the config's
     load-test prompts (synthetic ones when those cannot be used); store it. Returns (the file it
     is stored in, the calibration)."""
-    from pipeline.engine_bench import proposer_spec, resolve_checkpoint  # noqa: PLC0415 - torch only here
+    from pipeline.engine_bench import proposer_spec, resolve_checkpoint  # noqa: PLC0415 - start-up: pydantic (pipeline.engine_bench; run imports this module before it knows a calibration is due)
 
     if cfg.hardware != "cpu":
         raise ForecastInputError(f"--calibrate: {cfg.name} runs on {cfg.hardware}; only the CPU reference engine is calibrated")
@@ -36,7 +36,7 @@ def calibrate_config(cfg) -> tuple[Path, dict]:
 
 def not_needed(cfg) -> str | None:
     """Why the config needs no CPU calibration (None: it needs one)."""
-    from pipeline.forecast.proposers import PLANS  # noqa: PLC0415 - keeps yaml off this module's import
+    from pipeline.forecast.proposers import PLANS  # noqa: PLC0415 - start-up: pydantic (pipeline.forecast.proposers; run imports this module before it knows a calibration is due)
 
     if cfg.hardware != "cpu":
         return f"hardware {cfg.hardware}: the forecast uses its hardware and engine figures"

@@ -97,7 +97,7 @@ def parse(text: str) -> dict[str, Any]:
 
 
 def parse_prometheus(text: str) -> dict[str, Any]:
-    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415 - prometheus_client is loaded only when this path runs
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415 - start-up: prometheus_client (loaded when a counter page is parsed; pipeline.report.acceptance imports this module)
 
     counters: dict[str, dict[str, float]] = {}
     iter_counters: dict[str, float] = {}

@@ -428,7 +428,7 @@ def _iterate(specs: Iterable[RunSpec], progress: bool, fn: Callable[[RunSpec], d
         for spec in specs:
             yield spec, fn(spec)
         return
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415 - rich is loaded only when this path runs
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415 - start-up: rich (the progress bar, shown only on a terminal)
 
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), transient=False) as bar:
