@@ -41,6 +41,7 @@ from pipeline.loadtest import reach
 from pipeline.loadtest.endpoints import ArmEndpoint, endpoint_alive
 from pipeline.loadtest.inputs import with_loadtest_overrides
 from pipeline.loadtest.overrides import apply_overrides
+from pipeline.loadtest.runner import run_loadtest
 
 TRANSPORTS = ("openai", "http", "grpc")
 
@@ -231,7 +232,6 @@ def run_endpoint_loadtest(lt_path: str | Path, *, endpoint_baseline: str | None,
     """Load-test two given endpoints (or one, with ``arm``); returns (RUN_DIR, the config snapshot).
     ``overrides``: the vocabulary flags (:mod:`pipeline.loadtest.overrides`); ``loadtest_overrides``:
     the dataset flags (``inputs.with_loadtest_overrides``)."""
-    from pipeline.loadtest.runner import run_loadtest  # noqa: PLC0415 - start-up: psutil (pipeline.loadtest.runner; `specdeploy loadtest --endpoints` checks its flags first)
 
     if transport not in TRANSPORTS:
         raise UsageError(f"--transport: expected one of {TRANSPORTS}, got '{transport}'")
