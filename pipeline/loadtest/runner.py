@@ -40,6 +40,7 @@ from pipeline.artefacts.runs import RunInfo, RunResults, RunSettings
 from pipeline.config import DeploymentConfig
 from pipeline.infra import owner_lock
 from pipeline.infra.atomic import write_json_atomic
+from pipeline.infra.cpu_pinning import spawn_on
 from pipeline.infra.processes import spawn
 from pipeline.loadtest import acceptance_sources, auto_repeats, fail_fast, harness, ownership, reach
 from pipeline.loadtest import resume as resume_run
@@ -63,7 +64,6 @@ from pipeline.loadtest.provenance import run_metadata, served_tokenizer_dir
 from pipeline.loadtest.server_metrics import CpuSampler, RssSampler
 from pipeline.paths import PROJECT_ROOT, reports_root
 from pipeline.report.builder import make_report
-from pipeline.serve.cpu_pinning import spawn_on
 
 LOCUSTFILE = PROJECT_ROOT / "locustfiles" / "locustfile.py"
 RAMP_SHAPE = PROJECT_ROOT / "locustfiles" / "ramp_shape.py"

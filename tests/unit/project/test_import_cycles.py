@@ -28,10 +28,6 @@ ALLOWED: list[frozenset[str]] = []
 
 
 BACK_EDGES: set[tuple[str, str]] = {
-    # the CPU engine and its served model pin the decode thread with serve's helper (a host fact;
-    # its place is a host layer beneath them). Both files are edited elsewhere this session.
-    ("pipeline.reference.engine", "pipeline.serve.cpu_pinning"),
-    ("pipeline.triton_models.cpu_engine_model", "pipeline.serve.cpu_pinning"),
     # the report reads a run's acceptance figures with the load test's reader of the counters
     ("pipeline.report.acceptance", "pipeline.loadtest.acceptance_sources"),
     # a CPU calibration is timed on the deployment's prompt set, loaded as the load test loads it
