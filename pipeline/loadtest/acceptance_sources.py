@@ -41,9 +41,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pipeline.artefacts.runs import NOT_REPORTED
 from pipeline.loadtest.server_metrics import COUNTERS, metrics_text
 
-NOT_REPORTED = "not reported"
 SPECDEPLOY, VLLM, TRTLLM_PROM, TRTLLM_ITER, SGLANG = (
     "specdeploy", "vllm", "trtllm-serve (prometheus)", "trtllm-serve (iteration stats)", "sglang")
 COUNTER_DELTA, DRAINED_WINDOW, GAUGE_WINDOW = "counter delta", "drained window", "gauge window"

@@ -28,8 +28,6 @@ ALLOWED: list[frozenset[str]] = []
 
 
 BACK_EDGES: set[tuple[str, str]] = {
-    # the report reads a run's acceptance figures with the load test's reader of the counters
-    ("pipeline.report.acceptance", "pipeline.loadtest.acceptance_sources"),
     # a CPU calibration is timed on the deployment's prompt set, loaded as the load test loads it
     ("pipeline.forecast.calibration_prompts", "pipeline.loadtest.inputs"),
     # a trtllm build records the live preflight's outcome in its manifest (deferred: start-up)
