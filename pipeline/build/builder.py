@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Iterator, Protocol
 
 from pipeline import __version__
+from pipeline.artefacts.live_preflight import provenance_line
 from pipeline.artefacts.manifest import MANIFEST_FORMAT, BuildManifest, read_manifest  # noqa: F401 - MANIFEST_FORMAT re-exported
 from pipeline.config import DeploymentConfig, config_hash
 from pipeline.errors import EXIT_INTERRUPTED, BuildError
@@ -342,8 +343,6 @@ def _versions(cfg: DeploymentConfig) -> dict[str, str | None]:
     if cfg.backend == "trtllm":
         found["tensorrt_llm_pinned"] = cfg.trtllm_version
         found["tensorrt_llm"] = package_version("tensorrt_llm", "tensorrt-llm")
-        from pipeline.validate.live.gate import provenance_line  # noqa: PLC0415 - start-up: numpy (pipeline.validate.live.gate, about 0.3 s with the live preflight's modules; trtllm builds only)
-
         found["live_preflight"] = provenance_line(cfg)
     else:
         found["torch"] = package_version("torch")

@@ -30,8 +30,6 @@ ALLOWED: list[frozenset[str]] = []
 BACK_EDGES: set[tuple[str, str]] = {
     # a CPU calibration is timed on the deployment's prompt set, loaded as the load test loads it
     ("pipeline.forecast.calibration_prompts", "pipeline.loadtest.inputs"),
-    # a trtllm build records the live preflight's outcome in its manifest (deferred: start-up)
-    ("pipeline.build.builder", "pipeline.validate.live.gate"),
 }
 
 
