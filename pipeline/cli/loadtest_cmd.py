@@ -79,7 +79,7 @@ def register(app: typer.Typer) -> None:
             False, "--crossing", help="A closed-loop ramp across the scheduled arm's thresholds (users just below, at "
             "and above each, up and back down) on every arm; adds the scheduled arm (docs/schedule.md)."),
         crossing_step_s: Optional[float] = typer.Option(
-            None, "--crossing-step-s", min=1, help="With --crossing: seconds per ramp step (default 6)."),
+            None, "--crossing-step-s", min=1, help="With --crossing: seconds per ramp step (default loadtest.duration_s: a step is a level)."),
         no_progress: bool = typer.Option(False, "--no-progress", help="No progress display."),
         aa: bool = typer.Option(
             False, "--aa", help="A/A check of the rig: the baseline against itself through the same sweep and "

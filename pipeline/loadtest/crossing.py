@@ -18,9 +18,6 @@ from typing import Any
 from pipeline.artefacts.schedule import DraftLenRange
 from pipeline.errors import UsageError
 
-DEFAULT_STEP_S = 6.0
-
-
 class CrossingError(UsageError):
     """The schedule has no threshold to cross (a usage error: exit 2)."""
 
@@ -40,6 +37,6 @@ def crossing_levels(ranges, max_users: int) -> list[int]:
     return points + points[-2::-1]
 
 
-def crossing_ramp(ranges, max_users: int, step_s: float = DEFAULT_STEP_S) -> list[dict[str, Any]]:
+def crossing_ramp(ranges, max_users: int, step_s: float) -> list[dict[str, Any]]:
     """``loadtest.ramp`` steps (closed loop) that cross every threshold of ``ranges`` both ways."""
     return [{"duration_s": float(step_s), "users": users} for users in crossing_levels(ranges, max_users)]

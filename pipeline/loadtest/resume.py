@@ -155,13 +155,14 @@ class PreviousRuns:
     reuse: Path | None = None  # the newest finished and reported run: nothing to measure
 
 
-def previous_runs(cfg: DeploymentConfig) -> PreviousRuns:
+def previous_runs(cfg: DeploymentConfig, arms: tuple[str, ...] | None = None) -> PreviousRuns:
     """The run ``run`` resumes and the one it may reuse. The newest run of this config is resumed
     unless it is finished and reported; the newest finished and reported run is reused (when the
     newest is another process's, ``run`` falls back to it). A run of other arms (``--arm``) is not
-    one ``run`` would have measured, and an unreadable run directory is no run."""
+    one ``run`` would have measured, and an unreadable run directory is no run. ``arms``: the runs of
+    these arms instead (``run --schedule``'s three-arm crossing run)."""
     root = reports_root(cfg)
-    want, arms = config_hash(cfg), (ARMS if cfg.speculative else ("baseline",))
+    want, arms = config_hash(cfg), arms or (ARMS if cfg.speculative else ("baseline",))
     resume = None
     for run_dir in sorted((p for p in root.iterdir() if p.is_dir()), reverse=True) if root.is_dir() else []:
         try:

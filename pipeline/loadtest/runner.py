@@ -45,7 +45,7 @@ from pipeline.infra.processes import spawn
 from pipeline.loadtest import acceptance_sources, auto_repeats, fail_fast, harness, ownership, reach
 from pipeline.loadtest import resume as resume_run
 from pipeline.loadtest.cells import RunSpec
-from pipeline.loadtest.crossing import DEFAULT_STEP_S, crossing_ramp, thresholds
+from pipeline.loadtest.crossing import crossing_ramp, thresholds
 from pipeline.loadtest.endpoints import (
     ArmEndpoint,
     ManagedEndpoints,
@@ -442,7 +442,7 @@ def crossing_config(cfg: DeploymentConfig, deployments: dict, step_s: float | No
         raise LoadTestUsageError("--crossing is a closed-loop ramp of users (loadtest.mode: closed)")
     max_users = (cfg.reference.max_batch_size if cfg.backend == "reference" and cfg.reference.max_batch_size
                  else cfg.build.max_batch_size)
-    ramp = crossing_ramp(scheduled.draft_len_schedule, max_users, step_s or DEFAULT_STEP_S)
+    ramp = crossing_ramp(scheduled.draft_len_schedule, max_users, step_s or cfg.loadtest.duration_s)  # a step is a level
     loadtest = type(cfg.loadtest).model_validate({**cfg.loadtest.model_dump(), "ramp": ramp})
     return cfg.model_copy(update={"loadtest": loadtest})
 
