@@ -18,6 +18,7 @@ from typing import Any
 from pipeline.artefacts.schedule import DraftLenRange
 from pipeline.errors import UsageError
 
+
 class CrossingError(UsageError):
     """The schedule has no threshold to cross (a usage error: exit 2)."""
 
