@@ -161,14 +161,13 @@ def check_schedule_run(cfg: DeploymentConfig) -> None:
     """``run --schedule`` serves a third arm: the CPU reference engine's own layout only (the llmapi
     layout takes the schedule into its speculative arm, the engine runtime cannot run one)."""
     from pipeline.errors import UsageError  # noqa: PLC0415 - only this path needs it
-    from pipeline.render.arms import decide_arm  # noqa: PLC0415 - only this path needs it
-    from pipeline.render.schedule import BLS_DRAFTS  # noqa: PLC0415 - only this path needs it
+    from pipeline.render.schedule import BLS_DRAFTS, serves_scheduled_arm  # noqa: PLC0415 - only this path needs it
 
     if cfg.backend != "reference" or cfg.llmapi_layout or not cfg.speculative:
         raise UsageError("run --schedule serves a scheduled arm beside the A/B arms on the CPU reference engine "
                          "(backend: reference, not the llmapi layout); elsewhere run `specdeploy schedule RUN_DIR` "
                          "and `render --schedule` (docs/schedule.md)")
-    if decide_arm(cfg, "speculative").drafts == "bls":
+    if not serves_scheduled_arm(cfg):
         raise UsageError("run --schedule: " + BLS_DRAFTS)
 
 

@@ -68,6 +68,13 @@ def schedule_files(cfg: DeploymentConfig) -> list[Path]:
     return files + ([serve] if serve.is_file() else [])
 
 
+def serves_scheduled_arm(cfg: DeploymentConfig) -> bool:
+    """The reference backend's own layout can serve a scheduled arm: the engine makes the drafts it
+    verifies (not a BLS sending its own)."""
+    return (cfg.backend == "reference" and not cfg.llmapi_layout and cfg.speculative
+            and decide_arm(cfg, "speculative").drafts != "bls")
+
+
 def schedule_form(cfg: DeploymentConfig, schedule_path: Path) -> dict:
     """The TensorRT-LLM form of the schedule for ``cfg`` (checked before anything is rendered)."""
     schedule = SpeculationSchedule.load(schedule_path)
@@ -78,7 +85,7 @@ def schedule_form(cfg: DeploymentConfig, schedule_path: Path) -> dict:
     if schedule.method and schedule.method != cfg.method:
         raise UsageError(f"render --schedule: {schedule_path} was derived for {schedule.method}, the config runs {cfg.method}")
     if not cfg.llmapi_layout:  # the reference backend's own model: a scheduled arm beside the A/B arms
-        if decide_arm(cfg, "speculative").drafts == "bls":
+        if not serves_scheduled_arm(cfg):
             raise UsageError("render --schedule: " + BLS_DRAFTS)
         return {"kind": "reference", "schedule": schedule, "path": str(schedule_path)}
     form = trtllm_form(schedule.triples(), cfg.method_info.llmapi_decoding_type, cfg.trtllm_version)
