@@ -431,6 +431,21 @@ def _arms_to_run(cfg: DeploymentConfig, arm: str | None, endpoint_baseline: str 
     return arms
 
 
+def default_arms(cfg: DeploymentConfig) -> tuple[str, ...] | None:
+    """The arms ``loadtest CONFIG`` measures when none is named: the three when the scheduled arm is
+    rendered from this config (``render --schedule``), else None (the A/B arms)."""
+    from pipeline.artefacts.deployment import load_arm  # noqa: PLC0415 - only this check needs it
+    from pipeline.errors import StaleInputError  # noqa: PLC0415 - only this check needs it (ArtefactError is one)
+
+    if not cfg.speculative:
+        return None
+    try:
+        load_arm(cfg, SCHEDULED)
+    except StaleInputError:
+        return None
+    return ALL_ARMS
+
+
 def crossing_config(cfg: DeploymentConfig, deployments: dict, step_s: float | None) -> DeploymentConfig:
     """``cfg`` with ``loadtest.ramp`` the closed-loop ramp across the scheduled arm's thresholds
     (:func:`pipeline.loadtest.crossing.crossing_ramp`), checked as the YAML would be."""

@@ -73,7 +73,10 @@ def rendered(tmp_path, ckpt):
 
 
 def test_the_scheduled_arm_is_rendered_with_the_schedule_in_its_engine(rendered):
+    from pipeline.loadtest.runner import default_arms
+
     cfg, path, notes = rendered
+    assert default_arms(cfg) == ("baseline", "speculative", "scheduled")  # `loadtest CONFIG` measures the three
     repo, descriptor = load_arm(cfg, "scheduled")
     assert repo == model_repo_dir(cfg, "scheduled") and any("--variant scheduled" in n for n in notes)
     assert descriptor.arm == "scheduled" and descriptor.drafts == "engine" and descriptor.model_name == "ensemble"
@@ -106,6 +109,9 @@ def test_the_served_engine_drafts_nothing_above_the_threshold(rendered):
 
 
 def test_a_bls_that_sends_its_own_drafts_is_refused_with_the_reason(tmp_path):
+    from pipeline.loadtest.runner import default_arms
+
     cfg = cpu_cfg({**DT, "orchestration": "bls"}, workdir=tmp_path, **ENSEMBLE)
+    assert default_arms(cfg) is None  # nothing rendered: the A/B arms
     with pytest.raises(UsageError, match="external drafts"):
         schedule_form(cfg, _schedule(tmp_path, (1, 2, 4), (3, None, 0), method="draft_target"))
