@@ -56,7 +56,7 @@ def worst(results: dict, key: str) -> dict:
 
 
 def cached_build_config(workdir: Path) -> Path:
-    sys.path.insert(0, str(ROOT / "tests" / "unit"))
+    sys.path.insert(0, str(ROOT / "tests" / "unit" / "build"))
     import torch
 
     torch.set_num_threads(1)

@@ -35,7 +35,7 @@ def config_with_depth(depth: int, workdir: Path) -> Path:
 
 
 def main() -> None:
-    from pipeline.bench.engine_bench import run_bench
+    from pipeline.engine_bench import run_bench
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--depths", type=int, nargs="+", default=[4, 5, 6, 7])

@@ -63,7 +63,7 @@ def same_files(a: Path, b: Path) -> bool:
 
 
 def bench_head(head_dir: Path, workdir: Path, prompts: int) -> list[dict]:
-    from pipeline.bench.engine_bench import run_bench
+    from pipeline.engine_bench import run_bench
 
     cfg = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
     cfg["speculation"]["head_dir"] = str(head_dir)

@@ -34,7 +34,7 @@ def main() -> None:
                         help="re-measure only this config (repeatable); the output file's other entries are kept")
     args = parser.parse_args()
 
-    from pipeline.bench.engine_bench import run_bench
+    from pipeline.engine_bench import run_bench
 
     reports = {}
     if args.only and args.output.is_file():

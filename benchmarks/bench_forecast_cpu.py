@@ -50,8 +50,8 @@ def _measured_acceptance(results: list[dict], method: str, batch: int) -> tuple[
 
 
 def check_config(name: str, prompts: int, max_tokens: int) -> dict:
-    from pipeline.bench.engine_bench import _encode, load_prompts, proposer_spec, resolve_checkpoint, run_bench
     from pipeline.config import load_config
+    from pipeline.engine_bench import _encode, load_prompts, proposer_spec, resolve_checkpoint, run_bench
     from pipeline.forecast.cpu import average_calibrations, calibrate
     from pipeline.forecast.model import bench_forecast
 

@@ -7,7 +7,7 @@ takes all of the baseline's time beyond the model as a serving cost per step.
 
 Writes ``benchmarks/results/forecast-served.json`` (provenance, per config: the calibration used,
 the load average around the run, and per level the report's figures plus the measured inputs the
-forecast was made from, so ``tests/unit/test_forecast_served_result.py`` can recompute it).
+forecast was made from, so ``tests/unit/forecast/test_forecast_served_result.py`` can recompute it).
 Each config runs in a scratch workdir and calibration home: nothing in the checkout or in
 ``~/.cache`` changes. Usage: ``python benchmarks/bench_forecast_served.py [--only NAME]``.
 """

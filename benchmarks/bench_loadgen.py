@@ -1,6 +1,6 @@
 """Load-generator self-test: can ONE Locust process stream ≥ 500 chunks/s and still measure right?
 
-Starts ``loadtests/fake_server.py`` (known TTFT D and per-token delay t, one token per chunk) and
+Starts ``locustfiles/fake_server.py`` (known TTFT D and per-token delay t, one token per chunk) and
 runs the project's locustfile headless in a single process (closed loop: ``HttpStreamUser`` for
 ``--transport http``, ``OpenAIStreamUser`` against the fake server's OpenAI SSE mode for
 ``--transport openai``) at a few user counts. From the raw records it reports sustained streamed chunks/s, the error of median
@@ -39,7 +39,7 @@ def bound(expected: float) -> float:
 
 
 def start_server() -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen([sys.executable, str(ROOT / "loadtests" / "fake_server.py"), "--port", "0",
+    proc = subprocess.Popen([sys.executable, str(ROOT / "locustfiles" / "fake_server.py"), "--port", "0",
                              "--ttft-ms", str(TTFT_MS), "--tpot-ms", str(TPOT_MS), "--tokens-per-chunk", "1",
                              "--max-tokens-cap", str(MAX_TOKENS)], stdout=subprocess.PIPE, text=True)
     return proc, int(proc.stdout.readline().split()[1])
@@ -58,7 +58,7 @@ def run_point(port: int, users: int, duration_s: int, workdir: Path, transport: 
                 "stop_timeout_s": 10}
     settings_path = workdir / f"u{users}.json"
     settings_path.write_text(json.dumps(settings))
-    argv = [sys.executable, "-m", "locust", "-f", str(ROOT / "loadtests" / "locustfile.py"), "--headless",
+    argv = [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "locustfile.py"), "--headless",
             "-u", str(users), "-r", str(users), "-t", f"{duration_s}s", "--stop-timeout", "10", "--only-summary",
             "--loglevel", "WARNING", "--exit-code-on-error", "0", USER_CLASS[transport]]
     env = {**os.environ, "SPECDEPLOY_LOADTEST_CONFIG": str(settings_path)}

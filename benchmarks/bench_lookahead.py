@@ -6,7 +6,7 @@ machine hits every arm alike). Per category and arm: tokens/s (wall and per CPU-
 the outputs equal the baseline's (lossless: they must).
 
 Reads the builtin ``tiny-target`` (``pipeline.demo.resolve_builtin``) and
-``loadtests/prompts/tiny/*.jsonl``; writes ``benchmarks/results/lookahead.json`` with the command,
+``prompts/tiny/*.jsonl``; writes ``benchmarks/results/lookahead.json`` with the command,
 commit, date and machine. Usage: ``python benchmarks/bench_lookahead.py [--prompts N]
 [--max-tokens N] [--window W --ngram N --verification-set G]``.
 """
@@ -27,7 +27,7 @@ from pipeline.infra.provenance import result_provenance  # noqa: E402 - after th
 
 def _prompts(per_category: int) -> dict[str, list[str]]:
     prompts: dict[str, list[str]] = {}
-    for path in sorted((ROOT / "loadtests" / "prompts" / "tiny").glob("*.jsonl")):
+    for path in sorted((ROOT / "prompts" / "tiny").glob("*.jsonl")):
         for line in path.read_text(encoding="utf-8").splitlines():
             if line.strip():
                 row = json.loads(line)
@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "lookahead.json")
     args = parser.parse_args()
 
-    from pipeline.bench.engine_bench import Arm, _encode, _record, resolve_checkpoint
+    from pipeline.engine_bench import Arm, _encode, _record, resolve_checkpoint
     from pipeline.reference.api import GenerationRequest
     from pipeline.reference.engine import create_engine, set_threads
 

@@ -8,7 +8,7 @@ What it does, with the project's own library code: copies a tiny CPU config
 arm on free loopback ports (``pipeline.serve.server.serve_deployment``) and drives the model the load
 test calls (``pipeline.render.renderer.client_target``: ``ensemble`` or ``tensorrt_llm_bls``) from
 ``--streams`` threads, each with its own tritonclient gRPC stream, one request at a time, shaped
-like the load test's (``loadtests/lt_common.request_inputs`` over ``loadtest.prompts``). A seeded
+like the load test's (``locustfiles/lt_common.request_inputs`` over ``loadtest.prompts``). A seeded
 mix: greedy and sampled requests, and some cancelled mid-stream (the stream is cancelled after a
 few responses, as a client that goes away does).
 
@@ -78,7 +78,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "loadtests"))
+sys.path.insert(0, str(ROOT / "locustfiles"))
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 

@@ -69,7 +69,7 @@ def start_server(tmp: Path):
 def prompts(count: int) -> list[dict]:
     rows = []
     for category in ("arithmetic", "code", "prose"):
-        lines = (ROOT / "loadtests" / "prompts" / "tiny" / f"{category}.jsonl").read_text().splitlines()
+        lines = (ROOT / "prompts" / "tiny" / f"{category}.jsonl").read_text().splitlines()
         rows += [json.loads(line) for line in lines[: count // 3]]
     return rows
 

@@ -2,7 +2,7 @@
 
 Reads every ``benchmarks/results/*.json``; writes ``docs/performance.md`` (or prints it with
 ``--check`` to compare). The figures live in the JSON files and nowhere else: this page is how a
-reader sees the current ones, and the test in tests/unit/test_docs_current.py fails when a result
+reader sees the current ones, and the test in tests/unit/project/test_docs_current.py fails when a result
 changes without the page being regenerated. History lives in git, not here.
 
     python benchmarks/performance_doc.py          # rewrite docs/performance.md

@@ -42,10 +42,10 @@ if [[ $before != "$after" ]]; then
 fi
 # the tests import the checkout (pytest's pythonpath puts it first), not the installed copy
 SPECDEPLOY_NGC_ENV=1 exec "$VPY" -m pytest -q -p no:cacheprovider \
-  tests/unit/test_served_models_in_process.py \
-  tests/unit/test_tokenizer_sentencepiece.py \
-  tests/unit/test_bls_embedding_bias.py \
-  tests/unit/test_request_rules.py \
-  tests/unit/test_llmapi_cpu.py \
-  tests/unit/test_served_packages.py \
+  tests/unit/triton_models/test_served_models_in_process.py \
+  tests/unit/triton_models/test_tokenizer_sentencepiece.py \
+  tests/unit/triton_models/test_bls_embedding_bias.py \
+  tests/unit/triton_models/test_request_rules.py \
+  tests/unit/render/test_llmapi_cpu.py \
+  tests/unit/validate/test_served_packages.py \
   "$@"

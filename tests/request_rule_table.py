@@ -1,6 +1,6 @@
 """The request-rule table (docs/request-validation.md) as data: refused values with the message a
 client sees, values TensorRT-LLM accepts, and the accepted values grouped into few requests.
-Used by tests/unit/test_request_rule_table.py (every row) and
+Used by tests/unit/triton_models/test_request_rule_table.py (every row) and
 tests/integration/test_request_validation.py (the served rows); reads and writes nothing."""
 
 from __future__ import annotations

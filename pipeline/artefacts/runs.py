@@ -115,7 +115,7 @@ class RunResults(Artefact):
 
 class RunSettings(Artefact):
     """What one Locust run is told: one arm x one concurrency (or rate) x one repeat. The
-    locustfile reads it (``loadtests/lt_common.RunSettings``, which ignores the schema keys)."""
+    locustfile reads it (``locustfiles/lt_common.RunSettings``, which ignores the schema keys)."""
 
     SCHEMA = "specdeploy-run-settings/1"
     VERSION = 1

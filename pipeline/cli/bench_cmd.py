@@ -1,7 +1,7 @@
 """`specdeploy bench`: offline in-process benchmark of the reference engine (target-only vs the
 config's speculation method, batch 1 and 8, per prompt category). Reads the config and the
 checkpoints it names (no build needed); prints a table, or JSON with ``--json``; ``--output``
-also writes the JSON to a file. The work is in :mod:`pipeline.bench.engine_bench`."""
+also writes the JSON to a file. The work is in :mod:`pipeline.engine_bench`."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def register(app: typer.Typer) -> None:
         output: Optional[Path] = typer.Option(None, "--output", help="Also write the JSON report here."),
         versus: Optional[Path] = typer.Option(None, "--versus", help="Another config on the same target: its method's rows too, in this run (e.g. EAGLE-3 vs EAGLE-1)."),  # noqa: E501 - a help text reads better whole
     ) -> None:
-        from pipeline.bench.engine_bench import run_bench
+        from pipeline.engine_bench import run_bench
 
         if peer not in (None, "hf"):
             raise UsageError(f"--peer {peer!r}: only 'hf' is supported")

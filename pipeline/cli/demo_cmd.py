@@ -4,35 +4,27 @@
 directory (default: the first-use cache) and writes ``SHA256SUMS.txt`` + ``training_report.json``;
 ``--smoke`` runs a few dozen steps per model (CI proves the path end to end with it).
 ``demo info`` lists each builtin: where it resolves, its size, parameter count, weight sha256 and
-whether the recorded hash matches. ``demo prompts`` rewrites ``loadtests/prompts/tiny``
+whether the recorded hash matches. ``demo prompts`` rewrites ``prompts/tiny``
 (deterministic). Torch is imported only by ``train``.
 """
 
 from __future__ import annotations
 
 import json
-import struct
+import math
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from pipeline.errors import SpecdeployError, UsageError
+from pipeline.validate.weight_integrity import read_safetensors_header
 
 
 def _param_count(weights: Path) -> int:
-    """Parameters in a safetensors file, from its JSON header (no torch import)."""
-    with weights.open("rb") as handle:
-        (length,) = struct.unpack("<Q", handle.read(8))
-        header = json.loads(handle.read(length))
-    total = 0
-    for key, entry in header.items():
-        if key != "__metadata__":
-            count = 1
-            for dim in entry["shape"]:
-                count *= dim
-            total += count
-    return total
+    """Parameters in a safetensors file, from its JSON header (no torch import; the one header
+    reader, validate's)."""
+    return sum(math.prod(shape) for shape in read_safetensors_header(weights).shapes().values())
 
 
 def _info_rows() -> list[dict]:
@@ -100,7 +92,7 @@ def register(app: typer.Typer) -> None:
 
     @demo_app.command("prompts", help="Regenerate the demo prompt sets (held-out prefixes, one file per category).")
     def prompts_command(
-        out: Path = typer.Option(Path("loadtests/prompts/tiny"), "--out", help="Directory for <category>.jsonl."),
+        out: Path = typer.Option(Path("prompts/tiny"), "--out", help="Directory for <category>.jsonl."),
         count: int = typer.Option(60, "--count", min=1, help="Prompts per category."),
     ) -> None:
         from pipeline.demo.prompt_sets import write_tiny_prompt_sets

@@ -247,7 +247,7 @@ class LoadTestSettings(Section):
     )
     max_tokens: Annotated[int, Field(ge=1)] = described("Tokens generated per request.", default=64)
     prompts: str = described(
-        "Directory of <category>.jsonl prompt files, or one file.", default="loadtests/prompts"
+        "Directory of <category>.jsonl prompt files, or one file.", default="prompts"
     )
     categories: list[str] = described("Prompt categories to use; empty = all found.", default_factory=list)
     sampling: Sampling = described("Sampling parameters for both arms.", default_factory=Sampling)

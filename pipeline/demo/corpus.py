@@ -3,7 +3,7 @@
 Reads nothing; returns text. Each in-domain category (``code``, ``records``, ``prose``,
 ``arithmetic``) has a generator that turns a seeded ``random.Random`` into one *sample* (a short
 document). The same seed always yields the same samples, so the training corpus, the held-out
-evaluation text and the shipped prompt sets (``loadtests/prompts/tiny``) are reproducible. The
+evaluation text and the shipped prompt sets (``prompts/tiny``) are reproducible. The
 ``ood`` category (made-up syllables, symbols, shuffled words) is the low-predictability one
 where speculation is expected not to pay: a small share of it is in the training stream so
 the target continues such prompts *in kind* (each next token nearly uniformly likely, so no

@@ -1,4 +1,4 @@
-"""Writes the demo prompt sets ``loadtests/prompts/tiny/<category>.jsonl`` from held-out samples.
+"""Writes the demo prompt sets ``prompts/tiny/<category>.jsonl`` from held-out samples.
 
 Reads nothing; each file holds ``count`` lines ``{"id", "category", "prompt"}`` — prefixes of
 samples generated with the held-out seed (never the training seed), one file per category

@@ -25,7 +25,6 @@ _FORMATS_SM80 = ("none", "int8_sq", "int4_awq", "int8_wo", "int4_wo")
 _FORMATS_SM89 = ("none", "fp8", "int8_sq", "int4_awq", "w4a8_awq", "int8_wo", "int4_wo")
 _FORMATS_SM100 = ("none", "fp8", "int4_awq", "w4a8_awq", "nvfp4")
 _KV_GPU = ("auto", "fp16", "bf16", "fp8", "int8")
-_KV_GPU_NO_BF16 = ("auto", "fp16", "fp8", "int8")
 
 
 @dataclass(frozen=True)

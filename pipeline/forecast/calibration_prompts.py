@@ -45,7 +45,7 @@ def held_out_groups(prompts: dict[str, list[str]], encode: Callable[[str], list[
 def config_prompt_groups(cfg, per_category: int = PER_CATEGORY) -> tuple[list[list[list[int]]] | None, str]:
     """(token-id prompts per category of the config's load-test prompt set, what they are), or
     (None, why not) when the prompt set or the target's tokenizer cannot be used."""
-    from pipeline.bench.engine_bench import _encode, resolve_checkpoint  # noqa: PLC0415 - tokenizers only here
+    from pipeline.engine_bench import _encode, resolve_checkpoint  # noqa: PLC0415 - tokenizers only here
     from pipeline.loadtest.inputs import load_prompt_set  # noqa: PLC0415 - only this path needs it
 
     try:

@@ -22,7 +22,7 @@ def calibrate_config(cfg) -> tuple[Path, dict]:
     """Calibrate the config's target, draft and proposer on this machine, timed on the config's
     load-test prompts (synthetic ones when those cannot be used); store it. Returns (the file it
     is stored in, the calibration)."""
-    from pipeline.bench.engine_bench import proposer_spec, resolve_checkpoint  # noqa: PLC0415 - torch only here
+    from pipeline.engine_bench import proposer_spec, resolve_checkpoint  # noqa: PLC0415 - torch only here
 
     if cfg.hardware != "cpu":
         raise ForecastInputError(f"--calibrate: {cfg.name} runs on {cfg.hardware}; only the CPU reference engine is calibrated")

@@ -47,7 +47,7 @@ def versions(dists: tuple[str, ...]) -> dict[str, str | None]:
 def result_provenance(argv: list[str] | None = None, root: Path = PROJECT_ROOT) -> dict:
     """The ``provenance`` block every benchmark result records: the command that wrote it, the
     checkout it ran on (HEAD and whether the tree had changes), when, and on what machine. A
-    result file without it cannot be reproduced (tests/unit/test_benchmark_results.py)."""
+    result file without it cannot be reproduced (tests/unit/benchmarks/test_benchmark_results.py)."""
     argv = list(sys.argv if argv is None else argv)
     status = _git(root, "status", "--porcelain", "--untracked-files=no")
     return {

@@ -7,7 +7,7 @@ look is then a (1 − alpha/K) interval, so the chance that *any* look's interva
 value is at most K · alpha/K = alpha, whichever look the run stops at: stopping when the answer
 is known cannot raise the false-GO rate above alpha/2 (a GO needs the upper bound below the
 threshold). It is conservative (the looks are correlated), the price of needing no assumption about
-when a run stops; the simulation in tests/unit/test_interval_coverage.py shows the A/A false-GO rate
+when a run stops; the simulation in tests/unit/report/test_interval_coverage.py shows the A/A false-GO rate
 with stopping. The final report uses the same per-look level, so its intervals are the ones the
 run stopped on.
 

@@ -1,7 +1,7 @@
 """Stopping a load test that cannot succeed, with the server's own words and a likely fix.
 
 Reads the ``raw/parts/<key>.<pid>.abort.json`` markers a Locust process writes when the requests
-of its first seconds fail past ``loadtest.fail_fast_error_rate`` (``loadtests/locustfile.py``,
+of its first seconds fail past ``loadtest.fail_fast_error_rate`` (``locustfiles/locustfile.py``,
 ``_Run.watch_failures``). Writes nothing: the runner records what :func:`read_abort` returns in
 ``runs.json`` (``stopped_early``) and ``run.json``, then raises :class:`LoadTestStopped`, whose
 exit code is :data:`pipeline.errors.EXIT_STOPPED_EARLY` (4), none of the verdicts' nor a failure's.

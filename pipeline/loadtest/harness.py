@@ -6,7 +6,7 @@ that carries no authentication. Locust binds it to every interface on port 5557 
 which opens it to the network and makes a second load test on the host fail to bind. Here the
 master binds 127.0.0.1 on a port free at the time (:func:`master_address`) — or what the user
 set in Locust's own variables ``LOCUST_MASTER_BIND_HOST`` / ``LOCUST_MASTER_BIND_PORT`` (multi-host
-load: loadtests/README.md) — and the forked workers are told the same address. A port that is
+load: locustfiles/README.md) — and the forked workers are told the same address. A port that is
 taken stops the load test before any cell with the process that holds it named.
 
 A failure of the load harness itself — Locust exiting with an error, or recording no request

@@ -173,7 +173,7 @@ def _cutter_factory(cfg: DeploymentConfig, tokenizer_dir: str | None, corpus: li
 
 def _target_tokenizer_dir(cfg: DeploymentConfig) -> str | None:
     try:
-        from pipeline.bench.engine_bench import resolve_checkpoint  # noqa: PLC0415 - builtin models resolve here
+        from pipeline.engine_bench import resolve_checkpoint  # noqa: PLC0415 - builtin models resolve here
 
         return str(resolve_checkpoint(cfg.target.checkpoint))
     except Exception:  # noqa: BLE001 - no target tokenizer: the caller says what is missing

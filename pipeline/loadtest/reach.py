@@ -15,7 +15,7 @@ import os
 from pipeline.errors import EXIT_USAGE, SpecdeployError
 
 DEFAULT_OPENAI_KEY_ENV = "OPENAI_API_KEY"  # what the OpenAI clients (and vLLM's `bench serve`) read
-HEADERS_ENV = "SPECDEPLOY_LOADTEST_HEADERS"  # loadtests/lt_common.py reads the header values from here
+HEADERS_ENV = "SPECDEPLOY_LOADTEST_HEADERS"  # locustfiles/lt_common.py reads the header values from here
 REDACTED = "<redacted: given to the load generator in its environment>"
 
 

@@ -18,7 +18,7 @@ memory and CPU sampled by :mod:`~pipeline.loadtest.server_metrics`, ``run.json``
 assembled by :mod:`~pipeline.loadtest.provenance`.
 
 Load bigger than one host: run Locust workers elsewhere with
-``locust -f loadtests/locustfile.py --worker --master-host H`` (same settings file via
+``locust -f locustfiles/locustfile.py --worker --master-host H`` (same settings file via
 ``SPECDEPLOY_LOADTEST_CONFIG``) and a ``--master --expect-workers N`` here; every worker writes its
 own raw file (PID in the name), merged afterwards — never subtract times across processes.
 """
@@ -66,8 +66,8 @@ from pipeline.loadtest.server_metrics import CpuSampler, RssSampler
 from pipeline.paths import PROJECT_ROOT, reports_root
 from pipeline.serve.cpu_pinning import spawn_on
 
-LOCUSTFILE = PROJECT_ROOT / "loadtests" / "locustfile.py"
-RAMP_SHAPE = PROJECT_ROOT / "loadtests" / "ramp_shape.py"
+LOCUSTFILE = PROJECT_ROOT / "locustfiles" / "locustfile.py"
+RAMP_SHAPE = PROJECT_ROOT / "locustfiles" / "ramp_shape.py"
 PATTERN_MARGIN_S = 3
 LOCUST_STOP_S = 5.0  # SIGTERM → SIGKILL for a Locust run that overran or was interrupted
 USER_CLASSES = {("grpc", "closed"): "GrpcStreamUser", ("http", "closed"): "HttpStreamUser",
@@ -92,7 +92,7 @@ def locust_command(cfg: DeploymentConfig, spec: RunSpec, duration_s: float,
     (:func:`pipeline.loadtest.harness.master_address`; loopback unless configured)."""
     lt = cfg.loadtest
     users = 1 if lt.mode == "open" else spec.concurrency
-    # a closed-loop ramp: Locust's own load shape sets the users step by step (loadtests/ramp_shape.py)
+    # a closed-loop ramp: Locust's own load shape sets the users step by step (locustfiles/ramp_shape.py)
     files = f"{LOCUSTFILE},{RAMP_SHAPE}" if lt.ramp and lt.mode == "closed" else str(LOCUSTFILE)
     # a ramp or trace ends with its schedule, not with Locust's timer, which starts before the
     # dispatcher (measured: about a second earlier on a busy host): the timer gets a margin the schedule never uses

@@ -6,7 +6,7 @@ Reads and writes nothing. A method module holds its config section (a pydantic m
 the reference proposer it maps to, its ``trtllm-build`` mode, its Triton ``decoding_mode`` and
 parameters, its LLM-API ``decoding_type``, its validation rules and how the report names it. The
 stages ask that object (``cfg.method_info``, :func:`pipeline.methods.get_method`) and never branch
-on the method's name; ``tests/unit/test_methods.py`` fails on a new ``method ==`` outside this
+on the method's name; ``tests/unit/methods/test_methods.py`` fails on a new ``method ==`` outside this
 package.
 
 Each hook takes the validated config section (``spec``) or the whole config; the defaults here

@@ -9,7 +9,7 @@ export: Triton's per-model ``nv_inference_*``, ours (``specdeploy_*``, pipeline/
 metrics.py and worker_health.py), and on the TensorRT-LLM backend the C++ backend's
 ``nv_trt_llm_*`` gauges (GPU only; :data:`GPU_ONLY_METRICS` cites upstream). Every name a query
 uses is checked against a live server's ``/metrics`` in tests/integration/test_monitoring_served.py
-and the rules against ``promtool check rules`` in tests/unit/test_monitoring.py.
+and the rules against ``promtool check rules`` in tests/unit/render/test_monitoring.py.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ percentile bootstrap cannot see the tails (at 2 runs per arm it returns the extr
 covers a true ratio of 1 about two times in three); the t quantile with n − 1 degrees of freedom is
 exact for normal log-noise and widens honestly at small n (12.7 standard errors at n = 2). Pairing
 removes what the two runs of a pair share (load and drift common to both), so only the within-pair
-noise enters. The simulation in tests/unit/test_interval_coverage.py (and benchmarks/bench_intervals.py)
+noise enters. The simulation in tests/unit/report/test_interval_coverage.py (and benchmarks/bench_intervals.py)
 shows ≥ 93 % coverage of a nominal 95 % at 2, 3, 5 and 10 pairs, CV 5–30 %, with slow drift.
 
 Also: how many repeats would likely decide a check (:func:`repeats_to_decide`), from the observed

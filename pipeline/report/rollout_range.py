@@ -28,9 +28,6 @@ from typing import Any
 from pipeline.config import GateSettings
 from pipeline.report.gate import FAIL, level_checks
 
-# what the banner calls each ratio check a level can fail (value: point, low, high)
-RATIO_LABELS = {"benefit_tpot_ratio": "TPOT", "benefit_e2e_ratio": "E2E", "tail_e2e_p95": "E2E p95"}
-
 
 def tail_check(level: int, comp: dict) -> dict[str, Any] | None:
     """E2E p95 spec/base worse with confidence (run-level CI entirely above 1), else None."""

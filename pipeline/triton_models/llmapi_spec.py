@@ -39,9 +39,6 @@ from pipeline.artefacts.schedule import DraftLenRange
 from pipeline.reference.draft_len import lookahead_max_draft_len
 from pipeline.trtllm.schedule_forms import triples_from_fields
 
-GPU_ONLY_ARGS = ("tensor_parallel_size", "pipeline_parallel_size", "kv_cache_config", "cuda_graph_config",
-                 "disable_overlap_scheduler", "enable_chunked_prefill", "max_num_tokens", "max_beam_width",
-                 "trust_remote_code", "return_perf_metrics", "tokenizer")
 NGRAM_FIELDS = ("max_matching_ngram_size", "is_keep_all", "is_use_oldest", "is_public_pool")
 LOOKAHEAD_FIELDS = ("max_window_size", "max_ngram_size", "max_verification_set_size")  # LookaheadDecodingConfig
 DEFAULT_MAX_TOKENS = 32  # tensorrt_llm SamplingParams.max_tokens default

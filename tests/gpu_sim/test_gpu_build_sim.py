@@ -33,7 +33,7 @@ CONFIGS = PROJECT_ROOT / "configs"
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 
-# the engine runtime's configs (the LLM-API ones build no engine: tests/unit/test_llmapi_render.py)
+# the engine runtime's configs (the LLM-API ones build no engine: tests/unit/render/test_llmapi_render.py)
 GPU_CONFIGS = sorted(p.stem for p in CONFIGS.glob("*.yaml")
                      if not p.stem.startswith("tiny-cpu-") and "trtllm_runtime: llm_api" not in p.read_text())
 

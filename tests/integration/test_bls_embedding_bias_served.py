@@ -1,7 +1,7 @@
 """``embedding_bias`` through ``tensorrt_llm_bls`` on a real tritonserver: a draft-target request
 that sends bias words reaches ``tensorrt_llm`` with an FP32 ``embedding_bias`` (Triton refuses
 any other dtype before the model runs), and one that sends none still answers as the greedy
-target-only reference (the in-process checks are tests/unit/test_bls_embedding_bias.py)."""
+target-only reference (the in-process checks are tests/unit/triton_models/test_bls_embedding_bias.py)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import urllib.request
 
 import pytest
@@ -17,6 +16,7 @@ from tritonclient.utils import InferenceServerException
 
 import tiny_deploy
 from conftest import MAX_TOKENS, PROMPTS
+from tests.polling import wait_until
 from triton_clients import grpc_stream, http_generate, text_inputs
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -45,13 +45,7 @@ def requests_to(metrics_url: str, model: str) -> float:
 
 
 def wait_for(condition, what: str, timeout_s: float = 60.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    pytest.fail(f"timed out waiting for {what}")
+    return wait_until(condition, what, timeout_s, interval=0.1)
 
 
 def speculative(prompt: str, **extra) -> dict:
@@ -177,7 +171,7 @@ def test_target_failure_is_an_error_not_a_fallback(short_draft_server):
 
 
 def _locust_records(tmp_path, server, extra_inputs: dict) -> list[dict]:
-    """A short closed-loop gRPC streaming Locust run (loadtests/locustfile.py) against the BLS."""
+    """A short closed-loop gRPC streaming Locust run (locustfiles/locustfile.py) against the BLS."""
     import os
     import subprocess
     import sys
@@ -190,7 +184,7 @@ def _locust_records(tmp_path, server, extra_inputs: dict) -> list[dict]:
                 "sampling": {"top_k": 1}, "extra_inputs": extra_inputs, "output_prefix": str(tmp_path / "raw"),
                 "warmup_s": 0.0, "duration_s": 2, "stop_timeout_s": 30}
     (tmp_path / "settings.json").write_text(json.dumps(settings))
-    argv = [sys.executable, "-m", "locust", "-f", str(root / "loadtests" / "locustfile.py"), "--headless",
+    argv = [sys.executable, "-m", "locust", "-f", str(root / "locustfiles" / "locustfile.py"), "--headless",
             "-u", "2", "-r", "2", "-t", "2s", "--stop-timeout", "30", "--only-summary", "--loglevel", "WARNING",
             "--exit-code-on-error", "0", "GrpcStreamUser"]
     env = {**os.environ, "SPECDEPLOY_LOADTEST_CONFIG": str(tmp_path / "settings.json")}

@@ -25,6 +25,8 @@ import psutil
 import pytest
 import yaml
 
+from tests.polling import wait_until
+
 pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.e2e]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,7 +38,7 @@ def write_config(workdir: Path) -> Path:
     cfg = yaml.safe_load((ROOT / "configs" / "tiny-cpu-draft-target.yaml").read_text())
     cfg["name"] = "twin"
     cfg["loadtest"].update(concurrency=[1], duration_s=3, warmup_s=0.5, repeats=2, max_tokens=16, stop_timeout_s=5,
-                           prompts=str(ROOT / "loadtests" / "prompts" / "tiny"))
+                           prompts=str(ROOT / "prompts" / "tiny"))
     path = workdir / "twin.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -103,11 +105,12 @@ def test_runs_started_together_and_staggered_each_measure_their_own_run(tmp_path
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SPECDEPLOY_FORECAST_HOME": str(tmp_path / "forecast")}
     reports = tmp_path / "reports" / "twin"
     runs = {"a": Run(cfg_path, "a", env), "b": Run(cfg_path, "b", env)}  # together, on a fresh workdir
-    deadline = time.monotonic() + 300
-    while not list(reports.glob("*/run.json")):  # a load test has started measuring
-        assert time.monotonic() < deadline and all(r.proc.poll() is None for r in runs.values()), \
-            {t: r.output[-2000:] for t, r in runs.items()}
-        time.sleep(0.2)
+    def measuring() -> bool:  # a load test has started measuring
+        assert all(r.proc.poll() is None for r in runs.values()), {t: r.output[-2000:] for t, r in runs.items()}
+        return bool(list(reports.glob("*/run.json")))
+
+    wait_until(measuring, "a load test measuring", 300, interval=0.2,
+               detail=lambda: {t: r.output[-2000:] for t, r in runs.items()})
     runs["c"] = Run(cfg_path, "c", env)  # staggered: while a run is being measured
     codes = {tag: run.wait(timeout=900) for tag, run in runs.items()}
     deadline = time.monotonic() + 15  # the keepers stop what the runs left, then exit

@@ -25,6 +25,8 @@ import time
 import psutil
 import pytest
 
+from tests.polling import wait_until
+
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = "pipeline.reference.worker"
@@ -54,11 +56,9 @@ def wait_gone(procs: list[psutil.Process], ports: list[int], bound_s: float = BO
     from pipeline.infra.processes import port_in_use
 
     started = time.monotonic()
-    while (left := running(procs)) or any(port_in_use(p) for p in ports):
-        if time.monotonic() - started > bound_s:
-            pytest.fail(f"still running {bound_s:.0f} s later: {[cmdline(p)[:160] for p in left]}; "
-                        f"ports bound: {[p for p in ports if port_in_use(p)]}")
-        time.sleep(0.1)
+    wait_until(lambda: not running(procs) and not any(port_in_use(p) for p in ports), "the processes gone, the ports free",
+               bound_s, interval=0.1, detail=lambda: f"still running: {[cmdline(p)[:160] for p in running(procs)]}; "
+                                                     f"ports bound: {[p for p in ports if port_in_use(p)]}")
     return time.monotonic() - started
 
 
@@ -166,10 +166,9 @@ def test_a_killed_worker_and_a_killed_stub_leave_nothing_once_the_server_stops(d
         stub = engine_stub(server.pid)
         worker = next(p for p in stub.children() if WORKER in cmdline(p))
         worker.send_signal(signal.SIGKILL)
-        deadline = time.monotonic() + BOUND_S  # the model starts another worker (after its back-off)
-        while not (restarted := [p for p in stub.children() if WORKER in cmdline(p) and p.pid != worker.pid]):
-            assert time.monotonic() < deadline, "the model did not restart its engine worker"
-            time.sleep(0.1)
+        restarted = wait_until(  # the model starts another worker (after its back-off)
+            lambda: [p for p in stub.children() if WORKER in cmdline(p) and p.pid != worker.pid],
+            "the model restarted its engine worker", BOUND_S, interval=0.1)
         members += restarted
         stub.send_signal(signal.SIGKILL)
         wait_gone([stub, *restarted], [])  # the stub's worker ends with the stub

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import queue
 import signal
-import time
 import uuid
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import psutil
 import pytest
 
 import tiny_deploy
+from tests.polling import wait_until
 from triton_clients import _infer_input, http_generate
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -65,13 +65,15 @@ def gauges(server) -> dict[str, float]:
 
 
 def wait_gauges(server, predicate, what: str, timeout: float = 120) -> dict[str, float]:
-    deadline, seen = time.monotonic() + timeout, {}
-    while time.monotonic() < deadline:
+    seen: dict[str, float] = {}
+
+    def showing() -> dict[str, float] | None:
+        nonlocal seen
         seen = gauges(server)
-        if predicate(seen):
-            return seen
-        time.sleep(PERIOD_S / 2)
-    pytest.fail(f"the gauges never showed {what} (last {seen}); log:\n{server.log_tail(60)}")
+        return seen if predicate(seen) else None
+
+    return wait_until(showing, f"the gauges show {what}", timeout, interval=PERIOD_S / 2,
+                      detail=lambda: f"last {seen}; log:\n{server.log_tail(60)}")
 
 
 IN_USE = ("specdeploy_engine_kv_slots_in_use/target", "specdeploy_engine_kv_slots_in_use/draft",

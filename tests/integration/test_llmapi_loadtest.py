@@ -45,7 +45,7 @@ def _locust(tmp: Path, server, transport: str) -> list[dict]:
                 "duration_s": 2, "stop_timeout_s": 5, "tokenizer_dir": str(TOKENIZER)}
     (tmp / "s.json").write_text(json.dumps(settings))
     user = "GrpcStreamUser" if transport == "grpc" else "HttpStreamUser"
-    argv = [sys.executable, "-m", "locust", "-f", str(ROOT / "loadtests" / "locustfile.py"), "--headless",
+    argv = [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "locustfile.py"), "--headless",
             "-u", "2", "-r", "2", "-t", "2s", "--stop-timeout", "5", "--only-summary", "--loglevel", "WARNING",
             "--exit-code-on-error", "0", user]
     proc = subprocess.run(argv, env={**os.environ, "SPECDEPLOY_LOADTEST_CONFIG": str(tmp / "s.json")},

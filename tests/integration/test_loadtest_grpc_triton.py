@@ -132,7 +132,7 @@ def run_grpc_locust(tmp: Path, server, users: int, duration_s: int, stop_timeout
                 "sampling": {"top_k": 1, "seed": 0}, "output_prefix": str(tmp / "raw"), "warmup_s": 0.5,
                 "duration_s": duration_s, "stop_timeout_s": stop_timeout_s}
     (tmp / "s.json").write_text(json.dumps(settings))
-    argv = [sys.executable, "-m", "locust", "-f", str(ROOT / "loadtests" / "locustfile.py"), "--headless",
+    argv = [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "locustfile.py"), "--headless",
             "-u", str(users), "-r", str(users), "-t", f"{duration_s}s", "--stop-timeout", f"{stop_timeout_s:g}",
             "--only-summary", "--loglevel", "WARNING", "--exit-code-on-error", "0", "GrpcStreamUser"]
     env = {**os.environ, "SPECDEPLOY_LOADTEST_CONFIG": str(tmp / "s.json")}

@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 import tiny_deploy
+from tests.polling import wait_until
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -46,14 +47,13 @@ def server_ports(pids) -> list[int]:
 def wait_for_locust_workers(proc: subprocess.Popen, workers: int, timeout: float = 300) -> list[int]:
     """Poll until Locust's master and ``workers`` worker processes run under ``proc``; every
     process ``proc`` started then."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def started() -> list[int] | None:
         assert proc.poll() is None, "loadtest ended before Locust started"
         family = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
-        if sum("locust" in cmdline(p) and "processes.py" not in cmdline(p) for p in family) >= 1 + workers:
-            return family
-        time.sleep(0.2)
-    pytest.fail("Locust never ran with all its worker processes")
+        locusts = sum("locust" in cmdline(p) and "processes.py" not in cmdline(p) for p in family)
+        return family if locusts >= 1 + workers else None
+
+    return wait_until(started, "Locust runs with all its worker processes", timeout, interval=0.2)
 
 
 def test_loadtest_killed_mid_run_leaves_nothing_behind(serving_workdir, tiny_models, tmp_path):

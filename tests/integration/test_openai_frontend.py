@@ -166,7 +166,7 @@ def test_ab_through_the_frontends_gives_a_report_with_a_verdict(frontends, medus
     from pipeline.loadtest.endpoints_only import run_endpoint_loadtest
     from pipeline.loadtest.provenance import served_tokenizer_dir
 
-    prompts = Path(__file__).resolve().parents[2] / "loadtests" / "prompts" / "tiny"
+    prompts = Path(__file__).resolve().parents[2] / "prompts" / "tiny"
     lt = tmp_path / "lt.yaml"
     lt.write_text(yaml.safe_dump({"name": "tiny-openai-ab", "loadtest": {
         "prompts": str(prompts), "concurrency": [1, 2], "duration_s": 5, "warmup_s": 1, "repeats": 1,

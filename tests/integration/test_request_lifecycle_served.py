@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import time
 
 import numpy as np
 import psutil
@@ -22,6 +21,7 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 import tiny_deploy
+from tests.polling import wait_until
 from triton_clients import grpc_stream, metric_values
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -70,13 +70,7 @@ def _counter(server, family: str, model: str = "tensorrt_llm") -> float:
 
 
 def _wait_for(predicate, what: str):
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"{what}: not within {WAIT_S:g} s")
+    return wait_until(predicate, what, WAIT_S, interval=0.2)
 
 
 @pytest.mark.parametrize("streaming", [True, False], ids=["streaming", "whole"])

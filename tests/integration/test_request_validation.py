@@ -1,5 +1,5 @@
 """Request validation on the served CPU deployments (docs/request-validation.md) through a real
-tritonserver — the table row by row is tests/unit/test_request_rule_table.py; here one refused
+tritonserver — the table row by row is tests/unit/triton_models/test_request_rule_table.py; here one refused
 row per rule function: it is refused with a message naming the input and the value, the server
 stays up and the next request is answered; every value TensorRT-LLM accepts is answered (a few
 inputs per request); a missing required input is an error naming it, on

@@ -20,6 +20,7 @@ import pytest
 
 import tiny_deploy
 from conftest import MAX_TOKENS, PROMPTS
+from tests.polling import wait_until
 from triton_clients import http_generate
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -145,12 +146,10 @@ def wait_gone(pids, ports, timeout: float = 120) -> float:
     from pipeline.infra.processes import port_in_use
 
     started = time.monotonic()
-    while _alive(pids) or any(port_in_use(p) for p in ports):
-        if time.monotonic() - started > timeout:
-            left = [" ".join(psutil.Process(p).cmdline())[:120] for p in _alive(pids)]
-            pytest.fail(f"still running {timeout:.0f} s later: {left}; ports in use: "
-                        f"{[p for p in ports if port_in_use(p)]}")
-        time.sleep(0.1)
+    wait_until(lambda: not _alive(pids) and not any(port_in_use(p) for p in ports), "the processes gone, the ports free",
+               timeout, interval=0.1,
+               detail=lambda: f"still running: {[' '.join(psutil.Process(p).cmdline())[:120] for p in _alive(pids)]}; "
+                              f"ports in use: {[p for p in ports if port_in_use(p)]}")
     return time.monotonic() - started
 
 
@@ -218,10 +217,11 @@ def test_a_server_nobody_owns_and_a_busy_port_are_named(tmp_path):
     stale = subprocess.Popen(cpu_server_argv(cpu, repo, ports), env=cpu_server_env(cpu), start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        while not port_in_use(ports.http) and time.monotonic() < deadline:
-            assert stale.poll() is None
-            time.sleep(0.1)
+        def listening() -> bool:
+            assert stale.poll() is None, "the stale server exited"
+            return port_in_use(ports.http)
+
+        wait_until(listening, "the stale server listens", 120, interval=0.1)
         with pytest.raises(ServeError) as info:
             start_server(repo, startup_timeout_s=60).stop()  # stopped, should it start after all
         message = str(info.value)

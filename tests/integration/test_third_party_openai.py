@@ -30,6 +30,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.polling import wait_until
+
 ROOT = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("SPECDEPLOY_TFSERVE_VENV", ROOT / ".venv-tfserve"))
 SERVE = VENV / "bin" / "transformers"
@@ -65,16 +67,17 @@ def _start(model: Path, port: int, log: Path):
 
 
 def _wait_ready(port: int, proc, log: Path) -> list[str]:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
+    def models() -> list[str] | None:
         if proc.poll() is not None:
             pytest.fail(f"transformers serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as resp:
                 return [m["id"] for m in json.loads(resp.read())["data"]]
         except OSError:
-            time.sleep(0.5)  # polling readiness, not guarding a result
-    pytest.fail(f"transformers serve not ready within {START_TIMEOUT_S}s:\n{log.read_text()[-3000:]}")
+            return None  # not listening yet
+
+    return wait_until(models, "transformers serve ready", START_TIMEOUT_S, interval=0.5,
+                      detail=lambda: log.read_text()[-3000:])
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,7 @@ def _config(workdir: Path, target: Path, draft: Path, name: str = "unusual") -> 
                         "draft": {"checkpoint": str(draft), "dtype": "float32"}},
         "build": {"max_batch_size": 2, "max_input_len": 64, "max_seq_len": 128},
         "triton": {"startup_timeout_s": 240},
-        "loadtest": {"prompts": str(ROOT / "loadtests/prompts/tiny")},
+        "loadtest": {"prompts": str(ROOT / "prompts/tiny")},
     }
     path = workdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")

@@ -109,7 +109,7 @@ def vllm_servers(tmp_path_factory):
 
 def _lt_file(tmp: Path) -> Path:
     """Two prompts from each of three of the demo's prompt sets (the report's categories)."""
-    source = ROOT / "loadtests" / "prompts" / "tiny"
+    source = ROOT / "prompts" / "tiny"
     (tmp / "prompts").mkdir(parents=True, exist_ok=True)
     for category in ("arithmetic", "code", "prose"):
         rows = (source / f"{category}.jsonl").read_text().splitlines()[:2]

@@ -12,7 +12,6 @@ import os
 import queue
 import signal
 import threading
-import time
 import uuid
 
 import numpy as np
@@ -20,6 +19,7 @@ import psutil
 import pytest
 
 import tiny_deploy
+from tests.polling import wait_until
 from triton_clients import _infer_input, http_generate, metric_values
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -110,13 +110,15 @@ def metric(server, family: str) -> float:
 
 
 def wait_metric(server, family: str, predicate, timeout: float = 180) -> float:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = metric(server, family)
-        if predicate(value):
-            return value
-        time.sleep(0.1)
-    pytest.fail(f"{family} never satisfied the condition (last {value}); log:\n{server.log_tail(60)}")
+    last = None
+
+    def satisfied() -> tuple[float] | None:
+        nonlocal last
+        last = metric(server, family)
+        return (last,) if predicate(last) else None  # a tuple: a value of 0 may satisfy it
+
+    return wait_until(satisfied, f"{family} satisfies the condition", timeout, interval=0.1,
+                      detail=lambda: f"last {last}; log:\n{server.log_tail(60)}")[0]
 
 
 def test_killed_worker_ends_the_stream_refuses_while_down_and_comes_back(restart_server):

@@ -1,7 +1,7 @@
 """Run the specdeploy CLI in this process, as the console script does (``pipeline.cli.main``: its
 error printing and exit codes), and return what a user would see. A subprocess costs a Python
 start and the CLI's imports (about a CPU second) per call; a claim about what a command prints or
-returns does not need one. ``tests/unit/test_cli_help.py`` keeps real ``python -m pipeline`` runs
+returns does not need one. ``tests/unit/cli/test_cli_help.py`` keeps real ``python -m pipeline`` runs
 for the entry point itself."""
 
 from __future__ import annotations

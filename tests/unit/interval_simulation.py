@@ -14,7 +14,7 @@ the end). The true spec/base ratio is ``effect`` (1 = A/A).
   throughput guardrails), at fixed repeats or with ``repeats: auto``'s stopping rule
   (``pipeline.loadtest.auto_repeats.stop_decision``, Bonferroni alpha spending over the looks).
 
-Used by tests/unit/test_interval_coverage.py and benchmarks/bench_intervals.py.
+Used by tests/unit/report/test_interval_coverage.py and benchmarks/bench_intervals.py.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Accepted: a JSON / JSON Lines export (``Dataset.to_json``, or the ``*.json``/``*.jsonl`` files of a
 downloaded dataset repository), read here with the standard library; and Arrow (``save_to_disk``)
-or Parquet, read through ``pyarrow`` when it is installed — it is not a dependency of specdeploy,
-so without it such a path is a usage error that says how to export JSON instead. A directory is read file by file (sorted), a ``DatasetDict`` directory split
+or Parquet, read through ``pyarrow`` (a dependency of the ``loadtest`` extra; an install without it
+gets a usage error that says how to export JSON instead). A directory is read file by file (sorted), a ``DatasetDict`` directory split
 by split. ``prompt_column`` names the text, ``category_column`` the category (default: a
 ``category`` column when there is one, else ``hf``). A chat column (a list of ``{role, content}``)
 works as the prompt column: its first user turn, or with ``multi_turn`` the history.
@@ -84,8 +84,8 @@ def _table_records(file: Path) -> Iterator[tuple[int, Any]]:
     try:
         import pyarrow  # noqa: PLC0415, F401 - optional: only Arrow/Parquet paths need it
     except ImportError:
-        raise DatasetError(file, None, None, "Arrow/Parquet needs pyarrow, which specdeploy does not install: "
-                           "`pip install pyarrow`, or export the dataset as JSON Lines "
+        raise DatasetError(file, None, None, "Arrow/Parquet needs pyarrow (the loadtest extra installs it): "
+                           "`pip install 'pyarrow<18'`, or export the dataset as JSON Lines "
                            "(`Dataset.to_json('prompts.jsonl')`) and pass that file") from None
     import pyarrow.ipc as ipc  # noqa: PLC0415 - as above
     import pyarrow.parquet as pq  # noqa: PLC0415 - as above

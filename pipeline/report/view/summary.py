@@ -305,10 +305,11 @@ def capacity_line(data: dict) -> str | None:
         text += f" (capacity × {ratio['point']:.2f}, {ratio['low']:.2f}–{ratio['high']:.2f})"
     check = section.get("last_check")
     if check and check.get("comparison"):
-        errors = [c["p95_tpot_error"] for c in check["comparison"].values() if c.get("p95_tpot_error") is not None]
+        errors = {arm: c["p95_tpot_error"] for arm, c in check["comparison"].items() if c.get("p95_tpot_error") is not None}
         if errors:
-            text += (f"; this sizing predicted p95 TPOT within {max(abs(e) for e in errors):.0%} of an open-loop run "
-                     f"in its last check (benchmarks/results/capacity-check.json)")
+            text += ("; in its last check against an open-loop run at a rate it had not measured, this sizing's p95 "
+                     "TPOT was off by " + ", ".join(f"{e:+.0%} ({arm})" for arm, e in errors.items())
+                     + " (benchmarks/results/capacity-check.json)")
     return text + "."
 
 

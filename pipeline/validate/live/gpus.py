@@ -24,7 +24,6 @@ from pipeline.validate.live.result import LiveCheck, failed, passed, skipped
 MEMORY_TOLERANCE_GIB = 0.5  # NVML's total vs the profile's nvidia-smi figure: rounding only
 BANDWIDTH_TOLERANCE = 0.10  # bus width × max memory clock vs the datasheet figure (H200: 4.9 vs 4.8 TB/s)
 NVML_CLOCK_MEM = 2  # nvmlClockType_t NVML_CLOCK_MEM (nvml.h)
-MIB = 1024**2
 GIB = 1024**3
 # Each GPU profile ↔ the product name NVML reports for it (nvmlDeviceGetName, as nvidia-smi prints
 # it), with the total memory of hardware.py. A name outside this list is another product or variant:

@@ -1,4 +1,4 @@
-"""Every arrival pattern against the fake streaming server (loadtests/fake_server.py, its own
+"""Every arrival pattern against the fake streaming server (locustfiles/fake_server.py, its own
 process) through the orchestrator's own Locust run (``runner.execute_run``: the settings file, the
 locust command, the merged raw records): what each achieved, as ``pipeline.report.arrivals``
 measures it and the gate checks it. A constant rate is sent at its rate; Poisson and gamma at their

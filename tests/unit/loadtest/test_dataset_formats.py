@@ -124,16 +124,20 @@ def test_json_that_does_not_parse_names_its_line(tmp_path):
         load_rows("sharegpt", path)
 
 
-def test_arrow_without_pyarrow_says_how_to_export_json(tmp_path):
-    try:
-        import pyarrow  # noqa: F401 - with pyarrow installed the file is read instead
-        pytest.skip("pyarrow is installed here")
-    except ImportError:
-        pass
+@pytest.mark.parametrize("path", ["hf_arrow", "hf_sample.parquet"])
+def test_a_dataset_saved_as_arrow_or_parquet_reads_like_its_json_export(path):
+    """Dataset.save_to_disk's Arrow directory and a Parquet file (pyarrow, a dependency of the loadtest
+    extra) give the rows of the same three-row sample as its JSON export."""
+    got = rows("hf", path, prompt_column="question", category_column="topic")
+    assert [(r.category, r.prompt) for r in got] == [
+        (r.category, r.prompt) for r in rows("hf", "hf_export", prompt_column="question", category_column="topic")]
+
+
+def test_an_unreadable_arrow_file_is_named(tmp_path):
     (tmp_path / "ds").mkdir()
     (tmp_path / "ds" / "data-00000-of-00001.arrow").write_bytes(b"\xff\xff\xff\xff")
     (tmp_path / "ds" / "state.json").write_text("{}")
-    with pytest.raises(DatasetError, match=r"needs pyarrow.*to_json"):
+    with pytest.raises(DatasetError, match=r"data-00000-of-00001.arrow.*not a readable arrow table"):
         load_rows("hf", tmp_path / "ds")
 
 

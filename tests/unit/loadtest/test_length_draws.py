@@ -20,7 +20,7 @@ from pipeline.loadtest.lengths import LengthSpec, draw, parse_length
 ROOT = Path(__file__).resolve().parents[3]
 SAMPLES = ROOT / "tests" / "fixtures" / "datasets"
 MEDUSA = ROOT / "configs" / "tiny-cpu-medusa.yaml"
-sys.path.insert(0, str(ROOT / "loadtests"))
+sys.path.insert(0, str(ROOT / "locustfiles"))
 
 from openai_user import openai_body  # noqa: E402 - after the sys.path set-up above
 

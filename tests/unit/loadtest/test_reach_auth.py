@@ -1,5 +1,5 @@
 """Reach: headers, an API key from the environment and extra body fields, on the wire and never in a
-file. The fake server (loadtests/fake_server.py) logs every request it gets (``--request-log``, a
+file. The fake server (locustfiles/fake_server.py) logs every request it gets (``--request-log``, a
 file outside the run directory) and, with ``--api-key``, answers 401 without the bearer token, as an
 auth gateway or vLLM's ``--api-key`` does. An A/B against two key-protected OpenAI endpoints runs
 with the key and stops with a clear usage error (exit 2) without it; the key is in no file of the run

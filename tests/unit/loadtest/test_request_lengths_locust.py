@@ -1,6 +1,6 @@
 """Per-request output lengths reach the server through the real Locust users (issue 46.2): each
 prompt's drawn ``max_tokens`` is what its request asks for, and its record keeps it. The fake
-``generate_stream`` server (loadtests/fake_server.py) generates exactly the ``max_tokens`` asked."""
+``generate_stream`` server (locustfiles/fake_server.py) generates exactly the ``max_tokens`` asked."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_each_request_asks_for_its_own_max_tokens(tmp_path):
     prompts = [{"id": f"p{i}", "category": "c", "prompt": f"prompt number {i}", "max_tokens": 3 + 4 * i}
                for i in range(6)]
-    server = subprocess.Popen([sys.executable, str(ROOT / "loadtests" / "fake_server.py"), "--port", "0",
+    server = subprocess.Popen([sys.executable, str(ROOT / "locustfiles" / "fake_server.py"), "--port", "0",
                                "--ttft-ms", "5", "--tpot-ms", "2", "--tokens-per-chunk", "1", "--max-tokens-cap", "64"],
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -30,7 +30,7 @@ def test_each_request_asks_for_its_own_max_tokens(tmp_path):
                     "output_prefix": str(tmp_path / "raw" / "cell"), "duration_s": 2, "stop_timeout_s": 10,
                     "request_timeout_s": 60}
         (tmp_path / "settings.json").write_text(json.dumps(settings))
-        argv = [sys.executable, "-m", "locust", "-f", str(ROOT / "loadtests" / "locustfile.py"), "--headless",
+        argv = [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "locustfile.py"), "--headless",
                 "-u", "2", "-r", "2", "-t", "2s", "--stop-timeout", "10", "--only-summary", "--loglevel", "WARNING",
                 "--exit-code-on-error", "0", "HttpStreamUser"]
         proc = subprocess.run(argv, env={**os.environ, "SPECDEPLOY_LOADTEST_CONFIG": str(tmp_path / "settings.json")},

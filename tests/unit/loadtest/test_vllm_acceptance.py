@@ -24,7 +24,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 DATA = Path(__file__).resolve().parent / "data"
-sys.path.insert(0, str(ROOT / "loadtests"))
+sys.path.insert(0, str(ROOT / "locustfiles"))
 
 from openai_user import OpenAIStreamSession  # noqa: E402 - after the sys.path set-up above
 

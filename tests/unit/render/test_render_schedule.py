@@ -13,7 +13,7 @@ from pipeline.artefacts.schedule import DraftLenRange, SpeculationSchedule, draf
 from pipeline.errors import UsageError
 from pipeline.render.schedule import apply_schedule, schedule_form
 from pipeline.triton_models import llmapi_spec
-from tests.unit.test_llmapi_cpu import DT, _built, cpu_cfg
+from tests.unit.render.test_llmapi_cpu import DT, _built, cpu_cfg
 
 
 def _schedule(tmp_path, *ranges, method="draft_target"):

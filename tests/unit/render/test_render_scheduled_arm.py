@@ -23,7 +23,7 @@ from pipeline.render.schedule import apply_schedule, schedule_form
 from pipeline.render.triton_rules import config_param, parse_config_file
 from tests.reference_fixtures import one_thread, random_prompts, shared_checkpoints
 from tests.unit.reference.test_engine_draft_len_schedule import _drive
-from tests.unit.test_llmapi_cpu import DT, cpu_cfg
+from tests.unit.render.test_llmapi_cpu import DT, cpu_cfg
 
 MEDUSA = {"method": "medusa", "heads_dir": "builtin:tiny-medusa", "num_heads": 3}
 ENSEMBLE = {"trtllm_runtime": "engine"}  # the reference backend's own Triton model, not the llmapi layout

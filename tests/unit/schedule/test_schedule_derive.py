@@ -12,8 +12,8 @@ import pytest
 
 from pipeline.artefacts.schedule import SpeculationSchedule
 from pipeline.schedule.derive import derive
-from tests.unit.test_gate import analysis, ci, comparison
-from tests.unit.test_rollout_range import report_data
+from tests.unit.report.test_gate import analysis, ci, comparison
+from tests.unit.report.test_rollout_range import report_data
 
 
 def report(*comps, **gate) -> dict:
