@@ -24,21 +24,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from rich.console import Console
+from rich.table import Table
+
+from pipeline.artefacts.deployment import ALL_ARMS
 from pipeline.build.builder import build
 from pipeline.config import DeploymentConfig
+from pipeline.errors import UsageError
 from pipeline.forecast.machine_calibration import ensure_calibration
 from pipeline.infra import owner_lock
 from pipeline.infra.atomic import write_json_atomic
 from pipeline.infra.owner_lock import DirectoryBusy
+from pipeline.loadtest import auto_repeats
+from pipeline.loadtest.crossing import CrossingError, crossing_levels
 from pipeline.loadtest.ownership import live_owner
 from pipeline.loadtest.resume import PreviousRuns, kept_results, previous_runs
 from pipeline.loadtest.runner import run_loadtest
 from pipeline.render.renderer import render
+from pipeline.render.schedule import BLS_DRAFTS, apply_schedule, schedule_form, serves_scheduled_arm
 from pipeline.report.builder import make_report
+from pipeline.schedule.derive import derive_from_run
+from pipeline.schedule.forms import write_forms
 from pipeline.validate.preflight import errors_of, raise_on_errors, run_preflight
 
 STAGES = ("validate", "build", "render", "loadtest", "report")
 CPU_STAGES = ("validate", "build", "render", "calibrate", "loadtest", "report")
+# run --schedule, after the A/B report: the schedule from it, the scheduled arm rendered, the three
+# arms load-tested across its thresholds, and that run's report (docs/schedule.md)
+SCHEDULE_STAGES = ("schedule", "render scheduled", "crossing loadtest", "crossing report")
 
 
 def stages_of(cfg: DeploymentConfig) -> tuple[str, ...]:
@@ -70,13 +83,19 @@ def run_pipeline(
     loadtest_overrides: dict[str, Any] | None = None,
     console=None,
     recalibrate: bool = False,
+    schedule: bool = False,
+    crossing_step_s: float | None = None,
 ):
-    """Run every stage; return the Report. Raises SpecdeployError subclasses for user problems."""
-    from rich.console import Console  # noqa: PLC0415 - start-up: rich (the run's console output; pipeline.run is imported by commands that only read a run)
+    """Run every stage; return the Report. Raises SpecdeployError subclasses for user problems.
+    ``schedule``: then derive the schedule from the A/B report, render and serve the scheduled arm and
+    load-test the three arms across its thresholds (:func:`schedule_stages`); the report returned is
+    that run's."""
 
 
     console = console or Console()
-    log = StageLog(stages_of(cfg))
+    if schedule:
+        check_schedule_run(cfg)  # before any stage: a layout that cannot serve the third arm
+    log = StageLog(stages_of(cfg) + (SCHEDULE_STAGES if schedule else ()))
     overrides = loadtest_overrides or {}
 
     def validate_stage():
@@ -141,8 +160,82 @@ def run_pipeline(
         if calibration is not None:
             record_calibration(run_dir, calibration)
         report = log.run(console, "report", lambda: (make_report(run_dir, cfg), str(run_dir / "report.html")))
+    if schedule:
+        console.print(f"A/B verdict: {report.verdict} ({run_dir / 'report.html'})")
+        report = schedule_stages(cfg, run_dir, log, console, new_run=new_run, repeats=overrides.get("repeats"),
+                                 crossing_step_s=crossing_step_s)
     _print_summary(console, log, report)
     return report
+
+
+def check_schedule_run(cfg: DeploymentConfig) -> None:
+    """``run --schedule`` serves a third arm: the CPU reference engine's own layout only (the llmapi
+    layout takes the schedule into its speculative arm, the engine runtime cannot run one)."""
+
+    if cfg.backend != "reference" or cfg.llmapi_layout or not cfg.speculative:
+        raise UsageError("run --schedule serves a scheduled arm beside the A/B arms on the CPU reference engine "
+                         "(backend: reference, not the llmapi layout); elsewhere run `specdeploy schedule RUN_DIR` "
+                         "and `render --schedule` (docs/schedule.md)")
+    if not serves_scheduled_arm(cfg):
+        raise UsageError("run --schedule: " + BLS_DRAFTS)
+
+
+def schedule_stages(cfg: DeploymentConfig, ab_run: Path, log: StageLog, console, *, new_run: bool = False,
+                    repeats: int | None = None, crossing_step_s: float | None = None):
+    """After the A/B report: ``ab_run/schedule.json`` (:func:`pipeline.schedule.derive.derive_from_run`),
+    the scheduled arm rendered (``model_repo/scheduled/``), the three arms interleaved over a ramp
+    across its thresholds (:mod:`pipeline.loadtest.crossing`; the A/B's levels when the schedule has
+    no threshold to cross), and that run's report. A finished crossing run of the config is reused,
+    an unfinished one resumed, as the A/B run is."""
+
+    def schedule_stage():
+        sched = derive_from_run(ab_run)
+        path = sched.write(Path(ab_run) / "schedule.json")
+        write_forms(sched, Path(ab_run) / "schedule", None)
+        ranges = ", ".join(f"{r.min_concurrency}{'-' + str(r.max_concurrency) if r.max_concurrency else '+'}: "
+                           f"{'off' if r.draft_len == 0 else 'K ' + str(r.draft_len)}" for r in sched.ranges)
+        console.print(f"  schedule: {ranges}")
+        return (path, sched), f"{path} ({ranges})"
+
+    path, sched = log.run(console, "schedule", schedule_stage)
+
+    def render_stage():
+        for note in apply_schedule(cfg, schedule_form(cfg, path)):
+            console.print(f"  {note}")
+        return None, "model_repo/scheduled"
+
+    log.run(console, "render scheduled", render_stage)
+    max_users = cfg.reference.max_batch_size or cfg.build.max_batch_size
+    try:
+        crossing_levels(sched.ranges, max_users)
+        crossing = True
+    except CrossingError as exc:
+        console.print(f"  {exc}: the three arms run at the A/B's levels instead")
+        crossing = False
+    rounds = repeats or (cfg.loadtest.min_repeats if auto_repeats.is_auto(cfg.loadtest.repeats) else None)
+
+    def loadtest_stage():
+        previous = None if new_run else previous_runs(cfg, ALL_ARMS)
+        if previous is not None and previous.resume is not None:
+            return run_loadtest(cfg, progress=True, report=False, resume=previous.resume), f"resumed {previous.resume}"
+        if previous is not None and previous.reuse is not None and _same_schedule(previous.reuse, path):
+            return previous.reuse, f"reused {previous.reuse}"
+        run_dir = run_loadtest(cfg, progress=True, report=False, arms=ALL_ARMS, crossing=crossing,
+                               crossing_step_s=crossing_step_s, repeats=rounds)
+        return run_dir, str(run_dir)
+
+    crossing_run = log.run(console, "crossing loadtest", loadtest_stage)
+    return log.run(console, "crossing report", lambda: (make_report(crossing_run), str(crossing_run / "report.html")))
+
+
+def _same_schedule(run_dir: Path, schedule_path: Path) -> bool:
+    """The finished run measured this schedule (its copy in RUN_DIR/schedule.json has the same ranges)."""
+    try:
+        ran = json.loads((Path(run_dir) / "schedule.json").read_text(encoding="utf-8"))["ranges"]
+        now = json.loads(Path(schedule_path).read_text(encoding="utf-8"))["ranges"]
+    except (OSError, ValueError, KeyError):
+        return False
+    return ran == now
 
 
 def calibrate_stage(cfg: DeploymentConfig, console, force: bool) -> tuple[dict, str]:
@@ -182,7 +275,6 @@ def record_calibration(run_dir: Path, outcome: dict) -> None:
 
 
 def _print_summary(console, log: StageLog, report) -> None:
-    from rich.table import Table  # noqa: PLC0415 - start-up: rich (the run's console output; pipeline.run is imported by commands that only read a run)
 
     table = Table(title="specdeploy run")
     for column in ("stage", "result", "seconds"):

@@ -75,6 +75,12 @@ def _heavy_imports_are_not_charged_to_one_test():
     yield
 
 
+def pytest_configure(config):
+    # registered here, not in pyproject.toml, whose hash makes scripts/setup.sh reinstall the venv
+    config.addinivalue_line("markers", "weight(n): this slow test costs about n ordinary slow ones; the xdist "
+                                       "scheduler hands its group out earlier (tests/xdist_scheduler.py)")
+
+
 def pytest_collection_modifyitems(config, items):
     if config.option.markexpr:  # -m chooses the tier
         return
@@ -147,5 +153,5 @@ def pytest_collection_finish(session):
 
     servers = session.config.stash.get(xs.SHARED_SERVERS, frozenset())
     groups, weights = xs.group_items([(item.nodeid, xs.needs(item, servers), xs.module_fixtures(item),
-                                       item.get_closest_marker("slow") is not None) for item in session.items])
+                                       xs.item_weight(item)) for item in session.items])
     xs.write_groups(workerinput[xs.GROUPS_DIR], workerinput["workerid"], groups, weights)

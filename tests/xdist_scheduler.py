@@ -6,7 +6,9 @@ starts once per session, on the worker that runs every test needing it.
   needs and with every test sharing a module- or class-scoped fixture with one of them (a module's
   own server then starts once too; a parametrized one once per parameter). Any other test is in its
   module's unit, as ``--dist loadfile`` would have it.
-- Groups are handed out heaviest first (an estimate: a ``slow`` test counts ``SLOW_WEIGHT``), each
+- Groups are handed out heaviest first (an estimate: a ``slow`` test counts ``SLOW_WEIGHT``, one
+  marked ``weight(n)`` counts ``n`` slow tests: ``specdeploy run`` end to end costs about 30, and
+  scheduled by its one slow test it ran last and alone, the full tier's tail), each
   to the next worker that runs short of work, so the long server groups start at once and the
   light modules fill the gaps.
 - The controller only sees node ids (collection happens on the workers), so each worker writes its
@@ -61,12 +63,20 @@ def module_fixtures(item) -> set[str]:
     return keys
 
 
+def item_weight(item) -> int:
+    """What the scheduler counts for one test: 1, ``SLOW_WEIGHT`` if slow, times ``weight(n)``."""
+    if item.get_closest_marker("slow") is None:
+        return 1
+    marker = item.get_closest_marker("weight")
+    return SLOW_WEIGHT * (int(marker.args[0]) if marker else 1)
+
+
 def module_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
-def group_items(items: list[tuple[str, set[str], set[str], bool]]) -> tuple[dict[str, str], dict[str, int]]:
-    """``(nodeid, shared servers it needs, its module fixtures, slow)`` per item -> (nodeid -> group,
+def group_items(items: list[tuple[str, set[str], set[str], bool | int]]) -> tuple[dict[str, str], dict[str, int]]:
+    """``(nodeid, shared servers it needs, its module fixtures, slow or its weight)`` per item -> (nodeid -> group,
     group -> weight).
 
     Union-find over items, servers and module fixtures: tests sharing a server or a module fixture
@@ -94,7 +104,8 @@ def group_items(items: list[tuple[str, set[str], set[str], bool]]) -> tuple[dict
         root = find("item:" + nodeid)
         group = "servers:" + "+".join(sorted(members[root])) if root in members else module_of(nodeid)
         groups[nodeid] = group
-        weights[group] = weights.get(group, 0) + (SLOW_WEIGHT if slow else 1)
+        weight = (SLOW_WEIGHT if slow else 1) if isinstance(slow, bool) else slow  # item_weight's
+        weights[group] = weights.get(group, 0) + weight
     return groups, weights
 
 

@@ -27,6 +27,10 @@ if TYPE_CHECKING:
     from pipeline.config import DeploymentConfig
 
 ARMS = ("baseline", "speculative")
+# The third arm: the speculative engine running a speculation schedule (K per live batch size), rendered
+# by `render --schedule FILE` only; a load test measures it beside the A/B arms (docs/schedule.md).
+SCHEDULED = "scheduled"
+ALL_ARMS = (*ARMS, SCHEDULED)
 Drafts = Literal["none", "engine", "bls"]
 # The tensors a client sends and reads: the inflight_batcher_llm ensemble's (text_input, max_tokens,
 # stream, ... → text_output, num_output_tokens, perf outputs), the BLS's (the ensemble's plus
@@ -43,7 +47,7 @@ class ArmDeployment(Artefact):
     FILE = "engines/NAME/model_repo/<arm>.render.json"
     WRITER = "specdeploy render"
 
-    arm: Literal["baseline", "speculative"]
+    arm: Literal["baseline", "speculative", "scheduled"]
     name: str = Field(description="The deployment (config `name`).")
     config_hash: str = Field(description="Hash of the config the repository was rendered from.")
     backend: Literal["reference", "trtllm"]
@@ -66,6 +70,9 @@ class ArmDeployment(Artefact):
     trtllm_version: str | None = Field(None, description="TensorRT-LLM version the engines were built with.")
     manifest_created: str | None = Field(None, description="When the build manifest this was rendered from was written.")
     placement: dict[str, Any] | None = Field(None, description="Where the arm runs (pipeline.plan.gpu_layout summary).")
+    draft_len_schedule: list[dict[str, Any]] | None = Field(None, description=(
+        "The scheduled arm: the schedule's ranges (min_concurrency, max_concurrency, draft_len) its engine runs."))
+    schedule_path: str | None = Field(None, description="The scheduled arm: the schedule.json it was rendered from.")
 
 
 def arms_of(cfg: "DeploymentConfig") -> tuple[str, ...]:
@@ -73,6 +80,10 @@ def arms_of(cfg: "DeploymentConfig") -> tuple[str, ...]:
 
 
 def check_arm(cfg: "DeploymentConfig", arm: str) -> None:
+    """``arm`` exists for ``cfg``: the scheduled arm wherever there is a speculative one (whether it was
+    rendered, `render --schedule`, is the repository's question: :func:`load_arm`)."""
+    if arm == SCHEDULED and cfg.speculative:
+        return
     if arm not in arms_of(cfg):
         raise UsageError(
             f"variant {arm!r} does not exist for speculation method {cfg.method!r} "
@@ -107,5 +118,6 @@ def load_arm(cfg: "DeploymentConfig", arm: str) -> tuple[Path, ArmDeployment]:
     check_arm(cfg, arm)
     repo = model_repo_dir(cfg, arm)
     if not (repo / "tensorrt_llm" / "config.pbtxt").is_file() or not descriptor_path(repo).is_file():
-        raise StaleInputError(f"no rendered repository at {repo}: run `specdeploy render` first")
+        how = "`specdeploy render --schedule RUN_DIR/schedule.json`" if arm == SCHEDULED else "`specdeploy render`"
+        raise StaleInputError(f"no rendered repository at {repo}: run {how} first")
     return repo, load_descriptor(cfg, arm)

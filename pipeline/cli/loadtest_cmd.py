@@ -71,7 +71,15 @@ def register(app: typer.Typer) -> None:
         endpoint_baseline: Optional[str] = typer.Option(None, "--endpoint-baseline", help="Use a running baseline server (grpc host:port or http URL)."),
         endpoint_speculative: Optional[str] = typer.Option(None, "--endpoint-speculative", help="Use a running speculative server."),
         endpoint: Optional[str] = typer.Option(None, "--endpoint", help="One running server; needs --arm."),
-        arm: Optional[str] = typer.Option(None, "--arm", help="baseline | speculative: test only this arm."),
+        arm: Optional[str] = typer.Option(None, "--arm", help="baseline | speculative | scheduled: test only this arm."),
+        arms_option: Optional[str] = typer.Option(
+            None, "--arms", help="The arms to interleave, e.g. baseline,speculative,scheduled (default: the three "
+            "when `render --schedule` rendered the scheduled arm from this config, else the A/B; docs/schedule.md)."),
+        crossing: bool = typer.Option(
+            False, "--crossing", help="A closed-loop ramp across the scheduled arm's thresholds (users just below, at "
+            "and above each, up and back down) on every arm; adds the scheduled arm (docs/schedule.md)."),
+        crossing_step_s: Optional[float] = typer.Option(
+            None, "--crossing-step-s", min=1, help="With --crossing: seconds per ramp step (default loadtest.duration_s: a step is a level)."),
         no_progress: bool = typer.Option(False, "--no-progress", help="No progress display."),
         aa: bool = typer.Option(
             False, "--aa", help="A/A check of the rig: the baseline against itself through the same sweep and "
@@ -163,15 +171,25 @@ def register(app: typer.Typer) -> None:
             from pipeline.loadtest.overrides import apply_overrides
 
             cfg = apply_overrides(cfg, overrides)
-        if resume and (out or concurrency or duration or repeats or sweep_draft_len):
+        if resume and (out or concurrency or duration or repeats or sweep_draft_len or crossing):
             raise UsageError("--resume continues the run's own plan: drop --out, --concurrency, --duration, "
-                             "--repeats and --sweep-draft-len")
+                             "--repeats, --sweep-draft-len and --crossing")
+        chosen = tuple(a.strip() for a in arms_option.split(",") if a.strip()) if arms_option else None
+        if chosen is None and not (arm or resume or aa or endpoint_baseline or endpoint_speculative):
+            from pipeline.loadtest.runner import default_arms
+
+            chosen = default_arms(cfg)  # the scheduled arm too, when `render --schedule` rendered it
+            if chosen:
+                print(f"arms: {', '.join(chosen)} (the scheduled arm is rendered; --arms baseline,speculative "
+                      "for the A/B alone)")
         with holding():  # the run dir stays this process's until its report is written
             run_dir = run_loadtest(
                 cfg, out_dir=out, concurrency=_int_list(concurrency, "--concurrency"), duration=duration,
                 repeats=repeats, sweep_draft_len=_int_list(sweep_draft_len, "--sweep-draft-len"),
                 endpoint_baseline=endpoint_baseline, endpoint_speculative=endpoint_speculative, arm=arm,
                 progress=not no_progress, report=False, resume=resume, aa=aa,
+                arms=chosen,
+                crossing=crossing, crossing_step_s=crossing_step_s,
             )
             report = make_report(run_dir, cfg)
         _print_summary(report)

@@ -48,6 +48,12 @@ def register(app: typer.Typer) -> None:
         recalibrate: bool = typer.Option(False, "--recalibrate", help="CPU configs: calibrate the forecast's cost "
                                          "model again even if this machine has a calibration for the config "
                                          "(default: made only when none is stored)."),
+        schedule: bool = typer.Option(False, "--schedule", help="After the A/B report: derive the speculation "
+                                      "schedule, render and serve the scheduled arm, load-test baseline, speculative "
+                                      "and scheduled across its thresholds, report (CPU reference engine; "
+                                      "docs/schedule.md)."),
+        crossing_step_s: Optional[float] = typer.Option(None, "--crossing-step-s", min=1, help="With --schedule: "
+                                                        "seconds per step of the ramp across the thresholds (default loadtest.duration_s: a step is a level)."),
         workdir: Optional[Path] = workdir_option(),
     ) -> int:
         from rich.console import Console
@@ -60,5 +66,6 @@ def register(app: typer.Typer) -> None:
         require_live(cfg, skip=skip_live, stage="run", console=Console())
         overrides = {k: v for k, v in {"concurrency": _int_list(concurrency), "duration": duration,
                                         "repeats": repeats}.items() if v is not None}
-        report = run_pipeline(cfg, new_run=new_run, loadtest_overrides=overrides, recalibrate=recalibrate)
+        report = run_pipeline(cfg, new_run=new_run, loadtest_overrides=overrides, recalibrate=recalibrate,
+                              schedule=schedule, crossing_step_s=crossing_step_s)
         raise typer.Exit(report.exit_code)

@@ -1,4 +1,4 @@
-"""`specdeploy serve CONFIG --variant baseline|speculative`: start tritonserver on a rendered
+"""`specdeploy serve CONFIG --variant baseline|speculative|scheduled`: start tritonserver on a rendered
 repository (gRPC + HTTP + metrics, bound to ``triton.host``, 127.0.0.1 by default; ``--host 0.0.0.0``
 for a load test from another machine, see docs/gpu-serving.md for what that exposes).
 
@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
     @app.command("serve", help="Start tritonserver on a rendered repository (gRPC + HTTP + metrics).")
     def serve_command(
         config: str = typer.Argument(..., help="Deployment config YAML."),
-        variant: str = typer.Option("speculative", "--variant", help="baseline or speculative."),
+        variant: str = typer.Option("speculative", "--variant", help="baseline, speculative, or scheduled (rendered by `render --schedule`)."),
         http_port: Optional[int] = typer.Option(None, "--http-port", help="Default: triton.http_port."),
         grpc_port: Optional[int] = typer.Option(None, "--grpc-port", help="Default: triton.grpc_port."),
         metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help="Default: triton.metrics_port."),

@@ -30,12 +30,28 @@ class RunSpec:
         return f"{self.arm}{dl}-{level}-r{self.repeat}"
 
 
+def arm_order(arms: tuple[str, ...], repeat: int) -> tuple[str, ...]:
+    """The arms' order in ``repeat``: a Williams design, so a slow drift of the machine favours no arm.
+    Two arms: A B, B A, ... Three (baseline, speculative, scheduled): the three rotations, then the
+    three rotations reversed (A B C, B C A, C A B, C B A, A C B, B A C): every arm takes every position
+    once in three repeats, and over six each arm follows each other arm equally often (for an odd
+    number of arms a Latin square alone cannot balance who runs right after whom)."""
+    n = len(arms)
+    if n < 2:
+        return arms
+    period = 2 * n if n % 2 else n
+    block = repeat % period
+    rotated = arms[block % n:] + arms[:block % n]
+    return rotated if block < n else rotated[::-1]
+
+
 def plan_runs(cfg: DeploymentConfig, arms: tuple[str, ...], concurrency: list[int], repeats: int,
               sweep: list[int], *, aa: bool = False) -> list[RunSpec]:
-    """Interleaved and counterbalanced: for each repeat, for each level, baseline then speculative (each
-    draft length) in even repeats, speculative first in odd ones (A B, B A, ...), so a slow drift of
-    the machine favours neither arm: in the paired intervals its effect alternates in sign and
-    cancels over each two repeats instead of biasing every pair the same way.
+    """Interleaved and counterbalanced: for each repeat, for each level, every arm once (the
+    speculative one at each draft length) in :func:`arm_order`'s order — baseline then speculative
+    in even repeats, speculative first in odd ones (A B, B A, ...); with the scheduled arm a
+    Williams design of three — so a slow drift of the machine favours no arm: in the paired
+    intervals its effect alternates in sign and cancels instead of biasing every pair the same way.
     ``aa``: the second arm is the baseline measured again (no draft length)."""
     primary = primary_draft_len(cfg)
     spec_lens = [None] if aa else (sweep or [primary])
@@ -50,7 +66,7 @@ def plan_runs(cfg: DeploymentConfig, arms: tuple[str, ...], concurrency: list[in
     out = []
     for rep in range(repeats):
         for level, rate in levels:
-            for arm in (arms if rep % 2 == 0 else arms[::-1]):
+            for arm in arm_order(tuple(arms), rep):
                 for dl in (spec_lens if arm == "speculative" else [None]):
                     out.append(RunSpec(arm, level, rep, dl, rate, label))
     return out

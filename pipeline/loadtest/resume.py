@@ -87,9 +87,28 @@ def plan_of(meta: dict, cfg: DeploymentConfig | None = None, repeats: int | None
     """The run's own plan (run.json: levels, repeats, draft lengths, arms, A/A), in the order it is
     measured; ``cfg``: the run's config when at hand (else read from run.json), ``repeats``: another
     number of repeats (``repeats: auto`` plans up to its maximum)."""
-    cfg = cfg or DeploymentConfig.model_validate(meta["config"])
+    cfg = run_config(meta, cfg or DeploymentConfig.model_validate(meta["config"]))
     return plan_runs(cfg, _arms(meta, cfg), meta["concurrency"], meta["repeats"] if repeats is None else repeats,
                      meta.get("sweep_draft_len") or [], aa=bool(meta.get("aa")))
+
+
+def run_config(meta: dict, cfg: DeploymentConfig) -> DeploymentConfig:
+    """``cfg`` as the run measured it: a crossing run (``loadtest --crossing``) adds its ramp, recorded
+    in run.json (``crossing.ramp``), to the config it was started with."""
+    ramp = (meta.get("crossing") or {}).get("ramp")
+    if not ramp or [s.model_dump(exclude_none=True) for s in cfg.loadtest.ramp] == ramp:
+        return cfg
+    loadtest = type(cfg.loadtest).model_validate({**cfg.loadtest.model_dump(), "ramp": ramp})
+    return cfg.model_copy(update={"loadtest": loadtest})
+
+
+def recorded_arms(run_dir: Path) -> tuple[str, ...] | None:
+    """The arms run.json of ``run_dir`` records (None: unreadable, or none recorded)."""
+    try:
+        arms = _read_json(Path(run_dir) / "run.json").get("arms")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return tuple(arms) if arms else None
 
 
 def planned_keys(meta: dict) -> list[str]:
@@ -136,13 +155,14 @@ class PreviousRuns:
     reuse: Path | None = None  # the newest finished and reported run: nothing to measure
 
 
-def previous_runs(cfg: DeploymentConfig) -> PreviousRuns:
+def previous_runs(cfg: DeploymentConfig, arms: tuple[str, ...] | None = None) -> PreviousRuns:
     """The run ``run`` resumes and the one it may reuse. The newest run of this config is resumed
     unless it is finished and reported; the newest finished and reported run is reused (when the
     newest is another process's, ``run`` falls back to it). A run of other arms (``--arm``) is not
-    one ``run`` would have measured, and an unreadable run directory is no run."""
+    one ``run`` would have measured, and an unreadable run directory is no run. ``arms``: the runs of
+    these arms instead (``run --schedule``'s three-arm crossing run)."""
     root = reports_root(cfg)
-    want, arms = config_hash(cfg), (ARMS if cfg.speculative else ("baseline",))
+    want, arms = config_hash(cfg), arms or (ARMS if cfg.speculative else ("baseline",))
     resume = None
     for run_dir in sorted((p for p in root.iterdir() if p.is_dir()), reverse=True) if root.is_dir() else []:
         try:

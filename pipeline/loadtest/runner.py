@@ -36,8 +36,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from pipeline.artefacts.deployment import ALL_ARMS, SCHEDULED, ArmDeployment, load_arm
 from pipeline.artefacts.runs import RunInfo, RunResults, RunSettings
-from pipeline.config import DeploymentConfig
+from pipeline.config import DeploymentConfig, config_hash
+from pipeline.errors import StaleInputError
 from pipeline.infra import owner_lock
 from pipeline.infra.atomic import write_json_atomic
 from pipeline.infra.cpu_pinning import spawn_on
@@ -45,6 +47,7 @@ from pipeline.infra.processes import spawn
 from pipeline.loadtest import acceptance_sources, auto_repeats, fail_fast, harness, ownership, reach
 from pipeline.loadtest import resume as resume_run
 from pipeline.loadtest.cells import RunSpec
+from pipeline.loadtest.crossing import crossing_ramp, thresholds
 from pipeline.loadtest.endpoints import (
     ArmEndpoint,
     ManagedEndpoints,
@@ -261,18 +264,28 @@ def run_loadtest(
     meta_extra: dict[str, Any] | None = None,
     resume: str | Path | None = None,
     aa: bool = False,
+    arms: tuple[str, ...] | None = None,
+    crossing: bool = False,
+    crossing_step_s: float | None = None,
 ) -> Path:
     """Run the whole load test; returns RUN_DIR (then the report is in it when ``report``).
     ``given_endpoints`` (with ``tokenizer_dir`` and ``meta_extra`` for run.json): arms served by
     someone else, as :mod:`pipeline.loadtest.endpoints_only` builds them. ``resume``: an
     interrupted RUN_DIR of this config to finish (:mod:`pipeline.loadtest.resume`): its plan, its
     complete cells kept, the others measured again, in the plan's order. ``aa``: an A/A run of the
-    rig (:data:`AA_DESIGN`): the baseline against itself, under RUN_DIR ``aa/`` by default."""
+    rig (:data:`AA_DESIGN`): the baseline against itself, under RUN_DIR ``aa/`` by default. ``arms``: the
+    arms to interleave (with ``scheduled``, the arm ``render --schedule`` rendered; a resumed run keeps
+    its own); ``crossing``: a closed-loop ramp across the scheduled arm's thresholds on every arm
+    (:mod:`pipeline.loadtest.crossing`), ``crossing_step_s`` seconds per step."""
+    if aa and (arm or endpoint_speculative or sweep_draft_len or arms or crossing):
+        raise LoadTestUsageError("--aa measures the baseline against itself: drop --arm, --arms, --crossing, "
+                                 "--endpoint-speculative and --sweep-draft-len")
+    if resume is not None and arms is None and arm is None:  # a resumed run keeps its own arms
+        arms = resume_run.recorded_arms(Path(resume))
+    arms = _arms_to_run(cfg, "baseline" if aa else arm, endpoint_baseline, None if aa else endpoint_speculative, arms)
+    if crossing and SCHEDULED not in arms:
+        arms = (*arms, SCHEDULED)  # the ramp is the scheduled arm's: it runs beside the others
     lt = cfg.loadtest
-    if aa and (arm or endpoint_speculative or sweep_draft_len):
-        raise LoadTestUsageError("--aa measures the baseline against itself: drop --arm, --endpoint-speculative "
-                                 "and --sweep-draft-len")
-    arms = _arms_to_run(cfg, "baseline" if aa else arm, endpoint_baseline, None if aa else endpoint_speculative)
     reach.api_key_env(lt)  # a named key variable that is unset stops here, before any server starts
     prompts, dataset = load_prompt_set(cfg, tokenizer_dir or served_tokenizer_dir(cfg))
     if lt.mode == "open" and lt.arrival == "trace" and not any(p.get("arrival_s") is not None for p in prompts):
@@ -282,15 +295,21 @@ def run_loadtest(
     deployments = ({a: e.deployment for a, e in given_endpoints.items()} if given_endpoints is not None
                    else arm_deployments(cfg, arms, remote=bool(endpoint_baseline or endpoint_speculative)))
     check_forced_lengths(cfg, deployments)
+    serve_cfg, base_hash = cfg, config_hash(cfg)  # the config as rendered: the servers' descriptors carry its hash
+    if crossing and resume is None:
+        cfg = crossing_config(cfg, deployments, crossing_step_s)
+    lt = cfg.loadtest
     now = datetime.now(timezone.utc)
     if resume is not None:
         run_dir = Path(resume).resolve()
         ownership.claim_to_resume(run_dir)  # only a run whose owner is gone
         meta, results = resume_run.load_run_to_resume(run_dir, cfg)
+        cfg = resume_run.run_config(meta, cfg)  # a crossing run's ramp is the run's own
+        lt = cfg.loadtest
         aa = bool(meta.get("aa"))
         concurrency, repeats, sweep = meta["concurrency"], meta["repeats"], meta.get("sweep_draft_len") or []
         duration_s, warmup_s, run_id = meta["duration_s"], meta["warmup_s"], meta["run_id"]
-        if tuple(meta.get("arms") or arms) != (ARMS if aa else arms):
+        if tuple(meta.get("arms") or ARMS) != (ARMS if aa else arms):
             raise LoadTestUsageError(f"--resume: {run_dir} measures the arms {meta['arms']}, these options "
                                      f"{list(arms)}: pass the --arm / --endpoint-* options it was started with")
         for name in ("report.json", "report.md", "report.html"):  # a report of the unfinished run
@@ -311,7 +330,12 @@ def run_loadtest(
         auto = auto_repeats.is_auto(repeats)
         meta = {**run_metadata(cfg, run_id, now, dataset, sweep, concurrency, duration_s, warmup_s,
                                0 if auto else repeats, tokenizer_dir), **(meta_extra or {}),
-                "arms": list(ARMS if aa else arms)}
+                "arms": list(ARMS if aa else arms), "config_hash": base_hash}
+        if lt.ramp and crossing:
+            meta["crossing"] = {"ramp": [step.model_dump(exclude_none=True) for step in lt.ramp],
+                                "thresholds": thresholds(deployments[SCHEDULED].draft_len_schedule or [])}
+        if SCHEDULED in arms:  # the schedule the arm ran, beside its records
+            meta["schedule"] = copy_schedule(deployments[SCHEDULED], run_dir)
         if aa:
             meta.update({"aa": {"design": AA_DESIGN, "served": "baseline"}, "primary_draft_len": None,
                          "method": f"A/A of the baseline ({cfg.method} config)", "draft_model": None})
@@ -324,7 +348,7 @@ def run_loadtest(
     if specs:  # else every cell was kept: nothing to serve or measure, only the report is missing
         _measure(cfg, specs, results, meta, run_dir, run_id, prompts, duration_s, warmup_s, tokenizer_dir,
                  progress, given_endpoints, arms, endpoint_baseline, endpoint_speculative,
-                 resume_run.new_session(meta, results, now.timestamp(), now.isoformat()), total)
+                 resume_run.new_session(meta, results, now.timestamp(), now.isoformat()), total, serve_cfg)
     if report:
 
         make_report(run_dir, cfg)
@@ -350,7 +374,7 @@ def _planned_specs(cfg, kept: set[str], results: list[dict], meta: dict,
 
 def _measure(cfg, specs: Iterable[RunSpec], results, meta, run_dir, run_id, prompts, duration_s, warmup_s,
              tokenizer_dir, progress, given_endpoints, arms, endpoint_baseline, endpoint_speculative, session: int,
-             total: int | None = None) -> None:
+             total: int | None = None, serve_cfg: DeploymentConfig | None = None) -> None:
     """Measure ``specs`` in order (after the kept ``results``), rewriting runs.json after each. ``specs``
     may be a generator that decides what to measure next from the results so far (repeats: auto)."""
 
@@ -362,7 +386,8 @@ def _measure(cfg, specs: Iterable[RunSpec], results, meta, run_dir, run_id, prom
 
     _write_json(run_dir / "run.json", RunInfo.checked(meta))
     endpoints_cm = (contextlib.nullcontext({a: e for a, e in given_endpoints.items() if a in arms})
-                    if given_endpoints is not None else _endpoints(cfg, arms, endpoint_baseline, endpoint_speculative))
+                    if given_endpoints is not None else _endpoints(serve_cfg or cfg, arms, endpoint_baseline,
+                                                                   endpoint_speculative))
     with endpoints_cm as endpoints:
         meta["endpoints"] = _endpoints_provenance(endpoints)
         _write_json(run_dir / "run.json", RunInfo.checked(meta))
@@ -386,10 +411,18 @@ def _measure(cfg, specs: Iterable[RunSpec], results, meta, run_dir, run_id, prom
 
 
 def _arms_to_run(cfg: DeploymentConfig, arm: str | None, endpoint_baseline: str | None,
-                 endpoint_speculative: str | None) -> tuple[str, ...]:
-    if arm is not None and arm not in ARMS:
-        raise LoadTestUsageError(f"--arm: expected one of {ARMS}, got '{arm}'")
-    arms: tuple[str, ...] = (arm,) if arm else ARMS
+                 endpoint_speculative: str | None, chosen: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    if arm is not None and arm not in ALL_ARMS:
+        raise LoadTestUsageError(f"--arm: expected one of {ALL_ARMS}, got '{arm}'")
+    if chosen is not None:
+        bad = [a for a in chosen if a not in ALL_ARMS]
+        if bad or not chosen or len(set(chosen)) != len(chosen):
+            raise LoadTestUsageError(f"--arms: expected distinct arms among {ALL_ARMS}, got {list(chosen)}")
+        if arm is not None:
+            raise LoadTestUsageError("give --arm or --arms, not both")
+        if SCHEDULED in chosen and (endpoint_baseline or endpoint_speculative):
+            raise LoadTestUsageError("the scheduled arm is served here (render --schedule): drop --endpoint-*")
+    arms: tuple[str, ...] = (arm,) if arm else tuple(chosen) if chosen else ARMS
     if not cfg.speculative and "speculative" in arms and not (endpoint_speculative or arm):
         raise LoadTestUsageError("speculation.method is 'none': there is no speculative arm to compare")
     if endpoint_baseline or endpoint_speculative:
@@ -397,6 +430,46 @@ def _arms_to_run(cfg: DeploymentConfig, arm: str | None, endpoint_baseline: str 
         if missing:
             raise LoadTestUsageError(f"no endpoint for arm(s) {missing}: pass --endpoint-{missing[0]} (or --arm)")
     return arms
+
+
+def default_arms(cfg: DeploymentConfig) -> tuple[str, ...] | None:
+    """The arms ``loadtest CONFIG`` measures when none is named: the three when the scheduled arm is
+    rendered from this config (``render --schedule``), else None (the A/B arms)."""
+
+    if not cfg.speculative:
+        return None
+    try:
+        load_arm(cfg, SCHEDULED)
+    except StaleInputError:
+        return None
+    return ALL_ARMS
+
+
+def crossing_config(cfg: DeploymentConfig, deployments: dict, step_s: float | None) -> DeploymentConfig:
+    """``cfg`` with ``loadtest.ramp`` the closed-loop ramp across the scheduled arm's thresholds
+    (:func:`pipeline.loadtest.crossing.crossing_ramp`), checked as the YAML would be."""
+    scheduled = deployments.get(SCHEDULED)
+    if scheduled is None or not scheduled.draft_len_schedule:
+        raise LoadTestUsageError("--crossing builds its ramp from the scheduled arm's schedule: render it first "
+                                 "(specdeploy render CONFIG --schedule RUN_DIR/schedule.json)")
+    if cfg.loadtest.mode != "closed":
+        raise LoadTestUsageError("--crossing is a closed-loop ramp of users (loadtest.mode: closed)")
+    max_users = (cfg.reference.max_batch_size if cfg.backend == "reference" and cfg.reference.max_batch_size
+                 else cfg.build.max_batch_size)
+    ramp = crossing_ramp(scheduled.draft_len_schedule, max_users, step_s or cfg.loadtest.duration_s)  # a step is a level
+    loadtest = type(cfg.loadtest).model_validate({**cfg.loadtest.model_dump(), "ramp": ramp})
+    return cfg.model_copy(update={"loadtest": loadtest})
+
+
+def copy_schedule(scheduled: ArmDeployment, run_dir: Path) -> dict:
+    """``RUN_DIR/schedule.json``: the schedule the scheduled arm was rendered from (its content for run.json)."""
+    source = Path(scheduled.schedule_path or "")
+    if not source.is_file():
+        raise LoadTestUsageError(f"the scheduled arm's schedule {source} is gone: re-run `specdeploy render --schedule`")
+    data = json.loads(source.read_text(encoding="utf-8"))
+    if source.resolve() != (run_dir / "schedule.json").resolve():
+        write_json_atomic(run_dir / "schedule.json", data, indent=1)
+    return data
 
 
 def _new_run_dir(cfg: DeploymentConfig, out_dir: str | Path | None, created: datetime, aa: bool = False) -> Path:

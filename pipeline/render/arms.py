@@ -11,21 +11,25 @@ another host from a repository rendered there (``--endpoint-*`` with no descript
 
 from __future__ import annotations
 
-from pipeline.artefacts.deployment import ArmDeployment, Drafts, check_arm
+from pipeline.artefacts.deployment import SCHEDULED, ArmDeployment, Drafts, check_arm
+from pipeline.artefacts.schedule import SpeculationSchedule
 from pipeline.config import DeploymentConfig, config_hash
 
 
 def decide_arm(cfg: DeploymentConfig, arm: str, manifest: dict | None = None,
-               placement: dict | None = None) -> ArmDeployment:
+               placement: dict | None = None, schedule: SpeculationSchedule | None = None,
+               schedule_path: str | None = None) -> ArmDeployment:
     """What ``arm`` of ``cfg`` is. draft_target or ngram orchestrated by the BLS: both arms call the
     BLS (the speculative arm adds num_draft_tokens = K); on the llmapi layout (the LLM-API runtime, or
     the CPU engine behind it) both call the llmapi ``tensorrt_llm`` model; every other case calls the
-    ensemble."""
+    ensemble. The scheduled arm (``schedule``, from ``render --schedule``) is the speculative arm
+    whose engine runs the schedule's K per live batch size."""
     check_arm(cfg, arm)
     llm_api = getattr(cfg, "llmapi_layout", False)  # the llmapi model takes text in and out itself (GPU or CPU engine)
     bls = _bls_orchestrated(cfg)
-    extra = {"num_draft_tokens": _bls_draft_len(cfg)} if bls and arm == "speculative" else {}
-    speculative = arm == "speculative" and cfg.speculative
+    drafting = arm in (SPECULATIVE, SCHEDULED)
+    extra = {"num_draft_tokens": _bls_draft_len(cfg)} if bls and drafting else {}
+    speculative = drafting and cfg.speculative
     manifest = manifest or {}
     return ArmDeployment(
         arm=arm, name=cfg.name, config_hash=config_hash(cfg), backend=cfg.backend, method=cfg.method,
@@ -37,7 +41,13 @@ def decide_arm(cfg: DeploymentConfig, arm: str, manifest: dict | None = None,
         max_draft_len=(cfg.method_info.engine_max_draft_len(cfg.speculation) or None) if speculative else None,
         engine_models=2 if bls and cfg.method_info.draft_model else 1, tokenizer_dir=manifest.get("tokenizer_dir"),
         trtllm_version=manifest.get("trtllm_version"), manifest_created=manifest.get("created"), placement=placement,
+        draft_len_schedule=[r.model_dump(include={"min_concurrency", "max_concurrency", "draft_len"})
+                            for r in schedule.ranges] if arm == SCHEDULED and schedule else None,
+        schedule_path=schedule_path if arm == SCHEDULED else None,
     )
+
+
+SPECULATIVE = "speculative"
 
 
 def _drafts(cfg: DeploymentConfig, arm: str) -> Drafts:

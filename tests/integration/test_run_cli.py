@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.triton, pytest.mark.slow]
+# weight: ~140 CPU s, about 30 slow tests; by its one slow test it was scheduled last (the tail)
+pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.weight(30)]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXIT_CODES = {"GO": 0, "NO-GO": 1, "INCONCLUSIVE": 3}

@@ -108,3 +108,19 @@ def test_the_scheduler_groups_and_orders_node_ids(tmp_path):
     sched.groups = xs.read_groups(str(tmp_path))[0]
     assert sched._split_scope(f"{B}::t2") == sched._split_scope(f"{A}::t1") == "servers:dt_server"
     assert sched._split_scope(f"{U}::x[1]") == U  # no map entry: its module
+
+
+def test_a_weighted_slow_test_counts_its_weight():
+    """``weight(n)``: ``specdeploy run`` end to end, scheduled by its one slow test, ran last."""
+    class Item:
+        def __init__(self, *marks):
+            self.marks = {m.name: m for m in marks}
+
+        def get_closest_marker(self, name):
+            return self.marks.get(name)
+
+    assert xs.item_weight(Item()) == 1
+    assert xs.item_weight(Item(pytest.mark.slow.mark)) == xs.SLOW_WEIGHT
+    assert xs.item_weight(Item(pytest.mark.slow.mark, pytest.mark.weight(30).mark)) == 30 * xs.SLOW_WEIGHT
+    _, weights = xs.group_items([(f"{U}::a", set(), set(), 30 * xs.SLOW_WEIGHT), (f"{A}::c", {"dt_server"}, set(), True)])
+    assert weights == {U: 30 * xs.SLOW_WEIGHT, "servers:dt_server": xs.SLOW_WEIGHT}
