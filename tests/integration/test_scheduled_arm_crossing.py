@@ -19,7 +19,7 @@ from pipeline.artefacts.schedule import DraftLenRange, SpeculationSchedule
 from pipeline.loadtest.runner import run_loadtest
 from pipeline.render.schedule import apply_schedule, schedule_form
 
-pytestmark = [pytest.mark.triton, pytest.mark.slow]
+pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.e2e]  # a whole three-arm load test: the e2e tier
 ROOT = Path(__file__).resolve().parents[2]
 
 

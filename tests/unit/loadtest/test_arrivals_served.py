@@ -131,6 +131,7 @@ def test_a_trace_is_replayed_at_its_recorded_times(tmp_path, fast):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # a whole A/B load test to a report (the e2e tier); the patterns above stay in the full tier
 def test_an_open_loop_ramp_on_both_arms_interleaved_to_a_report(tmp_path, fast):
     from pipeline.report.builder import prepare
 
