@@ -137,8 +137,8 @@ def measure_method(workdir: Path, models: dict, method: str, k: int, prompts: li
                    rounds: int, cpu_pinning: str = "auto", engine_process: str = "own") -> dict:
     import tiny_deploy
     from pipeline.config import load_config
+    from pipeline.infra.cpu_pinning import spawn_on
     from pipeline.render.renderer import client_target, drafts_in_engine, load_manifest, render
-    from pipeline.serve.cpu_pinning import spawn_on
     from pipeline.serve.server import serve_deployment
     from pipeline.triton_models.tokenizer import TextTokenizer
     from triton_clients import StreamSession

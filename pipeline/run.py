@@ -24,7 +24,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from rich.console import Console
+from rich.table import Table
+
+from pipeline.artefacts.deployment import ALL_ARMS
+from pipeline.build.builder import build
 from pipeline.config import DeploymentConfig
+from pipeline.errors import UsageError
+from pipeline.forecast.machine_calibration import ensure_calibration
+from pipeline.infra import owner_lock
+from pipeline.infra.atomic import write_json_atomic
+from pipeline.infra.owner_lock import DirectoryBusy
+from pipeline.loadtest import auto_repeats
+from pipeline.loadtest.crossing import CrossingError, crossing_levels
+from pipeline.loadtest.ownership import live_owner
+from pipeline.loadtest.resume import PreviousRuns, kept_results, previous_runs
+from pipeline.loadtest.runner import run_loadtest
+from pipeline.render.renderer import render
+from pipeline.render.schedule import BLS_DRAFTS, apply_schedule, schedule_form, serves_scheduled_arm
+from pipeline.report.builder import make_report
+from pipeline.schedule.derive import derive_from_run
+from pipeline.schedule.forms import write_forms
+from pipeline.validate.preflight import errors_of, raise_on_errors, run_preflight
 
 STAGES = ("validate", "build", "render", "loadtest", "report")
 CPU_STAGES = ("validate", "build", "render", "calibrate", "loadtest", "report")
@@ -69,17 +90,7 @@ def run_pipeline(
     ``schedule``: then derive the schedule from the A/B report, render and serve the scheduled arm and
     load-test the three arms across its thresholds (:func:`schedule_stages`); the report returned is
     that run's."""
-    from rich.console import Console  # noqa: PLC0415 - rich is loaded only when this path runs
 
-    from pipeline.build.builder import build  # noqa: PLC0415 - keeps psutil off this module's import
-    from pipeline.infra import owner_lock  # noqa: PLC0415 - only this path needs it
-    from pipeline.infra.owner_lock import DirectoryBusy  # noqa: PLC0415 - only this path needs it
-    from pipeline.loadtest.ownership import live_owner  # noqa: PLC0415 - only this path needs it
-    from pipeline.loadtest.resume import PreviousRuns, kept_results, previous_runs  # noqa: PLC0415 - only this path needs it
-    from pipeline.loadtest.runner import run_loadtest  # noqa: PLC0415 - keeps psutil off this module's import
-    from pipeline.render.renderer import render  # noqa: PLC0415 - only this path needs it
-    from pipeline.report.builder import make_report  # noqa: PLC0415 - keeps numpy off this module's import
-    from pipeline.validate.preflight import errors_of, raise_on_errors, run_preflight  # noqa: PLC0415 - only this path needs it
 
     console = console or Console()
     if schedule:
@@ -160,8 +171,6 @@ def run_pipeline(
 def check_schedule_run(cfg: DeploymentConfig) -> None:
     """``run --schedule`` serves a third arm: the CPU reference engine's own layout only (the llmapi
     layout takes the schedule into its speculative arm, the engine runtime cannot run one)."""
-    from pipeline.errors import UsageError  # noqa: PLC0415 - only this path needs it
-    from pipeline.render.schedule import BLS_DRAFTS, serves_scheduled_arm  # noqa: PLC0415 - only this path needs it
 
     if cfg.backend != "reference" or cfg.llmapi_layout or not cfg.speculative:
         raise UsageError("run --schedule serves a scheduled arm beside the A/B arms on the CPU reference engine "
@@ -178,15 +187,6 @@ def schedule_stages(cfg: DeploymentConfig, ab_run: Path, log: StageLog, console,
     across its thresholds (:mod:`pipeline.loadtest.crossing`; the A/B's levels when the schedule has
     no threshold to cross), and that run's report. A finished crossing run of the config is reused,
     an unfinished one resumed, as the A/B run is."""
-    from pipeline.artefacts.deployment import ALL_ARMS  # noqa: PLC0415 - only this path needs it
-    from pipeline.loadtest import auto_repeats  # noqa: PLC0415 - only this path needs it
-    from pipeline.loadtest.crossing import CrossingError, crossing_levels  # noqa: PLC0415 - only this path needs it
-    from pipeline.loadtest.resume import previous_runs  # noqa: PLC0415 - only this path needs it
-    from pipeline.loadtest.runner import run_loadtest  # noqa: PLC0415 - keeps psutil off this module's import
-    from pipeline.render.schedule import apply_schedule, schedule_form  # noqa: PLC0415 - only this path needs it
-    from pipeline.report.builder import make_report  # noqa: PLC0415 - keeps numpy off this module's import
-    from pipeline.schedule.derive import derive_from_run  # noqa: PLC0415 - keeps numpy off this module's import
-    from pipeline.schedule.forms import write_forms  # noqa: PLC0415 - only this path needs it
 
     def schedule_stage():
         sched = derive_from_run(ab_run)
@@ -241,7 +241,6 @@ def _same_schedule(run_dir: Path, schedule_path: Path) -> bool:
 def calibrate_stage(cfg: DeploymentConfig, console, force: bool) -> tuple[dict, str]:
     """This machine's CPU calibration for ``cfg``: reused when stored, made when not (or when
     ``force``); (the outcome, its summary). Never raises: the run goes on without it."""
-    from pipeline.forecast.machine_calibration import ensure_calibration  # noqa: PLC0415 - only this path needs it
 
     def starting(why: str) -> None:
         console.print(f"  calibration {why}: microbenchmarking the reference engine on the load test's prompts, "
@@ -268,7 +267,6 @@ def calibrate_stage(cfg: DeploymentConfig, console, force: bool) -> tuple[dict, 
 def record_calibration(run_dir: Path, outcome: dict) -> None:
     """Record the calibrate stage's outcome in ``run_dir/run.json`` (``forecast_calibration``), where
     the report reads why a CPU run has no forecast; kept across ``specdeploy report`` re-runs."""
-    from pipeline.infra.atomic import write_json_atomic  # noqa: PLC0415 - only this path needs it
 
     path = run_dir / "run.json"
     meta = json.loads(path.read_text(encoding="utf-8"))
@@ -277,7 +275,6 @@ def record_calibration(run_dir: Path, outcome: dict) -> None:
 
 
 def _print_summary(console, log: StageLog, report) -> None:
-    from rich.table import Table  # noqa: PLC0415 - rich is loaded only when this path runs
 
     table = Table(title="specdeploy run")
     for column in ("stage", "result", "seconds"):

@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field
 
 from pipeline.artefacts.base import Artefact
+from pipeline.config import config_hash
 from pipeline.errors import StaleInputError, UsageError
+from pipeline.paths import model_repo_dir
 
 if TYPE_CHECKING:
     from pipeline.config import DeploymentConfig
@@ -97,8 +99,6 @@ def descriptor_path(repo: Path) -> Path:
 def load_descriptor(cfg: "DeploymentConfig", arm: str) -> ArmDeployment:
     """The descriptor ``render`` wrote for ``arm``; refused when it is missing, predates its schema, or
     was rendered from another config (the repository itself may be served on another host)."""
-    from pipeline.config import config_hash  # noqa: PLC0415 - keeps yaml off this module's import
-    from pipeline.paths import model_repo_dir  # noqa: PLC0415 - keeps yaml off this module's import
 
     check_arm(cfg, arm)
     path = descriptor_path(model_repo_dir(cfg, arm))
@@ -114,7 +114,6 @@ def load_descriptor(cfg: "DeploymentConfig", arm: str) -> ArmDeployment:
 def load_arm(cfg: "DeploymentConfig", arm: str) -> tuple[Path, ArmDeployment]:
     """(repository, descriptor) of ``arm`` as ``render`` left it; refused when either is missing,
     the descriptor predates its schema, or it was rendered from another config."""
-    from pipeline.paths import model_repo_dir  # noqa: PLC0415 - keeps yaml off this module's import
 
     check_arm(cfg, arm)
     repo = model_repo_dir(cfg, arm)

@@ -13,6 +13,7 @@ artefact base add 0.25-0.45 s to a Locust process's ~1.5 s of imports on the 2-c
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -84,11 +85,10 @@ class RawRecordFields:
 
 def _make_model() -> type:
     """:class:`RawRecord`: the pydantic model of :class:`RawRecordFields`, field for field."""
-    import typing  # noqa: PLC0415 - only when the model is made
 
-    from pydantic import create_model  # noqa: PLC0415 - pydantic off the Locust processes' start-up path
+    from pydantic import create_model  # noqa: PLC0415 - start-up: pydantic (the Locust processes import this module through lt_common)
 
-    from pipeline.artefacts.base import Artefact  # noqa: PLC0415 - as above (the base imports pydantic)
+    from pipeline.artefacts.base import Artefact  # noqa: PLC0415 - start-up: pydantic (pipeline.artefacts.base; the Locust processes import this module)
 
     class _RawRecordBase(Artefact):
         SCHEMA = RECORD_SCHEMA

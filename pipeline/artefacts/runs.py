@@ -12,6 +12,10 @@ from pydantic import Field
 
 from pipeline.artefacts.base import Artefact, Strict
 
+# `server_acceptance.source` / `metrics_delta.source` when no server counter gave acceptance: written by
+# the load test's counter reader, read by the report; here, beneath both, with the file it is a value of
+NOT_REPORTED = "not reported"
+
 
 class RunInfo(Artefact):
     """Provenance of one load test: config snapshot and hash, code and package versions, host,

@@ -35,10 +35,12 @@ from pathlib import Path
 from typing import Any, Iterator, Protocol
 
 from pipeline import __version__
+from pipeline.artefacts.live_preflight import provenance_line
 from pipeline.artefacts.manifest import MANIFEST_FORMAT, BuildManifest, read_manifest  # noqa: F401 - MANIFEST_FORMAT re-exported
 from pipeline.config import DeploymentConfig, config_hash
 from pipeline.errors import EXIT_INTERRUPTED, BuildError
 from pipeline.infra.atomic import write_json_atomic
+from pipeline.infra.owner_lock import DirectoryBusy, owned
 from pipeline.infra.processes import spawn
 from pipeline.infra.provenance import git_sha, package_version, versions
 from pipeline.methods import get_method
@@ -170,7 +172,6 @@ def build_lock(root: Path, wait: bool = False) -> Iterator[None]:
     """One build per deployment at a time: ``<root>/.build.lock``, owned as a run directory is
     (:mod:`pipeline.infra.owner_lock`). Taken: BuildError naming the owner, or with ``wait`` a
     wait for it (``specdeploy run``: a second run of the config builds nothing after the first)."""
-    from pipeline.infra.owner_lock import DirectoryBusy, owned  # noqa: PLC0415 - POSIX only, like the serving path
 
     def waiting(owner) -> None:
         print(f"  waiting for the build of {root} by {owner.describe() if owner else 'another process'}",
@@ -215,8 +216,8 @@ class _Reporter:
 
 class _RichReporter(_Reporter):
     def __init__(self) -> None:
-        from rich.console import Console  # noqa: PLC0415 - rich is loaded only when this path runs
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn  # noqa: PLC0415 - rich is loaded only when this path runs
+        from rich.console import Console  # noqa: PLC0415 - start-up: rich (the build's spinner, shown only on a terminal)
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn  # noqa: PLC0415 - start-up: rich (the build's spinner, shown only on a terminal)
 
         self.console = Console(stderr=True)
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
@@ -342,8 +343,6 @@ def _versions(cfg: DeploymentConfig) -> dict[str, str | None]:
     if cfg.backend == "trtllm":
         found["tensorrt_llm_pinned"] = cfg.trtllm_version
         found["tensorrt_llm"] = package_version("tensorrt_llm", "tensorrt-llm")
-        from pipeline.validate.live.gate import provenance_line  # noqa: PLC0415 - start-up: the live preflight's modules (about 0.3 s) load for trtllm builds only
-
         found["live_preflight"] = provenance_line(cfg)
     else:
         found["torch"] = package_version("torch")

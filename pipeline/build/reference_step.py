@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from pipeline.artefacts import engine as spec
 from pipeline.artefacts.base import problem_lines
 from pipeline.artefacts.engine import ENGINE_DESCRIPTOR, EngineDescriptor
+from pipeline.demo import resolve_builtin
 from pipeline.errors import SpecdeployError
 from pipeline.methods import METHODS, method_for_proposer
 from pipeline.methods.base import LLAMA, StepFlag
@@ -50,7 +51,6 @@ def check_checkpoint(path: Path, kind: str) -> None:
 
 def cmd_resolve(args: argparse.Namespace) -> None:
     if args.builtin:
-        from pipeline.demo import resolve_builtin  # noqa: PLC0415 - may import torch
 
         source = Path(resolve_builtin(args.builtin))
     else:
@@ -64,7 +64,7 @@ def cmd_resolve(args: argparse.Namespace) -> None:
 
 
 def cmd_quantize(args: argparse.Namespace) -> None:
-    from pipeline.reference.quantize import quantize_checkpoint  # noqa: PLC0415 - imports torch
+    from pipeline.reference.quantize import quantize_checkpoint  # noqa: PLC0415 - start-up: torch (pipeline.reference.quantize; only an int8 build needs it)
 
     src = Path(args.src).resolve()
     check_checkpoint(src, "llama")

@@ -34,6 +34,7 @@ from pipeline.config_base import (
     TrtllmRuntime,
     described,
 )
+from pipeline.facts.hardware import PROFILES
 from pipeline.methods import METHODS, Method
 
 # One config section per method, in the registry's order (the one the schema and the errors list).
@@ -107,7 +108,6 @@ class DeploymentConfig(Section):
     @field_validator("hardware")
     @classmethod
     def _known_hardware(cls, value: str) -> str:
-        from pipeline.facts.hardware import PROFILES  # noqa: PLC0415 - reads gpus.yaml: only validating a config needs it
 
         if value not in PROFILES:
             raise ValueError(f"unknown hardware profile '{value}'; valid: {', '.join(PROFILES)}")

@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from pipeline.config_base import CrossFieldError, Section, described
+from pipeline.errors import UsageError
+from pipeline.loadtest.datasets import FORMATS
 
 
 class LlmApiSettings(Section):
@@ -322,8 +324,7 @@ class LoadTestSettings(Section):
     def _length_written(cls, value: Any, info) -> Any:
         if value is None:
             return None
-        from pipeline.errors import UsageError  # noqa: PLC0415 - beside the import above
-        from pipeline.loadtest.lengths import parse_length  # noqa: PLC0415 - numpy stays off config import
+        from pipeline.loadtest.lengths import parse_length  # noqa: PLC0415 - start-up: numpy (pipeline.loadtest.lengths; every command parses a config)
 
         try:
             parse_length(value, info.field_name)
@@ -334,7 +335,6 @@ class LoadTestSettings(Section):
     @field_validator("dataset_name")
     @classmethod
     def _dataset_known(cls, value: str) -> str:
-        from pipeline.loadtest.datasets import FORMATS  # noqa: PLC0415 - loaders stay off config import
 
         if value not in FORMATS:
             raise ValueError(f"unknown dataset format '{value}' (one of "

@@ -18,6 +18,9 @@ from __future__ import annotations
 
 from typing import Callable
 
+from pipeline.engine_bench import _encode, resolve_checkpoint
+from pipeline.loadtest.inputs import load_prompt_set
+
 HELD_OUT = 30  # calibration prompts start here in each category; the bench measures the first ones
 PER_CATEGORY = 3
 # calibrate's engines hold 512 positions, a generation adds 48 tokens and a few drafts: longer
@@ -45,8 +48,6 @@ def held_out_groups(prompts: dict[str, list[str]], encode: Callable[[str], list[
 def config_prompt_groups(cfg, per_category: int = PER_CATEGORY) -> tuple[list[list[list[int]]] | None, str]:
     """(token-id prompts per category of the config's load-test prompt set, what they are), or
     (None, why not) when the prompt set or the target's tokenizer cannot be used."""
-    from pipeline.engine_bench import _encode, resolve_checkpoint  # noqa: PLC0415 - tokenizers only here
-    from pipeline.loadtest.inputs import load_prompt_set  # noqa: PLC0415 - only this path needs it
 
     try:
         rows, dataset = load_prompt_set(cfg)

@@ -25,6 +25,7 @@ import platform
 import statistics
 import time
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 
 from pipeline.forecast.figures import ForecastInputError
@@ -44,7 +45,7 @@ CONTEXTS = (16, 96)
 def machine() -> dict:
     """This machine as a calibration records it; the int8 kernel because int8 draft weights' cost
     depends on it (:mod:`pipeline.reference.int8_gemm`)."""
-    from pipeline.reference.int8_gemm import kernel  # noqa: PLC0415 - torch, only where a calibration is described
+    from pipeline.reference.int8_gemm import kernel  # noqa: PLC0415 - start-up: torch (pipeline.reference.int8_gemm; pipeline.forecast.model imports this module)
 
     return {**_identity(), "int8_gemm": kernel()}
 
@@ -56,7 +57,6 @@ def _identity() -> dict:
 
 
 def _installed(package: str) -> str | None:
-    from importlib import metadata  # noqa: PLC0415 - only a calibration's description needs it
 
     try:
         return metadata.version(package)
@@ -87,7 +87,7 @@ def calibration_path() -> Path:
 
 
 def _time_forward(model, batch: int, tokens: int, context: int, reps: int) -> float:
-    from pipeline.reference.modeling import StepInput, one_sequence  # noqa: PLC0415 - torch only here
+    from pipeline.reference.modeling import StepInput, one_sequence  # noqa: PLC0415 - start-up: torch (pipeline.reference.modeling; pipeline.forecast.model imports this module)
 
     pool = model.new_pool(batch, context + tokens + 2)
     caches = [pool.allocate() for _ in range(batch)]
@@ -106,8 +106,8 @@ def _time_forward(model, batch: int, tokens: int, context: int, reps: int) -> fl
 
 def fit_forward(points: list[tuple[int, int, float]]) -> dict:
     """(rows, context, seconds) → {a, b, c} of ``t = a + b·rows + c·rows·L`` (non-negative)."""
-    import numpy as np  # noqa: PLC0415 - numpy is loaded only when this path runs
-    from scipy.optimize import nnls  # noqa: PLC0415 - scipy is loaded only when this path runs
+    import numpy as np  # noqa: PLC0415 - start-up: numpy (loaded when a calibration is fitted; pipeline.forecast.model imports this module)
+    from scipy.optimize import nnls  # noqa: PLC0415 - start-up: scipy (loaded when a calibration is fitted; pipeline.forecast.model imports this module)
 
     x = np.array([[1.0, rows, rows * ctx] for rows, ctx, _ in points])
     y = np.array([s for _, _, s in points])
@@ -279,7 +279,7 @@ def calibrate(target_dir: Path, draft_dir: Path | None = None, threads: int = 1,
     deployment's typical prompt length; the per-sequence work grows with the context);
     ``prompt_groups``: token-id prompts per category to time them with instead (held out from
     any check)."""
-    from pipeline.reference.engine import create_engine, set_threads  # noqa: PLC0415 - keeps pydantic, torch off this module's import
+    from pipeline.reference.engine import create_engine, set_threads  # noqa: PLC0415 - start-up: torch (pipeline.reference.engine; pipeline.forecast.model imports this module)
 
     set_threads(threads)
     limits = dict(max_batch_size=max(batches), max_seq_len=512, prefix_cache_entries=0, fast_paths=fast_paths)

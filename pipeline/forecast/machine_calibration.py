@@ -13,16 +13,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from pipeline.engine_bench import proposer_spec, resolve_checkpoint
 from pipeline.forecast import cpu
 from pipeline.forecast.calibration_prompts import config_prompt_groups
 from pipeline.forecast.figures import ForecastInputError
+from pipeline.forecast.proposers import PLANS
 
 
 def calibrate_config(cfg) -> tuple[Path, dict]:
     """Calibrate the config's target, draft and proposer on this machine, timed on the config's
     load-test prompts (synthetic ones when those cannot be used); store it. Returns (the file it
     is stored in, the calibration)."""
-    from pipeline.engine_bench import proposer_spec, resolve_checkpoint  # noqa: PLC0415 - torch only here
 
     if cfg.hardware != "cpu":
         raise ForecastInputError(f"--calibrate: {cfg.name} runs on {cfg.hardware}; only the CPU reference engine is calibrated")
@@ -36,7 +37,6 @@ def calibrate_config(cfg) -> tuple[Path, dict]:
 
 def not_needed(cfg) -> str | None:
     """Why the config needs no CPU calibration (None: it needs one)."""
-    from pipeline.forecast.proposers import PLANS  # noqa: PLC0415 - keeps yaml off this module's import
 
     if cfg.hardware != "cpu":
         return f"hardware {cfg.hardware}: the forecast uses its hardware and engine figures"

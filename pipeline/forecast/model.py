@@ -29,6 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.demo import resolve_builtin
+from pipeline.facts.hardware import get_profile
+from pipeline.facts.memory_fit import estimate_memory, kv_bytes, speculative_executors, weight_bytes_per_param
 from pipeline.facts.model_shapes import KNOWN_MODELS, ModelShape, known_shape, read_config_json, shape_from_config
 from pipeline.forecast import uncertainty
 from pipeline.forecast.acceptance import Acceptance, alpha_for_tau
@@ -304,7 +307,6 @@ def checkpoint_shape(checkpoint: str) -> ModelShape:
     public model's; ForecastInputError naming what to provide otherwise."""
     directory = Path(checkpoint).expanduser()
     if checkpoint.startswith("builtin:"):
-        from pipeline.demo import resolve_builtin  # noqa: PLC0415 - demo models only when asked for
 
         directory = Path(resolve_builtin(checkpoint))
     if (directory / "config.json").is_file():
@@ -338,7 +340,6 @@ def config_inputs(cfg, acceptance: Acceptance, engine: str | None = None, contex
                   device=None, requests: Requests | None | str = "config") -> Inputs:
     """Forecast inputs of a deployment config (speculation method ≠ none). ``requests``: the load
     test's requests (``"config"``: the config's defaults; None: a static batch, as ``bench`` runs)."""
-    from pipeline.facts.memory_fit import kv_bytes, weight_bytes_per_param  # noqa: PLC0415 - heavy config import
 
     try:
         plan = plan_for(cfg.speculation)
@@ -377,8 +378,6 @@ def concurrency_limit(cfg, target_shape: ModelShape, draft_shape: ModelShape | N
     """The most sequences of ``tokens`` (context + verified tokens) the deployment decodes together:
     ``build.max_batch_size``, and on a GPU the KV pool the memory estimate leaves (the speculative
     arm's engines, KV fraction of what their weights, activations and margins leave)."""
-    from pipeline.facts.hardware import get_profile  # noqa: PLC0415 - heavy config import
-    from pipeline.facts.memory_fit import estimate_memory, speculative_executors  # noqa: PLC0415 - as above
 
     batch = cfg.build.max_batch_size
     limits = [Limit(batch, f"build.max_batch_size {batch}")]

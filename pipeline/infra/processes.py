@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import resource
 import select
 import signal
 import socket
@@ -373,7 +374,6 @@ class _Keeper:
 def _exit_like(status: int) -> None:
     """Exit with the command's status: the same code, or killed by the same signal."""
     if os.WIFSIGNALED(status):
-        import resource  # noqa: PLC0415 - the keeper only
 
         sig = os.WTERMSIG(status)
         with contextlib.suppress(ValueError, OSError):

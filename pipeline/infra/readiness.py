@@ -13,11 +13,11 @@ import re
 def _client(url: str, transport: str, timeout_s: float):
     if transport == "http":
         # tritonclient.http rides on geventhttpclient: imported here only, and it patches nothing
-        import tritonclient.http as httpclient  # noqa: PLC0415 - tritonclient is loaded only when this path runs
+        import tritonclient.http as httpclient  # noqa: PLC0415 - start-up: tritonclient (loaded when a server's readiness is polled)
 
         return httpclient.InferenceServerClient(re.sub(r"^https?://", "", url.rstrip("/")),
                                                 connection_timeout=timeout_s, network_timeout=timeout_s)
-    import tritonclient.grpc as grpcclient  # noqa: PLC0415 - tritonclient is loaded only when this path runs
+    import tritonclient.grpc as grpcclient  # noqa: PLC0415 - start-up: tritonclient (loaded when a server's readiness is polled)
 
     return grpcclient.InferenceServerClient(url=re.sub(r"^(grpc|http)s?://", "", url))
 

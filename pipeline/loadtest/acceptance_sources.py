@@ -41,9 +41,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pipeline.artefacts.runs import NOT_REPORTED
 from pipeline.loadtest.server_metrics import COUNTERS, metrics_text
 
-NOT_REPORTED = "not reported"
 SPECDEPLOY, VLLM, TRTLLM_PROM, TRTLLM_ITER, SGLANG = (
     "specdeploy", "vllm", "trtllm-serve (prometheus)", "trtllm-serve (iteration stats)", "sglang")
 COUNTER_DELTA, DRAINED_WINDOW, GAUGE_WINDOW = "counter delta", "drained window", "gauge window"
@@ -97,7 +97,7 @@ def parse(text: str) -> dict[str, Any]:
 
 
 def parse_prometheus(text: str) -> dict[str, Any]:
-    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415 - prometheus_client is loaded only when this path runs
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415 - start-up: prometheus_client (loaded when a counter page is parsed; pipeline.report.acceptance imports this module)
 
     counters: dict[str, dict[str, float]] = {}
     iter_counters: dict[str, float] = {}

@@ -31,6 +31,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from pipeline.report.alpha_spending import AUTO, confidence_level, plan, summary  # noqa: F401 - this module's API too
+from pipeline.report.builder import analyze
+from pipeline.report.gate import INTERVAL_RULES, NO_GO, UNSURE, evaluate_gate
+from pipeline.report.intervals import decided
+from pipeline.report.stats import load_runs
 
 DECIDED, CAP_REPEATS, CAP_MINUTES = "decided", "max_repeats", "max_minutes"
 # undecided non-interval checks that more repeats can settle (they count requests and runs)
@@ -50,8 +54,6 @@ def pending(meta: dict) -> bool:
 def undecided_checks(gate) -> list[str]:
     """The checks that keep an auto run going: interval checks whose interval contains the
     threshold (or has none), and the request/run counts below their minimum."""
-    from pipeline.report.gate import INTERVAL_RULES, UNSURE  # noqa: PLC0415 - the report is loaded only at a look
-    from pipeline.report.intervals import decided  # noqa: PLC0415 - as above
 
     out = []
     for check in gate.checks:
@@ -66,16 +68,12 @@ def undecided_checks(gate) -> list[str]:
 
 def look(run_dir: Path, cfg) -> dict[str, Any]:
     """The gate on the repeats measured so far (the report's own analysis at the per-look level)."""
-    from pipeline.report.builder import analyze  # noqa: PLC0415 - numpy/scipy only when a look happens
-    from pipeline.report.gate import evaluate_gate  # noqa: PLC0415 - as above
-    from pipeline.report.stats import load_runs  # noqa: PLC0415 - as above
 
     return stop_decision(evaluate_gate(analyze(run_dir, cfg, load_runs(run_dir)), cfg.gate))
 
 
 def stop_decision(gate) -> dict[str, Any]:
     """Whether a look's gate result ends an auto run: a NO-GO, or nothing left undecided."""
-    from pipeline.report.gate import NO_GO  # noqa: PLC0415 - the report is loaded only at a look
 
     undecided = undecided_checks(gate)
     return {"verdict": gate.verdict, "undecided": undecided,

@@ -51,7 +51,7 @@ class ManagedEndpoints:
     returns that arm's running endpoint. Every server is stopped on exit."""
 
     def __init__(self, cfg: DeploymentConfig, arms: tuple[str, ...]):
-        from pipeline.infra.processes import free_ports  # noqa: PLC0415 - keeps psutil off this module's import
+        from pipeline.infra.processes import free_ports  # noqa: PLC0415 - start-up: psutil (pipeline.infra.processes; only a run that starts its own servers needs it)
 
         self.cfg, self.arms = cfg, arms
         self.deployments = {arm: load_arm(cfg, arm)[1] for arm in arms}  # as render described them
@@ -88,7 +88,7 @@ class ManagedEndpoints:
             self._servers.popitem()[1].stop()
 
     def _start(self, arm: str) -> None:
-        from pipeline.serve.server import start_deployment  # noqa: PLC0415 - keeps psutil off this module's import
+        from pipeline.serve.server import start_deployment  # noqa: PLC0415 - start-up: psutil (pipeline.serve.server; only a run that starts its own servers needs it)
 
         http, grpc, metrics = self.ports[arm]
         server = start_deployment(self.cfg, arm, http_port=http, grpc_port=grpc, metrics_port=metrics)
@@ -127,7 +127,7 @@ class ManagedEndpoints:
 def managed_endpoints(cfg: DeploymentConfig, arms: tuple[str, ...]) -> ManagedEndpoints:
     """The arms' servers for the whole sweep (see :class:`ManagedEndpoints`)."""
     try:
-        import pipeline.serve.server  # noqa: F401, PLC0415 - keeps psutil off this module's import
+        import pipeline.serve.server  # noqa: F401, PLC0415 - optional: psutil (pipeline.serve.server needs the serving extras; without them the message says to pass endpoints)
     except ImportError as exc:
         raise LoadTestError(f"serving is not available ({exc}); pass --endpoint-baseline/--endpoint-speculative") from None
     return ManagedEndpoints(cfg, arms)
@@ -142,7 +142,7 @@ def kv_capacity_reported(metrics_url: str | None, timeout_s: float = 5.0) -> dic
 
 
 def kv_capacity_from_text(text: str) -> dict[str, int] | None:
-    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415 - prometheus_client is loaded only when this path runs
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415 - start-up: prometheus_client (loaded when a metrics page is parsed)
 
     found: dict[str, dict[str, float]] = {}
     for family in text_string_to_metric_families(text):

@@ -40,6 +40,8 @@ from pipeline.errors import ConfigError, SpecdeployError, UsageError
 from pipeline.loadtest import reach
 from pipeline.loadtest.endpoints import ArmEndpoint, endpoint_alive
 from pipeline.loadtest.inputs import with_loadtest_overrides
+from pipeline.loadtest.overrides import apply_overrides
+from pipeline.loadtest.runner import run_loadtest
 
 TRANSPORTS = ("openai", "http", "grpc")
 
@@ -230,7 +232,6 @@ def run_endpoint_loadtest(lt_path: str | Path, *, endpoint_baseline: str | None,
     """Load-test two given endpoints (or one, with ``arm``); returns (RUN_DIR, the config snapshot).
     ``overrides``: the vocabulary flags (:mod:`pipeline.loadtest.overrides`); ``loadtest_overrides``:
     the dataset flags (``inputs.with_loadtest_overrides``)."""
-    from pipeline.loadtest.runner import run_loadtest  # noqa: PLC0415 - keeps psutil off this module's import
 
     if transport not in TRANSPORTS:
         raise UsageError(f"--transport: expected one of {TRANSPORTS}, got '{transport}'")
@@ -248,7 +249,6 @@ def run_endpoint_loadtest(lt_path: str | Path, *, endpoint_baseline: str | None,
     cfg = deployment_config(lt, models.get("baseline") or next(iter(models.values())), transport, Path(lt_path))
     cfg = with_loadtest_overrides(cfg, loadtest_overrides)
     if overrides:  # --request-rate, --goodput, --header, ... (pipeline/loadtest/overrides.py)
-        from pipeline.loadtest.overrides import apply_overrides  # noqa: PLC0415 - only with vocabulary flags
 
         cfg = apply_overrides(cfg, overrides)
     headers = reach.request_headers(cfg.loadtest)  # the key read from its variable, for the probes only

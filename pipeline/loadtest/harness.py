@@ -39,7 +39,7 @@ def master_address(processes: int) -> tuple[str, int] | None:
     (no master). Checks the port is free now: LoadHarnessError naming its holder when not."""
     if processes < 2:
         return None
-    from pipeline.infra.processes import free_ports  # noqa: PLC0415 - keeps psutil off this module's import
+    from pipeline.infra.processes import free_ports  # noqa: PLC0415 - start-up: psutil (pipeline.infra.processes; the harness's fault helpers stay light)
 
     host = os.environ.get("LOCUST_MASTER_BIND_HOST") or LOOPBACK
     configured = os.environ.get("LOCUST_MASTER_BIND_PORT")
@@ -66,7 +66,7 @@ def master_args(address: tuple[str, int] | None) -> list[str]:
 
 
 def _check_free(host: str, port: int, chosen: str) -> None:
-    from pipeline.infra.processes import describe, port_holder, port_in_use  # noqa: PLC0415 - keeps psutil off this module's import
+    from pipeline.infra.processes import describe, port_holder, port_in_use  # noqa: PLC0415 - start-up: psutil (pipeline.infra.processes; the harness's fault helpers stay light)
 
     bind = "0.0.0.0" if host in _ALL else host
     try:

@@ -15,8 +15,11 @@ import random
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from pipeline.artefacts.deployment import ArmDeployment
 from pipeline.config import DeploymentConfig
+from pipeline.engine_bench import resolve_checkpoint
 from pipeline.errors import EXIT_USAGE, SpecdeployError, UsageError
 from pipeline.loadtest.datasets import DatasetError, DatasetOptions, dataset_format, load_rows
 from pipeline.loadtest.lengths import TextCutter, apply_lengths, parse_length
@@ -173,7 +176,6 @@ def _cutter_factory(cfg: DeploymentConfig, tokenizer_dir: str | None, corpus: li
 
 def _target_tokenizer_dir(cfg: DeploymentConfig) -> str | None:
     try:
-        from pipeline.engine_bench import resolve_checkpoint  # noqa: PLC0415 - builtin models resolve here
 
         return str(resolve_checkpoint(cfg.target.checkpoint))
     except Exception:  # noqa: BLE001 - no target tokenizer: the caller says what is missing
@@ -209,7 +211,6 @@ def with_loadtest_overrides(cfg: DeploymentConfig, overrides: dict[str, Any] | N
     given = {k: v for k, v in (overrides or {}).items() if v is not None and v is not False}
     if not given:
         return cfg
-    from pydantic import ValidationError  # noqa: PLC0415 - only flags need it
 
     try:
         loadtest = type(cfg.loadtest).model_validate({**cfg.loadtest.model_dump(), **given})

@@ -108,7 +108,7 @@ def draw(spec: LengthSpec, n: int, rng: np.random.Generator) -> list[int]:
         return [int(spec.value)] * n
     if spec.kind == "uniform":
         return [int(v) for v in rng.integers(spec.low, spec.high, size=n, endpoint=True)]
-    from scipy.stats import truncnorm  # noqa: PLC0415 - scipy is the load test's; config parsing stays light
+    from scipy.stats import truncnorm  # noqa: PLC0415 - start-up: scipy (pipeline.config imports this module for its length syntax; scipy loads when lengths are drawn)
 
     low, high = spec.low - 0.5, (spec.high + 0.5) if spec.high is not None else math.inf
     if spec.kind == "normal":
@@ -133,7 +133,7 @@ class TextCutter:
     is continued with the rest of ``corpus`` (the other prompts, in order), so the text stays real."""
 
     def __init__(self, tokenizer_json: Path, corpus: Sequence[str]):
-        from tokenizers import Tokenizer  # noqa: PLC0415 - tokenizers is loaded only when lengths are drawn
+        from tokenizers import Tokenizer  # noqa: PLC0415 - start-up: tokenizers (pipeline.config imports this module for its length syntax; tokenizers loads when lengths are drawn)
 
         self.tokenizer = Tokenizer.from_file(str(tokenizer_json))
         self.corpus = [t for t in corpus if t.strip()]

@@ -24,7 +24,7 @@ LOADTEST_DISTS = ("specdeploy", "locust", "tritonclient", "nvidia-pytriton", "sc
 
 
 def host_hardware(cfg: DeploymentConfig) -> dict[str, Any]:
-    import psutil  # noqa: PLC0415 - psutil is loaded only when this path runs
+    import psutil  # noqa: PLC0415 - start-up: psutil (loaded when the host is described)
 
     return {"declared": cfg.hardware, "backend": cfg.backend, "client_host": platform.node(),
             "cpu_count": os.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),

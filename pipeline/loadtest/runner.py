@@ -36,11 +36,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from pipeline.artefacts.deployment import ALL_ARMS, SCHEDULED, ArmDeployment
+from pipeline.artefacts.deployment import ALL_ARMS, SCHEDULED, ArmDeployment, load_arm
 from pipeline.artefacts.runs import RunInfo, RunResults, RunSettings
 from pipeline.config import DeploymentConfig, config_hash
+from pipeline.errors import StaleInputError
 from pipeline.infra import owner_lock
 from pipeline.infra.atomic import write_json_atomic
+from pipeline.infra.cpu_pinning import spawn_on
 from pipeline.infra.processes import spawn
 from pipeline.loadtest import acceptance_sources, auto_repeats, fail_fast, harness, ownership, reach
 from pipeline.loadtest import resume as resume_run
@@ -64,7 +66,7 @@ from pipeline.loadtest.inputs import (
 from pipeline.loadtest.provenance import run_metadata, served_tokenizer_dir
 from pipeline.loadtest.server_metrics import CpuSampler, RssSampler
 from pipeline.paths import PROJECT_ROOT, reports_root
-from pipeline.serve.cpu_pinning import spawn_on
+from pipeline.report.builder import make_report
 
 LOCUSTFILE = PROJECT_ROOT / "locustfiles" / "locustfile.py"
 RAMP_SHAPE = PROJECT_ROOT / "locustfiles" / "ramp_shape.py"
@@ -348,7 +350,6 @@ def run_loadtest(
                  progress, given_endpoints, arms, endpoint_baseline, endpoint_speculative,
                  resume_run.new_session(meta, results, now.timestamp(), now.isoformat()), total, serve_cfg)
     if report:
-        from pipeline.report.builder import make_report  # noqa: PLC0415 - keeps numpy off this module's import
 
         make_report(run_dir, cfg)
     return run_dir
@@ -434,8 +435,6 @@ def _arms_to_run(cfg: DeploymentConfig, arm: str | None, endpoint_baseline: str 
 def default_arms(cfg: DeploymentConfig) -> tuple[str, ...] | None:
     """The arms ``loadtest CONFIG`` measures when none is named: the three when the scheduled arm is
     rendered from this config (``render --schedule``), else None (the A/B arms)."""
-    from pipeline.artefacts.deployment import load_arm  # noqa: PLC0415 - only this check needs it
-    from pipeline.errors import StaleInputError  # noqa: PLC0415 - only this check needs it (ArtefactError is one)
 
     if not cfg.speculative:
         return None
@@ -502,7 +501,7 @@ def _iterate(specs: Iterable[RunSpec], progress: bool, fn: Callable[[RunSpec], d
         for spec in specs:
             yield spec, fn(spec)
         return
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415 - rich is loaded only when this path runs
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415 - start-up: rich (the progress bar, shown only on a terminal)
 
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), transient=False) as bar:

@@ -40,7 +40,7 @@ def metrics_text(metrics_url: str | None, timeout_s: float = 5.0) -> str | None:
 def parse_counters(text: str) -> dict[str, float]:
     """Each acceptance counter summed over its label sets (models, versions); ours, or vLLM's
     when the server is a vLLM (``--endpoint-*`` with ``metrics_*`` in a load-test file)."""
-    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415 - prometheus_client is loaded only when this path runs
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415 - start-up: prometheus_client (loaded when a metrics page is parsed)
 
     keys = {name: key for table in (COUNTERS, VLLM_COUNTERS) for key, name in table.items()}
     totals = {key: 0.0 for key in COUNTERS}
@@ -73,7 +73,7 @@ class _ProcessTreeSampler:
         raise NotImplementedError
 
     def _loop(self) -> None:
-        import psutil  # noqa: PLC0415 - psutil is loaded only when this path runs
+        import psutil  # noqa: PLC0415 - start-up: psutil (loaded when the server processes are sampled)
 
         try:
             root = psutil.Process(self.pid)

@@ -83,7 +83,7 @@ def parse_shape(cfg: dict, where: str) -> LlamaShape:
 
 
 def load_safetensors(model_dir: Path, filename: str = "model.safetensors") -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file  # noqa: PLC0415 - safetensors is loaded only when this path runs
+    from safetensors.torch import load_file  # noqa: PLC0415 - start-up: safetensors (loaded when a checkpoint's tensors are read)
 
     model_dir = Path(model_dir)
     path = model_dir / filename

@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from pipeline.artefacts.base import ArtefactError, problem_lines
 from pipeline.artefacts.engine import ENGINE_DESCRIPTOR, EngineDescriptor
 from pipeline.errors import SpecdeployError
+from pipeline.infra.cpu_pinning import pin_this_thread
 from pipeline.reference.api import (
     Chunk,
     GenerationRequest,
@@ -43,7 +44,6 @@ from pipeline.reference.modeling import PLAIN_MODELS, ModelTypes
 from pipeline.reference.proposers import BUILDERS, BuildContext, Proposer
 from pipeline.reference.scheduler import Scheduler
 from pipeline.reference.sequence import SeqState, make_generator
-from pipeline.serve.cpu_pinning import pin_this_thread
 
 NO_PROPOSER = "none"  # engine.json proposer.method of an engine that drafts nothing
 
@@ -148,7 +148,7 @@ class ReferenceEngine:
 
     def __init__(self, scheduler: Scheduler, descriptor: dict, cpus: tuple[int, ...] | None = None):
         self.scheduler = scheduler
-        self.cpus = cpus  # the decode thread pins itself to these (pipeline.serve.cpu_pinning); None: unpinned
+        self.cpus = cpus  # the decode thread pins itself to these (pipeline.infra.cpu_pinning); None: unpinned
         self.descriptor = descriptor
         self.role = descriptor.get("role", "baseline")
         self.method = descriptor.get("proposer", {}).get("method", "none")

@@ -28,7 +28,7 @@ COPIED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", 
 
 
 def quantize_checkpoint(src_dir: Path, dst_dir: Path, fmt: str = "int8_wo") -> None:
-    from safetensors.torch import save_file  # noqa: PLC0415 - safetensors is loaded only when this path runs
+    from safetensors.torch import save_file  # noqa: PLC0415 - start-up: safetensors (loaded when a quantized checkpoint is written)
 
     if fmt not in FORMATS:
         raise UsageError(f"quantization format {fmt!r} is not supported by the reference engine "

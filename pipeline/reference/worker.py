@@ -32,6 +32,7 @@ and as soon as the stub is gone (the parent-death signal, and a parent-pid poll 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import itertools
 import json
@@ -50,7 +51,7 @@ from typing import IO, Callable
 
 from pipeline.errors import SpecdeployError
 from pipeline.reference.api import Chunk, GenerationRequest, RequestStats, SamplingParams, check_prompt_length
-from pipeline.reference.engine import ChunkStream
+from pipeline.reference.engine import ChunkStream, load_engine
 from pipeline.reference.scheduler import check_request
 
 LIMITS = ("max_seq_len", "max_draft_len", "max_batch_size", "eos_token_id", "vocab_size", "max_input_len")
@@ -98,7 +99,6 @@ def error_chunk(error: str) -> Chunk:
 def serve_engine(engine_dir: Path, cpus: tuple[int, ...] | None, inbox: IO[bytes], outbox: IO[bytes]) -> None:
     """Load the engine, then run requests from ``inbox`` until it closes. Chunks are written by
     the engine thread as they appear (a pipe write, no other thread involved)."""
-    from pipeline.reference.engine import load_engine  # noqa: PLC0415 - imports torch
 
     lock = threading.Lock()
 
@@ -146,7 +146,6 @@ def follow_parent(parent_pid: int) -> None:
     but only once the stub's pipe is closed by the stub's exit: a stub held in its exit would
     hold the worker as well."""
     with contextlib.suppress(OSError, AttributeError):
-        import ctypes  # noqa: PLC0415 - Linux only, and only here
 
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 

@@ -201,8 +201,8 @@ def render_llmapi(cfg: DeploymentConfig, manifest: dict, templates_dir: Path, la
 
 
 def _pbtxt_problems(path: Path, decoupled: bool) -> list[str]:
-    from google.protobuf import text_format  # noqa: PLC0415 - google is loaded only when this path runs
-    from tritonclient.grpc import model_config_pb2  # noqa: PLC0415 - tritonclient is loaded only when this path runs
+    from google.protobuf import text_format  # noqa: PLC0415 - start-up: google.protobuf (loaded when a config.pbtxt is parsed)
+    from tritonclient.grpc import model_config_pb2  # noqa: PLC0415 - start-up: tritonclient (its model_config_pb2; loaded when a config.pbtxt is parsed)
 
     config = model_config_pb2.ModelConfig()
     try:

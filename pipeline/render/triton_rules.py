@@ -33,8 +33,8 @@ class RenderError(SpecdeployError):
 
 
 def parse_config_file(path: Path):
-    from google.protobuf import text_format  # noqa: PLC0415 - google is loaded only when this path runs
-    from tritonclient.grpc import model_config_pb2  # noqa: PLC0415 - tritonclient is loaded only when this path runs
+    from google.protobuf import text_format  # noqa: PLC0415 - start-up: google.protobuf (loaded when a config.pbtxt is parsed; pipeline.serve.command imports this module)
+    from tritonclient.grpc import model_config_pb2  # noqa: PLC0415 - start-up: tritonclient (its model_config_pb2; loaded when a config.pbtxt is parsed)
 
     config = model_config_pb2.ModelConfig()
     try:

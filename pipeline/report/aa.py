@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.config import GateSettings
+from pipeline.infra.atomic import write_json_atomic
 from pipeline.report.gate import (
     DIFFERENCE,
     FAIL,
@@ -173,7 +174,6 @@ def record_path(reports_dir: Path) -> Path:
 
 
 def write_record(record: dict[str, Any], run_dir: Path, reports_dir: Path) -> None:
-    from pipeline.infra.atomic import write_json_atomic  # noqa: PLC0415 - only the A/A path writes
 
     write_json_atomic(run_dir / "aa.json", record, indent=1)
     reports_dir.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.loadtest.acceptance_sources import NOT_REPORTED  # the one spelling, where the sources are read
+from pipeline.artefacts.runs import NOT_REPORTED  # the one spelling, beside the runs.json field it is a value of
 
 PER_REQUEST = "per-request outputs"
 

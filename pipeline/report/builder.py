@@ -30,6 +30,7 @@ from pipeline.infra.atomic import write_json_atomic, write_text_atomic
 from pipeline.paths import reports_root
 from pipeline.report import aa, acceptance, alpha_spending, arrivals, per_request
 from pipeline.report.acceptance_reported import acceptance_reported
+from pipeline.report.capacity import report_section
 from pipeline.report.comparison import BootstrapSettings, best_ci, compare_cells, find_crossover
 from pipeline.report.forecast_check import run_context, safe_forecast_section
 from pipeline.report.gate import GateResult, evaluate_gate
@@ -38,6 +39,9 @@ from pipeline.report.kv_capacity_check import with_kv_capacity_check
 from pipeline.report.rollout_range import rollout_range
 from pipeline.report.sessions import sessions
 from pipeline.report.stats import RunData, cell_summary, e2e_ms, load_runs, tpot_ms, ttft_ms
+from pipeline.report.view.compare import comparison_data
+from pipeline.report.view.plots import compare_plot, report_plots
+from pipeline.report.view.render import render_comparison, render_report
 
 PROVENANCE_EXCLUDED = ("config",)
 FORMULAS = {
@@ -330,7 +334,6 @@ def data_warnings(dataset: Any) -> list[str]:
 
 def safe_capacity_section(run_dir: Path, data: dict, cfg: DeploymentConfig) -> dict[str, Any]:
     """The capacity section (docs/capacity.md), never raising: a report must not fail for it."""
-    from pipeline.report.capacity import report_section  # noqa: PLC0415 - only a config with capacity: needs it
 
     per_replica = 1 if cfg.hardware == "cpu" else cfg.target.tp * cfg.target.pp
     try:
@@ -382,8 +385,6 @@ def prepare(run_dir: Path, cfg: DeploymentConfig | None = None) -> tuple[dict[st
 
 def make_report(run_dir: str | Path, cfg: DeploymentConfig | None = None) -> Report:
     """Analyse RUN_DIR, decide the verdict, write report.json / report.md / report.html."""
-    from pipeline.report.view.plots import report_plots  # noqa: PLC0415 - matplotlib: only when writing
-    from pipeline.report.view.render import render_report  # noqa: PLC0415 - only this path needs it
 
     run_dir = Path(run_dir)
     data, analysis, gate = prepare(run_dir, cfg)
@@ -412,9 +413,6 @@ class Comparison:
 def make_comparison(run_a: str | Path, run_b: str | Path, out_dir: str | Path | None = None) -> Comparison:
     """RUN_B against RUN_A (each gated with its own config snapshot): write compare.json /
     compare.md / compare.html into OUT_DIR (default RUN_B); the run directories are only read."""
-    from pipeline.report.view.compare import comparison_data  # noqa: PLC0415 - only this path needs it
-    from pipeline.report.view.plots import compare_plot  # noqa: PLC0415 - only this path needs it
-    from pipeline.report.view.render import render_comparison  # noqa: PLC0415 - only this path needs it
 
     run_a, run_b = Path(run_a), Path(run_b)
     data_a, _, _ = prepare(run_a)

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pipeline.errors import SpecdeployError, UsageError
 from pipeline.report.intervals import paired_ci, t_quantile
 from pipeline.report.stats import e2e_ms, load_runs, tpot_ms, ttft_ms
@@ -125,7 +127,6 @@ def read_profile(path: Path) -> tuple[float, ...]:
 
 
 def _percentile(values: list[float], q: float) -> float | None:
-    import numpy as np  # noqa: PLC0415 - numpy is loaded only when a capacity is computed
 
     return float(np.percentile(values, q)) if values else None
 
@@ -301,8 +302,8 @@ def forecast_capacity(inp, slo: Slo, grid: tuple[int, ...] | None = None) -> dic
     prefill forward of the prompt (queueing not modelled), and c ÷ E2E requests/s; the capacity is
     the most loaded c whose TPOT and E2E meet the SLOs — the forecast's means against the limits
     (a percentile is not forecast), over every corner of the band for the interval."""
-    from pipeline.forecast.model import CROSSOVER_GRID, step_times  # noqa: PLC0415 - the forecast only for a config without a run
-    from pipeline.forecast.uncertainty import corner_inputs, model_error, with_model_error  # noqa: PLC0415 - as above
+    from pipeline.forecast.model import CROSSOVER_GRID, step_times  # noqa: PLC0415 - start-up: yaml (pipeline.forecast reads its tables; only a config without a run needs the forecast)
+    from pipeline.forecast.uncertainty import corner_inputs, model_error, with_model_error  # noqa: PLC0415 - start-up: yaml (pipeline.forecast reads its tables; only a config without a run needs the forecast)
 
     if inp.requests is None:
         raise CapacityError("a capacity forecast needs the requests' prompt and output tokens")

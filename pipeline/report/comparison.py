@@ -34,7 +34,7 @@ def bootstrap_ci(spec: list[float], base: list[float], kind: str, settings: Boot
                  reducer: str = "mean") -> dict[str, Any]:
     """CI of mean(spec)/mean(base) (``kind='ratio'``) or mean(spec) − mean(base) (``'diff'``) over
     replicates; ``reducer='median'`` for request-level pooled samples."""
-    from scipy import stats as sps  # noqa: PLC0415 - scipy is loaded only when this path runs
+    from scipy import stats as sps  # noqa: PLC0415 - start-up: scipy (pipeline.report.view.model and pipeline.schedule import this module; scipy loads at the first test)
 
     spec_arr = np.asarray([v for v in spec if v is not None], dtype=float)
     base_arr = np.asarray([v for v in base if v is not None], dtype=float)
@@ -69,7 +69,7 @@ def _combine(kind: str, spec_value, base_value):
 
 def mann_whitney(spec: list[float], base: list[float]) -> dict[str, Any]:
     """Two-sided Mann-Whitney U plus Cliff's δ = P(spec > base) − P(spec < base) (Treeherder labels)."""
-    from scipy import stats as sps  # noqa: PLC0415 - scipy is loaded only when this path runs
+    from scipy import stats as sps  # noqa: PLC0415 - start-up: scipy (pipeline.report.view.model and pipeline.schedule import this module; scipy loads at the first test)
 
     s = [v for v in spec if v is not None]
     b = [v for v in base if v is not None]

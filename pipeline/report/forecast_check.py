@@ -31,6 +31,7 @@ from dataclasses import replace
 from typing import Any, Iterable
 
 from pipeline.errors import SpecdeployError
+from pipeline.report.view.tables import table
 
 DELIVERY_LOOK = 0.10  # baseline delivery lag beyond the speculative arm's that marks a level delivery-bound
 CONFIG_CONTEXT = "the config's default, half build.max_input_len + half loadtest.max_tokens"
@@ -65,7 +66,7 @@ def _ratio(a, b) -> float | None:
 
 
 def _measured_acceptance(spec_rows: dict[int, dict], depth: int):
-    from pipeline.forecast.acceptance import Acceptance  # noqa: PLC0415 - keeps yaml off this module's import
+    from pipeline.forecast.acceptance import Acceptance  # noqa: PLC0415 - start-up: yaml (pipeline.forecast reads its tables; pipeline.report.view.render imports this module without it)
 
     per_level = {c: r["mean_acceptance_length"] for c, r in spec_rows.items() if r.get("mean_acceptance_length")}
     if not per_level:
@@ -101,7 +102,7 @@ def _context(measured: dict | None) -> tuple[int | None, str]:
 def _requests(measured: dict | None, cfg):
     """The closed loop's requests the forecast charges admissions for: this run's mean prompt and
     output tokens when its records carry them, else the config's defaults."""
-    from pipeline.forecast.model import config_requests, measured_requests  # noqa: PLC0415 - keeps yaml off this module's import
+    from pipeline.forecast.model import config_requests, measured_requests  # noqa: PLC0415 - start-up: yaml (pipeline.forecast reads its tables; pipeline.report.view.render imports this module without it)
 
     if measured is None:
         return config_requests(cfg)
@@ -112,14 +113,14 @@ def _requests(measured: dict | None, cfg):
 def forecast_section(data: dict, cfg, measured_context: dict | None = None) -> dict[str, Any]:
     """The report's forecast-vs-measured section (``available: false`` with a reason when it
     cannot be made), at the run's measured context (:func:`run_context`) when given."""
-    from pipeline.forecast.model import config_inputs, crossover  # noqa: PLC0415 - keeps yaml off this module's import
-    from pipeline.forecast.proposers import PLANS  # noqa: PLC0415 - keeps yaml off this module's import
+    from pipeline.forecast.model import config_inputs, crossover  # noqa: PLC0415 - start-up: yaml (pipeline.forecast reads its tables; pipeline.report.view.render imports this module without it)
+    from pipeline.forecast.proposers import PLANS  # noqa: PLC0415 - start-up: yaml (pipeline.forecast reads its tables; pipeline.report.view.render imports this module without it)
 
     if cfg.method not in PLANS:
         return {"available": False, "reason": f"no forecast for speculation method {cfg.method!r}"}
     base_rows, spec_rows = _arm_rows(data, "baseline"), _arm_rows(data, "speculative")
     try:
-        from pipeline.forecast.proposers import plan_for  # noqa: PLC0415 - keeps yaml off this module's import
+        from pipeline.forecast.proposers import plan_for  # noqa: PLC0415 - start-up: yaml (pipeline.forecast reads its tables; pipeline.report.view.render imports this module without it)
 
         depth = plan_for(cfg.speculation).depth
         acceptance = _measured_acceptance(spec_rows, depth)
@@ -203,7 +204,7 @@ def _level(inp, c: int, tau: float, base: dict, spec: dict) -> dict[str, Any]:
     beyond the model (serving — one response per sequence per step, Triton, the client — and the
     calibration's own error, which a single run cannot tell apart), and the ratio if all of it were
     a cost per step that the speculative step pays too."""
-    from pipeline.forecast.model import WORTH_A_LOOK, step_times  # noqa: PLC0415 - keeps yaml off this module's import
+    from pipeline.forecast.model import WORTH_A_LOOK, step_times  # noqa: PLC0415 - start-up: yaml (pipeline.forecast reads its tables; pipeline.report.view.render imports this module without it)
 
     decoding = (_decoding(base, c), _decoding(spec, c))
     base_s, spec_s = step_times(inp, c, inp.plan, tau, decoding=decoding)
@@ -283,7 +284,6 @@ def safe_forecast_section(data: dict, cfg, measured_context: dict | None = None)
 
 def forecast_table(data: dict) -> dict | None:
     """The report view's table (None when the report has no forecast)."""
-    from pipeline.report.view.tables import table  # noqa: PLC0415 - only this path needs it
 
     fc = data.get("forecast") or {}
     if not fc.get("available"):

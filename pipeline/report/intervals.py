@@ -34,7 +34,7 @@ MAX_REPEATS_ESTIMATE = 200  # beyond this "more repeats" is no longer a useful a
 
 def t_quantile(confidence: float, df: int) -> float:
     """Two-sided t quantile t(1 − (1 − confidence)/2, df)."""
-    from scipy import stats as sps  # noqa: PLC0415 - scipy is loaded only when an interval is computed
+    from scipy import stats as sps  # noqa: PLC0415 - start-up: scipy (pipeline.loadtest.auto_repeats and the report import this module; scipy loads at the first interval)
 
     return float(sps.t.ppf(1.0 - (1.0 - confidence) / 2.0, df))
 
@@ -55,7 +55,7 @@ def paired_bounds(values, confidence: float):
     """Vectorised core of :func:`paired_ci`: per-pair values along the last axis → (center, sd, low,
     high) on the analysis scale, each with the leading shape (the simulation in
     tests/unit/interval_simulation.py runs thousands of trials through this same code)."""
-    import numpy as np  # noqa: PLC0415 - numpy is loaded only when an interval is computed
+    import numpy as np  # noqa: PLC0415 - start-up: numpy (pipeline.loadtest.auto_repeats and the report import this module; numpy loads at the first interval)
 
     values = np.asarray(values, dtype=float)
     n = values.shape[-1]
@@ -112,7 +112,7 @@ def repeats_to_decide(ci: dict[str, Any], threshold: float) -> int | None:
         return None
     if sd == 0:
         return n
-    import numpy as np  # noqa: PLC0415 - numpy is loaded only when an interval is computed
+    import numpy as np  # noqa: PLC0415 - start-up: numpy (pipeline.loadtest.auto_repeats and the report import this module; numpy loads at the first interval)
 
     m, t_over_root_m = _t_table(ci.get("confidence_level", 0.95))
     enough = np.flatnonzero((m >= n) & (t_over_root_m * sd < distance))
@@ -122,8 +122,8 @@ def repeats_to_decide(ci: dict[str, Any], threshold: float) -> int | None:
 @lru_cache(maxsize=8)
 def _t_table(confidence: float):
     """m = 2..MAX_REPEATS_ESTIMATE and t(1 − α/2, m − 1)/√m: a half-width per unit SD at m pairs."""
-    import numpy as np  # noqa: PLC0415 - numpy/scipy are loaded only when an interval is computed
-    from scipy import stats as sps  # noqa: PLC0415 - as above
+    import numpy as np  # noqa: PLC0415 - start-up: numpy (pipeline.loadtest.auto_repeats and the report import this module; numpy loads at the first interval)
+    from scipy import stats as sps  # noqa: PLC0415 - start-up: scipy (pipeline.loadtest.auto_repeats and the report import this module; scipy loads at the first interval)
 
     m = np.arange(2, MAX_REPEATS_ESTIMATE + 1)
     return m, sps.t.ppf(1.0 - (1.0 - confidence) / 2.0, m - 1) / np.sqrt(m)

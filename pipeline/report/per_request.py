@@ -75,7 +75,7 @@ def acceptance_by_position(deltas: list[dict | None]) -> dict[str, Any]:
 
 def slower_categories(base_ok: list[dict], spec_ok: list[dict], alpha: float) -> dict[str, dict[str, Any]]:
     """Per prompt category: median TPOT ratio and the one-sided p that speculation is slower."""
-    from scipy import stats as sps  # noqa: PLC0415 - scipy is loaded only when a report is made
+    from scipy import stats as sps  # noqa: PLC0415 - start-up: scipy (loaded when the per-request statistics are computed)
 
     out = {}
     for cat in sorted({r.get("category", "default") for r in base_ok + spec_ok}):

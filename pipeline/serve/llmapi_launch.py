@@ -22,6 +22,8 @@ from pathlib import Path
 import yaml
 
 from pipeline.errors import ServeError
+from pipeline.render.llmapi import upstream_model_dir
+from pipeline.serve.command import server_flags
 
 MODEL_NAME = "tensorrt_llm"
 UPSTREAM_FILES = ("model.py", "helpers.py")
@@ -29,7 +31,6 @@ GPU_ORDER_ENV = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 def llmapi_server_argv(repo: Path, ports, host: str, exit_timeout_s: float, tritonserver: str = "tritonserver") -> list[str]:
-    from pipeline.serve.command import server_flags  # noqa: PLC0415 - keeps pydantic off this module's import
 
     return ["mpirun", "--allow-run-as-root", "-n", "1", tritonserver, *server_flags(repo, ports, host, exit_timeout_s),
             "--backend-config=python,shm-region-prefix-name=prefix0_"]
@@ -84,7 +85,6 @@ def docker_llmapi_argv(image: str, server_argv: list[str], repo: Path, upstream_
 def llmapi_launch(cfg, repo: Path, placement, ports, host: str) -> tuple[list[str], dict[str, str]]:
     """argv and env of one llmapi arm's server; a ServeError with the docker line (or what is
     missing) when it cannot run here."""
-    from pipeline.render.llmapi import upstream_model_dir  # noqa: PLC0415 - keeps pydantic off this module's import
 
     repo = repo.resolve()
     upstream = upstream_model_dir(cfg)

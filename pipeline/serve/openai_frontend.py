@@ -118,17 +118,17 @@ class TritonStream:
     def stub(self):
         """Made on first use, inside the server's event loop (an aio channel belongs to one loop)."""
         if self._stub is None:
-            import grpc  # noqa: PLC0415 - grpc is loaded only when this path runs
-            from tritonclient.grpc import service_pb2_grpc  # noqa: PLC0415 - tritonclient is loaded only when this path runs
+            import grpc  # noqa: PLC0415 - start-up: grpc (the frontend process loads it once, when it opens its channel)
+            from tritonclient.grpc import service_pb2_grpc  # noqa: PLC0415 - start-up: tritonclient (the frontend process's gRPC path; importing this module for its helpers stays light)
 
             self._stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.aio.insecure_channel(self.grpc_url))
         return self._stub
 
     def _request(self, inputs: dict[str, Any], request_id: str, model_name: str | None = None,
                  dtypes: dict[str, str] | None = None, extra: bool = True):
-        import numpy as np  # noqa: PLC0415 - numpy is loaded only when this path runs
-        from tritonclient.grpc import InferInput  # noqa: PLC0415 - tritonclient is loaded only when this path runs
-        from tritonclient.grpc._utils import _get_inference_request  # noqa: PLC0415 - tritonclient is loaded only when this path runs
+        import numpy as np  # noqa: PLC0415 - start-up: numpy (the frontend process's request path; importing this module for its helpers stays light)
+        from tritonclient.grpc import InferInput  # noqa: PLC0415 - start-up: tritonclient (the frontend process's gRPC path; importing this module for its helpers stays light)
+        from tritonclient.grpc._utils import _get_inference_request  # noqa: PLC0415 - start-up: tritonclient (the frontend process's gRPC path; importing this module for its helpers stays light)
 
         np_types = {"BYTES": object, "INT32": np.int32, "BOOL": bool, "FP32": np.float32, "UINT64": np.uint64}
         tensors = []
@@ -145,8 +145,8 @@ class TritonStream:
         return request
 
     async def generate(self, inputs: dict[str, Any]) -> AsyncIterator[tuple[str, int]]:
-        import grpc  # noqa: PLC0415 - grpc is loaded only when this path runs
-        from tritonclient.grpc import InferResult  # noqa: PLC0415 - tritonclient is loaded only when this path runs
+        import grpc  # noqa: PLC0415 - start-up: grpc (the frontend process loads it once, when it opens its channel)
+        from tritonclient.grpc import InferResult  # noqa: PLC0415 - start-up: tritonclient (the frontend process's gRPC path; importing this module for its helpers stays light)
 
         done = asyncio.Event()
         request_id = uuid.uuid4().hex
@@ -210,7 +210,7 @@ class TritonStream:
             call.cancel()
 
     async def ready(self) -> bool:
-        from tritonclient.grpc import service_pb2  # noqa: PLC0415 - tritonclient is loaded only when this path runs
+        from tritonclient.grpc import service_pb2  # noqa: PLC0415 - start-up: tritonclient (the frontend process's gRPC path; importing this module for its helpers stays light)
 
         try:
             reply = await self.stub.ModelReady(service_pb2.ModelReadyRequest(name=self.model_name), timeout=5)
@@ -238,12 +238,12 @@ class PromptTokenizer:
             return
         path = Path(tokenizer_dir)
         if (path / "tokenizer.json").is_file():
-            from tokenizers import Tokenizer  # noqa: PLC0415 - tokenizers is loaded only when this path runs
+            from tokenizers import Tokenizer  # noqa: PLC0415 - start-up: tokenizers (loading the served tokenizer; importing this module for its helpers stays light)
 
             self._tok = Tokenizer.from_file(str(path / "tokenizer.json"))
         config = path / "tokenizer_config.json"
         if config.is_file() and json.loads(config.read_text(encoding="utf-8")).get("chat_template"):
-            from transformers import AutoTokenizer  # noqa: PLC0415 - transformers is loaded only when this path runs
+            from transformers import AutoTokenizer  # noqa: PLC0415 - start-up: transformers (the SentencePiece fallback of loading the tokenizer)
 
             self._template = AutoTokenizer.from_pretrained(str(path))
 
@@ -263,7 +263,7 @@ class PromptTokenizer:
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error"):
-    from starlette.responses import JSONResponse  # noqa: PLC0415 - starlette is loaded only when this path runs
+    from starlette.responses import JSONResponse  # noqa: PLC0415 - start-up: starlette (the ASGI app the frontend process serves; importing this module for its helpers stays light)
 
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
 
@@ -281,8 +281,8 @@ class Frontend:
         self.default_max_tokens = default_max_tokens
 
     def app(self):
-        from starlette.applications import Starlette  # noqa: PLC0415 - starlette is loaded only when this path runs
-        from starlette.routing import Route  # noqa: PLC0415 - starlette is loaded only when this path runs
+        from starlette.applications import Starlette  # noqa: PLC0415 - start-up: starlette (the ASGI app the frontend process serves; importing this module for its helpers stays light)
+        from starlette.routing import Route  # noqa: PLC0415 - start-up: starlette (the ASGI app the frontend process serves; importing this module for its helpers stays light)
 
         return Starlette(routes=[
             Route("/v1/completions", self.completions, methods=["POST"]),
@@ -292,12 +292,12 @@ class Frontend:
         ])
 
     async def models(self, request):
-        from starlette.responses import JSONResponse  # noqa: PLC0415 - starlette is loaded only when this path runs
+        from starlette.responses import JSONResponse  # noqa: PLC0415 - start-up: starlette (the ASGI app the frontend process serves; importing this module for its helpers stays light)
 
         return JSONResponse({"object": "list", "data": [{"id": self.name, "object": "model", "owned_by": "specdeploy"}]})
 
     async def health(self, request):
-        from starlette.responses import Response  # noqa: PLC0415 - starlette is loaded only when this path runs
+        from starlette.responses import Response  # noqa: PLC0415 - start-up: starlette (the ASGI app the frontend process serves; importing this module for its helpers stays light)
 
         return Response(status_code=200 if await self.triton.ready() else 503)
 
@@ -325,7 +325,7 @@ class Frontend:
                 "model": self.name, "object": "chat.completion.chunk" if api == "chat" else "text_completion"}
         prompt_tokens = self.tokenizer.count(prompt)
         if req.stream:
-            from starlette.responses import StreamingResponse  # noqa: PLC0415 - starlette is loaded only when this path runs
+            from starlette.responses import StreamingResponse  # noqa: PLC0415 - start-up: starlette (the ASGI app the frontend process serves; importing this module for its helpers stays light)
 
             usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(self._sse(inputs, api, meta, prompt_tokens, usage), media_type="text/event-stream")
@@ -347,7 +347,7 @@ class Frontend:
         yield b"data: [DONE]\n\n"
 
     async def _whole(self, inputs: dict, api: str, meta: dict, prompt_tokens: int | None):
-        from starlette.responses import JSONResponse  # noqa: PLC0415 - starlette is loaded only when this path runs
+        from starlette.responses import JSONResponse  # noqa: PLC0415 - start-up: starlette (the ASGI app the frontend process serves; importing this module for its helpers stays light)
 
         parts, completion_tokens = [], 0
         try:
@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default=DEFAULT_HOST)
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args(argv)
-    import uvicorn  # noqa: PLC0415 - uvicorn is loaded only when this path runs
+    import uvicorn  # noqa: PLC0415 - start-up: uvicorn (the frontend process's server, started once in main)
 
     engine_model = args.engine_model if args.engine_model is not None else (
         "tensorrt_llm" if args.triton_model == "ensemble" else "")

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.artefacts.deployment import load_arm
 from pipeline.config import DeploymentConfig
 from pipeline.errors import EXIT_USAGE, SpecdeployError
 from pipeline.infra.processes import OwnedProcess, free_ports, spawn
 from pipeline.paths import PROJECT_ROOT, logs_dir
+from pipeline.serve.server import _stop_on_signals, start_deployment
 
 STOP_S = 10.0
 
@@ -61,7 +64,6 @@ def start_frontend(cfg: DeploymentConfig, variant: str, grpc_url: str, *, port: 
                    host: str | None = None, log_dir: Path | None = None, timeout_s: float = 120.0) -> RunningFrontend:
     """Start the frontend for arm ``variant`` of ``cfg`` (Triton at ``grpc_url``); return once
     ``/health`` answers 200 (the Triton model is ready through it)."""
-    from pipeline.artefacts.deployment import load_arm  # noqa: PLC0415 - only this path needs it
 
     target = load_arm(cfg, variant)[1]  # what render recorded for the arm
     if cfg.llmapi_layout:  # the frontend speaks the ensemble's tensors, not the llmapi model's
@@ -108,9 +110,7 @@ def serve_with_frontend(cfg: DeploymentConfig, variant: str, *, ports: dict, hos
     """``serve --frontend openai``: Triton as ``serve`` starts it, then the frontend in front of it.
     In the foreground both stop on Ctrl-C / SIGTERM / SIGHUP or when either dies; otherwise both
     are left running, detached, and the stop command is printed."""
-    import threading  # noqa: PLC0415 - only this path needs it
 
-    from pipeline.serve.server import _stop_on_signals, start_deployment  # noqa: PLC0415 - only this path needs it
 
     stop = threading.Event()
     with _stop_on_signals(stop) as started:

@@ -8,7 +8,7 @@ The command line and environment come from :mod:`pipeline.serve.command` (CPU: t
 ``nvidia-pytriton`` wheel's binary; GPU: the NGC container, one server, leader mode or orchestrator
 mode, or the exact ``docker run`` line when ``tritonserver`` is absent). With
 ``reference.cpu_pinning`` the server runs on the CPUs the engines do not own and each engine's
-decode thread on its own (:mod:`pipeline.serve.cpu_pinning`; the plan is the log's first line).
+decode thread on its own (:mod:`pipeline.infra.cpu_pinning`; the plan is the log's first line).
 A GPU deployment is launched as the arm placement that ``render`` recorded says
 (``pipeline.plan.gpu_layout``); the GPUs ``nvidia-smi`` lists must include the rendered ones.
 The arm's facts (config hash, placement, engine models, the TensorRT-LLM version of the build)
@@ -43,6 +43,7 @@ from pipeline.artefacts.deployment import ArmDeployment, load_arm
 from pipeline.config import DeploymentConfig
 from pipeline.errors import EXIT_USAGE, ServeError, UsageError
 from pipeline.facts.hardware import get_profile
+from pipeline.infra.cpu_pinning import CpuPlan, allowed_cpus, plan_pinning, spawn_on
 from pipeline.infra.processes import OwnedProcess, free_ports, spawn
 from pipeline.infra.readiness import models_not_ready
 from pipeline.paths import PROJECT_ROOT, logs_dir, served_repository_problem
@@ -61,7 +62,6 @@ from pipeline.serve.command import (
     prepare_cpu_server,
     repository_paths,
 )
-from pipeline.serve.cpu_pinning import CpuPlan, allowed_cpus, plan_pinning, spawn_on
 from pipeline.serve.llmapi_launch import llmapi_launch
 from pipeline.serve.server_log import failure_report
 from pipeline.serve.stale_server import check_no_stale_server
@@ -187,7 +187,7 @@ def start_server(repo_dir: Path, *, argv: list[str] | None = None, env: dict | N
     """Start a server on ``repo_dir`` (the CPU tritonserver unless ``argv`` is given) and wait
     until it and every model in the repository are ready. ``cpu_plan``: the server runs on its
     ``other_cpus`` and the engine models learn theirs from the environment
-    (:mod:`pipeline.serve.cpu_pinning`); ``cpu_note`` says in the log why there is none.
+    (:mod:`pipeline.infra.cpu_pinning`); ``cpu_note`` says in the log why there is none.
     ``engine_process``: where the reference engines run (``reference.engine_process``). The
     server ends with this process at the latest (:mod:`pipeline.infra.processes`)."""
     repo_dir = Path(repo_dir).resolve()

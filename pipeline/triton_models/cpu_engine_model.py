@@ -36,8 +36,8 @@ from typing import Callable
 
 import triton_python_backend_utils as pb_utils
 
+from pipeline.infra.cpu_pinning import engine_cpus_from_env
 from pipeline.reference.api import ENGINE_PROCESS_ENV
-from pipeline.serve.cpu_pinning import engine_cpus_from_env
 from pipeline.triton_models.metrics import RequestLatency, SpecDecodeCounters
 from pipeline.triton_models.stall import StallBound, stalled_message
 
@@ -51,7 +51,7 @@ TOKENS_PER_KV_BLOCK = 64  # nominal block size for the kv_cache_* perf outputs (
 
 def start_engine(engine_dir: Path, name: str, version: str):
     """The reference engine for model ``name``: its decode thread on the cores ``serve`` gave the
-    model (:mod:`pipeline.serve.cpu_pinning`); in its own worker process, restarted if it dies,
+    model (:mod:`pipeline.infra.cpu_pinning`); in its own worker process, restarted if it dies,
     unless ``SPECDEPLOY_ENGINE_PROCESS=stub`` keeps it in this process."""
     cpus = engine_cpus_from_env(name)
     if os.environ.get(ENGINE_PROCESS_ENV, "own") == "stub":

@@ -48,7 +48,7 @@ def _resolve(ctx: CheckContext, role: str, path: str, checkpoint: str) -> Path |
             ctx.add(INFO, "offline", f"{role}: builtin demo model not resolved offline", "", path)
             return None
         try:
-            from pipeline.demo import resolve_builtin  # noqa: PLC0415 - trains on first use
+            from pipeline.demo import resolve_builtin  # noqa: PLC0415 - optional: pipeline.demo (the demo models may be left out of an install; checked by the ImportError below)
         except ImportError:
             ctx.add(INFO, "files", f"{role}: builtin demo models are not available in this install; skipped",
                     "", path)

@@ -25,6 +25,7 @@ from pipeline.config import DeploymentConfig
 from pipeline.errors import PreflightError, SpecdeployError
 from pipeline.facts.hardware import get_profile
 from pipeline.facts.memory_fit import MemoryEstimate
+from pipeline.infra.cpu_pinning import allowed_cpus, pinning_problems
 from pipeline.loadtest.inputs import PromptSetError, load_prompt_set
 from pipeline.paths import model_repo_dir, served_repository_problem
 from pipeline.plan.gpu_layout import validate_estimate
@@ -32,7 +33,6 @@ from pipeline.plan.llmapi import missing_modelopt_scripts
 from pipeline.plan.planner import make_plan
 from pipeline.render.arms import decide_arm
 from pipeline.render.renderer import llm_models
-from pipeline.serve.cpu_pinning import allowed_cpus, pinning_problems
 from pipeline.trtllm import llmapi_checks
 from pipeline.trtllm.layout import missing_scripts, missing_scripts_fix
 from pipeline.validate.checkpoints import check_files, check_heads, check_tokenizers, check_weights, load_shapes

@@ -26,7 +26,7 @@ def load_vocab(directory: Path) -> dict[str, int]:
     if not path.is_file() and (directory / "tokenizer.model").is_file():
         return _vocab_from_sentencepiece(directory)
     try:
-        from tokenizers import Tokenizer  # noqa: PLC0415 - optional, heavy-ish
+        from tokenizers import Tokenizer  # noqa: PLC0415 - optional: tokenizers (the reference/serving extras; without it tokenizer.json is read as JSON)
 
         return dict(Tokenizer.from_file(str(path)).get_vocab(with_added_tokens=True))
     except ImportError:
@@ -41,9 +41,9 @@ def sentencepiece_model_proto():
     register that file twice in one process; so take the module ``transformers`` itself picks
     (its ``import_protobuf``), which keeps our reads and AutoTokenizer's in one process working."""
     try:
-        from transformers.convert_slow_tokenizer import import_protobuf  # noqa: PLC0415 - transformers is loaded only when this path runs
+        from transformers.convert_slow_tokenizer import import_protobuf  # noqa: PLC0415 - optional: transformers (the reference/serving extras; without it the sentencepiece package's proto is used)
     except ImportError:
-        from sentencepiece import sentencepiece_model_pb2  # noqa: PLC0415 - raises ImportError when absent
+        from sentencepiece import sentencepiece_model_pb2  # noqa: PLC0415 - optional: sentencepiece (the serving extra; ImportError reaches the caller when both are absent)
 
         return sentencepiece_model_pb2.ModelProto
     return import_protobuf().ModelProto

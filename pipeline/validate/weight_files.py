@@ -32,7 +32,7 @@ def safetensors_shapes(path: Path) -> Shapes:
 def pickle_shapes(path: Path) -> Shapes:
     """Shapes from a torch-saved state dict; refuses anything but tensors (weights_only)."""
     try:
-        import torch  # noqa: PLC0415 - optional: only this format needs it
+        import torch  # noqa: PLC0415 - optional: torch (the reference extra; only a .bin/.pt checkpoint needs it, and its absence is reported)
     except ImportError:
         raise UnreadableWeights(f"{path}: reading .bin/.pt tensor names needs torch, which is not installed") from None
     state = None

@@ -19,6 +19,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.version import Version
 
+from pipeline.artefacts.live_preflight import read_record
 from pipeline.cli import run
 from pipeline.config import load_config
 from pipeline.errors import PreflightError
@@ -26,7 +27,6 @@ from pipeline.paths import PROJECT_ROOT, model_repo_dir
 from pipeline.plan.gpu_layout import GpuLostError, query_gpus
 from pipeline.trtllm import versions
 from pipeline.validate.live import FAIL, PASS, SKIP, failures, run_host_preflight, run_live_preflight
-from pipeline.validate.live.gate import read_record
 from pipeline.validate.live.parsers import flag_problems, parse_help, planned_flags
 from tests.gpu_sim import hosts
 from tests.gpu_sim.container import specdeploy_requires

@@ -82,13 +82,13 @@ def _row(file: Path, n: int, value: Any, options: DatasetOptions, where: str, in
 def _table_records(file: Path) -> Iterator[tuple[int, Any]]:
     """Rows of an Arrow or Parquet file, numbered from 1, through pyarrow (a soft dependency)."""
     try:
-        import pyarrow  # noqa: PLC0415, F401 - optional: only Arrow/Parquet paths need it
+        import pyarrow  # noqa: PLC0415, F401 - optional: pyarrow (the loadtest extra; only Arrow/Parquet datasets need it)
     except ImportError:
         raise DatasetError(file, None, None, "Arrow/Parquet needs pyarrow (the loadtest extra installs it): "
                            "`pip install 'pyarrow<18'`, or export the dataset as JSON Lines "
                            "(`Dataset.to_json('prompts.jsonl')`) and pass that file") from None
-    import pyarrow.ipc as ipc  # noqa: PLC0415 - as above
-    import pyarrow.parquet as pq  # noqa: PLC0415 - as above
+    import pyarrow.ipc as ipc  # noqa: PLC0415 - optional: pyarrow (the loadtest extra; only Arrow/Parquet datasets need it)
+    import pyarrow.parquet as pq  # noqa: PLC0415 - optional: pyarrow (the loadtest extra; only Arrow/Parquet datasets need it)
 
     try:
         if file.suffix == ".parquet":

@@ -14,7 +14,7 @@ NO_CI: dict[str, Any] = {"point": None, "low": None, "high": None, "level": None
 
 def ratio_ci(comparison: dict, name: str) -> dict[str, Any]:
     """The run-level CI of ``name`` (pooled request level for TPOT/E2E when runs are too few)."""
-    from pipeline.report.comparison import best_ci  # noqa: PLC0415 - comparison imports numpy; keep templates light
+    from pipeline.report.comparison import best_ci  # noqa: PLC0415 - start-up: numpy (pipeline.report.comparison; the templates' view model stays light)
 
     if name not in comparison.get("run_level", {}):
         return dict(NO_CI)

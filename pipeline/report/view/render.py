@@ -49,7 +49,7 @@ def md_escape(value: Any) -> str:
 
 @lru_cache(maxsize=2)
 def environment(markdown: bool = False):
-    import jinja2  # noqa: PLC0415 - jinja2 is loaded only when this path runs
+    import jinja2  # noqa: PLC0415 - start-up: jinja2 (loaded when a page is rendered, not when the report is analysed)
 
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("pipeline.report.view", "templates"),
@@ -129,7 +129,7 @@ def render_report(data: dict, plots: dict[str, str | None]) -> tuple[str, str]:
 
 def render_comparison(data_a: dict, data_b: dict, comp: dict, plot: str | None) -> tuple[str, str]:
     """(compare.md, compare.html) text: run B against run A."""
-    from pipeline.report.view.compare import compare_page  # noqa: PLC0415 - keeps pydantic off this module's import
+    from pipeline.report.view.compare import compare_page  # noqa: PLC0415 - start-up: pydantic (pipeline.report.view.compare; only a comparison page needs it)
 
     page = compare_page(comp, data_a, data_b, plot)
     return render("compare.md.jinja", page), render("compare.html.jinja", page)

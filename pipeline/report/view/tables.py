@@ -21,6 +21,7 @@ from pipeline.report.view.model import (
     target_levels,
 )
 from pipeline.report.view.rounding import MISSING, fmt_ci, fmt_p, fmt_pct, fmt_value, tidy_text
+from pipeline.report.view.summary import open_checks
 
 # label, cell statistic, percentile, run-level ratio (None: the pooled percentiles' ratio, no CI),
 # unit, lower is better. TPOT p95/p99 are what latency SLOs are written in; p99s show the tail.
@@ -180,7 +181,6 @@ def draft_length_table(data: dict) -> dict | None:
 
 def gate_tables(data: dict) -> dict[str, Any]:
     """Checks that did not pass (failures first), and the passing ones grouped by rule."""
-    from pipeline.report.view.summary import open_checks  # noqa: PLC0415 - only this path needs it
 
     failing = open_checks(data)
     open_table = table(["status", "check", "scope", "detail"],

@@ -2,7 +2,7 @@
 ``--skip-live``; the outcome is recorded for provenance.
 
 Reads what :func:`pipeline.validate.live.run_live_preflight` reads. Writes
-``engines/NAME/live-preflight.json`` (the checks, or that the user skipped them, with the time),
+``engines/NAME/live-preflight.json`` (:mod:`pipeline.artefacts.live_preflight`: the checks, or that the user skipped them, with the time),
 which the build manifest and the load test's provenance quote. Raises
 :class:`~pipeline.errors.PreflightError` (one line per failed check, each with its fix) before
 anything is built or started.
@@ -12,38 +12,13 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
+from pipeline.artefacts.live_preflight import record_path
 from pipeline.config import DeploymentConfig
 from pipeline.errors import EXIT_FAILURE, PreflightError
-from pipeline.paths import engine_root
 from pipeline.validate.live import failures, run_live_preflight
 from pipeline.validate.live.table import print_checks
-
-RECORD_NAME = "live-preflight.json"
-
-
-def record_path(cfg: DeploymentConfig) -> Path:
-    return engine_root(cfg) / RECORD_NAME
-
-
-def read_record(cfg: DeploymentConfig) -> dict[str, Any] | None:
-    """The last recorded outcome (for provenance), or None."""
-    path = record_path(cfg)
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-def provenance_line(cfg: DeploymentConfig) -> str:
-    """``passed at …`` / ``skipped (--skip-live) at …`` / ``not run`` for a manifest's versions."""
-    record = read_record(cfg)
-    if record is None:
-        return "not run"
-    how = f"skipped ({record['by']})" if record["status"] == "skipped" else record["status"]
-    return f"{how} before {record['stage']} at {record['at']}"
 
 
 def _write(cfg: DeploymentConfig, record: dict[str, Any]) -> None:

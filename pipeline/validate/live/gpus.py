@@ -81,7 +81,7 @@ def _error(exc: BaseException) -> str:
 
 def _process_name(pid: int) -> str:
     try:
-        import psutil  # noqa: PLC0415 - psutil is a gpu-host/loadtest extra; the row says when it is absent
+        import psutil  # noqa: PLC0415 - optional: psutil (the gpu-host/loadtest extras; the row says when it is absent)
     except ImportError:
         return "(psutil not installed: name unknown)"
     try:
@@ -140,7 +140,7 @@ def init_fix(error: str) -> str:
 def read_nvml() -> NvmlRead:
     """Every device NVML lists, each with its error if it cannot be read; or why NVML cannot start."""
     try:
-        import pynvml  # noqa: PLC0415 - nvidia-ml-py is a GPU-host package
+        import pynvml  # noqa: PLC0415 - optional: pynvml (nvidia-ml-py, a GPU-host package of the trtllm extra)
     except ImportError:
         return NvmlRead(None, "pynvml not importable", "pip install nvidia-ml-py (the gpu-host extra has it)")
     try:

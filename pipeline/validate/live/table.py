@@ -15,8 +15,8 @@ def print_checks(cfg, checks: list[LiveCheck], console=None, as_json: bool = Fal
         print(json.dumps({"config": cfg.name, "ok": not any(c.failed for c in checks),
                           "checks": [c.to_dict() for c in checks]}, indent=2, ensure_ascii=False))
         return
-    from rich.console import Console  # noqa: PLC0415 - rich is loaded only when this path runs
-    from rich.table import Table  # noqa: PLC0415 - rich is loaded only when this path runs
+    from rich.console import Console  # noqa: PLC0415 - start-up: rich (the table is printed only by `specdeploy validate --live`)
+    from rich.table import Table  # noqa: PLC0415 - start-up: rich (the table is printed only by `specdeploy validate --live`)
 
     console = console or Console(width=160)
     table = Table(title=f"Live preflight — {cfg.name} (TensorRT-LLM {cfg.trtllm_version}, {cfg.runtime} runtime)")

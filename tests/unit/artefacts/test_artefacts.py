@@ -183,10 +183,10 @@ def _rendered(tmp_path, monkeypatch, cfg):
 def test_serve_and_loadtest_work_from_the_descriptor_alone(tmp_path, monkeypatch):
     """The descriptor, not the config, says what the arm is: a descriptor that differs from what
     the config would give is what serve's CPU plan and loadtest's endpoint follow."""
+    from pipeline.infra.cpu_pinning import allowed_cpus, plan_pinning
     from pipeline.loadtest.cells import RunSpec
     from pipeline.loadtest.endpoints import ArmEndpoint
     from pipeline.loadtest.runner import run_settings
-    from pipeline.serve.cpu_pinning import allowed_cpus, plan_pinning
     from pipeline.serve.server import deployment_cpu_plan
 
     cfg = _cfg()

@@ -17,8 +17,8 @@ import pytest
 
 from pipeline.config import DuplicateKeyError, load_config, load_yaml_strict
 from pipeline.errors import ConfigError
+from pipeline.infra.cpu_pinning import format_cpus, spawn_on
 from pipeline.loadtest.inputs import PromptSetError, load_prompt_set
-from pipeline.serve.cpu_pinning import format_cpus, spawn_on
 from pipeline.validate.checkpoints import checkpoint_dir_problem
 from pipeline.validate.preflight import errors_of, run_preflight
 from tests.unit.cli_inproc import CliResult, specdeploy

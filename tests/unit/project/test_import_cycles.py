@@ -27,18 +27,7 @@ ARCHITECTURE = PROJECT_ROOT / "docs" / "architecture.md"
 ALLOWED: list[frozenset[str]] = []
 
 
-BACK_EDGES: set[tuple[str, str]] = {
-    # the CPU engine and its served model pin the decode thread with serve's helper (a host fact;
-    # its place is a host layer beneath them). Both files are edited elsewhere this session.
-    ("pipeline.reference.engine", "pipeline.serve.cpu_pinning"),
-    ("pipeline.triton_models.cpu_engine_model", "pipeline.serve.cpu_pinning"),
-    # the report reads a run's acceptance figures with the load test's reader of the counters
-    ("pipeline.report.acceptance", "pipeline.loadtest.acceptance_sources"),
-    # a CPU calibration is timed on the deployment's prompt set, loaded as the load test loads it
-    ("pipeline.forecast.calibration_prompts", "pipeline.loadtest.inputs"),
-    # a trtllm build records the live preflight's outcome in its manifest (deferred: start-up)
-    ("pipeline.build.builder", "pipeline.validate.live.gate"),
-}
+BACK_EDGES: set[tuple[str, str]] = set()  # none left; a new one fails the test
 
 
 def modules(root: Path, package: str) -> dict[str, Path]:

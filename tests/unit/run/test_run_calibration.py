@@ -28,11 +28,7 @@ GPU = ROOT / "configs" / "llama31-8b-draft1b-fp8-h100.yaml"
 def stages(monkeypatch, tmp_path):
     """Every stage of `run` replaced by a recorder; ``calls`` lists them in order. The fake load test
     writes a minimal run.json; ``fail`` makes ``calibrate`` raise."""
-    import pipeline.build.builder as builder
-    import pipeline.loadtest.runner as runner
-    import pipeline.render.renderer as renderer
-    import pipeline.report.builder as report_builder
-    import pipeline.validate.preflight as preflight
+    import pipeline.run as run  # run names each stage at module level: replace them where run reads them
 
     monkeypatch.setenv("SPECDEPLOY_FORECAST_HOME", str(tmp_path / "forecast"))
     state = SimpleNamespace(calls=[], fail=None, run_dir=tmp_path / "reports" / "run")
@@ -63,11 +59,11 @@ def stages(monkeypatch, tmp_path):
         return fake
 
     monkeypatch.setattr(cpu, "calibrate", calibrate)
-    monkeypatch.setattr(preflight, "run_preflight", record("validate", []))
-    monkeypatch.setattr(builder, "build", record("build", {"steps": []}))
-    monkeypatch.setattr(renderer, "render", record("render", {}))
-    monkeypatch.setattr(runner, "run_loadtest", run_loadtest)
-    monkeypatch.setattr(report_builder, "make_report", make_report)
+    monkeypatch.setattr(run, "run_preflight", record("validate", []))
+    monkeypatch.setattr(run, "build", record("build", {"steps": []}))
+    monkeypatch.setattr(run, "render", record("render", {}))
+    monkeypatch.setattr(run, "run_loadtest", run_loadtest)
+    monkeypatch.setattr(run, "make_report", make_report)
     return state
 
 

@@ -5,7 +5,7 @@ is checked, not crashed by asking for a speculative arm it does not have (issue 
 from __future__ import annotations
 
 from pipeline.config import parse_config
-from pipeline.serve.cpu_pinning import allowed_cpus
+from pipeline.infra.cpu_pinning import allowed_cpus
 from pipeline.validate.preflight import run_preflight
 
 

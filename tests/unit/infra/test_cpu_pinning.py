@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from pipeline.serve.cpu_pinning import ENV_VAR, CpuPlan, decoding_models, engine_cpus_from_env, plan_pinning, spawn_on
+from pipeline.infra.cpu_pinning import ENV_VAR, CpuPlan, decoding_models, engine_cpus_from_env, plan_pinning, spawn_on
 
 ONE_ENGINE = ["ensemble", "preprocessing", "postprocessing", "tensorrt_llm"]
 BLS = ["preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls", "tensorrt_llm_draft"]
