@@ -164,7 +164,7 @@ def analyze(run_dir: Path, cfg: DeploymentConfig, runs: list[RunData]) -> dict[s
                    if arm == "speculative" and dl == primary for run in rs]
     acceptance_rate, acceptance_source = acceptance.headline(spec_records, spec_deltas)
     all_summaries = [s for cell in cells for s in cell["runs"]]
-    scheduled = schedule_section(runs, meta, confidence)  # None for a two-arm run: its analysis is unchanged
+    scheduled = schedule_section(runs, meta, confidence, cfg.gate.peak_throughput_ratio_min)  # None for a two-arm run: its analysis is unchanged
     return {
         **({"schedule": scheduled} if scheduled else {}),
         "acceptance_per_request": per_request.acceptance_per_request(spec_records),

@@ -382,16 +382,16 @@ def decision(data: dict) -> dict[str, Any]:
 
 
 def schedule_line(data: dict) -> str | None:
-    """A run with the scheduled arm: the schedule (ranges -> K) and how it held across its thresholds,
+    """A run with the scheduled arm: the schedule (ranges → K) and how it held across its thresholds,
     with the schedule's own verdict (its checks are folded into the run's verdict too)."""
     section = data.get("schedule")
     if not section:
         return None
     ranges = [f"c {r['min_concurrency']}{'+' if r.get('max_concurrency') is None else '-' + str(r['max_concurrency'])}"
-              f" -> {'off' if not r['draft_len'] else 'K=' + str(r['draft_len'])}" for r in section["schedule"]["ranges"]]
+              f" → {'off' if not r['draft_len'] else 'K=' + str(r['draft_len'])}" for r in section["schedule"]["ranges"]]
     boundary = [c for c in section["checks"] if c["rule"] != "schedule_not_worse"]
     failed = [c for c in section["checks"] if c["status"] == "fail"]
-    failures = "; ".join(f"{c['rule']} at {c['scope']}" for c in failed)
+    failures = "; ".join(dict.fromkeys(f"{c['rule']} at {c['scope']}" for c in failed))  # once per rule and point
     held = (f"did not hold: {failures}" if failed
             else f"held ({sum(c['status'] == 'pass' for c in boundary)} of {len(boundary)} boundary checks pass, "
                  f"never worse with confidence than the better static arm)" if all(c["status"] == "pass" for c in section["checks"])

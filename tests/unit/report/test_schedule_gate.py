@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.report.builder import prepare
+from pipeline.report.builder import make_report, prepare
 from tests.unit.report_fixtures import copy_fixture, slow_down_speculative
 
 # K = 3 at c = 1, off from c = 2: the threshold is 2
@@ -106,3 +106,17 @@ def test_a_two_arm_report_has_no_schedule_section(tmp_path):
     data, _, gate = prepare(copy_fixture(tmp_path / "run"))
     assert "schedule" not in data
     assert not [c for c in gate.checks if c.rule.startswith("schedule_")]
+
+
+@pytest.mark.slow  # a whole report written (plots included)
+def test_the_first_screen_gives_the_schedule_and_how_it_held(tmp_path):
+    run_dir = three_arm_run(tmp_path, {1: "speculative-k3-c1", 2: "speculative-k3-c2"})
+    report = make_report(run_dir)
+    md = report.md_path.read_text()
+    first_screen = md.split("## Per concurrency")[0]
+    assert ("Schedule NO-GO: c 1-1 → K=3; c 2+ → off; across its thresholds (concurrency 2) it did not hold: "
+            "schedule\\_not\\_worse at c=2.") in first_screen  # Markdown escapes the underscores
+    section = md.split("## Per level and ramp step: baseline, static speculation, scheduled")[1].split("## ")[0]
+    assert "| c=2, K=0 (at 2) | TPOT p50 (ms) |" in section and "vs baseline:" in section
+    html = report.html_path.read_text()
+    assert 'id="schedule"' in html and "Schedule NO-GO" in html
