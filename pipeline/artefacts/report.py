@@ -64,6 +64,10 @@ class Report(Artefact):
         "checks it fails (excluded); gated levels kept with a tail worse with confidence (cautions); "
         "pipeline/report/rollout_range.py."))
     recommended_draft_len: dict[str, Any] = Field(default_factory=dict)
+    schedule: dict[str, Any] | None = Field(None, description=(
+        "Only a run with the scheduled arm: the schedule (ranges -> K), its thresholds, per level and ramp step "
+        "the three arms and the scheduled arm against the better static arm (paired t), the schedule_* checks "
+        "and the schedule's own verdict (pipeline/report/schedule_gate.py)."))
     acceptance_rate: float | None = None
     acceptance_source: str | None = Field(None, description=(
         "Where acceptance_rate comes from: per-request outputs, a server's metrics (named), or not reported."))

@@ -37,6 +37,7 @@ from pipeline.report.gate import GateResult, evaluate_gate
 from pipeline.report.intervals import METHOD as INTERVAL_METHOD
 from pipeline.report.kv_capacity_check import with_kv_capacity_check
 from pipeline.report.rollout_range import rollout_range
+from pipeline.report.schedule_gate import schedule_section
 from pipeline.report.sessions import sessions
 from pipeline.report.stats import RunData, cell_summary, e2e_ms, load_runs, tpot_ms, ttft_ms
 from pipeline.report.view.compare import comparison_data
@@ -167,7 +168,9 @@ def analyze(run_dir: Path, cfg: DeploymentConfig, runs: list[RunData]) -> dict[s
                    if arm == "speculative" and dl == primary for run in rs]
     acceptance_rate, acceptance_source = acceptance.headline(spec_records, spec_deltas)
     all_summaries = [s for cell in cells for s in cell["runs"]]
+    scheduled = schedule_section(runs, meta, confidence, cfg.gate.peak_throughput_ratio_min)  # None for a two-arm run: its analysis is unchanged
     return {
+        **({"schedule": scheduled} if scheduled else {}),
         "acceptance_per_request": per_request.acceptance_per_request(spec_records),
         "acceptance_by_position": per_request.acceptance_by_position(spec_deltas),
         "runs": all_summaries,
@@ -316,6 +319,10 @@ def build_report_data(run_dir: Path, cfg: DeploymentConfig, analysis: dict, gate
         "acceptance_reported": acceptance_reported(runs, meta.get("server_metrics")),
         "sessions": sessions(meta, [run.info for run in runs]),
     }
+    if analysis.get("schedule"):  # only a three-arm run: a two-arm report.json is unchanged
+        from pipeline.report.schedule_gate import verdict as schedule_verdict  # noqa: PLC0415 - three-arm runs only
+
+        data["schedule"] = {**analysis["schedule"], "verdict": schedule_verdict(analysis["schedule"]["checks"])}
     data["forecast"] = safe_forecast_section(data, cfg, run_context(r for run in runs for r in run.records))
     if cfg.capacity is not None:
         data["capacity"] = safe_capacity_section(run_dir, data, cfg)

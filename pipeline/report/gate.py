@@ -101,6 +101,9 @@ def evaluate_gate(analysis: dict[str, Any], gate: GateSettings) -> GateResult:
     if levels:
         checks.append(_peak_throughput_guardrail(levels[-1], comparisons[levels[-1]], gate, analysis, targets, advice))
     checks += _acceptance_checks(analysis, gate, advice)
+    # a run with the scheduled arm is a run to deploy the schedule: its checks decide the verdict too
+    for c in (analysis.get("schedule") or {}).get("checks", []):
+        checks.append(Check(c["rule"], c["scope"], c["status"], c["detail"], c.get("value")))
     verdict = NO_GO if any(c.status == FAIL for c in checks) else INCONCLUSIVE if any(c.status == UNSURE for c in checks) else GO
     result = GateResult(verdict, checks, advice)
     needed = result.repeats_to_decide

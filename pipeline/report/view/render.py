@@ -85,6 +85,7 @@ def report_page(data: dict, plots: dict[str, str | None]) -> dict[str, Any]:
         "decision": decision(data),
         "plots": plots,
         "levels": tables.headline_tables(data),
+        "schedule": tables.schedule_table(data),
         "categories": tables.category_table(data),
         "acceptance_cells": tables.acceptance_cells_table(data),
         "acceptance_sources": tables.acceptance_source_table(data),

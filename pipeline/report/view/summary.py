@@ -355,7 +355,8 @@ def decision(data: dict) -> dict[str, Any]:
     crossover = data["crossover_concurrency"]
     targets = target_levels(data)
     window = data.get("rollout_range") or {}
-    findings = [level_line(c, targets, crossover, window) for c in primary_comparisons(data)]
+    findings = [line for line in (schedule_line(data),) if line]
+    findings += [level_line(c, targets, crossover, window) for c in primary_comparisons(data)]
     findings += [line for line in (goodput_line(data), worse_line(data)) if line]
     findings += [line for line in (draft_length_line(data),) if line]
     findings += [acceptance_line(data), equivalence_line(data)]
@@ -378,6 +379,26 @@ def decision(data: dict) -> dict[str, Any]:
         "advice": [tidy_text(a) for a in data.get("advice", [])],
         "counts": _status_counts(data),
     }
+
+
+def schedule_line(data: dict) -> str | None:
+    """A run with the scheduled arm: the schedule (ranges → K) and how it held across its thresholds,
+    with the schedule's own verdict (its checks are folded into the run's verdict too)."""
+    section = data.get("schedule")
+    if not section:
+        return None
+    ranges = [f"c {r['min_concurrency']}{'+' if r.get('max_concurrency') is None else '-' + str(r['max_concurrency'])}"
+              f" → {'off' if not r['draft_len'] else 'K=' + str(r['draft_len'])}" for r in section["schedule"]["ranges"]]
+    boundary = [c for c in section["checks"] if c["rule"] != "schedule_not_worse"]
+    failed = [c for c in section["checks"] if c["status"] == "fail"]
+    failures = "; ".join(dict.fromkeys(f"{c['rule']} at {c['scope']}" for c in failed))  # once per rule and point
+    held = (f"did not hold: {failures}" if failed
+            else f"held ({sum(c['status'] == 'pass' for c in boundary)} of {len(boundary)} boundary checks pass, "
+                 f"never worse with confidence than the better static arm)" if all(c["status"] == "pass" for c in section["checks"])
+            else "not yet shown to hold (some checks inconclusive)")
+    marks = ", ".join(str(t) for t in section["thresholds"]) or "none"
+    return (f"Schedule {section['verdict']}: {'; '.join(ranges) or 'no ranges'}; across its thresholds "
+            f"(concurrency {marks}) it {held}.")
 
 
 def _status_counts(data: dict) -> str:

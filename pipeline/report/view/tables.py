@@ -280,3 +280,27 @@ def flatten(value: Any, prefix: str = "") -> list[tuple[str, list[str]]]:
 
 def provenance_rows(data: dict) -> list[tuple[str, list[str]]]:
     return flatten(data["provenance"]) + flatten({"bootstrap": data["bootstrap"]})
+
+
+SCHEDULE_METRICS = (("tpot_ms", "TPOT p50 (ms)"), ("e2e_p95_ms", "E2E p95 (ms)"), ("output_tokens_per_s", "output tok/s"))
+
+
+def schedule_table(data: dict) -> dict | None:
+    """A run with the scheduled arm: per level and ramp step the three arms side by side (geometric
+    mean over repeats) and the scheduled arm against the better static arm [paired CI]; None otherwise."""
+    section = data.get("schedule")
+    if not section:
+        return None
+    rows, classes = [], []
+    for point in section["points"]:
+        where = f"{point['scope']}, K={point['draft_len']}" + (f" ({', '.join(point['position'])})" if point["position"] else "")
+        for name, label in SCHEDULE_METRICS:
+            comp = point["metrics"][name]
+            arms = comp["arms"]
+            ci = comp["ci"]
+            ratio = f"vs {comp['better_static']}: {ratio_text(ci)}" if ci else MISSING
+            rows.append([where, label, fmt_value(arms.get("baseline")), fmt_value(arms.get("speculative")),
+                         fmt_value(arms.get("scheduled")), ratio])
+            classes.append(["", "", "", "", "", "fail" if comp["worse"] else ""])
+    return table(["point", "metric", "baseline", "speculative", "scheduled", f"scheduled/better static [{ci_words(data)}]"],
+                 rows, classes)
