@@ -38,6 +38,7 @@ from pipeline.report.intervals import METHOD as INTERVAL_METHOD
 from pipeline.report.kv_capacity_check import with_kv_capacity_check
 from pipeline.report.rollout_range import rollout_range
 from pipeline.report.schedule_gate import schedule_section
+from pipeline.report.schedule_gate import verdict as schedule_verdict
 from pipeline.report.sessions import sessions
 from pipeline.report.stats import RunData, cell_summary, e2e_ms, load_runs, tpot_ms, ttft_ms
 from pipeline.report.view.compare import comparison_data
@@ -320,8 +321,6 @@ def build_report_data(run_dir: Path, cfg: DeploymentConfig, analysis: dict, gate
         "sessions": sessions(meta, [run.info for run in runs]),
     }
     if analysis.get("schedule"):  # only a three-arm run: a two-arm report.json is unchanged
-        from pipeline.report.schedule_gate import verdict as schedule_verdict  # noqa: PLC0415 - three-arm runs only
-
         data["schedule"] = {**analysis["schedule"], "verdict": schedule_verdict(analysis["schedule"]["checks"])}
     data["forecast"] = safe_forecast_section(data, cfg, run_context(r for run in runs for r in run.records))
     if cfg.capacity is not None:

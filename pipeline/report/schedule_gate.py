@@ -43,6 +43,8 @@ import math
 from collections import defaultdict
 from typing import Any
 
+import numpy as np
+
 from pipeline.report.intervals import paired_ci, paired_values
 from pipeline.report.stats import chunk_gaps_ms, e2e_ms, tpot_ms, ttft_ms
 
@@ -56,7 +58,6 @@ NS_PER_S = 1e9
 
 def point_metrics(records: list[dict]) -> dict[str, float | None]:
     """One run's (or one ramp step's) figures from its ok measured records."""
-    import numpy as np  # noqa: PLC0415 - numpy is loaded only for a scheduled run
 
     ok = [r for r in records if r.get("status") == "ok"]
     tpots = [v for v in (tpot_ms(r) for r in ok) if v is not None]
