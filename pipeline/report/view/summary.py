@@ -59,6 +59,13 @@ def speed_phrase(tpot: dict) -> str:
     return f"{fmt_ci(point, tpot['low'], tpot['high'])['point']}× slower"
 
 
+def level_name(comp: dict) -> str:
+    """"concurrency 4" for a closed-loop level; an open-loop level is its offered rate (its
+    concurrency field is only the level's index)."""
+    rate = comp.get("target_rate")
+    return f"rate {rate:g} req/s (level {comp['concurrency']})" if rate else f"concurrency {comp['concurrency']}"
+
+
 def level_line(comp: dict, targets: list[int], crossover: int | None, window: dict | None = None) -> str:
     level = comp["concurrency"]
     window = window or {}
@@ -67,7 +74,7 @@ def level_line(comp: dict, targets: list[int], crossover: int | None, window: di
     tags = [t for t, on in (("gated", level in targets), ("past crossover", crossover is not None and level >= crossover),
                             ("outside the recommended range", outside)) if on]
     tpot = ratio_ci(comp, "tpot_ratio")
-    label = f"Concurrency {level}" + (f" ({', '.join(tags)})" if tags else "")
+    label = level_name(comp).capitalize() + (f" ({', '.join(tags)})" if tags else "")
     return (f"{label}: decoding {speed_phrase(tpot)} per user — TPOT {ratio_phrase(tpot, 'baseline')}, "
             f"E2E {ratio_phrase(ratio_ci(comp, 'e2e_ratio'))}, "
             f"E2E p95 {ratio_phrase(ratio_ci(comp, 'e2e_p95_ratio'))}, "
@@ -168,7 +175,7 @@ def headline_sentence(data: dict) -> str:
     # the gated level's own tail, when worse with confidence, in the same sentence as its speed-up
     caution = next((c for c in (data.get("rollout_range") or {}).get("cautions") or [] if c["concurrency"] == level), None)
     tail = f", though its {excluded_reason(caution['checks'])}," if caution else ""
-    return (f"At concurrency {level}, speculation makes decoding {speed_phrase(tpot)} per user "
+    return (f"At {level_name(comps[level])}, speculation makes decoding {speed_phrase(tpot)} per user "
             f"(TPOT {ratio_phrase(tpot, 'baseline')}, {ci_words(data)}){tail}{joint}{clause}.")
 
 
