@@ -146,6 +146,10 @@ def test_target_continues_arithmetic_with_the_right_structure(target_and_tokeniz
     assert good >= 4, good
 
 
+# the quick tier's first user of the module fixture: it pays loading the target through transformers
+# (2.9 CPU s in a fresh-clone CI, under 2 in others: whether transformers was already imported in that
+# worker decides it)
+@pytest.mark.budget(5)
 def test_target_continues_code_with_python_structure(target_and_tokenizer):
     model, tokenizer = target_and_tokenizer
     text = _continuation(model, tokenizer, "def count_items(items, limit):\n    total = 0", 30)
