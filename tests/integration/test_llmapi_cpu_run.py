@@ -2,7 +2,10 @@
 fresh working directory — real build, render, two tritonservers serving the llmapi `tensorrt_llm`
 model, Locust speaking the llmapi contract (`text_input` [1], `sampling_param_*`, cumulative
 `text_output`), report — ends with a verdict whose requests succeeded in both arms and whose
-acceptance came from the llmapi model's per-request perf outputs."""
+acceptance came from the llmapi model's per-request perf outputs. Its forecast home is fresh, so the
+run calibrates the forecast's CPU cost model before the load test (the full tier's
+``test_run_cli`` reuses a stored calibration) and the report checks the forecast against the
+measurement."""
 
 from __future__ import annotations
 
@@ -40,3 +43,9 @@ def test_run_on_the_cpu_llmapi_layout_reaches_a_verdict_with_served_requests(tmp
         assert all(r["output_text"] for r in measured)
     assert report["acceptance_rate"] is not None and 0 < report["acceptance_rate"] <= 1, report.get("acceptance_source")
     assert report["acceptance_source"] == "per-request outputs", report["acceptance_source"]
+    assert report["provenance"]["forecast_calibration"]["status"] == "calibrated", report["provenance"]
+    assert "calibration none stored" in proc.stdout
+    assert (tmp_path / "forecast").is_dir() and list((tmp_path / "forecast").glob("cpu-*.json"))
+    forecast = report["forecast"]
+    assert forecast["available"], forecast.get("reason")
+    assert forecast["calibration_prompts"].startswith("load-test prompts"), forecast["calibration_prompts"]

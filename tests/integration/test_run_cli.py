@@ -1,8 +1,10 @@
 """`specdeploy run` as a user runs it: one subprocess, a fresh working directory, the tiny EAGLE
 config (real build, render, two real tritonservers, Locust at concurrency 1 and 4, report). The
 exit code is the verdict, the last lines say where the report is, and nothing prints a traceback.
-A machine without a calibration (a fresh forecast home) is calibrated before the load test, so the
-report checks the forecast against the measurement, at the context the run's records measured."""
+A calibration stored for the config on this machine (a real one, tests/fixtures/forecast) is reused,
+and the report checks the forecast against the measurement, at the context the run's records
+measured. A run that calibrates first (a fresh forecast home): the e2e tier's
+``test_llmapi_cpu_run``; the stage order around it: ``tests/unit/run/test_run_calibration.py``."""
 
 from __future__ import annotations
 
@@ -14,20 +16,29 @@ from pathlib import Path
 
 import pytest
 
-# weight: ~140 CPU s, about 30 slow tests; by its one slow test it was scheduled last (the tail)
-pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.weight(30)]
+# weight: about 10 slow tests; by its one slow test it was scheduled last (the tail)
+pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.weight(10)]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXIT_CODES = {"GO": 0, "NO-GO": 1, "INCONCLUSIVE": 3}
 
 
-def test_run_end_to_end_prints_report_and_exits_with_verdict(tmp_path):
+def store_calibration(home: Path) -> None:
+    """The fixture's calibration, stored under ``home`` as ``run`` looks it up on this machine."""
+    from pipeline.forecast import cpu
+
+    stored = json.loads((ROOT / "tests" / "fixtures" / "forecast" / "tiny-cpu-eagle-calibration.json").read_text())
+    cpu.store(stored["calibration"], stored["key"], path=home / cpu.calibration_path().name)
+
+
+def test_run_end_to_end_prints_report_and_exits_with_verdict(tmp_path, monkeypatch):
     config = ROOT / "configs" / "tiny-cpu-eagle.yaml"
+    monkeypatch.setenv("SPECDEPLOY_FORECAST_HOME", str(tmp_path / "forecast"))
+    store_calibration(tmp_path / "forecast")
     proc = subprocess.run(
         [sys.executable, "-m", "pipeline", "run", str(config), "--concurrency", "1,4", "--duration", "3s",
          "--repeats", "1"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "SPECDEPLOY_FORECAST_HOME": str(tmp_path / "forecast")},
     )
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
     reports = sorted((tmp_path / "reports" / "tiny-cpu-eagle").glob("*/report.json"))
@@ -43,8 +54,8 @@ def test_run_end_to_end_prints_report_and_exits_with_verdict(tmp_path):
     if len(allowed) >= 2:  # reference.cpu_pinning auto: Locust stays off the engine's core, in both arms
         assert all(r["client_cpus"] == sorted(allowed - {max(allowed)}) for r in runs), [r["client_cpus"] for r in runs]
     assert (tmp_path / "engines" / "tiny-cpu-eagle" / "manifest.json").is_file()
-    assert report["provenance"]["forecast_calibration"]["status"] == "calibrated", report["provenance"]
-    assert "calibration none stored" in proc.stdout
+    assert report["provenance"]["forecast_calibration"]["status"] == "stored", report["provenance"]
+    assert "reused the stored calibration" in proc.stdout
     forecast = report["forecast"]
     assert forecast["available"], forecast.get("reason")
     assert forecast["calibration_prompts"].startswith("load-test prompts")
