@@ -61,8 +61,7 @@ def fakes():
 @pytest.mark.slow
 def test_run_loadtest_against_fake_servers(tmp_path, shared_fakes):
     base, spec = shared_fakes
-    # 1 s cells: the claims are the plan, settings and provenance, not timing (~12 requests a cell at c=1)
-    run_dir = run_loadtest(make_cfg(duration_s=1), out_dir=tmp_path / "run", endpoint_baseline=base.url,
+    run_dir = run_loadtest(make_cfg(), out_dir=tmp_path / "run", endpoint_baseline=base.url,
                            endpoint_speculative=spec.url, progress=False)
     runs = json.loads((run_dir / "runs.json").read_text())["runs"]
     assert [r["key"] for r in runs] == ["baseline-c1-r0", "speculative-k3-c1-r0", "baseline-c2-r0", "speculative-k3-c2-r0"]
@@ -94,8 +93,8 @@ def test_dead_server_marks_run_invalid_and_never_go(tmp_path, fakes, monkeypatch
         return result
 
     monkeypatch.setattr(runner, "execute_run", then_kill_speculative)
-    run_dir = run_loadtest(make_cfg(concurrency=[1], duration_s=1), out_dir=tmp_path / "run",
-                           endpoint_baseline=base.url, endpoint_speculative=spec.url, progress=False)
+    run_dir = run_loadtest(make_cfg(concurrency=[1]), out_dir=tmp_path / "run", endpoint_baseline=base.url,
+                           endpoint_speculative=spec.url, progress=False)
     runs = json.loads((run_dir / "runs.json").read_text())["runs"]
     dead = [r for r in runs if r["arm"] == "speculative"]
     assert dead and not dead[0]["server_alive"] and not dead[0]["valid"]
