@@ -35,26 +35,24 @@ def make_cfg(orchestration: str = "bls", **loadtest):
     })
 
 
-def start_fakes() -> tuple[Fake, Fake]:
-    return (Fake("--ttft-ms", "30", "--tpot-ms", "6", "--max-tokens-cap", "7"),
-            Fake("--ttft-ms", "35", "--tpot-ms", "3", "--tokens-per-chunk", "3", "--max-tokens-cap", "7"))
+def start_spec() -> Fake:
+    return Fake("--ttft-ms", "35", "--tpot-ms", "3", "--tokens-per-chunk", "3", "--max-tokens-cap", "7")
 
 
 @pytest.fixture(scope="module")
 def shared_fakes():
     """One pair for the tests that only send to the servers (each start is a Python process)."""
-    base, spec = start_fakes()
+    base, spec = Fake("--ttft-ms", "30", "--tpot-ms", "6", "--max-tokens-cap", "7"), start_spec()
     yield base, spec
     base.close()
     spec.close()
 
 
 @pytest.fixture()
-def fakes():
-    """A pair of its own for a test that kills a server."""
-    base, spec = start_fakes()
-    yield base, spec
-    base.close()
+def fakes(shared_fakes):
+    """The shared baseline server and a speculative server of its own, for a test that kills it."""
+    spec = start_spec()
+    yield shared_fakes[0], spec
     spec.close()
 
 
