@@ -35,18 +35,30 @@ def make_cfg(orchestration: str = "bls", **loadtest):
     })
 
 
-@pytest.fixture()
-def fakes():
-    base = Fake("--ttft-ms", "30", "--tpot-ms", "6", "--max-tokens-cap", "7")
-    spec = Fake("--ttft-ms", "35", "--tpot-ms", "3", "--tokens-per-chunk", "3", "--max-tokens-cap", "7")
+def start_spec() -> Fake:
+    return Fake("--ttft-ms", "35", "--tpot-ms", "3", "--tokens-per-chunk", "3", "--max-tokens-cap", "7")
+
+
+@pytest.fixture(scope="module")
+def shared_fakes():
+    """One pair for the tests that only send to the servers (each start is a Python process)."""
+    base, spec = Fake("--ttft-ms", "30", "--tpot-ms", "6", "--max-tokens-cap", "7"), start_spec()
     yield base, spec
     base.close()
     spec.close()
 
 
+@pytest.fixture()
+def fakes(shared_fakes):
+    """The shared baseline server and a speculative server of its own, for a test that kills it."""
+    spec = start_spec()
+    yield shared_fakes[0], spec
+    spec.close()
+
+
 @pytest.mark.slow
-def test_run_loadtest_against_fake_servers(tmp_path, fakes):
-    base, spec = fakes
+def test_run_loadtest_against_fake_servers(tmp_path, shared_fakes):
+    base, spec = shared_fakes
     run_dir = run_loadtest(make_cfg(), out_dir=tmp_path / "run", endpoint_baseline=base.url,
                            endpoint_speculative=spec.url, progress=False)
     runs = json.loads((run_dir / "runs.json").read_text())["runs"]
@@ -149,19 +161,19 @@ def test_cli_rejects_bad_options(tmp_path):
         cli_run(["loadtest", str(cfg), "--endpoint", "127.0.0.1:1"])
 
 
-def test_endpoint_liveness_checks_the_model(fakes):
+def test_endpoint_liveness_checks_the_model(shared_fakes):
     from pipeline.loadtest.endpoints import endpoint_alive
 
-    base, _ = fakes
+    base, _ = shared_fakes
     assert endpoint_alive(base.url, "http", "ensemble")
     assert not endpoint_alive("http://127.0.0.1:9", "http", "ensemble", timeout_s=1)
     assert not endpoint_alive("127.0.0.1:9", "grpc", "ensemble", timeout_s=1)
 
 
-def test_generate_probe(fakes):
+def test_generate_probe(shared_fakes):
     from pipeline.loadtest.endpoints import probe_generate
 
-    base, _ = fakes
+    base, _ = shared_fakes
     assert probe_generate(base.url, "ensemble", {"num_draft_tokens": 3})
     assert not probe_generate("http://127.0.0.1:9", "ensemble", {}, timeout_s=1)
 

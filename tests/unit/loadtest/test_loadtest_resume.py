@@ -20,6 +20,7 @@ import yaml
 from pipeline.config import config_hash, load_config
 from pipeline.loadtest.resume import PreviousRuns, cell_complete, kept_results, planned_keys, previous_runs
 from tests.polling import wait_until
+from tests.unit.cli_inproc import specdeploy
 from tests.unit.fake_servers import Fake
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -97,8 +98,8 @@ def test_a_killed_load_test_resumes_with_only_the_missing_cells(tmp_path, fakes)
     before = {r["key"]: r for r in json.loads((run_dir / "runs.json").read_text())["runs"]}
     killed_at = time.time()
 
-    out = subprocess.run(loadtest_argv(cfg_path, base, spec, "--resume", str(run_dir)), env=env, cwd=ROOT,
-                         capture_output=True, text=True, timeout=600)
+    # the resume in this process (the CLI's own main): only the killed session needs a process of its own
+    out = specdeploy(*loadtest_argv(cfg_path, base, spec, "--resume", str(run_dir))[3:])
     assert out.returncode in (0, 1, 3), out.stdout + out.stderr
     runs = json.loads((run_dir / "runs.json").read_text())["runs"]
     assert sorted(r["key"] for r in runs) == sorted(PLANNED)  # every cell once
