@@ -10,7 +10,10 @@ Python-backend stub with an engine worker):
   stub's worker ends with the stub, and once the server is stopped as ``serve`` says (``kill -TERM
   -- -PGID``) nothing is left.
 
-Every wait polls with a bound (no fixed sleeps); the bound is far above what it takes."""
+Every wait polls with a bound (no fixed sleeps); the bound is far above what it takes. Each test
+kills its own server (three terminal events, three servers); the deployment has one BLS instance
+(``lean_dt_engine_cfg``), not one per batch slot: the claims are about the engine models' stubs
+and workers, and three more BLS stubs of the same kind only cost start-up time."""
 
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import time
 import psutil
 import pytest
 
+import tiny_deploy
 from tests.polling import wait_until
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -78,10 +82,24 @@ def family(server_pid: int) -> list[psutil.Process]:
     return members
 
 
-def test_keeper_and_server_killed_together_leave_nothing(dt_engine_cfg):
+@pytest.fixture(scope="module")
+def lean_dt_engine_cfg(serving_workdir, tiny_models):
+    """Draft-target drafting in the engine (``dt_engine_cfg``'s layout: ``tensorrt_llm`` and
+    ``tensorrt_llm_draft`` with an engine worker each) with one BLS instance instead of four."""
+    from pipeline.config import load_config
+    from pipeline.render.renderer import render
+
+    cfg_path = tiny_deploy.make_deployment(serving_workdir, tiny_models, "draft_target", name="tiny-dead-server",
+                                           orchestration="engine", triton={"bls_instance_count": 1})
+    cfg = load_config(cfg_path, serving_workdir)
+    render(cfg)
+    return cfg
+
+
+def test_keeper_and_server_killed_together_leave_nothing(lean_dt_engine_cfg):
     from pipeline.serve.server import start_deployment
 
-    server = start_deployment(dt_engine_cfg, "speculative")
+    server = start_deployment(lean_dt_engine_cfg, "speculative")
     members = []
     try:
         members = [psutil.Process(server.process.keeper.pid), *family(server.pid)]
@@ -133,10 +151,10 @@ class ForegroundServe:
         return self.text
 
 
-def test_server_killed_alone_leaves_nothing_and_serve_says_how_it_died(serving_workdir, dt_engine_cfg):
+def test_server_killed_alone_leaves_nothing_and_serve_says_how_it_died(serving_workdir, lean_dt_engine_cfg):
     from pipeline.infra.processes import stop_processes
 
-    serve = ForegroundServe(serving_workdir, dt_engine_cfg)
+    serve = ForegroundServe(serving_workdir, lean_dt_engine_cfg)
     members: list[psutil.Process] = []
     try:
         serve.wait_for("Ctrl-C stops it")
@@ -157,10 +175,10 @@ def test_server_killed_alone_leaves_nothing_and_serve_says_how_it_died(serving_w
         stop_processes(running(members), 5)
 
 
-def test_a_killed_worker_and_a_killed_stub_leave_nothing_once_the_server_stops(dt_engine_cfg):
+def test_a_killed_worker_and_a_killed_stub_leave_nothing_once_the_server_stops(lean_dt_engine_cfg):
     from pipeline.serve.server import start_deployment
 
-    server = start_deployment(dt_engine_cfg, "speculative")
+    server = start_deployment(lean_dt_engine_cfg, "speculative")
     try:
         members = family(server.pid)
         stub = engine_stub(server.pid)
