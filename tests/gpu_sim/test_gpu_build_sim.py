@@ -81,6 +81,24 @@ def _planned(path: Path, tmp_path: Path) -> list[list[str]]:
     return [redirect_argv(s.argv, {o: tmp_of(o) for o in s.outputs}) for s in plan.steps]
 
 
+def _draft_target_engines_accept_the_whole_context(image, tmp_path: Path) -> None:
+    for entry in image.records("trtllm-build"):
+        assert _flag(entry["argv"], "--max_input_len") == "4095"
+    engines = tmp_path / "engines" / "llama31-8b-draft1b-fp8-h100"
+    for role in ("target", "draft"):
+        build_config = json.loads((engines / role / "config.json").read_text())["build_config"]
+        assert build_config["max_input_len"] == 4095 and build_config["plugin_config"]["use_paged_context_fmha"]
+
+
+# what one config's build must show besides the common checks, asserted on the same build (a test of
+# its own built the same config in the same image again)
+BUILD_CHECKS = {"llama31-8b-draft1b-fp8-h100": _draft_target_engines_accept_the_whole_context}
+
+
+def test_every_build_check_names_a_built_config():
+    assert set(BUILD_CHECKS) <= set(GPU_CONFIGS)  # a renamed config must not skip its checks silently
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", GPU_CONFIGS)
 def test_build_runs_every_step_against_the_image(name, image, tmp_path, monkeypatch):
@@ -96,6 +114,8 @@ def test_build_runs_every_step_against_the_image(name, image, tmp_path, monkeypa
     assert manifest["trtllm_root"] == str(image.app) and manifest["versions"]["tensorrt_llm"] == "1.2.1"
     for engine in manifest["engines"].values():
         assert json.loads((Path(engine) / "config.json").read_text())["version"] == "1.2.1"
+    if name in BUILD_CHECKS:
+        BUILD_CHECKS[name](image, tmp_path)
 
 
 def _argv(image, tool: str) -> list[str]:
@@ -117,18 +137,6 @@ def test_fp8_eagle_quantizes_with_the_heads_layer_count(image, tmp_path, monkeyp
     assert _flag(_argv(image, "eagle/quantize.py"), "--eagle_num_layers") == "1"  # the head's decoder layers
     assert _flag(_argv(image, "eagle/convert_checkpoint.py"), "--num_eagle_layers") == "4"  # the tree depth
     _check_golden("vicuna7b-eagle-fp8-h100", _normalised(image.records(), tmp_path))
-
-
-@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
-def test_draft_target_engines_accept_the_whole_context(image, tmp_path, monkeypatch):
-    path = deploy(tmp_path, "llama31-8b-draft1b-fp8-h100")
-    assert run(["build", str(path), "--no-progress"]) in (0, None)
-    for entry in image.records("trtllm-build"):
-        assert _flag(entry["argv"], "--max_input_len") == "4095"
-    engines = tmp_path / "engines" / "llama31-8b-draft1b-fp8-h100"
-    for role in ("target", "draft"):
-        build_config = json.loads((engines / role / "config.json").read_text())["build_config"]
-        assert build_config["max_input_len"] == 4095 and build_config["plugin_config"]["use_paged_context_fmha"]
 
 
 def test_checkpoint_kv_algorithm_is_checked_before_trtllm_build(image, tmp_path, monkeypatch):
