@@ -7,7 +7,7 @@ starts once per session, on the worker that runs every test needing it.
   own server then starts once too; a parametrized one once per parameter). Any other test is in its
   module's unit, as ``--dist loadfile`` would have it.
 - Groups are handed out heaviest first (an estimate: a ``slow`` test counts ``SLOW_WEIGHT``, one
-  marked ``weight(n)`` counts ``n`` slow tests: ``specdeploy run`` end to end costs about 30, and
+  marked ``weight(n)`` counts ``n`` slow tests: ``specdeploy run`` end to end costs about 10, and
   scheduled by its one slow test it ran last and alone, the full tier's tail), each
   to the next worker that runs short of work, so the long server groups start at once and the
   light modules fill the gaps.
