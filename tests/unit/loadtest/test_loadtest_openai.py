@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -120,8 +121,12 @@ def test_without_usage_output_is_retokenized_or_counted_by_chunks(tmp_path):
     server = FakeServer("--ttft-ms", "20", "--tpot-ms", "5", "--tokens-per-chunk", "2", "--max-tokens-cap", "8",
                         "--no-usage")
     try:
-        retok, _ = run_openai_locust(tmp_path / "retok", server.port, users=2, duration_s=2.0, tokenizer=TOKENIZER)
-        chunks, _ = run_openai_locust(tmp_path / "chunks", server.port, users=2, duration_s=2.0)
+        # both runs at once against the one server: no assertion here is about timing
+        with ThreadPoolExecutor(2) as pool:
+            retok_run = pool.submit(run_openai_locust, tmp_path / "retok", server.port, users=2, duration_s=2.0,
+                                    tokenizer=TOKENIZER)
+            chunks_run = pool.submit(run_openai_locust, tmp_path / "chunks", server.port, users=2, duration_s=2.0)
+            (retok, _), (chunks, _) = retok_run.result(), chunks_run.result()
     finally:
         server.close()
     ok_retok = [r for r in retok if r["status"] == "ok"]
@@ -135,7 +140,8 @@ def test_without_usage_output_is_retokenized_or_counted_by_chunks(tmp_path):
 def test_open_loop_and_in_flight_at_stop(tmp_path):
     server = FakeServer("--ttft-ms", "100", "--tpot-ms", "400", "--max-tokens-cap", "16")  # ≈ 6 s per request
     try:
-        records, metas = run_openai_locust(tmp_path, server.port, users=1, duration_s=3.0, rate=4.0, stop_timeout_s=0)
+        # 2 s at 4 req/s: several arrivals, none of which can finish a ≈ 6 s request by the stop
+        records, metas = run_openai_locust(tmp_path, server.port, users=1, duration_s=2.0, rate=4.0, stop_timeout_s=0)
     finally:
         server.close()
     assert records and all(r["t_scheduled"] is not None and r["mode"] == "open" for r in records)
