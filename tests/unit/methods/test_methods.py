@@ -11,6 +11,7 @@ LLM API's refusal) are checked against what upstream's sources say (tags in the 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 from typing import get_args
@@ -66,13 +67,21 @@ def test_the_name_check_finds_what_it_looks_for(tmp_path):
 SECTION_NAMES = frozenset(m.section.__name__ for m in METHODS.values())
 
 
+@functools.cache
+def parsed(text: str) -> ast.Module:
+    """A file's tree, by its text: the checks below each walk every module of pipeline/, and parsing
+    was most of their cost; a file whose text changed (the planted ones) is parsed again. The walks
+    only read the trees."""
+    return ast.parse(text)
+
+
 def section_type_checks(root: Path, sections: frozenset[str] = SECTION_NAMES) -> list[str]:
     """``isinstance(x, <Section>)`` (or a tuple naming one) outside ``root/methods``, read with ``ast``."""
     hits = []
     for path in sorted(root.rglob("*.py")):
         if (root / "methods") in path.parents:
             continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parsed(path.read_text(encoding="utf-8"))):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance"
                     and len(node.args) == 2):
                 continue
@@ -122,7 +131,7 @@ def per_method_tables(root: Path, methods: frozenset[str] = frozenset(METHODS) -
     for path in sorted(root.rglob("*.py")):
         if (root / "methods") in path.parents:
             continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parsed(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Dict):
                 keys = {k.value if isinstance(k, ast.Constant) else getattr(k, "id", getattr(k, "attr", None))
                         for k in node.keys if k is not None}
@@ -175,7 +184,7 @@ def test_every_step_flag_fills_a_field_of_its_engine_descriptor():
 def _imported(path: Path) -> set[str]:
     """Dotted names a file imports anywhere (functions and TYPE_CHECKING included): ``from a.b import c`` gives a.b.c."""
     names = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(parsed(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:

@@ -20,6 +20,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 from pipeline.paths import PROJECT_ROOT
 
 ARCHITECTURE = PROJECT_ROOT / "docs" / "architecture.md"
@@ -116,8 +118,15 @@ def problems(found: list[frozenset[str]], allowed: list[frozenset[str]]) -> list
     return out
 
 
-def test_no_import_cycle_but_the_listed_ones():
-    assert problems(cycles(import_graph(PROJECT_ROOT, "pipeline")), ALLOWED) == []
+@pytest.fixture(scope="module")
+def pipeline_graph() -> dict[str, set[str]]:
+    """The project's graph, parsed once for the two tests that read it (parsing every module of
+    pipeline/ is most of their cost); neither changes it."""
+    return import_graph(PROJECT_ROOT, "pipeline")
+
+
+def test_no_import_cycle_but_the_listed_ones(pipeline_graph):
+    assert problems(cycles(pipeline_graph), ALLOWED) == []
 
 
 def _package(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -187,9 +196,9 @@ def upward(graph: dict[str, set[str]], layers: dict[str, int]) -> set[tuple[str,
     return {(a, b) for a, targets in graph.items() for b in targets if layer_of(a, layers) < layer_of(b, layers)}
 
 
-def test_imports_point_down_the_documented_layers():
+def test_imports_point_down_the_documented_layers(pipeline_graph):
     layers = documented_layers(ARCHITECTURE.read_text(encoding="utf-8"))
-    graph = import_graph(PROJECT_ROOT, "pipeline")
+    graph = pipeline_graph
     assert [m for m in graph if layer_of(m, layers) is None] == [], "a module the layer picture does not place"
     found = upward(graph, layers)
     assert sorted(found - BACK_EDGES) == [], "imports pointing up a layer: move the code down, or the module up"
