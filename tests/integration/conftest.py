@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from server_stops import join_all, stop_later
 
 import tiny_deploy
 from tests.xdist_scheduler import GROUPS_DIR, needed_fixtures
@@ -89,7 +90,11 @@ def _shared(request, start):
     _SHARED[request.fixturename] = server
     yield server
     if _SHARED.pop(request.fixturename, None) is not None:
-        server.stop()
+        stop_later(server)
+
+
+def pytest_sessionfinish(session):
+    join_all()  # the servers stop_later stopped in threads (server_stops.py)
 
 
 @pytest.hookimpl(trylast=True)  # after tests/conftest.py deselected the tiers not asked for
@@ -112,7 +117,7 @@ def pytest_runtest_teardown(item, nextitem):
         return
     last = item.config.stash.get(_LAST_USER, {})
     for name in [n for n, nodeid in last.items() if nodeid == item.nodeid and n in _SHARED]:
-        _SHARED.pop(name).stop()
+        stop_later(_SHARED.pop(name))
 
 
 def pytest_configure(config):

@@ -12,6 +12,7 @@ import re
 import urllib.request
 
 import pytest
+from server_stops import stop_later
 from tritonclient.utils import InferenceServerException
 
 import tiny_deploy
@@ -128,7 +129,7 @@ def short_draft_server(serving_workdir, tiny_models):
     render(cfg)
     server = start_deployment(cfg, "speculative")
     yield server
-    server.stop()
+    stop_later(server)
 
 
 def test_draft_error_falls_back_to_target_only(short_draft_server, reference_outputs):

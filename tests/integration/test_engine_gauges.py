@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+from server_stops import stop_later
 
 import tiny_deploy
 from tests.polling import wait_until
@@ -45,7 +46,7 @@ def gauges_server(serving_workdir, tiny_models):
         os.environ.pop("SPECDEPLOY_ENGINE_STATS_PERIOD_S") if saved is None else \
             os.environ.__setitem__("SPECDEPLOY_ENGINE_STATS_PERIOD_S", saved)
     yield server
-    server.stop()
+    stop_later(server)
 
 
 def gauges(server) -> dict[str, float]:

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from server_stops import stop_later
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
@@ -66,7 +67,7 @@ def server(cfg):
 
     running = start_deployment(cfg, "speculative")
     yield running
-    running.stop()
+    stop_later(running)
 
 
 def _stream(url: str, inputs: dict) -> list[dict]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from server_stops import stop_later
 from test_llmapi_cpu_triton import MAX_TOKENS, PROMPTS, _stream, _text, llmapi_inputs
 
 import tiny_deploy
@@ -38,7 +39,7 @@ def ngram_llmapi_server(serving_workdir, tiny_models):
     cfg = tiny_deploy.built_deployment(serving_workdir, tiny_models, "tiny-methods-ngram-llmapi", NGRAM, llmapi=True)
     server = start_deployment(cfg, "speculative")
     yield server
-    server.stop()
+    stop_later(server)
 
 
 @pytest.fixture(scope="module", params=[pytest.param(method, marks=pytest.mark.shares(*PAIRS[method]))

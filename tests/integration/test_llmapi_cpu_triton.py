@@ -14,6 +14,7 @@ import urllib.request
 import numpy as np
 import pytest
 import yaml
+from server_stops import stop_later
 
 import tiny_deploy
 from triton_clients import grpc_stream, http_generate, text_inputs
@@ -282,4 +283,4 @@ def test_ngram_llmapi_not_decoupled_equals_target_only(ngram_llmapi_cfg, target_
         assert grpc_infer(server.grpc_url, MODEL, llmapi_inputs(PROMPTS[2], sampling_param_exclude_input_from_output=True))[
             "text_output"][0].decode() == target_only[PROMPTS[2]]
     finally:
-        server.stop()
+        stop_later(server)

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from server_stops import stop_later
 
 from pipeline.serve.server import start_server
 from tiny_deploy import render_llmapi_standin
@@ -85,7 +86,7 @@ def test_model_errors_are_recorded_as_errors(tmp_path):
     try:
         records = _locust(tmp_path / "lt", server, "grpc")
     finally:
-        server.stop()
+        stop_later(server)
     done = [r for r in records if r["status"] != "incomplete_at_stop"]
     assert done and all(r["status"] == "error" and "only supported in decoupled mode" in r["error"] for r in done)
 

@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from server_stops import stop_later
 
 pytestmark = pytest.mark.triton  # starts a real tritonserver
 
@@ -121,7 +122,7 @@ def fake_triton(tmp_path_factory):
     (repo / "fake_stream" / "1" / "model.py").write_text(MODEL)
     server = start_server(repo, startup_timeout_s=120)
     yield server
-    server.stop()
+    stop_later(server)
 
 
 def run_grpc_locust(tmp: Path, server, users: int, duration_s: int, stop_timeout_s: float) -> tuple[list, list]:

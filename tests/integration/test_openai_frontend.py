@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from server_stops import stop_later
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
@@ -31,7 +32,7 @@ def frontends(serving_workdir, medusa_cfg, medusa_server):
     finally:
         for frontend in started.values():
             frontend.stop()
-        baseline.stop()
+        stop_later(baseline)
 
 
 def post(url: str, body: dict, timeout: float = 120.0) -> tuple[int, bytes]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from server_stops import stop_later
 
 import tiny_deploy
 from tests import sentencepiece_fixture as spf
@@ -37,7 +38,7 @@ def sp_server(tmp_path_factory, sp_checkpoint):
     render(cfg)
     server = start_deployment(cfg, "baseline")
     yield server
-    server.stop()
+    stop_later(server)
 
 
 @pytest.fixture(scope="module")

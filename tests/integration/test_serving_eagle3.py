@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from server_stops import stop_later
 
 from triton_clients import grpc_stream, http_generate, metric_values, text_inputs
 
@@ -39,7 +40,7 @@ def eagle3_server(eagle3_cfg):
 
     server = start_deployment(eagle3_cfg, "speculative")
     yield server
-    server.stop()
+    stop_later(server)
 
 
 def _manifest(workdir: Path, cfg) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from server_stops import stop_later
 
 from triton_clients import grpc_stream, http_generate, metric_values, text_inputs
 
@@ -49,7 +50,7 @@ def ngram_bls_server(serving_workdir, ngram_bls_cfg):
 
     server = start_deployment(ngram_bls_cfg, "speculative")
     yield server
-    server.stop()
+    stop_later(server)
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ import queue
 import numpy as np
 import pytest
 import upstream_clients as upstream
+from server_stops import stop_later
 
 import tiny_deploy
 from conftest import MAX_TOKENS, PROMPTS
@@ -42,7 +43,7 @@ def unary_server(serving_workdir, tiny_models):
     render(cfg)
     server = start_deployment(cfg, "speculative")
     yield server
-    server.stop()
+    stop_later(server)
 
 
 def _module(protocol: str):
