@@ -29,14 +29,6 @@ def run_dir(tmp_path: Path) -> Path:
     return target
 
 
-@pytest.fixture(scope="module")
-def rendered(tmp_path_factory) -> Path:
-    target = tmp_path_factory.mktemp("rendered") / "run"
-    shutil.copytree(FIXTURE, target)
-    make_report(target)
-    return target
-
-
 def _config_with_gate(run_dir: Path, tmp_path: Path, **gate) -> Path:
     snapshot = json.loads((run_dir / "run.json").read_text())["config"]
     snapshot["gate"].update(gate)
