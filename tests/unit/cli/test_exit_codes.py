@@ -245,6 +245,7 @@ def test_report_returns_each_verdicts_code(tmp_path):
     assert (written["verdict"], written["exit_code"]) == ("GO", EXIT_GO)
     no_go = specdeploy("report", run_dir, "--config", _gated(run_dir, tmp_path, peak_throughput_ratio_min=2.0))
     assert no_go.returncode == EXIT_NO_GO, no_go.stdout
+    assert json.loads((run_dir / "report.json").read_text())["verdict"] == "NO-GO"  # the files follow --config's gate
     unsure = specdeploy("report", run_dir, "--config", _gated(run_dir, tmp_path, min_runs=5))
     assert unsure.returncode == EXIT_INCONCLUSIVE, unsure.stdout
     assert "INCONCLUSIVE" in unsure.stdout  # what the console script prints (was test_report_render's)

@@ -1,5 +1,7 @@
 """Report files from the committed fixture run (tests/fixtures/run_small/), schema, self-contained
-HTML, and the verdict → exit code mapping through the CLI."""
+HTML, and the CLI's usage errors. The verdict → exit code mapping through the CLI (GO, NO-GO from
+a --config gate, INCONCLUSIVE): tests/unit/cli/test_exit_codes.py; an acceptance gate's NO-GO:
+test_gate.py::test_low_acceptance_is_no_go_where_the_config_makes_it_a_gate."""
 
 from __future__ import annotations
 
@@ -12,9 +14,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-import yaml
 
-from pipeline.cli import run as cli_run
 from pipeline.report.builder import REPORT_SCHEMA, make_report, validate_report_json
 from tests.unit.cli_inproc import specdeploy
 
@@ -27,14 +27,6 @@ def run_dir(tmp_path: Path) -> Path:
     target = tmp_path / "run"
     shutil.copytree(FIXTURE, target)
     return target
-
-
-def _config_with_gate(run_dir: Path, tmp_path: Path, **gate) -> Path:
-    snapshot = json.loads((run_dir / "run.json").read_text())["config"]
-    snapshot["gate"].update(gate)
-    path = tmp_path / "gate.yaml"
-    path.write_text(yaml.safe_dump(snapshot))
-    return path
 
 
 @pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
@@ -163,16 +155,6 @@ def test_reported_percentiles_equal_numpy_on_raw_records(rendered: Path):
     cell = next(c for c in data["cells"] if c["arm"] == "baseline" and c["concurrency"] == 1)
     assert cell["ttft_ms"]["p95"] == pytest.approx(float(np.percentile(ttft, 95)))
     assert cell["ttft_ms"]["p50"] == pytest.approx(float(np.percentile(ttft, 50)))
-
-
-@pytest.mark.slow
-def test_cli_exit_codes_follow_the_verdict(run_dir: Path, tmp_path: Path):
-    # GO (0) and INCONCLUSIVE by min_runs=5 (3) of this fixture through the CLI are
-    # tests/unit/cli/test_exit_codes.py::test_report_returns_each_verdicts_code (same run, same gate
-    # change, through main, which calls this run); here the NO-GO an acceptance gate gives
-    no_go = _config_with_gate(run_dir, tmp_path, min_acceptance_rate=0.9, acceptance_is_gate=True)
-    assert cli_run(["report", str(run_dir), "--config", str(no_go)]) == 1
-    assert json.loads((run_dir / "report.json").read_text())["verdict"] == "NO-GO"
 
 
 @pytest.mark.slow
