@@ -170,15 +170,9 @@ def test_draft_target_reference_build(checkpoints, tmp_path: Path) -> None:
     assert again.names == [] and {s["status"] for s in rerun["steps"]} == {"cached"}
 
 
-@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
-@pytest.mark.parametrize("method", ["medusa", "eagle"])
-def test_tree_method_reference_build(method, checkpoints, tmp_path: Path) -> None:
-    if method == "medusa":
-        spec = {"method": "medusa", "heads_dir": str(checkpoints["medusa"]), "num_heads": 3}
-    else:
-        spec = {"method": "eagle", "head_dir": str(checkpoints["eagle"]), "num_layers": 3}
-    cfg = parse_config(reference_cfg(f"ref-{method}", checkpoints["target"], spec), workdir=tmp_path)
-    manifest = build(cfg, progress=False)
+def check_tree_build(method: str, manifest: dict, checkpoints: dict[str, Path]) -> None:
+    """A tree method's build: two engines, the proposer's head and its chain of choices, and the
+    speculative engine reproducing the baseline's greedy output."""
     assert set(manifest["engines"]) == {"baseline", "speculative"}
     d = read_descriptor(manifest["engines"]["speculative"])
     key = "heads_dir" if method == "medusa" else "head_dir"
@@ -189,9 +183,19 @@ def test_tree_method_reference_build(method, checkpoints, tmp_path: Path) -> Non
 
 
 @pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
+def test_tree_method_reference_build(checkpoints, tmp_path: Path) -> None:
+    # Medusa here; EAGLE's default build is the one test_fast_paths_off_reaches_every_engine_descriptor
+    # makes (the same config, built once for both claims)
+    spec = {"method": "medusa", "heads_dir": str(checkpoints["medusa"]), "num_heads": 3}
+    cfg = parse_config(reference_cfg("ref-medusa", checkpoints["target"], spec), workdir=tmp_path)
+    check_tree_build("medusa", build(cfg, progress=False), checkpoints)
+
+
+@pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
 def test_fast_paths_off_reaches_every_engine_descriptor(checkpoints, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``reference.fast_paths: false`` → every engine.json says so and loads the plain models (not
-    the fast subclasses); the default writes true. Output is the same either way."""
+    the fast subclasses); the default writes true. Output is the same either way. The default
+    build is also the EAGLE tree-method build (check_tree_build)."""
     from pipeline.reference.engine import load_engine
     from pipeline.reference.modeling import EagleHead, LlamaModel
 
@@ -199,11 +203,13 @@ def test_fast_paths_off_reaches_every_engine_descriptor(checkpoints, tmp_path: P
     spec = {"method": "eagle", "head_dir": str(checkpoints["eagle"]), "num_layers": 3}
     manifests = {}
     for fast_paths in (True, False):
-        raw = {**reference_cfg(f"ref-fast-{fast_paths}".lower(), checkpoints["target"], spec),
-               "reference": {"fast_paths": fast_paths}}
+        raw = reference_cfg(f"ref-fast-{fast_paths}".lower(), checkpoints["target"], spec)
+        if not fast_paths:  # True: no reference section at all, so the default is what writes true
+            raw["reference"] = {"fast_paths": False}
         manifests[fast_paths] = build(parse_config(raw), progress=False)
         for path in manifests[fast_paths]["engines"].values():
             assert read_descriptor(path)["fast_paths"] is fast_paths
+    check_tree_build("eagle", manifests[True], checkpoints)
     engine = load_engine(Path(manifests[False]["engines"]["speculative"]))
     try:
         assert type(engine.scheduler.target) is LlamaModel and type(engine.scheduler.proposer.head) is EagleHead

@@ -82,25 +82,40 @@ def test_build_where_a_file_stands_for_a_directory(tmp_path):
     assert line.startswith("error: build: Not a directory: " + str(tmp_path / "engines") + "/"), line
 
 
+@pytest.fixture(scope="module")
+def built_once(tmp_path_factory) -> tuple[Path, Path]:
+    """One build for the render tests (they only read it); each test's render output is removed after it."""
+    workdir = tmp_path_factory.mktemp("built")
+    config = _config(workdir)
+    assert specdeploy("build", config, "--workdir", workdir).returncode == 0
+    return config, workdir
+
+
 @pytest.fixture
-def built(tmp_path):
-    config = _config(tmp_path)
-    assert specdeploy("build", config, "--workdir", tmp_path).returncode == 0
-    return config
+def built(built_once):
+    config, workdir = built_once
+    yield config, workdir
+    for leftover in [workdir / "engines/tiny/model_repo", *_half_written(workdir)]:  # the next test starts clean
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover)
+        elif leftover.exists() or leftover.is_symlink():
+            leftover.unlink()
 
 
 @pytest.mark.slow  # a build, then render
-def test_render_on_a_full_disk(tmp_path, built, disk_full):
-    line = _error_line(specdeploy("render", built, "--workdir", tmp_path))
-    assert line.startswith("error: render: No space left on device: " + str(tmp_path / "engines/tiny/model_repo")), line
-    assert _half_written(tmp_path) == []
+def test_render_on_a_full_disk(built, disk_full):
+    config, workdir = built
+    line = _error_line(specdeploy("render", config, "--workdir", workdir))
+    assert line.startswith("error: render: No space left on device: " + str(workdir / "engines/tiny/model_repo")), line
+    assert _half_written(workdir) == []
 
 
 @pytest.mark.slow  # a build, then render
-def test_render_where_a_file_stands_for_a_directory(tmp_path, built):
-    (tmp_path / "engines/tiny/model_repo").write_text("not a directory")
-    line = _error_line(specdeploy("render", built, "--workdir", tmp_path))
-    assert line == "error: render: File exists: " + str(tmp_path / "engines/tiny/model_repo")  # mkdir's EEXIST
+def test_render_where_a_file_stands_for_a_directory(built):
+    config, workdir = built
+    (workdir / "engines/tiny/model_repo").write_text("not a directory")
+    line = _error_line(specdeploy("render", config, "--workdir", workdir))
+    assert line == "error: render: File exists: " + str(workdir / "engines/tiny/model_repo")  # mkdir's EEXIST
 
 
 @pytest.fixture

@@ -270,7 +270,8 @@ def test_validate_names_a_missing_relative_checkpoint_in_both_forms(tmp_path):
 
 def test_validate_says_a_checkpoint_path_that_is_a_file_is_not_a_directory(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"\0")
-    proc = validate_cli(write(tmp_path, GPU.format(target=tmp_path / "model.safetensors")), cwd=tmp_path)
+    # an absolute path: nothing here depends on the working directory, so no process of its own
+    proc = validate_here(write(tmp_path, GPU.format(target=tmp_path / "model.safetensors")))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"target checkpoint directory {tmp_path / 'model.safetensors'} is not a directory" in proc.stderr
 
@@ -298,7 +299,8 @@ def test_validate_refuses_a_cpu_beyond_the_allowed_set(tmp_path):
 def test_a_child_started_on_fewer_cpus_refuses_a_cpu_it_may_not_use(tmp_path):
     lowest, highest = ALLOWED[0], ALLOWED[-1]
     config = write(tmp_path, medusa_yaml(reference=f"cpu_pinning: [{highest}]"))
-    assert validate_cli(config, "--offline").returncode == 0  # the full set leaves CPU `lowest` to the server
+    # the full set leaves CPU `lowest` to the server (this process's own mask: in-process suffices)
+    assert validate_here(config, "--offline").returncode == 0
     with spawn_on([lowest]):  # the child inherits this thread's affinity: a real, smaller mask
         proc = validate_cli(config, "--offline")
     assert proc.returncode == 2, proc.stdout + proc.stderr

@@ -15,7 +15,6 @@ from pipeline.report import per_request
 from pipeline.report.view.summary import decision
 from tests.unit.report.test_gate import analysis, comparison
 from tests.unit.report.test_rollout_range import report_data, with_tail
-from tests.unit.report_fixtures import copy_fixture
 
 WORSE_TAIL = (1.18, 1.10, 1.25)
 
@@ -124,22 +123,19 @@ def test_acceptance_per_request_and_by_position():
         "reported": False, "note": "not reported by this server", "positions": []}
 
 
-@pytest.mark.slow  # renders the whole fixture report
-def test_the_page_and_report_json_carry_tails_and_acceptance_per_request(tmp_path):
-    from pipeline.report.builder import make_report  # the slow path only: matplotlib and the whole builder
-
-    report = make_report(copy_fixture(tmp_path / "run"))
-    data = json.loads(report.json_path.read_text())
+@pytest.mark.slow  # reads the whole fixture report (conftest.py renders it)
+def test_the_page_and_report_json_carry_tails_and_acceptance_per_request(rendered):
+    data = json.loads((rendered / "report.json").read_text())
     for c in data["cells"]:
         assert {"p95", "p99"} <= set(c["tpot_ms"]) and "p99" in c["ttft_ms"] and "p99" in c["e2e_ms"]
     dist = data["acceptance_per_request"]
     assert dist["n"] > 0 and {"p10", "p50", "p90", "histogram"} <= set(dist)
     assert data["acceptance_by_position"]["note"] == "not reported by this server"  # the fixture's fake server
-    md = report.md_path.read_text()
+    md = (rendered / "report.md").read_text()
     for row in ("TTFT p99 (ms)", "TPOT p95 (ms)", "TPOT p99 (ms)", "E2E p99 (ms)"):
         assert f"| {row} |" in md
     top = md.split("## Per concurrency")[0]
     assert "accepted, pooled over tokens" in top and "per request p10" in top
-    html = report.html_path.read_text()
+    html = (rendered / "report.html").read_text()
     assert "Histogram of acceptance per request" in html and "not reported by this server" in html
     assert "TPOT p99 (ms)" in html

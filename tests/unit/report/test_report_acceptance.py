@@ -52,8 +52,8 @@ NOT_REPORTED = acc.run_delta(acc.parse("# nothing\n"), acc.parse("# nothing\n"))
 
 
 @pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
-def test_per_request_outputs_come_first(tmp_path):
-    data, md = _report(copy_fixture(tmp_path / "run"))
+def test_per_request_outputs_come_first(rendered):
+    data, md = json.loads((rendered / "report.json").read_text()), (rendered / "report.md").read_text()
     assert data["acceptance_source"] == "per-request outputs"
     assert data["acceptance_rate"] is not None
     assert "Acceptance by source" in md and "per-request outputs" in md
@@ -93,8 +93,8 @@ def test_gauges_are_labelled_as_a_window(tmp_path):
 
 
 @pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
-def test_no_acceptance_anywhere_is_not_reported_and_leaves_the_verdict(tmp_path):
-    with_acceptance, _ = _report(copy_fixture(tmp_path / "a"))
+def test_no_acceptance_anywhere_is_not_reported_and_leaves_the_verdict(tmp_path, rendered):
+    with_acceptance = json.loads((rendered / "report.json").read_text())
     run_dir = copy_fixture(tmp_path / "b")
     _strip_request_acceptance(run_dir)
     _set_server_acceptance(run_dir, lambda key: NOT_REPORTED)

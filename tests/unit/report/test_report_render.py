@@ -1,5 +1,7 @@
 """Report files from the committed fixture run (tests/fixtures/run_small/), schema, self-contained
-HTML, and the verdict → exit code mapping through the CLI."""
+HTML, and the CLI's usage errors. The verdict → exit code mapping through the CLI (GO, NO-GO from
+a --config gate, INCONCLUSIVE): tests/unit/cli/test_exit_codes.py; an acceptance gate's NO-GO:
+test_gate.py::test_low_acceptance_is_no_go_where_the_config_makes_it_a_gate."""
 
 from __future__ import annotations
 
@@ -12,9 +14,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-import yaml
 
-from pipeline.cli import run as cli_run
 from pipeline.report.builder import REPORT_SCHEMA, make_report, validate_report_json
 from tests.unit.cli_inproc import specdeploy
 
@@ -27,22 +27,6 @@ def run_dir(tmp_path: Path) -> Path:
     target = tmp_path / "run"
     shutil.copytree(FIXTURE, target)
     return target
-
-
-@pytest.fixture(scope="module")
-def rendered(tmp_path_factory) -> Path:
-    target = tmp_path_factory.mktemp("rendered") / "run"
-    shutil.copytree(FIXTURE, target)
-    make_report(target)
-    return target
-
-
-def _config_with_gate(run_dir: Path, tmp_path: Path, **gate) -> Path:
-    snapshot = json.loads((run_dir / "run.json").read_text())["config"]
-    snapshot["gate"].update(gate)
-    path = tmp_path / "gate.yaml"
-    path.write_text(yaml.safe_dump(snapshot))
-    return path
 
 
 @pytest.mark.slow  # over the quick tier's CPU budget (tests/conftest.py)
@@ -174,23 +158,10 @@ def test_reported_percentiles_equal_numpy_on_raw_records(rendered: Path):
 
 
 @pytest.mark.slow
-def test_cli_exit_codes_follow_the_verdict(run_dir: Path, tmp_path: Path):
-    assert cli_run(["report", str(run_dir)]) == 0  # the fixture is a clear GO
-    inconclusive = _config_with_gate(run_dir, tmp_path, min_runs=5)
-    assert cli_run(["report", str(run_dir), "--config", str(inconclusive)]) == 3
-    no_go = _config_with_gate(run_dir, tmp_path, min_acceptance_rate=0.9, acceptance_is_gate=True)
-    assert cli_run(["report", str(run_dir), "--config", str(no_go)]) == 1
-    assert json.loads((run_dir / "report.json").read_text())["verdict"] == "NO-GO"
-
-
-@pytest.mark.slow
-def test_console_script_exit_codes(run_dir: Path, tmp_path: Path):
-    cfg = _config_with_gate(run_dir, tmp_path, min_runs=5)
+def test_console_script_exit_codes(tmp_path: Path):
     # the console script's main in this process: what it prints and returns (the entry point as a
-    # process: test_cli_help.py::test_the_entry_point_runs_as_a_process)
-    proc = specdeploy("report", str(run_dir), "--config", str(cfg))
-    assert proc.returncode == 3, proc.stderr
-    assert "INCONCLUSIVE" in proc.stdout
+    # process: test_cli_help.py::test_the_entry_point_runs_as_a_process); its INCONCLUSIVE report
+    # (3, "INCONCLUSIVE" printed) is test_exit_codes.py::test_report_returns_each_verdicts_code
     usage = specdeploy("report")
     assert usage.returncode == 2
     missing = specdeploy("report", str(tmp_path / "nope"))

@@ -53,9 +53,8 @@ def test_banner_names_the_crossover_and_the_rollout(tmp_path: Path):
 
 
 @pytest.mark.slow
-def test_disagreeing_repeats_are_named_as_noise(tmp_path: Path):
-    quiet = make_report(copy_fixture(tmp_path / "quiet"))
-    assert "Noise:" not in quiet.html_path.read_text()
+def test_disagreeing_repeats_are_named_as_noise(tmp_path: Path, rendered: Path):
+    assert "Noise:" not in (rendered / "report.html").read_text()  # the fixture as committed: quiet
     noisy_dir = slow_down_speculative(copy_fixture(tmp_path / "noisy"), 3.0, runs="speculative-k3-c2-r0")
     top = make_report(noisy_dir).md_path.read_text().split("## Per concurrency")[0]
     assert "- Noise: repeats disagree — median TPOT varies by" in top and "speculative c=2" in top
