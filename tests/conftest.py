@@ -11,7 +11,7 @@
   the default, ``0`` turns the check off. One-time per-process caches (the shared random
   checkpoints) are not charged to the test that fills them (tests/budget.py).
 
-Under pytest-xdist (``./run-tests`` runs two workers) the groups of tests.xdist_scheduler decide
+Under pytest-xdist (``./run-tests`` runs three workers) the groups of tests.xdist_scheduler decide
 which worker runs what: the hooks at the end hand the workers a directory for their groups and the
 controller the scheduler. The scheduler module is imported only inside those hooks, so this file
 loads where xdist is not installed (scripts/ngc-pinned-env.sh).

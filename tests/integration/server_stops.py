@@ -16,14 +16,23 @@ from __future__ import annotations
 
 import threading
 
+from tests.budget import background_cost
+
 STOPPING: list[threading.Thread] = []
 
 
 def stop_later(server) -> None:
-    """``server.stop()`` in a thread, joined by :func:`join_all` at the session's end."""
-    thread = threading.Thread(target=server.stop, name=f"stop {getattr(server, 'pid', '')}")
+    """``server.stop()`` in a thread, joined by :func:`join_all` at the session's end. Its CPU (the
+    server's and its stubs', reaped when it ends) is charged to no test's budget: it would land on
+    whichever quick test runs meanwhile (``tests.budget.background_cost``)."""
+    thread = threading.Thread(target=_stop, args=(server,), name=f"stop {getattr(server, 'pid', '')}")
     thread.start()
     STOPPING.append(thread)
+
+
+def _stop(server) -> None:
+    with background_cost():
+        server.stop()
 
 
 def join_all() -> None:
