@@ -36,7 +36,7 @@ KINDS = ("fixed", "uniform", "normal", "lognormal", "dataset")
 
 
 @dataclass(frozen=True)
-class LengthSpec:
+class LengthDistribution:
     kind: str
     value: int | None = None  # fixed
     low: int = 1  # uniform bounds, and the truncation bounds of normal/lognormal
@@ -55,9 +55,9 @@ class LengthSpec:
         return f"{self.kind} mean {self.mean:g} sd {self.stddev:g} within {bounds}"
 
 
-def parse_length(text: Any, option: str = "--input-len") -> LengthSpec:
+def parse_length(text: Any, option: str = "--input-len") -> LengthDistribution:
     """A length written as in the module docstring; a usage error naming ``option`` otherwise."""
-    if isinstance(text, LengthSpec):
+    if isinstance(text, LengthDistribution):
         return text
     if isinstance(text, bool):
         raise UsageError(f"{option}: expected a length like 128, 64:256, normal:512,128 or dataset, got {text!r}")
@@ -68,16 +68,16 @@ def parse_length(text: Any, option: str = "--input-len") -> LengthSpec:
     s = text.strip().lower().replace(" ", "")
     try:
         if s == "dataset":
-            return LengthSpec("dataset")
+            return LengthDistribution("dataset")
         if re.fullmatch(r"\d+", s):
-            return _checked(LengthSpec("fixed", value=int(s)), option, text)
+            return _checked(LengthDistribution("fixed", value=int(s)), option, text)
         match = re.fullmatch(r"(?:uniform:)?(\d+):(\d+)", s)
         if match:
-            return _checked(LengthSpec("uniform", low=int(match.group(1)), high=int(match.group(2))), option, text)
+            return _checked(LengthDistribution("uniform", low=int(match.group(1)), high=int(match.group(2))), option, text)
         match = re.fullmatch(r"(normal|lognormal):([^,]+),([^,]+)(?:,(\d+),(\d+))?", s)
         if match:
             kind, mean, sd, low, high = match.groups()
-            spec = LengthSpec(kind, mean=float(mean), stddev=float(sd), low=int(low) if low else 1,
+            spec = LengthDistribution(kind, mean=float(mean), stddev=float(sd), low=int(low) if low else 1,
                               high=int(high) if high else None)
             return _checked(spec, option, text)
     except ValueError:
@@ -86,7 +86,7 @@ def parse_length(text: Any, option: str = "--input-len") -> LengthSpec:
                      "lognormal:MEAN,SD[,MIN,MAX] or dataset")
 
 
-def _checked(spec: LengthSpec, option: str, text: str) -> LengthSpec:
+def _checked(spec: LengthDistribution, option: str, text: str) -> LengthDistribution:
     problem = None
     if spec.kind == "fixed" and spec.value < 1:
         problem = "a length must be at least 1"
@@ -102,7 +102,7 @@ def _checked(spec: LengthSpec, option: str, text: str) -> LengthSpec:
     return spec
 
 
-def draw(spec: LengthSpec, n: int, rng: np.random.Generator) -> list[int]:
+def draw(spec: LengthDistribution, n: int, rng: np.random.Generator) -> list[int]:
     """``n`` integer lengths from ``spec`` (not ``dataset``), every one within its bounds."""
     if spec.kind == "fixed":
         return [int(spec.value)] * n
@@ -179,7 +179,7 @@ def _near(n: int, limit: int, spread: int = 8) -> list[int]:
     return [m for m in out if 1 <= m <= limit]
 
 
-def apply_lengths(prompts: list[dict[str, Any]], *, input_len: LengthSpec | None, output_len: LengthSpec | None,
+def apply_lengths(prompts: list[dict[str, Any]], *, input_len: LengthDistribution | None, output_len: LengthDistribution | None,
                   default_max_tokens: int, seed: int, cutter_factory: Callable[[], TextCutter] | None,
                   category_texts: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """Set each prompt's text to its input length and its ``max_tokens`` to its output length,

@@ -15,7 +15,7 @@ from pipeline.config import load_config
 from pipeline.demo import resolve_builtin
 from pipeline.errors import UsageError
 from pipeline.loadtest.inputs import LoadTestUsageError, load_prompt_set, with_loadtest_overrides
-from pipeline.loadtest.lengths import LengthSpec, draw, parse_length
+from pipeline.loadtest.lengths import LengthDistribution, draw, parse_length
 
 ROOT = Path(__file__).resolve().parents[3]
 SAMPLES = ROOT / "tests" / "fixtures" / "datasets"
@@ -63,7 +63,7 @@ def test_the_normal_and_lognormal_have_the_mean_and_spread_asked():
 def test_a_length_that_cannot_be_drawn_is_a_usage_error(written):
     with pytest.raises(UsageError, match="--input-len"):
         parse_length(written)
-    assert parse_length("dataset") == LengthSpec("dataset")
+    assert parse_length("dataset") == LengthDistribution("dataset")
 
 
 def with_loadtest(**changes):
