@@ -22,6 +22,7 @@ groups, under the session's base temporary directory).
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 
@@ -50,13 +51,14 @@ def _cpu_s() -> float:
     return cpu_s() - uncharged_cpu_s()
 
 
-# imported by the report's statistics and plots; seconds of CPU the first time in a process
-HEAVY_IMPORTS = ("scipy.stats", "matplotlib.pyplot")
+# imported by the report's statistics and plots, and (transformers) by the tokenizer models and
+# preflight's tokenizer checks; seconds of CPU the first time in a process
+HEAVY_IMPORTS = ("scipy.stats", "matplotlib.pyplot", "transformers")
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _heavy_imports_are_not_charged_to_one_test():
-    """Whichever test first imported scipy.stats or matplotlib in a worker paid for it, so the
+    """Whichever test first imported scipy.stats, matplotlib or transformers in a worker paid for it, so the
     budget failed a test by the order the scheduler chose (seen on a slower host). Imported here
     once per process, as a one-time cost (tests/budget.py); an environment without them (the
     pinned GPU-container one) skips what it lacks."""
@@ -145,6 +147,11 @@ def pytest_xdist_make_scheduler(config, log):
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker sends its collection to the controller
 def pytest_collection_finish(session):
+    # What is alive now (imported modules, their classes and functions, the collected tests) stays
+    # alive to the end: frozen, no later full garbage collection walks it again, neither the
+    # automatic ones nor the two pytest's unraisable-exception check makes at exit (there, ~1 CPU s
+    # per test process with torch and transformers loaded). What tests create is collected as before.
+    gc.freeze()
     from tests import xdist_scheduler as xs  # imports no xdist itself (its module docstring)
 
     workerinput = getattr(session.config, "workerinput", None)

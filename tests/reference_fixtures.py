@@ -1,7 +1,7 @@
 """Tiny random checkpoints in the project's formats, for reference-engine tests.
 
-Writes into a given directory: a random Llama (HF layout via ``LlamaForCausalLM.save_pretrained``,
-safetensors, plus a word-level tokenizer), random Medusa heads (``medusa_lm_head.safetensors``)
+Writes into a given directory: a random Llama (the HF layout ``LlamaForCausalLM.save_pretrained``
+writes, safetensors, plus a word-level tokenizer; written without transformers), random Medusa heads (``medusa_lm_head.safetensors``)
 and a random EAGLE-1 head (``model.safetensors``). Seeds are fixed, so files are reproducible.
 """
 
@@ -17,37 +17,78 @@ HIDDEN = 64
 
 
 def _tokenizer(out: Path, vocab: int) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    """A word-level tokenizer (``w3`` ... ``w{vocab-1}``), saved as ``transformers`` saves a
+    ``PreTrainedTokenizerFast``: tokenizer.json with the three special tokens added, and its
+    tokenizer_config.json. Written with ``tokenizers`` alone: importing transformers costs a test
+    process seconds of CPU (docs/testing.md)."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, processors
 
     words = {"<unk>": 0, "<s>": 1, "</s>": 2}
     for i in range(3, vocab):
         words[f"w{i}"] = i
     tok = Tokenizer(models.WordLevel(vocab=words, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
-    fast.save_pretrained(str(out))
+    tok.post_processor = processors.TemplateProcessing(single="$A", pair="$A $B:1")
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in words if t.startswith("<")])
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }, indent=2))
 
 
 def make_llama(out: Path, seed: int, layers: int = 2, vocab: int = VOCAB, hidden: int = HIDDEN,
                init_range: float = 0.15, tied: bool = True) -> Path:
+    """A random Llama in the Hugging Face layout ``LlamaForCausalLM.save_pretrained`` writes
+    (tensor names, config.json, generation_config.json): 4 heads, 2 KV heads, MLP twice the hidden
+    size. Weights are normal(0, ``init_range``) like transformers' initialisation, RMSNorm weights
+    uniform in [0.8, 1.2] (peaked, non-trivial distributions with few near-ties). Written with
+    torch and safetensors alone (transformers' Llama costs a test process ~3 CPU s to import);
+    ``test_reference_modeling.py`` loads it with transformers and compares logits."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from safetensors.torch import save_file
 
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        rms_norm_eps=1e-6, tie_word_embeddings=tied, initializer_range=init_range,
-        bos_token_id=1, eos_token_id=2, pad_token_id=0,
-    )
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():  # peaked, non-trivial distributions (few near-ties)
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.8, 1.2)
+    heads, kv_heads, inter = 4, 2, 2 * hidden
+    head_dim = hidden // heads
+    g = torch.Generator().manual_seed(seed)
+
+    def normal(*shape):
+        return torch.randn(*shape, generator=g) * init_range
+
+    def norm():
+        return torch.rand(hidden, generator=g) * 0.4 + 0.8
+
+    state = {"model.embed_tokens.weight": normal(vocab, hidden)}
+    for i in range(layers):
+        layer = f"model.layers.{i}."
+        state.update({
+            layer + "self_attn.q_proj.weight": normal(heads * head_dim, hidden),
+            layer + "self_attn.k_proj.weight": normal(kv_heads * head_dim, hidden),
+            layer + "self_attn.v_proj.weight": normal(kv_heads * head_dim, hidden),
+            layer + "self_attn.o_proj.weight": normal(hidden, heads * head_dim),
+            layer + "mlp.gate_proj.weight": normal(inter, hidden),
+            layer + "mlp.up_proj.weight": normal(inter, hidden),
+            layer + "mlp.down_proj.weight": normal(hidden, inter),
+            layer + "input_layernorm.weight": norm(),
+            layer + "post_attention_layernorm.weight": norm(),
+        })
+    state["model.norm.weight"] = norm()
+    if not tied:
+        state["lm_head.weight"] = normal(vocab, hidden)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out), safe_serialization=True)
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    tokens = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+    (out / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "dtype": "float32",
+        "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": inter,
+        "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+        "head_dim": head_dim, "hidden_act": "silu", "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-6, "initializer_range": init_range, "tie_word_embeddings": tied,
+        "attention_bias": False, "attention_dropout": 0.0, "mlp_bias": False, "pretraining_tp": 1,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+        "use_cache": True, **tokens,
+    }, indent=2))
+    (out / "generation_config.json").write_text(json.dumps(tokens, indent=2))
     _tokenizer(out, vocab)
     return out
 

@@ -146,10 +146,9 @@ def test_target_continues_arithmetic_with_the_right_structure(target_and_tokeniz
     assert good >= 4, good
 
 
-# the quick tier's first user of the module fixture: it pays loading the target through transformers
-# (2.9 CPU s in a fresh-clone CI, under 2 in others: whether transformers was already imported in that
-# worker decides it)
-@pytest.mark.budget(5)
+# slow: the module fixture loads the target through transformers' Llama, ~3 CPU s to import in a
+# process where nothing else in the quick tier imports it (tests/reference_fixtures.py)
+@pytest.mark.slow
 def test_target_continues_code_with_python_structure(target_and_tokenizer):
     model, tokenizer = target_and_tokenizer
     text = _continuation(model, tokenizer, "def count_items(items, limit):\n    total = 0", 30)
@@ -180,6 +179,7 @@ def test_training_report_matches_the_shipped_hashes():
     assert report["quality"]["draft_top1_agreement"]["in_domain"] > 0.6
 
 
+@pytest.mark.slow  # the module fixture's transformers Llama (see above)
 def test_reference_engine_reads_the_heads_with_the_training_semantics(target_and_tokenizer):
     """The contract between this package (training) and the CPU engine (serving): the same
     features, Medusa logits and EAGLE hidden states from both implementations."""

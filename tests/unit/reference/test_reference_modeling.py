@@ -45,6 +45,7 @@ def _prefill(model, tokens, pool=None):
     return pool, cache, model.logits(hidden)[0]
 
 
+@pytest.mark.slow  # transformers' Llama: ~3 CPU s to import in a test process (reference_fixtures.py)
 @BOTH
 @torch.inference_mode()
 def test_logits_match_hugging_face(ckpt, hf_target, model_type):
