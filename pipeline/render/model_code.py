@@ -58,10 +58,14 @@ def module_closure(source: str, root: Path = PROJECT_ROOT) -> list[Path]:
     """Every project file (relative to ``root``) that ``source`` needs, parent packages included."""
     pending = sorted(_imported(ast.parse(source), "__main__", False))
     seen: dict[str, Path] = {}
+    not_files: set[str] = set()  # names of classes and functions (``from pipeline.x import Name``)
     while pending:
         name = pending.pop()
+        if name in seen or name in not_files:
+            continue
         path = _module_file(name, root)
-        if name in seen or path is None:
+        if path is None:
+            not_files.add(name)
             continue
         seen[name] = path
         parts = name.split(".")

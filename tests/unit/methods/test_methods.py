@@ -11,7 +11,6 @@ LLM API's refusal) are checked against what upstream's sources say (tags in the 
 from __future__ import annotations
 
 import ast
-import functools
 import re
 from pathlib import Path
 from typing import get_args
@@ -30,6 +29,7 @@ from pipeline.paths import PROJECT_ROOT
 from pipeline.plan.planner import make_plan
 from pipeline.render.renderer import trtllm_parameters
 from pipeline.validate.preflight import errors_of, run_preflight
+from tests.python_source import parsed
 
 PIPELINE = PROJECT_ROOT / "pipeline"
 # a comparison of a speculation method's name: `method == "x"`, `cfg.method != 'x'`, `method in ("a", …)`,
@@ -65,14 +65,6 @@ def test_the_name_check_finds_what_it_looks_for(tmp_path):
 
 
 SECTION_NAMES = frozenset(m.section.__name__ for m in METHODS.values())
-
-
-@functools.cache
-def parsed(text: str) -> ast.Module:
-    """A file's tree, by its text: the checks below each walk every module of pipeline/, and parsing
-    was most of their cost; a file whose text changed (the planted ones) is parsed again. The walks
-    only read the trees."""
-    return ast.parse(text)
 
 
 def section_type_checks(root: Path, sections: frozenset[str] = SECTION_NAMES) -> list[str]:

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.paths import PROJECT_ROOT
+from tests.python_source import tree
 
 ARCHITECTURE = PROJECT_ROOT / "docs" / "architecture.md"
 
@@ -70,8 +71,7 @@ def import_graph(root: Path, package: str) -> dict[str, set[str]]:
     known = modules(root, package)
     graph: dict[str, set[str]] = {}
     for module, path in known.items():
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        graph[module] = {t for node in ast.walk(tree) for t in _named(node, module, path.name == "__init__.py", known)}
+        graph[module] = {t for node in ast.walk(tree(path)) for t in _named(node, module, path.name == "__init__.py", known)}
     return graph
 
 
@@ -125,6 +125,7 @@ def pipeline_graph() -> dict[str, set[str]]:
     return import_graph(PROJECT_ROOT, "pipeline")
 
 
+@pytest.mark.budget(4)  # its fixture parses every module of pipeline/ (~1-2 CPU s) unless a guard test did already
 def test_no_import_cycle_but_the_listed_ones(pipeline_graph):
     assert problems(cycles(pipeline_graph), ALLOWED) == []
 
