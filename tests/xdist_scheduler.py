@@ -6,7 +6,7 @@ starts once per session, on the worker that runs every test needing it.
   needs and with every test sharing a module- or class-scoped fixture with one of them (a module's
   own server then starts once too; a parametrized one once per parameter). Any other test is in its
   module's unit, as ``--dist loadfile`` would have it.
-- Groups are handed out heaviest first (an estimate: a ``slow`` test counts ``SLOW_WEIGHT``, one
+- Groups are handed out heaviest first (an estimate: a ``slow`` or ``triton`` test counts ``SLOW_WEIGHT``, one
   marked ``weight(n)`` counts ``n`` slow tests: ``specdeploy run`` end to end costs about 10, and
   scheduled by its one slow test it ran last and alone, the full tier's tail), each
   to the next worker that runs short of work, so the long server groups start at once and the
@@ -64,8 +64,10 @@ def module_fixtures(item) -> set[str]:
 
 
 def item_weight(item) -> int:
-    """What the scheduler counts for one test: 1, ``SLOW_WEIGHT`` if slow, times ``weight(n)``."""
-    if item.get_closest_marker("slow") is None:
+    """What the scheduler counts for one test: 1, ``SLOW_WEIGHT`` if slow or ``triton`` (the quick
+    tier's smoke test starts a tritonserver: seconds of wall, like a slow test; counted as 1 it ran
+    last, the quick tier's tail), times ``weight(n)``."""
+    if item.get_closest_marker("slow") is None and item.get_closest_marker("triton") is None:
         return 1
     marker = item.get_closest_marker("weight")
     return SLOW_WEIGHT * (int(marker.args[0]) if marker else 1)

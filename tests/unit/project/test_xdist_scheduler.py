@@ -121,6 +121,7 @@ def test_a_weighted_slow_test_counts_its_weight():
 
     assert xs.item_weight(Item()) == 1
     assert xs.item_weight(Item(pytest.mark.slow.mark)) == xs.SLOW_WEIGHT
+    assert xs.item_weight(Item(pytest.mark.triton.mark)) == xs.SLOW_WEIGHT  # the quick tier's smoke test
     assert xs.item_weight(Item(pytest.mark.slow.mark, pytest.mark.weight(30).mark)) == 30 * xs.SLOW_WEIGHT
     _, weights = xs.group_items([(f"{U}::a", set(), set(), 30 * xs.SLOW_WEIGHT), (f"{A}::c", {"dt_server"}, set(), True)])
     assert weights == {U: 30 * xs.SLOW_WEIGHT, "servers:dt_server": xs.SLOW_WEIGHT}
