@@ -1,8 +1,13 @@
 """Tiny random checkpoints in the project's formats, for reference-engine tests.
 
-Writes into a given directory: a random Llama (the HF layout ``LlamaForCausalLM.save_pretrained``
-writes, safetensors, plus a word-level tokenizer; written without transformers), random Medusa heads (``medusa_lm_head.safetensors``)
-and a random EAGLE-1 head (``model.safetensors``). Seeds are fixed, so files are reproducible.
+Writes into a given directory: a random Llama (HF layout via ``LlamaForCausalLM.save_pretrained``,
+safetensors, plus a word-level tokenizer), random Medusa heads (``medusa_lm_head.safetensors``)
+and a random EAGLE-1 head (``model.safetensors``). Seeds are fixed, so files are reproducible: the
+set :func:`make_all` writes is stored in ``tests/fixtures/reference-checkpoints`` (under 1 MB),
+and :func:`shared_checkpoints` copies that, because importing transformers' Llama to write it cost
+each test process ~4 CPU s. ``tests/unit/project/test_reference_fixtures.py`` (slow) checks that
+:func:`make_all` still writes exactly the stored files; after a deliberate change, store them again
+with ``python -m tests.reference_fixtures``.
 """
 
 from __future__ import annotations
@@ -17,78 +22,37 @@ HIDDEN = 64
 
 
 def _tokenizer(out: Path, vocab: int) -> None:
-    """A word-level tokenizer (``w3`` ... ``w{vocab-1}``), saved as ``transformers`` saves a
-    ``PreTrainedTokenizerFast``: tokenizer.json with the three special tokens added, and its
-    tokenizer_config.json. Written with ``tokenizers`` alone: importing transformers costs a test
-    process seconds of CPU (docs/testing.md)."""
-    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, processors
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
 
     words = {"<unk>": 0, "<s>": 1, "</s>": 2}
     for i in range(3, vocab):
         words[f"w{i}"] = i
     tok = Tokenizer(models.WordLevel(vocab=words, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(single="$A", pair="$A $B:1")
-    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in words if t.startswith("<")])
-    tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-        "tokenizer_class": "PreTrainedTokenizerFast",
-    }, indent=2))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    fast.save_pretrained(str(out))
 
 
 def make_llama(out: Path, seed: int, layers: int = 2, vocab: int = VOCAB, hidden: int = HIDDEN,
                init_range: float = 0.15, tied: bool = True) -> Path:
-    """A random Llama in the Hugging Face layout ``LlamaForCausalLM.save_pretrained`` writes
-    (tensor names, config.json, generation_config.json): 4 heads, 2 KV heads, MLP twice the hidden
-    size. Weights are normal(0, ``init_range``) like transformers' initialisation, RMSNorm weights
-    uniform in [0.8, 1.2] (peaked, non-trivial distributions with few near-ties). Written with
-    torch and safetensors alone (transformers' Llama costs a test process ~3 CPU s to import);
-    ``test_reference_modeling.py`` loads it with transformers and compares logits."""
     import torch
-    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    heads, kv_heads, inter = 4, 2, 2 * hidden
-    head_dim = hidden // heads
-    g = torch.Generator().manual_seed(seed)
-
-    def normal(*shape):
-        return torch.randn(*shape, generator=g) * init_range
-
-    def norm():
-        return torch.rand(hidden, generator=g) * 0.4 + 0.8
-
-    state = {"model.embed_tokens.weight": normal(vocab, hidden)}
-    for i in range(layers):
-        layer = f"model.layers.{i}."
-        state.update({
-            layer + "self_attn.q_proj.weight": normal(heads * head_dim, hidden),
-            layer + "self_attn.k_proj.weight": normal(kv_heads * head_dim, hidden),
-            layer + "self_attn.v_proj.weight": normal(kv_heads * head_dim, hidden),
-            layer + "self_attn.o_proj.weight": normal(hidden, heads * head_dim),
-            layer + "mlp.gate_proj.weight": normal(inter, hidden),
-            layer + "mlp.up_proj.weight": normal(inter, hidden),
-            layer + "mlp.down_proj.weight": normal(hidden, inter),
-            layer + "input_layernorm.weight": norm(),
-            layer + "post_attention_layernorm.weight": norm(),
-        })
-    state["model.norm.weight"] = norm()
-    if not tied:
-        state["lm_head.weight"] = normal(vocab, hidden)
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        rms_norm_eps=1e-6, tie_word_embeddings=tied, initializer_range=init_range,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    )
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():  # peaked, non-trivial distributions (few near-ties)
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.8, 1.2)
     out.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    tokens = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
-    (out / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "dtype": "float32",
-        "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": inter,
-        "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
-        "head_dim": head_dim, "hidden_act": "silu", "max_position_embeddings": 512,
-        "rms_norm_eps": 1e-6, "initializer_range": init_range, "tie_word_embeddings": tied,
-        "attention_bias": False, "attention_dropout": 0.0, "mlp_bias": False, "pretraining_tp": 1,
-        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
-        "use_cache": True, **tokens,
-    }, indent=2))
-    (out / "generation_config.json").write_text(json.dumps(tokens, indent=2))
+    model.save_pretrained(str(out), safe_serialization=True)
     _tokenizer(out, vocab)
     return out
 
@@ -154,11 +118,15 @@ def make_all(root: Path) -> dict[str, Path]:
     }
 
 
+STORED = Path(__file__).parent / "fixtures" / "reference-checkpoints"
+NAMES = ("target", "draft", "medusa", "eagle")
+
 _SHARED: dict[str, Path] | None = None
 
 
 def shared_checkpoints() -> dict[str, Path]:
-    """One set of random checkpoints per test process (removed at exit)."""
+    """One copy of the stored checkpoints per test process (removed at exit): a test may write
+    next to them, never into the repository."""
     global _SHARED
     if _SHARED is None:
         import atexit
@@ -168,7 +136,7 @@ def shared_checkpoints() -> dict[str, Path]:
         root = Path(tempfile.mkdtemp(prefix="specdeploy-ref-"))
         atexit.register(shutil.rmtree, root, ignore_errors=True)
         with session_cost():  # not the first caller's cost (tests/budget.py)
-            _SHARED = make_all(root)
+            _SHARED = {name: Path(shutil.copytree(STORED / name, root / name)) for name in NAMES}
     return _SHARED
 
 
@@ -231,3 +199,10 @@ def chi2_pvalue(counts, probs) -> float:
         exp[j] += tail_exp
     exp = exp * obs.sum() / exp.sum()
     return float(chisquare(obs.numpy(), exp.numpy()).pvalue)
+
+
+if __name__ == "__main__":  # store the checkpoints again: python -m tests.reference_fixtures
+    import shutil
+
+    shutil.rmtree(STORED, ignore_errors=True)
+    make_all(STORED)
