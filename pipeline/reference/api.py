@@ -170,6 +170,29 @@ class DraftTooLongError(ValueError):
         )
 
 
+def check_request(request: GenerationRequest, vocab_size: int, max_draft_len: int, max_seq_len: int) -> None:
+    """Raise ValueError (or DraftTooLongError) for a request an engine with these limits cannot
+    run (the scheduler's rule, also checked in front of a worker process, :mod:`pipeline.reference.worker`)."""
+    if not request.input_ids:
+        raise ValueError("input_ids is empty")
+    if request.max_new_tokens < 0:
+        raise ValueError("max_new_tokens must be >= 0")
+    bad = [t for t in request.input_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"input_ids contain ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
+    drafts = request.draft_input_ids
+    if drafts is not None and len(drafts) > max_draft_len:
+        raise DraftTooLongError(len(drafts), max_draft_len)
+    total = len(request.input_ids) + len(drafts or []) + request.max_new_tokens
+    if total > max_seq_len:
+        raise ValueError(
+            f"prompt ({len(request.input_ids)}) + new tokens ({request.max_new_tokens}) exceed "
+            f"max_seq_len ({max_seq_len})"
+        )
+    if request.draft_logits is not None and len(request.draft_logits) != len(drafts or []):
+        raise ValueError("draft_logits must have one row per draft token")
+
+
 # ----------------------------------------------------------------------------------------------
 # Engine descriptor ``<engine_dir>/engine.json``: the model, its fields and their defaults are
 # :class:`pipeline.artefacts.engine.EngineDescriptor` (written by ``specdeploy build``, read by

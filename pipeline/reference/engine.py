@@ -17,12 +17,11 @@ name :meth:`ReferenceEngine.cancel` looks up.
 from __future__ import annotations
 
 import dataclasses
-import queue
 import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 from pydantic import ValidationError
@@ -44,84 +43,11 @@ from pipeline.reference.modeling import PLAIN_MODELS, ModelTypes
 from pipeline.reference.proposers import BUILDERS, BuildContext, Proposer
 from pipeline.reference.scheduler import Scheduler
 from pipeline.reference.sequence import SeqState, make_generator
+from pipeline.reference.stream import ChunkStream
 
 NO_PROPOSER = "none"  # engine.json proposer.method of an engine that drafts nothing
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
-
-
-class RequestStalled(TimeoutError):
-    """No chunk of a request came before its deadline: the engine lost it or is stuck."""
-
-
-class ChunkStream:
-    """A request's stream of chunks (see :class:`pipeline.reference.api.RequestHandle`): fed by
-    ``_put`` from the thread that produces chunks, read by ``chunks``/``result``. ``cancel`` is
-    the producer's business (:class:`Handle` here, the worker proxy in
-    :mod:`pipeline.reference.worker`); ``abandon`` is a cancel by a reader that will not wait
-    for the cancelled final chunk (a stalled request: its producer may never send one)."""
-
-    def __init__(self, request: GenerationRequest, on_chunk: Callable[[Chunk], object] | None = None):
-        self.request_id = request.request_id
-        self.max_new_tokens = request.max_new_tokens
-        self._prompt = list(request.input_ids)
-        self._on_chunk = on_chunk
-        self._queue: "queue.SimpleQueue[Chunk]" = queue.SimpleQueue()
-        self._tokens: list[int] = []
-        self._final: Chunk | None = None
-
-    def _put(self, chunk: Chunk) -> None:
-        if self._on_chunk is not None:
-            try:
-                chunk.payload = self._on_chunk(chunk)
-            except Exception:  # noqa: BLE001 - the consumer sees payload None and builds its own
-                chunk.payload = None
-        self._queue.put(chunk)
-
-    def next_chunk(self, timeout: float | None = None) -> Chunk | None:
-        """The next chunk, or None when none came within ``timeout`` seconds (None: wait)."""
-        try:
-            chunk = self._queue.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        self._tokens.extend(chunk.tokens)
-        if chunk.finished:
-            self._final = chunk
-        return chunk
-
-    @property
-    def done(self) -> bool:
-        return self._final is not None
-
-    def chunks(self, timeout: float | None = None, deadline_s: float | None = None) -> Iterator[Chunk]:
-        """``timeout``: the longest wait for one chunk (TimeoutError); ``deadline_s``: the
-        longest wait for the final chunk from now (:class:`RequestStalled`)."""
-        deadline = None if deadline_s is None else time.monotonic() + deadline_s
-        while self._final is None:
-            wait = timeout
-            if deadline is not None:
-                left = max(0.0, deadline - time.monotonic())
-                wait = left if wait is None else min(wait, left)
-            chunk = self.next_chunk(wait)
-            if chunk is None:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise RequestStalled(f"request {self.request_id!r} stalled: no final chunk within {deadline_s:g} s")
-                raise TimeoutError(f"request {self.request_id!r}: no chunk within {timeout} s")
-            yield chunk
-
-    def result(self, timeout: float | None = None) -> GenerationResult:
-        for _ in self.chunks(timeout):
-            pass
-        final = self._final
-        if final.error:
-            raise RuntimeError(final.error)
-        return GenerationResult(list(self._prompt), list(self._tokens), final.finish_reason, final.stats)
-
-    def cancel(self) -> None:
-        raise NotImplementedError
-
-    def abandon(self) -> None:
-        self.cancel()
 
 
 class Handle(ChunkStream):

@@ -50,9 +50,15 @@ from pathlib import Path
 from typing import IO, Callable
 
 from pipeline.errors import SpecdeployError
-from pipeline.reference.api import Chunk, GenerationRequest, RequestStats, SamplingParams, check_prompt_length
-from pipeline.reference.engine import ChunkStream, load_engine
-from pipeline.reference.scheduler import check_request
+from pipeline.reference.api import (
+    Chunk,
+    GenerationRequest,
+    RequestStats,
+    SamplingParams,
+    check_prompt_length,
+    check_request,
+)
+from pipeline.reference.stream import ChunkStream
 
 LIMITS = ("max_seq_len", "max_draft_len", "max_batch_size", "eos_token_id", "vocab_size", "max_input_len")
 MAX_RESTARTS_ENV = "SPECDEPLOY_WORKER_MAX_RESTARTS"
@@ -110,6 +116,9 @@ def serve_engine(engine_dir: Path, cpus: tuple[int, ...] | None, inbox: IO[bytes
                 outbox.flush()
         except OSError:  # the proxy (the stub) is gone: nobody to serve
             os._exit(1)
+
+    # start-up: only the worker loads the engine (torch); the stub that proxies it stays torch-free
+    from pipeline.reference.engine import load_engine  # noqa: PLC0415 - start-up: torch (pipeline.reference.engine)
 
     try:
         engine = load_engine(engine_dir, cpus=cpus)

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.reference.api import ENGINE_DESCRIPTOR, ENGINE_FORMAT, GenerationRequest, PromptTooLongError
-from pipeline.reference.engine import RequestStalled, create_engine
+from pipeline.reference.engine import create_engine
+from pipeline.reference.stream import RequestStalled
 from pipeline.reference.worker import EngineProcess
 from tests.reference_fixtures import one_thread, random_prompts, shared_checkpoints
 
@@ -186,7 +187,7 @@ class _Stream:
     """A request's stream fed by hand; records cancel and abandon."""
 
     def __init__(self, max_new_tokens: int = 4):
-        from pipeline.reference.engine import ChunkStream
+        from pipeline.reference.stream import ChunkStream
 
         self.stream = ChunkStream(GenerationRequest([1, 2, 3], max_new_tokens, request_id="r1"))
         self.cancels = self.abandons = 0
