@@ -1,5 +1,5 @@
 """Parsed Python source, cached per test process: the guard tests (tests/unit/methods/test_methods.py,
-tests/unit/project/test_import_cycles.py) each walk every module of pipeline/, and parsing was most
+tests/unit/project/test_import_cycles.py, tests/unit/facts/test_facts.py) each walk every module of pipeline/, and parsing was most
 of their cost. Keyed by the file's text, so a file that changed (the planted violations) is parsed
 again. The walks only read the trees."""
 

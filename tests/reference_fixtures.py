@@ -118,8 +118,7 @@ def make_all(root: Path) -> dict[str, Path]:
     }
 
 
-STORED = Path(__file__).parent / "fixtures" / "reference-checkpoints"
-NAMES = ("target", "draft", "medusa", "eagle")
+STORED = Path(__file__).parent / "fixtures" / "reference-checkpoints"  # make_all's output, one dir per name
 
 _SHARED: dict[str, Path] | None = None
 
@@ -136,7 +135,7 @@ def shared_checkpoints() -> dict[str, Path]:
         root = Path(tempfile.mkdtemp(prefix="specdeploy-ref-"))
         atexit.register(shutil.rmtree, root, ignore_errors=True)
         with session_cost():  # not the first caller's cost (tests/budget.py)
-            _SHARED = {name: Path(shutil.copytree(STORED / name, root / name)) for name in NAMES}
+            _SHARED = {d.name: Path(shutil.copytree(d, root / d.name)) for d in sorted(STORED.iterdir())}
     return _SHARED
 
 

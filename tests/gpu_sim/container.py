@@ -28,6 +28,7 @@ per-process directory of symlinks to the test venv's modules under the temp dire
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -116,9 +117,10 @@ sys.exit(fake_nvml.smi_main(sys.argv[1:]))
 def host_modules() -> Path:
     """A directory of symlinks to the test venv's importable modules, without any distribution
     metadata (made once per process): the image's interpreter imports the same code, but its
-    package metadata comes only from the image's site-packages."""
+    package metadata comes only from the image's site-packages. Removed when the process exits."""
     site = Path(sysconfig.get_paths()["purelib"])
     out = Path(tempfile.mkdtemp(prefix="gpu-sim-modules-"))
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
     for entry in site.iterdir():
         if entry.suffix in (".pth",) or entry.name.endswith((".dist-info", ".egg-info")) or \
                 entry.name.startswith(("__editable__", "__pycache__", "_distutils_hack")):

@@ -10,6 +10,7 @@ import yaml
 from pipeline.facts.hardware import GPUS_FILE, PROFILES
 from pipeline.forecast import figures
 from pipeline.paths import PROJECT_ROOT
+from tests.python_source import tree
 
 STAGES = ("validate", "plan", "build", "render", "serve", "loadtest", "report", "forecast", "cli", "run")
 
@@ -27,7 +28,7 @@ def test_every_gpu_profile_takes_its_bandwidth_from_the_one_table():
 
 def test_facts_import_no_stage():
     for path in (PROJECT_ROOT / "pipeline" / "facts").glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(tree(path)):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             for name in names:
