@@ -8,7 +8,8 @@ whether every test passed. Per worker count: the medians; then the ratio of each
 wall to the first count's. Before the first round a short fixed Python loop is timed, and again
 after every run: a shared machine's speed moves, and the loop says by how much.
 
-Writes benchmarks/results/test-tiers-<tier>.json. Run from the checkout (it needs .venv, as
+Writes benchmarks/results/test-tiers-quick.json or test-tiers-full.json, with the failing tests'
+lines of a run that did not pass. Run from the checkout (it needs .venv, as
 ``./run-tests`` does)::
 
     .venv/bin/python benchmarks/bench_test_tiers.py --tier quick --workers 2,3 --rounds 3
@@ -32,7 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 TIERS = {"quick": ["-m", "not slow"], "full": []}
 BUDGET_S = {"quick": 60, "full": 480}  # docs/testing.md
-SUMMARY = re.compile(r"=+ (?P<text>.*\b(passed|failed)\b.*) in [0-9.]+s")
+# pytest's last line, "N passed, M failed in S s", framed by "=" unless -q
+SUMMARY = re.compile(r"^=* ?([^=\n]*\b(?:passed|failed|error)\b[^=\n]* in [0-9.]+s[^=\n]*?) ?=*$", re.MULTILINE)
 
 
 def loop_seconds() -> float:
@@ -51,9 +53,11 @@ def one_run(tier: str, workers: int) -> dict:
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    summary = next((m.group("text") for m in SUMMARY.finditer(proc.stdout)), proc.stdout.strip()[-200:])
+    found = SUMMARY.findall(proc.stdout)
+    summary = found[-1] if found else proc.stdout.strip()[-200:]
+    failing = [line for line in proc.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
     return {"workers": workers, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "cores_busy": round(cpu / wall, 2),
-            "passed": proc.returncode == 0, "summary": summary, "loop_after_s": loop_seconds()}
+            "passed": proc.returncode == 0, "summary": summary, "failing": failing[:20], "loop_after_s": loop_seconds()}
 
 
 def summarise(runs: list[dict], counts: list[int]) -> dict:
