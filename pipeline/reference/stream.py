@@ -20,7 +20,7 @@ class RequestStalled(TimeoutError):
 class ChunkStream:
     """A request's stream of chunks (see :class:`pipeline.reference.api.RequestHandle`): fed by
     ``_put`` from the thread that produces chunks, read by ``chunks``/``result``. ``cancel`` is
-    the producer's business (:class:`Handle` here, the worker proxy in
+    the producer's business (:class:`pipeline.reference.engine.Handle`, the worker proxy in
     :mod:`pipeline.reference.worker`); ``abandon`` is a cancel by a reader that will not wait
     for the cancelled final chunk (a stalled request: its producer may never send one)."""
 
