@@ -118,6 +118,9 @@ def _lt_file(tmp: Path) -> Path:
     return tmp / "lt.yaml"
 
 
+# with the A/B below: the two servers take about 30 s to start on two cores, and in the full tier
+# they started for this check alone, then again for the A/B in the end-to-end tier; CI runs both
+@pytest.mark.e2e
 def test_names_by_path_and_refuses_unknown_fields(servers):
     base = servers["baseline"]
     assert base["listed"] == [base["model"]]  # a pinned server lists the path it was given
