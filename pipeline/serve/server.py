@@ -39,12 +39,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+import psutil
+
 from pipeline.artefacts.deployment import ArmDeployment, load_arm
 from pipeline.config import DeploymentConfig
 from pipeline.errors import EXIT_USAGE, ServeError, UsageError
 from pipeline.facts.hardware import get_profile
 from pipeline.infra.cpu_pinning import CpuPlan, allowed_cpus, plan_pinning, spawn_on
-from pipeline.infra.processes import OwnedProcess, free_ports, spawn
+from pipeline.infra.processes import OwnedProcess, free_ports, port_in_use, spawn
 from pipeline.infra.readiness import models_not_ready
 from pipeline.paths import PROJECT_ROOT, logs_dir, served_repository_problem
 from pipeline.plan.gpu_layout import ArmPlacement, GpuInfo, query_gpus
@@ -68,6 +70,7 @@ from pipeline.serve.stale_server import check_no_stale_server
 
 KILL_GRACE_S = 10.0
 OWNER_GONE_GRACE_S = 2.0  # when specdeploy is gone nobody waits for results: stop soon after the exit timeout
+PORT_ATTEMPTS = 3  # starts on freshly picked ports when others took the picked ones during model loading
 
 
 # ----------------------------------------------------------------------------------------------
@@ -106,6 +109,23 @@ class RunningServer:
 
     def alive(self) -> bool:
         return self.process.alive()
+
+    def listens_on(self, port: int) -> bool:
+        """This server's own process (or one it started) listens on ``port``. tritonserver binds its
+        ports only after loading every model, so until then the port is free for anyone: another
+        server that took it would answer the readiness poll for models of the same names."""
+        try:
+            procs = [psutil.Process(self.pid), *self.process.descendants()]
+        except psutil.Error:
+            return False
+        for proc in procs:
+            try:
+                connections = (getattr(proc, "net_connections", None) or proc.connections)(kind="tcp")
+            except psutil.Error:
+                continue
+            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in connections):
+                return True
+        return False
 
     def exit_status(self) -> int | None:
         """The server's exit status once it ended (None while its keeper still cleans up)."""
@@ -162,13 +182,19 @@ def repository_models(repo: Path) -> list[str]:
     return sorted(p.parent.name for p in Path(repo).glob("*/config.pbtxt"))
 
 
-def wait_ready(server: RunningServer, models: list[str], timeout_s: float) -> None:
+def wait_ready(server: RunningServer, models: list[str], timeout_s: float, own_ports: bool = False) -> None:
+    """Poll until every model is ready. ``own_ports``: ask only once the server's own process
+    listens on its HTTP port (:meth:`RunningServer.listens_on`; the local tritonserver, whose
+    process tree holds its sockets, unlike a container's)."""
     deadline = time.monotonic() + timeout_s
     pending = list(models)
     while time.monotonic() < deadline:
         if not server.alive():
             raise ServeError(f"tritonserver {death(server.exit_status())} while starting; "
                              f"log {server.log_path}:\n{server.log_report()}")
+        if own_ports and not server.listens_on(server.ports.http):
+            time.sleep(0.5)
+            continue
         pending = models_not_ready(server.http_url, pending)
         if not pending:
             return
@@ -196,32 +222,55 @@ def start_server(repo_dir: Path, *, argv: list[str] | None = None, env: dict | N
     problem = served_repository_problem(repo_dir)
     if problem:  # refused now, not after the startup timeout
         raise UsageError(problem)
-    picked = iter(free_ports(3, host))
-    ports = Ports(http_port or next(picked), grpc_port or next(picked), metrics_port or next(picked))
-    if len({ports.http, ports.grpc, ports.metrics}) != 3:
-        raise ServeError(f"http, grpc and metrics ports must differ, got {ports}", exit_code=EXIT_USAGE)
+    picked_all = not (http_port or grpc_port or metrics_port)
     log_path = Path(log_path or repo_dir.parent / f"serve-{repo_dir.name}.log")
-    check_no_stale_server(repo_dir, ports, host, log_path.with_suffix(".pid"))
-    if argv is None:
+    own_server = argv is None
+    if own_server:
         server = prepare_cpu_server()
-        argv = cpu_server_argv(server, repo_dir, ports, host, exit_timeout_s)
         env = cpu_server_env(server, env)
     extra = {**(cpu_plan.env() if cpu_plan is not None else {}),
              **({ENGINE_PROCESS_ENV: engine_process} if engine_process is not None else {})}
     if extra:
         env = {**(os.environ if env is None else env), **extra}
     pinning = cpu_plan.describe() if cpu_plan is not None else f"none ({cpu_note or 'not asked for'})"
-    process = _launch(argv, env, log_path, f"# cpu pinning: {pinning}\n", cpu_plan, exit_timeout_s)
-    running = RunningServer(process, host, ports, log_path, repo_dir, exit_timeout_s, cpu_plan)
-    running.pid_file.write_text(f"{running.pid}\n")
-    if wait:
+    header = f"# cpu pinning: {pinning}\n"
+    for attempt in range(1, (PORT_ATTEMPTS if picked_all and own_server else 1) + 1):
+        picked = iter(free_ports(3, host))
+        ports = Ports(http_port or next(picked), grpc_port or next(picked), metrics_port or next(picked))
+        if len({ports.http, ports.grpc, ports.metrics}) != 3:
+            raise ServeError(f"http, grpc and metrics ports must differ, got {ports}", exit_code=EXIT_USAGE)
+        check_no_stale_server(repo_dir, ports, host, log_path.with_suffix(".pid"))
+        if own_server:
+            argv = cpu_server_argv(server, repo_dir, ports, host, exit_timeout_s)
+        process = _launch(argv, env, log_path, header, cpu_plan, exit_timeout_s)
+        running = RunningServer(process, host, ports, log_path, repo_dir, exit_timeout_s, cpu_plan)
+        running.pid_file.write_text(f"{running.pid}\n")
+        if not wait:
+            return running
         try:
-            wait_ready(running, repository_models(repo_dir), startup_timeout_s)
+            wait_ready(running, repository_models(repo_dir), startup_timeout_s, own_ports=own_server)
+        except ServeError as exc:
+            running.stop()
+            earlier = ""
+            taken = [port for port in (ports.http, ports.grpc, ports.metrics) if port_in_use(port, host)]
+            if not (taken and attempt < PORT_ATTEMPTS and picked_all and own_server):
+                raise
+            # the ports were free when picked; another process took them while the models loaded
+            # (tritonserver binds last): start again on new ones, the earlier log kept above
+            with contextlib.suppress(OSError):
+                earlier = log_path.read_text(errors="replace")
+            header = (f"{header}# attempt {attempt}: port(s) {taken} were taken by another process while the "
+                      f"models loaded; started again on new ports. Its log:\n{earlier}# end of attempt {attempt}\n")
+            print(f"specdeploy: tritonserver could not bind port(s) {taken}, taken by another process while its "
+                  f"models loaded ({str(exc).splitlines()[0].split('; log ')[0]}): starting again on new ports",
+                  file=sys.stderr)
+            continue
         except BaseException:
             running.stop()
             raise
         running.family()  # remember the stubs and workers: stop() finds them even once orphaned
-    return running
+        return running
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def _launch(argv: list[str], env: dict | None, log_path: Path, header: str, cpu_plan: CpuPlan | None,
