@@ -46,7 +46,7 @@ from pipeline.config import DeploymentConfig
 from pipeline.errors import EXIT_USAGE, ServeError, UsageError
 from pipeline.facts.hardware import get_profile
 from pipeline.infra.cpu_pinning import CpuPlan, allowed_cpus, plan_pinning, spawn_on
-from pipeline.infra.processes import OwnedProcess, free_ports, port_in_use, spawn
+from pipeline.infra.processes import OwnedProcess, free_ports, port_holder, port_in_use, spawn
 from pipeline.infra.readiness import models_not_ready
 from pipeline.paths import PROJECT_ROOT, logs_dir, served_repository_problem
 from pipeline.plan.gpu_layout import ArmPlacement, GpuInfo, query_gpus
@@ -114,17 +114,11 @@ class RunningServer:
         """This server's own process (or one it started) listens on ``port``. tritonserver binds its
         ports only after loading every model, so until then the port is free for anyone: another
         server that took it would answer the readiness poll for models of the same names."""
-        try:
-            procs = [psutil.Process(self.pid), *self.process.descendants()]
-        except psutil.Error:
+        holder = port_holder(port)
+        if holder is None:
             return False
-        for proc in procs:
-            try:
-                connections = (getattr(proc, "net_connections", None) or proc.connections)(kind="tcp")
-            except psutil.Error:
-                continue
-            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in connections):
-                return True
+        with contextlib.suppress(psutil.Error):
+            return holder.pid in {proc.pid for proc in self.process.descendants()}
         return False
 
     def exit_status(self) -> int | None:
@@ -182,6 +176,11 @@ def repository_models(repo: Path) -> list[str]:
     return sorted(p.parent.name for p in Path(repo).glob("*/config.pbtxt"))
 
 
+class ServerDiedError(ServeError):
+    """The server exited while starting (not: it was still loading at the timeout). Only this
+    start is tried again on new ports: a slow start would otherwise cost the timeout once per try."""
+
+
 def wait_ready(server: RunningServer, models: list[str], timeout_s: float, own_ports: bool = False) -> None:
     """Poll until every model is ready. ``own_ports``: ask only once the server's own process
     listens on its HTTP port (:meth:`RunningServer.listens_on`; the local tritonserver, whose
@@ -190,7 +189,7 @@ def wait_ready(server: RunningServer, models: list[str], timeout_s: float, own_p
     pending = list(models)
     while time.monotonic() < deadline:
         if not server.alive():
-            raise ServeError(f"tritonserver {death(server.exit_status())} while starting; "
+            raise ServerDiedError(f"tritonserver {death(server.exit_status())} while starting; "
                              f"log {server.log_path}:\n{server.log_report()}")
         if own_ports and not server.listens_on(server.ports.http):
             time.sleep(0.5)
@@ -234,6 +233,7 @@ def start_server(repo_dir: Path, *, argv: list[str] | None = None, env: dict | N
         env = {**(os.environ if env is None else env), **extra}
     pinning = cpu_plan.describe() if cpu_plan is not None else f"none ({cpu_note or 'not asked for'})"
     header = f"# cpu pinning: {pinning}\n"
+    attempts = ""  # the earlier attempts' notes and logs, each written once, after the header
     for attempt in range(1, (PORT_ATTEMPTS if picked_all and own_server else 1) + 1):
         picked = iter(free_ports(3, host))
         ports = Ports(http_port or next(picked), grpc_port or next(picked), metrics_port or next(picked))
@@ -242,25 +242,25 @@ def start_server(repo_dir: Path, *, argv: list[str] | None = None, env: dict | N
         check_no_stale_server(repo_dir, ports, host, log_path.with_suffix(".pid"))
         if own_server:
             argv = cpu_server_argv(server, repo_dir, ports, host, exit_timeout_s)
-        process = _launch(argv, env, log_path, header, cpu_plan, exit_timeout_s)
+        process = _launch(argv, env, log_path, header + attempts, cpu_plan, exit_timeout_s)
         running = RunningServer(process, host, ports, log_path, repo_dir, exit_timeout_s, cpu_plan)
         running.pid_file.write_text(f"{running.pid}\n")
         if not wait:
             return running
         try:
             wait_ready(running, repository_models(repo_dir), startup_timeout_s, own_ports=own_server)
-        except ServeError as exc:
+        except ServerDiedError as exc:
             running.stop()
-            earlier = ""
             taken = [port for port in (ports.http, ports.grpc, ports.metrics) if port_in_use(port, host)]
             if not (taken and attempt < PORT_ATTEMPTS and picked_all and own_server):
                 raise
             # the ports were free when picked; another process took them while the models loaded
-            # (tritonserver binds last): start again on new ones, the earlier log kept above
+            # (tritonserver binds last): start again on new ones, this attempt's log kept above
+            earlier = ""
             with contextlib.suppress(OSError):
-                earlier = log_path.read_text(errors="replace")
-            header = (f"{header}# attempt {attempt}: port(s) {taken} were taken by another process while the "
-                      f"models loaded; started again on new ports. Its log:\n{earlier}# end of attempt {attempt}\n")
+                earlier = log_path.read_text(errors="replace").removeprefix(header + attempts)
+            attempts += (f"# attempt {attempt}: port(s) {taken} were taken by another process while the models "
+                         f"loaded; started again on new ports. Its log:\n{earlier}# end of attempt {attempt}\n")
             print(f"specdeploy: tritonserver could not bind port(s) {taken}, taken by another process while its "
                   f"models loaded ({str(exc).splitlines()[0].split('; log ')[0]}): starting again on new ports",
                   file=sys.stderr)

@@ -4,7 +4,8 @@ another test's server took the HTTP port, answered the readiness poll for models
 names, and the tests then found nothing on the gRPC port). Here a stand-in "foreign server" takes
 the picked HTTP port right after the launch and answers every readiness request with 200: the
 start must not count it as ours, and must come up on new ports, the first attempt's log kept.
-The negative control switches the own-socket check off: the start then returns on the foreign
+A start that did not die (still loading at its timeout) is not tried again: it would cost the
+timeout once per try. The negative control switches the own-socket check off: the start then returns on the foreign
 server's word, with nothing of ours listening.
 
 Reads the shipped tiny config (through test_triton_smoke's repository); writes under tmp_path."""
@@ -73,6 +74,7 @@ def test_a_port_taken_during_loading_is_not_mistaken_for_ours(tmp_path, foreign_
         log = server.log_path.read_text()
         assert f"# attempt 1: port(s) [{taken}] were taken by another process" in log
         assert f"--http-port={taken}" in log and f"--http-port={server.ports.http}" in log  # both attempts' logs
+        assert log.count("# cpu pinning:") == 1 and log.index("# cpu pinning:") == 0  # the header once, on top
         assert f"could not bind port(s) [{taken}]" in capsys.readouterr().err
     finally:
         server.stop()
@@ -89,3 +91,26 @@ def test_negative_control_without_the_own_socket_check_the_foreign_server_answer
         assert not port_in_use(server.ports.grpc, "127.0.0.1")  # nothing of ours listens yet
     finally:
         server.stop()
+
+
+def test_a_start_that_timed_out_is_not_tried_again(tmp_path, monkeypatch):
+    """Only a server that exited while starting is started again on new ports; a timeout (here
+    right away, the picked ports reported taken) raises after one launch."""
+    repo, _ = _repository(tmp_path)
+    launches = []
+    launch = server_mod._launch
+
+    def counted(*args, **kwargs):
+        launches.append(args[0])
+        return launch(*args, **kwargs)
+
+    def timed_out(server, models, timeout_s, own_ports=False):
+        server.stop()
+        raise server_mod.ServeError("tritonserver not ready within 1 s")
+
+    monkeypatch.setattr(server_mod, "_launch", counted)
+    monkeypatch.setattr(server_mod, "wait_ready", timed_out)
+    monkeypatch.setattr(server_mod, "port_in_use", lambda port, host: True)
+    with pytest.raises(server_mod.ServeError, match="not ready within") as raised:
+        server_mod.start_server(repo, startup_timeout_s=1)
+    assert len(launches) == 1 and not isinstance(raised.value, server_mod.ServerDiedError)
