@@ -22,7 +22,9 @@ from server_stops import stop_later
 pytestmark = pytest.mark.triton  # starts a real tritonserver
 
 ROOT = Path(__file__).resolve().parents[2]
-TTFT_MS, TPOT_MS, K, MAX_TOKENS = 400, 40, 2, 9  # chunks [1, 2, 2, 2, 2]
+TTFT_MS, TPOT_MS, K, MAX_TOKENS = 400, 100, 2, 9  # chunks [1, 2, 2, 2, 2]
+# TPOT is long enough that the checks' slack (a fraction of a chunk's time) exceeds what a loaded 2-core host
+# adds to delivery: at 40 ms the TTFT slack was 60 ms and CI saw a client TTFT 95 ms above the server's
 STAMPS = "stamps.jsonl"  # in the model's directory
 
 CONFIG = """
