@@ -9,6 +9,7 @@ decoupled consistency, so a broken template fails in ``render``, never in the se
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -38,10 +39,25 @@ def parse_config_file(path: Path):
 
     config = model_config_pb2.ModelConfig()
     try:
-        text_format.Parse(path.read_text(), config)
+        config.ParseFromString(_parsed(path.read_text()))
     except text_format.ParseError as exc:
         raise RenderError([f"{path}: does not parse as a Triton ModelConfig: {exc}"]) from None
     return config
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed(text: str) -> bytes:
+    """``text`` parsed as a ModelConfig, serialised. protobuf's text parser is pure Python and was
+    about half of every render; most of a repository's configs come out the same text render after
+    render (the pre/post-processing and ensemble models), so each distinct text is parsed once per
+    process and its binary form, which protobuf's C parser reads back, is kept (a text that does
+    not parse raises, and is not kept)."""
+    from google.protobuf import text_format  # noqa: PLC0415 - start-up: google.protobuf (loaded when a config.pbtxt is parsed; pipeline.serve.command imports this module)
+    from tritonclient.grpc import model_config_pb2  # noqa: PLC0415 - start-up: tritonclient (its model_config_pb2; loaded when a config.pbtxt is parsed)
+
+    config = model_config_pb2.ModelConfig()
+    text_format.Parse(text, config)
+    return config.SerializeToString()
 
 
 def config_param(config, key: str) -> str:
