@@ -27,9 +27,14 @@ FEWER_STEPS = dataclasses.replace(train.SMOKE, target_steps=4, warmup=1, draft_s
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
-    """The CLI's training of the smoke recipe (the EAGLE head in a second process) → its directory."""
+    """The CLI's training of ``--smoke`` (the EAGLE head in a second process) → its directory. The
+    recipe is ``FEWER_STEPS``: what the tests using it check (the files, formats, shapes, the
+    report, retraining one model, one EAGLE pass) does not depend on the step counts, and the smoke
+    recipe's own steps cost about 17 CPU s more (``test_fewer_steps_is_the_smoke_recipe_with_fewer_steps``)."""
     out = tmp_path_factory.mktemp("smoke")
-    assert run(["demo", "train", "--smoke", "--quiet", "--out", str(out)]) == 0
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(train, "SMOKE", FEWER_STEPS)
+        assert run(["demo", "train", "--smoke", "--quiet", "--out", str(out)]) == 0
     return out
 
 
@@ -58,6 +63,15 @@ def _no_shipped_models(patch, root):
     patch.setattr(demo, "ARTIFACTS_DIR", root / "not-shipped")
     patch.setenv("SPECDEPLOY_CACHE", str(root / "cache"))
     patch.setattr(train, "FULL", FEWER_STEPS)
+
+
+def test_fewer_steps_is_the_smoke_recipe_with_fewer_steps():
+    """What ``FEWER_STEPS`` stands in for: the smoke recipe's shapes, corpus and pools; only step
+    counts and the evaluation's size differ."""
+    steps = {"target_steps", "warmup", "draft_steps", "medusa_steps", "eagle_steps", "eagle3_steps",
+             "eval_prompts_per_category", "eval_new_tokens"}
+    differ = {f.name for f in dataclasses.fields(FEWER_STEPS) if getattr(FEWER_STEPS, f.name) != getattr(train.SMOKE, f.name)}
+    assert differ and differ <= steps, differ - steps
 
 
 @pytest.mark.slow
@@ -103,12 +117,13 @@ def test_smoke_outputs_load_and_verify(smoke_run):
 
 
 @pytest.mark.slow
-def test_retraining_one_model_reuses_the_target(smoke_run, tmp_path):
+def test_retraining_one_model_reuses_the_target(smoke_run, tmp_path, monkeypatch):
     import shutil
 
     out = tmp_path / "one"
     shutil.copytree(smoke_run, out)
     (out / "tiny-medusa" / "medusa_lm_head.safetensors").unlink()
+    monkeypatch.setattr(train, "SMOKE", FEWER_STEPS)  # smoke_run's recipe
     assert run(["demo", "train", "--smoke", "--quiet", "--only", "tiny-medusa", "--out", str(out)]) == 0
     assert (out / "SHA256SUMS.txt").read_text() == (smoke_run / "SHA256SUMS.txt").read_text()
 
@@ -122,10 +137,10 @@ def test_eagle_one_pass_training_changes_only_the_eagle_head(smoke_run, tmp_path
 
     from pipeline.demo.heads import load_eagle
 
-    assert train.SMOKE.eagle_unroll == train.FULL.eagle_unroll == 2
+    assert FEWER_STEPS.eagle_unroll == train.SMOKE.eagle_unroll == train.FULL.eagle_unroll == 2
     out = tmp_path / "one-pass"
     shutil.copytree(smoke_run, out)
-    report = train.train_all(out, dataclasses.replace(train.SMOKE, eagle_unroll=1), only=train.EAGLE,
+    report = train.train_all(out, dataclasses.replace(FEWER_STEPS, eagle_unroll=1), only=train.EAGLE,
                              show_progress=False)
     before, after = demo.read_sums(smoke_run), demo.read_sums(out)
     changed = {name for name in before if before[name] != after[name]}
