@@ -139,6 +139,7 @@ def test_fp8_eagle_quantizes_with_the_heads_layer_count(image, tmp_path, monkeyp
     _check_golden("vicuna7b-eagle-fp8-h100", _normalised(image.records(), tmp_path))
 
 
+@pytest.mark.slow  # the simulated image's subprocesses (about 0.9 CPU s): full tier
 def test_checkpoint_kv_algorithm_is_checked_before_trtllm_build(image, tmp_path, monkeypatch):
     """A ModelOpt export carrying FP8 KV on an INT4-AWQ checkpoint stops the build at quantize."""
     path = deploy(tmp_path, "llama31-70b-draft8b-int4awq-tp4-a100")

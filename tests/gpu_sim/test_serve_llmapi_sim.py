@@ -53,6 +53,7 @@ def upstream_dir(tmp_path, monkeypatch):
     return path
 
 
+@pytest.mark.slow  # the simulated launcher's subprocesses (about 0.7-1 CPU s): full tier
 def test_llmapi_arm_is_served_with_the_exact_argv(gpu_host, upstream_dir):
     host = gpu_host(1, *H100)
     cfg = shipped_config(CONFIG, host.root)
@@ -75,6 +76,7 @@ def test_llmapi_arm_is_served_with_the_exact_argv(gpu_host, upstream_dir):
     assert (repo / "tensorrt_llm" / "1" / "helpers.py").read_text() == HELPERS_PY
 
 
+@pytest.mark.slow  # the simulated launcher's subprocesses (about 0.7-1 CPU s): full tier
 def test_llmapi_repository_without_model_yaml_fails_to_load(gpu_host, upstream_dir):
     """The negative control of the check above: upstream's model cannot start without model.yaml."""
     host = gpu_host(1, *H100)

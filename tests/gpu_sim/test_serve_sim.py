@@ -282,6 +282,7 @@ def _flag(argv: list[str], name: str) -> str:
     return next(a.split("=", 1)[1] for a in argv if a.startswith(name + "="))
 
 
+@pytest.mark.slow  # the serve CLI against the simulated host (about 1 CPU s): full tier
 def test_serve_cli_binds_the_requested_host(gpu_host, capsys):
     import yaml
 

@@ -232,6 +232,7 @@ def test_the_load_test_raises_the_same_error(tmp_path):
         load_prompt_set(cfg)
 
 
+@pytest.mark.slow  # a subprocess of its own (about 1 CPU s): full tier, the quick tier keeps the in-process checks
 def test_validate_refuses_a_missing_prompt_dir(tmp_path):
     proc = validate_cli(write(tmp_path, medusa_yaml(prompts="prompts/nope")), "--offline", cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -260,6 +261,7 @@ def test_a_relative_checkpoint_path_is_named_as_written_and_as_the_build_resolve
     assert checkpoint_dir_problem(tmp_path) is None
 
 
+@pytest.mark.slow  # a subprocess of its own (about 1 CPU s): full tier, the quick tier keeps the in-process checks
 def test_validate_names_a_missing_relative_checkpoint_in_both_forms(tmp_path):
     proc = validate_cli(write(tmp_path, GPU.format(target="models/llama-8b")), cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr

@@ -236,6 +236,7 @@ def test_free_ports_and_who_holds_a_port():
         assert describe(holder).startswith(f"pid {os.getpid()} (") and "started" in describe(holder)
 
 
+@pytest.mark.slow  # a subprocess of its own (about 1 CPU s): full tier, the quick tier keeps the in-process checks
 def test_a_finished_command_leaves_no_socket_open():
     before = len(psutil.Process().net_connections(kind="unix"))
     for _ in range(5):

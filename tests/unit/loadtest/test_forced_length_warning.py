@@ -38,7 +38,7 @@ def test_forced_and_cut_lengths_are_named_by_the_data():
     assert len(cut["warnings"]) == 1 and cut["warnings"][0].startswith("300 prompts were cut from the dataset's text")
 
 
-@pytest.mark.budget(6)  # one real report (its figures) of the committed fixture run
+@pytest.mark.slow  # one real report (its seven figures, about 2.5 CPU s): full tier; the quick tier keeps the rule's other checks
 def test_the_report_warns_that_forced_lengths_make_acceptance_unrepresentative(tmp_path):
     run_dir = copy_fixture(tmp_path / "run")
     meta = json.loads((run_dir / "run.json").read_text())

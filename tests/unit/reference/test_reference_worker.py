@@ -46,6 +46,7 @@ def worker(engine_dir):
     engine.shutdown()
 
 
+@pytest.mark.slow  # starts an engine worker process (its torch import: about 3.5 CPU s a module): full tier
 def test_worker_outputs_and_chunks_equal_the_engine_in_this_process(engine_dir, worker):
     local = load_engine(engine_dir)
     try:
@@ -65,6 +66,7 @@ def test_worker_outputs_and_chunks_equal_the_engine_in_this_process(engine_dir, 
                                                                   for p in PROMPTS]
 
 
+@pytest.mark.slow  # starts an engine worker process (its torch import: about 3.5 CPU s a module): full tier
 def test_on_chunk_payloads_are_built_for_every_chunk(worker):
     seen = []
     handle = worker.submit(GenerationRequest(PROMPTS[0], 12), on_chunk=lambda chunk: seen.append(chunk) or len(chunk.tokens))
@@ -72,6 +74,7 @@ def test_on_chunk_payloads_are_built_for_every_chunk(worker):
     assert [c.payload for c in chunks] == [len(c.tokens) for c in chunks] and seen == chunks
 
 
+@pytest.mark.slow  # starts an engine worker process (its torch import: about 3.5 CPU s a module): full tier
 def test_bad_requests_fail_at_submit_as_in_process(worker):
     with pytest.raises(ValueError, match="exceed max_seq_len"):
         worker.submit(GenerationRequest(list(range(1, 90)), 20))
@@ -82,6 +85,7 @@ def test_bad_requests_fail_at_submit_as_in_process(worker):
     assert len(worker.generate(GenerationRequest(PROMPTS[1], 4)).output_ids) == 4  # still serving
 
 
+@pytest.mark.slow  # starts an engine worker process (its torch import: about 3.5 CPU s a module): full tier
 def test_cancel_ends_the_stream(worker):
     handle = worker.submit(GenerationRequest(PROMPTS[2], 80))
     chunks = handle.chunks(timeout=60)

@@ -109,6 +109,7 @@ def worker(ckpt, tmp_path_factory):
     engine.shutdown()
 
 
+@pytest.mark.slow  # starts an engine worker process (its torch import: about 3.5 CPU s a module): full tier
 def test_worker_two_live_requests_under_one_id_each_get_their_own_chunks(worker):
     """The proxy routed chunks by the client's id: a second live request under it took the
     first's stream over, and the first waited for ever."""
@@ -119,6 +120,7 @@ def test_worker_two_live_requests_under_one_id_each_get_their_own_chunks(worker)
     assert worker.stats()["proxy_open_requests"] == 0
 
 
+@pytest.mark.slow  # starts an engine worker process (its torch import: about 3.5 CPU s a module): full tier
 def test_worker_ids_reused_back_to_back_from_many_threads(worker):
     """Upstream's speculative client: every round under the client's one id, several clients."""
     errors: list[str] = []
@@ -138,6 +140,7 @@ def test_worker_ids_reused_back_to_back_from_many_threads(worker):
     assert errors == []
 
 
+@pytest.mark.slow  # starts an engine worker process (its torch import: about 3.5 CPU s a module): full tier
 def test_worker_cancel_by_a_finished_id_does_not_touch_its_successor(worker):
     first = worker.submit(_draft_round("again", new_tokens=2))
     first.result(timeout=HANG_GUARD_S)
