@@ -6,6 +6,8 @@ and only then renamed into place. Reads templates; writes what it is given."""
 
 from __future__ import annotations
 
+import fcntl
+import filecmp
 import functools
 import json
 import shutil
@@ -94,10 +96,32 @@ def render_atomically(dest: Path, fill: Callable[[Path], T]) -> T:
 
 
 def swap_in(new: Path, dest: Path) -> None:
-    old = None
-    if dest.exists():
-        old = dest.with_name(f".{dest.name}.old-{new.name[-8:]}")
-        dest.rename(old)
-    new.rename(dest)
+    """Put the rendered ``new`` at ``dest``. Concurrent runs of one config render the same
+    repository while another run's server may be loading from it: a ``dest`` whose files equal
+    ``new``'s is left untouched (``new`` is dropped), and the check and the swap hold a lock beside
+    ``dest``, so two renders never interleave their renames."""
+    lock_path = dest.with_name(f".{dest.name}.swap.lock")
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes (or this process ends)
+        if dest.is_dir() and same_files(new, dest):
+            shutil.rmtree(new, ignore_errors=True)
+            return
+        old = None
+        if dest.exists():
+            old = dest.with_name(f".{dest.name}.old-{new.name[-8:]}")
+            dest.rename(old)
+        new.rename(dest)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def same_files(a: Path, b: Path) -> bool:
+    """The two trees hold the same relative paths with byte-identical contents."""
+    def listing(root: Path) -> list[str]:
+        return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() or p.is_symlink())
+
+    names = listing(a)
+    if names != listing(b):
+        return False
+    _, mismatch, errors = filecmp.cmpfiles(a, b, names, shallow=False)
+    return not mismatch and not errors

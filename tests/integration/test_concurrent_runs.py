@@ -77,9 +77,11 @@ class Run:
 
 
 def cells(run_dir: Path) -> list[dict]:
-    """Per cell of ``runs.json``: its records, their writers (Locust process pids), what Locust sent."""
+    """Per cell of ``runs.json``: its records, their writers (Locust process pids), what Locust sent
+    (none when the run ended before writing it: the exit codes below then say why)."""
     out = []
-    for r in json.loads((run_dir / "runs.json").read_text())["runs"]:
+    index = run_dir / "runs.json"
+    for r in json.loads(index.read_text())["runs"] if index.is_file() else []:
         raw = run_dir / r["raw"]
         records = [json.loads(x) for x in raw.read_text().splitlines() if x.strip()] if raw.is_file() else []
         workers = json.loads((run_dir / r["workers"]).read_text()) if (run_dir / r["workers"]).is_file() else []

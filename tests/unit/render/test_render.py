@@ -341,9 +341,10 @@ def test_rerender_replaces_atomically(tmp_path):
     cfg = make_cfg("reference", "medusa", workdir=tmp_path)
     render(cfg)
     assert not (repo / "stray.txt").exists()
-    assert sorted(p.name for p in repo.parent.iterdir()) == [
-        f"{variant}{suffix}" for variant in ("baseline", "speculative")
-        for suffix in ("", ".alerts.yml", ".dashboard.json", ".render.json")]
+    assert sorted(p.name for p in repo.parent.iterdir()) == [  # no temporary left; each swap's lock file stays
+        ".baseline.swap.lock", ".speculative.swap.lock", *(
+            f"{variant}{suffix}" for variant in ("baseline", "speculative")
+            for suffix in ("", ".alerts.yml", ".dashboard.json", ".render.json"))]
 
 
 def test_cli_render(tmp_path, capsys):
