@@ -116,12 +116,13 @@ def swap_in(new: Path, dest: Path) -> None:
 
 
 def same_files(a: Path, b: Path) -> bool:
-    """The two trees hold the same relative paths with byte-identical contents."""
-    def listing(root: Path) -> list[str]:
-        return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() or p.is_symlink())
+    """The two trees hold the same relative paths (directories too: an ensemble's version
+    directory is empty, and Triton needs it) with byte-identical file contents."""
+    def listing(root: Path) -> list[tuple[str, bool]]:
+        return sorted((str(p.relative_to(root)), p.is_dir() and not p.is_symlink()) for p in root.rglob("*"))
 
-    names = listing(a)
-    if names != listing(b):
+    entries = listing(a)
+    if entries != listing(b):
         return False
-    _, mismatch, errors = filecmp.cmpfiles(a, b, names, shallow=False)
+    _, mismatch, errors = filecmp.cmpfiles(a, b, [name for name, is_dir in entries if not is_dir], shallow=False)
     return not mismatch and not errors

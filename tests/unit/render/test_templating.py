@@ -27,6 +27,13 @@ def test_an_equal_render_leaves_the_repository_untouched_and_a_different_one_rep
     assert (dest.stat().st_ino, (dest / "m" / "1" / "model.py").stat().st_ino) == before  # not swapped
     render_atomically(dest, _writer("b"))  # the control: different files are swapped in
     assert dest.stat().st_ino != before[0] and (dest / "m" / "config.pbtxt").read_text() == "b"
+
+    def with_empty_version_dir(tmp: Path) -> None:  # the same files, plus an ensemble's empty version directory
+        _writer("b")(tmp)
+        (tmp / "ensemble" / "1").mkdir(parents=True)
+
+    render_atomically(dest, with_empty_version_dir)
+    assert (dest / "ensemble" / "1").is_dir()
     assert sorted(p.name for p in tmp_path.iterdir()) == [".baseline.swap.lock", "baseline"]  # no temporaries left
 
 
